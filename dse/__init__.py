@@ -1,0 +1,1 @@
+"""dse: design-space exploration of LLM-serving deployments on top of simcore."""
