@@ -1,0 +1,64 @@
+"""The narrow interface between the engine and whatever models compute time: a step's shape in, seconds out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """Aggregate shape of one engine step (a mixed prefill + decode batch), enough for a roofline.
+
+    For each scheduled request i with `new_i` tokens this step on top of `ctx_i` already-computed
+    tokens (its KV cache before the step):
+      num_tokens      = sum(new_i)
+      num_seqs        = number of scheduled requests
+      num_decode_seqs = number of requests with new_i == 1 and ctx_i > 0
+      attn_qk_pairs   = sum(new_i * ctx_i + new_i * (new_i + 1) / 2)   (causal query-key pairs)
+      kv_tokens_read  = sum(ctx_i + new_i)                              (KV entries attention reads)
+      num_prefill_tokens = num_tokens - num_decode_seqs
+    """
+
+    num_tokens: int
+    num_seqs: int
+    num_decode_seqs: int
+    attn_qk_pairs: float
+    kv_tokens_read: int
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_seqs
+
+    @staticmethod
+    def from_requests(items: list[tuple[int, int]]) -> "StepShape":
+        """Build from (new_tokens, context_tokens) pairs, one per scheduled request."""
+        num_tokens = num_decode = kv = 0
+        pairs = 0.0
+        for new, ctx in items:
+            num_tokens += new
+            if new == 1 and ctx > 0:
+                num_decode += 1
+            pairs += new * ctx + new * (new + 1) / 2
+            kv += ctx + new
+        return StepShape(num_tokens, len(items), num_decode, pairs, kv)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """A step's modelled duration, split by what it was spent on (seconds)."""
+
+    total_s: float
+    compute_s: float      # GEMMs, attention, norms, everything on the GPU's compute units
+    comm_s: float         # TP all-reduce / PP send-recv exposed on the step's critical path
+    bound: str            # "compute" | "memory" | "communication": what dominates the step
+
+
+class StepTimeModel(Protocol):
+    """What the engine needs from a compute model. Implementations: roofline (reference), calibrated."""
+
+    profile_id: str           # e.g. "roofline/H100-SXM/bf16"
+    calibrated: bool          # False for reference (uncalibrated) profiles
+    relative_uncertainty: float  # symmetric bound on step time, e.g. 0.3 for +/-30%
+
+    def step_time(self, shape: StepShape) -> StepTime: ...
