@@ -1,0 +1,221 @@
+"""vLLM V1's paged KV-cache manager: a block pool with an LRU free queue and a prefix cache of full blocks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from simcore.engine.request import BlockHashSpace, Request
+
+
+class BlockPool:
+    """`num_blocks` fixed-size KV blocks; block 0 is the reserved null block, never handed out.
+
+    Invariants: a block is in the free queue iff its ref count is 0; a block with a hash is in
+    `cached` under that hash; `num_free + sum(blocks held) == num_blocks - 1` (a block shared by k
+    requests counts once). The free queue is ordered for eviction: allocation pops the head,
+    evicting the popped block's hash; freeing appends hashed blocks at the tail (least recently
+    used go first) and, in vLLM 0.33, puts unhashed blocks at the head (they hold nothing reusable).
+    """
+
+    __slots__ = ("num_blocks", "ref_cnt", "block_hash", "free", "cached", "enable_caching",
+                 "num_evictions")
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be at least 2 (block 0 is the null block)")
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[int] = [0] * num_blocks     # 0 = no hash
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.ref_cnt[0] = 1                                # the null block is never free
+        self.cached: dict[int, dict[int, None]] = {}      # hash -> block ids, first inserted first
+        self.enable_caching = enable_caching
+        self.num_evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def get_cached(self, h: int) -> int:
+        """A block holding content hash `h`, or 0 if none is cached."""
+        blocks = self.cached.get(h)
+        if blocks:
+            return next(iter(blocks))
+        return 0
+
+    def allocate(self, n: int) -> list[int]:
+        """Pop `n` blocks from the head of the free queue (caller checked there are enough)."""
+        free = self.free
+        ref = self.ref_cnt
+        hashes = self.block_hash
+        out = []
+        for _ in range(n):
+            b, _ = free.popitem(last=False)
+            h = hashes[b]
+            if h:
+                self._evict(b, h)
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def _evict(self, b: int, h: int) -> None:
+        blocks = self.cached[h]
+        del blocks[b]
+        if not blocks:
+            del self.cached[h]
+        self.block_hash[b] = 0
+        self.num_evictions += 1
+
+    def touch(self, blocks: list[int]) -> None:
+        """Take a reference on prefix-hit blocks, pulling free ones out of the free queue."""
+        ref = self.ref_cnt
+        free = self.free
+        for b in blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def cache(self, b: int, h: int) -> None:
+        """Record that block `b` now holds the full block of content hash `h`."""
+        self.block_hash[b] = h
+        blocks = self.cached.get(h)
+        if blocks is None:
+            self.cached[h] = {b: None}
+        else:
+            blocks[b] = None
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference on each block, walking the request's blocks from last to first."""
+        ref = self.ref_cnt
+        free = self.free
+        hashes = self.block_hash
+        for b in reversed(blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                free[b] = None
+                if not hashes[b]:
+                    free.move_to_end(b, last=False)
+
+
+class KVCacheManager:
+    """Per-request block tables over one BlockPool, with vLLM's prefix-cache lookup and allocation.
+
+    `allocate_slots` either gives a request every block its next tokens need (and caches the full
+    blocks among them at once, so a request admitted later in the same step can hit them) or
+    changes nothing and returns False.
+    """
+
+    __slots__ = ("pool", "block_size", "enable_caching", "space", "req_blocks", "num_cached_block",
+                 "max_model_len", "num_hit_queries", "num_hit_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int,
+                 space: BlockHashSpace | None = None) -> None:
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.space = space if space is not None else BlockHashSpace()
+        self.req_blocks: dict[str, list[int]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self.max_model_len = max_model_len
+        self.num_hit_queries = 0
+        self.num_hit_blocks = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.pool.free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks referenced by some request (vLLM's kv_cache_usage)."""
+        return 1.0 - len(self.pool.free) / (self.pool.num_blocks - 1)
+
+    def get_computed_blocks(self, req: Request) -> list[int]:
+        """Longest run of cached full blocks from block 0, never covering the request's last token."""
+        if not self.enable_caching:
+            return []
+        bs = self.block_size
+        hashes = req.ensure_block_hashes(self.space, bs)
+        max_blocks = (req.num_tokens - 1) // bs
+        cached = self.pool.cached
+        hit = []
+        for i in range(min(max_blocks, len(hashes))):
+            blocks = cached.get(hashes[i])
+            if not blocks:
+                break
+            hit.append(next(iter(blocks)))
+        self.num_hit_queries += 1
+        self.num_hit_blocks += len(hit)
+        return hit
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, new_computed_blocks: list[int] | None = None,
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0) -> bool:
+        """Give `req` blocks for its computed tokens plus `num_new_tokens`, or return False.
+
+        `new_computed_blocks` are prefix hits found by `get_computed_blocks` for a request being
+        admitted. With `full_sequence_must_fit`, admission also requires that the request's whole
+        current sequence would fit (vLLM's `scheduler_reserve_full_isl`).
+        """
+        bs = self.block_size
+        rid = req.request_id
+        held = self.req_blocks.get(rid)
+        num_held = len(held) if held is not None else 0
+        pool = self.pool
+        num_hit = 0
+        num_evictable_hit = 0
+        if new_computed_blocks:
+            num_hit = len(new_computed_blocks)
+            ref = pool.ref_cnt
+            for b in new_computed_blocks:
+                if ref[b] == 0:
+                    num_evictable_hit += 1
+        num_computed = req.num_computed_tokens + num_hit * bs
+        num_tokens_need = num_computed + num_new_tokens
+        if num_tokens_need > self.max_model_len:
+            num_tokens_need = self.max_model_len
+        num_required = -(-num_tokens_need // bs)
+        num_new_blocks = num_required - num_hit - num_held
+        if num_new_blocks < 0:
+            num_new_blocks = 0
+        num_free = len(pool.free) - reserved_blocks
+        if full_sequence_must_fit:
+            full = req.num_tokens if req.num_tokens > num_tokens_need else num_tokens_need
+            need_full = -(-full // bs) - num_hit - num_held
+            if need_full < 0:
+                need_full = 0
+            if need_full + num_evictable_hit > num_free:
+                return False
+        if num_new_blocks + num_evictable_hit > num_free:
+            return False
+        if held is None:
+            held = self.req_blocks[rid] = []
+            self.num_cached_block[rid] = 0
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            held.extend(new_computed_blocks)
+            self.num_cached_block[rid] = num_hit
+        if num_new_blocks:
+            held.extend(pool.allocate(num_new_blocks))
+        if self.enable_caching:
+            ntok = num_computed + num_new_tokens
+            if ntok > req.num_tokens:
+                ntok = req.num_tokens
+            n_full = ntok // bs
+            start = self.num_cached_block[rid]
+            if n_full > start:
+                hashes = req.ensure_block_hashes(self.space, bs)
+                for i in range(start, n_full):
+                    pool.cache(held[i], hashes[i])
+                self.num_cached_block[rid] = n_full
+        return True
+
+    def free(self, req: Request) -> None:
+        """Release every block of `req` (finished or preempted)."""
+        blocks = self.req_blocks.pop(req.request_id, None)
+        self.num_cached_block.pop(req.request_id, None)
+        if blocks:
+            self.pool.release(blocks)
+
+    def num_blocks_held(self, req: Request) -> int:
+        blocks = self.req_blocks.get(req.request_id)
+        return len(blocks) if blocks else 0

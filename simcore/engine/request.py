@@ -1,0 +1,103 @@
+"""A request inside the engine: its token counts, status and the content hashes of its full blocks."""
+
+from __future__ import annotations
+
+WAITING = 0
+RUNNING = 1
+PREEMPTED = 2
+FINISHED = 3
+WAITING_FOR_REMOTE_KVS = 4
+STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", PREEMPTED: "preempted",
+                FINISHED: "finished", WAITING_FOR_REMOTE_KVS: "waiting_for_remote_kvs"}
+
+
+class BlockHashSpace:
+    """Interns chained block hashes to small ints, exactly and without collisions.
+
+    A block's identity is (parent block's hash, content key), as vLLM chains `hash(parent, tokens)`.
+    Blocks whose content is unique to one request get fresh ids. One space per simulated engine
+    pool (never module-global), so independent simulations never share state.
+    """
+
+    __slots__ = ("_ids", "_next")
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[int, int], int] = {}
+        self._next = 1
+
+    def chained(self, parent: int, key: int) -> int:
+        """Hash of a block with shared content `key` after a block hashed `parent` (0 = none)."""
+        k = (parent, key)
+        h = self._ids.get(k)
+        if h is None:
+            h = self._next
+            self._next += 1
+            self._ids[k] = h
+        return h
+
+    def unique(self) -> int:
+        """Hash of a block whose tokens no other block has."""
+        h = self._next
+        self._next += 1
+        return h
+
+
+class Request:
+    """One request's engine-side state.
+
+    Lifecycle: WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED. Invariants:
+    `0 <= num_computed_tokens <= num_tokens`, `num_tokens = prompt_len + num_output_tokens`,
+    `block_hashes[i]` is the chained hash of full block i of prompt + generated tokens and is
+    stable for the request's lifetime (so a preempted request can hit its own cached blocks).
+    """
+
+    __slots__ = ("request_id", "index", "prompt_len", "max_tokens", "block_keys", "priority",
+                 "arrival", "status", "num_computed_tokens", "num_output_tokens",
+                 "num_preemptions", "block_hashes", "num_cached_tokens", "work_done_tokens",
+                 "num_external_tokens", "client")
+
+    def __init__(self, request_id: str, index: int, prompt_len: int, max_tokens: int,
+                 block_keys: tuple[int, ...] = (), priority: int = 0, arrival: float = 0.0,
+                 client: object = None) -> None:
+        self.request_id = request_id
+        self.index = index                  # admission-order tie-breaker (vLLM's arrival_time)
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens        # output tokens to generate (ignore_eos semantics)
+        self.block_keys = block_keys
+        self.priority = priority
+        self.arrival = arrival
+        self.status = WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.block_hashes: list[int] = []
+        self.num_cached_tokens = -1         # prefix hit at first admission (-1: not admitted yet)
+        self.work_done_tokens = 0           # tokens computed in total, recomputation included
+        self.num_external_tokens = 0        # tokens to load from an external KV tier
+        self.client = client                # opaque slot for the simulator's per-request record
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output_tokens
+
+    def ensure_block_hashes(self, space: BlockHashSpace, block_size: int) -> list[int]:
+        """Extend `block_hashes` to cover every full block of the tokens known so far."""
+        hashes = self.block_hashes
+        n_full = (self.prompt_len + self.num_output_tokens) // block_size
+        i = len(hashes)
+        if i < n_full:
+            keys = self.block_keys
+            n_keys = len(keys)
+            parent = hashes[-1] if hashes else 0
+            while i < n_full:
+                if i < n_keys:
+                    parent = space.chained(parent, keys[i])
+                else:
+                    parent = space.unique()
+                hashes.append(parent)
+                i += 1
+        return hashes
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {STATUS_NAMES[self.status]}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens})")
