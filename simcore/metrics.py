@@ -1,0 +1,305 @@
+"""What the benchmark client saw of each request, summarized with `vllm bench serve`'s exact definitions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from simcore.errors import ConfigError
+
+GOODPUT_SLO_NAMES = ("ttft", "tpot", "e2el")
+"""Metrics a goodput SLO may bound (`vllm bench serve --goodput NAME:MS`)."""
+
+MS_PER_S = 1000
+"""vLLM scales seconds to milliseconds by multiplying by this after taking each statistic."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the benchmark client (and, for the extras, the engine) observed of one request.
+
+    Lifecycle: created when the request arrives at the client (`arrival_s`, the intended send
+    time); `send_s` is set when it leaves the client, after any `--max-concurrency` wait; one
+    entry is appended to `token_times_s` each time an output token reaches the client, in
+    order; at the end `success` is set, or `error` says why the request failed. Tokens that
+    reach the client at the same instant count as one streamed chunk, as several tokens in
+    one server-sent event do for vLLM's client. The engine fills `first_scheduled_s` (first
+    time the scheduler gave it tokens), `num_preemptions`, `num_cached_prompt_tokens`
+    (prefix-cache hit at first admission) and `replica`.
+
+    Invariants when `success` is true: `send_s` is set, `token_times_s` is non-empty,
+    non-decreasing and not before `send_s`.
+    """
+
+    request_id: str
+    prompt_len: int
+    output_len: int
+    arrival_s: float
+    send_s: float | None = None
+    token_times_s: list[float] | np.ndarray = field(default_factory=list)
+    success: bool = False
+    error: str | None = None
+    finished_s: float | None = None
+    """When the client saw the response end (last token or error); None: derive it."""
+    first_scheduled_s: float | None = None
+    num_preemptions: int = 0
+    num_cached_prompt_tokens: int = 0
+    replica: int | None = None
+
+    @property
+    def end_s(self) -> float:
+        """When the client was done with it: `finished_s`, else the last token, else the send (or arrival)."""
+        if self.finished_s is not None:
+            return self.finished_s
+        if len(self.token_times_s):
+            return float(self.token_times_s[-1])
+        return self.send_s if self.send_s is not None else self.arrival_s
+
+
+def percentile_word(p: float) -> str:
+    """vLLM's spelling of a percentile in a key: 99 -> "99", 99.9 -> "99.9", 50.0 -> "50"."""
+    p = float(p)
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def latency_stats(values_s: np.ndarray, metric: str, percentiles: Sequence[float]) -> dict[str, float]:
+    """`mean_/median_/std_/p{P}_{metric}_ms` of latencies given in seconds, as vLLM reports them.
+
+    Population std (ddof 0), percentiles by numpy's linear interpolation, each statistic taken
+    in seconds and then multiplied by 1000. An empty list gives 0 everywhere: vLLM takes its
+    statistics of `values or 0`.
+    """
+    x = values_s if values_s.size else np.zeros(1)
+    stats = {
+        f"mean_{metric}_ms": float(np.mean(x) * MS_PER_S),
+        f"median_{metric}_ms": float(np.median(x) * MS_PER_S),
+        f"std_{metric}_ms": float(np.std(x) * MS_PER_S),
+    }
+    for p in percentiles:
+        stats[f"p{percentile_word(p)}_{metric}_ms"] = float(np.percentile(x, float(p)) * MS_PER_S)
+    return stats
+
+
+@dataclass(frozen=True, slots=True)
+class _Streams:
+    """Successful requests' token streams packed into flat arrays (one pass over all tokens)."""
+
+    send_s: np.ndarray  # per successful request
+    prompt_len: np.ndarray  # per successful request
+    num_output_tokens: np.ndarray  # per successful request: tokens received
+    ttft_s: np.ndarray  # per successful request
+    e2el_s: np.ndarray  # per successful request
+    chunk_times_s: np.ndarray  # every distinct arrival instant of each request, request after request
+    chunk_request: np.ndarray  # index (into the per-request arrays) of each chunk's request
+
+
+def _pack(successes: Sequence[RequestRecord]) -> _Streams:
+    n = len(successes)
+    num_tokens = np.fromiter((len(r.token_times_s) for r in successes), dtype=np.int64, count=n)
+    empty = [r.request_id for r, k in zip(successes, num_tokens) if k == 0]
+    if empty:
+        raise ValueError(f"request {empty[0]!r} is marked successful but received no token")
+    unsent = [r.request_id for r in successes if r.send_s is None]
+    if unsent:
+        raise ValueError(f"request {unsent[0]!r} is marked successful but has no send_s")
+    times = np.fromiter(
+        chain.from_iterable(r.token_times_s for r in successes), dtype=np.float64, count=int(num_tokens.sum())
+    )
+    send = np.fromiter((r.send_s for r in successes), dtype=np.float64, count=n)
+    last = np.cumsum(num_tokens) - 1
+    first = last - num_tokens + 1
+    request = np.repeat(np.arange(n), num_tokens)
+    # A token that arrives at the same instant as the previous one of its request travels in the
+    # same chunk: vLLM's client times chunks, not tokens.
+    new_chunk = np.ones(times.size, dtype=bool)
+    new_chunk[1:] = (request[1:] != request[:-1]) | (times[1:] != times[:-1])
+    return _Streams(
+        send_s=send,
+        prompt_len=np.fromiter((r.prompt_len for r in successes), dtype=np.int64, count=n),
+        num_output_tokens=num_tokens,
+        ttft_s=times[first] - send,
+        e2el_s=times[last] - send,
+        chunk_times_s=times[new_chunk],
+        chunk_request=request[new_chunk],
+    )
+
+
+def _validate_slos(goodput_slos_ms: Mapping[str, float]) -> None:
+    for name, value_ms in goodput_slos_ms.items():
+        if name not in GOODPUT_SLO_NAMES:
+            raise ConfigError(f"goodput SLO {name!r} is not one of {list(GOODPUT_SLO_NAMES)}")
+        if value_ms < 0:
+            raise ConfigError(f"goodput SLO {name!r} is {value_ms} ms; it must be non-negative")
+
+
+def _peaks(s: _Streams) -> tuple[float, int]:
+    """vLLM's `max_output_tokens_per_s` and `max_concurrent_requests`, from one-second buckets.
+
+    Buckets start at the earliest send of a successful request. A chunk counts once in the
+    bucket `int(t - t0)`; a request counts as in flight in every bucket from `int(send - t0)`
+    to `int(send + e2el - t0)`, both included.
+    """
+    if s.send_s.size == 0:
+        return 0.0, 0
+    t0 = float(s.send_s.min())
+    end_s = s.send_s + s.e2el_s
+    num_buckets = int(np.ceil(end_s.max() - t0)) + 1
+    bucket = (s.chunk_times_s - t0).astype(np.int64)  # truncation toward zero, as int()
+    bucket = bucket[(bucket >= 0) & (bucket < num_buckets)]
+    tokens_per_bucket = np.bincount(bucket, minlength=num_buckets)
+    first_bucket = (s.send_s - t0).astype(np.int64)
+    last_bucket = (end_s - t0).astype(np.int64)
+    in_flight_delta = np.bincount(first_bucket, minlength=num_buckets + 1) - np.bincount(
+        last_bucket + 1, minlength=num_buckets + 1
+    )
+    in_flight = np.cumsum(in_flight_delta)[:num_buckets]
+    return float(tokens_per_bucket.max()), int(in_flight.max())
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    selected_percentiles: Iterable[float] = (99,),
+    goodput_slos_ms: Mapping[str, float] | None = None,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    model_id: str | None = None,
+    benchmark_start_s: float = 0.0,
+) -> dict:
+    """The result JSON of `vllm bench serve` (vLLM 0.33, `vllm/benchmarks/serve.py`) for these records.
+
+    Keys and definitions are vLLM's (`calculate_metrics` and the result assembly in `benchmark`
+    and `main`); `records` are all requests of the run, in send order:
+
+    - `duration`: from `benchmark_start_s` (the origin of the arrival schedule, where vLLM starts
+      its clock before the first inter-arrival delay) to the end of the last request, failed
+      ones included.
+    - Only successful requests enter token counts and latencies; `failed` counts the rest.
+      TTFT = first token - send; E2EL = last token - send; ITL = every gap between consecutive
+      chunks of a request, all requests pooled; TPOT = (E2EL - TTFT) / (tokens - 1) for requests
+      with more than one token.
+    - Throughputs divide by `duration` (0 when the duration is 0, where vLLM would divide by zero).
+    - `request_goodput`: requests meeting every given SLO (`slo_ms / 1000 >= value_s`; TPOT
+      counts as 0 for one-token outputs), per second; None when no SLO is given.
+    - `max_output_tokens_per_s` and `max_concurrent_requests`: peaks over one-second buckets
+      (see `_peaks`); the concurrency peak need not be in the token peak's second.
+    - Statistics for all of ttft, tpot, itl and e2el, whatever vLLM's `--percentile-metrics`
+      default ("ttft,tpot,itl") would print; with `max_concurrency`, also `client_queue_time`
+      (send - arrival) and, for a finite rate, `e2el_including_client_queue`, as vLLM reports
+      them when selected.
+    - `request_rate` is the string "inf" for an unbounded rate, as in vLLM's JSON.
+
+    vLLM's per-request lists (`ttfts`, `itls`, `latencies`, ...) and `rtfx` are left out: the
+    records themselves hold that detail.
+    """
+    if not records:
+        raise ValueError("cannot summarize a run without requests")
+    slos = dict(goodput_slos_ms or {})
+    _validate_slos(slos)
+    percentiles = [float(p) for p in selected_percentiles]
+
+    successes = [r for r in records if r.success]
+    s = _pack(successes)
+    tpot_mask = s.num_output_tokens > 1
+    tpot_s = (s.e2el_s[tpot_mask] - s.ttft_s[tpot_mask]) / (s.num_output_tokens[tpot_mask] - 1)
+    same_request = s.chunk_request[1:] == s.chunk_request[:-1]
+    itl_s = np.diff(s.chunk_times_s)[same_request]
+
+    duration_s = max(r.end_s for r in records) - benchmark_start_s
+    completed = len(successes)
+    total_input = int(s.prompt_len.sum())
+    total_output = int(s.num_output_tokens.sum())
+
+    def per_s(count: int) -> float:
+        return count / duration_s if duration_s > 0 else 0.0
+
+    request_goodput = None
+    if slos:
+        good = np.ones(completed, dtype=bool)
+        if "ttft" in slos:
+            good &= slos["ttft"] / MS_PER_S >= s.ttft_s
+        if "tpot" in slos:
+            tpot_or_zero_s = np.zeros(completed)
+            tpot_or_zero_s[tpot_mask] = tpot_s
+            good &= slos["tpot"] / MS_PER_S >= tpot_or_zero_s
+        if "e2el" in slos:
+            good &= slos["e2el"] / MS_PER_S >= s.e2el_s
+        request_goodput = per_s(int(good.sum()))
+
+    max_output_tokens_per_s, max_concurrent_requests = _peaks(s)
+
+    result: dict = {
+        "model_id": model_id,
+        "num_prompts": len(records),
+        "request_rate": request_rate if request_rate < math.inf else "inf",
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+        "duration": duration_s,
+        "completed": completed,
+        "failed": len(records) - completed,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": per_s(completed),
+        "request_goodput": request_goodput,
+        "output_throughput": per_s(total_output),
+        "total_token_throughput": per_s(total_input + total_output),
+        "max_output_tokens_per_s": max_output_tokens_per_s,
+        "max_concurrent_requests": max_concurrent_requests,
+    }
+    result |= latency_stats(s.ttft_s, "ttft", percentiles)
+    result |= latency_stats(tpot_s, "tpot", percentiles)
+    result |= latency_stats(itl_s, "itl", percentiles)
+    result |= latency_stats(s.e2el_s, "e2el", percentiles)
+    if max_concurrency is not None:
+        arrival = np.fromiter((r.arrival_s for r in successes), dtype=np.float64, count=completed)
+        client_queue_s = s.send_s - arrival
+        result |= latency_stats(client_queue_s, "client_queue_time", percentiles)
+        if request_rate < math.inf:
+            result |= latency_stats(s.e2el_s + client_queue_s, "e2el_including_client_queue", percentiles)
+    return result
+
+
+def engine_summary(
+    records: Sequence[RequestRecord], *, selected_percentiles: Iterable[float] = (50, 99)
+) -> dict:
+    """What the engine did to the run's requests, in keys that do not clash with vLLM's.
+
+    - `*_queue_ms`: queueing delay, first scheduled - send, over every request the engine
+      scheduled at least once (failed or not); same statistics as `latency_stats`.
+    - `total_preemptions`, `num_preempted_requests`.
+    - `prefix_cache_hit_rate`: cached prompt tokens at first admission / prompt tokens, over
+      requests the engine scheduled (0 when none was).
+    - `num_requests`, `num_completed`, `num_failed`, and `num_failed_by_error` (error text ->
+      count; a failure without text counts under "unknown").
+    """
+    percentiles = [float(p) for p in selected_percentiles]
+    scheduled = [r for r in records if r.first_scheduled_s is not None and r.send_s is not None]
+    queue_s = np.fromiter(
+        (r.first_scheduled_s - r.send_s for r in scheduled), dtype=np.float64, count=len(scheduled)
+    )
+    prompt_tokens = sum(r.prompt_len for r in scheduled)
+    cached_tokens = sum(r.num_cached_prompt_tokens for r in scheduled)
+    failed_by_error: dict[str, int] = {}
+    for r in records:
+        if not r.success:
+            reason = r.error or "unknown"
+            failed_by_error[reason] = failed_by_error.get(reason, 0) + 1
+    num_completed = sum(1 for r in records if r.success)
+    summary: dict = {
+        "num_requests": len(records),
+        "num_completed": num_completed,
+        "num_failed": len(records) - num_completed,
+        "num_failed_by_error": failed_by_error,
+        "total_preemptions": sum(r.num_preemptions for r in records),
+        "num_preempted_requests": sum(1 for r in records if r.num_preemptions > 0),
+        "num_prompt_tokens_scheduled": prompt_tokens,
+        "num_cached_prompt_tokens": cached_tokens,
+        "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
+    }
+    summary |= latency_stats(queue_s, "queue", percentiles)
+    return summary

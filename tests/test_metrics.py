@@ -1,0 +1,291 @@
+"""Hand-computed checks of the run summary against `vllm bench serve`'s definitions."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from simcore.errors import ConfigError
+from simcore.metrics import RequestRecord, engine_summary, percentile_word, summarize
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-12, abs=1e-12)
+
+
+def three_done_one_failed() -> list[RequestRecord]:
+    """A: 4 tokens, B: 3 tokens, C: 1 token, D: rejected at send. All times are binary fractions."""
+    return [
+        RequestRecord("A", prompt_len=10, output_len=4, arrival_s=0.0, send_s=0.0,
+                      token_times_s=[0.5, 0.75, 1.0, 1.5], success=True,
+                      first_scheduled_s=0.125, num_cached_prompt_tokens=0, replica=0),
+        RequestRecord("B", prompt_len=20, output_len=3, arrival_s=0.25, send_s=0.25,
+                      token_times_s=[1.25, 1.75, 2.5], success=True,
+                      first_scheduled_s=0.5, num_preemptions=2, num_cached_prompt_tokens=16, replica=1),
+        RequestRecord("C", prompt_len=5, output_len=1, arrival_s=0.5, send_s=0.5,
+                      token_times_s=[1.0], success=True,
+                      first_scheduled_s=0.75, num_cached_prompt_tokens=0, replica=0),
+        RequestRecord("D", prompt_len=9999, output_len=8, arrival_s=1.0, send_s=1.0,
+                      error="prompt longer than max_model_len"),
+    ]
+
+
+# TTFT  A 0.5, B 1.0, C 0.5          E2EL A 1.5, B 2.25, C 0.5
+# TPOT  A (1.5-0.5)/3 = 1/3, B (2.25-1.0)/2 = 0.625, C excluded (one token)
+# ITL   A 0.25 0.25 0.5, B 0.5 0.75 (pooled, C has none)
+
+
+def test_counts_durations_and_throughputs():
+    r = summarize(three_done_one_failed())
+    assert r["duration"] == 2.5  # benchmark start 0 -> last token of B
+    assert r["completed"] == 3
+    assert r["failed"] == 1
+    assert r["num_prompts"] == 4
+    assert r["total_input_tokens"] == 35  # the failed prompt is not counted
+    assert r["total_output_tokens"] == 8
+    assert r["request_throughput"] == approx(3 / 2.5)
+    assert r["output_throughput"] == approx(8 / 2.5)
+    assert r["total_token_throughput"] == approx(43 / 2.5)
+    assert r["request_goodput"] is None  # no SLO given, as vLLM's JSON
+
+
+def test_ttft_and_e2el_statistics():
+    r = summarize(three_done_one_failed(), selected_percentiles=[50, 99, 99.9])
+    assert r["mean_ttft_ms"] == approx(2000 / 3)
+    assert r["median_ttft_ms"] == 500.0
+    assert r["std_ttft_ms"] == approx(math.sqrt(1 / 18) * 1000)  # ddof 0
+    # sorted 0.5 0.5 1.0; linear interpolation at rank 0.99 * 2 = 1.98
+    assert r["p99_ttft_ms"] == approx(990.0)
+    assert r["p99.9_ttft_ms"] == approx(999.0)
+    assert r["p50_ttft_ms"] == 500.0
+    assert r["mean_e2el_ms"] == approx(4250 / 3)
+    assert r["median_e2el_ms"] == 1500.0
+    mean_e2el_s = 4.25 / 3
+    var_e2el_s2 = ((1.5 - mean_e2el_s) ** 2 + (2.25 - mean_e2el_s) ** 2 + (0.5 - mean_e2el_s) ** 2) / 3
+    assert r["std_e2el_ms"] == approx(math.sqrt(var_e2el_s2) * 1000)
+    assert r["p99_e2el_ms"] == approx(2235.0)  # 1.5 + 0.98 * 0.75
+
+
+def test_tpot_excludes_one_token_outputs():
+    r = summarize(three_done_one_failed())
+    assert r["mean_tpot_ms"] == approx((1 / 3 + 0.625) / 2 * 1000)
+    assert r["median_tpot_ms"] == approx((1 / 3 + 0.625) / 2 * 1000)
+    assert r["std_tpot_ms"] == approx((0.625 - 1 / 3) / 2 * 1000)
+    assert r["p99_tpot_ms"] == approx((1 / 3 + 0.99 * (0.625 - 1 / 3)) * 1000)
+
+
+def test_itl_pools_every_gap_of_every_request():
+    r = summarize(three_done_one_failed(), selected_percentiles=[50, 99])
+    assert r["mean_itl_ms"] == approx(450.0)
+    assert r["median_itl_ms"] == 500.0
+    assert r["std_itl_ms"] == approx(math.sqrt(0.035) * 1000)
+    assert r["p50_itl_ms"] == 500.0
+    assert r["p99_itl_ms"] == approx(740.0)  # sorted .25 .25 .5 .5 .75, rank 3.96
+
+
+def test_peak_tokens_and_concurrency_use_one_second_buckets():
+    r = summarize(three_done_one_failed())
+    # buckets from the first send (0.0): [0,1): 0.5 0.75; [1,2): 1.0 1.5 1.25 1.75 1.0; [2,3): 2.5
+    assert r["max_output_tokens_per_s"] == 5.0
+    assert isinstance(r["max_output_tokens_per_s"], float)
+    # in flight in buckets int(send)..int(end), ends included: A 0-1, B 0-2, C 0-1
+    assert r["max_concurrent_requests"] == 3
+
+
+def test_concurrency_bucket_counts_requests_that_never_overlap():
+    records = [
+        RequestRecord("a", 4, 1, arrival_s=0.0, send_s=0.0, token_times_s=[1.0], success=True),
+        RequestRecord("b", 4, 1, arrival_s=1.5, send_s=1.5, token_times_s=[1.75], success=True),
+    ]
+    r = summarize(records)
+    # a ends exactly at 1.0 and is counted in bucket 1 too, where b runs: vLLM reports 2
+    assert r["max_concurrent_requests"] == 2
+    assert r["max_output_tokens_per_s"] == 2.0  # 1.0 and 1.75 share bucket 1
+
+
+def test_buckets_start_at_first_successful_send_not_benchmark_start():
+    records = [
+        RequestRecord("a", 4, 2, arrival_s=0.75, send_s=0.75, token_times_s=[0.875, 1.25], success=True),
+        RequestRecord("b", 4, 1, arrival_s=0.75, send_s=0.75, token_times_s=[1.5], success=True),
+    ]
+    r = summarize(records)
+    # from 0.75 all three tokens fall in [0, 1); counted from 0 they would split 1 + 2
+    assert r["max_output_tokens_per_s"] == 3.0
+    assert r["duration"] == 1.5  # from the benchmark start, not from the first send
+    assert summarize(records, benchmark_start_s=0.75)["duration"] == 0.75
+
+
+def test_goodput_boundaries_are_inclusive():
+    records = three_done_one_failed()
+    assert summarize(records, goodput_slos_ms={"ttft": 500})["request_goodput"] == approx(2 / 2.5)
+    # B's TPOT is exactly 0.625 s: meets 625 ms, misses 624.999 ms
+    assert summarize(records, goodput_slos_ms={"tpot": 625})["request_goodput"] == approx(3 / 2.5)
+    assert summarize(records, goodput_slos_ms={"tpot": 624.999})["request_goodput"] == approx(2 / 2.5)
+    # a one-token output counts as TPOT 0 for goodput
+    assert summarize(records, goodput_slos_ms={"tpot": 0})["request_goodput"] == approx(1 / 2.5)
+    # every SLO must hold: B meets tpot but misses e2el
+    both = summarize(records, goodput_slos_ms={"tpot": 625, "e2el": 1500})
+    assert both["request_goodput"] == approx(2 / 2.5)
+    # an empty SLO mapping is no SLO
+    assert summarize(records, goodput_slos_ms={})["request_goodput"] is None
+
+
+def test_bad_goodput_slos_are_rejected():
+    with pytest.raises(ConfigError, match="itl"):
+        summarize(three_done_one_failed(), goodput_slos_ms={"itl": 10})
+    with pytest.raises(ConfigError, match="non-negative"):
+        summarize(three_done_one_failed(), goodput_slos_ms={"ttft": -1})
+
+
+def test_percentile_words_follow_vllm():
+    assert percentile_word(99) == "99"
+    assert percentile_word(99.0) == "99"
+    assert percentile_word(50.0) == "50"
+    assert percentile_word(99.9) == "99.9"
+    assert percentile_word(99.99) == "99.99"
+
+
+def test_exact_key_set_and_json():
+    r = summarize(three_done_one_failed(), selected_percentiles=[90, 99.9], model_id="m")
+    stats = {
+        f"{stat}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "std", "p90", "p99.9")
+    }
+    assert set(r) == {
+        "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+        "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+        "max_output_tokens_per_s", "max_concurrent_requests",
+        "request_rate", "burstiness", "max_concurrency", "num_prompts", "model_id",
+    } | stats
+    assert r["request_rate"] == "inf"
+    assert r["burstiness"] == 1.0
+    assert r["max_concurrency"] is None
+    assert r["model_id"] == "m"
+    assert json.loads(json.dumps(r)) == r
+
+
+def test_client_queue_metrics_with_max_concurrency():
+    records = [
+        RequestRecord("a", 4, 2, arrival_s=0.0, send_s=0.0, token_times_s=[0.5, 1.0], success=True),
+        RequestRecord("b", 4, 2, arrival_s=0.25, send_s=1.0, token_times_s=[1.5, 2.0], success=True),
+    ]
+    r = summarize(records, request_rate=4.0, max_concurrency=1)
+    assert r["request_rate"] == 4.0
+    assert r["max_concurrency"] == 1
+    # TTFT and E2EL exclude the client-side wait
+    assert r["mean_ttft_ms"] == 500.0
+    assert r["mean_e2el_ms"] == 1000.0
+    assert r["mean_client_queue_time_ms"] == 375.0
+    assert r["p99_client_queue_time_ms"] == approx(742.5)
+    assert r["mean_e2el_including_client_queue_ms"] == 1375.0
+    assert "mean_e2el_including_client_queue_ms" not in summarize(records, max_concurrency=1)
+    assert "mean_client_queue_time_ms" not in summarize(records)
+
+
+def test_all_failed_gives_zeros():
+    records = [RequestRecord("x", 10, 4, arrival_s=0.5, send_s=0.5, error="prompt longer than max_model_len")]
+    r = summarize(records, selected_percentiles=[99])
+    assert r["completed"] == 0 and r["failed"] == 1
+    assert r["duration"] == 0.5
+    assert r["request_throughput"] == 0.0
+    assert r["max_output_tokens_per_s"] == 0.0 and r["max_concurrent_requests"] == 0
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        assert r[f"mean_{m}_ms"] == r[f"std_{m}_ms"] == r[f"p99_{m}_ms"] == 0.0
+
+
+def test_tokens_arriving_together_are_one_chunk():
+    # two tokens in one chunk at 1.0: TPOT counts tokens, ITL and the token peak count chunks
+    records = [
+        RequestRecord("a", 4, 4, arrival_s=0.0, send_s=0.0, token_times_s=np.array([0.5, 1.0, 1.0, 1.5]),
+                      success=True),
+    ]
+    r = summarize(records)
+    assert r["total_output_tokens"] == 4
+    assert r["mean_tpot_ms"] == approx(1000 / 3)
+    assert r["mean_itl_ms"] == 500.0 and r["std_itl_ms"] == 0.0
+    assert r["max_output_tokens_per_s"] == 2.0  # chunks at 1.0 and 1.5
+
+
+def test_successful_record_without_tokens_is_an_error():
+    with pytest.raises(ValueError, match="no token"):
+        summarize([RequestRecord("a", 4, 4, arrival_s=0.0, send_s=0.0, success=True)])
+    with pytest.raises(ValueError, match="without requests"):
+        summarize([])
+
+
+def test_engine_summary():
+    e = engine_summary(three_done_one_failed())
+    # queueing delay (first scheduled - send): A 0.125, B 0.25, C 0.25; D never scheduled
+    assert e["mean_queue_ms"] == approx(625 / 3)
+    assert e["median_queue_ms"] == 250.0
+    assert e["p50_queue_ms"] == 250.0
+    assert e["p99_queue_ms"] == 250.0
+    assert e["total_preemptions"] == 2
+    assert e["num_preempted_requests"] == 1
+    assert e["num_prompt_tokens_scheduled"] == 35
+    assert e["num_cached_prompt_tokens"] == 16
+    assert e["prefix_cache_hit_rate"] == approx(16 / 35)
+    assert e["num_requests"] == 4 and e["num_completed"] == 3 and e["num_failed"] == 1
+    assert e["num_failed_by_error"] == {"prompt longer than max_model_len": 1}
+    assert not set(e) & set(summarize(three_done_one_failed()))
+    assert json.loads(json.dumps(e)) == e
+
+
+def naive_vllm_summary(records, percentiles, slos_ms):
+    """The same definitions written as plain per-request loops, for cross-checking."""
+    ok = [r for r in records if r.success]
+    ttfts, e2els, tpots, all_tpots, itls = [], [], [], [], []
+    for r in ok:
+        t = list(r.token_times_s)
+        ttfts.append(t[0] - r.send_s)
+        e2els.append(t[-1] - r.send_s)
+        tpot = (e2els[-1] - ttfts[-1]) / (len(t) - 1) if len(t) > 1 else 0.0
+        if len(t) > 1:
+            tpots.append(tpot)
+        all_tpots.append(tpot)
+        itls += [b - a for a, b in zip(t, t[1:])]
+    dur = max(r.end_s for r in records)
+    good = sum(
+        all(slos_ms[k] / 1000 >= v for k, v in (("ttft", f), ("tpot", p), ("e2el", e)) if k in slos_ms)
+        for f, p, e in zip(ttfts, all_tpots, e2els)
+    )
+    out = {"duration": dur, "request_goodput": good / dur}
+    t0 = min(r.send_s for r in ok)
+    n = int(np.ceil(max(r.send_s + e for r, e in zip(ok, e2els)) - t0)) + 1
+    tokens, conc = [0] * n, [0] * n
+    for r, e in zip(ok, e2els):
+        for x in r.token_times_s:
+            tokens[int(x - t0)] += 1
+        for sec in range(int(r.send_s - t0), int(r.send_s + e - t0) + 1):
+            conc[sec] += 1
+    out["max_output_tokens_per_s"] = float(max(tokens))
+    out["max_concurrent_requests"] = max(conc)
+    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        out[f"mean_{name}_ms"] = np.mean(vals or 0) * 1000
+        out[f"std_{name}_ms"] = np.std(vals or 0) * 1000
+        out[f"median_{name}_ms"] = np.median(vals or 0) * 1000
+        for p in percentiles:
+            out[f"p{percentile_word(p)}_{name}_ms"] = np.percentile(vals or 0, p) * 1000
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_matches_per_request_loops_on_random_runs(seed):
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(200):
+        arrival = float(rng.uniform(0, 20))
+        send = arrival + float(rng.exponential(0.5))
+        if rng.random() < 0.1:
+            records.append(RequestRecord(str(i), 100, 10, arrival, send, error="rejected"))
+            continue
+        num_tokens = int(rng.integers(1, 40))
+        times = send + np.cumsum(rng.exponential(0.05, size=num_tokens))
+        records.append(RequestRecord(str(i), int(rng.integers(1, 500)), num_tokens, arrival, send,
+                                     token_times_s=times.tolist(), success=True))
+    slos = {"ttft": 100.0, "tpot": 60.0, "e2el": 1500.0}
+    got = summarize(records, selected_percentiles=[25, 99.9], goodput_slos_ms=slos)
+    for key, value in naive_vllm_summary(records, [25, 99.9], slos).items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
