@@ -1,0 +1,208 @@
+"""Scheduler micro-scenarios, the policy options, and KV-block conservation as a property."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simcore.engine.request import FINISHED, BlockHashSpace, Request
+from simcore.engine.scheduler import Scheduler, SchedulerConfig
+
+
+def cfg(**kw):
+    base = dict(max_num_seqs=8, max_num_batched_tokens=64, num_blocks=40, block_size=16,
+                max_model_len=4096)
+    base.update(kw)
+    return SchedulerConfig(**base)
+
+
+def run_to_end(s: Scheduler, max_steps=100_000):
+    steps = []
+    while s.has_requests and len(steps) < max_steps:
+        out = s.schedule()
+        s.update(out)
+        steps.append(out)
+    return steps
+
+
+def check_blocks_conserved(s: Scheduler):
+    """Every usable block is either free or held; ref counts equal the number of holders."""
+    pool = s.kv.pool
+    holders = [0] * pool.num_blocks
+    for blocks in s.kv.req_blocks.values():
+        for b in blocks:
+            holders[b] += 1
+    for b in range(1, pool.num_blocks):
+        assert pool.ref_cnt[b] == holders[b], b
+        assert (b in pool.free) == (holders[b] == 0), b
+    assert len(pool.free) + sum(1 for h in holders[1:] if h) == pool.num_blocks - 1
+    for h, blocks in pool.cached.items():
+        for b in blocks:
+            assert pool.block_hash[b] == h
+
+
+def test_chunked_prefill_then_decode_exact_counts():
+    s = Scheduler(cfg())
+    s.add_request(Request("a", 0, 100, 3))
+    plan = [o.scheduled[0][1] for o in run_to_end(s)]
+    # 100-token prompt in 64 + 36 token chunks, then two more decode steps (3 outputs in all).
+    assert plan == [64, 36, 1, 1]
+    assert s.kv.num_free_blocks == 39
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_full_budget():
+    s = Scheduler(cfg(enable_chunked_prefill=False, max_num_batched_tokens=4096, max_model_len=4096))
+    s.add_request(Request("a", 0, 100, 2))
+    s.add_request(Request("b", 1, 4000, 2))
+    out = s.schedule()
+    # b does not fit the remaining budget (4096 - 100) so admission stops at it.
+    assert [(r.request_id, n) for r, n, _ in out.scheduled] == [("a", 100)]
+
+
+def test_same_step_prefix_hit():
+    s = Scheduler(cfg(max_num_batched_tokens=512, num_blocks=100))
+    keys = tuple(range(1, 9))
+    s.add_request(Request("a", 0, 130, 2, keys))
+    s.add_request(Request("b", 1, 130, 2, keys))
+    out = s.schedule()
+    # a's 8 full blocks are cached as they are allocated; b hits them in the same step.
+    assert out.computed_on_admit == {"a": 0, "b": 128}
+    assert [(r.request_id, n) for r, n, _ in out.scheduled] == [("a", 130), ("b", 2)]
+
+
+def test_prefix_hit_never_covers_the_last_token():
+    s = Scheduler(cfg(max_num_batched_tokens=512, num_blocks=100))
+    keys = tuple(range(1, 9))
+    s.add_request(Request("a", 0, 128, 1, keys))
+    run_to_end(s)
+    s.add_request(Request("b", 1, 128, 1, keys))
+    out = s.schedule()
+    assert out.computed_on_admit == {"b": 112}   # the block holding token 128 is recomputed
+
+
+def test_fcfs_preempts_last_admitted_and_resumes_it_first():
+    s = Scheduler(cfg(max_num_batched_tokens=256, num_blocks=7, enable_prefix_caching=False))
+    s.add_request(Request("a", 0, 48, 40))
+    s.add_request(Request("b", 1, 48, 40))
+    preempted = []
+    resumed = []
+    for out in run_to_end(s):
+        preempted += [r.request_id for r in out.preempted]
+        resumed += [r.request_id for r in out.resumed]
+    assert preempted and set(preempted) == {"b"}
+    assert resumed == preempted
+
+
+def test_priority_policy_preempts_lowest_priority():
+    s = Scheduler(cfg(max_num_batched_tokens=256, num_blocks=7, enable_prefix_caching=False,
+                      policy="priority"))
+    s.add_request(Request("low", 0, 48, 40, priority=5))
+    s.add_request(Request("high", 1, 48, 40, priority=0))
+    out = s.schedule()
+    # The priority queue admits "high" first.
+    assert [r.request_id for r in out.new] == ["high", "low"]
+    s.update(out)
+    victims = set()
+    for out in run_to_end(s):
+        victims |= {r.request_id for r in out.preempted}
+    assert victims == {"low"}
+
+
+def test_least_work_done_preemption_spares_nearly_done_and_thrice_preempted():
+    s = Scheduler(cfg(preemption="least_work_done", enable_prefix_caching=False))
+    reqs = [Request(f"r{i}", i, 32, 100) for i in range(4)]
+    for r in reqs:
+        s.running.append(r)
+    reqs[0].work_done_tokens = 10
+    reqs[1].work_done_tokens = 5; reqs[1].num_preemptions = 3    # spared: preempted 3 times
+    reqs[2].work_done_tokens = 1; reqs[2].num_output_tokens = 97  # spared: 3% of decode left
+    reqs[3].work_done_tokens = 50
+    assert s._pick_victim(reqs[3], {}) is reqs[0]
+    # When nobody else may be preempted the request itself yields.
+    reqs[0].num_preemptions = 3
+    assert s._pick_victim(reqs[3], {}) is reqs[3]
+
+
+def test_least_work_done_completes_a_run_under_pressure():
+    s = Scheduler(cfg(preemption="least_work_done", num_blocks=12, enable_prefix_caching=False,
+                      max_num_batched_tokens=128))
+    for i in range(6):
+        s.add_request(Request(f"r{i}", i, 40, 60))
+    steps = run_to_end(s)
+    assert not s.has_requests and s.num_preemptions > 0
+    assert sum(len(o.preempted) for o in steps) == s.num_preemptions
+    check_blocks_conserved(s)
+
+
+def test_persistent_batch_admits_only_after_a_completion():
+    s = Scheduler(cfg(persistent_batch=True, max_num_batched_tokens=512, num_blocks=200))
+    s.add_request(Request("a", 0, 16, 5))
+    out = s.schedule()
+    s.update(out)
+    s.add_request(Request("b", 1, 16, 5))
+    admitted_at = None
+    step = 1
+    while s.has_requests:
+        out = s.schedule()
+        if any(r.request_id == "b" for r in out.new):
+            admitted_at = step
+        _, fin = s.update(out)
+        step += 1
+    # a needs 5 steps (prefill + 4 decodes); b joins the step after a finishes, not before.
+    assert admitted_at == 5
+    # The vLLM default admits b at once.
+    v = Scheduler(cfg(max_num_batched_tokens=512, num_blocks=200))
+    v.add_request(Request("a", 0, 16, 5))
+    v.update(v.schedule())
+    v.add_request(Request("b", 1, 16, 5))
+    assert [r.request_id for r in v.schedule().new] == ["b"]
+
+
+def test_preempted_request_hits_its_own_blocks():
+    space = BlockHashSpace()
+    s = Scheduler(cfg(max_num_batched_tokens=256, num_blocks=12), space)
+    a = Request("a", 0, 64, 200)
+    s.add_request(a)
+    s.update(s.schedule())
+    s.running.remove(a)
+    s._preempt(a)
+    out = s.schedule()
+    assert out.resumed == [a] and out.computed_on_admit["a"] == 64
+
+
+requests_strategy = st.lists(
+    st.tuples(st.integers(1, 300), st.integers(1, 40), st.integers(0, 3), st.integers(0, 6)),
+    min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reqs=requests_strategy, num_blocks=st.integers(24, 80), budget=st.integers(16, 300),
+       chunked=st.booleans(), caching=st.booleans(), lwd=st.booleans(), seqs=st.integers(1, 8))
+def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budget, chunked,
+                                                        caching, lwd, seqs):
+    max_len = 16 * (num_blocks - 1)
+    if not chunked:
+        budget = max(budget, max_len)
+    s = Scheduler(SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
+                                  num_blocks=num_blocks, block_size=16, max_model_len=max_len,
+                                  enable_chunked_prefill=chunked, enable_prefix_caching=caching,
+                                  preemption="least_work_done" if lwd else "vllm"))
+    made = []
+    for i, (plen, olen, prefix, arrive) in enumerate(reqs):
+        plen = min(plen, max_len - olen)
+        if plen < 1:
+            continue
+        keys = tuple(range(100 * prefix, 100 * prefix + plen // 16)) if prefix else ()
+        made.append((arrive, Request(f"r{i}", i, plen, olen, keys)))
+    step = 0
+    pending = sorted(made, key=lambda p: (p[0], p[1].index))
+    while (pending or s.has_requests) and step < 20_000:
+        while pending and pending[0][0] <= step:
+            s.add_request(pending.pop(0)[1])
+        out = s.schedule()
+        assert out.num_tokens <= budget
+        assert len(s.running) <= seqs
+        s.update(out)
+        check_blocks_conserved(s)
+        step += 1
+    assert all(r.status == FINISHED for _, r in made)
+    assert all(r.num_output_tokens == r.max_tokens for _, r in made)
+    assert s.kv.num_free_blocks == num_blocks - 1
