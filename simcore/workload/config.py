@@ -1,0 +1,254 @@
+"""The workload configuration: what a `vllm bench serve` client sends, and when."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_NUM_PROMPTS = 1000
+"""vLLM's `--num-prompts` default, used by the datasets that are sampled rather than replayed."""
+
+
+class _Frozen(BaseModel):
+    """Base of the workload models: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TextLengthEstimate(_Frozen):
+    """How many tokens a text is taken to have, since the simulator runs without a tokenizer.
+
+    `words`: ceil(number of whitespace-separated words x tokens_per_word); 1.3 is typical of
+    Llama-style BPE tokenizers on English prose. `chars`: ceil(number of characters /
+    chars_per_token); 4 is typical on English, fewer on code and on non-Latin scripts. Either is an
+    estimate: when exact counts matter, give `prompt_len` (custom) or use a lengths CSV (sharegpt).
+    """
+
+    method: Literal["words", "chars"] = Field("words", description="Count words or characters.")
+    tokens_per_word: float = Field(1.3, gt=0, description="Tokens per whitespace-separated word "
+                                   "(method 'words').")
+    chars_per_token: float = Field(4.0, gt=0, description="Characters per token (method 'chars').")
+
+
+class LengthFilter(_Frozen):
+    """vLLM's `is_valid_sequence` filter on ShareGPT samples; the defaults are vLLM's."""
+
+    min_len: int = Field(4, ge=0, description="Drop samples whose prompt, or whose output (unless "
+                         "output_len overrides it), has fewer tokens than this.")
+    max_prompt_len: int | None = Field(1024, ge=1, description="Drop samples whose prompt has more "
+                                       "tokens than this; null keeps them.")
+    max_total_len: int | None = Field(2048, ge=1, description="Drop samples whose prompt + output "
+                                      "has more tokens than this; null keeps them.")
+
+
+class RandomDataset(_Frozen):
+    """vLLM's `random` dataset: random tokens, lengths uniform around a mean, one shared prefix.
+
+    Each request's prompt is the `prefix_len`-token prefix (the same for every request) followed by
+    L random tokens, L an integer uniform in [floor(input_len*(1-r)), ceil(input_len*(1+r))];
+    its output length is uniform in [max(1, floor(output_len*(1-r))), ceil(output_len*(1+r))].
+    The tokenizer's special tokens are taken to be none (vLLM subtracts them from input_len).
+    """
+
+    kind: Literal["random"] = Field("random", description="Dataset variant tag.")
+    input_len: int = Field(1024, ge=0, description="Mean random prompt length in tokens, prefix "
+                           "excluded (vLLM --random-input-len).")
+    output_len: int = Field(128, ge=1, description="Mean output length in tokens "
+                            "(vLLM --random-output-len).")
+    range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
+                               "uniform length ranges, in [0, 1) (vLLM --random-range-ratio).")
+    prefix_len: int = Field(0, ge=0, description="Tokens of the prefix shared by every request "
+                            "(vLLM --random-prefix-len).")
+
+    @model_validator(mode="after")
+    def _nonempty_prompt(self) -> RandomDataset:
+        if self.prefix_len + math.floor(self.input_len * (1 - self.range_ratio)) < 1:
+            raise ValueError("input_len is too small: prefix_len + floor(input_len * "
+                             "(1 - range_ratio)) must be at least 1 token")
+        return self
+
+
+class PrefixRepetitionDataset(_Frozen):
+    """vLLM's `prefix_repetition` dataset: num_prefixes random prefixes, each sent with random suffixes.
+
+    Like vLLM, each prefix gets num_prompts // num_prefixes requests (so the total is rounded down
+    to a multiple of num_prefixes) and the requests are shuffled. Each prompt is prefix_len +
+    suffix_len tokens; the suffixes are random, so only the prefixes are shared.
+    """
+
+    kind: Literal["prefix_repetition"] = Field("prefix_repetition", description="Dataset variant tag.")
+    prefix_len: int = Field(256, ge=0, description="Tokens of each shared prefix "
+                            "(vLLM --prefix-repetition-prefix-len).")
+    suffix_len: int = Field(256, ge=0, description="Tokens of each request's unique suffix "
+                            "(vLLM --prefix-repetition-suffix-len).")
+    num_prefixes: int = Field(10, ge=1, description="Number of distinct prefixes "
+                              "(vLLM --prefix-repetition-num-prefixes).")
+    output_len: int = Field(128, ge=1, description="Output tokens of every request "
+                            "(vLLM --prefix-repetition-output-len).")
+    shuffle: bool = Field(True, description="Shuffle the requests with the seed; false sends them "
+                          "prefix by prefix (vLLM --disable-shuffle).")
+
+    @model_validator(mode="after")
+    def _nonempty_prompt(self) -> PrefixRepetitionDataset:
+        if self.prefix_len + self.suffix_len < 1:
+            raise ValueError("prefix_len + suffix_len must be at least 1 token")
+        return self
+
+
+class ShareGPTDataset(_Frozen):
+    """vLLM's `sharegpt` dataset: the first turn of each conversation, shuffled, filtered, oversampled.
+
+    `path` is either a ShareGPT JSON file (a list of {"conversations": [{"value": prompt},
+    {"value": answer}, ...]}; lengths estimated by `text_estimate`) or a CSV of token lengths with
+    columns num_prefill_tokens, num_decode_tokens (e.g. Vidur's sharegpt_8k_lengths.csv), told
+    apart by the suffix (.json / .csv). Entries with fewer than two turns are skipped; the rest are
+    shuffled (unless `shuffle` is false), filtered by `length_filter`, and the first num_prompts
+    kept; if fewer pass, samples are drawn again with replacement (vLLM's oversampling).
+    """
+
+    kind: Literal["sharegpt"] = Field("sharegpt", description="Dataset variant tag.")
+    path: str = Field(description="ShareGPT JSON (.json) or lengths CSV (.csv), relative to the "
+                      "configuration's directory.")
+    output_len: int | None = Field(None, ge=1, description="Output tokens of every request, instead "
+                                   "of each answer's length (vLLM --sharegpt-output-len).")
+    shuffle: bool = Field(True, description="Shuffle the entries with the seed before taking them "
+                          "(false: vLLM --disable-shuffle).")
+    length_filter: LengthFilter | None = Field(default_factory=LengthFilter, description="vLLM's "
+                                               "sample filter; null keeps every sample.")
+    text_estimate: TextLengthEstimate = Field(default_factory=TextLengthEstimate, description="Token "
+                                              "count estimate for JSON text.")
+
+
+class CustomDataset(_Frozen):
+    """vLLM's `custom` dataset: a JSONL file, one request a line, shuffled and oversampled like ShareGPT.
+
+    Each line is an object with `prompt_len` (tokens) or `prompt` (text, length estimated by
+    `text_estimate`), `output_len` (unless overridden here), and optionally the prompt's content
+    identity: `block_keys` (one key per `block_size`-token block, verbatim) or `hash_ids` (one id per
+    `hash_block_tokens`-token block, expanded as for Mooncake).
+    """
+
+    kind: Literal["custom"] = Field("custom", description="Dataset variant tag.")
+    path: str = Field(description="JSONL file, relative to the configuration's directory.")
+    output_len: int | None = Field(None, ge=1, description="Output tokens of every request, instead "
+                                   "of each line's output_len (vLLM --custom-output-len).")
+    shuffle: bool = Field(True, description="Shuffle the lines with the seed before taking them "
+                          "(false: vLLM --disable-shuffle).")
+    hash_block_tokens: int = Field(512, ge=1, description="Tokens per hash id in `hash_ids`.")
+    text_estimate: TextLengthEstimate = Field(default_factory=TextLengthEstimate, description="Token "
+                                              "count estimate for `prompt` text.")
+
+
+class _TimedTrace(_Frozen):
+    """Options shared by traces that carry their own send times."""
+
+    path: str = Field(description="Trace file, relative to the configuration's directory.")
+    use_timestamps: bool = Field(True, description="Send each request at its trace time (vLLM's "
+                                 "--self-timed); false: use request_rate/burstiness/ramp-up instead.")
+    time_scale: float = Field(1.0, gt=0, description="Multiplies every trace time offset: 0.5 replays "
+                              "twice as fast, 2 half as fast.")
+    start_s: float = Field(0.0, ge=0, description="Start of the replayed window, seconds after the "
+                           "trace's first request; it becomes time 0 of the run.")
+    duration_s: float | None = Field(None, gt=0, description="Length of the replayed window in trace "
+                                     "seconds; null: to the end of the trace.")
+
+
+class MooncakeDataset(_TimedTrace):
+    """A Mooncake (FAST'25) trace, vLLM's `timed_trace` format, one JSON object a line.
+
+    Keys: `timestamp` (ms from the trace start), `input_length`, `output_length` (tokens), optional
+    `hash_ids` (one id per `hash_block_tokens` prompt tokens; equal ids = shared prefix blocks).
+    An output_length of 0 is sent as 1 token.
+    """
+
+    kind: Literal["mooncake"] = Field("mooncake", description="Dataset variant tag.")
+    hash_block_tokens: int = Field(512, ge=1, description="Tokens per hash id.")
+
+
+class AzureDataset(_TimedTrace):
+    """An Azure LLM inference trace (Splitwise, 2023): CSV with TIMESTAMP, ContextTokens, GeneratedTokens.
+
+    TIMESTAMP is a date-time; times are taken relative to the earliest row. Prompts are unique
+    (the trace carries no content identity). A GeneratedTokens of 0 is sent as 1 token.
+    """
+
+    kind: Literal["azure"] = Field("azure", description="Dataset variant tag.")
+
+
+Dataset = Annotated[
+    RandomDataset | PrefixRepetitionDataset | ShareGPTDataset | CustomDataset | MooncakeDataset
+    | AzureDataset,
+    Field(discriminator="kind"),
+]
+TIMED_TRACES = (MooncakeDataset, AzureDataset)
+
+
+class WorkloadConfig(_Frozen):
+    """What the benchmark client sends: a dataset of requests and their send times (`vllm bench serve`).
+
+    Send times follow vLLM: without a ramp-up, request_rate (inf: all at time 0) and burstiness
+    (gamma shape; 1 = Poisson); with a ramp-up, the rate moves from ramp_up_start_rps to
+    ramp_up_end_rps over the requests, and request_rate must stay inf. Timed traces use their
+    own timestamps unless the dataset's use_timestamps is false.
+    """
+
+    num_prompts: int | None = Field(None, ge=1, description="Requests to send. Null: 1000 (vLLM's "
+                                    "default) for random, prefix_repetition, sharegpt and custom; "
+                                    "every request of the window for mooncake and azure (set, it "
+                                    "caps them to the first num_prompts).")
+    request_rate: float = Field(math.inf, gt=0, description="Mean requests per second; inf sends all "
+                                "at time 0 (vLLM --request-rate).")
+    burstiness: float = Field(1.0, gt=0, description="Gamma shape of the gaps between sends: 1 = "
+                              "Poisson, < 1 burstier, > 1 more regular, inf = constant gaps "
+                              "(vLLM --burstiness).")
+    ramp_up_strategy: Literal["linear", "exponential"] | None = Field(None, description="Rate ramp-up "
+                                                                      "(vLLM --ramp-up-strategy).")
+    ramp_up_start_rps: float | None = Field(None, description="Rate of the first request under a "
+                                            "ramp-up, requests/s (vLLM --ramp-up-start-rps).")
+    ramp_up_end_rps: float | None = Field(None, description="Rate of the last request under a "
+                                          "ramp-up, requests/s (vLLM --ramp-up-end-rps).")
+    max_concurrency: int | None = Field(None, ge=1, description="Most requests in flight; the "
+                                        "client holds the rest back (vLLM --max-concurrency). "
+                                        "Carried here, applied by the simulated client.")
+    dataset: Dataset = Field(default_factory=RandomDataset, description="Where prompts and lengths "
+                             "come from; `kind` selects the variant.")
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadConfig:
+        self._check_ramp_up()
+        ds = self.dataset
+        if isinstance(ds, TIMED_TRACES) and ds.use_timestamps and (
+                self.request_rate != math.inf or self.ramp_up_strategy is not None):
+            raise ValueError("request_rate and ramp_up_strategy have no effect while the trace's "
+                             "timestamps are used; set dataset.use_timestamps: false to use them")
+        if isinstance(ds, PrefixRepetitionDataset) and self.resolved_num_prompts < ds.num_prefixes:
+            raise ValueError(f"num_prompts ({self.resolved_num_prompts}) must be at least "
+                             f"dataset.num_prefixes ({ds.num_prefixes})")
+        return self
+
+    def _check_ramp_up(self) -> None:
+        # vLLM's checks (benchmarks/serve.py main), plus a positive start rate: vLLM's client
+        # asserts a positive rate for every request, and the first is sent at the start rate.
+        start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
+        if self.ramp_up_strategy is None:
+            if start is not None or end is not None:
+                raise ValueError("ramp_up_start_rps/ramp_up_end_rps need a ramp_up_strategy")
+            return
+        if self.request_rate != math.inf:
+            raise ValueError("with a ramp_up_strategy the rate comes from ramp_up_start_rps and "
+                             "ramp_up_end_rps; leave request_rate unset (inf)")
+        if start is None or end is None:
+            raise ValueError("a ramp_up_strategy needs both ramp_up_start_rps and ramp_up_end_rps")
+        if start <= 0 or end <= 0 or math.isinf(end):
+            raise ValueError("ramp_up_start_rps and ramp_up_end_rps must be positive and finite")
+        if start > end:
+            raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
+
+    @property
+    def resolved_num_prompts(self) -> int | None:
+        """num_prompts with vLLM's default filled in; None for a timed trace without a cap."""
+        if self.num_prompts is not None or isinstance(self.dataset, TIMED_TRACES):
+            return self.num_prompts
+        return DEFAULT_NUM_PROMPTS

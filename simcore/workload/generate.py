@@ -1,0 +1,117 @@
+"""Turning a workload configuration into the requests a `vllm bench serve` client sends, in send order.
+
+Conventions shared by every dataset:
+- Randomness: one `numpy.random.SeedSequence(seed)` spawns two streams, one for the dataset
+  (lengths, shuffles, oversampling) and one for the send times, so changing the rate leaves the
+  prompts unchanged.
+- Lengths: every prompt has at least 1 token; an output length of 0 in a data file is sent as 1
+  token (a request always samples one token).
+- Refusals: vLLM's server rejects a request whose prompt_len + output_len exceeds max_model_len
+  before it reaches the scheduler, and `vllm bench serve` counts it as failed. Such requests keep
+  their send times but are set apart in `Workload.refused` (generate_requests drops them), so the
+  simulator can report `failed` as vLLM would.
+- Content identity: see `simcore.workload.keys` for the key namespaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simcore.errors import ConfigError
+from simcore.workload import files
+from simcore.workload.arrivals import send_times_s
+from simcore.workload.config import (AzureDataset, CustomDataset, MooncakeDataset,
+                                     PrefixRepetitionDataset, RandomDataset, ShareGPTDataset,
+                                     WorkloadConfig)
+from simcore.workload.sample import Sample
+from simcore.workload.sampled import custom_samples, sharegpt_samples
+from simcore.workload.spec import RequestSpec
+from simcore.workload.synthetic import prefix_repetition_samples, random_samples
+from simcore.workload.traces import azure_samples, mooncake_samples
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The generated requests, split into those the server accepts and those it refuses.
+
+    Both tuples are sorted by arrival_s (ties in dataset order); together they are every request
+    the client sends.
+    """
+
+    requests: tuple[RequestSpec, ...]
+    refused: tuple[RequestSpec, ...] = ()
+
+    @property
+    def num_refused(self) -> int:
+        """Requests vLLM would reject as longer than max_model_len (reported as failed)."""
+        return len(self.refused)
+
+
+def is_refused(request: RequestSpec, max_model_len: int | None) -> bool:
+    """Whether vLLM's server rejects `request`: prompt plus requested output exceed max_model_len."""
+    return max_model_len is not None and request.prompt_len + request.output_len > max_model_len
+
+
+def generate_workload(cfg: WorkloadConfig, *, block_size: int, seed: int, base_dir: Path,
+                      max_model_len: int | None) -> Workload:
+    """All requests of `cfg`, deterministic for `seed`; data paths are relative to `base_dir`.
+
+    Raises ConfigError, naming the file and line or the field, for bad data or settings.
+    """
+    if block_size < 1:
+        raise ConfigError(f"block_size must be at least 1, got {block_size}")
+    if seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed}")
+    data_seq, arrival_seq = np.random.SeedSequence(seed).spawn(2)
+    samples = _samples(cfg, block_size=block_size, base_dir=Path(base_dir),
+                       rng=np.random.default_rng(data_seq))
+    times_s = _send_times_s(cfg, samples, np.random.default_rng(arrival_seq))
+    order = np.argsort(times_s, kind="stable")
+    accepted, refused = [], []
+    for i in order.tolist():
+        s = samples[i]
+        spec = RequestSpec(request_id=s.request_id, arrival_s=float(times_s[i]),
+                           prompt_len=s.prompt_len, output_len=s.output_len, block_keys=s.block_keys)
+        (refused if is_refused(spec, max_model_len) else accepted).append(spec)
+    return Workload(tuple(accepted), tuple(refused))
+
+
+def generate_requests(cfg: WorkloadConfig, *, block_size: int, seed: int, base_dir: Path,
+                      max_model_len: int | None) -> list[RequestSpec]:
+    """The requests the server accepts, sorted by arrival_s (refused ones dropped; see Workload)."""
+    return list(generate_workload(cfg, block_size=block_size, seed=seed, base_dir=base_dir,
+                                  max_model_len=max_model_len).requests)
+
+
+def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
+             rng: np.random.Generator) -> list[Sample]:
+    num = cfg.resolved_num_prompts
+    match cfg.dataset:
+        case RandomDataset() as ds:
+            return random_samples(ds, num, block_size=block_size, rng=rng)
+        case PrefixRepetitionDataset() as ds:
+            return prefix_repetition_samples(ds, num, block_size=block_size, rng=rng)
+        case ShareGPTDataset() as ds:
+            return sharegpt_samples(ds, num, path=files.resolve(ds.path, base_dir),
+                                    block_size=block_size, rng=rng)
+        case CustomDataset() as ds:
+            return custom_samples(ds, num, path=files.resolve(ds.path, base_dir),
+                                  block_size=block_size, rng=rng)
+        case MooncakeDataset() as ds:
+            return mooncake_samples(ds, num, path=files.resolve(ds.path, base_dir),
+                                    block_size=block_size)
+        case AzureDataset() as ds:
+            return azure_samples(ds, num, path=files.resolve(ds.path, base_dir))
+    raise ConfigError(f"unknown workload.dataset kind {cfg.dataset!r}")
+
+
+def _send_times_s(cfg: WorkloadConfig, samples: list[Sample], rng: np.random.Generator) -> np.ndarray:
+    ds = cfg.dataset
+    if isinstance(ds, (MooncakeDataset, AzureDataset)) and ds.use_timestamps:
+        return np.array([s.timestamp_s for s in samples], dtype=float)
+    return send_times_s(len(samples), rng, request_rate=cfg.request_rate, burstiness=cfg.burstiness,
+                        ramp_up_strategy=cfg.ramp_up_strategy,
+                        ramp_up_start_rps=cfg.ramp_up_start_rps, ramp_up_end_rps=cfg.ramp_up_end_rps)

@@ -1,0 +1,85 @@
+"""Content keys of prompt blocks: which sources they come from, and why keys from two sources never collide.
+
+A block key is a 63-bit integer `(namespace << 56) | value`. Each source of content identity owns a
+namespace, so keys from different sources can only be equal when they are meant to be:
+
+- `HASH_BLOCK` (0): keys expanded from trace hash ids (Mooncake's `hash_ids`, or `hash_ids` in a
+  custom file). A hash id stands for `hash_block_tokens` (512) tokens; with `per = 512 // block_size`
+  its blocks get keys `hash_id * per + k` for `k` in `0..per-1`, truncated to
+  `prompt_len // block_size` keys. Namespace 0 keeps these keys numerically identical to those of the
+  vLLM conformance scenarios (`make_scenarios.py`).
+- `USER` (1): `block_keys` written verbatim in a custom file.
+- `SHARED_PREFIX` (2): the synthetic prefixes of the `random` and `prefix_repetition` datasets;
+  value = `prefix_index << 32 | block_index`.
+- `ROW` (3): the content of one row of a sampled dataset (ShareGPT, custom); value =
+  `row_index << 24 | block_index`. A row sent twice (vLLM oversamples when a dataset has fewer rows
+  than requests) sends the same prompt twice, so both copies carry the same keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from simcore.errors import ConfigError
+
+NAMESPACE_SHIFT = 56
+VALUE_LIMIT = 1 << NAMESPACE_SHIFT
+"""Key values (before the namespace is added) must lie in [0, VALUE_LIMIT)."""
+
+HASH_BLOCK = 0
+USER = 1
+SHARED_PREFIX = 2
+ROW = 3
+
+_PREFIX_INDEX_SHIFT = 32
+_ROW_INDEX_SHIFT = 24
+MAX_ROW_BLOCKS = 1 << _ROW_INDEX_SHIFT
+"""A row's prompt may have at most this many full blocks (268 M tokens at block size 16)."""
+
+
+def check_hash_block(block_size: int, hash_block_tokens: int) -> None:
+    """Hash ids can be expanded only when the KV block size divides the hash block."""
+    if block_size < 1 or hash_block_tokens % block_size:
+        raise ConfigError(f"block_size {block_size} does not divide the trace's "
+                          f"{hash_block_tokens}-token hash blocks (workload.dataset.hash_block_tokens)")
+
+
+def max_hash_id(block_size: int, hash_block_tokens: int) -> int:
+    """Largest hash id whose expanded keys still fit in the value range."""
+    return VALUE_LIMIT // (hash_block_tokens // block_size) - 1
+
+
+def hash_block_keys(hash_ids: Sequence[int], *, prompt_len: int, block_size: int,
+                    hash_block_tokens: int) -> tuple[int, ...]:
+    """Expand hash ids of `hash_block_tokens`-token blocks into `block_size`-token block keys.
+
+    `block_size` must divide `hash_block_tokens` (the caller checks); ids must be in
+    [0, max_hash_id(...)].
+    """
+    num_keys = prompt_len // block_size
+    if not hash_ids or num_keys == 0:
+        return ()
+    per = hash_block_tokens // block_size
+    ids = np.asarray(hash_ids, dtype=np.int64)[: -(-num_keys // per)]
+    keys = (ids[:, None] * per + np.arange(per, dtype=np.int64)).ravel()[:num_keys]
+    return tuple((keys | (HASH_BLOCK << NAMESPACE_SHIFT)).tolist())
+
+
+def user_keys(keys: Sequence[int], *, prompt_len: int, block_size: int) -> tuple[int, ...]:
+    """Namespace verbatim per-block keys, truncated to the prompt's full blocks."""
+    tag = USER << NAMESPACE_SHIFT
+    return tuple(tag | k for k in keys[: prompt_len // block_size])
+
+
+def shared_prefix_keys(prefix_index: int, num_blocks: int) -> tuple[int, ...]:
+    """Keys of the first `num_blocks` full blocks of synthetic prefix number `prefix_index`."""
+    base = (SHARED_PREFIX << NAMESPACE_SHIFT) | (prefix_index << _PREFIX_INDEX_SHIFT)
+    return tuple(range(base, base + num_blocks))
+
+
+def row_keys(row_index: int, start_block: int, end_block: int) -> tuple[int, ...]:
+    """Keys of blocks [start_block, end_block) of dataset row `row_index` (end_block <= MAX_ROW_BLOCKS)."""
+    base = (ROW << NAMESPACE_SHIFT) | (row_index << _ROW_INDEX_SHIFT)
+    return tuple(range(base + start_block, base + end_block))

@@ -1,0 +1,182 @@
+"""The sampled datasets of `vllm bench serve` (ShareGPT, custom JSONL): shuffled, filtered, oversampled."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from simcore.errors import ConfigError
+from simcore.workload import files
+from simcore.workload.config import CustomDataset, LengthFilter, ShareGPTDataset, TextLengthEstimate
+from simcore.workload.keys import (MAX_ROW_BLOCKS, VALUE_LIMIT, check_hash_block, hash_block_keys,
+                                   max_hash_id, row_keys, user_keys)
+from simcore.workload.sample import Sample
+
+
+def estimate_tokens(text: str, estimate: TextLengthEstimate) -> int:
+    """Estimated token count of `text` (see TextLengthEstimate)."""
+    if estimate.method == "words":
+        return math.ceil(len(text.split()) * estimate.tokens_per_word)
+    return math.ceil(len(text) / estimate.chars_per_token)
+
+
+def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block_size: int,
+                     rng: np.random.Generator) -> list[Sample]:
+    """First turns of a ShareGPT file (or rows of a lengths CSV), chosen as vLLM's sharegpt dataset does."""
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        row_ids, prompt_lens, answer_lens = _sharegpt_json(path, ds.text_estimate)
+    elif suffix == ".csv":
+        row_ids, prompt_lens, answer_lens = _lengths_csv(path)
+    else:
+        raise ConfigError(f"{path}: a sharegpt dataset is a .json ShareGPT file or a .csv of "
+                          "num_prefill_tokens,num_decode_tokens")
+    output_lens = answer_lens if ds.output_len is None else np.full(len(row_ids), ds.output_len)
+    valid = _passes(ds.length_filter, prompt_lens, output_lens, check_output=ds.output_len is None)
+    chosen = _choose(valid, num_prompts, shuffle=ds.shuffle, rng=rng)
+    if chosen.size == 0:
+        raise ConfigError(f"{path}: no conversation passes workload.dataset.length_filter "
+                          f"({len(row_ids)} with two or more turns)")
+
+    def sample(i: int, row: int) -> Sample:
+        prompt_len = max(1, int(prompt_lens[row]))
+        keys = _row_content_keys(path, int(row_ids[row]), prompt_len, block_size, ())
+        return Sample(f"r{i}", prompt_len, max(1, int(output_lens[row])), keys)
+
+    return _build(chosen, sample)
+
+
+def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_size: int,
+                   rng: np.random.Generator) -> list[Sample]:
+    """Lines of a custom JSONL file, chosen as vLLM's custom dataset does (no length filter)."""
+    rows: list[tuple[int, int, tuple[int, ...]]] = []
+    for row_index, (lineno, obj) in enumerate(files.iter_jsonl(path)):
+        where = f"{path}: line {lineno}"
+        prompt_len = _custom_prompt_len(obj, where, ds.text_estimate)
+        if ds.output_len is not None:
+            output_len = ds.output_len
+        else:
+            output_len = max(1, files.count_field(obj, "output_len", where))
+        keys = _custom_keys(obj, where, prompt_len, block_size, ds.hash_block_tokens)
+        rows.append((prompt_len, output_len,
+                     _row_content_keys(path, row_index, prompt_len, block_size, keys)))
+    chosen = _choose(np.ones(len(rows), dtype=bool), num_prompts, shuffle=ds.shuffle, rng=rng)
+    if chosen.size == 0:
+        raise ConfigError(f"{path}: no requests in the file")
+    return _build(chosen, lambda i, row: Sample(f"r{i}", *rows[row]))
+
+
+def _sharegpt_json(path: Path, estimate: TextLengthEstimate
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    data = files.read_json(path)
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: expected a JSON list of conversations")
+    row_ids, prompt_lens, answer_lens = [], [], []
+    for index, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: entry {index}: expected an object with 'conversations'")
+        turns = entry.get("conversations")
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue  # vLLM keeps only conversations with at least two turns
+        texts = []
+        for turn_index in (0, 1):
+            turn = turns[turn_index]
+            text = turn.get("value") if isinstance(turn, dict) else None
+            if not isinstance(text, str):
+                raise ConfigError(f"{path}: entry {index}: conversations[{turn_index}] has no "
+                                  "string 'value'")
+            texts.append(text)
+        row_ids.append(index)
+        prompt_lens.append(estimate_tokens(texts[0], estimate))
+        answer_lens.append(estimate_tokens(texts[1], estimate))
+    return np.array(row_ids, dtype=np.int64), np.array(prompt_lens), np.array(answer_lens)
+
+
+def _lengths_csv(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    prompt_lens, answer_lens = [], []
+    for lineno, row in files.iter_csv(path, ("num_prefill_tokens", "num_decode_tokens")):
+        where = f"{path}: line {lineno}"
+        prompt_lens.append(files.count_field(row, "num_prefill_tokens", where, 1))
+        answer_lens.append(files.count_field(row, "num_decode_tokens", where))
+    return np.arange(len(prompt_lens)), np.array(prompt_lens), np.array(answer_lens)
+
+
+def _passes(flt: LengthFilter | None, prompt_lens: np.ndarray, output_lens: np.ndarray, *,
+            check_output: bool) -> np.ndarray:
+    """vLLM's is_valid_sequence, vectorised."""
+    valid = np.ones(len(prompt_lens), dtype=bool)
+    if flt is None:
+        return valid
+    valid &= prompt_lens >= flt.min_len
+    if check_output:
+        valid &= output_lens >= flt.min_len
+    if flt.max_prompt_len is not None:
+        valid &= prompt_lens <= flt.max_prompt_len
+    if flt.max_total_len is not None:
+        valid &= prompt_lens + output_lens <= flt.max_total_len
+    return valid
+
+
+def _choose(valid: np.ndarray, num_prompts: int, *, shuffle: bool,
+            rng: np.random.Generator) -> np.ndarray:
+    """Rows to send, in order: valid rows in (shuffled) order, topped up by drawing with replacement."""
+    order = rng.permutation(len(valid)) if shuffle else np.arange(len(valid))
+    chosen = order[valid[order]][:num_prompts]
+    if 0 < chosen.size < num_prompts:
+        extra = chosen[rng.integers(0, chosen.size, size=num_prompts - chosen.size)]
+        chosen = np.concatenate([chosen, extra])
+    return chosen
+
+
+def _build(chosen: np.ndarray, make: Callable[[int, int], Sample]) -> list[Sample]:
+    cache: dict[int, Sample] = {}
+    samples = []
+    for i, row in enumerate(chosen.tolist()):
+        first = cache.get(row)
+        if first is None:
+            first = cache[row] = make(i, row)
+            samples.append(first)
+        else:  # an oversampled copy: same prompt, same keys, its own id
+            samples.append(Sample(f"r{i}", first.prompt_len, first.output_len, first.block_keys))
+    return samples
+
+
+def _row_content_keys(path: Path, row_index: int, prompt_len: int, block_size: int,
+                      keys: tuple[int, ...]) -> tuple[int, ...]:
+    """`keys`, then row-unique keys for the rest of the prompt's full blocks."""
+    num_blocks = prompt_len // block_size
+    if num_blocks >= MAX_ROW_BLOCKS:
+        raise ConfigError(f"{path}: a prompt of {prompt_len} tokens is too long to key")
+    return keys + row_keys(row_index, len(keys), num_blocks)
+
+
+def _custom_prompt_len(obj: dict, where: str, estimate: TextLengthEstimate) -> int:
+    if "prompt_len" in obj:
+        return files.as_count(obj["prompt_len"], where, "prompt_len", 1)
+    prompt = obj.get("prompt")
+    if prompt is None:
+        raise ConfigError(f"{where}: needs 'prompt_len' (tokens) or 'prompt' (text)")
+    if not isinstance(prompt, str):
+        raise ConfigError(f"{where}: 'prompt' must be a string")
+    return max(1, estimate_tokens(prompt, estimate))
+
+
+def _custom_keys(obj: dict, where: str, prompt_len: int, block_size: int,
+                 hash_block_tokens: int) -> tuple[int, ...]:
+    has_keys, has_hashes = obj.get("block_keys") is not None, obj.get("hash_ids") is not None
+    if has_keys and has_hashes:
+        raise ConfigError(f"{where}: give 'block_keys' or 'hash_ids', not both")
+    if has_keys:
+        keys = files.as_id_list(obj["block_keys"], where, "block_keys", VALUE_LIMIT - 1)
+        return user_keys(keys, prompt_len=prompt_len, block_size=block_size)
+    if has_hashes:
+        check_hash_block(block_size, hash_block_tokens)
+        ids = files.as_id_list(obj["hash_ids"], where, "hash_ids",
+                               max_hash_id(block_size, hash_block_tokens))
+        return hash_block_keys(ids, prompt_len=prompt_len, block_size=block_size,
+                               hash_block_tokens=hash_block_tokens)
+    return ()
+

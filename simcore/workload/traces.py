@@ -1,0 +1,95 @@
+"""Timed request traces (Mooncake JSONL, Azure CSV): requests with their own times, cut to a window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from simcore.errors import ConfigError
+from simcore.workload import files
+from simcore.workload.config import AzureDataset, MooncakeDataset
+from simcore.workload.keys import check_hash_block, hash_block_keys, max_hash_id
+from simcore.workload.sample import Sample
+
+MS_PER_S = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """The replayed part of a trace: [start_s, start_s + duration_s) in trace seconds."""
+
+    start_s: float
+    end_s: float
+    time_scale: float
+
+    @staticmethod
+    def of(ds: MooncakeDataset | AzureDataset) -> _Window:
+        end_s = float("inf") if ds.duration_s is None else ds.start_s + ds.duration_s
+        return _Window(ds.start_s, end_s, ds.time_scale)
+
+    def contains(self, t_s: float) -> bool:
+        return self.start_s <= t_s < self.end_s
+
+    def run_time_s(self, t_s: float) -> float:
+        return (t_s - self.start_s) * self.time_scale
+
+
+def mooncake_samples(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
+                     block_size: int) -> list[Sample]:
+    """The first num_prompts requests of the window, in file order, with hash ids expanded to keys.
+
+    Request ids are `m{i}`, i the 0-based line index, as in the vLLM conformance scenarios.
+    """
+    check_hash_block(block_size, ds.hash_block_tokens)
+    id_limit = max_hash_id(block_size, ds.hash_block_tokens)
+    window = _Window.of(ds)
+    samples: list[Sample] = []
+    for lineno, obj in files.iter_jsonl(path):
+        if num_prompts is not None and len(samples) >= num_prompts:
+            break
+        where = f"{path}: line {lineno}"
+        t_s = files.as_seconds(files.field(obj, "timestamp", where), where, "timestamp", MS_PER_S)
+        prompt_len = files.count_field(obj, "input_length", where, 1)
+        output_len = files.count_field(obj, "output_length", where)
+        raw_ids = obj.get("hash_ids")
+        ids = [] if raw_ids is None else files.as_id_list(raw_ids, where, "hash_ids", id_limit)
+        if not window.contains(t_s):
+            continue
+        keys = hash_block_keys(ids, prompt_len=prompt_len, block_size=block_size,
+                               hash_block_tokens=ds.hash_block_tokens)
+        samples.append(Sample(f"m{lineno - 1}", prompt_len, max(1, output_len), keys,
+                              window.run_time_s(t_s)))
+    return samples
+
+
+def azure_samples(ds: AzureDataset, num_prompts: int | None, *, path: Path) -> list[Sample]:
+    """The first num_prompts requests of the window, in file order; ids `a{i}`, i the 0-based row."""
+    rows: list[tuple[datetime, int, int]] = []
+    for lineno, row in files.iter_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
+        where = f"{path}: line {lineno}"
+        stamp = files.field(row, "TIMESTAMP", where)
+        try:
+            at = datetime.fromisoformat(stamp.strip())
+        except ValueError:
+            raise ConfigError(f"{where}: TIMESTAMP must be a date-time such as "
+                              f"2023-11-16 18:15:46.680590, got {stamp!r}") from None
+        rows.append((at,
+                     files.count_field(row, "ContextTokens", where, 1),
+                     files.count_field(row, "GeneratedTokens", where)))
+    if not rows:
+        return []
+    try:
+        first = min(at for at, _, _ in rows)
+    except TypeError:
+        raise ConfigError(f"{path}: TIMESTAMP mixes times with and without a time zone") from None
+    window = _Window.of(ds)
+    samples: list[Sample] = []
+    for index, (at, prompt_len, output_len) in enumerate(rows):
+        if num_prompts is not None and len(samples) >= num_prompts:
+            break
+        t_s = (at - first).total_seconds()
+        if window.contains(t_s):
+            samples.append(Sample(f"a{index}", prompt_len, max(1, output_len), (),
+                                  window.run_time_s(t_s)))
+    return samples

@@ -1,0 +1,151 @@
+"""Bad data files and settings: one ConfigError naming the file and line (or the field), never a traceback."""
+
+import json
+
+import pytest
+
+from simcore.errors import ConfigError
+from simcore.workload import WorkloadConfig, generate_requests
+
+GOOD_MOONCAKE = {"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [0]}
+
+
+def run(tmp_path, dataset, *, block_size=16, seed=0, **fields):
+    cfg = WorkloadConfig.model_validate({"dataset": dataset, **fields})
+    return generate_requests(cfg, block_size=block_size, seed=seed, base_dir=tmp_path,
+                             max_model_len=None)
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path.name
+
+
+def mooncake_file(tmp_path, bad_line):
+    good = json.dumps(GOOD_MOONCAKE)
+    return write_lines(tmp_path / "trace.jsonl", [good, good, bad_line, good])
+
+
+@pytest.mark.parametrize("kind, name", [("mooncake", "none.jsonl"), ("azure", "none.csv"),
+                                        ("sharegpt", "none.json"), ("custom", "none.jsonl")])
+def test_missing_file_names_the_path(tmp_path, kind, name):
+    with pytest.raises(ConfigError, match=f"{name}: no such file"):
+        run(tmp_path, {"kind": kind, "path": name})
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ('{"timestamp": 0, "input_length": 100,', "line 3: invalid JSON"),
+    ('[1, 2, 3]', "line 3: expected a JSON object"),
+    ('{"timestamp": 0, "output_length": 5}', "line 3: missing 'input_length'"),
+    ('{"input_length": 10, "output_length": 5}', "line 3: missing 'timestamp'"),
+    ('{"timestamp": 0, "input_length": 100, "output_length": -5}',
+     "line 3: output_length must be at least 0"),
+    ('{"timestamp": 0, "input_length": 0, "output_length": 5}', "line 3: input_length must be at least 1"),
+    ('{"timestamp": 0, "input_length": "many", "output_length": 5}',
+     "line 3: input_length must be a whole number"),
+    ('{"timestamp": 0, "input_length": 10.5, "output_length": 5}',
+     "line 3: input_length must be a whole number"),
+    ('{"timestamp": -4, "input_length": 10, "output_length": 5}', "line 3: timestamp must be"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": 3}',
+     "line 3: hash_ids must be a list"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1, -2]}',
+     "line 3: hash_ids values must be at least 0"),
+])
+def test_mooncake_bad_line_is_named(tmp_path, bad_line, message):
+    name = mooncake_file(tmp_path, bad_line)
+    with pytest.raises(ConfigError, match=f"trace.jsonl: {message}"):
+        run(tmp_path, {"kind": "mooncake", "path": name})
+
+
+def test_mooncake_block_size_must_divide_hash_block(tmp_path):
+    name = mooncake_file(tmp_path, json.dumps(GOOD_MOONCAKE))
+    with pytest.raises(ConfigError, match="block_size 48"):
+        run(tmp_path, {"kind": "mooncake", "path": name}, block_size=48)
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["TIMESTAMP,ContextTokens", "2023-11-16 18:15:46.68,3"], "line 1: missing column.*GeneratedTokens"),
+    (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,3,4", "yesterday,3,4"],
+     "line 3: TIMESTAMP must be a date-time"),
+    (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,3,4",
+      "2023-11-16 18:15:47.68,-3,4"], "line 3: ContextTokens must be at least 1"),
+    (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,3"],
+     "line 2: missing 'GeneratedTokens'"),
+    ([], "empty file"),
+])
+def test_azure_bad_input_is_named(tmp_path, rows, message):
+    name = write_lines(tmp_path / "azure.csv", rows)
+    with pytest.raises(ConfigError, match=f"azure.csv: {message}"):
+        run(tmp_path, {"kind": "azure", "path": name})
+
+
+def test_sharegpt_csv_missing_column_and_negative_length(tmp_path):
+    name = write_lines(tmp_path / "lengths.csv", ["num_prefill_tokens,other", "5,6"])
+    with pytest.raises(ConfigError, match="lengths.csv: line 1: missing column.*num_decode_tokens"):
+        run(tmp_path, {"kind": "sharegpt", "path": name})
+    name = write_lines(tmp_path / "lengths.csv",
+                       ["num_prefill_tokens,num_decode_tokens", "5,6", "7,8", "9,-1"])
+    with pytest.raises(ConfigError, match="lengths.csv: line 4: num_decode_tokens must be at least 0"):
+        run(tmp_path, {"kind": "sharegpt", "path": name})
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[{"conversations": []},\n {"conversations": [}', "line 2: invalid JSON"),
+    ('{"conversations": []}', "expected a JSON list"),
+    ('[{"conversations": [{"value": "hi"}, {"from": "gpt"}]}]',
+     r"entry 0: conversations\[1\] has no string 'value'"),
+    ('[3]', "entry 0: expected an object"),
+    ('[{"conversations": [{"value": "hi"}, {"value": "yo"}]}]', "no conversation passes"),
+])
+def test_sharegpt_json_bad_input_is_named(tmp_path, text, message):
+    (tmp_path / "sg.json").write_text(text)
+    with pytest.raises(ConfigError, match=f"sg.json: {message}"):
+        run(tmp_path, {"kind": "sharegpt", "path": "sg.json"})
+
+
+def test_sharegpt_unknown_suffix(tmp_path):
+    (tmp_path / "sg.txt").write_text("x")
+    with pytest.raises(ConfigError, match="sg.txt: a sharegpt dataset is a .json"):
+        run(tmp_path, {"kind": "sharegpt", "path": "sg.txt"})
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ('{"output_len": 5}', "line 2: needs 'prompt_len' \\(tokens\\) or 'prompt' \\(text\\)"),
+    ('{"prompt_len": 5}', "line 2: missing 'output_len'"),
+    ('{"prompt": 5, "output_len": 5}', "line 2: 'prompt' must be a string"),
+    ('{"prompt_len": 50, "output_len": 5, "block_keys": [1], "hash_ids": [1]}',
+     "line 2: give 'block_keys' or 'hash_ids', not both"),
+    ('{"prompt_len": 50, "output_len": 5, "block_keys": ["a"]}',
+     "line 2: block_keys must be a whole number"),
+    ('{"prompt_len": -50, "output_len": 5}', "line 2: prompt_len must be at least 1"),
+    ('{"prompt_len": true, "output_len": 5}', "line 2: prompt_len must be a whole number"),
+])
+def test_custom_bad_line_is_named(tmp_path, bad_line, message):
+    name = write_lines(tmp_path / "c.jsonl", ['{"prompt_len": 5, "output_len": 1}', bad_line])
+    with pytest.raises(ConfigError, match=f"c.jsonl: {message}"):
+        run(tmp_path, {"kind": "custom", "path": name}, num_prompts=2)
+
+
+def test_custom_empty_file(tmp_path):
+    name = write_lines(tmp_path / "c.jsonl", ["", "  "])
+    with pytest.raises(ConfigError, match="c.jsonl: no requests"):
+        run(tmp_path, {"kind": "custom", "path": name})
+
+
+def test_directory_instead_of_file(tmp_path):
+    (tmp_path / "d.jsonl").mkdir()
+    with pytest.raises(ConfigError, match="d.jsonl: no such file"):
+        run(tmp_path, {"kind": "mooncake", "path": "d.jsonl"})
+
+
+def test_not_utf8(tmp_path):
+    (tmp_path / "t.jsonl").write_bytes(b'{"timestamp": 0}\n\xff\xfe\n')
+    with pytest.raises(ConfigError, match="t.jsonl: not UTF-8"):
+        run(tmp_path, {"kind": "mooncake", "path": "t.jsonl"})
+
+
+def test_bad_seed_and_block_size(tmp_path):
+    with pytest.raises(ConfigError, match="seed"):
+        run(tmp_path, {"kind": "random"}, seed=-1)
+    with pytest.raises(ConfigError, match="block_size"):
+        run(tmp_path, {"kind": "random"}, block_size=0)
