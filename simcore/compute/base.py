@@ -52,6 +52,7 @@ class StepTime:
     compute_s: float      # GEMMs, attention, norms, everything on the GPU's compute units
     comm_s: float         # TP all-reduce / PP send-recv exposed on the step's critical path
     bound: str            # "compute" | "memory" | "communication": what dominates the step
+    overhead_s: float = 0.0  # CPU-side time on the critical path: total_s - compute_s - comm_s
 
 
 class StepTimeModel(Protocol):

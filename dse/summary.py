@@ -1,0 +1,69 @@
+"""Plain-text rendering of a simulation result, in the layout `vllm bench serve` prints."""
+
+from __future__ import annotations
+
+_LINE = 60
+
+
+def _row(label: str, value) -> str:
+    if isinstance(value, float):
+        value = f"{value:.2f}"
+    return f"{label:<44}{value:>16}"
+
+
+def _title(text: str, fill: str = "=") -> str:
+    return f"{text:{fill}^{_LINE}}"
+
+
+def render_summary(r: dict) -> str:
+    """The headline metrics, the engine's view and the provenance of a result dict."""
+    p = r["provenance"]
+    lines = [_title(" Serving Benchmark Result (simulated) ")]
+    lines.append(_row("Successful requests:", r["completed"]))
+    if r["failed"]:
+        lines.append(_row("Failed requests:", r["failed"]))
+    if r.get("max_concurrency") is not None:
+        lines.append(_row("Maximum request concurrency:", r["max_concurrency"]))
+    lines += [
+        _row("Benchmark duration (s):", r["duration"]),
+        _row("Total input tokens:", r["total_input_tokens"]),
+        _row("Total generated tokens:", r["total_output_tokens"]),
+        _row("Request throughput (req/s):", r["request_throughput"]),
+    ]
+    if r.get("request_goodput") is not None:
+        lines.append(_row("Request goodput (req/s):", r["request_goodput"]))
+    lines += [
+        _row("Output token throughput (tok/s):", r["output_throughput"]),
+        _row("Peak output token throughput (tok/s):", r["max_output_tokens_per_s"]),
+        _row("Peak concurrent requests:", r["max_concurrent_requests"]),
+        _row("Total token throughput (tok/s):", r["total_token_throughput"]),
+    ]
+    names = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+             "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    for m, title in names.items():
+        lines.append(_title(f" {title} ", "-"))
+        lines.append(_row(f"Mean {m.upper()} (ms):", r[f"mean_{m}_ms"]))
+        lines.append(_row(f"Median {m.upper()} (ms):", r[f"median_{m}_ms"]))
+        for k, v in r.items():
+            if k.startswith("p") and k.endswith(f"_{m}_ms") and k.count("_") == 2:
+                lines.append(_row(f"P{k[1:].split('_')[0]} {m.upper()} (ms):", v))
+    lines.append(_title(" Engine ", "-"))
+    kv = r["kv_cache"]
+    lines += [
+        _row("GPUs:", r["num_gpus"]),
+        _row("KV-cache blocks per replica:", kv["num_gpu_blocks"]),
+        _row("KV-cache capacity (tokens):", kv["num_kv_tokens"]),
+        _row("GPU busy fraction:", r["gpu_busy_fraction"]),
+        _row("Mean / max KV-cache usage:", f"{r['mean_kv_cache_usage']:.2f} / "
+                                           f"{r['max_kv_cache_usage']:.2f}"),
+        _row("Preemptions:", r["total_preemptions"]),
+        _row("Prefix-cache hit rate:", r["prefix_cache_hit_rate"]),
+        _row("Mean queueing delay (ms):", r["mean_queue_ms"]),
+        _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
+    ]
+    lines.append(_title(" Provenance ", "-"))
+    unc = p["step_time_relative_uncertainty"]
+    lines.append(f"{p['profile_label']}: {p['compute_profile']} (step times +/-{unc:.0%})")
+    lines.append(f"seed {p['seed']}, {p['engine_semantics']}, simcore {p['simulator_version']}")
+    lines.append("=" * _LINE)
+    return "\n".join(lines)

@@ -1,0 +1,372 @@
+"""A reference (uncalibrated) step-time model: every op of a step timed by the roofline of one GPU.
+
+What is modelled, per GPU of a TP group, summed over all layers of all pipeline stages:
+- Each op takes max(FLOPs / (peak FLOP/s x efficiency), bytes / (peak HBM bandwidth x efficiency),
+  a minimum kernel time per kernel). Peaks come from the GPU catalog; the efficiency factors,
+  latencies and overheads are the declared `RooflineAssumptions`.
+- Linear layers (QKV/MLA projections, output projection, dense MLP, shared experts, MoE router):
+  2 FLOPs per weight per token; bytes = weights once + activations in and out. fp8 weights run at
+  the fp8 peak where the GPU has one, else at the bf16 peak with 1-byte weights (weight-only fp8).
+- Attention: 4 x causal query-key pairs x heads x head_dim FLOPs (QK^T and PV), at the bf16 peak
+  times its own efficiency; bytes = the KV cache read (kv_tokens_read) + the new KV written +
+  queries and outputs. The whole mixed batch is one roofline, as vLLM V1 runs one varlen kernel.
+  MLA: decode tokens use the absorbed form (attention over the 576-wide latent; the latent
+  up-projection applied to the query and output of each decode token), prefill tokens the
+  expanded form (the up-projection applied to every KV token of the prefilling requests). The
+  step shape does not split KV reads by request kind, so decode reads are estimated as
+  num_decode_seqs x kv_tokens_read / num_seqs.
+- MoE: router in bf16; routed experts with uniform top-k routing, so num_tokens tokens activate
+  E x (1 - (1 - k/E)^num_tokens) distinct experts in expectation, each expert's weights read once;
+  expert FLOPs from num_tokens x k. Experts are TP-sharded (no expert parallelism here).
+- Norms, rotary embedding, activation functions, residual adds: memory-bound passes over the
+  activations, with a floor of a few minimum-length kernels per layer.
+- LM head and sampling for num_seqs rows (vLLM computes logits for every scheduled request,
+  including partial prefill chunks, and discards the unfinished ones).
+- TP: 2 all-reduces per layer (+1 for the vocabulary-parallel embedding) of num_tokens x hidden
+  activations and a gather of the logits, by the ring formula of REFERENCE §4 over the intra-node
+  interconnect: 2(n-1)/n x S/B + 2(n-1) x alpha. They sit on the critical path (vLLM does not
+  overlap them).
+- PP: a sequential estimate without micro-batching: the step takes the sum of all stage times plus
+  (pp - 1) hops sending hidden states and residual (intra-node interconnect, or the declared
+  inter-node bandwidth for hops between nodes). vLLM overlaps pp batches; a caller simulating that
+  should divide throughput accordingly.
+- Overheads: a fixed per-step CPU time not hidden by async scheduling, plus, for steps outside
+  full CUDA graphs (anything but decode-only batches up to cuda_graph_max_num_tokens), a
+  per-layer launch time that overlaps GPU work and shows only when longer.
+
+Not modelled: expert parallelism, data-parallel attention, all-to-all dispatch, micro-batch
+overlap, speculative decoding, prefix-cache copy costs, wave quantization and tile effects of
+small GEMMs, kernel fusion beyond the counts above, power/clock throttling, multi-node TP. The
+result is a reference estimate with a declared uncertainty (`relative_uncertainty`), not a
+calibrated profile.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simcore.compute.base import StepShape, StepTime
+from simcore.errors import ConfigError
+from simcore.hardware import GpuSpec
+from simcore.model.arch import Gemm, ModelArch, dtype_bytes
+
+_LOGIT_BYTES = 4
+"""Logits are fp32 once the LM head has produced them."""
+
+
+class RooflineAssumptions(BaseModel):
+    """Declared efficiency factors, latencies and overheads of the roofline model (all overridable).
+
+    Defaults: GEMM and bandwidth fractions match per-op timings of vLLM's kernels on A100/H100
+    (Vidur's profiles: large bf16 GEMMs at ~65-75% of peak, single-token GEMMs at ~80-85% of peak
+    HBM bandwidth); NCCL all-reduce bus bandwidth reaches ~75-80% of NVLink peak.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm_flops_fraction: float = Field(
+        0.7, gt=0, le=1, description="Achieved fraction of peak FLOP/s in linear layers.")
+    attention_flops_fraction: float = Field(
+        0.5, gt=0, le=1,
+        description="Achieved fraction of the bf16 peak FLOP/s in attention kernels.")
+    hbm_bandwidth_fraction: float = Field(
+        0.8, gt=0, le=1, description="Achieved fraction of peak HBM bandwidth.")
+    interconnect_bandwidth_fraction: float = Field(
+        0.8, gt=0, le=1,
+        description="Achieved fraction of the intra-node interconnect bandwidth in collectives.")
+    collective_hop_latency_s: float = Field(
+        1.5e-6, ge=0, description="Per-hop latency alpha of ring collectives and PP sends, s.")
+    min_kernel_s: float = Field(
+        3e-6, ge=0,
+        description="Shortest duration of a GPU kernel inside a CUDA graph, s (small kernels "
+                    "take ~1-6 us on A100/H100).")
+    step_overhead_s: float = Field(
+        0.5e-3, ge=0,
+        description="CPU time per step not hidden by async scheduling (input preparation, "
+                    "sampler launch, output processing), s.")
+    eager_launch_s_per_layer: float = Field(
+        20e-6, ge=0,
+        description="CPU time to launch one layer outside a full CUDA graph (piecewise graphs "
+                    "plus eager attention), s; overlaps GPU work.")
+    cuda_graph_max_num_tokens: int = Field(
+        512, ge=0, description="Largest decode-only batch run as a full CUDA graph, tokens.")
+    sampler_hbm_bytes_per_logit: float = Field(
+        16.0, ge=0,
+        description="HBM traffic of sampling per vocabulary entry of each sampled row, bytes "
+                    "(fp32 logits read and written by temperature, softmax, top-k/top-p).")
+    inter_node_bandwidth_bytes_per_s: float = Field(
+        50e9, gt=0,
+        description="Per-GPU network bandwidth for PP hops between nodes, bytes/s (400 Gb/s NIC).")
+    inter_node_latency_s: float = Field(
+        5e-6, ge=0, description="Latency of one PP hop between nodes, s.")
+    relative_uncertainty: float = Field(
+        0.35, gt=0,
+        description="Declared symmetric bound on the relative error of a step time: an "
+                    "uncalibrated roofline is typically within +/-35% of measured vLLM steps.")
+
+
+class RooflineModel:
+    """StepTimeModel from FLOPs and bytes against one GPU's peaks; immutable after construction.
+
+    All per-op coefficients are computed in __init__; `step_time` is a few dozen float
+    operations (it runs once per simulated step).
+    """
+
+    __slots__ = (
+        "profile_id", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
+        "weight_dtype", "kv_cache_dtype", "assumptions",
+        "_token_gemms", "_e_num", "_e_ln_miss", "_e_flop_s_per_token", "_e_byte_s_per_expert",
+        "_e_byte_s_per_token", "_e_floor_s",
+        "_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row", "_kvb_floor_s",
+        "_mla", "_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair", "_attn_byte_s_per_kv",
+        "_attn_byte_s_per_token", "_attn_floor_s",
+        "_ew_byte_s_per_token", "_ew_floor_s",
+        "_lm_flop_s_per_row", "_lm_byte_s_fixed", "_lm_byte_s_per_row", "_lm_floor_s",
+        "_smp_byte_s_per_row", "_smp_floor_s",
+        "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
+        "_pp_s_per_token", "_pp_latency_s",
+        "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens",
+    )
+
+    def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
+                 weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
+                 assumptions: RooflineAssumptions | None = None) -> None:
+        a = assumptions or RooflineAssumptions()
+        arch.check_tp(tp)
+        if tp > gpu.gpus_per_node:
+            raise ConfigError(f"tensor_parallel_size {tp} exceeds the {gpu.gpus_per_node} GPUs of "
+                              f"a {gpu.name} node; the roofline models TP within one node")
+        if not 1 <= pp <= arch.num_layers:
+            raise ConfigError(f"pipeline_parallel_size {pp} must be between 1 and the model's "
+                              f"{arch.num_layers} layers")
+        self.arch, self.gpu, self.tp, self.pp = arch, gpu, tp, pp
+        self.weight_dtype, self.kv_cache_dtype, self.assumptions = weight_dtype, kv_cache_dtype, a
+        self.profile_id = f"roofline/{gpu.name}/{weight_dtype}"
+        self.calibrated = False
+        self.relative_uncertainty = a.relative_uncertainty
+
+        wb = dtype_bytes(weight_dtype)
+        hb = max(wb, 2.0)  # embeddings, LM head, routers stay 16-bit in quantized checkpoints
+        ab = hb            # activations are 16-bit
+        kvb = dtype_bytes(kv_cache_dtype)
+        f_gemm = gpu.flops_for(weight_dtype) * a.gemm_flops_fraction
+        f_bf16 = gpu.bf16_flops * a.gemm_flops_fraction
+        f_attn = gpu.bf16_flops * a.attention_flops_fraction
+        bw = gpu.hbm_bandwidth_bytes_per_s * a.hbm_bandwidth_fraction
+        kmin = a.min_kernel_s
+        h = arch.hidden_size
+        num_layers = arch.num_layers
+        num_moe = arch.num_moe_layers()
+        num_dense = num_layers - num_moe
+        heads = arch.num_attention_heads // tp
+
+        # Linear layers whose rows are the step's tokens: (flop s/token, fixed byte s,
+        # byte s/token, floor s), one entry per group, summed over the layers that have it.
+        groups: dict[str, list[float]] = {}
+
+        def add(gemms: tuple[Gemm, ...], num: int, kernels: int, rate: float, wbytes: float,
+                group: str) -> None:
+            if num == 0 or not gemms:
+                return
+            params = sum(g.num_params for g in gemms)
+            io = sum(g.in_features + g.out_features for g in gemms)
+            acc = groups.setdefault(group, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += num * 2 * params / rate
+            acc[1] += num * params * wbytes / bw
+            acc[2] += num * io * ab / bw
+            acc[3] += num * kernels * kmin
+
+        attn_gemms = arch.attention_gemms(tp)
+        add(tuple(g for g in attn_gemms if g.group == "attn"), num_layers,
+            3 if arch.is_mla else 2, f_gemm, wb, "attn")
+        dense_idx = next((i for i in range(num_layers) if not arch.is_moe_layer(i)), None)
+        dense_mlp = arch.mlp_gemms(dense_idx, tp) if dense_idx is not None else ()
+        add(dense_mlp, num_dense, 2, f_gemm, wb, "mlp")
+        moe_idx = next((i for i in range(num_layers) if arch.is_moe_layer(i)), None)
+        moe_mlp = arch.mlp_gemms(moe_idx, tp) if moe_idx is not None else ()
+        add(tuple(g for g in moe_mlp if g.group == "shared_expert"), num_moe, 2, f_gemm, wb,
+            "shared_expert")
+        add(tuple(g for g in moe_mlp if g.group == "router"), num_moe, 1, f_bf16, hb, "router")
+        self._token_gemms = tuple(tuple(v) for v in groups.values())
+
+        # Routed experts.
+        experts = tuple(g for g in moe_mlp if g.group == "expert")
+        if experts:
+            k = arch.num_experts_per_tok
+            e = arch.num_experts
+            per_expert = sum(g.num_params for g in experts) / e
+            io = sum(g.in_features + g.out_features for g in experts)
+            self._e_num = float(e)
+            self._e_ln_miss = math.log1p(-k / e) if k < e else -math.inf
+            self._e_flop_s_per_token = num_moe * 2 * k * per_expert / f_gemm
+            self._e_byte_s_per_expert = num_moe * per_expert * wb / bw
+            self._e_byte_s_per_token = num_moe * k * io * ab / bw
+            self._e_floor_s = num_moe * 2 * kmin
+        else:
+            self._e_num = 0.0
+            self._e_ln_miss = 0.0
+            self._e_flop_s_per_token = self._e_byte_s_per_expert = 0.0
+            self._e_byte_s_per_token = self._e_floor_s = 0.0
+
+        # Attention (and MLA's latent up-projection, whose rows are KV tokens and decode tokens).
+        self._mla = arch.is_mla
+        if arch.is_mla:
+            kv_b = next(g for g in attn_gemms if g.group == "mla_kv_b")
+            self._kvb_flop_s_per_row = num_layers * 2 * kv_b.num_params / f_gemm
+            self._kvb_byte_s_fixed = num_layers * kv_b.num_params * wb / bw
+            self._kvb_byte_s_per_row = num_layers * (kv_b.in_features + kv_b.out_features) * ab / bw
+            self._kvb_floor_s = num_layers * 2 * kmin  # W_UK and W_UV batched GEMMs
+            latent = arch.kv_lora_rank + arch.qk_rope_head_dim
+            self._attn_flop_s_per_pair = (
+                num_layers * 2 * heads * (arch.qk_head_dim + arch.v_head_dim) / f_attn)
+            self._attn_flop_s_per_decode_pair = (
+                num_layers * 2 * heads * (latent + arch.kv_lora_rank) / f_attn)
+            q_and_out = heads * (arch.qk_head_dim + arch.v_head_dim)
+        else:
+            self._kvb_flop_s_per_row = self._kvb_byte_s_fixed = 0.0
+            self._kvb_byte_s_per_row = self._kvb_floor_s = 0.0
+            self._attn_flop_s_per_pair = num_layers * 4 * heads * arch.head_dim / f_attn
+            self._attn_flop_s_per_decode_pair = self._attn_flop_s_per_pair
+            q_and_out = 2 * heads * arch.head_dim
+        kv_token_bytes = arch.kv_elems_per_token_per_layer(tp) * kvb
+        self._attn_byte_s_per_kv = num_layers * kv_token_bytes / bw
+        # New KV written once per token, queries read and outputs written.
+        self._attn_byte_s_per_token = num_layers * (kv_token_bytes + q_and_out * ab) / bw
+        self._attn_floor_s = num_layers * (2 if arch.is_mla else 1) * kmin  # FlashMLA: + combine
+
+        # Elementwise passes (memory-bound): two fused add+RMSNorms (read x and residual, write
+        # both), rotary embedding on q and k, the MLP activation, MoE routing and combine.
+        rope_elems = (heads * arch.qk_rope_head_dim + arch.qk_rope_head_dim if arch.is_mla
+                      else (heads + arch.kv_heads_per_gpu(tp)) * arch.head_dim)
+        per_layer = 8 * h + 2 * rope_elems
+        if arch.is_mla:
+            per_layer += 2 * (arch.q_lora_rank + arch.kv_lora_rank)
+        ew_bytes = num_layers * per_layer * ab
+        kernels = num_layers * (7 if arch.is_mla else 5)
+        if num_dense:
+            ew_bytes += num_dense * 3 * (arch.intermediate_size // tp) * ab
+        if num_moe:
+            k = arch.num_experts_per_tok
+            shared = arch.num_shared_experts * arch.shared_expert_intermediate_size // tp
+            ew_bytes += num_moe * ab * (3 * k * (arch.moe_intermediate_size // tp)
+                                        + (k + 1) * h + 3 * shared)
+            ew_bytes += num_moe * 2 * arch.num_experts * _LOGIT_BYTES  # router logits, top-k
+            kernels += num_moe * (5 if shared else 4)  # top-k, align, act, sum, shared act
+        ew_bytes += 4 * h * ab  # embedding gather and final norm
+        self._ew_byte_s_per_token = ew_bytes / bw
+        self._ew_floor_s = (kernels + 2) * kmin
+
+        # LM head and sampling, one row per scheduled request.
+        vocab_shard = arch.vocab_size / tp
+        self._lm_flop_s_per_row = 2 * h * vocab_shard / f_bf16
+        self._lm_byte_s_fixed = h * vocab_shard * hb / bw
+        self._lm_byte_s_per_row = (h * ab + vocab_shard * _LOGIT_BYTES) / bw
+        self._lm_floor_s = kmin
+        self._smp_byte_s_per_row = arch.vocab_size * a.sampler_hbm_bytes_per_logit / bw
+        self._smp_floor_s = 5 * kmin
+
+        # Communication.
+        ic = gpu.interconnect_bandwidth_bytes_per_s * a.interconnect_bandwidth_fraction
+        alpha = a.collective_hop_latency_s
+        if tp > 1:
+            num_ar = 2 * num_layers + 1
+            self._ar_s_per_token = num_ar * 2 * (tp - 1) / tp * h * ab / ic
+            self._ar_latency_s = num_ar * 2 * (tp - 1) * alpha
+            self._gather_s_per_row = (tp - 1) / tp * arch.vocab_size * ab / ic
+            self._gather_latency_s = (tp - 1) * alpha
+        else:
+            self._ar_s_per_token = self._ar_latency_s = 0.0
+            self._gather_s_per_row = self._gather_latency_s = 0.0
+        if pp > 1:
+            stages_per_node = max(1, gpu.gpus_per_node // tp)
+            cross_hops = math.ceil(pp / stages_per_node) - 1
+            local_hops = pp - 1 - cross_hops
+            hop_bytes = 2 * h * ab  # hidden states and residual
+            self._pp_s_per_token = (local_hops * hop_bytes / ic
+                                    + cross_hops * hop_bytes / a.inter_node_bandwidth_bytes_per_s)
+            self._pp_latency_s = local_hops * alpha + cross_hops * a.inter_node_latency_s
+        else:
+            self._pp_s_per_token = self._pp_latency_s = 0.0
+
+        self._step_overhead_s = a.step_overhead_s
+        self._eager_launch_s = num_layers * a.eager_launch_s_per_layer
+        self._graph_max_tokens = a.cuda_graph_max_num_tokens
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        """Modelled duration of one engine step of `shape` on this deployment."""
+        t = shape.num_tokens
+        if t <= 0:
+            return StepTime(0.0, 0.0, 0.0, "compute")
+        s = shape.num_seqs
+        d = shape.num_decode_seqs
+        kv = shape.kv_tokens_read
+        compute_bound = 0.0
+        memory_bound = 0.0
+
+        for flop_s, fixed_s, byte_s, floor_s in self._token_gemms:
+            c = t * flop_s
+            m = fixed_s + t * byte_s
+            if c >= m and c >= floor_s:
+                compute_bound += c
+            else:
+                memory_bound += m if m > floor_s else floor_s
+
+        if self._e_num:
+            active = self._e_num * (1.0 - math.exp(t * self._e_ln_miss))
+            c = t * self._e_flop_s_per_token
+            m = active * self._e_byte_s_per_expert + t * self._e_byte_s_per_token
+            if c >= m and c >= self._e_floor_s:
+                compute_bound += c
+            else:
+                memory_bound += m if m > self._e_floor_s else self._e_floor_s
+
+        pairs = shape.attn_qk_pairs
+        if self._mla:
+            decode_kv = d * kv / s if s else 0.0
+            prefill_pairs = pairs - decode_kv if pairs > decode_kv else 0.0
+            rows = d + (kv - decode_kv)
+            c = rows * self._kvb_flop_s_per_row
+            m = self._kvb_byte_s_fixed + rows * self._kvb_byte_s_per_row
+            if c >= m and c >= self._kvb_floor_s:
+                compute_bound += c
+            else:
+                memory_bound += m if m > self._kvb_floor_s else self._kvb_floor_s
+            c = (decode_kv * self._attn_flop_s_per_decode_pair
+                 + prefill_pairs * self._attn_flop_s_per_pair)
+        else:
+            c = pairs * self._attn_flop_s_per_pair
+        m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
+        if c >= m and c >= self._attn_floor_s:
+            compute_bound += c
+        else:
+            memory_bound += m if m > self._attn_floor_s else self._attn_floor_s
+
+        m = t * self._ew_byte_s_per_token
+        memory_bound += m if m > self._ew_floor_s else self._ew_floor_s
+
+        c = s * self._lm_flop_s_per_row
+        m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
+        if c >= m and c >= self._lm_floor_s:
+            compute_bound += c
+        else:
+            memory_bound += m if m > self._lm_floor_s else self._lm_floor_s
+        m = s * self._smp_byte_s_per_row
+        memory_bound += m if m > self._smp_floor_s else self._smp_floor_s
+
+        comm = (t * self._ar_s_per_token + self._ar_latency_s
+                + s * self._gather_s_per_row + self._gather_latency_s
+                + t * self._pp_s_per_token + self._pp_latency_s)
+        compute = compute_bound + memory_bound
+        gpu = compute + comm
+        full_graph = d == t and t <= self._graph_max_tokens
+        busy = gpu if full_graph or gpu >= self._eager_launch_s else self._eager_launch_s
+        total = busy + self._step_overhead_s
+        if comm > compute_bound and comm > memory_bound:
+            bound = "communication"
+        elif compute_bound >= memory_bound:
+            bound = "compute"
+        else:
+            bound = "memory"
+        return StepTime(total, compute, comm, bound, total - gpu)

@@ -1,0 +1,239 @@
+"""The one configuration tree of a simulation (model, hardware, parallelism, engine, router, workload),
+validated at the edge with vLLM's own rules; bad input becomes one sentence naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simcore.compute.roofline import RooflineAssumptions
+from simcore.errors import ConfigError
+from simcore.hardware import HardwareConfig
+from simcore.model.config import ModelConfig
+from simcore.workload.config import WorkloadConfig
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+"""Block sizes vLLM accepts for its CUDA attention backends."""
+
+
+class ParallelismConfig(BaseModel):
+    """How the model is split over GPUs (vLLM's parallel config)."""
+
+    model_config = _FROZEN
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs that shard every layer (TP); "
+                                      "must divide the attention heads.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (PP); each holds a "
+                                        "contiguous slice of the layers.")
+    data_parallel_size: int = Field(1, ge=1, description="Independent engine replicas (DP), each "
+                                    "with TP x PP GPUs, behind the router.")
+    enable_expert_parallel: bool = Field(False, description="Expert parallelism for MoE layers. "
+                                         "Not modelled by this engine yet: refused if true.")
+
+    @model_validator(mode="after")
+    def _refuse_unmodelled(self) -> "ParallelismConfig":
+        if self.enable_expert_parallel:
+            raise ValueError("enable_expert_parallel: expert parallelism is not modelled yet; "
+                             "MoE experts are sharded by tensor parallelism")
+        return self
+
+
+class EngineConfig(BaseModel):
+    """vLLM engine settings, with vLLM's names, defaults and meanings."""
+
+    model_config = _FROZEN
+
+    max_num_seqs: int | None = Field(None, ge=1, description="Most requests in one batch. Default "
+                                     "as `vllm serve`: 1024 on GPUs with >= 70 GiB other than "
+                                     "A100, else 256.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Token budget of one step. "
+                                               "Default as `vllm serve`: 8192 on GPUs with >= 70 GiB"
+                                               " other than A100, else 2048 (with chunked prefill)"
+                                               "; max_model_len without chunked prefill.")
+    block_size: int = Field(16, description="Tokens per KV-cache block.")
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Fraction of GPU memory "
+                                          "vLLM may use for weights, activations and KV cache.")
+    num_gpu_blocks_override: int | None = Field(None, ge=2, description="Use this many KV blocks "
+                                                "instead of the memory-derived number.")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps.")
+    enable_prefix_caching: bool = Field(True, description="Reuse cached full KV blocks across "
+                                        "requests with a common prefix.")
+    long_prefill_token_threshold: int = Field(0, ge=0, description="Cap on prompt tokens one "
+                                              "request may schedule per step (0 = no cap).")
+    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="Waiting-queue "
+                                                           "order and preemption victim choice.")
+    preemption_mode: Literal["vllm", "least_work_done"] = Field(
+        "vllm", description="Victim on KV exhaustion: vLLM's (last admitted, or lowest priority) "
+        "or least work done (sparing requests within 5% of their decode length and those "
+        "preempted 3 times).")
+    persistent_batch: bool = Field(False, description="Admit new requests only after a running "
+                                   "one completes (a batch rebuilt on completion), instead of "
+                                   "vLLM's every-step admission.")
+    scheduler_reserve_full_isl: bool = Field(True, description="Admit a request only if its whole "
+                                             "prompt fits in free KV blocks (vLLM default).")
+    async_scheduling: bool = Field(False, description="vLLM's one-step-ahead scheduling. Not "
+                                   "modelled: must be false (the engine runs vLLM's sync mode).")
+    speculative_config: dict | None = Field(None, description="Speculative decoding. Not "
+                                            "modelled: must be absent.")
+    enable_lora: bool = Field(False, description="LoRA adapters. Not modelled: must be false.")
+    kv_transfer_config: dict | None = Field(None, description="KV connectors (P/D, offload). Not "
+                                            "modelled by this engine yet: must be absent.")
+    cpu_offload_gb: float = Field(0, ge=0, description="Weight offload to CPU. Not modelled: "
+                                  "must be 0.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EngineConfig":
+        if self.block_size not in VLLM_BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {list(VLLM_BLOCK_SIZES)}, "
+                             f"got {self.block_size}")
+        refused = [("async_scheduling", self.async_scheduling, "async scheduling"),
+                   ("speculative_config", self.speculative_config, "speculative decoding"),
+                   ("enable_lora", self.enable_lora, "LoRA"),
+                   ("kv_transfer_config", self.kv_transfer_config, "KV connectors"),
+                   ("cpu_offload_gb", self.cpu_offload_gb, "CPU weight offload")]
+        for name, value, what in refused:
+            if value:
+                raise ValueError(f"{name}: {what} is not modelled by the simulator; remove it "
+                                 f"(results would silently ignore it)")
+        return self
+
+
+class RouterConfig(BaseModel):
+    """How requests are spread over the data-parallel replicas."""
+
+    model_config = _FROZEN
+
+    policy: Literal["round_robin", "least_outstanding", "prefix_affinity"] = Field(
+        "round_robin", description="round_robin: in turn; least_outstanding: fewest running + "
+        "waiting requests in the last load report; prefix_affinity: the replica that was sent the "
+        "longest matching prompt prefix, unless its reported load exceeds the least loaded "
+        "replica's by more than balance_threshold.")
+    periodic_infra_update_time_s: float = Field(0.05, gt=0, description="Seconds between the load "
+                                                "reports engines publish to the router; the "
+                                                "router only sees these, so its view is stale.")
+    balance_threshold: int = Field(16, ge=0, description="prefix_affinity: outstanding-request gap "
+                                   "beyond which balance wins over cache affinity.")
+
+
+class MetricsConfig(BaseModel):
+    """What the summary reports, as `vllm bench serve --metric-percentiles/--goodput` set it."""
+
+    model_config = _FROZEN
+
+    percentiles: tuple[float, ...] = Field((50, 90, 99), description="Percentiles reported for "
+                                           "ttft, tpot, itl and e2el (e.g. 99 -> p99_ttft_ms).")
+    goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = Field(
+        None, description="SLOs in milliseconds; a request counts toward request_goodput if it "
+        "meets all of them (e.g. {ttft: 500, tpot: 50}).")
+    timeseries_interval_s: float = Field(1.0, gt=0, description="Sampling interval of KV usage, "
+                                         "running and waiting requests over time, seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MetricsConfig":
+        for p in self.percentiles:
+            if not 0 < p < 100 and p != 100:
+                raise ValueError(f"percentiles: {p} is not in (0, 100]")
+        return self
+
+
+class ComputeConfig(BaseModel):
+    """The compute model that turns a step's shape into seconds."""
+
+    model_config = _FROZEN
+
+    kind: Literal["roofline"] = Field("roofline", description="roofline: the uncalibrated "
+                                      "reference profile (peak FLOP/s and bandwidths with "
+                                      "declared efficiencies).")
+    roofline: RooflineAssumptions = Field(default_factory=RooflineAssumptions,
+                                          description="Efficiency factors, latencies and "
+                                          "overheads of the roofline reference profile.")
+
+
+class SimConfig(BaseModel):
+    """A whole `dse simulate` input: what is served, on what, with which settings, under what load."""
+
+    model_config = _FROZEN
+
+    name: str = Field("simulation", description="A label carried into the results.")
+    seed: int = Field(0, description="Seed of every random choice (workload, routing ties); same "
+                      "seed, same result.")
+    model: ModelConfig = Field(description="The served model: a preset name or a Hugging Face "
+                               "config.json, with weight and KV-cache dtypes.")
+    hardware: HardwareConfig = Field(description="The GPU (from the catalog) and its node.")
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig,
+                                           description="TP, PP and DP degrees.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine "
+                                 "settings.")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over DP "
+                                 "replicas.")
+    workload: WorkloadConfig = Field(description="What the benchmark client sends.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Summary options.")
+    compute: ComputeConfig = Field(default_factory=ComputeConfig, description="Step-time model.")
+    base_dir: str = Field(".", description="Directory that relative paths in this config are "
+                          "resolved against (set by the loader to the file's directory).")
+
+
+def _format_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if e["type"] == "extra_forbidden":
+        msg = "is not a known setting (check its spelling and place in the file)"
+    if e["type"] == "missing":
+        msg = "is required"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def parse_config(data: Any, *, source: str = "config", base_dir: str | Path | None = None) -> SimConfig:
+    """Validate a mapping into a SimConfig, raising ConfigError with one sentence on failure."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of settings")
+    if base_dir is not None and "base_dir" not in data:
+        data = {**data, "base_dir": str(base_dir)}
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_format_error(err)}") from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Read a YAML file; a syntax error names the file and line."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{path}:{where} is not valid YAML ({problem})") from None
+
+
+def load_config(path: str | Path) -> SimConfig:
+    """Load a `dse simulate` YAML file; relative paths inside resolve against its directory."""
+    path = Path(path)
+    return parse_config(load_yaml(path), source=str(path), base_dir=path.resolve().parent)
+
+
+def default_batch_limits(gpu_memory_bytes: float, gpu_name: str, chunked: bool,
+                         max_model_len: int) -> tuple[int, int]:
+    """vLLM `vllm serve` defaults for (max_num_seqs, max_num_batched_tokens) on a GPU."""
+    big = gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower()
+    seqs, tokens = (1024, 8192) if big else (256, 2048)
+    if not chunked:
+        tokens = max(tokens, max_model_len)
+    return seqs, tokens
+

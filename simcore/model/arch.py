@@ -1,0 +1,369 @@
+"""The shape of a decoder-only transformer: its weights, GEMMs and KV cache, as seen by one GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.errors import ConfigError
+from simcore.units import DTYPE_BYTES
+
+_HIGH_PRECISION_BYTES = 2
+"""Bytes per element of what quantized checkpoints keep in bf16 (embeddings, norms, routers)."""
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a dtype name; ConfigError for an unknown name."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        known = ", ".join(sorted(DTYPE_BYTES))
+        raise ConfigError(f"unknown dtype {dtype!r}; known dtypes: {known}") from None
+
+
+def pp_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Number of decoder layers on each pipeline stage, split as vLLM's `get_pp_indices` does.
+
+    Every stage gets `num_layers // pp` layers; the remainder goes one each to the stages just
+    before the last (the last stage also holds the LM head, so it is kept light).
+    """
+    if pp < 1 or pp > num_layers:
+        raise ConfigError(
+            f"pipeline_parallel_size {pp} must be between 1 and the model's {num_layers} layers")
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One weight matrix of a layer on one GPU: `in_features` x `out_features`, `count` copies.
+
+    `count` > 1 only for routed experts (one matrix per expert held on the GPU). `group` says which
+    roofline op the GEMM belongs to: "attn" (projections around attention), "mla_kv_b" (MLA's
+    latent up-projection, applied to KV tokens rather than query tokens), "mlp" (dense MLP),
+    "shared_expert", "router" (kept in bf16 by quantized checkpoints) or "expert".
+    """
+
+    name: str
+    in_features: int
+    out_features: int
+    group: str
+    count: int = 1
+    bias: bool = False
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of all `count` copies, bias included."""
+        bias = self.out_features if self.bias else 0
+        return self.count * (self.in_features * self.out_features + bias)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArch:
+    """A decoder-only transformer's architecture, immutable; built from a Hugging Face config.
+
+    Covers grouped-query attention (Llama, Qwen, Mistral), multi-head latent attention (MLA,
+    DeepSeek-V2/V3) and mixture-of-experts MLPs (Mixtral, Qwen-MoE, DeepSeek). Every MLP is a gated
+    (SwiGLU) MLP: gate and up projections of `hidden_size` x `intermediate`, down projection back.
+    Layer i uses the MoE MLP when `is_moe` and `i >= first_k_dense_layers` and
+    `i % moe_layer_freq == 0` (DeepSeek's rule), else the dense MLP of `intermediate_size`.
+    Sharding follows vLLM: attention heads, MLPs, experts and the vocabulary split over tensor
+    parallelism (TP); KV heads replicated when TP exceeds them; norms, MoE routers and MLA's
+    down-projections (q_a, kv_a) replicated on every TP rank.
+    """
+
+    name: str
+    """Model identifier, e.g. the Hugging Face repository name."""
+    num_layers: int
+    """Decoder layers (`num_hidden_layers`)."""
+    hidden_size: int
+    """Residual stream width."""
+    num_attention_heads: int
+    """Query heads."""
+    num_kv_heads: int
+    """Key/value heads (GQA); equal to `num_attention_heads` for MHA. Unused by MLA."""
+    head_dim: int
+    """Width of one attention head (standard attention)."""
+    intermediate_size: int
+    """Intermediate width of the dense MLP (dense layers of a MoE model)."""
+    vocab_size: int
+    """Vocabulary size: rows of the embedding and of the LM head."""
+    max_position_embeddings: int
+    """Longest sequence the model supports (the default max_model_len)."""
+    tie_word_embeddings: bool = False
+    """LM head shares the embedding matrix."""
+    qkv_bias: bool = False
+    """Q, K and V projections have biases (Qwen2)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys (Qwen3)."""
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    num_experts_per_tok: int = 0
+    """Routed experts each token is sent to (top-k)."""
+    moe_intermediate_size: int = 0
+    """Intermediate width of one routed expert."""
+    num_shared_experts: int = 0
+    """Experts every token goes through in a MoE layer (DeepSeek, Qwen2-MoE)."""
+    shared_expert_intermediate_size: int = 0
+    """Intermediate width of one shared expert."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate (hidden_size -> 1) scales the shared expert output (Qwen2-MoE)."""
+    router_bias: bool = False
+    """The router has a per-expert score-correction bias (DeepSeek-V3)."""
+    first_k_dense_layers: int = 0
+    """Leading layers that use the dense MLP (DeepSeek's `first_k_dense_replace`)."""
+    moe_layer_freq: int = 1
+    """Every moe_layer_freq-th layer (after the first k) is a MoE layer."""
+    kv_lora_rank: int = 0
+    """MLA: width of the compressed KV latent; 0 means standard attention."""
+    q_lora_rank: int = 0
+    """MLA: width of the compressed query latent; 0 means queries are projected directly."""
+    qk_rope_head_dim: int = 0
+    """MLA: rotary part of each query/key head (shared by all heads for keys)."""
+    qk_nope_head_dim: int = 0
+    """MLA: non-rotary part of each query/key head."""
+    v_head_dim: int = 0
+    """MLA: width of each value head."""
+
+    def __post_init__(self) -> None:
+        positive = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                    "vocab_size", "max_position_embeddings", "moe_layer_freq")
+        for field_name in positive:
+            if getattr(self, field_name) <= 0:
+                raise ConfigError(f"model {self.name}: {field_name} must be positive")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ConfigError(f"model {self.name}: num_attention_heads "
+                              f"({self.num_attention_heads}) is not a multiple of num_kv_heads "
+                              f"({self.num_kv_heads})")
+        if self.is_moe and not (0 < self.num_experts_per_tok <= self.num_experts
+                                and self.moe_intermediate_size > 0):
+            raise ConfigError(f"model {self.name}: a MoE model needs 0 < num_experts_per_tok <= "
+                              "num_experts and a positive moe_intermediate_size")
+        if self.is_mla and not (self.qk_rope_head_dim > 0 and self.qk_nope_head_dim > 0
+                                and self.v_head_dim > 0):
+            raise ConfigError(f"model {self.name}: MLA needs positive qk_rope_head_dim, "
+                              "qk_nope_head_dim and v_head_dim")
+
+    # --- kinds of model and layer ---------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        """Some layers use a mixture-of-experts MLP."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Attention is multi-head latent attention (compressed KV cache)."""
+        return self.kv_lora_rank > 0
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Layer `layer_idx` (0-based) uses the MoE MLP."""
+        return (self.is_moe and layer_idx >= self.first_k_dense_layers
+                and layer_idx % self.moe_layer_freq == 0)
+
+    def num_moe_layers(self, first_layer: int = 0, num_layers: int | None = None) -> int:
+        """MoE layers among `num_layers` layers starting at `first_layer` (default: all layers)."""
+        stop = self.num_layers if num_layers is None else first_layer + num_layers
+        return sum(1 for i in range(first_layer, stop) if self.is_moe_layer(i))
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: head_dim, or nope + rope for MLA."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    # --- sharding ------------------------------------------------------------------------------
+
+    def check_tp(self, tp: int) -> None:
+        """Raise ConfigError unless vLLM can shard this model over `tp` GPUs."""
+        if tp < 1:
+            raise ConfigError(f"tensor_parallel_size must be at least 1, got {tp}")
+        if self.num_attention_heads % tp:
+            raise ConfigError(f"model {self.name}: tensor_parallel_size {tp} does not divide the "
+                              f"{self.num_attention_heads} attention heads")
+        if not self.is_mla and tp > self.num_kv_heads and tp % self.num_kv_heads:
+            raise ConfigError(f"model {self.name}: tensor_parallel_size {tp} is neither a divisor "
+                              f"nor a multiple of the {self.num_kv_heads} KV heads")
+
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """KV heads held by one TP rank: max(1, kv_heads // tp) (replicated when tp > kv_heads)."""
+        return max(1, self.num_kv_heads // tp)
+
+    # --- GEMMs ---------------------------------------------------------------------------------
+
+    def attention_gemms(self, tp: int = 1) -> tuple[Gemm, ...]:
+        """Weight matrices of one layer's attention block on one of `tp` ranks."""
+        h = self.hidden_size
+        heads = self.num_attention_heads // tp
+        if self.is_mla:
+            gemms = []
+            if self.q_lora_rank:
+                gemms.append(Gemm("q_a_proj", h, self.q_lora_rank, "attn"))
+                gemms.append(Gemm("q_b_proj", self.q_lora_rank, heads * self.qk_head_dim, "attn"))
+            else:
+                gemms.append(Gemm("q_proj", h, heads * self.qk_head_dim, "attn"))
+            gemms.append(Gemm("kv_a_proj_with_mqa", h, self.kv_lora_rank + self.qk_rope_head_dim,
+                              "attn"))
+            gemms.append(Gemm("kv_b_proj", self.kv_lora_rank,
+                              heads * (self.qk_nope_head_dim + self.v_head_dim), "mla_kv_b"))
+            gemms.append(Gemm("o_proj", heads * self.v_head_dim, h, "attn"))
+            return tuple(gemms)
+        kv = self.kv_heads_per_gpu(tp) * self.head_dim
+        return (Gemm("q_proj", h, heads * self.head_dim, "attn", bias=self.qkv_bias),
+                Gemm("k_proj", h, kv, "attn", bias=self.qkv_bias),
+                Gemm("v_proj", h, kv, "attn", bias=self.qkv_bias),
+                Gemm("o_proj", heads * self.head_dim, h, "attn"))
+
+    def mlp_gemms(self, layer_idx: int, tp: int = 1, ep: int = 1) -> tuple[Gemm, ...]:
+        """Weight matrices of layer `layer_idx`'s MLP on one GPU.
+
+        Without expert parallelism (`ep` = 1) every routed expert is split over the `tp` ranks.
+        With `ep` > 1 the routed experts are split whole over `ep` GPUs (vLLM's EP: each GPU
+        holds ceil(num_experts / ep) unsharded experts); shared experts stay TP-sharded.
+        """
+        h = self.hidden_size
+        if not self.is_moe_layer(layer_idx):
+            inter = self.intermediate_size // tp
+            return (Gemm("gate_up_proj", h, 2 * inter, "mlp"), Gemm("down_proj", inter, h, "mlp"))
+        gemms = [Gemm("gate", h, self.num_experts, "router", bias=self.router_bias)]
+        if self.num_shared_experts:
+            inter = self.num_shared_experts * self.shared_expert_intermediate_size // tp
+            gemms.append(Gemm("shared_gate_up_proj", h, 2 * inter, "shared_expert"))
+            gemms.append(Gemm("shared_down_proj", inter, h, "shared_expert"))
+            if self.shared_expert_gate:
+                gemms.append(Gemm("shared_expert_gate", h, 1, "router"))
+        if ep > 1:
+            count = -(-self.num_experts // ep)
+            inter = self.moe_intermediate_size
+        else:
+            count = self.num_experts
+            inter = self.moe_intermediate_size // tp
+        gemms.append(Gemm("experts_gate_up_proj", h, 2 * inter, "expert", count=count))
+        gemms.append(Gemm("experts_down_proj", inter, h, "expert", count=count))
+        return tuple(gemms)
+
+    def norm_params_per_layer(self) -> int:
+        """Norm weights of one layer (replicated on every TP rank)."""
+        n = 2 * self.hidden_size
+        if self.qk_norm:
+            n += 2 * self.head_dim
+        if self.is_mla:
+            n += self.kv_lora_rank + self.q_lora_rank
+        return n
+
+    # --- parameter counts ------------------------------------------------------------------------
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the token embedding."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the LM head (0 when tied to the embedding)."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def layer_params(self, layer_idx: int) -> int:
+        """All parameters of one decoder layer."""
+        gemms = self.attention_gemms() + self.mlp_gemms(layer_idx)
+        return sum(g.num_params for g in gemms) + self.norm_params_per_layer()
+
+    def layer_active_params(self, layer_idx: int) -> int:
+        """Parameters one token passes through in one layer (top-k routed experts only)."""
+        total = self.layer_params(layer_idx)
+        if not self.is_moe_layer(layer_idx):
+            return total
+        per_expert = sum(g.num_params for g in self.mlp_gemms(layer_idx) if g.group == "expert")
+        per_expert //= self.num_experts
+        return total - (self.num_experts - self.num_experts_per_tok) * per_expert
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters (embedding, layers, final norm, LM head), as a checkpoint holds them."""
+        layers = sum(self.layer_params(i) for i in range(self.num_layers))
+        return self.embedding_params + layers + self.hidden_size + self.lm_head_params
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters used per token: as `num_params`, with only top-k routed experts counted."""
+        layers = sum(self.layer_active_params(i) for i in range(self.num_layers))
+        return self.embedding_params + layers + self.hidden_size + self.lm_head_params
+
+    # --- weight bytes ----------------------------------------------------------------------------
+
+    def _gemm_bytes(self, gemm: Gemm, dtype: str) -> float:
+        """Bytes of one Gemm entry: linear layers in `dtype`, routers in bf16 below 16 bits."""
+        b = dtype_bytes(dtype)
+        if gemm.group == "router" and b < _HIGH_PRECISION_BYTES:
+            b = _HIGH_PRECISION_BYTES
+        return gemm.num_params * b
+
+    def _other_bytes_per_elem(self, dtype: str) -> float:
+        """Bytes per element of embeddings, LM head and norms under weight dtype `dtype`."""
+        return max(dtype_bytes(dtype), _HIGH_PRECISION_BYTES)
+
+    def weight_bytes(self, dtype: str) -> float:
+        """Bytes of the whole model's weights stored in `dtype`.
+
+        For a sub-16-bit dtype (fp8, int8, int4) only the linear layers (attention projections,
+        MLPs, experts) are quantized: embeddings, LM head, norms and MoE routers stay in bf16, as
+        real fp8 checkpoints (e.g. DeepSeek-V3, Llama-3.1-FP8) store them. Per-block scale factors
+        (about 0.02% for 128x128 blocks) are not counted.
+        """
+        return self.stage_weight_bytes(dtype, tp=1, pp=1, stage=0)
+
+    def stage_weight_bytes(self, dtype: str, tp: int = 1, pp: int = 1, stage: int = 0,
+                           ep: int = 1) -> float:
+        """Bytes of weights on one GPU of pipeline stage `stage` (0-based) under TP `tp`, PP `pp`.
+
+        The first stage holds the embedding, the last the LM head and final norm (with tied
+        embeddings and pp > 1 both ends hold a copy); the vocabulary is split over TP. `ep` > 1
+        splits routed experts whole over `ep` GPUs instead of sharding each over TP.
+        """
+        self.check_tp(tp)
+        layers = pp_stage_layers(self.num_layers, pp)
+        first = sum(layers[:stage])
+        other = self._other_bytes_per_elem(dtype)
+        total = 0.0
+        for i in range(first, first + layers[stage]):
+            for g in self.attention_gemms(tp) + self.mlp_gemms(i, tp, ep):
+                total += self._gemm_bytes(g, dtype)
+            total += self.norm_params_per_layer() * other
+        vocab_shard = self.embedding_params / tp
+        if stage == 0:
+            total += vocab_shard * other
+        if stage == pp - 1:
+            total += self.hidden_size * other
+            if not self.tie_word_embeddings or pp > 1:
+                total += vocab_shard * other
+        return total
+
+    def weight_bytes_per_gpu(self, dtype: str, tp: int = 1, pp: int = 1, ep: int = 1) -> float:
+        """Bytes of weights on the most loaded GPU (vLLM sizes the KV cache by that rank)."""
+        return max(self.stage_weight_bytes(dtype, tp, pp, s, ep) for s in range(pp))
+
+    # --- KV cache --------------------------------------------------------------------------------
+
+    def kv_elems_per_token_per_layer(self, tp: int = 1) -> int:
+        """KV-cache elements one token occupies in one layer on one TP rank.
+
+        Standard attention: 2 (K and V) x max(1, kv_heads // tp) x head_dim. MLA: the latent
+        (kv_lora_rank) plus the shared rotary key (qk_rope_head_dim), not split over TP: vLLM
+        keeps the whole latent cache on every TP rank.
+        """
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim
+
+    def kv_bytes_per_token(self, kv_dtype: str, tp: int = 1,
+                           num_layers: int | None = None) -> float:
+        """KV-cache bytes of one token on one GPU holding `num_layers` layers (default all)."""
+        layers = self.num_layers if num_layers is None else num_layers
+        return layers * self.kv_elems_per_token_per_layer(tp) * dtype_bytes(kv_dtype)
+
+    def model_kv_bytes_per_token(self, kv_dtype: str) -> float:
+        """KV-cache bytes of one token for the whole model, without TP replication.
+
+        This is what a token's KV costs to move between engines (P/D disaggregation, a KV tier).
+        """
+        return self.kv_bytes_per_token(kv_dtype, tp=1)

@@ -1,0 +1,83 @@
+"""The `model:` section of a simulation config: which model, in which dtypes, up to which length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from simcore.errors import ConfigError
+from simcore.model.arch import ModelArch
+from simcore.model.hf import load_hf_config
+from simcore.model.presets import is_preset, load_preset, preset_names
+
+
+class ModelConfig(BaseModel):
+    """A model to serve: a shipped preset (`name`) or a local Hugging Face config (`hf_config`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = Field(
+        default=None,
+        description="Preset name, case-insensitive, with or without the organisation, e.g. "
+                    "'meta-llama/Llama-3.1-8B' or 'llama-3.1-8b'. Exactly one of name and "
+                    "hf_config.")
+    hf_config: Path | None = Field(
+        default=None,
+        description="Path to a Hugging Face config.json (or its directory); a relative path is "
+                    "resolved against the directory of the file that declares it. Exactly one of "
+                    "name and hf_config.")
+    dtype: Literal["bf16", "fp16", "fp8"] = Field(
+        default="bf16",
+        description="Weight dtype. fp8 quantizes the linear layers only; embeddings, LM head, "
+                    "norms and MoE routers stay in bf16.")
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto",
+        description="KV-cache dtype; 'auto' means the activation dtype (bf16 for fp8 weights, "
+                    "else the weight dtype), as vLLM's --kv-cache-dtype auto.")
+    max_model_len: int | None = Field(
+        default=None, gt=0,
+        description="Longest request (prompt + output) in tokens; default: the model's "
+                    "max_position_embeddings.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and not is_preset(name):
+            raise ValueError(f"unknown model {name!r}; known presets: {', '.join(preset_names())} "
+                             "(or give hf_config: a path to a config.json)")
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.name is None) == (self.hf_config is None):
+            raise ValueError("give exactly one of model.name (a preset) and model.hf_config "
+                             "(a path to a config.json)")
+        return self
+
+    @property
+    def resolved_kv_cache_dtype(self) -> str:
+        """The KV-cache dtype with 'auto' replaced by the activation dtype."""
+        if self.kv_cache_dtype == "auto":
+            return "bf16" if self.dtype == "fp8" else self.dtype
+        return self.kv_cache_dtype
+
+    def resolve(self, base_dir: str | Path | None = None) -> ModelArch:
+        """The ModelArch: the preset, or `hf_config` read relative to `base_dir` (default: cwd)."""
+        if self.name is not None:
+            return load_preset(self.name)
+        assert self.hf_config is not None
+        path = self.hf_config
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        return load_hf_config(path)
+
+    def resolved_max_model_len(self, arch: ModelArch) -> int:
+        """`max_model_len`, defaulting to (and checked against) max_position_embeddings."""
+        if self.max_model_len is None:
+            return arch.max_position_embeddings
+        if self.max_model_len > arch.max_position_embeddings:
+            raise ConfigError(f"model.max_model_len {self.max_model_len} exceeds {arch.name}'s "
+                              f"max_position_embeddings ({arch.max_position_embeddings})")
+        return self.max_model_len

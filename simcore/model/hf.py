@@ -1,0 +1,137 @@
+"""Reading a Hugging Face `config.json` into a ModelArch, for the families vLLM serves most."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simcore.errors import ConfigError
+from simcore.model.arch import ModelArch
+
+_DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = _DENSE_TYPES + _MOE_TYPES
+"""Values of `model_type` this reader understands."""
+
+
+class _Keys:
+    """Typed access to a config dict; a missing or mistyped key is a ConfigError naming it."""
+
+    def __init__(self, data: Mapping[str, Any], source: str) -> None:
+        self._data = data
+        self._source = source
+
+    def get_int(self, key: str, default: int | None = None) -> int:
+        value = self._data.get(key)
+        if value is None:
+            if default is None:
+                raise ConfigError(f"{self._source}: required key {key!r} is missing")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self._source}: key {key!r} must be an integer, got {value!r}")
+        return value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self._data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self._source}: key {key!r} must be true or false, got {value!r}")
+        return value
+
+
+def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = None) -> ModelArch:
+    """Build a ModelArch from the parsed contents of a Hugging Face config.
+
+    `source` names where the dict came from (for error messages); `name` defaults to the config's
+    `_name_or_path`, else `source`. Absent `head_dim` means hidden_size / num_attention_heads and
+    absent `num_key_value_heads` means multi-head attention, as in transformers.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: a model config must be a JSON object")
+    model_type = data.get("model_type")
+    if model_type is None:
+        raise ConfigError(f"{source}: required key 'model_type' is missing")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"{source}: unsupported model_type {model_type!r}; supported: "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    k = _Keys(data, source)
+    hidden = k.get_int("hidden_size")
+    heads = k.get_int("num_attention_heads")
+    fields: dict[str, Any] = dict(
+        name=name or data.get("_name_or_path") or source,
+        num_layers=k.get_int("num_hidden_layers"),
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=k.get_int("num_key_value_heads", heads),
+        head_dim=k.get_int("head_dim", hidden // heads),
+        intermediate_size=k.get_int("intermediate_size"),
+        vocab_size=k.get_int("vocab_size"),
+        max_position_embeddings=k.get_int("max_position_embeddings"),
+        tie_word_embeddings=k.get_bool("tie_word_embeddings", False),
+    )
+    if model_type in ("llama", "mistral", "mixtral"):
+        fields["qkv_bias"] = k.get_bool("attention_bias", False)
+    elif model_type in ("qwen2", "qwen2_moe"):
+        fields["qkv_bias"] = True  # Qwen2 attention always has Q/K/V biases
+    elif model_type in ("qwen3", "qwen3_moe"):
+        fields["qkv_bias"] = k.get_bool("attention_bias", False)
+        fields["qk_norm"] = True
+
+    if model_type == "mixtral":
+        fields.update(num_experts=k.get_int("num_local_experts"),
+                      num_experts_per_tok=k.get_int("num_experts_per_tok"),
+                      moe_intermediate_size=fields["intermediate_size"])
+    elif model_type in ("qwen2_moe", "qwen3_moe"):
+        if k.get_int("decoder_sparse_step", 1) != 1 or data.get("mlp_only_layers"):
+            raise ConfigError(f"{source}: decoder_sparse_step != 1 and mlp_only_layers are not "
+                              "supported (every layer must be a MoE layer)")
+        fields.update(num_experts=k.get_int("num_experts"),
+                      num_experts_per_tok=k.get_int("num_experts_per_tok"),
+                      moe_intermediate_size=k.get_int("moe_intermediate_size"))
+        if model_type == "qwen2_moe":
+            fields.update(num_shared_experts=1,
+                          shared_expert_intermediate_size=k.get_int("shared_expert_intermediate_size"),
+                          shared_expert_gate=True)
+    elif model_type in ("deepseek_v2", "deepseek_v3"):
+        fields.update(
+            num_experts=k.get_int("n_routed_experts"),
+            num_experts_per_tok=k.get_int("num_experts_per_tok"),
+            moe_intermediate_size=k.get_int("moe_intermediate_size"),
+            num_shared_experts=k.get_int("n_shared_experts", 0),
+            shared_expert_intermediate_size=k.get_int("moe_intermediate_size"),
+            router_bias=data.get("topk_method") == "noaux_tc",
+            first_k_dense_layers=k.get_int("first_k_dense_replace", 0),
+            moe_layer_freq=k.get_int("moe_layer_freq", 1),
+            kv_lora_rank=k.get_int("kv_lora_rank"),
+            q_lora_rank=k.get_int("q_lora_rank", 0),
+            qk_rope_head_dim=k.get_int("qk_rope_head_dim"),
+            qk_nope_head_dim=k.get_int("qk_nope_head_dim"),
+            v_head_dim=k.get_int("v_head_dim"),
+        )
+    return ModelArch(**fields)
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelArch:
+    """Build a ModelArch from a local `config.json` (or a directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read model config {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    return arch_from_hf_dict(data, str(path), name=name or _default_name(data, path))
+
+
+def _default_name(data: Any, path: Path) -> str:
+    """The config's `_name_or_path`, else the name of the directory holding it."""
+    if isinstance(data, Mapping) and isinstance(data.get("_name_or_path"), str):
+        return data["_name_or_path"]
+    return path.parent.name or path.stem

@@ -1,0 +1,178 @@
+"""How many KV-cache blocks vLLM allocates on each GPU, by its memory-profiling formula."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.errors import ConfigError
+from simcore.model.arch import ModelArch, dtype_bytes, pp_stage_layers
+from simcore.units import GIB
+
+DEFAULT_CUDA_GRAPH_BYTES = 0.5 * GIB
+"""Declared allowance for captured CUDA graphs: vLLM logs ~0.3-1 GiB for 8B-70B models."""
+DEFAULT_NON_TORCH_BYTES = 0.25 * GIB
+"""Declared allowance for memory outside PyTorch's allocator (cuBLAS workspaces, NCCL buffers)."""
+DEFAULT_SAMPLER_BYTES_PER_LOGIT = 16.0
+"""Sampler working memory per vocabulary entry of each sampled row: fp32 logits, an fp32
+working copy (temperature, softmax) and sort/selection scratch. An estimate: vLLM versions differ
+in what the profiling sampler run exercises (measured ~8-40 bytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheMemory:
+    """Memory breakdown of the GPU that limits the KV cache, and the resulting block count.
+
+    Invariant: kv_cache_bytes = requested_bytes - weight_bytes - activation_peak_bytes -
+    cuda_graph_bytes - non_torch_bytes, and num_blocks = floor(kv_cache_bytes / bytes_per_block).
+    With pipeline parallelism every stage computes its own count and vLLM keeps the minimum; the
+    terms are those of the limiting stage (`pp_stage`).
+    """
+
+    total_memory_bytes: int
+    """Device memory reported as total."""
+    gpu_memory_utilization: float
+    """Fraction of total memory vLLM may use."""
+    requested_bytes: float
+    """total_memory_bytes x gpu_memory_utilization."""
+    weight_bytes: float
+    """Model weights on this GPU."""
+    activation_peak_bytes: float
+    """Peak activation memory of the profiling forward pass (and sampler run)."""
+    cuda_graph_bytes: float
+    """Declared allowance for CUDA graphs."""
+    non_torch_bytes: float
+    """Declared allowance for memory outside PyTorch's allocator."""
+    kv_cache_bytes: float
+    """What is left for the KV cache."""
+    bytes_per_block: float
+    """KV bytes of one block on this GPU (block_size tokens x this stage's layers)."""
+    block_size: int
+    """Tokens per KV block."""
+    num_blocks: int
+    """KV blocks vLLM allocates (block 0 included; the scheduler reserves it)."""
+    pp_stage: int
+    """Pipeline stage (0-based) whose GPUs limit the block count."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the allocated blocks hold."""
+        return self.num_blocks * self.block_size
+
+
+def activation_peak_bytes(arch: ModelArch, *, tp: int, act_dtype_bytes: float,
+                          max_num_batched_tokens: int, max_num_seqs: int, last_stage: bool,
+                          sampler_bytes_per_logit: float = DEFAULT_SAMPLER_BYTES_PER_LOGIT,
+                          ) -> float:
+    """Estimated peak activation memory of vLLM's profiling run on one GPU.
+
+    vLLM profiles a dummy forward pass of `max_num_batched_tokens` tokens, then (on the last
+    pipeline stage) a sampler run over `max_num_seqs` rows. Estimate: the residual stream and
+    hidden states (2 x T x hidden) plus the largest per-layer intermediate alive at once, the
+    largest of
+      dense MLP:  gate_up output + activation output, 3 x intermediate / tp per token;
+      MoE MLP:    fused-MoE caches, top_k x (3 x moe_intermediate / tp + hidden) per token;
+      attention:  QKV output + attention output per token (MLA: decompressed K and V);
+    and, on the last stage, the sampler: max_num_seqs x vocab x `sampler_bytes_per_logit`.
+    torch.compile buffers and allocator fragmentation are not modelled.
+    """
+    t = max_num_batched_tokens
+    h = arch.hidden_size
+    heads = arch.num_attention_heads // tp
+    if arch.is_mla:
+        attn = heads * (arch.qk_head_dim + arch.qk_nope_head_dim + 2 * arch.v_head_dim)
+    else:
+        attn = (2 * heads + 2 * arch.kv_heads_per_gpu(tp)) * arch.head_dim
+    per_token = [attn]
+    if arch.num_moe_layers() < arch.num_layers:
+        per_token.append(3 * arch.intermediate_size // tp)
+    if arch.is_moe:
+        per_token.append(arch.num_experts_per_tok * (3 * arch.moe_intermediate_size // tp + h))
+    forward = t * act_dtype_bytes * (2 * h + max(per_token))
+    if not last_stage:
+        return forward
+    sampler = (max_num_seqs * arch.vocab_size * sampler_bytes_per_logit
+               + t * h * act_dtype_bytes)
+    return max(forward, sampler)
+
+
+def kv_cache_num_blocks(
+    arch: ModelArch,
+    total_memory_bytes: int,
+    *,
+    weight_dtype: str = "bf16",
+    kv_cache_dtype: str = "bf16",
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.92,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 1024,
+    max_model_len: int | None = None,
+    cuda_graph_bytes: float = DEFAULT_CUDA_GRAPH_BYTES,
+    non_torch_bytes: float = DEFAULT_NON_TORCH_BYTES,
+    sampler_bytes_per_logit: float = DEFAULT_SAMPLER_BYTES_PER_LOGIT,
+) -> KvCacheMemory:
+    """KV blocks per GPU by vLLM's formula, with every term of the breakdown.
+
+    num_blocks = (total x gpu_memory_utilization - weights - activation peak - CUDA graphs -
+    non-torch memory) // bytes_per_block, per pipeline stage, minimum over stages. Weights are
+    those of the most loaded GPU of the stage (layers split over PP, sharded over TP; routed
+    experts split over `ep` GPUs when ep > 1). Raises ConfigError when the weights do not fit,
+    when nothing is left for the KV cache, or when one `max_model_len` request would not fit
+    (vLLM refuses to start then).
+    """
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size <= 0:
+        raise ConfigError(f"block_size must be positive, got {block_size}")
+    arch.check_tp(tp)
+    layers = pp_stage_layers(arch.num_layers, pp)
+    requested = total_memory_bytes * gpu_memory_utilization
+    act_bytes = max(dtype_bytes(weight_dtype), 2)
+    kv_elem_bytes = dtype_bytes(kv_cache_dtype)
+
+    best: KvCacheMemory | None = None
+    for stage, num_stage_layers in enumerate(layers):
+        weights = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep)
+        if weights >= requested:
+            raise ConfigError(
+                f"model weights of {arch.name} need {weights / GIB:.1f} GiB per GPU but only "
+                f"{requested / GIB:.1f} GiB is usable ({gpu_memory_utilization} x "
+                f"{total_memory_bytes / GIB:.1f} GiB); increase tensor_parallel_size or "
+                f"pipeline_parallel_size (now {tp} and {pp}), use a GPU with more memory, or "
+                "use fp8 weights")
+        activation = activation_peak_bytes(
+            arch, tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, last_stage=stage == pp - 1,
+            sampler_bytes_per_logit=sampler_bytes_per_logit)
+        kv_bytes = requested - weights - activation - cuda_graph_bytes - non_torch_bytes
+        per_block = block_size * num_stage_layers * arch.kv_elems_per_token_per_layer(tp) \
+            * kv_elem_bytes
+        num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
+        if num_blocks <= 0:
+            raise ConfigError(
+                f"no memory left for the KV cache of {arch.name}: weights take "
+                f"{weights / GIB:.1f} GiB and activations/graphs "
+                f"{(activation + cuda_graph_bytes + non_torch_bytes) / GIB:.1f} GiB of "
+                f"{requested / GIB:.1f} GiB; increase gpu_memory_utilization or parallelism, or "
+                "decrease max_num_batched_tokens / max_num_seqs")
+        result = KvCacheMemory(
+            total_memory_bytes=total_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
+            requested_bytes=requested, weight_bytes=weights, activation_peak_bytes=activation,
+            cuda_graph_bytes=cuda_graph_bytes, non_torch_bytes=non_torch_bytes,
+            kv_cache_bytes=kv_bytes, bytes_per_block=per_block, block_size=block_size,
+            num_blocks=num_blocks, pp_stage=stage)
+        if best is None or result.num_blocks < best.num_blocks:
+            best = result
+    assert best is not None
+
+    if max_model_len is not None:
+        needed_blocks = -(-max_model_len // block_size)
+        if needed_blocks > best.num_blocks:
+            raise ConfigError(
+                f"one request of max_model_len {max_model_len} tokens needs "
+                f"{needed_blocks * best.bytes_per_block / GIB:.2f} GiB of KV cache but only "
+                f"{best.kv_cache_bytes / GIB:.2f} GiB is available per GPU; decrease "
+                "max_model_len or increase gpu_memory_utilization or parallelism")
+    return best

@@ -1,0 +1,61 @@
+"""Named model presets: published Hugging Face configs shipped in simcore/data/models."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from simcore.errors import ConfigError
+from simcore.model.arch import ModelArch
+from simcore.model.hf import arch_from_hf_dict
+
+_PRESET_FILES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("meta-llama/Llama-3.1-8B", "llama-3.1-8b.json",
+     ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B",
+      "meta-llama/Meta-Llama-3.1-8B-Instruct")),
+    ("meta-llama/Llama-3.1-70B", "llama-3.1-70b.json",
+     ("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Meta-Llama-3.1-70B",
+      "meta-llama/Meta-Llama-3.1-70B-Instruct", "meta-llama/Llama-3.3-70B-Instruct")),
+    ("meta-llama/Llama-3.1-405B", "llama-3.1-405b.json",
+     ("meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Meta-Llama-3.1-405B",
+      "meta-llama/Meta-Llama-3.1-405B-Instruct")),
+    ("Qwen/Qwen3-32B", "qwen3-32b.json", ()),
+    ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b-v0.1.json",
+     ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b")),
+    ("Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b.json", ()),
+    ("deepseek-ai/DeepSeek-V3", "deepseek-v3.json",
+     ("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528")),
+)
+"""(canonical Hugging Face name, data file, aliases with the same architecture)."""
+
+
+def _index() -> dict[str, tuple[str, str]]:
+    """Lower-case lookup key -> (canonical name, data file); keys are full and short names."""
+    index: dict[str, tuple[str, str]] = {}
+    for canonical, filename, aliases in _PRESET_FILES:
+        for name in (canonical, *aliases):
+            index[name.lower()] = (canonical, filename)
+            index[name.split("/")[-1].lower()] = (canonical, filename)
+    return index
+
+
+def preset_names() -> tuple[str, ...]:
+    """Canonical names of the shipped presets."""
+    return tuple(canonical for canonical, _, _ in _PRESET_FILES)
+
+
+def is_preset(name: str) -> bool:
+    """`name` (case-insensitive, with or without the organisation) names a shipped preset."""
+    return name.lower() in _index()
+
+
+def load_preset(name: str) -> ModelArch:
+    """The ModelArch of preset `name`, e.g. "meta-llama/Llama-3.1-8B" or "llama-3.1-8b"."""
+    try:
+        canonical, filename = _index()[name.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; known presets: {', '.join(preset_names())} "
+                          "(or give hf_config: a path to a config.json)") from None
+    path = resources.files("simcore") / "data" / "models" / filename
+    data = json.loads(path.read_text())
+    return arch_from_hf_dict(data, f"preset {canonical}", name=canonical)

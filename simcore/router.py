@@ -1,0 +1,80 @@
+"""A request router in front of data-parallel engine replicas, deciding on stale load reports."""
+
+from __future__ import annotations
+
+from simcore.engine.request import BlockHashSpace
+
+
+class Router:
+    """Picks a replica per request.
+
+    Engines publish their load (running + waiting requests) every
+    `periodic_infra_update_time_s`; between reports the router sees only the last report, so
+    bursts can herd onto one replica exactly as with real routers that scrape engine metrics.
+    Prefix affinity keeps its own index of the prompt blocks it has sent where (as cache-aware
+    routers do), since it cannot see the engines' caches.
+    """
+
+    def __init__(self, policy: str, num_replicas: int, *, space: BlockHashSpace,
+                 balance_threshold: int = 16) -> None:
+        self.policy = policy
+        self.num_replicas = num_replicas
+        self.space = space
+        self.balance_threshold = balance_threshold
+        self.reported_load = [0] * num_replicas
+        self._next = 0
+        self._prefix_owner: dict[int, int] = {}
+        self.num_prefix_routed = 0
+
+    def publish(self, replica: int, load: int) -> None:
+        """A replica's load report (running + waiting requests) as of now."""
+        self.reported_load[replica] = load
+
+    def route(self, block_keys: tuple[int, ...]) -> int:
+        n = self.num_replicas
+        if n == 1:
+            return 0
+        if self.policy == "round_robin":
+            r = self._next
+            self._next = (r + 1) % n
+            return r
+        least = self._least_loaded()
+        if self.policy == "least_outstanding":
+            return least
+        # prefix_affinity: the replica that was sent the longest run of this prompt's blocks.
+        owner = self._prefix_owner
+        space = self.space
+        parent = 0
+        best = -1
+        matching = True
+        hashes = []
+        for key in block_keys:
+            parent = space.chained(parent, key)
+            hashes.append(parent)
+            if matching:
+                o = owner.get(parent)
+                if o is None:
+                    matching = False
+                else:
+                    best = o
+        if best >= 0 and self.reported_load[best] - self.reported_load[least] <= self.balance_threshold:
+            choice = best
+            self.num_prefix_routed += 1
+        else:
+            choice = least
+        for h in hashes:
+            owner[h] = choice
+        return choice
+
+    def _least_loaded(self) -> int:
+        """Least reported load; ties broken in rotation so equal replicas share a burst."""
+        load = self.reported_load
+        n = self.num_replicas
+        start = self._next
+        best = start
+        for k in range(1, n):
+            i = (start + k) % n
+            if load[i] < load[best]:
+                best = i
+        self._next = (best + 1) % n
+        return best

@@ -1,0 +1,230 @@
+"""The serving loop on the virtual clock: a benchmark client, a router and engine replicas under SimPy."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from simcore.compute.base import StepShape, StepTimeModel
+from simcore.engine.request import BlockHashSpace, Request
+from simcore.engine.scheduler import Scheduler, SchedulerConfig
+from simcore.metrics import RequestRecord
+from simcore.router import Router
+from simcore.workload.spec import RequestSpec
+
+MAX_EMPTY_STEPS = 1000
+"""Consecutive empty steps with requests queued before the engine is declared wedged."""
+
+
+@dataclass(slots=True)
+class ReplicaStats:
+    """What one engine replica did over the run."""
+
+    num_steps: int = 0
+    busy_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    num_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preemptions: int = 0
+    steps_by_bound: dict[str, int] = field(default_factory=dict)
+    max_num_running: int = 0
+    max_num_waiting: int = 0
+    num_steps_at_max_seqs: int = 0
+    num_steps_budget_full: int = 0
+    num_steps_waiting_blocked: int = 0
+
+
+@dataclass(slots=True)
+class TimeSeries:
+    """Per-replica samples at a fixed virtual interval."""
+
+    t_s: list[float] = field(default_factory=list)
+    kv_usage: list[list[float]] = field(default_factory=list)
+    num_running: list[list[int]] = field(default_factory=list)
+    num_waiting: list[list[int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ServingRun:
+    """Raw outcome of a serving run, before summarising."""
+
+    records: list[RequestRecord]
+    replicas: list[ReplicaStats]
+    timeseries: TimeSeries
+    schedulers: list[Scheduler]
+    end_s: float
+    num_routed_by_prefix: int
+
+
+class _Replica:
+    __slots__ = ("index", "sched", "model", "stats", "wake", "env")
+
+    def __init__(self, index: int, env: simpy.Environment, sched: Scheduler, model: StepTimeModel):
+        self.index = index
+        self.env = env
+        self.sched = sched
+        self.model = model
+        self.stats = ReplicaStats()
+        self.wake: simpy.Event | None = None
+
+    def notify(self) -> None:
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+
+def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_replicas: int,
+                step_model: StepTimeModel, router_policy: str, report_interval_s: float,
+                balance_threshold: int, max_concurrency: int | None, max_model_len: int,
+                sample_interval_s: float,
+                progress: Callable[[float, int, int], None] | None = None) -> ServingRun:
+    """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
+
+    A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
+    server refuses it, and recorded as failed.
+    """
+    env = simpy.Environment()
+    space = BlockHashSpace()
+    replicas = [_Replica(i, env, Scheduler(sched_config, space), step_model)
+                for i in range(num_replicas)]
+    router = Router(router_policy, num_replicas, space=space, balance_threshold=balance_threshold)
+    records = [RequestRecord(request_id=s.request_id, prompt_len=s.prompt_len,
+                             output_len=s.output_len, arrival_s=s.arrival_s) for s in specs]
+    total = len(specs)
+    state = {"done": 0}
+    all_done = env.event()
+    if total == 0:
+        all_done.succeed()
+    backlog: deque[int] = deque()       # requests held by the client's max-concurrency limit
+    in_flight = [0]
+
+    def finish(idx: int) -> None:
+        state["done"] += 1
+        in_flight[0] -= 1
+        if progress is not None:
+            progress(env.now, state["done"], total)
+        if backlog:
+            send(backlog.popleft())
+        if state["done"] == total and not all_done.triggered:
+            all_done.succeed()
+
+    def send(idx: int) -> None:
+        spec = specs[idx]
+        rec = records[idx]
+        rec.send_s = env.now
+        in_flight[0] += 1
+        if spec.prompt_len + spec.output_len > max_model_len:
+            rec.success = False
+            rec.error = (f"prompt ({spec.prompt_len}) + output ({spec.output_len}) tokens exceed "
+                         f"max_model_len ({max_model_len})")
+            finish(idx)
+            return
+        r = router.route(spec.block_keys)
+        rec.replica = r
+        rep = replicas[r]
+        rep.sched.add_request(Request(spec.request_id, idx, spec.prompt_len, spec.output_len,
+                                      spec.block_keys, spec.priority, spec.arrival_s, rec))
+        rep.notify()
+
+    def client():
+        for idx, spec in enumerate(specs):
+            delay = spec.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            if max_concurrency is not None and in_flight[0] >= max_concurrency:
+                backlog.append(idx)
+            else:
+                send(idx)
+
+    def engine(rep: _Replica):
+        sched = rep.sched
+        stats = rep.stats
+        model = rep.model
+        cfg = sched.config
+        empty = 0
+        while True:
+            if not sched.has_requests:
+                rep.wake = env.event()
+                yield rep.wake
+                rep.wake = None
+            out = sched.schedule()
+            scheduled = out.scheduled
+            if out.preempted:
+                stats.num_preemptions += len(out.preempted)
+            if not scheduled:
+                empty += 1
+                if empty > MAX_EMPTY_STEPS:
+                    raise RuntimeError(f"replica {rep.index}: requests queued but nothing can be "
+                                       f"scheduled")
+                yield env.timeout(0)
+                continue
+            empty = 0
+            now = env.now
+            for req, _, _ in scheduled:
+                rec = req.client
+                if rec.first_scheduled_s is None:
+                    rec.first_scheduled_s = now
+            shape = StepShape.from_requests([(n, c) for _, n, c in scheduled])
+            st = model.step_time(shape)
+            n_run = len(sched.running)
+            n_wait = sched.num_waiting
+            if n_run > stats.max_num_running:
+                stats.max_num_running = n_run
+            if n_wait > stats.max_num_waiting:
+                stats.max_num_waiting = n_wait
+            if n_wait:
+                if n_run >= cfg.max_num_seqs:
+                    stats.num_steps_at_max_seqs += 1
+                elif out.num_tokens >= cfg.max_num_batched_tokens:
+                    stats.num_steps_budget_full += 1
+                else:
+                    stats.num_steps_waiting_blocked += 1
+            stats.num_steps += 1
+            stats.busy_s += st.total_s
+            stats.compute_s += st.compute_s
+            stats.comm_s += st.comm_s
+            stats.num_tokens += shape.num_tokens
+            stats.num_decode_tokens += shape.num_decode_seqs
+            stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
+            stats.steps_by_bound[st.bound] = stats.steps_by_bound.get(st.bound, 0) + 1
+            yield env.timeout(st.total_s)
+            emitted, finished = sched.update(out)
+            now = env.now
+            for req in emitted:
+                req.client.token_times_s.append(now)
+            for req in finished:
+                rec = req.client
+                rec.success = True
+                rec.num_preemptions = req.num_preemptions
+                rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
+                finish(req.index)
+
+    series = TimeSeries()
+
+    def reporter():
+        while True:
+            for rep in replicas:
+                router.publish(rep.index, len(rep.sched.running) + rep.sched.num_waiting)
+            yield env.timeout(report_interval_s)
+
+    def sampler():
+        while True:
+            series.t_s.append(env.now)
+            series.kv_usage.append([round(rep.sched.kv.usage, 4) for rep in replicas])
+            series.num_running.append([len(rep.sched.running) for rep in replicas])
+            series.num_waiting.append([rep.sched.num_waiting for rep in replicas])
+            yield env.timeout(sample_interval_s)
+
+    env.process(client())
+    for rep in replicas:
+        env.process(engine(rep))
+    if num_replicas > 1:
+        env.process(reporter())
+    env.process(sampler())
+    env.run(until=all_done)
+    return ServingRun(records, [r.stats for r in replicas], series, [r.sched for r in replicas],
+                      env.now, router.num_prefix_routed)

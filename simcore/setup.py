@@ -1,0 +1,128 @@
+"""From a validated config to a deployment: architecture, GPU, KV-cache size, batch limits and step model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from simcore.compute.base import StepTimeModel
+from simcore.compute.roofline import RooflineModel
+from simcore.config import SimConfig, default_batch_limits
+from simcore.errors import ConfigError
+from simcore.hardware import GpuSpec
+from simcore.model.arch import ModelArch
+from simcore.model.memory import KvCacheMemory, kv_cache_num_blocks
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Everything derived from the config that the serving loop needs, resolved once."""
+
+    arch: ModelArch
+    gpu: GpuSpec
+    step_model: StepTimeModel
+    memory: KvCacheMemory | None      # None when num_gpu_blocks_override fixes the pool
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpus_per_replica: int
+    base_dir: Path
+    weight_dtype: str
+    kv_cache_dtype: str
+
+    def memory_report(self) -> dict:
+        """KV-cache size and, when derived from memory, the formula's every term."""
+        out = {"num_gpu_blocks": self.num_blocks, "block_size": self.block_size,
+               "num_kv_tokens": (self.num_blocks - 1) * self.block_size,
+               "kv_bytes_per_token_per_gpu": self.arch.kv_bytes_per_token(
+                   self.kv_cache_dtype, self.step_model.tp,
+                   num_layers=None) / max(1, self.step_model.pp)}
+        if self.memory is not None:
+            out["memory_breakdown_bytes"] = {k: v for k, v in asdict(self.memory).items()
+                                             if k not in ("block_size", "num_blocks")}
+        else:
+            out["memory_breakdown_bytes"] = None
+        return out
+
+    def assumptions(self) -> list[str]:
+        """The modelling assumptions a result from this deployment rests on, in plain words."""
+        a = [
+            f"step times from the {self.step_model.profile_id} roofline (uncalibrated reference "
+            f"profile, +/-{self.step_model.relative_uncertainty:.0%})",
+            "vLLM V1 scheduler in sync mode (no async scheduling overlap)",
+            "every request generates exactly its output length (ignore_eos)",
+            "tokens reach the client when the step that sampled them ends",
+        ]
+        if self.memory is None:
+            a.append("KV-cache size fixed by engine.num_gpu_blocks_override")
+        else:
+            a.append("KV-cache size by vLLM's memory formula with declared activation, CUDA-graph "
+                     "and non-torch allowances")
+        if self.step_model.pp > 1:
+            a.append("pipeline stages run one after another per step (no micro-batch overlap)")
+        if self.arch.is_moe:
+            a.append("MoE tokens routed uniformly over experts; experts sharded by TP")
+        return a
+
+
+def build_deployment(cfg: SimConfig) -> Deployment:
+    """Resolve model, GPU, limits and KV-cache size; vLLM's start-up checks raise ConfigError."""
+    base_dir = Path(cfg.base_dir)
+    arch = cfg.model.resolve(base_dir)
+    gpu = cfg.hardware.resolve()
+    par = cfg.parallelism
+    e = cfg.engine
+    tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
+    try:
+        arch.check_tp(tp)
+    except ConfigError as err:
+        raise ConfigError(f"parallelism.tensor_parallel_size: {err}") from None
+    if pp > arch.num_layers:
+        raise ConfigError(f"parallelism.pipeline_parallel_size: {pp} stages exceed the "
+                          f"{arch.num_layers} layers of {arch.name}")
+    gpus_per_node = cfg.hardware.gpus_per_node or gpu.gpus_per_node
+    if tp > gpus_per_node:
+        raise ConfigError(f"parallelism.tensor_parallel_size: {tp} exceeds the {gpus_per_node} "
+                          f"GPUs of one {gpu.name} node (TP across nodes is not modelled)")
+    max_model_len = cfg.model.resolved_max_model_len(arch)
+    seqs, tokens = default_batch_limits(gpu.memory_bytes, gpu.name, e.enable_chunked_prefill,
+                                        max_model_len)
+    max_num_seqs = e.max_num_seqs or seqs
+    max_num_batched_tokens = e.max_num_batched_tokens or tokens
+    if not e.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"engine.max_num_batched_tokens: {max_num_batched_tokens} is smaller than "
+            f"max_model_len ({max_model_len}); without chunked prefill vLLM needs "
+            f"max_num_batched_tokens >= max_model_len (raise it or lower model.max_model_len)")
+    if max_num_batched_tokens < max_num_seqs:
+        raise ConfigError(f"engine.max_num_batched_tokens: {max_num_batched_tokens} must be at "
+                          f"least max_num_seqs ({max_num_seqs})")
+    if e.long_prefill_token_threshold > max_model_len:
+        raise ConfigError(f"engine.long_prefill_token_threshold: {e.long_prefill_token_threshold}"
+                          f" exceeds max_model_len ({max_model_len})")
+    weight_dtype = cfg.model.dtype
+    kv_dtype = cfg.model.resolved_kv_cache_dtype
+    memory = None
+    if e.num_gpu_blocks_override is not None:
+        num_blocks = e.num_gpu_blocks_override
+        if (num_blocks - 1) * e.block_size < max_model_len:
+            raise ConfigError(
+                f"engine.num_gpu_blocks_override: {num_blocks} blocks of {e.block_size} tokens "
+                f"cannot hold one max_model_len ({max_model_len}) request; lower "
+                f"model.max_model_len or raise the block count")
+    else:
+        memory = kv_cache_num_blocks(
+            arch, gpu.memory_bytes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype, tp=tp,
+            pp=pp, block_size=e.block_size, gpu_memory_utilization=e.gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len)
+        num_blocks = memory.num_blocks
+    model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
+                          kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline)
+    return Deployment(arch=arch, gpu=gpu, step_model=model, memory=memory, num_blocks=num_blocks,
+                      block_size=e.block_size, max_model_len=max_model_len,
+                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                      gpus_per_replica=tp * pp, base_dir=base_dir, weight_dtype=weight_dtype,
+                      kv_cache_dtype=kv_dtype)

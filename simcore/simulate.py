@@ -1,0 +1,151 @@
+"""`simulate(config)`: build the model, hardware, engines and workload from one config, run, summarise."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+
+import numpy as np
+
+from simcore import __version__
+from simcore.config import SimConfig, default_batch_limits
+from simcore.engine.scheduler import SchedulerConfig
+from simcore.errors import ConfigError
+from simcore.metrics import engine_summary, summarize
+from simcore.serving import ServingRun, run_serving
+from simcore.setup import Deployment, build_deployment
+from simcore.workload.generate import generate_requests
+
+def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
+    """The engine settings as the scheduler takes them, vLLM defaults filled in."""
+    e = cfg.engine
+    return SchedulerConfig(
+        max_num_seqs=dep.max_num_seqs,
+        max_num_batched_tokens=dep.max_num_batched_tokens,
+        num_blocks=dep.num_blocks,
+        block_size=e.block_size,
+        max_model_len=dep.max_model_len,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        enable_prefix_caching=e.enable_prefix_caching,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        policy=e.scheduling_policy,
+        preemption=e.preemption_mode,
+        persistent_batch=e.persistent_batch,
+        reserve_full_isl=e.scheduler_reserve_full_isl,
+    )
+
+
+def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None) -> dict:
+    """Run one configuration on the virtual clock and return its result as a JSON-able dict.
+
+    The top level holds `vllm bench serve`'s keys (`mean_ttft_ms`, `p99_tpot_ms`,
+    `request_throughput`, ...) and the engine's (`gpu_busy_fraction`, `total_preemptions`,
+    `prefix_cache_hit_rate`, `mean_queue_ms`, ...); `kv_cache`, `replicas`, `timeseries`,
+    `requests` and `provenance` hold the detail. `progress(now_s, done, total)` is called as
+    requests complete.
+    """
+    dep = build_deployment(cfg)
+    sched_cfg = scheduler_config(cfg, dep)
+    w = cfg.workload
+    specs = generate_requests(w, block_size=cfg.engine.block_size, seed=cfg.seed,
+                              base_dir=dep.base_dir, max_model_len=None)
+    if not specs:
+        raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
+    interval = cfg.metrics.timeseries_interval_s
+    run = run_serving(
+        specs, sched_config=sched_cfg, num_replicas=cfg.parallelism.data_parallel_size,
+        step_model=dep.step_model, router_policy=cfg.router.policy,
+        report_interval_s=cfg.router.periodic_infra_update_time_s,
+        balance_threshold=cfg.router.balance_threshold, max_concurrency=w.max_concurrency,
+        max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress)
+    return assemble_result(cfg, dep, run)
+
+
+def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
+    """Turn a raw run into the result dict (metrics, detail and provenance)."""
+    w = cfg.workload
+    pcts = cfg.metrics.percentiles
+    result: dict = {"name": cfg.name}
+    result.update(summarize(
+        run.records, selected_percentiles=pcts, goodput_slos_ms=cfg.metrics.goodput,
+        request_rate=w.request_rate, burstiness=w.burstiness, max_concurrency=w.max_concurrency,
+        model_id=dep.arch.name))
+    result.update(engine_summary(run.records, selected_percentiles=pcts))
+    duration = result["duration"]
+    stats = run.replicas
+    busy = sum(s.busy_s for s in stats)
+    n_gpu = dep.gpus_per_replica * len(stats)
+    result["num_gpus"] = n_gpu
+    result["gpu_busy_fraction"] = busy / (duration * len(stats)) if duration > 0 else 0.0
+    result["output_throughput_per_gpu"] = result["output_throughput"] / n_gpu
+    result["total_token_throughput_per_gpu"] = result["total_token_throughput"] / n_gpu
+    usage = np.asarray(run.timeseries.kv_usage, dtype=float)
+    result["mean_kv_cache_usage"] = float(usage.mean()) if usage.size else 0.0
+    result["max_kv_cache_usage"] = float(usage.max()) if usage.size else 0.0
+    result["num_steps"] = sum(s.num_steps for s in stats)
+    result["num_routed_by_prefix"] = run.num_routed_by_prefix
+    comm = sum(s.comm_s for s in stats)
+    result["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
+    result["kv_cache"] = dep.memory_report()
+    result["limits"] = {"max_num_seqs": dep.max_num_seqs,
+                        "max_num_batched_tokens": dep.max_num_batched_tokens,
+                        "max_model_len": dep.max_model_len, "num_gpu_blocks": dep.num_blocks}
+    result["replicas"] = [{
+        "replica": i, "num_steps": s.num_steps, "busy_s": s.busy_s,
+        "busy_fraction": s.busy_s / duration if duration > 0 else 0.0,
+        "compute_s": s.compute_s, "comm_s": s.comm_s,
+        "num_prefill_tokens": s.num_prefill_tokens, "num_decode_tokens": s.num_decode_tokens,
+        "num_preemptions": s.num_preemptions, "steps_by_bound": s.steps_by_bound,
+        "max_num_running": s.max_num_running, "max_num_waiting": s.max_num_waiting,
+        "num_steps_waiting_at_max_num_seqs": s.num_steps_at_max_seqs,
+        "num_steps_waiting_at_token_budget": s.num_steps_budget_full,
+        "num_steps_waiting_for_kv_blocks": s.num_steps_waiting_blocked,
+        "prefix_cache_evictions": sched.kv.pool.num_evictions,
+    } for i, (s, sched) in enumerate(zip(stats, run.schedulers))]
+    ts = run.timeseries
+    result["timeseries"] = {"t_s": ts.t_s, "kv_cache_usage": ts.kv_usage,
+                            "num_running": ts.num_running, "num_waiting": ts.num_waiting}
+    result["requests"] = [_request_row(r) for r in run.records]
+    result["provenance"] = provenance(cfg, dep)
+    return result
+
+
+def _request_row(r) -> dict:
+    row = {"request_id": r.request_id, "replica": r.replica, "prompt_len": r.prompt_len,
+           "output_len": r.output_len, "success": r.success, "error": r.error,
+           "arrival_s": r.arrival_s, "send_s": r.send_s}
+    t = r.token_times_s
+    if r.success and len(t):
+        ttft = t[0] - r.send_s
+        e2el = t[-1] - r.send_s
+        row["ttft_ms"] = ttft * 1e3
+        row["e2el_ms"] = e2el * 1e3
+        row["tpot_ms"] = (e2el - ttft) / (len(t) - 1) * 1e3 if len(t) > 1 else None
+        if len(t) > 1:
+            gaps = np.diff(np.asarray(t))
+            row["mean_itl_ms"] = float(gaps.mean()) * 1e3
+            row["max_itl_ms"] = float(gaps.max()) * 1e3
+    row["queue_ms"] = ((r.first_scheduled_s - r.send_s) * 1e3
+                       if r.first_scheduled_s is not None and r.send_s is not None else None)
+    row["num_preemptions"] = r.num_preemptions
+    row["num_cached_prompt_tokens"] = r.num_cached_prompt_tokens
+    return row
+
+
+def provenance(cfg: SimConfig, dep: Deployment) -> dict:
+    """Where the numbers come from: seed, profile, versions, and the assumptions they rest on."""
+    m = dep.step_model
+    return {
+        "simulator": "simcore", "simulator_version": __version__,
+        "engine_semantics": "vLLM 0.33 V1 scheduler, sync mode",
+        "seed": cfg.seed,
+        "compute_profile": m.profile_id,
+        "calibrated": m.calibrated,
+        "profile_label": "calibrated profile" if m.calibrated else "uncalibrated reference profile",
+        "step_time_relative_uncertainty": m.relative_uncertainty,
+        "fidelity": "engine + analytical step model (no fabric)",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "assumptions": dep.assumptions(),
+    }
+

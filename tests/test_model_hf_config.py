@@ -1,0 +1,119 @@
+"""Reading Hugging Face config.json files and the `model:` config section."""
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from simcore.errors import ConfigError
+from simcore.model.config import ModelConfig
+from simcore.model.hf import arch_from_hf_dict, load_hf_config
+
+DATA = Path(__file__).parent / "data"
+TINY = DATA / "tinymodel_config.json"
+
+
+def test_tinymodel_config_parses_with_derived_fields():
+    arch = load_hf_config(TINY)
+    assert (arch.num_layers, arch.hidden_size, arch.intermediate_size) == (2, 64, 128)
+    assert (arch.num_attention_heads, arch.num_kv_heads) == (4, 2)
+    assert arch.head_dim == 16  # absent: hidden_size / num_attention_heads
+    assert arch.vocab_size == 32000 and arch.max_position_embeddings == 131072
+    assert not arch.tie_word_embeddings and not arch.is_moe and not arch.is_mla
+    # embed + head + 2 x (attention + MLP + norms) + final norm
+    per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
+    assert arch.num_params == 2 * 32000 * 64 + 2 * per_layer + 64
+
+
+def test_num_kv_heads_defaults_to_heads(tmp_path):
+    data = json.loads(TINY.read_text())
+    del data["num_key_value_heads"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    assert load_hf_config(tmp_path).num_kv_heads == 4  # a directory finds its config.json
+
+
+def test_missing_key_names_file_and_key(tmp_path):
+    data = json.loads(TINY.read_text())
+    del data["hidden_size"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"bad\.json.*'hidden_size'"):
+        load_hf_config(path)
+
+
+def test_unknown_model_type_is_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(TINY.read_text()), "model_type": "gpt_neox"}))
+    with pytest.raises(ConfigError, match=r"config\.json.*unsupported model_type 'gpt_neox'"):
+        load_hf_config(path)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_hf_config(tmp_path / "nope.json")
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_hf_config(path)
+
+
+def test_qwen2_has_qkv_bias_and_qwen2_moe_shared_expert():
+    base = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,
+                num_hidden_layers=24, intermediate_size=5632, vocab_size=151936,
+                max_position_embeddings=8192)
+    q2 = arch_from_hf_dict({**base, "model_type": "qwen2"}, "test")
+    assert q2.qkv_bias
+    moe = arch_from_hf_dict({**base, "model_type": "qwen2_moe", "num_experts": 60,
+                             "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                             "shared_expert_intermediate_size": 5632}, "test")
+    assert moe.is_moe and moe.num_shared_experts == 1 and moe.shared_expert_gate
+    # Qwen1.5-MoE-A2.7B: 14.3B parameters, 2.7B activated (non-embedding).
+    assert moe.num_params == pytest.approx(14.3e9, rel=0.01)
+
+
+def test_deepseek_v2_lite_without_q_lora():
+    lite = arch_from_hf_dict(dict(
+        model_type="deepseek_v2", hidden_size=2048, num_attention_heads=16,
+        num_key_value_heads=16, num_hidden_layers=27, intermediate_size=10944,
+        vocab_size=102400, max_position_embeddings=163840, n_routed_experts=64,
+        num_experts_per_tok=6, moe_intermediate_size=1408, n_shared_experts=2,
+        first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=None,
+        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128), "test")
+    assert lite.is_mla and lite.q_lora_rank == 0
+    assert lite.num_params == pytest.approx(15.7e9, rel=0.01)  # published: 15.7B total
+    # Published: 2.4B activated, counting the LM head but not the embedding lookup.
+    active_without_embedding = lite.num_active_params - lite.embedding_params
+    assert active_without_embedding == pytest.approx(2.4e9, rel=0.03)
+
+
+def test_model_config_needs_exactly_one_source():
+    with pytest.raises(ValidationError, match="exactly one"):
+        ModelConfig()
+    with pytest.raises(ValidationError, match="exactly one"):
+        ModelConfig(name="llama-3.1-8b", hf_config="config.json")
+    with pytest.raises(ValidationError, match="unknown model"):
+        ModelConfig(name="llama-9")
+    with pytest.raises(ValidationError):
+        ModelConfig(name="llama-3.1-8b", dtype="int3")
+    with pytest.raises(ValidationError):
+        ModelConfig(name="llama-3.1-8b", bogus=1)
+
+
+def test_model_config_resolves_relative_paths_against_base_dir():
+    cfg = ModelConfig(hf_config="tinymodel_config.json")
+    assert cfg.resolve(base_dir=DATA).hidden_size == 64
+    assert ModelConfig(hf_config=str(TINY)).resolve(base_dir="/nonexistent").num_layers == 2
+
+
+def test_model_config_dtypes_and_max_model_len():
+    cfg = ModelConfig(name="llama-3.1-8b")
+    arch = cfg.resolve()
+    assert cfg.resolved_kv_cache_dtype == "bf16"
+    assert ModelConfig(name="llama-3.1-8b", dtype="fp8").resolved_kv_cache_dtype == "bf16"
+    assert ModelConfig(name="llama-3.1-8b", kv_cache_dtype="fp8").resolved_kv_cache_dtype == "fp8"
+    assert cfg.resolved_max_model_len(arch) == 131072
+    assert ModelConfig(name="llama-3.1-8b", max_model_len=8192).resolved_max_model_len(arch) == 8192
+    with pytest.raises(ConfigError, match="exceeds"):
+        ModelConfig(name="llama-3.1-8b", max_model_len=200_000).resolved_max_model_len(arch)
