@@ -27,7 +27,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("config", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full result as JSON here.")
 @click.option("--seed", type=int, default=None, help="Override the config's seed.")
@@ -62,7 +62,8 @@ def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> N
             if bar is not None:
                 bar.close()
     except ConfigError as e:
-        _fail(str(e))
+        msg = str(e)
+        _fail(msg if msg.startswith(str(config)) else f"{config}: {msg}")
         return
     click.echo(render_summary(result))
     if out is not None:
@@ -75,7 +76,7 @@ def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> N
 
 
 @main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("scenario", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Write the steps here, one JSON object a line (the golden format).")
 @click.option("--golden", type=click.Path(dir_okay=False, path_type=Path), default=None,

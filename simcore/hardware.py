@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from simcore.errors import ConfigError
 from simcore.units import GB, MIB, flops_from_tflops
@@ -116,10 +116,11 @@ class HardwareConfig(BaseModel):
         default=None, gt=0,
         description="Override: intra-node GPU-to-GPU bandwidth per GPU, one direction, bytes/s.")
 
-    @model_validator(mode="after")
-    def _known_gpu(self) -> HardwareConfig:
-        get_gpu(self.gpu)
-        return self
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str) -> str:
+        get_gpu(gpu)
+        return gpu
 
     def resolve(self) -> GpuSpec:
         """The catalog spec with this config's overrides applied."""

@@ -113,11 +113,15 @@ def build_deployment(cfg: SimConfig) -> Deployment:
                 f"cannot hold one max_model_len ({max_model_len}) request; lower "
                 f"model.max_model_len or raise the block count")
     else:
-        memory = kv_cache_num_blocks(
-            arch, gpu.memory_bytes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype, tp=tp,
-            pp=pp, block_size=e.block_size, gpu_memory_utilization=e.gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len)
+        try:
+            memory = kv_cache_num_blocks(
+                arch, gpu.memory_bytes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
+                tp=tp, pp=pp, block_size=e.block_size,
+                gpu_memory_utilization=e.gpu_memory_utilization,
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len)
+        except ConfigError as err:
+            raise ConfigError(f"parallelism.tensor_parallel_size: {err}") from None
         num_blocks = memory.num_blocks
     model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                           kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline)

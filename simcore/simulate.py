@@ -70,6 +70,10 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
         run.records, selected_percentiles=pcts, goodput_slos_ms=cfg.metrics.goodput,
         request_rate=w.request_rate, burstiness=w.burstiness, max_concurrency=w.max_concurrency,
         model_id=dep.arch.name))
+    if w.ramp_up_strategy is not None:
+        result["ramp_up_strategy"] = w.ramp_up_strategy
+        result["ramp_up_start_rps"] = w.ramp_up_start_rps
+        result["ramp_up_end_rps"] = w.ramp_up_end_rps
     result.update(engine_summary(run.records, selected_percentiles=pcts))
     duration = result["duration"]
     stats = run.replicas

@@ -1,0 +1,206 @@
+"""The `dse` command line as a user runs it: output, exit codes, one-line errors, light imports."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simcore.engine.conformance import read_steps
+
+TESTS = Path(__file__).parent
+CONFIGS = TESTS / "data" / "configs"
+CONFORMANCE = TESTS / "data" / "conformance"
+BASIC = CONFORMANCE / "scenarios" / "basic.json.gz"
+BASIC_GOLDEN = CONFORMANCE / "golden" / "basic.jsonl.gz"
+
+
+def dse(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dse.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=60, cwd=cwd)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *words: str) -> str:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stdout + p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("error: ")
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+# -- dse simulate ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim") / "deep" / "tiny.json"
+    return dse("simulate", CONFIGS / "tiny.yaml", "--out", out, "--quiet"), out
+
+
+def test_simulate_prints_the_summary_and_writes_json(tiny_run):
+    p, out = tiny_run
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    text = p.stdout
+    assert "Serving Benchmark Result (simulated)" in text
+    assert "Successful requests:" in text and text.count("\n") > 30
+    assert "Request goodput (req/s):" in text
+    assert "uncalibrated reference profile: roofline/A100-80GB/bf16" in text
+    assert f"result written to {out}" in text
+    r = json.loads(out.read_text())
+    assert r["name"] == "tiny"
+    assert r["completed"] == 20 and r["failed"] == 0
+    assert r["provenance"]["seed"] == 3
+    # The printed numbers are the written ones.
+    assert f"{r['mean_ttft_ms']:.2f}" in text
+    assert f"{r['request_throughput']:.2f}" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("Successful requests:"))
+    assert line.split()[-1] == "20"
+
+
+def test_simulate_seed_override_changes_the_result(tiny_run, tmp_path):
+    _, out = tiny_run
+    other = tmp_path / "seed4.json"
+    p = dse("simulate", CONFIGS / "tiny.yaml", "--out", other, "--seed", "4", "--quiet")
+    assert p.returncode == 0, p.stderr
+    a, b = json.loads(out.read_text()), json.loads(other.read_text())
+    assert b["provenance"]["seed"] == 4
+    assert a["mean_ttft_ms"] != b["mean_ttft_ms"]
+
+
+def test_simulate_resolves_trace_paths_from_the_config_directory(tmp_path):
+    out = tmp_path / "m.json"
+    p = dse("simulate", CONFIGS / "mooncake.yaml", "--out", out, "--quiet", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["completed"] == 30
+
+
+@pytest.mark.parametrize("name, words", [
+    ("unknown_key.yaml", ["unknown_key.yaml", "engine.max_num_seq", "not a known setting"]),
+    ("bad_syntax.yaml", ["bad_syntax.yaml", "line 3", "not valid YAML"]),
+    ("too_big.yaml", ["weights", "GiB"]),
+    ("missing_trace.yaml", ["no_such_trace.jsonl", "no such file", "workload.dataset.path"]),
+    ("does_not_exist.yaml", ["does_not_exist.yaml", "no such file"]),
+])
+def test_simulate_bad_input_is_one_error_line(name, words):
+    p = dse("simulate", CONFIGS / name)
+    assert_one_line_error(p, *words)
+    assert p.stdout == ""
+
+
+def test_simulate_directory_as_config_is_one_error_line(tmp_path):
+    p = dse("simulate", tmp_path)
+    assert p.returncode == 2
+    assert len(p.stderr.splitlines()) == 1 and p.stderr.startswith("error: "), (
+        "a directory given as CONFIG gets click's multi-line usage error instead of one "
+        f"'error:' line (dse/cli.py, click.Path(dir_okay=False)); got {p.stderr!r}")
+
+
+def test_simulate_is_deterministic_across_processes(tmp_path):
+    # Different hash seeds in different processes (as in different workers): same bytes.
+    outs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"r{hash_seed}.json"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        p = subprocess.run([sys.executable, "-m", "dse.cli", "simulate",
+                            str(CONFIGS / "prefix_dp2.yaml"), "--out", str(out), "--quiet"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 0, p.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    r = json.loads(outs[0])
+    assert r["num_routed_by_prefix"] > 0 and r["prefix_cache_hit_rate"] > 0
+
+
+def test_simulate_unwritable_out_is_one_error_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = dse("simulate", CONFIGS / "tiny.yaml", "--out", blocker / "sub" / "r.json", "--quiet")
+    assert_one_line_error(p, "cannot write the result")
+
+
+def test_simulate_does_not_import_search_or_plotting_libraries():
+    code = (
+        "import sys\n"
+        "from dse.cli import main\n"
+        f"main(['simulate', {str(CONFIGS / 'tiny.yaml')!r}, '--quiet'], standalone_mode=False)\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'optuna', 'plotly'})\n"
+        "print('HEAVY', heavy)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "Serving Benchmark Result" in p.stdout, "the command must have run"
+    assert p.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+# -- dse conformance -------------------------------------------------------------------------------
+
+
+def test_conformance_matches_the_golden_log(tmp_path):
+    out = tmp_path / "basic.jsonl"
+    p = dse("conformance", BASIC, "--out", out, "--golden", BASIC_GOLDEN)
+    assert p.returncode == 0, p.stderr
+    golden = read_steps(BASIC_GOLDEN)
+    assert f"{len(golden)} steps written to {out}" in p.stdout
+    assert f"identical to {BASIC_GOLDEN}: all {len(golden)} steps match" in p.stdout
+    ours = read_steps(out)
+    assert len(ours) == len(golden) > 100
+    for a, b in zip(ours, golden):
+        assert a == b, a["step"]
+
+
+def test_conformance_without_golden_only_writes(tmp_path):
+    out = tmp_path / "o.jsonl"
+    p = dse("conformance", BASIC, "--out", out)
+    assert p.returncode == 0, p.stderr
+    assert "identical" not in p.stdout
+    assert read_steps(out) == read_steps(BASIC_GOLDEN)
+
+
+def _write_golden(path: Path, steps: list[dict]) -> Path:
+    with gzip.open(path, "wt") as f:
+        for s in steps:
+            f.write(json.dumps(s) + "\n")
+    return path
+
+
+def test_conformance_names_the_first_differing_step(tmp_path):
+    steps = read_steps(BASIC_GOLDEN)
+    steps[7]["free_blocks"] += 1
+    steps[9]["free_blocks"] += 1
+    golden = _write_golden(tmp_path / "tampered.jsonl.gz", steps)
+    p = dse("conformance", BASIC, "--out", tmp_path / "o.jsonl", "--golden", golden)
+    assert p.returncode == 1
+    assert "Traceback" not in p.stdout + p.stderr
+    expected = steps[7]["free_blocks"]
+    assert (f"differs from {golden}: step 7: free_blocks differs: ours {expected - 1}, "
+            f"vLLM {expected}") in p.stdout
+
+
+def test_conformance_names_a_step_count_difference(tmp_path):
+    steps = read_steps(BASIC_GOLDEN)[:-3]
+    golden = _write_golden(tmp_path / "short.jsonl.gz", steps)
+    p = dse("conformance", BASIC, "--out", tmp_path / "o.jsonl", "--golden", golden)
+    assert p.returncode == 1
+    n = len(steps) + 3
+    assert f"step count differs: ours {n}, vLLM {len(steps)}" in p.stdout
+
+
+def test_conformance_bad_input_is_one_error_line(tmp_path):
+    assert_one_line_error(dse("conformance", tmp_path / "none.json", "--out", tmp_path / "o"),
+                          "none.json", "no such scenario file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert_one_line_error(dse("conformance", bad, "--out", tmp_path / "o"), "bad.json",
+                          "not valid JSON")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("hello\n")
+    assert_one_line_error(dse("conformance", BASIC, "--out", tmp_path / "o", "--golden", garbage),
+                          "garbage.jsonl", "cannot be read as a step log")

@@ -1,0 +1,352 @@
+"""The serving loop on the virtual clock: exact timestamps and metrics of hand-computed micro-scenarios.
+
+Step times are binary fractions (1/64 s, or a + b * num_tokens with power-of-two a and b), so
+every virtual timestamp below is exact and the expected values are worked out step by step in
+the comments.
+"""
+
+import math
+
+import pytest
+
+from simcore.compute.base import StepShape, StepTime
+from simcore.engine.scheduler import SchedulerConfig
+from simcore.metrics import engine_summary, summarize
+from simcore.serving import run_serving
+from simcore.workload.spec import RequestSpec
+
+S = 1 / 64
+"""Constant step time of the default stub model, seconds."""
+
+
+class LinearStep:
+    """Stub step model: `a_s + b_s * num_tokens` seconds per step, all of it compute."""
+
+    profile_id = "stub/linear"
+    calibrated = False
+    relative_uncertainty = 0.0
+
+    def __init__(self, a_s: float, b_s: float = 0.0) -> None:
+        self.a_s = a_s
+        self.b_s = b_s
+        self.shapes: list[StepShape] = []
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        self.shapes.append(shape)
+        t = self.a_s + self.b_s * shape.num_tokens
+        return StepTime(total_s=t, compute_s=t, comm_s=0.0, bound="compute")
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-12, abs=1e-15)
+
+
+def serve(specs, *, step=None, num_replicas=1, policy="round_robin", report_interval_s=4 * S,
+          balance_threshold=16, max_concurrency=None, max_model_len=4096, **sched):
+    base = dict(max_num_seqs=8, max_num_batched_tokens=2048, num_blocks=1000, block_size=16,
+                max_model_len=max_model_len)
+    base.update(sched)
+    return run_serving(list(specs), sched_config=SchedulerConfig(**base),
+                       num_replicas=num_replicas, step_model=step or LinearStep(S),
+                       router_policy=policy, report_interval_s=report_interval_s,
+                       balance_threshold=balance_threshold, max_concurrency=max_concurrency,
+                       max_model_len=max_model_len, sample_interval_s=1.0)
+
+
+def spec(rid, arrival_s, prompt_len, output_len, keys=()):
+    return RequestSpec(request_id=rid, arrival_s=arrival_s, prompt_len=prompt_len,
+                       output_len=output_len, block_keys=tuple(keys))
+
+
+def by_id(run):
+    return {r.request_id: r for r in run.records}
+
+
+def ttft(r):
+    return r.token_times_s[0] - r.send_s
+
+
+def e2el(r):
+    return r.token_times_s[-1] - r.send_s
+
+
+def tpot(r):
+    return (e2el(r) - ttft(r)) / (len(r.token_times_s) - 1)
+
+
+# -- a single request -------------------------------------------------------------------------
+
+
+def test_single_request_prefill_then_one_token_per_step():
+    # Step 1 [0, S]: the 100-token prompt, first token at S; steps 2-4: one token each.
+    run = serve([spec("a", 0.0, 100, 4)])
+    (a,) = run.records
+    assert a.success and a.error is None
+    assert a.send_s == 0.0 and a.first_scheduled_s == 0.0 and a.replica == 0
+    assert a.token_times_s == [approx(S), approx(2 * S), approx(3 * S), approx(4 * S)]
+    assert run.end_s == approx(4 * S)
+    st = run.replicas[0]
+    assert (st.num_steps, st.num_prefill_tokens, st.num_decode_tokens) == (4, 100, 3)
+    assert st.busy_s == approx(4 * S)
+    assert st.steps_by_bound == {"compute": 4}
+
+    m = summarize(run.records, selected_percentiles=[50, 99])
+    assert m["duration"] == approx(4 * S)
+    assert (m["completed"], m["failed"]) == (1, 0)
+    assert (m["total_input_tokens"], m["total_output_tokens"]) == (100, 4)
+    assert m["request_throughput"] == approx(16.0)          # 1 request in 1/16 s
+    assert m["output_throughput"] == approx(64.0)
+    assert m["total_token_throughput"] == approx(104 * 16.0)
+    assert m["mean_ttft_ms"] == approx(S * 1e3)
+    assert m["mean_tpot_ms"] == approx(S * 1e3)
+    assert m["mean_itl_ms"] == approx(S * 1e3)
+    assert m["std_itl_ms"] == approx(0.0)
+    assert m["mean_e2el_ms"] == approx(4 * S * 1e3)
+    assert m["p99_e2el_ms"] == approx(4 * S * 1e3)
+    assert m["max_output_tokens_per_s"] == 4.0
+    assert m["max_concurrent_requests"] == 1
+
+
+def test_step_time_grows_with_tokens():
+    # a = 1/128 s, b = 1/16384 s per token. Prefill of 128 tokens: 1/128 + 1/128 = 1/64 s;
+    # each decode step: 1/128 + 1/16384 = 129/16384 s.
+    u = 1 / 16384
+    run = serve([spec("a", 0.0, 128, 3)], step=LinearStep(128 * u, u))
+    (a,) = run.records
+    assert a.token_times_s == [approx(256 * u), approx(385 * u), approx(514 * u)]
+    assert ttft(a) == approx(256 * u)
+    assert tpot(a) == approx(129 * u)
+
+
+# -- a second request joins the batch mid-prefill ---------------------------------------------
+
+
+def test_second_request_arrives_mid_prefill_and_joins_next_step():
+    # Token budget 64, step time 128u + u * num_tokens with u = 1/16384 s.
+    #   step 1 [0, 192u]:      a 64 tokens (of 100); b arrives at 64u, mid-step.
+    #   step 2 [192u, 376u]:   a 36 (prompt done, token) + b 20 (whole prompt, token) = 56 tokens
+    #   step 3 [376u, 506u]:   a 1 + b 1 (b's 2nd and last token)
+    #   step 4 [506u, 635u]:   a 1 (a's 3rd and last token)
+    u = 1 / 16384
+    model = LinearStep(128 * u, u)
+    run = serve([spec("a", 0.0, 100, 3), spec("b", 64 * u, 20, 2)], step=model,
+                max_num_batched_tokens=64)
+    assert [s.num_tokens for s in model.shapes] == [64, 56, 2, 1]
+    assert [s.num_decode_seqs for s in model.shapes] == [0, 0, 2, 1]
+    r = by_id(run)
+    a, b = r["a"], r["b"]
+    assert a.token_times_s == [approx(376 * u), approx(506 * u), approx(635 * u)]
+    assert b.send_s == approx(64 * u)
+    assert b.first_scheduled_s == approx(192 * u)
+    assert b.token_times_s == [approx(376 * u), approx(506 * u)]
+    assert (ttft(a), tpot(a), e2el(a)) == (approx(376 * u), approx(129.5 * u), approx(635 * u))
+    assert (ttft(b), tpot(b), e2el(b)) == (approx(312 * u), approx(130 * u), approx(442 * u))
+
+    m = summarize(run.records, selected_percentiles=[50])
+    ms = u * 1e3
+    assert m["duration"] == approx(635 * u)
+    assert m["mean_ttft_ms"] == approx(344 * ms)
+    assert m["median_ttft_ms"] == approx(344 * ms)
+    assert m["std_ttft_ms"] == approx(32 * ms)
+    assert m["mean_tpot_ms"] == approx(129.75 * ms)
+    # ITL pooled over both requests: a 130u, 129u; b 130u.
+    assert m["mean_itl_ms"] == approx(389 / 3 * ms)
+    assert m["median_itl_ms"] == approx(130 * ms)
+    assert m["mean_e2el_ms"] == approx(538.5 * ms)
+    e = engine_summary(run.records, selected_percentiles=[50])
+    assert e["mean_queue_ms"] == approx(64 * ms)      # a: 0, b: 192u - 64u
+
+
+# -- chunked prefill -------------------------------------------------------------------------
+
+
+def test_chunked_prefill_ttft_is_number_of_chunks_times_step():
+    # 1000 prompt tokens under a 256-token budget: 256, 256, 256, 232 -> first token after 4 steps.
+    model = LinearStep(S)
+    run = serve([spec("a", 0.0, 1000, 3)], step=model, max_num_batched_tokens=256)
+    (a,) = run.records
+    assert [s.num_tokens for s in model.shapes] == [256, 256, 256, 232, 1, 1]
+    assert ttft(a) == approx(4 * S)
+    assert a.token_times_s == [approx(4 * S), approx(5 * S), approx(6 * S)]
+    assert tpot(a) == approx(S)
+    m = summarize(run.records)
+    assert m["mean_ttft_ms"] == approx(4 * S * 1e3)
+    assert m["mean_e2el_ms"] == approx(6 * S * 1e3)
+
+
+# -- client-side max concurrency ----------------------------------------------------------------
+
+
+def test_max_concurrency_holds_back_the_second_request():
+    # a: tokens at S, 2S, 3S. b arrives at S/4 but waits in the client until a completes at 3S,
+    # then prefills in [3S, 4S] and decodes in [4S, 5S].
+    run = serve([spec("a", 0.0, 100, 3), spec("b", S / 4, 100, 2)], max_concurrency=1)
+    r = by_id(run)
+    a, b = r["a"], r["b"]
+    assert a.token_times_s == [approx(S), approx(2 * S), approx(3 * S)]
+    assert b.arrival_s == approx(S / 4)
+    assert b.send_s == a.token_times_s[-1]
+    assert b.first_scheduled_s == approx(3 * S)
+    assert b.token_times_s == [approx(4 * S), approx(5 * S)]
+    # TTFT and E2EL start at the send, not the arrival.
+    assert (ttft(b), e2el(b)) == (approx(S), approx(2 * S))
+
+    m = summarize(run.records, max_concurrency=1, request_rate=4.0, selected_percentiles=[50])
+    ms = S * 1e3
+    assert m["max_concurrency"] == 1
+    assert m["mean_ttft_ms"] == approx(ms)
+    assert m["mean_e2el_ms"] == approx(2.5 * ms)          # a 3S, b 2S
+    assert m["mean_client_queue_time_ms"] == approx(1.375 * ms)   # a 0, b 3S - S/4
+    assert m["mean_e2el_including_client_queue_ms"] == approx((3 + 4.75) / 2 * ms)
+    assert m["duration"] == approx(5 * S)
+    assert m["max_concurrent_requests"] == 2         # both in flight within the first second
+    e = engine_summary(run.records)
+    assert e["mean_queue_ms"] == approx(0.0)
+
+
+def test_max_concurrency_one_serialises_every_request():
+    specs = [spec(f"r{i}", 0.0, 16, 2) for i in range(4)]
+    run = serve(specs, max_concurrency=1)
+    for i, rec in enumerate(run.records):
+        assert rec.send_s == approx(2 * i * S)
+        assert rec.token_times_s == [approx((2 * i + 1) * S), approx((2 * i + 2) * S)]
+    assert run.replicas[0].max_num_running == 1
+
+
+# -- refusal above max_model_len ---------------------------------------------------------------
+
+
+def test_request_longer_than_max_model_len_fails_at_once():
+    run = serve([spec("ok", 0.0, 100, 20), spec("long", S / 2, 120, 20)], max_model_len=128)
+    r = by_id(run)
+    ok, long = r["ok"], r["long"]
+    assert ok.success and len(ok.token_times_s) == 20
+    assert not long.success
+    assert long.error == "prompt (120) + output (20) tokens exceed max_model_len (128)"
+    assert long.send_s == approx(S / 2)
+    assert long.token_times_s == [] and long.first_scheduled_s is None and long.replica is None
+    m = summarize(run.records)
+    assert (m["completed"], m["failed"], m["num_prompts"]) == (1, 1, 2)
+    assert m["total_input_tokens"] == 100 and m["total_output_tokens"] == 20
+    assert m["duration"] == approx(20 * S)
+    e = engine_summary(run.records)
+    assert e["num_failed_by_error"] == {long.error: 1}
+    assert e["num_prompt_tokens_scheduled"] == 100
+
+
+def test_prompt_plus_output_equal_to_max_model_len_is_served():
+    run = serve([spec("edge", 0.0, 100, 28)], max_model_len=128)
+    (rec,) = run.records
+    assert rec.success and len(rec.token_times_s) == 28
+
+
+def test_only_failed_requests_still_end():
+    run = serve([spec("x", 0.0, 200, 1), spec("y", S, 300, 1)], max_model_len=128)
+    assert [r.success for r in run.records] == [False, False]
+    m = summarize(run.records)
+    assert (m["completed"], m["failed"]) == (0, 2)
+    assert m["duration"] == approx(S)
+
+
+# -- routing over replicas -----------------------------------------------------------------------
+
+
+def test_round_robin_alternates_replicas():
+    specs = [spec(f"r{i}", 0.0, 32, 2) for i in range(5)]
+    run = serve(specs, num_replicas=2, policy="round_robin")
+    assert [r.replica for r in run.records] == [0, 1, 0, 1, 0]
+    assert [s.num_prefill_tokens for s in run.replicas] == [96, 64]
+    assert [s.num_steps for s in run.replicas] == [2, 2]
+    # Replicas run in parallel: everybody's first token after one step.
+    assert all(ttft(r) == approx(S) for r in run.records)
+
+
+def test_least_outstanding_routes_on_stale_reports():
+    # Reports at 0, 4S, 8S, ... At 0 (after a was routed) replica 0 reports load 1, replica 1 load
+    # 0. b, c, d arrive before the next report, so the router still sees [1, 0] and sends all three
+    # to replica 1 (fresh loads would have split them). At 4S it sees [1, 3] and e goes to 0.
+    specs = [spec("a", 0.0, 32, 40), spec("b", S / 2, 32, 40), spec("c", S, 32, 40),
+             spec("d", 1.5 * S, 32, 40), spec("e", 4.5 * S, 32, 2)]
+    run = serve(specs, num_replicas=2, policy="least_outstanding")
+    assert [r.replica for r in run.records] == [0, 1, 1, 1, 0]
+    assert [s.max_num_running for s in run.replicas] == [2, 3]
+
+
+def test_least_outstanding_counts_waiting_requests():
+    # Token budget 64. At t = 0 five requests are dealt in turn (no report yet): r0, r2, r4 -> 0,
+    # r1, r3 -> 1. On replica 0 the 1280-token prompt of r0 takes the whole budget, so r2 and r4
+    # wait: the report at 0 says [1 running + 2 waiting, 2 running] = [3, 2], and x goes to 1.
+    specs = [spec("r0", 0.0, 1280, 2)] + [spec(f"r{i}", 0.0, 16, 40) for i in range(1, 5)]
+    specs.append(spec("x", S / 2, 16, 2))
+    run = serve(specs, num_replicas=2, policy="least_outstanding", max_num_batched_tokens=64)
+    assert [r.replica for r in run.records] == [0, 1, 0, 1, 0, 1]
+    assert run.replicas[0].max_num_waiting == 2
+
+
+def test_prefix_affinity_keeps_a_prefix_on_its_replica_and_hits_the_cache():
+    # a (no shared blocks) -> 0. b (keys 10, 11, 12) arrives while the report says [1, 0] -> 1.
+    # d has b's keys and arrives at 21S (report at 20S: [0, 0]); least loaded would be replica 0,
+    # but b's prefix lives on replica 1, and there d finds b's three full prompt blocks cached.
+    keys = (10, 11, 12)
+    specs = [spec("a", 0.0, 64, 2), spec("b", S / 4, 64, 2, keys), spec("d", 21 * S, 64, 2, keys)]
+    run = serve(specs, num_replicas=2, policy="prefix_affinity")
+    r = by_id(run)
+    assert [x.replica for x in run.records] == [0, 1, 1]
+    assert run.num_routed_by_prefix == 1
+    assert r["d"].num_cached_prompt_tokens == 48
+    assert r["a"].num_cached_prompt_tokens == 0 and r["b"].num_cached_prompt_tokens == 0
+    e = engine_summary(run.records)
+    assert e["num_cached_prompt_tokens"] == 48
+    assert e["prefix_cache_hit_rate"] == approx(48 / 192)
+    # d prefilled only 64 - 48 = 16 tokens.
+    assert run.replicas[1].num_prefill_tokens == 64 + 16
+
+    # The same requests in turn: d lands on replica 0, whose cache has nothing of b's.
+    rr = serve(specs, num_replicas=2, policy="round_robin")
+    assert [x.replica for x in rr.records] == [0, 1, 0]
+    assert by_id(rr)["d"].num_cached_prompt_tokens == 0
+    assert rr.num_routed_by_prefix == 0
+
+
+def test_prefix_affinity_gives_way_to_balance():
+    # With balance_threshold 0 the owner must not be more loaded than the least loaded replica.
+    keys = (10, 11, 12)
+    specs = [spec("b", 0.0, 64, 40, keys), spec("x", S / 2, 64, 40),
+             spec("d", 4.5 * S, 64, 2, keys)]
+    run = serve(specs, num_replicas=2, policy="prefix_affinity", balance_threshold=0)
+    # b -> 0; x -> 1 (report [1, 0]); at 4S the report is [1, 1]: d may follow its prefix to 0.
+    assert [x.replica for x in run.records] == [0, 1, 0]
+    specs = [spec("b", 0.0, 64, 40, keys), spec("d", 4.5 * S, 64, 2, keys)]
+    run = serve(specs, num_replicas=2, policy="prefix_affinity", balance_threshold=0)
+    # Report at 4S: [1, 0]; the owner is 1 request busier, above the threshold: d goes to 1.
+    assert [x.replica for x in run.records] == [0, 1]
+    assert run.num_routed_by_prefix == 0
+    run = serve(specs, num_replicas=2, policy="prefix_affinity", balance_threshold=1)
+    assert [x.replica for x in run.records] == [0, 0]
+    assert run.num_routed_by_prefix == 1
+
+
+# -- the whole loop ------------------------------------------------------------------------------
+
+
+def test_no_requests_ends_at_time_zero():
+    run = serve([])
+    assert run.records == [] and run.end_s == 0.0
+
+
+def test_records_obey_their_invariants_under_preemption():
+    # A pool of 20 usable blocks for 6 requests of up to 80 tokens: preemption must happen, and
+    # every request still completes with its full output, tokens in order, after its send.
+    specs = [spec(f"r{i}", i * S / 3, 48, 32) for i in range(6)]
+    run = serve(specs, num_blocks=21, max_model_len=128)
+    assert sum(s.num_preemptions for s in run.replicas) > 0
+    assert sum(r.num_preemptions for r in run.records) == sum(s.num_preemptions
+                                                               for s in run.replicas)
+    for r in run.records:
+        assert r.success
+        assert len(r.token_times_s) == r.output_len
+        assert r.token_times_s == sorted(r.token_times_s)
+        assert r.token_times_s[0] > r.send_s
+        assert len(set(r.token_times_s)) == len(r.token_times_s)
+    assert run.end_s == max(r.token_times_s[-1] for r in run.records)
+    assert not math.isnan(summarize(run.records)["mean_itl_ms"])

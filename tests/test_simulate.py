@@ -1,0 +1,275 @@
+"""`simulate(config)` end to end: the result's keys, determinism, and the engine effects configs ask for."""
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+from simcore.config import parse_config
+from simcore.simulate import simulate
+
+BASE = {
+    "name": "small",
+    "seed": 7,
+    "model": {"name": "meta-llama/Llama-3.1-8B"},
+    "hardware": {"gpu": "A100-80GB"},
+    "workload": {"num_prompts": 100, "request_rate": 20,
+                 "dataset": {"kind": "random", "input_len": 256, "output_len": 64}},
+}
+
+VLLM_BENCH_KEYS = [
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+    "max_output_tokens_per_s", "max_concurrent_requests", "request_rate", "burstiness",
+    "max_concurrency", "num_prompts", "model_id",
+]
+ENGINE_KEYS = ["gpu_busy_fraction", "mean_kv_cache_usage", "total_preemptions",
+               "prefix_cache_hit_rate", "mean_queue_ms"]
+
+
+def config(**sections):
+    """BASE with whole top-level sections replaced."""
+    d = copy.deepcopy(BASE)
+    d.update(copy.deepcopy(sections))
+    return parse_config(d)
+
+
+def run(**sections) -> dict:
+    return simulate(config(**sections))
+
+
+@pytest.fixture(scope="module")
+def base_result() -> dict:
+    return run()
+
+
+def test_result_has_every_vllm_bench_serve_key(base_result):
+    r = base_result
+    for key in VLLM_BENCH_KEYS + ENGINE_KEYS:
+        assert key in r, key
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p50", "p90", "p99"):
+            key = f"{stat}_{m}_ms"
+            assert isinstance(r[key], float) and math.isfinite(r[key]), key
+    assert r["num_prompts"] == 100
+    assert r["request_rate"] == 20.0
+    assert r["burstiness"] == 1.0
+    assert r["max_concurrency"] is None
+    assert r["request_goodput"] is None           # no SLOs given
+    assert r["model_id"] == "meta-llama/Llama-3.1-8B"
+    assert r["name"] == "small"
+
+
+def test_provenance_says_uncalibrated(base_result):
+    p = base_result["provenance"]
+    assert p["seed"] == 7
+    assert p["compute_profile"] == "roofline/A100-80GB/bf16"
+    assert p["calibrated"] is False
+    assert p["profile_label"] == "uncalibrated reference profile"
+    assert 0 < p["step_time_relative_uncertainty"] < 1
+
+
+def test_result_is_consistent_with_its_requests(base_result):
+    r = base_result
+    rows = r["requests"]
+    assert len(rows) == 100
+    assert (r["completed"], r["failed"]) == (100, 0)
+    assert all(row["success"] for row in rows)
+    # range_ratio 0: every prompt 256 tokens, every output 64.
+    assert r["total_input_tokens"] == 256 * 100
+    assert r["total_output_tokens"] == 64 * 100
+    end = max(row["send_s"] + row["e2el_ms"] / 1e3 for row in rows)
+    assert r["duration"] == pytest.approx(end, rel=1e-12)
+    assert r["request_throughput"] == pytest.approx(100 / r["duration"], rel=1e-12)
+    assert r["output_throughput"] == pytest.approx(6400 / r["duration"], rel=1e-12)
+    assert r["total_token_throughput"] == pytest.approx(32000 / r["duration"], rel=1e-12)
+    ttft = np.array([row["ttft_ms"] for row in rows])
+    tpot = np.array([row["tpot_ms"] for row in rows])
+    e2el = np.array([row["e2el_ms"] for row in rows])
+    assert r["mean_ttft_ms"] == pytest.approx(ttft.mean(), rel=1e-9)
+    assert r["p90_ttft_ms"] == pytest.approx(np.percentile(ttft, 90), rel=1e-9)
+    assert r["std_tpot_ms"] == pytest.approx(tpot.std(), rel=1e-9, abs=1e-9)
+    assert r["median_e2el_ms"] == pytest.approx(np.median(e2el), rel=1e-9)
+    # Every request of 64 tokens: the mean ITL over all gaps equals the mean TPOT.
+    assert r["mean_itl_ms"] == pytest.approx(r["mean_tpot_ms"], rel=1e-9)
+    queue = np.array([row["queue_ms"] for row in rows])
+    assert r["mean_queue_ms"] == pytest.approx(queue.mean(), rel=1e-9)
+    assert (queue >= 0).all()
+    assert 0 < r["gpu_busy_fraction"] <= 1
+    assert 0 <= r["mean_kv_cache_usage"] <= r["max_kv_cache_usage"] <= 1
+    assert r["total_preemptions"] == 0
+    assert r["prefix_cache_hit_rate"] == 0.0
+    assert r["num_gpus"] == 1
+    assert r["limits"] == {"max_num_seqs": 256, "max_num_batched_tokens": 2048,
+                           "max_model_len": 131072,
+                           "num_gpu_blocks": r["kv_cache"]["num_gpu_blocks"]}
+
+
+def test_result_is_plain_json(base_result):
+    text = json.dumps(base_result, allow_nan=False)
+    assert json.loads(text) == base_result
+
+
+def test_unbounded_rate_is_the_string_inf_as_in_vllm():
+    r = run(workload={"num_prompts": 50, "dataset": {"kind": "random", "input_len": 64,
+                                                      "output_len": 8}})
+    assert r["request_rate"] == "inf"
+    json.dumps(r, allow_nan=False)
+
+
+def test_same_seed_same_result_different_seed_different_result(base_result):
+    again = run()
+    assert json.dumps(again) == json.dumps(base_result)
+    other = simulate(config(seed=8))
+    assert json.dumps(other) != json.dumps(base_result)
+    assert other["mean_ttft_ms"] != base_result["mean_ttft_ms"]
+
+
+def test_goodput_counts_requests_meeting_every_slo():
+    r = run(metrics={"goodput": {"ttft": 40, "tpot": 14}, "percentiles": [50, 99.9]})
+    good = sum(1 for row in r["requests"] if row["ttft_ms"] <= 40 and row["tpot_ms"] <= 14)
+    assert 0 < good < 100, "pick SLOs that some requests miss"
+    assert r["request_goodput"] == pytest.approx(good / r["duration"], rel=1e-12)
+    assert "p99.9_ttft_ms" in r and "p50_itl_ms" in r and "p90_ttft_ms" not in r
+
+
+def test_a_small_kv_pool_under_load_preempts():
+    workload = {"num_prompts": 100, "dataset": {"kind": "random", "input_len": 512,
+                                                 "output_len": 128}}
+    model = {"name": "meta-llama/Llama-3.1-8B", "max_model_len": 4096}
+    small = run(model=model, workload=workload, engine={"num_gpu_blocks_override": 300})
+    assert small["kv_cache"]["num_gpu_blocks"] == 300
+    assert small["kv_cache"]["memory_breakdown_bytes"] is None
+    assert small["completed"] == 100
+    assert small["total_preemptions"] > 0
+    assert small["num_preempted_requests"] > 0
+    assert small["max_kv_cache_usage"] > 0.9
+    big = run(model=model, workload=workload)
+    assert big["total_preemptions"] == 0
+    assert small["mean_ttft_ms"] > big["mean_ttft_ms"]
+
+
+@pytest.mark.parametrize("engine", [{"preemption_mode": "least_work_done"},
+                                    {"persistent_batch": True},
+                                    {"persistent_batch": True,
+                                     "preemption_mode": "least_work_done"}])
+def test_policy_options_run_to_completion(engine):
+    workload = {"num_prompts": 60, "request_rate": 50,
+                "dataset": {"kind": "random", "input_len": 512, "output_len": 128,
+                            "range_ratio": 0.5}}
+    model = {"name": "meta-llama/Llama-3.1-8B", "max_model_len": 2048}
+    r = run(model=model, workload=workload, engine={"num_gpu_blocks_override": 200, **engine})
+    assert (r["completed"], r["failed"]) == (60, 0)
+    assert all(row["success"] for row in r["requests"])
+    default = run(model=model, workload=workload, engine={"num_gpu_blocks_override": 200})
+    assert json.dumps(r["requests"]) != json.dumps(default["requests"]), \
+        "the option should change some decision under KV pressure"
+
+
+def test_prefix_repetition_hits_the_prefix_cache():
+    # 5 prefixes of 256 tokens (16 full blocks), 64-token unique suffixes. The first request of
+    # each prefix misses; the other 95 find the 256 prefix tokens cached: 95 * 256 / (100 * 320).
+    workload = {"num_prompts": 100, "request_rate": 20,
+                "dataset": {"kind": "prefix_repetition", "prefix_len": 256, "suffix_len": 64,
+                            "num_prefixes": 5, "output_len": 32}}
+    r = run(workload=workload)
+    assert r["prefix_cache_hit_rate"] == pytest.approx(95 * 256 / 32000, rel=1e-12)
+    assert sorted({row["num_cached_prompt_tokens"] for row in r["requests"]}) == [0, 256]
+    off = run(workload=workload, engine={"enable_prefix_caching": False})
+    assert off["prefix_cache_hit_rate"] == 0.0
+    assert off["mean_ttft_ms"] > r["mean_ttft_ms"]
+
+
+def test_tensor_parallelism_changes_step_times():
+    h100 = {"gpu": "H100-SXM"}
+    tp1 = run(hardware=h100, parallelism={"tensor_parallel_size": 1})
+    tp2 = run(hardware=h100, parallelism={"tensor_parallel_size": 2})
+    assert (tp1["num_gpus"], tp2["num_gpus"]) == (1, 2)
+    assert tp1["replicas"][0]["comm_s"] == 0.0
+    assert tp2["replicas"][0]["comm_s"] > 0.0
+    assert tp2["mean_tpot_ms"] < tp1["mean_tpot_ms"]
+    assert tp2["mean_ttft_ms"] < tp1["mean_ttft_ms"]
+    assert tp2["kv_cache"]["num_gpu_blocks"] > tp1["kv_cache"]["num_gpu_blocks"]
+    # Same workload either way.
+    assert [row["prompt_len"] for row in tp1["requests"]] == \
+        [row["prompt_len"] for row in tp2["requests"]]
+
+
+def test_ramp_up_is_reported_as_vllm_does():
+    # vLLM's `vllm bench serve` adds ramp_up_strategy, ramp_up_start_rps and ramp_up_end_rps to
+    # its result JSON whenever a ramp-up is used (benchmarks/serve.py, "# Traffic").
+    r = run(workload={"num_prompts": 30, "ramp_up_strategy": "linear", "ramp_up_start_rps": 1,
+                      "ramp_up_end_rps": 20,
+                      "dataset": {"kind": "random", "input_len": 64, "output_len": 8}})
+    assert r["request_rate"] == "inf"
+    missing = [k for k in ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
+               if k not in r]
+    assert not missing, (f"simulate() leaves out vLLM's ramp-up keys {missing}; "
+                         "simcore/simulate.py assemble_result should add them")
+    assert (r["ramp_up_strategy"], r["ramp_up_start_rps"], r["ramp_up_end_rps"]) == \
+        ("linear", 1.0, 20.0)
+
+
+def test_kv_bytes_per_token_follow_tensor_parallelism():
+    # Llama-3.1-8B: 32 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes = 131072 bytes per token;
+    # TP 2 halves the KV heads per GPU.
+    small = {"num_prompts": 5, "dataset": {"kind": "random", "input_len": 32, "output_len": 4}}
+    tp1 = run(workload=small)
+    tp2 = run(workload=small, parallelism={"tensor_parallel_size": 2})
+    assert tp1["kv_cache"]["kv_bytes_per_token_per_gpu"] == 131072
+    assert tp2["kv_cache"]["kv_bytes_per_token_per_gpu"] == 65536
+    for r in (tp1, tp2):
+        kv = r["kv_cache"]
+        assert kv["num_kv_tokens"] == (kv["num_gpu_blocks"] - 1) * 16
+        assert kv["memory_breakdown_bytes"]["bytes_per_block"] == \
+            16 * kv["kv_bytes_per_token_per_gpu"]
+
+
+def test_higher_request_rate_increases_ttft():
+    ds = {"kind": "random", "input_len": 512, "output_len": 64}
+    slow = run(workload={"num_prompts": 100, "request_rate": 2, "dataset": ds})
+    fast = run(workload={"num_prompts": 100, "request_rate": 200, "dataset": ds})
+    burst = run(workload={"num_prompts": 100, "dataset": ds})
+    assert slow["mean_ttft_ms"] < fast["mean_ttft_ms"] < burst["mean_ttft_ms"]
+    assert slow["duration"] > fast["duration"]
+
+
+def test_data_parallel_replicas_share_the_load():
+    r = run(parallelism={"data_parallel_size": 2}, router={"policy": "least_outstanding"})
+    assert r["num_gpus"] == 2
+    assert [x["replica"] for x in r["replicas"]] == [0, 1]
+    per_replica = [sum(1 for row in r["requests"] if row["replica"] == i) for i in (0, 1)]
+    assert sum(per_replica) == 100 and min(per_replica) >= 30
+    busy = sum(x["busy_s"] for x in r["replicas"])
+    assert r["gpu_busy_fraction"] == pytest.approx(busy / (2 * r["duration"]), rel=1e-12)
+    assert [x["busy_fraction"] for x in r["replicas"]] == \
+        [pytest.approx(x["busy_s"] / r["duration"], rel=1e-12) for x in r["replicas"]]
+    assert 0 < r["gpu_busy_fraction"] <= 1
+    assert r["completed"] == 100
+
+
+def test_max_concurrency_is_reported_with_client_queue_time():
+    r = run(workload={"num_prompts": 50, "max_concurrency": 4,
+                      "dataset": {"kind": "random", "input_len": 128, "output_len": 16}})
+    assert r["max_concurrency"] == 4
+    assert r["mean_client_queue_time_ms"] > 0
+    # At every send no more than 4 requests are in flight (a request sent when another ends
+    # takes its place; the 1e-9 s absorbs the rounding of e2el_ms).
+    spans = [(row["send_s"], row["send_s"] + row["e2el_ms"] / 1e3) for row in r["requests"]]
+    in_flight = [sum(1 for a, b in spans if a <= t < b - 1e-9) for t, _ in spans]
+    assert max(in_flight) == 4
+
+
+def test_requests_too_long_for_the_model_are_failed_not_dropped():
+    r = run(model={"name": "meta-llama/Llama-3.1-8B", "max_model_len": 300},
+            workload={"num_prompts": 40, "request_rate": 20,
+                      "dataset": {"kind": "random", "input_len": 256, "output_len": 64,
+                                  "range_ratio": 0.5}})
+    too_long = [row for row in r["requests"] if row["prompt_len"] + row["output_len"] > 300]
+    assert too_long, "the workload should hold some over-long requests"
+    assert r["failed"] == len(too_long) == r["num_failed"]
+    assert r["completed"] == 40 - len(too_long)
+    assert all(not row["success"] and "max_model_len (300)" in row["error"] for row in too_long)
+    json.dumps(r, allow_nan=False)
