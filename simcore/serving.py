@@ -143,15 +143,22 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
     def engine(rep: _Replica):
         sched = rep.sched
         stats = rep.stats
-        model = rep.model
-        cfg = sched.config
+        step_time = rep.model.step_time
+        schedule = sched.schedule
+        update = sched.update
+        waiting = sched.waiting
+        shape_of = StepShape.from_scheduled
+        timeout = env.timeout
+        steps_by_bound = stats.steps_by_bound
+        max_num_seqs = sched.config.max_num_seqs
+        max_num_batched_tokens = sched.config.max_num_batched_tokens
         empty = 0
         while True:
             if not sched.has_requests:
                 rep.wake = env.event()
                 yield rep.wake
                 rep.wake = None
-            out = sched.schedule()
+            out = schedule()
             scheduled = out.scheduled
             if out.preempted:
                 stats.num_preemptions += len(out.preempted)
@@ -160,39 +167,42 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 if empty > MAX_EMPTY_STEPS:
                     raise RuntimeError(f"replica {rep.index}: requests queued but nothing can be "
                                        f"scheduled")
-                yield env.timeout(0)
+                yield timeout(0)
                 continue
             empty = 0
             now = env.now
-            for req, _, _ in scheduled:
+            # Only a newly admitted request can be scheduled for the first time.
+            for req in out.new:
                 rec = req.client
                 if rec.first_scheduled_s is None:
                     rec.first_scheduled_s = now
-            shape = StepShape.from_requests([(n, c) for _, n, c in scheduled])
-            st = model.step_time(shape)
+            shape = shape_of(scheduled)
+            st = step_time(shape)
             n_run = len(sched.running)
-            n_wait = sched.num_waiting
+            n_wait = len(waiting)
             if n_run > stats.max_num_running:
                 stats.max_num_running = n_run
             if n_wait > stats.max_num_waiting:
                 stats.max_num_waiting = n_wait
             if n_wait:
-                if n_run >= cfg.max_num_seqs:
+                if n_run >= max_num_seqs:
                     stats.num_steps_at_max_seqs += 1
-                elif out.num_tokens >= cfg.max_num_batched_tokens:
+                elif out.num_tokens >= max_num_batched_tokens:
                     stats.num_steps_budget_full += 1
                 else:
                     stats.num_steps_waiting_blocked += 1
+            total_s = st.total_s
             stats.num_steps += 1
-            stats.busy_s += st.total_s
+            stats.busy_s += total_s
             stats.compute_s += st.compute_s
             stats.comm_s += st.comm_s
             stats.num_tokens += shape.num_tokens
             stats.num_decode_tokens += shape.num_decode_seqs
             stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
-            stats.steps_by_bound[st.bound] = stats.steps_by_bound.get(st.bound, 0) + 1
-            yield env.timeout(st.total_s)
-            emitted, finished = sched.update(out)
+            bound = st.bound
+            steps_by_bound[bound] = steps_by_bound.get(bound, 0) + 1
+            yield timeout(total_s)
+            emitted, finished = update(out)
             now = env.now
             for req in emitted:
                 req.client.token_times_s.append(now)

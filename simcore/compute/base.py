@@ -33,15 +33,23 @@ class StepShape:
     @staticmethod
     def from_requests(items: list[tuple[int, int]]) -> "StepShape":
         """Build from (new_tokens, context_tokens) pairs, one per scheduled request."""
+        return StepShape.from_scheduled([(None, new, ctx) for new, ctx in items])
+
+    @staticmethod
+    def from_scheduled(scheduled: list[tuple[object, int, int]]) -> "StepShape":
+        """Build from (request, new_tokens, context_tokens) triples, a scheduler's plan as it is."""
         num_tokens = num_decode = kv = 0
         pairs = 0.0
-        for new, ctx in items:
+        for _, new, ctx in scheduled:
             num_tokens += new
-            if new == 1 and ctx > 0:
-                num_decode += 1
-            pairs += new * ctx + new * (new + 1) / 2
             kv += ctx + new
-        return StepShape(num_tokens, len(items), num_decode, pairs, kv)
+            if new == 1:        # the general sum below, ctx + 1, exact in a float
+                if ctx > 0:
+                    num_decode += 1
+                pairs += ctx + 1
+            else:
+                pairs += new * ctx + new * (new + 1) / 2
+        return StepShape(num_tokens, len(scheduled), num_decode, pairs, kv)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ class BlockPool:
         self.block_hash: list[int] = [0] * num_blocks     # 0 = no hash
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.ref_cnt[0] = 1                                # the null block is never free
-        self.cached: dict[int, dict[int, None]] = {}      # hash -> block ids, first inserted first
+        self.cached: dict[int, list[int]] = {}            # hash -> block ids, first inserted first
         self.enable_caching = enable_caching
         self.num_evictions = 0
 
@@ -40,31 +40,29 @@ class BlockPool:
         """A block holding content hash `h`, or 0 if none is cached."""
         blocks = self.cached.get(h)
         if blocks:
-            return next(iter(blocks))
+            return blocks[0]
         return 0
 
     def allocate(self, n: int) -> list[int]:
         """Pop `n` blocks from the head of the free queue (caller checked there are enough)."""
-        free = self.free
+        popitem = self.free.popitem
         ref = self.ref_cnt
         hashes = self.block_hash
-        out = []
-        for _ in range(n):
-            b, _ = free.popitem(last=False)
-            h = hashes[b]
-            if h:
-                self._evict(b, h)
+        cached = self.cached
+        out = [popitem(False)[0] for _ in range(n)]
+        num_evicted = 0
+        for b in out:
             ref[b] = 1
-            out.append(b)
+            h = hashes[b]
+            if h:               # evict the popped block's content from the prefix cache
+                blocks = cached.pop(h)
+                if len(blocks) > 1:     # other blocks still hold h (the order of `cached`
+                    blocks.remove(b)    # itself means nothing)
+                    cached[h] = blocks
+                hashes[b] = 0
+                num_evicted += 1
+        self.num_evictions += num_evicted
         return out
-
-    def _evict(self, b: int, h: int) -> None:
-        blocks = self.cached[h]
-        del blocks[b]
-        if not blocks:
-            del self.cached[h]
-        self.block_hash[b] = 0
-        self.num_evictions += 1
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the free queue."""
@@ -80,9 +78,21 @@ class BlockPool:
         self.block_hash[b] = h
         blocks = self.cached.get(h)
         if blocks is None:
-            self.cached[h] = {b: None}
+            self.cached[h] = [b]
         else:
-            blocks[b] = None
+            blocks.append(b)
+
+    def cache_many(self, blocks: list[int], hashes: list[int]) -> None:
+        """`cache(b, h)` for each pair of `blocks` and `hashes`, in order."""
+        block_hash = self.block_hash
+        cached = self.cached
+        for b, h in zip(blocks, hashes):
+            block_hash[b] = h
+            entry = cached.get(h)
+            if entry is None:
+                cached[h] = [b]
+            else:
+                entry.append(b)
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block, walking the request's blocks from last to first."""
@@ -107,7 +117,7 @@ class KVCacheManager:
     """
 
     __slots__ = ("pool", "block_size", "enable_caching", "space", "req_blocks", "num_cached_block",
-                 "max_model_len", "num_hit_queries", "num_hit_blocks")
+                 "num_tokens_fit", "max_model_len", "num_hit_queries", "num_hit_blocks")
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int,
                  space: BlockHashSpace | None = None) -> None:
@@ -117,6 +127,10 @@ class KVCacheManager:
         self.space = space if space is not None else BlockHashSpace()
         self.req_blocks: dict[str, list[int]] = {}
         self.num_cached_block: dict[str, int] = {}
+        # Per request with blocks: the most tokens (computed + new) it may reach with no block
+        # allocated and no block completed, i.e. while `allocate_slots` would change nothing.
+        # Running requests stay within it on most steps, so the scheduler skips the call then.
+        self.num_tokens_fit: dict[str, int] = {}
         self.max_model_len = max_model_len
         self.num_hit_queries = 0
         self.num_hit_blocks = 0
@@ -136,14 +150,15 @@ class KVCacheManager:
             return []
         bs = self.block_size
         hashes = req.ensure_block_hashes(self.space, bs)
-        max_blocks = (req.num_tokens - 1) // bs
-        cached = self.pool.cached
+        max_blocks = (req.prompt_len + req.num_output_tokens - 1) // bs
+        get = self.pool.cached.get
         hit = []
-        for i in range(min(max_blocks, len(hashes))):
-            blocks = cached.get(hashes[i])
+        append = hit.append
+        for h in hashes[:max_blocks]:
+            blocks = get(h)
             if not blocks:
                 break
-            hit.append(next(iter(blocks)))
+            append(blocks[0])
         self.num_hit_queries += 1
         self.num_hit_blocks += len(hit)
         return hit
@@ -156,8 +171,11 @@ class KVCacheManager:
         admitted. With `full_sequence_must_fit`, admission also requires that the request's whole
         current sequence would fit (vLLM's `scheduler_reserve_full_isl`).
         """
-        bs = self.block_size
         rid = req.request_id
+        if req.num_computed_tokens + num_new_tokens <= self.num_tokens_fit.get(rid, -1) \
+                and not new_computed_blocks and not full_sequence_must_fit and not reserved_blocks:
+            return True
+        bs = self.block_size
         held = self.req_blocks.get(rid)
         num_held = len(held) if held is not None else 0
         pool = self.pool
@@ -178,8 +196,9 @@ class KVCacheManager:
         if num_new_blocks < 0:
             num_new_blocks = 0
         num_free = len(pool.free) - reserved_blocks
+        num_tokens = req.prompt_len + req.num_output_tokens
         if full_sequence_must_fit:
-            full = req.num_tokens if req.num_tokens > num_tokens_need else num_tokens_need
+            full = num_tokens if num_tokens > num_tokens_need else num_tokens_need
             need_full = -(-full // bs) - num_hit - num_held
             if need_full < 0:
                 need_full = 0
@@ -196,23 +215,31 @@ class KVCacheManager:
             self.num_cached_block[rid] = num_hit
         if num_new_blocks:
             held.extend(pool.allocate(num_new_blocks))
+        fit = len(held) * bs
         if self.enable_caching:
             ntok = num_computed + num_new_tokens
-            if ntok > req.num_tokens:
-                ntok = req.num_tokens
+            if ntok > num_tokens:
+                ntok = num_tokens
             n_full = ntok // bs
             start = self.num_cached_block[rid]
             if n_full > start:
                 hashes = req.ensure_block_hashes(self.space, bs)
-                for i in range(start, n_full):
-                    pool.cache(held[i], hashes[i])
-                self.num_cached_block[rid] = n_full
+                if n_full - start == 1:
+                    pool.cache(held[start], hashes[start])
+                else:
+                    pool.cache_many(held[start:n_full], hashes[start:n_full])
+                self.num_cached_block[rid] = start = n_full
+            # Completing block `start`, the first uncached one, takes (start + 1) * bs tokens.
+            if fit > (start + 1) * bs - 1:
+                fit = (start + 1) * bs - 1
+        self.num_tokens_fit[rid] = fit
         return True
 
     def free(self, req: Request) -> None:
         """Release every block of `req` (finished or preempted)."""
         blocks = self.req_blocks.pop(req.request_id, None)
         self.num_cached_block.pop(req.request_id, None)
+        self.num_tokens_fit.pop(req.request_id, None)
         if blocks:
             self.pool.release(blocks)
 

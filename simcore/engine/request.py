@@ -11,23 +11,32 @@ STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", PREEMPTED: "preempted",
                 FINISHED: "finished", WAITING_FOR_REMOTE_KVS: "waiting_for_remote_kvs"}
 
 
+KEY_BITS = 64
+"""Content keys in [0, 2**KEY_BITS) are interned as the int `parent << KEY_BITS | key`."""
+
+
 class BlockHashSpace:
     """Interns chained block hashes to small ints, exactly and without collisions.
 
     A block's identity is (parent block's hash, content key), as vLLM chains `hash(parent, tokens)`.
     Blocks whose content is unique to one request get fresh ids. One space per simulated engine
     pool (never module-global), so independent simulations never share state.
+
+    The identity is stored as one int, `parent << KEY_BITS | key`, which is as exact as the pair
+    for every key in [0, 2**KEY_BITS) (the workload's keys are 63-bit) and is built, hashed and
+    stored faster than a tuple; a key outside that range is stored as the (parent, key) tuple,
+    which no int equals.
     """
 
     __slots__ = ("_ids", "_next")
 
     def __init__(self) -> None:
-        self._ids: dict[tuple[int, int], int] = {}
+        self._ids: dict[int | tuple[int, int], int] = {}
         self._next = 1
 
     def chained(self, parent: int, key: int) -> int:
         """Hash of a block with shared content `key` after a block hashed `parent` (0 = none)."""
-        k = (parent, key)
+        k = parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)
         h = self._ids.get(k)
         if h is None:
             h = self._next
@@ -86,16 +95,26 @@ class Request:
         n_full = (self.prompt_len + self.num_output_tokens) // block_size
         i = len(hashes)
         if i < n_full:
+            # BlockHashSpace.chained and .unique, inlined: this runs once per block of every
+            # prompt, and long prompts have hundreds of blocks.
             keys = self.block_keys
-            n_keys = len(keys)
+            ids = space._ids
+            nxt = space._next
             parent = hashes[-1] if hashes else 0
-            while i < n_full:
-                if i < n_keys:
-                    parent = space.chained(parent, keys[i])
-                else:
-                    parent = space.unique()
-                hashes.append(parent)
-                i += 1
+            append = hashes.append
+            for key in keys[i:n_full]:
+                k = parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)
+                h = ids.get(k)
+                if h is None:
+                    h = nxt
+                    nxt += 1
+                    ids[k] = h
+                parent = h
+                append(h)
+            for h in range(nxt, nxt + n_full - len(hashes)):
+                append(h)
+                nxt = h + 1
+            space._next = nxt
         return hashes
 
     def __repr__(self) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from simcore.engine.kv_cache import KVCacheManager
 from simcore.engine.request import FINISHED, PREEMPTED, RUNNING, WAITING, BlockHashSpace, Request
@@ -42,13 +43,13 @@ class SchedulerConfig:
     watermark_blocks: int = 0             # free blocks kept back when admitting
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerOutput:
+class SchedulerOutput(NamedTuple):
     """What one step runs: the plan `schedule()` returns and `update()` consumes.
 
     `scheduled` lists (request, num_new_tokens, num_computed_before) in batch order: running
     requests first, then newly admitted or resumed ones. `computed_on_admit` maps admitted request
-    ids to their prefix-cache hit in tokens.
+    ids to their prefix-cache hit in tokens. A named tuple: immutable, and built once per step at
+    a fraction of a frozen dataclass's cost.
     """
 
     scheduled: list[tuple[Request, int, int]]
@@ -57,7 +58,6 @@ class SchedulerOutput:
     preempted: list[Request]
     computed_on_admit: dict[str, int]
     num_tokens: int = 0
-    finished_before: list[Request] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -138,11 +138,14 @@ class Scheduler:
         kv = self.kv
         budget = c.max_num_batched_tokens
         running = self.running
-        threshold = c.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
+        waiting = self.waiting
+        queued = waiting.items      # the queue's own deque or heap: len() without a method call
+        threshold = c.long_prefill_token_threshold if len(running) + len(queued) > 1 else 0
         max_len_cap = c.max_model_len - 1
         scheduled: list[tuple[Request, int, int]] = []
-        scheduled_ids: dict[str, int] = {}
         preempted: list[Request] = []
+        allocate_slots = kv.allocate_slots
+        fit = kv.num_tokens_fit
 
         i = 0
         while i < len(running) and budget > 0:
@@ -158,34 +161,34 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while True:
-                if kv.allocate_slots(req, n):
-                    ok = True
-                    break
-                victim = self._pick_victim(req, scheduled_ids)
-                if victim is None:      # nothing may be preempted: the request waits this step
-                    ok = False
-                    victim = None
-                    break
-                vi = running.index(victim)
-                del running[vi]
-                if victim.request_id in scheduled_ids:
-                    budget += scheduled_ids.pop(victim.request_id)
-                    scheduled = [s for s in scheduled if s[0] is not victim]
-                    if vi < i:
-                        i -= 1
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    ok = False
-                    break
-            if not ok:
+            # Within `fit` allocate_slots would change nothing and succeed: skip the call.
+            if computed + n > fit.get(req.request_id, -1) and not allocate_slots(req, n):
+                while True:
+                    victim = self._pick_victim(req, scheduled)
+                    if victim is None:      # nothing may be preempted: the request waits this step
+                        break
+                    # The victim is usually the last running request (vLLM's policy).
+                    vi = len(running) - 1 if running[-1] is victim else running.index(victim)
+                    del running[vi]
+                    # Preempting a request scheduled earlier in this step hands back its tokens.
+                    for k in range(len(scheduled)):
+                        if scheduled[k][0] is victim:
+                            budget += scheduled[k][1]
+                            del scheduled[k]
+                            if vi < i:
+                                i -= 1
+                            break
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is req or allocate_slots(req, n):
+                        break
                 if victim is None:
                     i += 1
                     continue
-                break
+                if victim is req:
+                    break
             scheduled.append((req, n, computed))
-            scheduled_ids[req.request_id] = n
+            req.num_computed_tokens = computed + n     # vLLM advances it at schedule time
             budget -= n
             i += 1
 
@@ -194,10 +197,9 @@ class Scheduler:
         admit: dict[str, int] = {}
         may_admit = not preempted and (not c.persistent_batch or self._completed_since_admit
                                        or not running)
-        if may_admit:
-            waiting = self.waiting
+        if may_admit and queued:
             admitted_any = False
-            while len(waiting) and budget > 0 and len(running) < c.max_num_seqs:
+            while queued and budget > 0 and len(running) < c.max_num_seqs:
                 req = waiting.peek()
                 hit_blocks: list[int] = []
                 if req.num_computed_tokens == 0:
@@ -205,7 +207,7 @@ class Scheduler:
                     computed = len(hit_blocks) * c.block_size
                 else:
                     computed = req.num_computed_tokens
-                n = req.num_tokens - computed
+                n = req.prompt_len + req.num_output_tokens - computed
                 if 0 < threshold < n:
                     n = threshold
                 if not c.enable_chunked_prefill and n > budget:
@@ -225,22 +227,19 @@ class Scheduler:
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = computed
                 req.status = RUNNING
-                req.num_computed_tokens = computed
+                req.num_computed_tokens = computed + n
                 scheduled.append((req, n, computed))
-                scheduled_ids[req.request_id] = n
                 budget -= n
                 admitted_any = True
             if admitted_any:
                 self._completed_since_admit = False
 
-        # vLLM advances num_computed_tokens at schedule time.
-        total = 0
+        # Counted only now: least-work-done preemption compares the work done before this step.
         for req, n, _ in scheduled:
-            req.num_computed_tokens += n
             req.work_done_tokens += n
-            total += n
         self.num_steps += 1
-        return SchedulerOutput(scheduled, new, resumed, preempted, admit, total)
+        return SchedulerOutput(scheduled, new, resumed, preempted, admit,
+                               c.max_num_batched_tokens - budget)
 
     def update(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """Apply the step's sampled tokens: one per request whose prompt is fully computed.
@@ -254,10 +253,12 @@ class Scheduler:
         for req, _, _ in out.scheduled:
             if req.status != RUNNING:
                 continue
-            if req.num_computed_tokens >= req.prompt_len + req.num_output_tokens:
-                req.num_output_tokens += 1
+            num_output = req.num_output_tokens
+            if req.num_computed_tokens >= req.prompt_len + num_output:
+                num_output += 1
+                req.num_output_tokens = num_output
                 emitted.append(req)
-                if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_len:
+                if num_output >= req.max_tokens or req.prompt_len + num_output >= max_len:
                     finished.append(req)
         if finished:
             done = set(map(id, finished))
@@ -269,7 +270,10 @@ class Scheduler:
         return emitted, finished
 
     # -- preemption --------------------------------------------------------------------------
-    def _pick_victim(self, req: Request, scheduled_ids: dict[str, int]) -> Request | None:
+    def _pick_victim(self, req: Request,
+                     scheduled: list[tuple[Request, int, int]]) -> Request | None:
+        """The running request to preempt so that `req` fits, or None; `scheduled` is the step's
+        plan so far (the current policies choose without it)."""
         running = self.running
         c = self.config
         if c.preemption == "least_work_done":
