@@ -25,12 +25,16 @@ class Router:
         self._next = 0
         self._prefix_owner: dict[int, int] = {}
         self.num_prefix_routed = 0
+        self.last_hashes: list[int] | None = None
+        """Chained hashes of the last routed prompt's keyed blocks (prefix_affinity only), so the
+        engine need not hash them again."""
 
     def publish(self, replica: int, load: int) -> None:
         """A replica's load report (running + waiting requests) as of now."""
         self.reported_load[replica] = load
 
     def route(self, block_keys: tuple[int, ...]) -> int:
+        self.last_hashes = None
         n = self.num_replicas
         if n == 1:
             return 0
@@ -64,6 +68,7 @@ class Router:
             choice = least
         for h in hashes:
             owner[h] = choice
+        self.last_hashes = hashes
         return choice
 
     def _least_loaded(self) -> int:

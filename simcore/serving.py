@@ -126,8 +126,12 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         r = router.route(spec.block_keys)
         rec.replica = r
         rep = replicas[r]
-        rep.sched.add_request(Request(spec.request_id, idx, spec.prompt_len, spec.output_len,
-                                      spec.block_keys, spec.priority, spec.arrival_s, rec))
+        req = Request(spec.request_id, idx, spec.prompt_len, spec.output_len, spec.block_keys,
+                      spec.priority, spec.arrival_s, rec)
+        if router.last_hashes is not None:
+            # The router already chained this prompt's keyed blocks in the shared hash space.
+            req.block_hashes = router.last_hashes
+        rep.sched.add_request(req)
         rep.notify()
 
     def client():
@@ -139,6 +143,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 backlog.append(idx)
             else:
                 send(idx)
+        state["all_sent"] = True
 
     def engine(rep: _Replica):
         sched = rep.sched
@@ -223,6 +228,10 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
 
     def sampler():
         while True:
+            if state.get("all_sent") and not backlog and not all_done.triggered and not any(
+                    rep.sched.has_requests for rep in replicas):
+                raise RuntimeError(f"{total - state['done']} requests were lost: every engine is "
+                                   f"idle but they never completed")
             series.t_s.append(env.now)
             series.kv_usage.append([round(rep.sched.kv.usage, 4) for rep in replicas])
             series.num_running.append([len(rep.sched.running) for rep in replicas])
