@@ -177,7 +177,7 @@ class SimConfig(BaseModel):
                           "resolved against (set by the loader to the file's directory).")
 
 
-def _format_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     msg = e["msg"]
@@ -199,7 +199,7 @@ def parse_config(data: Any, *, source: str = "config", base_dir: str | Path | No
     try:
         return SimConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {_format_error(err)}") from None
+        raise ConfigError(f"{source}: {format_validation_error(err)}") from None
 
 
 def load_yaml(path: str | Path) -> Any:

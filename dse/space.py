@@ -1,0 +1,210 @@
+"""A search space: parameters named by dotted paths into the simulate config, with conditions.
+
+A space file (YAML) looks like:
+
+    parameters:
+      engine.max_num_seqs: {type: int, low: 16, high: 512, log: true}
+      engine.max_num_batched_tokens: {type: categorical, choices: [2048, 4096, 8192]}
+      parallelism.tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8]}
+      parallelism.enable_expert_parallel: {type: categorical, choices: [false, true], when: moe}
+    num_gpus: 8            # optional: TP x PP x DP must equal this
+
+A parameter's `when` names a condition on the base configuration (`moe`, `dense`, `mla`) under
+which it exists at all; otherwise the base value stands.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simcore.errors import ConfigError
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+Condition = Literal["moe", "dense", "mla"]
+
+
+class IntParam(BaseModel):
+    """An integer in [low, high], optionally on a log scale or a step grid."""
+
+    model_config = _FROZEN
+    type: Literal["int"] = Field(description="Integer parameter.")
+    low: int = Field(description="Smallest value.")
+    high: int = Field(description="Largest value.")
+    step: int = Field(1, ge=1, description="Grid step from low.")
+    log: bool = Field(False, description="Sample on a log scale (step must be 1).")
+    when: Condition | None = Field(None, description="Exists only for models of this kind.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "IntParam":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError("a log-scale int needs low >= 1 and step 1")
+        return self
+
+
+class FloatParam(BaseModel):
+    """A real number in [low, high], optionally on a log scale or a step grid."""
+
+    model_config = _FROZEN
+    type: Literal["float"] = Field(description="Real parameter.")
+    low: float = Field(description="Smallest value.")
+    high: float = Field(description="Largest value.")
+    step: float | None = Field(None, gt=0, description="Grid step from low (None: continuous).")
+    log: bool = Field(False, description="Sample on a log scale (no step).")
+    when: Condition | None = Field(None, description="Exists only for models of this kind.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FloatParam":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.log and (self.low <= 0 or self.step is not None):
+            raise ValueError("a log-scale float needs low > 0 and no step")
+        return self
+
+
+class CategoricalParam(BaseModel):
+    """One of a list of values (numbers, strings, booleans or null)."""
+
+    model_config = _FROZEN
+    type: Literal["categorical"] = Field(description="Categorical parameter.")
+    choices: tuple[int | float | str | bool | None, ...] = Field(min_length=1,
+                                                                 description="The values.")
+    when: Condition | None = Field(None, description="Exists only for models of this kind.")
+
+
+Param = Annotated[IntParam | FloatParam | CategoricalParam, Field(discriminator="type")]
+
+
+class SearchSpace(BaseModel):
+    """The parameters a study may vary, by dotted config path."""
+
+    model_config = _FROZEN
+    parameters: dict[str, Param] = Field(min_length=1, description="Dotted config path -> "
+                                         "parameter declaration.")
+    num_gpus: int | None = Field(None, ge=1, description="If set, TP x PP x DP must equal this "
+                                 "(every configuration uses the whole cluster).")
+
+    def active(self, base: dict) -> dict[str, Param]:
+        """The parameters that exist for this base configuration (conditions resolved)."""
+        kinds = model_kinds(base)
+        return {k: p for k, p in self.parameters.items() if p.when is None or p.when in kinds}
+
+    def suggest(self, trial, base: dict) -> dict[str, Any]:
+        """Ask an Optuna trial for every active parameter; returns path -> value."""
+        values: dict[str, Any] = {}
+        for path, p in self.active(base).items():
+            if isinstance(p, IntParam):
+                values[path] = trial.suggest_int(path, p.low, p.high, step=p.step, log=p.log)
+            elif isinstance(p, FloatParam):
+                values[path] = trial.suggest_float(path, p.low, p.high, step=p.step, log=p.log)
+            else:
+                values[path] = trial.suggest_categorical(path, list(p.choices))
+        return values
+
+    def grid(self, base: dict) -> dict[str, list]:
+        """Every value of every active parameter (for the grid sampler); floats need a step."""
+        out: dict[str, list] = {}
+        for path, p in self.active(base).items():
+            if isinstance(p, CategoricalParam):
+                out[path] = list(p.choices)
+            elif isinstance(p, IntParam):
+                if p.log:
+                    vals, v = [], p.low
+                    while v <= p.high:
+                        vals.append(v)
+                        v *= 2
+                    out[path] = vals
+                else:
+                    out[path] = list(range(p.low, p.high + 1, p.step))
+            else:
+                if p.step is None:
+                    raise ConfigError(f"space.parameters.{path}: the grid sampler needs a step "
+                                      f"for float parameters")
+                n = int(round((p.high - p.low) / p.step))
+                out[path] = [p.low + i * p.step for i in range(n + 1)]
+        return out
+
+
+def model_kinds(base: dict) -> set[str]:
+    """Conditions that hold for the base config's model: 'moe' or 'dense', and 'mla'."""
+    from simcore.model.config import ModelConfig
+
+    try:
+        mc = ModelConfig.model_validate(base.get("model", {}))
+        arch = mc.resolve(base.get("base_dir"))
+    except (ValidationError, ConfigError):
+        return set()
+    kinds = {"moe" if arch.is_moe else "dense"}
+    if arch.is_mla:
+        kinds.add("mla")
+    return kinds
+
+
+def apply(base: dict, values: dict[str, Any]) -> dict:
+    """A copy of the base config mapping with each dotted path set to its value."""
+    out = copy.deepcopy(base)
+    for path, value in values.items():
+        node = out
+        parts = path.split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            elif not isinstance(nxt, dict):
+                raise ConfigError(f"space.parameters.{path}: {part} is not a section of the "
+                                  f"simulate config")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def check_paths(space: SearchSpace, source: str) -> None:
+    """Every parameter path must name a setting of the simulate config."""
+    from simcore.config import SimConfig
+
+    for path in space.parameters:
+        model: Any = SimConfig
+        for part in path.split("."):
+            fields = getattr(model, "model_fields", None)
+            if fields is None:
+                break           # a mapping-valued setting (e.g. a dataset union): checked later
+            if part not in fields:
+                raise ConfigError(f"{source}: parameters.{path}: {part!r} is not a setting "
+                                  f"there (known: {', '.join(sorted(fields))})")
+            ann = fields[part].annotation
+            model = _pydantic_model_of(ann)
+
+
+def _pydantic_model_of(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        m = _pydantic_model_of(arg)
+        if m is not None:
+            return m
+    return None
+
+
+def load_space(data: Any, source: str, base_dir: Path | None = None) -> SearchSpace:
+    """Validate an inline mapping, or load a space file when given a path string."""
+    from simcore.config import format_validation_error, load_yaml
+
+    if isinstance(data, str):
+        path = Path(data)
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        data = load_yaml(path)
+        source = str(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a search space must be a mapping with 'parameters'")
+    try:
+        space = SearchSpace.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {format_validation_error(err)}") from None
+    check_paths(space, source)
+    return space

@@ -1,0 +1,209 @@
+"""The study file: a base configuration, a search space, objectives, SLOs and how to run the search."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dse.space import SearchSpace, load_space
+from simcore.config import format_validation_error, load_yaml, parse_config
+from simcore.errors import ConfigError
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+class Objective(BaseModel):
+    """One metric of the result to optimise."""
+
+    model_config = _FROZEN
+    metric: str = Field(description="A numeric key of the simulate result, e.g. p99_ttft_ms, "
+                        "output_throughput_per_gpu, output_tokens_per_dollar.")
+    direction: Literal["minimize", "maximize"] = Field(description="Which way is better.")
+
+
+class Constraint(BaseModel):
+    """An SLO or limit a configuration must meet to count as feasible: `metric op value`."""
+
+    model_config = _FROZEN
+    metric: str = Field(description="A numeric key of the simulate result.")
+    op: Literal["<=", "<", ">=", ">"] = Field(description="Comparison.")
+    value: float = Field(description="Threshold.")
+
+    def violation(self, x: float) -> float:
+        """Optuna's constraint value: minus the slack (<= 0) when met, the shortfall (> 0) if not."""
+        gap = x - self.value if self.op in ("<=", "<") else self.value - x
+        if self.met(x):
+            return min(gap, 0.0)
+        return max(gap, 1e-9)
+
+    def met(self, x: float) -> bool:
+        return {"<=": x <= self.value, "<": x < self.value, ">=": x >= self.value,
+                ">": x > self.value}[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+class Budget(BaseModel):
+    """When the search stops: whichever limit comes first."""
+
+    model_config = _FROZEN
+    n_trials: int = Field(40, ge=1, description="Trials to run (the baseline included).")
+    timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit of the search; "
+                                    "trials running then are finished first.")
+
+
+class Sampler(BaseModel):
+    """Which Optuna sampler proposes configurations."""
+
+    model_config = _FROZEN
+    kind: Literal["tpe", "nsga2", "nsga3", "gp", "random", "grid"] = Field(
+        "tpe", description="tpe: multivariate TPE (default); nsga2/nsga3: genetic; gp: Gaussian "
+        "process (needs torch); random and grid: baselines.")
+    seed: int = Field(0, description="Sampler seed: same seed, same trials.")
+    n_startup_trials: int = Field(10, ge=0, description="tpe/gp: random trials before the model "
+                                  "takes over.")
+    population_size: int = Field(20, ge=2, description="nsga2/nsga3: population per generation.")
+
+
+class Fidelity(BaseModel):
+    """Screen cheaply, then re-run the best candidates at a higher fidelity."""
+
+    model_config = _FROZEN
+    screen: dict[str, Any] = Field(default_factory=dict, description="Overrides (dotted paths) "
+                                   "applied to every trial, e.g. {workload.num_prompts: 200}.")
+    confirm: dict[str, Any] | None = Field(None, description="Overrides for the confirmation "
+                                           "re-runs (None: no confirmation stage).")
+    confirm_top_k: int = Field(5, ge=1, description="How many of the best screened "
+                               "configurations (by non-dominated rank) to re-run.")
+
+
+class Execution(BaseModel):
+    """Where trials run."""
+
+    model_config = _FROZEN
+    workers: int = Field(2, ge=1, description="Trials simulated at once (Ray tasks).")
+    ray_address: str | None = Field(None, description="Join this Ray cluster (e.g. 'auto' or "
+                                    "'ray://host:10001'); None starts a local Ray.")
+    trial_timeout_s: float = Field(300, gt=0, description="A trial running longer is stopped "
+                                   "and recorded as failed.")
+    deterministic: bool = Field(True, description="Ask and tell in batches of `workers`, so the "
+                                "same seed gives the same trials whatever the timing.")
+
+
+class Report(BaseModel):
+    """What the search writes at the end."""
+
+    model_config = _FROZEN
+    dir: str | None = Field(None, description="Output folder (default: reports/<study name>).")
+    formats: tuple[Literal["html", "md", "csv", "json"], ...] = Field(
+        ("html", "md", "csv", "json"), description="Report files to write.")
+
+
+class Cost(BaseModel):
+    """Prices behind the per-cost metrics."""
+
+    model_config = _FROZEN
+    usd_per_gpu_hour: float = Field(2.5, gt=0, description="Price of one GPU-hour.")
+
+
+class StudyConfig(BaseModel):
+    """A whole `dse search` input."""
+
+    model_config = _FROZEN
+    name: str = Field(description="Study name (in the storage and the report).")
+    base: dict[str, Any] = Field(description="The simulate configuration every trial starts "
+                                 "from (inline, or a path to a `dse simulate` YAML).")
+    space: SearchSpace = Field(description="What may vary (inline, or a search_spaces/*.yaml "
+                               "path).")
+    objectives: tuple[Objective, ...] = Field(min_length=1, description="What matters.")
+    constraints: tuple[Constraint, ...] = Field((), description="What must hold (SLOs), as "
+                                                "'p99_tpot_ms <= 50' or a mapping.")
+    budget: Budget = Field(default_factory=Budget, description="When to stop.")
+    sampler: Sampler = Field(default_factory=Sampler, description="How to propose.")
+    fidelity: Fidelity = Field(default_factory=Fidelity, description="Screening and "
+                               "confirmation.")
+    execution: Execution = Field(default_factory=Execution, description="Where trials run.")
+    storage: str | None = Field(None, description="Optuna storage URL: sqlite:///path.db "
+                                "(default: <report dir>/study.db), a JournalStorage file as "
+                                "journal:///path.log, or an RDB URL (postgresql://...).")
+    report: Report = Field(default_factory=Report, description="Report outputs.")
+    cost: Cost = Field(default_factory=Cost, description="Prices for per-cost metrics.")
+    baseline: bool = Field(True, description="Enqueue the base configuration itself as the "
+                           "first trial.")
+    base_dir: str = Field(".", description="Folder relative paths resolve against (the study "
+                          "file's).")
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _parse_constraints(cls, v: Any) -> Any:
+        if not isinstance(v, (list, tuple)):
+            return v
+        out = []
+        for i, c in enumerate(v):
+            if isinstance(c, str):
+                m = _CONSTRAINT_RE.match(c)
+                if not m:
+                    raise ValueError(f"constraints[{i}]: {c!r} is not 'metric <= value' "
+                                     f"(ops <=, <, >=, >)")
+                out.append({"metric": m.group(1), "op": m.group(2), "value": float(m.group(3))})
+            else:
+                out.append(c)
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> "StudyConfig":
+        names = [o.metric for o in self.objectives]
+        if len(set(names)) != len(names):
+            raise ValueError("objectives: a metric is listed twice")
+        return self
+
+    @property
+    def report_dir(self) -> Path:
+        d = Path(self.report.dir) if self.report.dir else Path("reports") / self.name
+        return (d if d.is_absolute() else Path(self.base_dir) / d).resolve()
+
+    @property
+    def storage_url(self) -> str:
+        if self.storage:
+            return self.storage
+        return f"sqlite:///{(self.report_dir / 'study.db').resolve()}"
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Load a study file; `base` and `space` may be paths relative to it."""
+    path = Path(path)
+    data = load_yaml(path)
+    return parse_study(data, source=str(path), base_dir=path.resolve().parent)
+
+
+def parse_study(data: Any, *, source: str = "study", base_dir: Path | None = None) -> StudyConfig:
+    """Validate a study mapping; relative paths resolve against `base_dir`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of settings")
+    base_dir = base_dir or Path(".").resolve()
+    data = dict(data)
+    base = data.get("base")
+    if isinstance(base, str):
+        bpath = Path(base) if Path(base).is_absolute() else base_dir / base
+        loaded = load_yaml(bpath)
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{bpath}: the top level must be a mapping of settings")
+        loaded.setdefault("base_dir", str(bpath.resolve().parent))
+        data["base"] = loaded
+    elif isinstance(base, dict):
+        data["base"] = {**base, "base_dir": base.get("base_dir", str(base_dir))}
+    if "space" in data and not isinstance(data["space"], SearchSpace):
+        data["space"] = load_space(data["space"], f"{source}: space", base_dir)
+    data.setdefault("base_dir", str(base_dir))
+    try:
+        study = StudyConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {format_validation_error(err)}") from None
+    # The base must itself be a valid simulate config.
+    parse_config(study.base, source=f"{source}: base")
+    return study
