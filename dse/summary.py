@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
+
+from dse.explain import explain
+
 _LINE = 60
+_TOP_FACTORS = 3
+"""Limiting factors listed under the explanation, highest score first."""
 
 
 def _row(label: str, value) -> str:
@@ -15,8 +21,28 @@ def _title(text: str, fill: str = "=") -> str:
     return f"{text:{fill}^{_LINE}}"
 
 
+def _wrap(text: str, first: str = "", rest: str = "") -> list[str]:
+    return textwrap.wrap(text, _LINE, initial_indent=first, subsequent_indent=rest)
+
+
+def render_explanation(r: dict) -> list[str]:
+    """The "Explanation" and "Assumptions" sections: what limits the run, and what it rests on."""
+    e = explain(r)
+    lines = [_title(" Explanation ", "-")]
+    for sentence in e["sentences"]:
+        lines += _wrap(sentence)
+    if e["bottleneck"] is not None:
+        lines.append("Limiting factors (score 0-1):")
+        for f in e["factors"][:_TOP_FACTORS]:
+            lines.append(f"  {f['label']:<50}{f['score']:>8.2f}")
+    lines.append(_title(" Assumptions ", "-"))
+    for a in e["assumptions"]:
+        lines += _wrap(a, "- ", "  ")
+    return lines
+
+
 def render_summary(r: dict) -> str:
-    """The headline metrics, the engine's view and the provenance of a result dict."""
+    """The headline metrics, the engine's view, the explanation, assumptions and provenance."""
     p = r["provenance"]
     lines = [_title(" Serving Benchmark Result (simulated) ")]
     lines.append(_row("Successful requests:", r["completed"]))
@@ -61,6 +87,7 @@ def render_summary(r: dict) -> str:
         _row("Mean queueing delay (ms):", r["mean_queue_ms"]),
         _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
     ]
+    lines += render_explanation(r)
     lines.append(_title(" Provenance ", "-"))
     unc = p["step_time_relative_uncertainty"]
     lines.append(f"{p['profile_label']}: {p['compute_profile']} (step times +/-{unc:.0%})")

@@ -37,6 +37,12 @@ class ReplicaStats:
     num_steps_at_max_seqs: int = 0
     num_steps_budget_full: int = 0
     num_steps_waiting_blocked: int = 0
+    num_steps_budget_full_compute_bound: int = 0
+    busy_s_at_max_seqs: float = 0.0          # step time while requests waited at max_num_seqs
+    busy_s_budget_full: float = 0.0          # ... at a full token budget
+    busy_s_waiting_blocked: float = 0.0      # ... for KV blocks (neither limit reached)
+    step_s_by_phase_bound: dict[str, float] = field(default_factory=dict)
+    """Step time by "prefill/<bound>" (steps carrying prompt tokens) or "decode/<bound>"."""
 
 
 @dataclass(slots=True)
@@ -155,6 +161,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         shape_of = StepShape.from_scheduled
         timeout = env.timeout
         steps_by_bound = stats.steps_by_bound
+        by_phase = stats.step_s_by_phase_bound
         max_num_seqs = sched.config.max_num_seqs
         max_num_batched_tokens = sched.config.max_num_batched_tokens
         empty = 0
@@ -189,14 +196,20 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 stats.max_num_running = n_run
             if n_wait > stats.max_num_waiting:
                 stats.max_num_waiting = n_wait
+            total_s = st.total_s
+            bound = st.bound
             if n_wait:
                 if n_run >= max_num_seqs:
                     stats.num_steps_at_max_seqs += 1
+                    stats.busy_s_at_max_seqs += total_s
                 elif out.num_tokens >= max_num_batched_tokens:
                     stats.num_steps_budget_full += 1
+                    stats.busy_s_budget_full += total_s
+                    if bound == "compute":
+                        stats.num_steps_budget_full_compute_bound += 1
                 else:
                     stats.num_steps_waiting_blocked += 1
-            total_s = st.total_s
+                    stats.busy_s_waiting_blocked += total_s
             stats.num_steps += 1
             stats.busy_s += total_s
             stats.compute_s += st.compute_s
@@ -204,8 +217,9 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             stats.num_tokens += shape.num_tokens
             stats.num_decode_tokens += shape.num_decode_seqs
             stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
-            bound = st.bound
             steps_by_bound[bound] = steps_by_bound.get(bound, 0) + 1
+            phase = ("prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/") + bound
+            by_phase[phase] = by_phase.get(phase, 0.0) + total_s
             yield timeout(total_s)
             emitted, finished = update(out)
             now = env.now

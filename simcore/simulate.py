@@ -104,6 +104,11 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
         "num_steps_waiting_at_max_num_seqs": s.num_steps_at_max_seqs,
         "num_steps_waiting_at_token_budget": s.num_steps_budget_full,
         "num_steps_waiting_for_kv_blocks": s.num_steps_waiting_blocked,
+        "num_steps_waiting_at_token_budget_compute_bound": s.num_steps_budget_full_compute_bound,
+        "busy_s_waiting_at_max_num_seqs": s.busy_s_at_max_seqs,
+        "busy_s_waiting_at_token_budget": s.busy_s_budget_full,
+        "busy_s_waiting_for_kv_blocks": s.busy_s_waiting_blocked,
+        "step_s_by_phase_bound": s.step_s_by_phase_bound,
         "prefix_cache_evictions": sched.kv.pool.num_evictions,
     } for i, (s, sched) in enumerate(zip(stats, run.schedulers))]
     ts = run.timeseries

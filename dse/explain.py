@@ -1,0 +1,227 @@
+"""Plain-word explanation of a simulated configuration: what limits it, by how much, on what basis.
+
+Light by design (no Ray, Optuna or plotting imports): search trials and `dse simulate` call it
+on every result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from simcore.attribution import Attribution, Factor, attribute
+
+
+def pct(x: float | None) -> str:
+    """A fraction as a whole percentage, as sentences print it: 0.315 -> "32%", 0.001 -> "<1%"."""
+    x = x or 0.0
+    return "<1%" if 0 < x < 0.005 else f"{x * 100:.0f}%"
+
+
+def _weights_are_8bit(result: Mapping) -> bool:
+    """Whether the step-time profile ran 8-bit weights (its id ends in the weight dtype)."""
+    profile = str((result.get("provenance") or {}).get("compute_profile", ""))
+    dtype = profile.rsplit("/", 1)[-1]
+    return "fp8" in dtype or "int8" in dtype
+
+
+def _queue_clause(s: Mapping) -> str:
+    return f"{pct(s['queue_fraction_of_ttft'])} of TTFT is queueing"
+
+
+def _underloaded(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    first = (f"The offered load is the limit: the GPUs are idle {pct(s['idle_fraction'])} of the "
+             f"time (busy {pct(s['gpu_busy_fraction'])}) and the batch peaked at "
+             f"{s['max_num_running']} of max_num_seqs {s['max_num_seqs']}.")
+    if s["queue_fraction_of_ttft"] >= 0.3:
+        second = (f"The configuration has headroom for more traffic, though bursts still make "
+                  f"{_queue_clause(s)}.")
+    else:
+        second = (f"The configuration has headroom: it could take more traffic or serve this "
+                  f"load with fewer GPUs; {_queue_clause(s)}.")
+    return [first, second]
+
+
+def _decode(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    busy = pct(s["gpu_busy_fraction"])
+    dec = pct(s["decode_fraction_of_busy"])
+    peak, cap = s["max_num_running"], s["max_num_seqs"]
+    if s["decode_memory_bound"]:
+        first = (f"Decode is bound by HBM bandwidth: the GPU is busy {busy} of the time, {dec} of "
+                 f"it in decode-only steps, and {pct(s['memory_bound_step_fraction'])} of steps "
+                 f"are memory-bound; {_queue_clause(s)}.")
+        remedy = "more GPUs (TP)" if s["weights_8bit"] else "more GPUs or fp8 weights"
+        if cap is not None and peak < cap:
+            second = (f"Raising max_num_seqs would not help (the batch peaked at {peak} of "
+                      f"{cap}); {remedy} would.")
+        else:
+            second = (f"The batch reached max_num_seqs ({cap}); {remedy} would shorten each "
+                      f"step, and a larger max_num_seqs would raise throughput at some cost to "
+                      f"TPOT.")
+    else:
+        first = (f"Decode is compute-bound: the GPU is busy {busy} of the time, {dec} of it in "
+                 f"decode-only steps, and {pct(s['compute_bound_step_fraction'])} of steps are "
+                 f"compute-bound; {_queue_clause(s)}.")
+        second = ("More GPUs (TP or replicas) would help; a smaller max_num_seqs would cut TPOT "
+                  "at some cost to throughput.")
+    return [first, second]
+
+
+def _prefill(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    busy = pct(s["gpu_busy_fraction"])
+    pre = pct(s["prefill_fraction_of_busy"])
+    if s["prefill_memory_bound"]:
+        first = (f"Prefill is bound by HBM bandwidth: the GPU is busy {busy} of the time, {pre} "
+                 f"of it in steps that carry prefill, yet only "
+                 f"{pct(s['compute_bound_step_fraction'])} of steps are compute-bound; "
+                 f"{_queue_clause(s)}.")
+        second = (f"Larger prefill chunks (max_num_batched_tokens, now "
+                  f"{s['max_num_batched_tokens']}) would put the GPU's compute to use.")
+    else:
+        first = (f"Prefill compute limits it: the GPU is busy {busy} of the time, {pre} of it in "
+                 f"steps that carry prefill, and {pct(s['compute_bound_step_fraction'])} of "
+                 f"steps are compute-bound; {_queue_clause(s)}.")
+        second = (f"More GPUs (TP or replicas) or more prefix-cache hits (now "
+                  f"{pct(s['prefix_cache_hit_rate'])}) would help")
+        share = s["prefill_compute_bound_share"]
+        if share is not None and share >= 0.5:
+            second += (f"; a larger token budget would not, as {pct(share)} of prefill time is "
+                       f"already compute-bound")
+        second += "."
+    return [first, second]
+
+
+def _kv(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    n = s["total_preemptions"]
+    pre = (f"{n} preemptions hit {pct(s['preempted_request_fraction'])} of requests" if n
+           else "no request was preempted")
+    first = (f"KV-cache capacity limits it: requests waited for KV blocks in "
+             f"{pct(s['steps_waiting_for_kv_fraction'])} of steps, {pre}, and the cache peaked "
+             f"at {pct(s['max_kv_cache_usage'])} of its {s['num_gpu_blocks']} blocks; "
+             f"{_queue_clause(s)}.")
+    second = ("More KV blocks would help: an fp8 KV cache, more TP, a larger "
+              "gpu_memory_utilization, or a shorter max_model_len.")
+    return [first, second]
+
+
+def _max_num_seqs(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    first = (f"The scheduler limit max_num_seqs ({s['max_num_seqs']}) caps the batch: it was "
+             f"full with requests waiting in {pct(s['steps_waiting_at_max_num_seqs_fraction'])} "
+             f"of steps, and {_queue_clause(s)}.")
+    usage = s["max_kv_cache_usage"] or 0.0
+    if usage < 0.9:
+        second = (f"The KV cache peaked at only {pct(usage)}, so raising max_num_seqs would let "
+                  f"more requests run at once.")
+    else:
+        second = (f"The KV cache already peaked at {pct(usage)}, so raising max_num_seqs needs "
+                  f"more KV blocks as well.")
+    return [first, second]
+
+
+def _token_budget(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    full = s["steps_waiting_at_token_budget_fraction"]
+    mem = s["steps_waiting_at_token_budget_memory_bound_fraction"]
+    share = mem / full if full > 0 else 0.0
+    first = (f"The token budget (max_num_batched_tokens {s['max_num_batched_tokens']}) caps each "
+             f"step: it was used up with requests waiting in {pct(full)} of steps, "
+             f"{pct(share)} of them not compute-bound; {_queue_clause(s)}.")
+    second = "Raising max_num_batched_tokens would admit prompts faster at little cost per step."
+    return [first, second]
+
+
+def _communication(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    g = s["gpus_per_replica"]
+    across = f" across {g} GPUs per replica" if g else ""
+    first = (f"Communication limits it: TP all-reduce takes "
+             f"{pct(s['communication_fraction_of_busy'])} of busy time{across}, and "
+             f"{pct(s['communication_bound_step_fraction'])} of steps are communication-bound; "
+             f"the GPU is busy {pct(s['gpu_busy_fraction'])} of the time.")
+    second = "Less TP with more replicas, or a faster interconnect, would cut it."
+    return [first, second]
+
+
+def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    q = pct(s["queue_fraction_of_ttft"])
+    wait = f"mean {s['mean_queue_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms"
+    if s["overload_fraction"] >= 0.2 and s["serve_span_s"] is not None:
+        n = s["num_requests"]
+        span = s["arrival_span_s"]
+        arrived = (f"all {n} requests arrived at once" if not span
+                   else f"{n} requests arrived over {span:.1f} s")
+        first = (f"Queueing limits it: arrivals outpace service ({arrived} but took "
+                 f"{s['serve_span_s']:.1f} s to serve) and {q} of TTFT is spent waiting ({wait}).")
+    else:
+        first = (f"Queueing limits it: {q} of TTFT is spent waiting to be scheduled ({wait}) "
+                 f"while the GPU is busy {pct(s['gpu_busy_fraction'])} of the time.")
+    rest = [x for x in a.factors if x.key != "queueing"]
+    nxt = rest[0] if rest else None
+    if nxt is None or nxt.key == "underloaded":
+        second = (f"The GPU is idle {pct(s['idle_fraction'])} of the time, so the wait comes "
+                  f"from bursts; more replicas would absorb them.")
+    else:
+        second = (f"Service capacity is set by {nxt.label}, which scores {nxt.score:.2f}; "
+                  f"more replicas or a faster configuration would cut the wait.")
+    return [first, second]
+
+
+_SENTENCES = {
+    "underloaded": _underloaded, "decode_compute": _decode, "prefill_compute": _prefill,
+    "kv_cache_capacity": _kv, "scheduler_max_num_seqs": _max_num_seqs,
+    "scheduler_token_budget": _token_budget, "communication": _communication,
+    "queueing": _queueing,
+}
+
+_BASIS_NOTE = {
+    "prefill intervals": "prefill share of GPU time from each request's interval from first "
+                         "scheduled to first token (re-prefill after a preemption not counted)",
+    "step counts": "prefill vs decode share of GPU time estimated from step counts "
+                   "(compute-bound steps as prefill, memory-bound steps as decode)",
+}
+
+
+def assumptions(result: Mapping, attribution: Attribution | None = None) -> list[str]:
+    """What the result and its explanation rest on, in plain words, the profile's caveat first.
+
+    For an uncalibrated profile the first item says so with its error bound; provenance items
+    that only restate it are folded into that one.
+    """
+    prov = result.get("provenance") or {}
+    items = list(prov.get("assumptions", []))
+    out: list[str] = []
+    if not prov.get("calibrated", False):
+        unc = prov.get("step_time_relative_uncertainty")
+        bound = f"+/-{unc:.0%}" if unc is not None else "error unknown"
+        profile = prov.get("compute_profile")
+        of = f" {profile}" if profile else ""
+        out.append(f"uncalibrated reference profile ({bound}): step times from{of} and every "
+                   f"figure built on them are estimates, not measurements")
+        items = [a for a in items if "uncalibrated reference profile" not in a]
+    out += items
+    if attribution is not None and attribution.basis in _BASIS_NOTE:
+        out.append(_BASIS_NOTE[attribution.basis])
+    return out
+
+
+def explain(result: Mapping) -> dict:
+    """Why `result` (a `simulate()` result dict) performs as it does, in one or two sentences.
+
+    Returns `bottleneck` (the top factor's key, None when no request completed), `label` (its
+    plain-word name), `sentences` (one or two, with the numbers behind them), `factors` (every
+    factor ranked, as dicts with key, label, score and numbers) and `assumptions`.
+    """
+    a = attribute(result)
+    factors = [f.as_dict() for f in a.factors]
+    if not result.get("completed", 0):
+        failed = result.get("failed", 0)
+        reasons = result.get("num_failed_by_error") or {}
+        why = f" (first reason: {next(iter(reasons))})" if reasons else ""
+        return {"bottleneck": None, "label": None,
+                "sentences": [f"No request completed: all {failed} failed{why}; there is "
+                              f"nothing to attribute."],
+                "factors": factors, "assumptions": assumptions(result, a)}
+    top = a.top
+    s = dict(a.signals)
+    s["num_requests"] = result.get("num_requests") or result.get("num_prompts")
+    s["weights_8bit"] = _weights_are_8bit(result)
+    return {"bottleneck": top.key, "label": top.label,
+            "sentences": _SENTENCES[top.key](s, top, a),
+            "factors": factors, "assumptions": assumptions(result, a)}

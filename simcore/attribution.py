@@ -1,0 +1,371 @@
+"""Bottleneck attribution: which resource limits a simulated configuration, scored from its result.
+
+`attribute(result)` reads the counters a `simulate()` result already holds and ranks eight
+limiting factors. Every score lies in [0, 1]; higher means the factor limits the run more. The
+scores are fractions of measured quantities, not a fitted model, so they are deterministic and
+cheap (linear in the result's replicas, requests and time-series samples).
+
+Quantities used (summed over replicas unless said otherwise):
+
+- `b`: `gpu_busy_fraction` (mean over replicas of busy time / duration).
+- `c`, `k`: `compute_s / busy_s` and `comm_s / busy_s` (`communication_fraction_of_busy`).
+- `p`: the prefill share of busy time: time of steps that carry prefill tokens / busy time.
+  Taken from the replicas' `step_s_by_phase_bound` when present ("step time"); else from the
+  requests, as the union per replica of the intervals [first scheduled, first token] (a step
+  that carries a request's prefill lies inside its interval; "prefill intervals"); else from
+  compute-bound / (compute- + memory-bound) step counts ("step counts").
+- `f_seqs`, `f_kv`, `f_budget`: the share of steps in which requests were left waiting with the
+  batch at `max_num_seqs`, with the token budget used up, or for any other reason, counted as
+  KV blocks (with chunked prefill on, the one other reason vLLM's scheduler leaves a request
+  waiting). Time-weighted when the replicas carry `busy_s_waiting_*`, else step counts.
+- `f_budget_mem`: the part of `f_budget` spent in steps that were not compute-bound; a full
+  budget in compute-bound steps only chunks prefill work whose cost is the compute, so it is
+  not a limit of its own. Exact when replicas carry
+  `num_steps_waiting_at_token_budget_compute_bound`; else the compute-bound steps are taken to
+  be the budget-full ones first (they are the steps with the most tokens).
+- `limit = min(1, f_seqs + f_kv + f_budget_mem)`: the share of steps in which a configured
+  engine limit, not the GPU, held waiting work back. `free = 1 - limit`.
+- `q`: `mean_queue_ms / mean_ttft_ms`, the share of TTFT spent waiting to be scheduled.
+- `o`: the share of the serving span that arrivals outran service: (drain - service) / span,
+  where span = duration - first arrival, drain = duration - last arrival, and service = mean
+  E2EL - mean queueing delay (what a request needs once scheduled). About 0 when the engine
+  keeps up, 1 - capacity / offered rate when it does not, and near 1 when everything arrives
+  at once.
+
+Scores:
+
+- `underloaded` = 1 - b: the GPUs are idle; the offered load, not the configuration, limits.
+- `prefill_compute` = b * c * p * free; labelled "HBM bandwidth (prefill in small chunks)" when
+  prefill steps are memory-bound (per-phase counters say so, or no step was compute-bound).
+- `decode_compute` = b * c * (1 - p) * free; labelled "HBM bandwidth (decode)" when decode
+  steps are mostly memory-bound.
+- `communication` = b * k * free.
+- `kv_cache_capacity` = max(f_kv, preempted requests / requests).
+- `scheduler_max_num_seqs` = f_seqs.
+- `scheduler_token_budget` = f_budget_mem.
+- `queueing` = max(q, o) * free: waiting that no engine limit explains, i.e. arrivals beyond
+  the compute capacity (or bursts).
+
+The GPU-time factors and queueing are scaled by `free` because while an engine limit keeps
+requests waiting, the time the GPU spends is a consequence of that limit, not its cause.
+Ties rank in `FACTOR_KEYS` order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+FACTOR_KEYS = (
+    "kv_cache_capacity", "scheduler_max_num_seqs", "scheduler_token_budget",
+    "prefill_compute", "decode_compute", "communication", "queueing", "underloaded",
+)
+"""Every factor, in tie-break order (engine limits first: they are the causes to act on)."""
+
+LABELS = {
+    "kv_cache_capacity": "KV-cache capacity",
+    "scheduler_max_num_seqs": "scheduler limit max_num_seqs",
+    "scheduler_token_budget": "scheduler token budget (max_num_batched_tokens)",
+    "prefill_compute": "prefill compute",
+    "decode_compute": "decode compute",
+    "communication": "communication (TP all-reduce)",
+    "queueing": "queueing",
+    "underloaded": "offered load (underloaded)",
+}
+"""Plain-word name of each factor; prefill and decode are relabelled when memory-bound."""
+
+HBM_DECODE_LABEL = "HBM bandwidth (decode)"
+HBM_PREFILL_LABEL = "HBM bandwidth (prefill in small chunks)"
+
+_NUMBERS = {
+    "kv_cache_capacity": ("steps_waiting_for_kv_fraction", "total_preemptions",
+                          "preempted_request_fraction", "max_kv_cache_usage", "num_gpu_blocks",
+                          "queue_fraction_of_ttft"),
+    "scheduler_max_num_seqs": ("steps_waiting_at_max_num_seqs_fraction", "max_num_seqs",
+                               "max_num_running", "max_kv_cache_usage", "queue_fraction_of_ttft"),
+    "scheduler_token_budget": ("steps_waiting_at_token_budget_fraction",
+                               "steps_waiting_at_token_budget_memory_bound_fraction",
+                               "max_num_batched_tokens", "queue_fraction_of_ttft"),
+    "prefill_compute": ("gpu_busy_fraction", "prefill_fraction_of_busy",
+                        "compute_fraction_of_busy", "compute_bound_step_fraction",
+                        "prefix_cache_hit_rate", "queue_fraction_of_ttft", "mean_ttft_ms"),
+    "decode_compute": ("gpu_busy_fraction", "decode_fraction_of_busy",
+                       "memory_bound_step_fraction", "compute_bound_step_fraction",
+                       "max_num_running", "mean_num_running", "max_num_seqs",
+                       "queue_fraction_of_ttft", "mean_tpot_ms"),
+    "communication": ("communication_fraction_of_busy", "communication_bound_step_fraction",
+                      "gpus_per_replica", "gpu_busy_fraction"),
+    "queueing": ("queue_fraction_of_ttft", "overload_fraction", "mean_queue_ms", "mean_ttft_ms",
+                 "arrival_span_s", "serve_span_s", "offered_request_rate",
+                 "served_request_rate", "max_num_waiting", "gpu_busy_fraction"),
+    "underloaded": ("gpu_busy_fraction", "idle_fraction", "queue_fraction_of_ttft",
+                    "max_num_running", "max_num_seqs"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Factor:
+    """One limiting factor: its key, its plain-word label, its score and the numbers behind it."""
+
+    key: str
+    label: str
+    score: float
+    numbers: Mapping[str, float | int | str | None]
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "label": self.label, "score": self.score,
+                "numbers": dict(self.numbers)}
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Every factor ranked by score (highest first), the derived signals, and how `p` was found.
+
+    Invariants: `factors` holds each key of `FACTOR_KEYS` once, scores in [0, 1], sorted by
+    descending score with ties in `FACTOR_KEYS` order; `basis` is "step time", "prefill
+    intervals" or "step counts" (see the module docstring).
+    """
+
+    factors: tuple[Factor, ...]
+    signals: Mapping[str, float | int | str | None]
+    basis: str
+
+    @property
+    def top(self) -> Factor:
+        return self.factors[0]
+
+    def factor(self, key: str) -> Factor:
+        for f in self.factors:
+            if f.key == key:
+                return f
+        raise KeyError(key)
+
+    def as_dict(self) -> dict:
+        return {"factors": [f.as_dict() for f in self.factors], "signals": dict(self.signals),
+                "basis": self.basis}
+
+
+def _clip(x: float) -> float:
+    return 0.0 if x != x or x < 0.0 else (1.0 if x > 1.0 else float(x))
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def _merge(dicts: Iterable[Mapping[str, float] | None]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for d in dicts:
+        for k, v in (d or {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total = 0.0
+    end = None
+    start = 0.0
+    for a, z in sorted(intervals):
+        if end is None or a > end:
+            if end is not None:
+                total += end - start
+            start, end = a, z
+        elif z > end:
+            end = z
+    if end is not None:
+        total += end - start
+    return total
+
+
+def _prefill_interval_s(rows: list[Mapping], num_replicas: int) -> list[float] | None:
+    """Per replica, the union of [first scheduled, first token] of its requests; None: no data."""
+    per: list[list[tuple[float, float]]] = [[] for _ in range(num_replicas)]
+    seen = False
+    for row in rows:
+        rep, send, queue, ttft = (row.get("replica"), row.get("send_s"), row.get("queue_ms"),
+                                  row.get("ttft_ms"))
+        if rep is None or send is None or queue is None or ttft is None:
+            continue
+        if not 0 <= rep < num_replicas:
+            return None
+        seen = True
+        start = send + queue / 1e3
+        end = send + ttft / 1e3
+        if end > start:
+            per[rep].append((start, end))
+    return [_union_length(iv) for iv in per] if seen else None
+
+
+def signals(result: Mapping) -> dict:
+    """The derived quantities the scores are built from (see the module docstring), by name."""
+    reps = list(result.get("replicas") or [])
+    limits = result.get("limits") or {}
+    rows = result.get("requests") or []
+    num_steps = sum(r.get("num_steps", 0) for r in reps)
+    busy_s = sum(r.get("busy_s", 0.0) for r in reps)
+    compute_s = sum(r.get("compute_s", 0.0) for r in reps)
+    comm_s = sum(r.get("comm_s", 0.0) for r in reps)
+    b = _clip(result.get("gpu_busy_fraction", 0.0))
+    by_bound = _merge(r.get("steps_by_bound") for r in reps)
+    n_compute = by_bound.get("compute", 0)
+    n_memory = by_bound.get("memory", 0)
+    n_comm = by_bound.get("communication", 0)
+
+    # Prefill share of busy time, and whether decode steps are memory-bound.
+    phase = None
+    if reps and all("step_s_by_phase_bound" in r for r in reps):
+        phase = _merge(r["step_s_by_phase_bound"] for r in reps)
+    if phase is not None:
+        basis = "step time"
+        pre = sum(v for k, v in phase.items() if k.startswith("prefill/"))
+        dec = sum(v for k, v in phase.items() if k.startswith("decode/"))
+        p = _ratio(pre, pre + dec)
+        decode_memory_bound = phase.get("decode/memory", 0.0) >= phase.get("decode/compute", 0.0)
+        prefill_memory_bound = (phase.get("prefill/memory", 0.0)
+                                > phase.get("prefill/compute", 0.0))
+        prefill_compute_bound_share = _ratio(phase.get("prefill/compute", 0.0), pre)
+    else:
+        unions = _prefill_interval_s(rows, len(reps)) if reps else None
+        if unions is not None and busy_s > 0:
+            basis = "prefill intervals"
+            p = _clip(sum(min(u, r.get("busy_s", 0.0)) for u, r in zip(unions, reps)) / busy_s)
+        else:
+            basis = "step counts"
+            p = _ratio(n_compute, n_compute + n_memory)
+        decode_memory_bound = n_memory >= n_compute
+        # Without phase counters prefill is surely memory-bound only if no step was compute-bound.
+        prefill_memory_bound = n_compute == 0
+        prefill_compute_bound_share = None
+    decode_memory_bound = decode_memory_bound and n_memory > 0
+    prefill_memory_bound = prefill_memory_bound and n_memory > 0
+
+    # Steps that left requests waiting, by reason.
+    def blocked(name: str, count_key: str) -> float:
+        if reps and all(name in r for r in reps):
+            return _clip(_ratio(sum(r[name] for r in reps), busy_s))
+        return _clip(_ratio(sum(r.get(count_key, 0) for r in reps), num_steps))
+
+    f_seqs = blocked("busy_s_waiting_at_max_num_seqs", "num_steps_waiting_at_max_num_seqs")
+    f_budget = blocked("busy_s_waiting_at_token_budget", "num_steps_waiting_at_token_budget")
+    f_kv = blocked("busy_s_waiting_for_kv_blocks", "num_steps_waiting_for_kv_blocks")
+    n_budget = sum(r.get("num_steps_waiting_at_token_budget", 0) for r in reps)
+    if reps and all("num_steps_waiting_at_token_budget_compute_bound" in r for r in reps):
+        n_budget_cb = sum(r["num_steps_waiting_at_token_budget_compute_bound"] for r in reps)
+    else:
+        n_budget_cb = sum(min(r.get("num_steps_waiting_at_token_budget", 0),
+                              (r.get("steps_by_bound") or {}).get("compute", 0)) for r in reps)
+    budget_mem_share = 1.0 - _ratio(n_budget_cb, n_budget) if n_budget else 0.0
+    f_budget_mem = f_budget * budget_mem_share
+
+    # Queueing and overload.
+    ttft = result.get("mean_ttft_ms", 0.0) or 0.0
+    queue = result.get("mean_queue_ms", 0.0) or 0.0
+    q = _clip(_ratio(queue, ttft))
+    duration = result.get("duration", 0.0) or 0.0
+    arrivals = [row["arrival_s"] for row in rows if row.get("arrival_s") is not None]
+    o = 0.0
+    arrival_span = serve_span = None
+    offered = served = None
+    if arrivals and duration > 0:
+        first, last = min(arrivals), max(arrivals)
+        arrival_span = last - first
+        serve_span = duration - first
+        service_s = max(0.0, (result.get("mean_e2el_ms", 0.0) or 0.0) - queue) / 1e3
+        o = _clip(_ratio((duration - last) - service_s, serve_span))
+        if arrival_span > 0:
+            offered = (len(arrivals) - 1) / arrival_span
+        if serve_span > 0:
+            served = result.get("completed", 0) / serve_span
+
+    # Batch occupancy from the time series (samples where a replica had anything running).
+    ts = result.get("timeseries") or {}
+    running = [n for sample in ts.get("num_running") or [] for n in sample if n > 0]
+    waiting_samples = ts.get("num_waiting") or []
+    num_requests = result.get("num_requests") or result.get("num_prompts") or len(rows)
+    num_gpus = result.get("num_gpus")
+    return {
+        "basis": basis,
+        "gpu_busy_fraction": b,
+        "idle_fraction": 1.0 - b,
+        "compute_fraction_of_busy": _clip(_ratio(compute_s, busy_s)),
+        "communication_fraction_of_busy": _clip(_ratio(comm_s, busy_s)),
+        "step_overhead_fraction_of_busy": _clip(1.0 - _ratio(compute_s + comm_s, busy_s))
+        if busy_s > 0 else 0.0,
+        "prefill_fraction_of_busy": p,
+        "decode_fraction_of_busy": 1.0 - p if busy_s > 0 or num_steps else 0.0,
+        "decode_memory_bound": decode_memory_bound,
+        "prefill_memory_bound": prefill_memory_bound,
+        "prefill_compute_bound_share": prefill_compute_bound_share,
+        "compute_bound_step_fraction": _ratio(n_compute, num_steps),
+        "memory_bound_step_fraction": _ratio(n_memory, num_steps),
+        "communication_bound_step_fraction": _ratio(n_comm, num_steps),
+        "steps_waiting_at_max_num_seqs_fraction": f_seqs,
+        "steps_waiting_at_token_budget_fraction": f_budget,
+        "steps_waiting_at_token_budget_memory_bound_fraction": f_budget_mem,
+        "steps_waiting_for_kv_fraction": f_kv,
+        "engine_limit_fraction": min(1.0, f_seqs + f_kv + f_budget_mem),
+        "queue_fraction_of_ttft": q,
+        "overload_fraction": o,
+        "mean_queue_ms": queue,
+        "mean_ttft_ms": ttft,
+        "mean_tpot_ms": result.get("mean_tpot_ms"),
+        "arrival_span_s": arrival_span,
+        "serve_span_s": serve_span,
+        "offered_request_rate": offered,
+        "served_request_rate": served,
+        "total_preemptions": result.get("total_preemptions", 0),
+        "preempted_request_fraction": _clip(_ratio(result.get("num_preempted_requests", 0),
+                                                   num_requests)),
+        "max_kv_cache_usage": result.get("max_kv_cache_usage"),
+        "num_gpu_blocks": limits.get("num_gpu_blocks"),
+        "max_num_seqs": limits.get("max_num_seqs"),
+        "max_num_batched_tokens": limits.get("max_num_batched_tokens"),
+        "max_num_running": max((r.get("max_num_running", 0) for r in reps), default=0),
+        "mean_num_running": sum(running) / len(running) if running else 0.0,
+        "max_num_waiting": max((r.get("max_num_waiting", 0) for r in reps), default=0),
+        "waiting_sample_fraction": _ratio(sum(1 for s in waiting_samples if any(s)),
+                                          len(waiting_samples)),
+        "prefix_cache_hit_rate": result.get("prefix_cache_hit_rate"),
+        "gpus_per_replica": num_gpus // len(reps) if num_gpus and reps else None,
+    }
+
+
+def scores(s: Mapping) -> dict[str, float]:
+    """Each factor's score from `signals(...)` (formulas in the module docstring)."""
+    b = s["gpu_busy_fraction"]
+    c = s["compute_fraction_of_busy"]
+    p = s["prefill_fraction_of_busy"]
+    free = 1.0 - s["engine_limit_fraction"]
+    return {
+        "kv_cache_capacity": max(s["steps_waiting_for_kv_fraction"],
+                                 s["preempted_request_fraction"]),
+        "scheduler_max_num_seqs": s["steps_waiting_at_max_num_seqs_fraction"],
+        "scheduler_token_budget": s["steps_waiting_at_token_budget_memory_bound_fraction"],
+        "prefill_compute": b * c * p * free,
+        "decode_compute": b * c * (1.0 - p) * free,
+        "communication": b * s["communication_fraction_of_busy"] * free,
+        "queueing": max(s["queue_fraction_of_ttft"], s["overload_fraction"]) * free,
+        "underloaded": s["idle_fraction"],
+    }
+
+
+def attribute(result: Mapping) -> Attribution:
+    """Rank the factors that limit the run behind `result` (a `simulate()` result dict).
+
+    Reads only the result; missing counters fall back as the module docstring says, so a
+    result from an older or thinner run still gets an attribution.
+    """
+    s = signals(result)
+    sc = scores(s)
+    order = {k: i for i, k in enumerate(FACTOR_KEYS)}
+    factors = []
+    for key in FACTOR_KEYS:
+        label = LABELS[key]
+        if key == "decode_compute" and s["decode_memory_bound"]:
+            label = HBM_DECODE_LABEL
+        elif key == "prefill_compute" and s["prefill_memory_bound"]:
+            label = HBM_PREFILL_LABEL
+        factors.append(Factor(key, label, _clip(sc[key]),
+                              {name: s[name] for name in _NUMBERS[key]}))
+    factors.sort(key=lambda f: (-f.score, order[f.key]))
+    return Attribution(tuple(factors), s, s["basis"])
