@@ -111,5 +111,76 @@ def conformance(scenario: Path, out: Path, golden: Path | None) -> None:
         _fail(f"{out}: cannot write ({e.strerror})")
 
 
+@main.command()
+@click.argument("study_file", metavar="STUDY", type=click.Path(path_type=Path))
+@click.option("--no-resume", is_flag=True, help="Refuse to continue a study already in storage.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
+    """Search the space declared in STUDY (YAML) and write the report."""
+    from dse.report import write_report
+    from dse.runner import run_search
+    from dse.study import load_study
+
+    try:
+        study = load_study(study_file)
+        try:
+            outcome = run_search(study, progress=not quiet, resume=not no_resume)
+        except KeyboardInterrupt:
+            _fail("interrupted: finished trials are stored; run the same command to resume")
+            return
+        for note in outcome.notes:
+            click.echo(f"note: {note}")
+        click.echo(f"study {outcome.study_name}: {outcome.num_complete} complete, "
+                   f"{outcome.num_infeasible} infeasible, {outcome.num_failed} failed; "
+                   f"Pareto set of {len(outcome.pareto_trials)}"
+                   + (f", {len(outcome.confirmed_trials)} confirmed" if outcome.confirmed_trials
+                      else ""))
+        paths = write_report(study)
+    except ConfigError as e:
+        msg = str(e)
+        _fail(msg if msg.startswith(str(study_file)) else f"{study_file}: {msg}")
+        return
+    for kind, path in paths.items():
+        click.echo(f"{kind:>5}: {path}")
+
+
+@main.command()
+@click.argument("study_file", metavar="STUDY", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the report files (default: the study's report.dir).")
+def report(study_file: Path, out: Path | None) -> None:
+    """Write the report (HTML, Markdown, CSV, JSON) of a STUDY from its storage."""
+    from dse.report import write_report
+    from dse.study import load_study
+
+    try:
+        paths = write_report(load_study(study_file), out_dir=out)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    for kind, path in paths.items():
+        click.echo(f"{kind:>5}: {path}")
+
+
+@main.command()
+@click.argument("study_file", metavar="STUDY", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8080, show_default=True)
+def dashboard(study_file: Path, host: str, port: int) -> None:
+    """Open optuna-dashboard on the STUDY's storage (until Ctrl-C)."""
+    from dse.dashboard import dashboard_url, serve_dashboard
+    from dse.report import open_existing_storage
+    from dse.study import load_study
+
+    try:
+        study = load_study(study_file)
+        open_existing_storage(study.storage_url)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    click.echo(f"optuna-dashboard for {study.name}: {dashboard_url(host, port)} (Ctrl-C stops)")
+    serve_dashboard(study.storage_url, host=host, port=port)
+
+
 if __name__ == "__main__":
     main()

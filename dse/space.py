@@ -164,30 +164,33 @@ def apply(base: dict, values: dict[str, Any]) -> dict:
 
 
 def check_paths(space: SearchSpace, source: str) -> None:
-    """Every parameter path must name a setting of the simulate config."""
+    """Every parameter path must name a setting of the simulate config.
+
+    Through a union of sections (e.g. the dataset kinds) a name is accepted if any member has it;
+    the trial's own validation then says whether it fits the chosen member.
+    """
     from simcore.config import SimConfig
 
     for path in space.parameters:
-        model: Any = SimConfig
+        models: list[Any] = [SimConfig]
         for part in path.split("."):
-            fields = getattr(model, "model_fields", None)
-            if fields is None:
-                break           # a mapping-valued setting (e.g. a dataset union): checked later
-            if part not in fields:
+            if not models:
+                break           # a mapping-valued setting: checked when a trial is validated
+            fields = [m.model_fields for m in models if part in m.model_fields]
+            if not fields:
+                known = sorted({f for m in models for f in m.model_fields})
                 raise ConfigError(f"{source}: parameters.{path}: {part!r} is not a setting "
-                                  f"there (known: {', '.join(sorted(fields))})")
-            ann = fields[part].annotation
-            model = _pydantic_model_of(ann)
+                                  f"there (known: {', '.join(known)})")
+            models = [m for f in fields for m in _pydantic_models_of(f[part].annotation)]
 
 
-def _pydantic_model_of(ann: Any) -> Any:
+def _pydantic_models_of(ann: Any) -> list[Any]:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
+        return [ann]
+    out: list[Any] = []
     for arg in getattr(ann, "__args__", ()) or ():
-        m = _pydantic_model_of(arg)
-        if m is not None:
-            return m
-    return None
+        out.extend(_pydantic_models_of(arg))
+    return out
 
 
 def load_space(data: Any, source: str, base_dir: Path | None = None) -> SearchSpace:

@@ -130,7 +130,8 @@ class StudyConfig(BaseModel):
     execution: Execution = Field(default_factory=Execution, description="Where trials run.")
     storage: str | None = Field(None, description="Optuna storage URL: sqlite:///path.db "
                                 "(default: <report dir>/study.db), a JournalStorage file as "
-                                "journal:///path.log, or an RDB URL (postgresql://...).")
+                                "journal:///path.log, or an RDB URL (postgresql://...); "
+                                "relative file paths resolve against the study file.")
     report: Report = Field(default_factory=Report, description="Report outputs.")
     cost: Cost = Field(default_factory=Cost, description="Prices for per-cost metrics.")
     baseline: bool = Field(True, description="Enqueue the base configuration itself as the "
@@ -169,9 +170,19 @@ class StudyConfig(BaseModel):
 
     @property
     def storage_url(self) -> str:
+        """The Optuna storage URL; a relative sqlite or journal path resolves against base_dir."""
         if self.storage:
-            return self.storage
+            return _resolve_storage(self.storage, Path(self.base_dir))
         return f"sqlite:///{(self.report_dir / 'study.db').resolve()}"
+
+
+def _resolve_storage(url: str, base_dir: Path) -> str:
+    for scheme in ("sqlite:///", "journal://"):
+        if url.startswith(scheme):
+            path = url[len(scheme):]
+            if path and path != ":memory:" and not Path(path).is_absolute():
+                return f"{scheme}{(base_dir / path).resolve()}"
+    return url
 
 
 def load_study(path: str | Path) -> StudyConfig:

@@ -1,0 +1,364 @@
+"""One trial of a search: a configuration from the space, checked, simulated and scored.
+
+Everything here is a pure function of its arguments, so a Ray worker can run it; nothing
+talks to Optuna. The driver (`dse.runner`) calls `precheck` before dispatching, so an
+undeployable configuration never costs a worker, and `evaluate` (through `run_trial`) in the
+worker.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from dse.space import IntParam, FloatParam, SearchSpace, apply
+from dse.study import Constraint, Objective
+from simcore.config import SimConfig, parse_config
+from simcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dse.study import StudyConfig
+
+HEADLINE_METRICS = (
+    "output_throughput", "output_throughput_per_gpu", "request_throughput", "p99_ttft_ms",
+    "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms", "num_gpus", "gpu_busy_fraction",
+    "total_preemptions", "cost_per_million_output_tokens_usd", "step_time_relative_uncertainty",
+)
+"""Metrics every trial's `summary` carries (when the result has them), besides its objectives
+and constraint metrics."""
+
+DERIVED_METRICS = ("request_throughput_per_gpu", "output_tokens_per_dollar",
+                   "cost_per_million_output_tokens_usd", "step_time_relative_uncertainty")
+"""Metrics computed here from the simulate result (output_throughput_per_gpu is simcore's)."""
+
+# Top-level numeric keys that `simcore.simulate.assemble_result` adds to the `vllm bench serve`
+# and engine summaries. Only used when a probe simulation cannot run (see `metric_names`); a test
+# compares this with a real result.
+_RESULT_EXTRAS = ("num_gpus", "gpu_busy_fraction", "output_throughput_per_gpu",
+                  "total_token_throughput_per_gpu", "mean_kv_cache_usage", "max_kv_cache_usage",
+                  "num_steps", "num_routed_by_prefix", "communication_fraction_of_busy")
+_PROBE_NUM_PROMPTS = 8
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What a trial needs to know of its study: how to score it and which GPU count is required."""
+
+    objectives: tuple[Objective, ...]
+    constraints: tuple[Constraint, ...] = ()
+    num_gpus: int | None = None
+    usd_per_gpu_hour: float = 2.5
+
+    @classmethod
+    def of(cls, study: "StudyConfig | EvalSpec") -> "EvalSpec":
+        if isinstance(study, EvalSpec):
+            return study
+        return cls(objectives=tuple(study.objectives), constraints=tuple(study.constraints),
+                   num_gpus=study.space.num_gpus, usd_per_gpu_hour=study.cost.usd_per_gpu_hour)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """The result of one trial, small enough to send back from a worker.
+
+    `status` is "complete" (simulated; `values` holds the objective values in study order and
+    `constraints` Optuna's constraint value per SLO name, > 0 when violated), "infeasible" (the
+    configuration cannot be deployed; `reason` says why in one sentence) or "failed" (the
+    simulation raised or produced an unusable value; `reason` is the one-line message).
+    """
+
+    status: Literal["complete", "infeasible", "failed"]
+    values: tuple[float, ...] = ()
+    constraints: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    summary: dict[str, float] = field(default_factory=dict)
+    violations: tuple[str, ...] = ()
+    feasible: bool = False
+    reason: str | None = None
+    profile: str | None = None
+    calibrated: bool | None = None
+    explanation: dict | None = None
+    explanation_error: str | None = None
+    elapsed_s: float = 0.0
+
+
+# -- building and checking a trial's configuration -----------------------------------------------
+
+
+def trial_mapping(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict:
+    """The base mapping with the parameter values, then the fidelity overrides, applied."""
+    return apply(apply(base, dict(values)), dict(overrides))
+
+
+def _strip_source(message: str, source: str) -> str:
+    prefix = f"{source}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def _check(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
+           spec: EvalSpec) -> tuple[SimConfig | None, str | None]:
+    """(config, None) if the configuration can be deployed, else (None, one-sentence reason)."""
+    from simcore.setup import build_deployment
+
+    source = "trial"
+    try:
+        cfg = parse_config(trial_mapping(base, values, overrides), source=source)
+    except ConfigError as err:
+        return None, _strip_source(str(err), source)
+    par = cfg.parallelism
+    tp, pp, dp = (par.tensor_parallel_size, par.pipeline_parallel_size,
+                  par.data_parallel_size)
+    if spec.num_gpus is not None and tp * pp * dp != spec.num_gpus:
+        return None, (f"parallelism: TP x PP x DP = {tp} x {pp} x {dp} = {tp * pp * dp} GPUs, "
+                      f"but the space requires num_gpus = {spec.num_gpus}")
+    try:
+        build_deployment(cfg)
+    except ConfigError as err:
+        return None, str(err)
+    return cfg, None
+
+
+def precheck(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
+             study: "StudyConfig | EvalSpec") -> str | None:
+    """Why this configuration cannot be deployed (one sentence), or None if it can.
+
+    Cheap (no simulation): config validation, the space's GPU count (TP x PP x DP), and vLLM's
+    start-up checks (TP divides the heads, the model fits, batch limits are consistent).
+    """
+    return _check(base, values, overrides, EvalSpec.of(study))[1]
+
+
+# -- scoring a result ----------------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def result_metrics(result: Mapping[str, Any], usd_per_gpu_hour: float) -> dict[str, float]:
+    """Every numeric top-level key of a simulate result, plus the per-GPU and per-cost ones.
+
+    `output_tokens_per_dollar` = output_throughput x 3600 / (num_gpus x usd_per_gpu_hour);
+    `cost_per_million_output_tokens_usd` is its inverse times 1e6 (inf with no output).
+    """
+    m = {k: float(v) for k, v in result.items() if _is_number(v)}
+    n_gpus = m.get("num_gpus", 0.0)
+    if n_gpus > 0:
+        if "request_throughput" in m:
+            m["request_throughput_per_gpu"] = m["request_throughput"] / n_gpus
+        if "output_throughput" in m:
+            per_dollar = m["output_throughput"] * 3600 / (n_gpus * usd_per_gpu_hour)
+            m["output_tokens_per_dollar"] = per_dollar
+            m["cost_per_million_output_tokens_usd"] = (1e6 / per_dollar if per_dollar > 0
+                                                       else math.inf)
+    unc = (result.get("provenance") or {}).get("step_time_relative_uncertainty")
+    if _is_number(unc):
+        m["step_time_relative_uncertainty"] = float(unc)
+    return m
+
+
+def _close_matches(name: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=4, cutoff=0.6)
+    if close:
+        return f"did you mean {', '.join(close)}?"
+    return "e.g. p99_ttft_ms, p99_tpot_ms, output_throughput_per_gpu, output_tokens_per_dollar"
+
+
+def check_metric_names(spec: EvalSpec, known: set[str]) -> None:
+    """Raise ConfigError naming the first objective or constraint whose metric is not known."""
+    for field_name, items in (("objectives", spec.objectives), ("constraints", spec.constraints)):
+        for i, item in enumerate(items):
+            if item.metric not in known:
+                raise ConfigError(f"{field_name}[{i}].metric: {item.metric!r} is not a numeric "
+                                  f"metric of the result ({_close_matches(item.metric, known)})")
+
+
+def violation_text(c: Constraint, x: float) -> str:
+    """A violated SLO in plain form, e.g. 'p99_tpot_ms = 63.2 > 50'."""
+    broken = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[c.op]
+    return f"{c.metric} = {x:.4g} {broken} {c.value:g}"
+
+
+def score(result: Mapping[str, Any], spec: EvalSpec, *, elapsed_s: float = 0.0,
+          explanation: dict | None = None, explanation_error: str | None = None) -> TrialOutcome:
+    """Turn a simulate result into a trial outcome: objective values, SLO values, summary.
+
+    A metric named by an objective or constraint that the result lacks raises ConfigError; a
+    non-finite objective or constraint metric makes the trial "failed" (Optuna cannot rank it).
+    """
+    metrics = result_metrics(result, spec.usd_per_gpu_hour)
+    check_metric_names(spec, set(metrics))
+    prov = result.get("provenance") or {}
+    common = dict(profile=prov.get("compute_profile"), calibrated=prov.get("calibrated"),
+                  elapsed_s=elapsed_s)
+    for item in (*spec.objectives, *spec.constraints):
+        if not math.isfinite(metrics[item.metric]):
+            return TrialOutcome(status="failed", reason=f"{item.metric} is "
+                                f"{metrics[item.metric]} (no usable value to rank)", **common)
+    values = tuple(metrics[o.metric] for o in spec.objectives)
+    constraints = {str(c): c.violation(metrics[c.metric]) for c in spec.constraints}
+    violations = tuple(violation_text(c, metrics[c.metric]) for c in spec.constraints
+                       if not c.met(metrics[c.metric]))
+    wanted = [o.metric for o in spec.objectives] + [c.metric for c in spec.constraints]
+    wanted += [k for k in HEADLINE_METRICS if k not in wanted]
+    summary = {k: metrics[k] for k in wanted if k in metrics and math.isfinite(metrics[k])}
+    finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+    return TrialOutcome(status="complete", values=values, constraints=constraints,
+                        metrics=finite, summary=summary, violations=violations,
+                        feasible=not violations, explanation=explanation,
+                        explanation_error=explanation_error, **common)
+
+
+def _explain(result: dict) -> tuple[dict | None, str | None]:
+    """`dse.explain.explain(result)` when that module exists; (explanation, error message)."""
+    try:
+        from dse.explain import explain
+    except ImportError:
+        return None, None
+    try:
+        return explain(result), None
+    except Exception as err:  # an explanation bug must not cost the trial its metrics
+        return None, one_line(err)
+
+
+# -- the trial itself ----------------------------------------------------------------------------
+
+
+def evaluate(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
+             study: "StudyConfig | EvalSpec") -> TrialOutcome:
+    """Run one trial: apply values and overrides to `base`, check, simulate, score.
+
+    An undeployable configuration is an "infeasible" outcome with its reason, never an
+    exception; a simulation that raises propagates (see `run_trial`).
+    """
+    from simcore.simulate import simulate
+
+    spec = EvalSpec.of(study)
+    t0 = time.perf_counter()
+    cfg, reason = _check(base, values, overrides, spec)
+    if cfg is None:
+        return TrialOutcome(status="infeasible", reason=reason,
+                            elapsed_s=time.perf_counter() - t0)
+    result = simulate(cfg)
+    explanation, explanation_error = _explain(result)
+    return score(result, spec, elapsed_s=time.perf_counter() - t0, explanation=explanation,
+                 explanation_error=explanation_error)
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line: a ConfigError's own sentence, else 'Type: first line'."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if not isinstance(err, ConfigError):
+        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def run_trial(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
+              study: "StudyConfig | EvalSpec") -> TrialOutcome:
+    """`evaluate`, with any exception turned into a "failed" outcome carrying its message."""
+    t0 = time.perf_counter()
+    try:
+        return evaluate(base, values, overrides, study)
+    except Exception as err:
+        return TrialOutcome(status="failed", reason=one_line(err),
+                            elapsed_s=time.perf_counter() - t0)
+
+
+# -- study-level helpers -------------------------------------------------------------------------
+
+
+def metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
+                 ) -> set[str]:
+    """The numeric metric names a trial of this base configuration will report.
+
+    Found by simulating the base (with the overrides) on a handful of requests, which is cheap
+    for any model; when that configuration cannot run, from the result's known layout instead.
+    """
+    from simcore.simulate import simulate
+
+    data = trial_mapping(base, {}, overrides)
+    try:
+        probe = parse_config(apply(data, {"workload.num_prompts": _PROBE_NUM_PROMPTS}))
+        return set(result_metrics(simulate(probe), usd_per_gpu_hour))
+    except Exception:  # an undeployable or unreadable base: fall back to the known layout
+        pass
+    try:
+        cfg = parse_config(data)
+    except ConfigError:
+        return set()
+    return static_metric_names(cfg)
+
+
+def static_metric_names(cfg: SimConfig) -> set[str]:
+    """The numeric metric names a result of `cfg` has, from the result layout (no simulation)."""
+    from simcore.metrics import RequestRecord, engine_summary, summarize
+
+    w = cfg.workload
+    pcts = cfg.metrics.percentiles
+    rec = RequestRecord(request_id="probe", prompt_len=2, output_len=2, arrival_s=0.0,
+                        send_s=0.0, token_times_s=[0.1, 0.2], success=True,
+                        first_scheduled_s=0.0)
+    keys = summarize([rec], selected_percentiles=pcts, goodput_slos_ms=cfg.metrics.goodput,
+                     request_rate=w.request_rate, burstiness=w.burstiness,
+                     max_concurrency=w.max_concurrency)
+    keys |= engine_summary([rec], selected_percentiles=pcts)
+    names = {k for k, v in keys.items() if _is_number(v)}
+    if w.ramp_up_strategy is not None:
+        names |= {"ramp_up_start_rps", "ramp_up_end_rps"}
+    return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS)
+
+
+def baseline_values(base: dict, space: SearchSpace) -> tuple[dict[str, Any] | None, str | None]:
+    """The base configuration's own value of every active parameter, or (None, why not).
+
+    Values come from the base mapping with the simulate defaults filled in; a default that
+    vLLM resolves per GPU (max_num_seqs, max_num_batched_tokens) is resolved as simcore does.
+    The baseline must lie in the space (Optuna cannot record a value outside a distribution).
+    """
+    from simcore.setup import build_deployment
+
+    try:
+        cfg = parse_config(base)
+    except ConfigError as err:
+        return None, str(err)
+    dumped = cfg.model_dump()
+    resolved: dict[str, Any] = {}
+    try:
+        dep = build_deployment(cfg)
+        resolved = {"engine.max_num_seqs": dep.max_num_seqs,
+                    "engine.max_num_batched_tokens": dep.max_num_batched_tokens,
+                    "model.max_model_len": dep.max_model_len}
+    except ConfigError:
+        pass
+    values: dict[str, Any] = {}
+    for path, p in space.active(base).items():
+        node: Any = dumped
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            node = resolved.get(path)
+        problem = _outside(p, node)
+        if problem:
+            return None, f"{path} = {node!r} {problem}"
+        values[path] = node
+    return values, None
+
+
+def _outside(p: Any, v: Any) -> str | None:
+    if isinstance(p, IntParam):
+        if not _is_number(v) or int(v) != v:
+            return "is not an integer"
+        if not p.low <= v <= p.high or (v - p.low) % p.step:
+            return f"is outside the space ({p.low}..{p.high}, step {p.step})"
+    elif isinstance(p, FloatParam):
+        if not _is_number(v):
+            return "is not a number"
+        if not p.low <= v <= p.high:
+            return f"is outside the space ({p.low:g}..{p.high:g})"
+    elif not any(type(v) is type(c) and v == c for c in p.choices):
+        return f"is not one of the choices {list(p.choices)}"
+    return None

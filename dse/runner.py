@@ -1,0 +1,661 @@
+"""The search driver: one process owns the Optuna study (ask/tell) and runs trials as Ray tasks.
+
+Lifecycle of a trial: asked from the study (an enqueued trial first), its parameters suggested,
+prechecked in the driver (an undeployable configuration is told FAIL with its reason at once),
+dispatched to a Ray worker (`dse.evaluate.run_trial`), then told COMPLETE with its objective
+values and SLO constraints, or FAIL with the reason it failed or timed out. Every outcome is
+written to the storage as it is told, so a killed driver loses nothing but the trials it had
+in flight; the next run of the same study fails those ("interrupted") and enqueues their
+parameters again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names,
+                          metric_names, one_line, precheck, run_trial)
+from dse.study import StudyConfig
+from simcore.errors import ConfigError
+
+INTERRUPTED = "interrupted"
+"""`failure_reason` of a trial whose driver stopped before it finished; its parameters are
+enqueued again and it does not count toward the budget."""
+
+_OBJECT_STORE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What a search left in its storage, in counts and trial numbers.
+
+    `stopped_by` is "n_trials" (the budget was reached), "grid" (every grid point was run) or
+    "timeout" (the wall-clock limit stopped the asking; the confirmation stage is then skipped
+    until the study is resumed). `notes` are things the user should know (e.g. why the baseline
+    was not enqueued).
+    """
+
+    study_name: str
+    storage_url: str
+    num_complete: int
+    num_failed: int
+    num_infeasible: int
+    num_interrupted: int
+    pareto_trials: tuple[int, ...]
+    confirm_study_name: str | None = None
+    confirmed_trials: tuple[int, ...] = ()
+    stopped_by: str = "n_trials"
+    notes: tuple[str, ...] = ()
+
+
+# -- storage, samplers, Ray ----------------------------------------------------------------------
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """The Optuna storage for a URL: journal:///path.log, sqlite:///path.db or another RDB URL.
+
+    Files (and their folders) are created as needed.
+    """
+    if url.startswith("journal://"):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(url[len("journal://"):])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as err:  # SQLAlchemy raises many kinds; the user needs one sentence
+        raise ConfigError(f"storage: cannot open {url.split('@')[-1]} ({one_line(err)})") from None
+
+
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's GridSampler without its stop at the end of the grid.
+
+    GridSampler.after_trial calls `study.stop()`, which raises outside `optimize` (optuna
+    issues #4121, #5141; documented for ask-and-tell); the driver stops asking by itself when
+    every grid point has been run.
+    """
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
+def make_sampler(study: StudyConfig) -> optuna.samplers.BaseSampler:
+    """The study's Optuna sampler, seeded. SLOs reach every one of them through the trials'
+    constraints (`Trial.set_constraint`), which Optuna 5 samplers read themselves."""
+    s = study.sampler
+    match s.kind:
+        case "tpe":
+            return optuna.samplers.TPESampler(multivariate=True, seed=s.seed,
+                                              n_startup_trials=s.n_startup_trials)
+        case "nsga2":
+            return optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=s.seed)
+        case "nsga3":
+            return optuna.samplers.NSGAIIISampler(population_size=s.population_size, seed=s.seed)
+        case "gp":
+            try:
+                import torch  # noqa: F401  (GPSampler imports it lazily; fail before the search)
+            except ImportError:
+                raise ConfigError("sampler.kind: the gp sampler needs torch: pip install torch"
+                                  ) from None
+            return optuna.samplers.GPSampler(seed=s.seed, n_startup_trials=s.n_startup_trials,
+                                             deterministic_objective=True)
+        case "random":
+            return optuna.samplers.RandomSampler(seed=s.seed)
+        case "grid":
+            return _AskTellGridSampler(study.space.grid(study.base), seed=s.seed)
+    raise ConfigError(f"sampler.kind: unknown sampler {s.kind!r}")
+
+
+class RayPool:
+    """Ray tasks that run `dse.evaluate.run_trial`, one CPU each, never retried.
+
+    Ray is started, or joined, on the first `submit`: the Ray already running in this process,
+    the cluster at `address`, or a local one with `workers` CPUs (quiet: no dashboard, worker
+    logs not forwarded). `close()` shuts down only a Ray started or joined here.
+    """
+
+    def __init__(self, workers: int, address: str | None) -> None:
+        self.workers = workers
+        self.address = address
+        self._ray: Any = None
+        self._remote: Any = None
+        self._owned = False
+
+    def _start(self) -> Any:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        import ray
+
+        if not ray.is_initialized():
+            quiet = dict(log_to_driver=False, logging_level="ERROR")
+            try:
+                if self.address:
+                    ray.init(address=self.address, **quiet)
+                else:
+                    ray.init(num_cpus=self.workers, include_dashboard=False,
+                             object_store_memory=_OBJECT_STORE_BYTES, **quiet)
+            except Exception as err:
+                where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
+                raise ConfigError(f"execution.ray_address: cannot start or join {where} "
+                                  f"({one_line(err)})") from None
+            self._owned = True
+        self._ray = ray
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
+        return ray
+
+    def submit(self, *args: Any) -> Any:
+        if self._ray is None:
+            self._start()
+        return self._remote.remote(*args)
+
+    def wait(self, refs: list[Any], timeout_s: float) -> list[Any]:
+        """The refs (at most one) that are done within `timeout_s`."""
+        return self._ray.wait(refs, num_returns=1, timeout=timeout_s)[0]
+
+    def result(self, ref: Any) -> TrialOutcome:
+        try:
+            return self._ray.get(ref)
+        except Exception as err:  # the worker died (e.g. out of memory): a failed trial
+            return TrialOutcome(status="failed", reason=one_line(err))
+
+    def cancel(self, ref: Any) -> None:
+        self._ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        if self._owned:
+            self._ray.shutdown()
+        self._ray = self._remote = None
+        self._owned = False
+
+
+@contextmanager
+def _quiet_optuna() -> Iterator[None]:
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+# -- the study in the storage --------------------------------------------------------------------
+
+
+def _is_interrupted(t: FrozenTrial) -> bool:
+    return t.state == TrialState.FAIL and t.user_attrs.get("failure_reason") == INTERRUPTED
+
+
+def _counts_toward_budget(t: FrozenTrial) -> bool:
+    return t.state in (TrialState.COMPLETE, TrialState.FAIL) and not _is_interrupted(t)
+
+
+def _stored_study_names(storage: optuna.storages.BaseStorage) -> set[str]:
+    return {s.study_name for s in storage.get_all_studies()}
+
+
+def _open_study(storage: optuna.storages.BaseStorage, name: str, study: StudyConfig,
+                sampler: optuna.samplers.BaseSampler, stage: str, resume: bool,
+                url: str) -> optuna.Study:
+    """Create the study, or load it to resume; a stored study must have the same objectives."""
+    exists = name in _stored_study_names(storage)
+    if exists and not resume:
+        raise ConfigError(f"study {name!r} already exists in {url.split('@')[-1]}; resume it, "
+                          f"or choose another name or storage")
+    directions = [o.direction for o in study.objectives]
+    st = optuna.create_study(storage=storage, study_name=name, sampler=sampler,
+                             directions=directions, load_if_exists=True)
+    objectives = [f"{o.metric} {o.direction}" for o in study.objectives]
+    if exists:
+        stored = st.user_attrs.get("objectives", objectives)
+        if (list(stored) != objectives
+                or [d.name.lower() for d in st.directions] != directions):
+            raise ConfigError(f"study {name!r} in the storage was run with objectives {stored}, "
+                              f"not {objectives}; choose another name or storage")
+    else:
+        st.set_metric_names([o.metric for o in study.objectives])
+        st.set_user_attr("objectives", objectives)
+        st.set_user_attr("constraints", [str(c) for c in study.constraints])
+        st.set_user_attr("fidelity", stage)
+    return st
+
+
+def _interrupt(st: optuna.Study, storage: optuna.storages.BaseStorage,
+               trials: list[FrozenTrial], names: set[str]) -> None:
+    """Fail trials whose driver is gone ("interrupted"); enqueue again the parameters of those
+    that had all of `names` (were dispatched). A trial stopped while its parameters were being
+    suggested never ran: the sampler proposes afresh instead."""
+    study_id = storage.get_study_id_from_name(st.study_name)
+    for t in trials:
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_user_attr(trial_id, "failure_reason", INTERRUPTED)
+        st.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        if set(t.params) == names:
+            keep = {k: t.user_attrs[k] for k in ("baseline", "confirms_trial")
+                    if k in t.user_attrs}
+            st.enqueue_trial(dict(t.params), user_attrs=keep or None)
+
+
+def _params_key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+# -- the dispatch loop ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Flight:
+    """A trial between ask and tell: its values, Ray task (None if prechecked) and outcome."""
+
+    trial: optuna.Trial
+    values: dict[str, Any]
+    ref: Any = None
+    deadline: float = math.inf
+    outcome: TrialOutcome | None = None
+    told: bool = False
+
+
+@dataclass
+class _Driver:
+    """Runs trials of one Optuna study on Ray, one stage (screen or confirm) at a time."""
+
+    st: optuna.Study
+    storage: optuna.storages.BaseStorage
+    pool: RayPool
+    study: StudyConfig
+    spec: EvalSpec
+    overrides: dict[str, Any]
+    fidelity: str
+    deadline: float
+    bar: Any = None
+    num_told: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {"failed": 0, "infeasible": 0})
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.study.space.active(self.study.base))
+
+    # One trial ----------------------------------------------------------------------------------
+
+    def ask(self) -> _Flight:
+        trial = self.st.ask()
+        try:
+            values = self.study.space.suggest(trial, self.study.base)
+        except Exception as err:
+            trial.set_user_attr("failure_reason", one_line(err))
+            self.st.tell(trial, state=TrialState.FAIL)
+            raise
+        f = _Flight(trial=trial, values=values)
+        reason = precheck(self.study.base, values, self.overrides, self.spec)
+        if reason is not None:
+            f.outcome = TrialOutcome(status="infeasible", reason=reason)
+        else:
+            f.ref = self.pool.submit(self.study.base, values, self.overrides, self.spec)
+            f.deadline = time.monotonic() + self.study.execution.trial_timeout_s
+        return f
+
+    def tell(self, f: _Flight) -> None:
+        t, o = f.trial, f.outcome
+        assert o is not None
+        t.set_user_attr("fidelity", self.fidelity)
+        t.set_user_attr("elapsed_s", o.elapsed_s)
+        if o.status == "complete":
+            for name, value in o.constraints.items():
+                t.set_constraint(name, value)
+            t.set_user_attr("metrics", o.metrics)
+            t.set_user_attr("summary", o.summary)
+            t.set_user_attr("feasible", o.feasible)
+            t.set_user_attr("violations", list(o.violations))
+            t.set_user_attr("profile", o.profile)
+            t.set_user_attr("calibrated", o.calibrated)
+            if o.explanation is not None:
+                t.set_user_attr("explanation", o.explanation)
+            if o.explanation_error is not None:
+                t.set_user_attr("explanation_error", o.explanation_error)
+            self.st.tell(t, list(o.values))
+        else:
+            t.set_user_attr("feasible", False)
+            key = "infeasible_reason" if o.status == "infeasible" else "failure_reason"
+            t.set_user_attr(key, o.reason or "unknown")
+            self.st.tell(t, state=TrialState.FAIL)
+            self.counts[o.status] += 1
+        f.told = True
+        self.num_told += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(failed=self.counts["failed"],
+                                 infeasible=self.counts["infeasible"],
+                                 pareto=len(self.st.best_trials))
+
+    # Waiting ------------------------------------------------------------------------------------
+
+    def wait(self, flights: list[_Flight], *, first_only: bool) -> list[_Flight]:
+        """Wait for the flights' tasks (all of them, or the first to end); cancel any that run
+        past their deadline. Returns the flights that have an outcome."""
+        timeout_s = self.study.execution.trial_timeout_s
+        while True:
+            pending = [f for f in flights if f.outcome is None]
+            done = [f for f in flights if f.outcome is not None]
+            if not pending or (first_only and done):
+                return done
+            now = time.monotonic()
+            for f in pending:
+                if now < f.deadline:
+                    continue
+                if self.pool.wait([f.ref], 0):
+                    f.outcome = self.pool.result(f.ref)
+                else:
+                    self.pool.cancel(f.ref)
+                    f.outcome = TrialOutcome(status="failed",
+                                             reason=f"timed out after {timeout_s:g} s",
+                                             elapsed_s=timeout_s)
+            pending = [f for f in pending if f.outcome is None]
+            if not pending:
+                continue
+            wait_s = max(0.0, min(f.deadline for f in pending) - time.monotonic())
+            by_ref = {f.ref: f for f in pending}
+            for ref in self.pool.wait(list(by_ref), wait_s):
+                by_ref[ref].outcome = self.pool.result(ref)
+
+    def cancel(self, flights: list[_Flight]) -> None:
+        """The driver is stopping abnormally: stop the tasks, mark their trials interrupted."""
+        for f in flights:
+            if f.ref is not None and f.outcome is None:
+                self.pool.cancel(f.ref)
+        untold = {f.trial.number for f in flights if not f.told}
+        if untold:
+            stuck = [t for t in self.st.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                     if t.number in untold]
+            _interrupt(self.st, self.storage, stuck, self.names)
+
+    # A stage ------------------------------------------------------------------------------------
+
+    def run(self, budget: int, can_ask: Callable[[], bool]) -> str:
+        """Run up to `budget` more trials while `can_ask()`; returns what stopped it."""
+        flights: list[_Flight] = []
+        try:
+            if self.study.execution.deterministic:
+                return self._run_batches(budget, can_ask, flights)
+            return self._run_async(budget, can_ask, flights)
+        except BaseException:
+            self.cancel(flights)
+            raise
+
+    def _stop_reason(self, budget: int, in_flight: int, can_ask: Callable[[], bool]) -> str | None:
+        if self.num_told + in_flight >= budget:
+            return "n_trials"
+        if time.monotonic() >= self.deadline:
+            return "timeout"
+        if not can_ask():
+            return "grid"
+        return None
+
+    def _run_batches(self, budget: int, can_ask: Callable[[], bool],
+                     flights: list[_Flight]) -> str:
+        """Ask `workers` trials, wait for all, tell them in trial-number order: the same seed
+        gives the same trials whatever the timing."""
+        while True:
+            stop = self._stop_reason(budget, 0, can_ask)
+            if stop is not None:
+                return stop
+            while (len(flights) < self.study.execution.workers
+                   and self._stop_reason(budget, len(flights), can_ask) is None):
+                flights.append(self.ask())
+            self.wait(flights, first_only=False)
+            for f in sorted(flights, key=lambda f: f.trial.number):
+                self.tell(f)
+            flights.clear()
+
+    def _run_async(self, budget: int, can_ask: Callable[[], bool],
+                   flights: list[_Flight]) -> str:
+        """Keep `workers` trials in flight; tell each as it ends."""
+        stop: str | None = None
+        while True:
+            while len(flights) < self.study.execution.workers:
+                stop = self._stop_reason(budget, len(flights), can_ask)
+                if stop is not None:
+                    break
+                f = self.ask()
+                if f.outcome is not None:
+                    self.tell(f)
+                else:
+                    flights.append(f)
+            if not flights:
+                return stop or "n_trials"
+            for f in self.wait(flights, first_only=True):
+                self.tell(f)
+                flights.remove(f)
+
+
+# -- confirmation --------------------------------------------------------------------------------
+
+
+def nondominated_ranks(values: np.ndarray) -> np.ndarray:
+    """Non-dominated rank (0 = Pareto front) of each row, every column to be minimised."""
+    v = np.asarray(values, dtype=float)
+    n = len(v)
+    ranks = np.full(n, -1)
+    if n == 0:
+        return ranks
+    no_worse = np.all(v[:, None, :] <= v[None, :, :], axis=2)
+    better = np.any(v[:, None, :] < v[None, :, :], axis=2)
+    dominates = no_worse & better                 # [i, j]: i dominates j
+    remaining = np.ones(n, dtype=bool)
+    rank = 0
+    while remaining.any():
+        front = remaining & ~dominates[remaining].any(axis=0)
+        ranks[front] = rank
+        remaining &= ~front
+        rank += 1
+    return ranks
+
+
+def confirm_candidates(st: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The best `k` feasible completed trials by non-dominated rank (ties: lower trial number),
+    one per distinct parameter set."""
+    trials = [t for t in st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if all(v <= 0 for v in t.constraints.values())]
+    if not trials:
+        return []
+    sign = np.array([1.0 if d == optuna.study.StudyDirection.MINIMIZE else -1.0
+                     for d in st.directions])
+    ranks = nondominated_ranks(np.array([t.values for t in trials]) * sign)
+    chosen, seen = [], set()
+    for _, t in sorted(zip(ranks, trials), key=lambda rt: (rt[0], rt[1].number)):
+        key = _params_key(t.params)
+        if key not in seen:
+            seen.add(key)
+            chosen.append(t)
+        if len(chosen) == k:
+            break
+    return chosen
+
+
+# -- the search ----------------------------------------------------------------------------------
+
+
+def _check_overrides(study: StudyConfig) -> None:
+    params = list(study.space.parameters)
+    stages = [("screen", study.fidelity.screen), ("confirm", study.fidelity.confirm or {})]
+    for stage, overrides in stages:
+        for path in overrides:
+            for p in params:
+                if path == p or path.startswith(p + ".") or p.startswith(path + "."):
+                    raise ConfigError(f"fidelity.{stage}: {path} is also a search parameter "
+                                      f"({p}); a fidelity override would hide its value")
+
+
+def _progress_bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
+    if not (enabled and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=min(initial, total), desc=desc, unit="trial",
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
+               ) -> SearchOutcome:
+    """Search the study's space and leave every trial in its storage; returns the counts.
+
+    Screening trials run with `fidelity.screen` overrides into the study `study.name`; with
+    `fidelity.confirm` set, the best `confirm_top_k` feasible screened configurations are then
+    re-run with the confirm overrides (on the base, without the screen ones) into the study
+    f"{name}/confirm" of the same storage. Re-running a study resumes it (`resume=False`
+    refuses to touch an existing one). Bad input raises ConfigError before any trial runs.
+    A progress bar goes to stderr when `progress` and stderr is a terminal.
+    """
+    spec = EvalSpec.of(study)
+    _check_overrides(study)
+    check_metric_names(spec, metric_names(study.base, study.fidelity.screen,
+                                          study.cost.usd_per_gpu_hour))
+    url = study.storage_url
+    names = set(study.space.active(study.base))
+    notes: list[str] = []
+    pool = RayPool(study.execution.workers, study.execution.ray_address)
+    deadline = (time.monotonic() + study.budget.timeout_s if study.budget.timeout_s
+                else math.inf)
+    stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress)
+    with _quiet_optuna():
+        sampler = make_sampler(study)
+        storage = open_storage(url)
+        st = _open_study(storage, study.name, study, sampler, "screen", resume, url)
+        _interrupt(st, storage, st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
+                   names)
+        trials = st.get_trials(deepcopy=False)
+        if not trials and study.baseline:
+            values, why = baseline_values(study.base, study.space)
+            if values is None:
+                notes.append(f"baseline not enqueued: {why}")
+            else:
+                st.enqueue_trial(values, user_attrs={"baseline": True})
+        finished = sum(_counts_toward_budget(t) for t in trials)
+        can_ask = _grid_open(st, study) if study.sampler.kind == "grid" else (lambda: True)
+        confirm_name, confirmed = None, ()
+        try:
+            stopped_by = _run_stage(st, storage, "screen", study.fidelity.screen,
+                                    study.budget.n_trials, finished, can_ask, **stage)
+            if study.fidelity.confirm is not None and stopped_by != "timeout":
+                confirm_name = f"{study.name}/confirm"
+                confirmed = _confirm(st, storage, url, confirm_name, stage)
+        finally:
+            pool.close()
+    return _outcome(st, url, confirm_name, confirmed, stopped_by, notes)
+
+
+def _run_stage(st: optuna.Study, storage: optuna.storages.BaseStorage, fidelity: str,
+               overrides: dict[str, Any], total: int, finished: int,
+               can_ask: Callable[[], bool], *, study: StudyConfig, spec: EvalSpec,
+               pool: RayPool, deadline: float, progress: bool) -> str:
+    """Run trials of `st` until `total` count toward its budget; returns what stopped it."""
+    if finished >= total:
+        return "n_trials"
+    bar = _progress_bar(progress, total, finished, st.study_name)
+    driver = _Driver(st=st, storage=storage, pool=pool, study=study, spec=spec,
+                     overrides=dict(overrides), fidelity=fidelity, deadline=deadline, bar=bar)
+    for t in st.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if "infeasible_reason" in t.user_attrs:
+            driver.counts["infeasible"] += 1
+        elif not _is_interrupted(t):
+            driver.counts["failed"] += 1
+    try:
+        return driver.run(total - finished, can_ask)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _grid_open(st: optuna.Study, study: StudyConfig) -> Callable[[], bool]:
+    """Whether a grid point is still unrun (or a trial is queued)."""
+    grid = study.space.grid(study.base)
+    names = list(grid)
+    points = {_params_key(dict(zip(names, combo))) for combo in itertools.product(*grid.values())}
+
+    def can_ask() -> bool:
+        covered = set()
+        for t in st.get_trials(deepcopy=False):
+            if t.state == TrialState.WAITING:
+                return True
+            if not _is_interrupted(t):
+                covered.add(_params_key({k: t.params.get(k) for k in names}))
+        return bool(points - covered)
+
+    return can_ask
+
+
+def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, name: str,
+             stage: dict[str, Any]) -> tuple[int, ...]:
+    """Re-run the best screened configurations with the confirm overrides into study `name`;
+    returns the screened trial numbers confirmed."""
+    study: StudyConfig = stage["study"]
+    targets = confirm_candidates(st, study.fidelity.confirm_top_k)
+    cst = _open_study(storage, name, study, optuna.samplers.RandomSampler(seed=study.sampler.seed),
+                      "confirm", True, url)
+    _interrupt(cst, storage, cst.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
+               set(study.space.active(study.base)))
+    trials = cst.get_trials(deepcopy=False)
+    present = {t.user_attrs.get("confirms_trial") for t in trials if not _is_interrupted(t)}
+    for t in targets:
+        if t.number not in present:
+            attrs = {"confirms_trial": t.number}
+            if t.user_attrs.get("baseline"):
+                attrs["baseline"] = True
+            cst.enqueue_trial(dict(t.params), user_attrs=attrs)
+
+    def queued() -> bool:
+        return bool(cst.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    finished = sum(_counts_toward_budget(t) for t in trials)
+    total = finished + len(cst.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    _run_stage(cst, storage, "confirm", study.fidelity.confirm or {}, total, finished, queued,
+               **stage)
+    return tuple(t.number for t in targets)
+
+
+def _outcome(st: optuna.Study, url: str, confirm_name: str | None, confirmed: tuple[int, ...],
+             stopped_by: str, notes: list[str]) -> SearchOutcome:
+    trials = st.get_trials(deepcopy=False)
+    fails = [t for t in trials if t.state == TrialState.FAIL]
+    interrupted = sum(_is_interrupted(t) for t in fails)
+    infeasible = sum("infeasible_reason" in t.user_attrs for t in fails)
+    return SearchOutcome(
+        study_name=st.study_name, storage_url=url,
+        num_complete=sum(t.state == TrialState.COMPLETE for t in trials),
+        num_failed=len(fails) - interrupted - infeasible, num_infeasible=infeasible,
+        num_interrupted=interrupted, pareto_trials=tuple(t.number for t in st.best_trials),
+        confirm_study_name=confirm_name, confirmed_trials=confirmed, stopped_by=stopped_by,
+        notes=tuple(notes))
+
+
+def best_configs(storage: str, name: str) -> list[dict[str, Any]]:
+    """The Pareto-optimal feasible trials of a stored study: number, params, values, metrics,
+    summary, explanation and whether it is the baseline."""
+    with _quiet_optuna():
+        st = optuna.load_study(study_name=name, storage=open_storage(storage))
+        best = st.best_trials
+    return [{"number": t.number, "params": dict(t.params), "values": list(t.values),
+             "metrics": t.user_attrs.get("metrics", {}), "summary": t.user_attrs.get("summary", {}),
+             "explanation": t.user_attrs.get("explanation"),
+             "baseline": bool(t.user_attrs.get("baseline", False))}
+            for t in sorted(best, key=lambda t: t.number)]

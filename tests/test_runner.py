@@ -1,0 +1,370 @@
+"""The search driver on a real Ray (2 CPUs): trials recorded with their attributes, Pareto sets
+free of SLO violators, infeasible, failing and timed-out trials, resume after the driver is
+killed, same seed same trials, the grid and random samplers, and bad objectives."""
+
+import itertools
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from dse.runner import INTERRUPTED, best_configs, open_storage, run_search
+from dse.space import SearchSpace
+from dse.study import Constraint, load_study, parse_study
+from simcore.config import parse_config
+from simcore.errors import ConfigError
+from simcore.simulate import simulate
+
+TESTS = Path(__file__).parent
+DATA = TESTS / "data"
+TINY = DATA / "studies" / "tiny.yaml"
+
+LLAMA_8B_ON_A100 = {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                    "hardware": {"gpu": "A100-80GB"}}
+OBJECTIVES = [{"metric": "p99_ttft_ms", "direction": "minimize"},
+              {"metric": "output_throughput_per_gpu", "direction": "maximize"}]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """One quiet local Ray for the whole module; the drivers under test use it."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             object_store_memory=256 * 2**20)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def tiny(tmp_path: Path, **update):
+    study = load_study(TINY)
+    return study.model_copy(update={"storage": f"sqlite:///{tmp_path / 'tiny.db'}", **update})
+
+
+def study_from(data: dict, tmp_path: Path, name: str):
+    data = {"name": name, "objectives": OBJECTIVES, "storage": f"sqlite:///{tmp_path / 's.db'}",
+            **data}
+    return parse_study(data, base_dir=DATA)
+
+
+def load(study) -> optuna.Study:
+    return optuna.load_study(study_name=study.name, storage=open_storage(study.storage_url))
+
+
+def tpot_between_extremes() -> float:
+    """A p99 TPOT SLO that the smallest max_num_seqs of the tiny space meets and the largest
+    does not (taken from the simulator, so the test follows the model)."""
+    base = load_study(TINY).base
+    tpot = [simulate(parse_config({**base, "engine": {"max_num_seqs": n}}))["p99_tpot_ms"]
+            for n in (8, 256)]
+    assert tpot[0] < tpot[1]
+    return (tpot[0] + tpot[1]) / 2
+
+
+# -- a whole search ------------------------------------------------------------------------------
+
+
+def test_tiny_study_records_trials_pareto_set_and_confirmations(ray_address, tmp_path):
+    slo = tpot_between_extremes()
+    study = tiny(tmp_path, constraints=(Constraint(metric="p99_tpot_ms", op="<=", value=slo),))
+    out = run_search(study, progress=False)
+
+    assert out.num_complete == 8 and out.num_failed == out.num_infeasible == 0
+    assert out.stopped_by == "n_trials" and out.pareto_trials
+    st = load(study)
+    assert st.metric_names == ["p99_ttft_ms", "output_throughput_per_gpu"]
+    trials = st.get_trials()
+    assert trials[0].user_attrs["baseline"] is True
+    assert trials[0].params == {"engine.max_num_seqs": 256, "engine.max_num_batched_tokens": 2048}
+    for t in trials:
+        a = t.user_attrs
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert a["fidelity"] == "screen"
+        assert t.values == [a["metrics"]["p99_ttft_ms"], a["metrics"]["output_throughput_per_gpu"]]
+        for key in ("request_throughput_per_gpu", "output_tokens_per_dollar",
+                    "cost_per_million_output_tokens_usd", "gpu_busy_fraction"):
+            assert key in a["metrics"]
+        assert {"p99_ttft_ms", "output_throughput_per_gpu", "p99_tpot_ms"} <= set(a["summary"])
+        assert a["profile"].startswith("roofline/A100") and a["calibrated"] is False
+        name = f"p99_tpot_ms <= {slo:g}"
+        assert set(t.constraints) == {name}
+        met = a["metrics"]["p99_tpot_ms"] <= slo
+        assert a["feasible"] is met and (t.constraints[name] <= 0) is met
+        assert (a["violations"] == []) is met
+        if not met:
+            assert a["violations"][0].startswith("p99_tpot_ms = ")
+        if "explanation" in a:
+            assert isinstance(a["explanation"], dict)
+    assert not trials[0].user_attrs["feasible"]          # the largest batch misses the SLO
+    best = st.best_trials
+    assert best and [t.number for t in best] == list(out.pareto_trials)
+    assert all(t.user_attrs["feasible"] and all(v <= 0 for v in t.constraints.values())
+               for t in best)
+    assert [c["number"] for c in best_configs(study.storage_url, study.name)] == \
+        sorted(out.pareto_trials)
+
+    # Confirmation: the best two feasible screened configurations, re-run at 60 requests.
+    assert out.confirm_study_name == "tiny/confirm" and len(out.confirmed_trials) == 2
+    assert set(out.pareto_trials) & set(out.confirmed_trials)
+    cst = optuna.load_study(study_name="tiny/confirm", storage=study.storage_url)
+    screened = {t.number: t for t in trials}
+    assert [t.user_attrs["confirms_trial"] for t in cst.trials] == list(out.confirmed_trials)
+    for t in cst.trials:
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert t.user_attrs["fidelity"] == "confirm"
+        assert t.params == screened[t.user_attrs["confirms_trial"]].params
+        assert t.user_attrs["metrics"]["num_prompts"] == 60
+
+    # Running it again resumes a finished study: nothing new, nothing lost.
+    again = run_search(study, progress=False)
+    assert again.num_complete == 8 and len(load(study).trials) == 8
+    assert len(optuna.load_study(study_name="tiny/confirm", storage=study.storage_url).trials) == 2
+    with pytest.raises(ConfigError, match="already exists"):
+        run_search(study, progress=False, resume=False)
+
+
+def test_infeasible_and_timed_out_trials_are_recorded_and_the_study_goes_on(ray_address,
+                                                                           tmp_path):
+    # Grid over TP x load, trials kept in flight asynchronously: TP 3 does not divide the 32
+    # heads (infeasible, never dispatched); 100,000 requests run far past a 3 s trial limit.
+    study = study_from({
+        "base": {**LLAMA_8B_ON_A100, "engine": {"max_num_seqs": 4},
+                 "workload": {"num_prompts": 40, "dataset": {"kind": "random", "input_len": 128,
+                                                             "output_len": 32}}},
+        "space": {"parameters": {
+            "parallelism.tensor_parallel_size": {"type": "categorical", "choices": [1, 3]},
+            "workload.num_prompts": {"type": "categorical", "choices": [40, 100000]}}},
+        "sampler": {"kind": "grid"}, "baseline": False, "budget": {"n_trials": 10},
+        "execution": {"workers": 2, "trial_timeout_s": 3, "deterministic": False},
+    }, tmp_path, "faults")
+    t0 = time.monotonic()
+    out = run_search(study, progress=False)
+    assert time.monotonic() - t0 < 30
+    assert out.stopped_by == "grid"
+    assert (out.num_complete, out.num_failed, out.num_infeasible) == (1, 1, 2)
+    by_params = {(t.params["parallelism.tensor_parallel_size"], t.params["workload.num_prompts"]): t
+                 for t in load(study).trials}
+    assert set(by_params) == {(1, 40), (1, 100000), (3, 40), (3, 100000)}
+    assert by_params[1, 40].state == optuna.trial.TrialState.COMPLETE
+    timed_out = by_params[1, 100000]
+    assert timed_out.state == optuna.trial.TrialState.FAIL
+    assert timed_out.user_attrs["failure_reason"] == "timed out after 3 s"
+    for n in (40, 100000):
+        t = by_params[3, n]
+        assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs["feasible"] is False
+        assert "tensor_parallel_size" in t.user_attrs["infeasible_reason"]
+        assert "failure_reason" not in t.user_attrs
+
+
+def test_a_trial_that_raises_is_failed_with_its_message(ray_address, tmp_path):
+    # The trace file is chosen by a categorical parameter; one of them does not exist, which
+    # only the simulation finds out. (The space is built directly: `check_paths` does not yet
+    # see into the dataset union.)
+    space = SearchSpace.model_validate({"parameters": {
+        "workload.dataset.path": {"type": "categorical",
+                                  "choices": ["mooncake_excerpt.jsonl", "no_such_trace.jsonl"]}}})
+    study = study_from({
+        "base": {**LLAMA_8B_ON_A100, "workload": {
+            "num_prompts": 20, "dataset": {"kind": "mooncake", "path": "mooncake_excerpt.jsonl"}}},
+        "space": space, "sampler": {"kind": "grid"}, "baseline": False,
+        "budget": {"n_trials": 4},
+    }, tmp_path, "raises")
+    out = run_search(study, progress=False)
+    assert (out.num_complete, out.num_failed, out.num_infeasible) == (1, 1, 0)
+    failed = [t for t in load(study).trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed[0].params["workload.dataset.path"] == "no_such_trace.jsonl"
+    reason = failed[0].user_attrs["failure_reason"]
+    assert "no_such_trace.jsonl" in reason and "\n" not in reason
+
+
+# -- resume --------------------------------------------------------------------------------------
+
+
+def _progress(db: Path) -> tuple[int, int]:
+    """(completed trials, running trials with both parameters set, i.e. dispatched)."""
+    with sqlite3.connect(db, timeout=5) as con:
+        complete = con.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()
+        running = con.execute(
+            "SELECT COUNT(*) FROM trials t WHERE state = 'RUNNING' AND "
+            "(SELECT COUNT(*) FROM trial_params p WHERE p.trial_id = t.trial_id) = 2").fetchone()
+    return complete[0], running[0]
+
+
+def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
+    db = tmp_path / "resume.db"
+    path = tmp_path / "resume.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "resume",
+        "base": {**LLAMA_8B_ON_A100, "base_dir": str(DATA),
+                 "workload": {"num_prompts": 4000, "dataset": {"kind": "random", "input_len": 128,
+                                                               "output_len": 64}}},
+        "space": {"parameters": {
+            "engine.max_num_seqs": {"type": "int", "low": 4, "high": 32, "log": True},
+            "engine.max_num_batched_tokens": {"type": "categorical", "choices": [256, 512, 1024]}}},
+        "objectives": OBJECTIVES, "budget": {"n_trials": 8},
+        "sampler": {"kind": "tpe", "seed": 1, "n_startup_trials": 4},
+        "execution": {"workers": 2, "ray_address": ray_address},
+        "storage": f"sqlite:///{db}",
+    }))
+    code = ("import sys; from dse.study import load_study; from dse.runner import run_search; "
+            "run_search(load_study(sys.argv[1]), progress=False)")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-c", code, str(path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            assert driver.poll() is None, f"the driver ended first: {driver.communicate()}"
+            assert time.monotonic() < deadline, "no trial completed within 60 s"
+            try:
+                complete, dispatched = _progress(db) if db.exists() else (0, 0)
+            except sqlite3.OperationalError:
+                # The driver is still creating the schema, or holds a write lock: look again.
+                complete = dispatched = 0
+            if complete >= 2 and dispatched >= 1:
+                break
+            time.sleep(0.05)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+    study = load_study(path)
+    before = {t.number: t for t in load(study).trials}
+    completed = {n: t.values for n, t in before.items()
+                 if t.state == optuna.trial.TrialState.COMPLETE}
+    running = {n: t.params for n, t in before.items()
+               if t.state == optuna.trial.TrialState.RUNNING}
+    dispatched = [p for p in running.values() if len(p) == 2]
+    assert completed and dispatched
+
+    out = run_search(study, progress=False)
+    after = load(study).trials
+    by_number = {t.number: t for t in after}
+    for n, values in completed.items():                 # no completed trial lost or changed
+        assert by_number[n].state == optuna.trial.TrialState.COMPLETE
+        assert by_number[n].values == values
+    for n in running:                                   # in-flight ones failed as interrupted
+        assert by_number[n].state == optuna.trial.TrialState.FAIL
+        assert by_number[n].user_attrs["failure_reason"] == INTERRUPTED
+    # ... and the parameters of those dispatched enqueued once each, then run to completion
+    # (one stopped while its parameters were being suggested never ran: not enqueued).
+    requeued = [t for t in after if t.number > max(before) and "fixed_params" in t.system_attrs]
+    assert sorted(map(sorted_items, (t.params for t in requeued))) == \
+        sorted(map(sorted_items, dispatched))
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in requeued)
+    counted = [t for t in after if t.state == optuna.trial.TrialState.COMPLETE
+               or (t.state == optuna.trial.TrialState.FAIL
+                   and t.user_attrs.get("failure_reason") != INTERRUPTED)]
+    assert len(counted) == 8 and out.num_complete == 8
+    assert out.num_interrupted == len(running)
+    assert not [t for t in after if not t.state.is_finished()]
+
+
+def sorted_items(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+# -- samplers ------------------------------------------------------------------------------------
+
+
+def test_same_seed_gives_the_same_trials(ray_address, tmp_path):
+    def trials(storage: str) -> list:
+        study = tiny(tmp_path, storage=storage, fidelity=load_study(TINY).fidelity.model_copy(
+            update={"confirm": None}), budget=load_study(TINY).budget.model_copy(
+            update={"n_trials": 6}))
+        run_search(study, progress=False)
+        return [(t.params, t.values) for t in load(study).trials]
+
+    sqlite_run = trials(f"sqlite:///{tmp_path / 'a.db'}")
+    journal_run = trials(f"journal://{tmp_path / 'b.log'}")
+    assert len(sqlite_run) == 6
+    assert sqlite_run == journal_run
+
+
+def test_grid_and_random_samplers(ray_address, tmp_path):
+    space = {"parameters": {
+        "engine.max_num_seqs": {"type": "int", "low": 16, "high": 32, "step": 16},
+        "engine.max_num_batched_tokens": {"type": "categorical", "choices": [1024, 2048]}}}
+    base = {**LLAMA_8B_ON_A100, "workload": {
+        "num_prompts": 20, "dataset": {"kind": "random", "input_len": 128, "output_len": 16}}}
+    grid = study_from({"base": base, "space": space, "sampler": {"kind": "grid"},
+                       "baseline": False, "budget": {"n_trials": 10}}, tmp_path, "grid")
+    out = run_search(grid, progress=False)
+    assert out.stopped_by == "grid" and out.num_complete == 4
+    seen = {(t.params["engine.max_num_seqs"], t.params["engine.max_num_batched_tokens"])
+            for t in load(grid).trials}
+    assert seen == set(itertools.product([16, 32], [1024, 2048]))
+
+    rand = study_from({"base": base, "space": space, "sampler": {"kind": "random", "seed": 3},
+                       "budget": {"n_trials": 4}}, tmp_path, "random")
+    out = run_search(rand, progress=False)
+    assert out.num_complete == 4 and out.pareto_trials
+
+
+def test_a_bad_objective_metric_is_a_config_error_before_anything_runs(tmp_path):
+    study = study_from({
+        "base": {**LLAMA_8B_ON_A100, "workload": {"num_prompts": 10}},
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "int", "low": 8, "high": 64}}},
+        "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"},
+                       {"metric": "output_throughput_per_gpux", "direction": "maximize"}],
+    }, tmp_path, "bad")
+    with pytest.raises(ConfigError, match=r"objectives\[1\]\.metric: 'output_throughput_per_gpux'"
+                                          r".*output_throughput_per_gpu"):
+        run_search(study, progress=False)
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_gp_sampler_without_torch_is_one_clear_error(tmp_path):
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torch is installed")
+    study = study_from({
+        "base": {**LLAMA_8B_ON_A100, "workload": {"num_prompts": 10}},
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "int", "low": 8, "high": 64}}},
+        "sampler": {"kind": "gp"}}, tmp_path, "gp")
+    with pytest.raises(ConfigError, match="the gp sampler needs torch: pip install torch"):
+        run_search(study, progress=False)
+
+
+def test_the_wall_clock_limit_stops_asking_and_skips_confirmation(ray_address, tmp_path):
+    # Screening at 4,000 requests a trial takes a good part of a second: a 1 s limit stops the
+    # search after a batch or two, and lets the trials in flight finish.
+    study = tiny(tmp_path, budget=load_study(TINY).budget.model_copy(
+        update={"n_trials": 40, "timeout_s": 1.0}), fidelity=load_study(TINY).fidelity.model_copy(
+        update={"screen": {"workload.num_prompts": 4000}}))
+    out = run_search(study, progress=False)
+    assert out.stopped_by == "timeout" and out.confirm_study_name is None
+    trials = load(study).trials
+    assert 0 < out.num_complete == len(trials) < 40
+    assert all(t.user_attrs["metrics"]["num_prompts"] == 4000 for t in trials)
+
+
+def test_nondominated_ranks_peel_fronts():
+    from dse.runner import nondominated_ranks
+
+    points = [[1, 5], [2, 2], [5, 1], [3, 3], [4, 4], [2, 2], [6, 6]]
+    assert nondominated_ranks(points).tolist() == [0, 0, 0, 1, 2, 0, 3]
+    assert nondominated_ranks([]).tolist() == []
+
+
+def test_a_relative_storage_file_resolves_against_the_study_file(tmp_path):
+    for url, want in [("sqlite:///run/s.db", f"sqlite:///{DATA.resolve() / 'run' / 's.db'}"),
+                      ("journal://s.log", f"journal://{DATA.resolve() / 's.log'}"),
+                      ("postgresql://u@h/db", "postgresql://u@h/db")]:
+        study = study_from({
+            "base": {**LLAMA_8B_ON_A100, "workload": {"num_prompts": 10}},
+            "space": {"parameters": {"engine.max_num_seqs": {"type": "int", "low": 8,
+                                                             "high": 64}}},
+            "storage": url}, tmp_path, "paths")
+        assert study.storage_url == want
