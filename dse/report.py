@@ -842,7 +842,7 @@ table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 td,th{border:1px solid #d5d9e0;padding:.25rem .5rem;text-align:left;vertical-align:top}
 th{background:#f1f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(540px,1fr));gap:1rem}
-.card{border:1px solid #c5ccd8;border-radius:6px;padding:.8rem 1rem;background:#fbfcfe}
+.card{border:1px solid #c5ccd8;border-radius:6px;padding:.8rem 1rem;background:#fbfcfe;overflow-x:auto;min-width:0}
 .card h3{margin:.1rem 0 .4rem}.changed{font-weight:600;color:#8a3b00}
 .badge{display:inline-block;border-radius:4px;padding:0 .4rem;font-size:.8rem;
 background:#e3e8f2;margin-right:.3rem}.badge.confirm{background:#d7f0dc}
