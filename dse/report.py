@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dse.pareto import pareto_ranks
 from dse.study import Constraint, Objective
 from simcore.errors import ConfigError
 
@@ -56,10 +57,10 @@ def redact_url(url: str) -> str:
 def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
     """Open a storage a search has written (sqlite:///, journal:///path.log or an RDB URL).
 
-    Unlike the runner's `open_storage`, which it uses, it creates nothing: a sqlite or journal
+    Unlike `dse.backends.open_storage`, which it uses, it creates nothing: a sqlite or journal
     file that does not exist is a ConfigError.
     """
-    from dse.runner import open_storage
+    from dse.backends import open_storage
 
     for scheme in ("journal://", "sqlite:///"):
         if url.startswith(scheme):
@@ -67,38 +68,6 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
             if str(path) != ":memory:" and not path.is_file():
                 raise ConfigError(f"storage {url}: no file at {path}; run `dse search` first")
     return open_storage(url)
-
-
-# ---------------------------------------------------------------------------------------------
-# Non-dominated sorting
-
-def pareto_ranks(values: Any, directions: Sequence[str]) -> np.ndarray:
-    """Non-dominated rank of each row of `values` (n points x m objectives): 1 is the Pareto front.
-
-    Rank k holds the points that only points of ranks < k dominate. A point dominates another
-    when it is no worse on every objective and better on one; equal points share a rank.
-    `directions` are "minimize" / "maximize" per objective.
-    """
-    v = np.asarray(values, dtype=float)
-    n = v.shape[0]
-    if n == 0:
-        return np.zeros(0, dtype=int)
-    v = v.reshape(n, -1)
-    if v.shape[1] != len(directions):
-        raise ValueError(f"{v.shape[1]} objective columns but {len(directions)} directions")
-    loss = v * np.array([1.0 if d == "minimize" else -1.0 for d in directions])
-    no_worse = (loss[:, None, :] <= loss[None, :, :]).all(axis=2)
-    better = (loss[:, None, :] < loss[None, :, :]).any(axis=2)
-    dominates = no_worse & better          # [i, j]: i dominates j
-    ranks = np.zeros(n, dtype=int)
-    remaining = np.ones(n, dtype=bool)
-    rank = 0
-    while remaining.any():
-        rank += 1
-        front = remaining & ~dominates[remaining].any(axis=0)
-        ranks[front] = rank
-        remaining &= ~front
-    return ranks
 
 
 # ---------------------------------------------------------------------------------------------

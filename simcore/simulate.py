@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simcore import __version__
-from simcore.config import SimConfig, default_batch_limits
+from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
 from simcore.metrics import engine_summary, summarize

@@ -15,7 +15,8 @@ import optuna
 import pytest
 import yaml
 
-from dse.runner import INTERRUPTED, best_configs, open_storage, run_search
+from dse.backends import open_storage
+from dse.runner import INTERRUPTED, best_configs, run_search
 from dse.space import SearchSpace
 from dse.study import Constraint, load_study, parse_study
 from simcore.config import parse_config
@@ -350,12 +351,12 @@ def test_the_wall_clock_limit_stops_asking_and_skips_confirmation(ray_address, t
     assert all(t.user_attrs["metrics"]["num_prompts"] == 4000 for t in trials)
 
 
-def test_nondominated_ranks_peel_fronts():
-    from dse.runner import nondominated_ranks
+def test_pareto_ranks_peel_fronts():
+    from dse.pareto import pareto_ranks
 
     points = [[1, 5], [2, 2], [5, 1], [3, 3], [4, 4], [2, 2], [6, 6]]
-    assert nondominated_ranks(points).tolist() == [0, 0, 0, 1, 2, 0, 3]
-    assert nondominated_ranks([]).tolist() == []
+    assert pareto_ranks(points, ["minimize", "minimize"]).tolist() == [1, 1, 1, 2, 3, 1, 4]
+    assert pareto_ranks([[-1, 5], [-2, 2]], ["maximize", "minimize"]).tolist() == [1, 1]
 
 
 def test_a_relative_storage_file_resolves_against_the_study_file(tmp_path):
