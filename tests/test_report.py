@@ -18,8 +18,8 @@ import numpy as np
 import optuna
 import pytest
 
-from dse.report import (build_report, envelope, open_existing_storage, pareto_ranks, render_csv,
-                        render_html, render_markdown, report_json, write_report)
+from dse.report import build_report, envelope, open_existing_storage, pareto_ranks, write_report
+from dse.report_render import render_csv, render_html, render_markdown, report_json
 from dse.study import Constraint, Objective, parse_study
 from simcore.config import parse_config
 from simcore.errors import ConfigError
