@@ -44,6 +44,9 @@ _RESULT_EXTRAS = ("num_gpus", "gpu_busy_fraction", "output_throughput_per_gpu",
 _PROBE_NUM_PROMPTS = 8
 
 
+DP_PATH = "parallelism.data_parallel_size"
+
+
 @dataclass(frozen=True)
 class EvalSpec:
     """What a trial needs to know of its study: how to score it and which GPU count is required."""
@@ -52,13 +55,17 @@ class EvalSpec:
     constraints: tuple[Constraint, ...] = ()
     num_gpus: int | None = None
     usd_per_gpu_hour: float = 2.5
+    derive_dp: bool = False
+    """With `num_gpus` set and DP not searched, DP = num_gpus / (TP x PP)."""
 
     @classmethod
     def of(cls, study: "StudyConfig | EvalSpec") -> "EvalSpec":
         if isinstance(study, EvalSpec):
             return study
+        n = study.space.num_gpus
+        derive = n is not None and DP_PATH not in study.space.parameters
         return cls(objectives=tuple(study.objectives), constraints=tuple(study.constraints),
-                   num_gpus=study.space.num_gpus, usd_per_gpu_hour=study.cost.usd_per_gpu_hour)
+                   num_gpus=n, usd_per_gpu_hour=study.cost.usd_per_gpu_hour, derive_dp=derive)
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,13 @@ def _check(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
     par = cfg.parallelism
     tp, pp, dp = (par.tensor_parallel_size, par.pipeline_parallel_size,
                   par.data_parallel_size)
+    if spec.derive_dp:
+        if spec.num_gpus % (tp * pp):
+            return None, (f"parallelism: TP x PP = {tp} x {pp} = {tp * pp} does not divide the "
+                          f"space's num_gpus = {spec.num_gpus} into whole replicas")
+        dp = spec.num_gpus // (tp * pp)
+        cfg = cfg.model_copy(update={"parallelism": par.model_copy(
+            update={"data_parallel_size": dp})})
     if spec.num_gpus is not None and tp * pp * dp != spec.num_gpus:
         return None, (f"parallelism: TP x PP x DP = {tp} x {pp} x {dp} = {tp * pp * dp} GPUs, "
                       f"but the space requires num_gpus = {spec.num_gpus}")

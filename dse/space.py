@@ -7,7 +7,8 @@ A space file (YAML) looks like:
       engine.max_num_batched_tokens: {type: categorical, choices: [2048, 4096, 8192]}
       parallelism.tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8]}
       parallelism.enable_expert_parallel: {type: categorical, choices: [false, true], when: moe}
-    num_gpus: 8            # optional: TP x PP x DP must equal this
+    num_gpus: 8            # optional: TP x PP x DP must equal this; if DP is not a parameter,
+                           # each configuration gets DP = num_gpus / (TP x PP)
 
 A parameter's `when` names a condition on the base configuration (`moe`, `dense`, `mla`) under
 which it exists at all; otherwise the base value stands.
@@ -87,7 +88,8 @@ class SearchSpace(BaseModel):
     parameters: dict[str, Param] = Field(min_length=1, description="Dotted config path -> "
                                          "parameter declaration.")
     num_gpus: int | None = Field(None, ge=1, description="If set, TP x PP x DP must equal this "
-                                 "(every configuration uses the whole cluster).")
+                                 "(every configuration uses the whole cluster); when DP is not a "
+                                 "parameter it is derived as num_gpus / (TP x PP).")
 
     def active(self, base: dict) -> dict[str, Param]:
         """The parameters that exist for this base configuration (conditions resolved)."""

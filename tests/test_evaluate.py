@@ -165,3 +165,21 @@ def test_evaluate_takes_a_study_config():
     assert out.status == "complete" and len(out.values) == 2
     assert set(out.constraints) == {"p99_tpot_ms <= 13"}
     assert isinstance(out, TrialOutcome)
+
+
+def test_data_parallel_size_is_derived_from_the_gpu_count_when_not_searched():
+    from dse.study import parse_study
+
+    study = parse_study({
+        "name": "derive", "base": {**BASE, "parallelism": {"data_parallel_size": 1}},
+        "space": {"parameters": {"parallelism.tensor_parallel_size":
+                                 {"type": "categorical", "choices": [1, 2, 3]}}, "num_gpus": 4},
+        "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
+    spec = EvalSpec.of(study)
+    assert spec.derive_dp
+    out = evaluate(study.base, {"parallelism.tensor_parallel_size": 2}, {}, spec)
+    assert out.status == "complete" and out.metrics["num_gpus"] == 4   # TP 2 x DP 2
+    out = evaluate(study.base, {"parallelism.tensor_parallel_size": 1}, {}, spec)
+    assert out.metrics["num_gpus"] == 4                                # TP 1 x DP 4
+    reason = precheck(study.base, {"parallelism.tensor_parallel_size": 3}, {}, spec)
+    assert reason is not None and "does not divide" in reason
