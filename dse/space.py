@@ -17,6 +17,7 @@ which it exists at all; otherwise the base value stands.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -175,15 +176,27 @@ def check_paths(space: SearchSpace, source: str) -> None:
 
     for path in space.parameters:
         models: list[Any] = [SimConfig]
-        for part in path.split("."):
-            if not models:
-                break           # a mapping-valued setting: checked when a trial is validated
+        parts = path.split(".")
+        for k, part in enumerate(parts):
             fields = [m.model_fields for m in models if part in m.model_fields]
             if not fields:
                 known = sorted({f for m in models for f in m.model_fields})
                 raise ConfigError(f"{source}: parameters.{path}: {part!r} is not a setting "
                                   f"there (known: {', '.join(known)})")
             models = [m for f in fields for m in _pydantic_models_of(f[part].annotation)]
+            if not models and k < len(parts) - 1:
+                if any(_takes_mapping(f[part].annotation) for f in fields):
+                    break       # a free-form mapping (e.g. speculative_config): checked per trial
+                raise ConfigError(f"{source}: parameters.{path}: {part!r} is a single value, "
+                                  f"not a section")
+
+
+def _takes_mapping(ann: Any) -> bool:
+    if ann is Any or ann is dict:
+        return True
+    if getattr(ann, "__origin__", None) in (dict, Mapping):
+        return True
+    return any(_takes_mapping(a) for a in getattr(ann, "__args__", ()) or ())
 
 
 def _pydantic_models_of(ann: Any) -> list[Any]:
@@ -203,7 +216,10 @@ def load_space(data: Any, source: str, base_dir: Path | None = None) -> SearchSp
         path = Path(data)
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
-        data = load_yaml(path)
+        try:
+            data = load_yaml(path)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
         source = str(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a search space must be a mapping with 'parameters'")

@@ -149,8 +149,7 @@ class StudyConfig(BaseModel):
             if isinstance(c, str):
                 m = _CONSTRAINT_RE.match(c)
                 if not m:
-                    raise ValueError(f"constraints[{i}]: {c!r} is not 'metric <= value' "
-                                     f"(ops <=, <, >=, >)")
+                    raise ValueError(f"{c!r} is not 'metric <= value' (ops <=, <, >=, >)")
                 out.append({"metric": m.group(1), "op": m.group(2), "value": float(m.group(3))})
             else:
                 out.append(c)
@@ -159,8 +158,9 @@ class StudyConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "StudyConfig":
         names = [o.metric for o in self.objectives]
-        if len(set(names)) != len(names):
-            raise ValueError("objectives: a metric is listed twice")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"objectives: {', '.join(twice)} is listed twice")
         return self
 
     @property
@@ -201,7 +201,10 @@ def parse_study(data: Any, *, source: str = "study", base_dir: Path | None = Non
     base = data.get("base")
     if isinstance(base, str):
         bpath = Path(base) if Path(base).is_absolute() else base_dir / base
-        loaded = load_yaml(bpath)
+        try:
+            loaded = load_yaml(bpath)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: base: {err}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{bpath}: the top level must be a mapping of settings")
         loaded.setdefault("base_dir", str(bpath.resolve().parent))
