@@ -29,17 +29,23 @@ class ParallelismConfig(BaseModel):
                                       "must divide the attention heads.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (PP); each holds a "
                                         "contiguous slice of the layers.")
-    data_parallel_size: int = Field(1, ge=1, description="Independent engine replicas (DP), each "
-                                    "with TP x PP GPUs, behind the router.")
-    enable_expert_parallel: bool = Field(False, description="Expert parallelism for MoE layers. "
-                                         "Not modelled by this engine yet: refused if true.")
+    data_parallel_size: int = Field(1, ge=1, description="Data-parallel ranks (DP), each with "
+                                    "TP x PP GPUs, its own scheduler and KV cache, behind the "
+                                    "router. Without expert parallelism they are independent "
+                                    "engine replicas; with it they step in lock-step.")
+    enable_expert_parallel: bool = Field(False, description="vLLM's expert parallelism for MoE "
+                                         "models: routed experts spread whole over EP = DP x TP "
+                                         "GPUs (per pipeline stage), attention data-parallel, "
+                                         "the DP ranks stepping in lock-step (idle ranks run "
+                                         "dummy batches) with an all-to-all dispatch and "
+                                         "combine per MoE layer. MoE models only.")
 
-    @model_validator(mode="after")
-    def _refuse_unmodelled(self) -> "ParallelismConfig":
-        if self.enable_expert_parallel:
-            raise ValueError("enable_expert_parallel: expert parallelism is not modelled yet; "
-                             "MoE experts are sharded by tensor parallelism")
-        return self
+    @property
+    def expert_parallel_size(self) -> int:
+        """EP = DP x TP with expert parallelism on, else 1."""
+        if not self.enable_expert_parallel:
+            return 1
+        return self.data_parallel_size * self.tensor_parallel_size
 
 
 class EngineConfig(BaseModel):
@@ -165,7 +171,8 @@ class SimConfig(BaseModel):
                                "config.json, with weight and KV-cache dtypes.")
     hardware: HardwareConfig = Field(description="The GPU (from the catalog) and its node.")
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig,
-                                           description="TP, PP and DP degrees.")
+                                           description="TP, PP and DP degrees, and expert "
+                                           "parallelism.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine "
                                  "settings.")
     router: RouterConfig = Field(default_factory=RouterConfig, description="Routing over DP "

@@ -1,4 +1,7 @@
-"""The serving loop on the virtual clock: a benchmark client, a router and engine replicas under SimPy."""
+"""The serving loop on the virtual clock: a benchmark client, a router and engine replicas under SimPy.
+
+Replicas step independently, one SimPy process each; with expert parallelism the DP ranks of an
+EP group step in lock-step, one process per group (see `run_serving`)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from simcore.compute.base import StepShape, StepTimeModel
+from simcore.compute.base import GroupStepTimeModel, StepShape, StepTimeModel
 from simcore.engine.request import BlockHashSpace, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.metrics import RequestRecord
@@ -42,7 +45,11 @@ class ReplicaStats:
     busy_s_budget_full: float = 0.0          # ... at a full token budget
     busy_s_waiting_blocked: float = 0.0      # ... for KV blocks (neither limit reached)
     step_s_by_phase_bound: dict[str, float] = field(default_factory=dict)
-    """Step time by "prefill/<bound>" (steps carrying prompt tokens) or "decode/<bound>"."""
+    """Step time by "prefill/<bound>" (steps carrying prompt tokens) or "decode/<bound>", and
+    "dummy/<bound>" for dummy batches of an expert-parallel group."""
+    dummy_steps: int = 0                     # lock-step steps this rank ran a dummy batch in
+    dummy_busy_s: float = 0.0                # ... and their time (included in busy_s)
+    all_to_all_s: float = 0.0                # EP dispatch/combine time (included in comm_s)
 
 
 @dataclass(slots=True)
@@ -87,11 +94,18 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 step_model: StepTimeModel, router_policy: str, report_interval_s: float,
                 balance_threshold: int, max_concurrency: int | None, max_model_len: int,
                 sample_interval_s: float,
-                progress: Callable[[float, int, int], None] | None = None) -> ServingRun:
+                progress: Callable[[float, int, int], None] | None = None,
+                lockstep_groups: list[tuple[int, ...]] | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
     server refuses it, and recorded as failed.
+
+    `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
+    together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
+    a group has requests, every step each rank's scheduler plans its batch, a rank with nothing
+    to run contributes a dummy batch, all wait for the group's step time, then each scheduler
+    takes its outputs. Without it, every replica steps on its own.
     """
     env = simpy.Environment()
     space = BlockHashSpace()
@@ -232,6 +246,102 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
                 finish(req.index)
 
+    def record(rep: _Replica, out, shape: StepShape, st) -> None:
+        """Count one step that ran `out` (shape `shape`) and took `st` on replica `rep`."""
+        stats = rep.stats
+        sched = rep.sched
+        n_run = len(sched.running)
+        n_wait = len(sched.waiting)
+        if n_run > stats.max_num_running:
+            stats.max_num_running = n_run
+        if n_wait > stats.max_num_waiting:
+            stats.max_num_waiting = n_wait
+        total_s = st.total_s
+        bound = st.bound
+        if n_wait:
+            if n_run >= sched.config.max_num_seqs:
+                stats.num_steps_at_max_seqs += 1
+                stats.busy_s_at_max_seqs += total_s
+            elif out.num_tokens >= sched.config.max_num_batched_tokens:
+                stats.num_steps_budget_full += 1
+                stats.busy_s_budget_full += total_s
+                if bound == "compute":
+                    stats.num_steps_budget_full_compute_bound += 1
+            else:
+                stats.num_steps_waiting_blocked += 1
+                stats.busy_s_waiting_blocked += total_s
+        stats.num_tokens += shape.num_tokens
+        stats.num_decode_tokens += shape.num_decode_seqs
+        stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
+        phase = ("prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/") + bound
+        count_step(stats, st, phase)
+
+    def count_step(stats: ReplicaStats, st, phase: str) -> None:
+        stats.num_steps += 1
+        stats.busy_s += st.total_s
+        stats.compute_s += st.compute_s
+        stats.comm_s += st.comm_s
+        stats.all_to_all_s += st.all_to_all_s
+        stats.steps_by_bound[st.bound] = stats.steps_by_bound.get(st.bound, 0) + 1
+        by_phase = stats.step_s_by_phase_bound
+        by_phase[phase] = by_phase.get(phase, 0.0) + st.total_s
+
+    def group_engine(ranks: list[_Replica], model: GroupStepTimeModel):
+        scheds = [rep.sched for rep in ranks]
+        dummy = StepShape.dummy()
+        shape_of = StepShape.from_scheduled
+        empty = 0
+        while True:
+            if not any(sched.has_requests for sched in scheds):
+                wake = env.event()
+                for rep in ranks:
+                    rep.wake = wake
+                yield wake
+                for rep in ranks:
+                    rep.wake = None
+            outs = [sched.schedule() for sched in scheds]
+            for rep, out in zip(ranks, outs):
+                if out.preempted:
+                    rep.stats.num_preemptions += len(out.preempted)
+            if not any(out.scheduled for out in outs):
+                empty += 1
+                if empty > MAX_EMPTY_STEPS:
+                    raise RuntimeError(f"replicas {[rep.index for rep in ranks]}: requests "
+                                       f"queued but nothing can be scheduled")
+                yield env.timeout(0)
+                continue
+            empty = 0
+            now = env.now
+            shapes = []
+            for out in outs:
+                for req in out.new:
+                    rec = req.client
+                    if rec.first_scheduled_s is None:
+                        rec.first_scheduled_s = now
+                shapes.append(shape_of(out.scheduled) if out.scheduled else dummy)
+            st = model.step_time_group(shapes)
+            for rep, out, shape in zip(ranks, outs, shapes):
+                if out.scheduled:
+                    record(rep, out, shape, st)
+                else:
+                    rep.stats.dummy_steps += 1
+                    rep.stats.dummy_busy_s += st.total_s
+                    count_step(rep.stats, st, "dummy/" + st.bound)
+            yield env.timeout(st.total_s)
+            now = env.now
+            for sched, out in zip(scheds, outs):
+                if not out.scheduled:
+                    continue
+                emitted, finished = sched.update(out)
+                for req in emitted:
+                    req.client.token_times_s.append(now)
+                for req in finished:
+                    rec = req.client
+                    rec.success = True
+                    rec.num_preemptions = req.num_preemptions
+                    rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
+                    finish(req.index)
+
     series = TimeSeries()
 
     def reporter():
@@ -253,8 +363,16 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             yield env.timeout(sample_interval_s)
 
     env.process(client())
-    for rep in replicas:
-        env.process(engine(rep))
+    if lockstep_groups is None:
+        for rep in replicas:
+            env.process(engine(rep))
+    else:
+        members = sorted(i for g in lockstep_groups for i in g)
+        if members != list(range(num_replicas)):
+            raise ValueError(f"lockstep_groups must partition the {num_replicas} replicas, "
+                             f"got {lockstep_groups}")
+        for g in lockstep_groups:
+            env.process(group_engine([replicas[i] for i in g], step_model))
     if num_replicas > 1:
         env.process(reporter())
     env.process(sampler())

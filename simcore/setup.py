@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from simcore.compute.base import StepTimeModel
+from simcore.compute.expert_parallel import ExpertParallelRoofline
 from simcore.compute.roofline import RooflineModel
 from simcore.config import SimConfig, default_batch_limits
 from simcore.errors import ConfigError
@@ -31,6 +32,10 @@ class Deployment:
     base_dir: Path
     weight_dtype: str
     kv_cache_dtype: str
+    ep_size: int = 1
+    """Expert-parallel group size (DP x TP) with expert parallelism on; 1 without it."""
+    expert_parallel: bool = False
+    """Expert parallelism on: the DP ranks form one lock-step group (`step_model` times it)."""
 
     def memory_report(self) -> dict:
         """KV-cache size and, when derived from memory, the formula's every term."""
@@ -62,7 +67,19 @@ class Deployment:
                      "and non-torch allowances")
         if self.step_model.pp > 1:
             a.append("pipeline stages run one after another per step (no micro-batch overlap)")
-        if self.arch.is_moe:
+        if self.expert_parallel:
+            m = self.step_model
+            link = ("the intra-node interconnect" if m.ep_local >= m.ep
+                    else "the declared per-GPU network bandwidth across nodes")
+            a.append(f"expert parallelism over {m.ep} GPUs ({m.experts_per_gpu} whole experts "
+                     f"each); the {m.dp} DP ranks step in lock-step, idle ranks running "
+                     "one-token dummy batches")
+            a.append("MoE tokens routed uniformly at random; the hottest GPU's expert load is "
+                     "the expected maximum by a normal approximation (no expert load balancer)")
+            if m.dp > 1:
+                a.append(f"EP dispatch and combine all-to-all (top-k copies per token) over "
+                         f"{link}, not overlapped with compute; no fabric contention")
+        elif self.arch.is_moe:
             a.append("MoE tokens routed uniformly over experts; experts sharded by TP")
         return a
 
@@ -75,6 +92,10 @@ def build_deployment(cfg: SimConfig) -> Deployment:
     par = cfg.parallelism
     e = cfg.engine
     tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
+    ep = par.expert_parallel_size
+    if par.enable_expert_parallel and not arch.is_moe:
+        raise ConfigError(f"parallelism.enable_expert_parallel: {arch.name} is a dense model; "
+                          "expert parallelism needs a mixture-of-experts model")
     try:
         arch.check_tp(tp)
     except ConfigError as err:
@@ -116,17 +137,24 @@ def build_deployment(cfg: SimConfig) -> Deployment:
         try:
             memory = kv_cache_num_blocks(
                 arch, gpu.memory_bytes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
-                tp=tp, pp=pp, block_size=e.block_size,
+                tp=tp, pp=pp, ep=ep, block_size=e.block_size,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                 max_model_len=max_model_len)
         except ConfigError as err:
             raise ConfigError(f"parallelism.tensor_parallel_size: {err}") from None
         num_blocks = memory.num_blocks
-    model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
-                          kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline)
+    model: StepTimeModel
+    if par.enable_expert_parallel:
+        model = ExpertParallelRoofline(arch, gpu, tp=tp, pp=pp, dp=par.data_parallel_size,
+                                       weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
+                                       assumptions=cfg.compute.roofline)
+    else:
+        model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
+                              kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline)
     return Deployment(arch=arch, gpu=gpu, step_model=model, memory=memory, num_blocks=num_blocks,
                       block_size=e.block_size, max_model_len=max_model_len,
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       gpus_per_replica=tp * pp, base_dir=base_dir, weight_dtype=weight_dtype,
-                      kv_cache_dtype=kv_dtype)
+                      kv_cache_dtype=kv_dtype, ep_size=ep,
+                      expert_parallel=par.enable_expert_parallel)

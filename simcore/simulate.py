@@ -42,7 +42,11 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     `request_throughput`, ...) and the engine's (`gpu_busy_fraction`, `total_preemptions`,
     `prefix_cache_hit_rate`, `mean_queue_ms`, ...); `kv_cache`, `replicas`, `timeseries`,
     `requests` and `provenance` hold the detail. `progress(now_s, done, total)` is called as
-    requests complete.
+    requests complete. With expert parallelism the result also has `ep_size`,
+    `dummy_busy_fraction` (share of GPU-busy time spent in dummy batches, which busy time
+    includes: an idle rank of a lock-step group is still occupied),
+    `all_to_all_fraction_of_busy`, an `expert_parallel` section, and per replica `dummy_steps`,
+    `dummy_busy_s` and `all_to_all_s`.
     """
     dep = build_deployment(cfg)
     sched_cfg = scheduler_config(cfg, dep)
@@ -52,12 +56,16 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     if not specs:
         raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
     interval = cfg.metrics.timeseries_interval_s
+    dp = cfg.parallelism.data_parallel_size
+    # With expert parallelism EP = DP x TP: all DP ranks form one lock-step EP group.
+    groups = [tuple(range(dp))] if dep.expert_parallel else None
     run = run_serving(
-        specs, sched_config=sched_cfg, num_replicas=cfg.parallelism.data_parallel_size,
+        specs, sched_config=sched_cfg, num_replicas=dp,
         step_model=dep.step_model, router_policy=cfg.router.policy,
         report_interval_s=cfg.router.periodic_infra_update_time_s,
         balance_threshold=cfg.router.balance_threshold, max_concurrency=w.max_concurrency,
-        max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress)
+        max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
+        lockstep_groups=groups)
     return assemble_result(cfg, dep, run)
 
 
@@ -90,6 +98,20 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
     result["num_routed_by_prefix"] = run.num_routed_by_prefix
     comm = sum(s.comm_s for s in stats)
     result["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
+    if dep.expert_parallel:
+        m = dep.step_model
+        dummy = sum(s.dummy_busy_s for s in stats)
+        a2a = sum(s.all_to_all_s for s in stats)
+        result["ep_size"] = dep.ep_size
+        result["dummy_busy_fraction"] = dummy / busy if busy > 0 else 0.0
+        result["all_to_all_fraction_of_busy"] = a2a / busy if busy > 0 else 0.0
+        result["expert_parallel"] = {
+            "ep_size": dep.ep_size, "num_lockstep_ranks": m.num_ranks,
+            "experts_per_gpu": m.experts_per_gpu, "ep_gpus_per_node": m.ep_local,
+            "all_to_all": ("none (one DP rank: TP all-reduce)" if m.dp == 1
+                           else "intra-node" if m.ep_local >= m.ep else "across nodes"),
+            "num_dummy_steps": sum(s.dummy_steps for s in stats),
+        }
     result["kv_cache"] = dep.memory_report()
     result["limits"] = {"max_num_seqs": dep.max_num_seqs,
                         "max_num_batched_tokens": dep.max_num_batched_tokens,
@@ -110,6 +132,8 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
         "busy_s_waiting_for_kv_blocks": s.busy_s_waiting_blocked,
         "step_s_by_phase_bound": s.step_s_by_phase_bound,
         "prefix_cache_evictions": sched.kv.pool.num_evictions,
+        **({"dummy_steps": s.dummy_steps, "dummy_busy_s": s.dummy_busy_s,
+            "all_to_all_s": s.all_to_all_s} if dep.expert_parallel else {}),
     } for i, (s, sched) in enumerate(zip(stats, run.schedulers))]
     ts = run.timeseries
     result["timeseries"] = {"t_s": ts.t_s, "kv_cache_usage": ts.kv_usage,

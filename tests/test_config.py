@@ -178,7 +178,6 @@ def test_model_too_big_for_the_gpu():
     ("engine", {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1"}},
      "kv_transfer_config"),
     ("engine", {"cpu_offload_gb": 8}, "cpu_offload_gb"),
-    ("parallelism", {"enable_expert_parallel": True}, "enable_expert_parallel"),
 ])
 def test_unmodelled_features_are_refused(section, values, field):
     msg = error_of(merged(**{section: values}))

@@ -51,6 +51,18 @@ class StepShape:
                 pairs += new * ctx + new * (new + 1) / 2
         return StepShape(num_tokens, len(scheduled), num_decode, pairs, kv)
 
+    @staticmethod
+    def dummy() -> "StepShape":
+        """The dummy batch an idle data-parallel rank runs to keep an expert-parallel group's
+        collectives aligned: one token through every layer, no sequence (so no attention, LM
+        head or sampling), as vLLM's `execute_dummy_batch` does."""
+        return StepShape(1, 0, 0, 0.0, 0)
+
+    @property
+    def is_dummy(self) -> bool:
+        """A dummy batch (tokens but no sequence)."""
+        return self.num_seqs == 0 and self.num_tokens > 0
+
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
@@ -58,9 +70,10 @@ class StepTime:
 
     total_s: float
     compute_s: float      # GEMMs, attention, norms, everything on the GPU's compute units
-    comm_s: float         # TP all-reduce / PP send-recv exposed on the step's critical path
+    comm_s: float         # TP all-reduce / PP send-recv / EP all-to-all on the critical path
     bound: str            # "compute" | "memory" | "communication": what dominates the step
     overhead_s: float = 0.0  # CPU-side time on the critical path: total_s - compute_s - comm_s
+    all_to_all_s: float = 0.0  # the EP dispatch and combine part of comm_s
 
 
 class StepTimeModel(Protocol):
@@ -71,3 +84,15 @@ class StepTimeModel(Protocol):
     relative_uncertainty: float  # symmetric bound on step time, e.g. 0.3 for +/-30%
 
     def step_time(self, shape: StepShape) -> StepTime: ...
+
+
+class GroupStepTimeModel(StepTimeModel, Protocol):
+    """A compute model for data-parallel ranks that step in lock-step (an expert-parallel group).
+
+    Every step, each rank's scheduler plans its batch (a rank with nothing to run contributes
+    `StepShape.dummy()`); all ranks then take the same time, `step_time_group(shapes)`.
+    """
+
+    num_ranks: int            # data-parallel ranks in the group; len(shapes) must equal it
+
+    def step_time_group(self, shapes: list[StepShape]) -> StepTime: ...

@@ -17,7 +17,7 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
   num_decode_seqs x kv_tokens_read / num_seqs.
 - MoE: router in bf16; routed experts with uniform top-k routing, so num_tokens tokens activate
   E x (1 - (1 - k/E)^num_tokens) distinct experts in expectation, each expert's weights read once;
-  expert FLOPs from num_tokens x k. Experts are TP-sharded (no expert parallelism here).
+  expert FLOPs from num_tokens x k. Experts are TP-sharded here.
 - Norms, rotary embedding, activation functions, residual adds: memory-bound passes over the
   activations, with a floor of a few minimum-length kernels per layer.
 - LM head and sampling for num_seqs rows (vLLM computes logits for every scheduled request,
@@ -25,7 +25,8 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
 - TP: 2 all-reduces per layer (+1 for the vocabulary-parallel embedding) of num_tokens x hidden
   activations and a gather of the logits, by the ring formula of REFERENCE §4 over the intra-node
   interconnect: 2(n-1)/n x S/B + 2(n-1) x alpha. They sit on the critical path (vLLM does not
-  overlap them).
+  overlap them). With `sequence_parallel_moe` (expert parallelism with DP > 1) each MoE layer's
+  all-reduce becomes an all-gather, (n-1)/n x S/B + (n-1) x alpha.
 - PP: a sequential estimate without micro-batching: the step takes the sum of all stage times plus
   (pp - 1) hops sending hidden states and residual (intra-node interconnect, or the declared
   inter-node bandwidth for hops between nodes). vLLM overlaps pp batches; a caller simulating that
@@ -34,8 +35,11 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
   full CUDA graphs (anything but decode-only batches up to cuda_graph_max_num_tokens), a
   per-layer launch time that overlaps GPU work and shows only when longer.
 
-Not modelled: expert parallelism, data-parallel attention, all-to-all dispatch, micro-batch
-overlap, speculative decoding, prefix-cache copy costs, wave quantization and tile effects of
+Expert parallelism (experts whole on DP x TP GPUs, DP ranks in lock-step, all-to-all dispatch
+and combine) is modelled on top of this one in `simcore.compute.expert_parallel`; its ranks use
+`op_bounds(..., routed_experts=False)`, `comm_s` and `assemble` from here.
+
+Not modelled: micro-batch overlap, speculative decoding, prefix-cache copy costs, wave quantization and tile effects of
 small GEMMs, kernel fusion beyond the counts above, power/clock throttling, multi-node TP. The
 result is a reference estimate with a declared uncertainty (`relative_uncertainty`), not a
 calibrated profile.
@@ -98,9 +102,11 @@ class RooflineAssumptions(BaseModel):
                     "(fp32 logits read and written by temperature, softmax, top-k/top-p).")
     inter_node_bandwidth_bytes_per_s: float = Field(
         50e9, gt=0,
-        description="Per-GPU network bandwidth for PP hops between nodes, bytes/s (400 Gb/s NIC).")
+        description="Per-GPU network bandwidth for PP hops and the expert-parallel all-to-all "
+                    "between nodes, bytes/s (400 Gb/s NIC).")
     inter_node_latency_s: float = Field(
-        5e-6, ge=0, description="Latency of one PP hop between nodes, s.")
+        5e-6, ge=0, description="Latency of one PP hop, or of one all-to-all phase, between "
+                                "nodes, s.")
     relative_uncertainty: float = Field(
         0.35, gt=0,
         description="Declared symmetric bound on the relative error of a step time: an "
@@ -132,7 +138,8 @@ class RooflineModel:
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
-                 assumptions: RooflineAssumptions | None = None) -> None:
+                 assumptions: RooflineAssumptions | None = None,
+                 sequence_parallel_moe: bool = False) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
         if tp > gpu.gpus_per_node:
@@ -272,8 +279,17 @@ class RooflineModel:
         alpha = a.collective_hop_latency_s
         if tp > 1:
             num_ar = 2 * num_layers + 1
-            self._ar_s_per_token = num_ar * 2 * (tp - 1) / tp * h * ab / ic
-            self._ar_latency_s = num_ar * 2 * (tp - 1) * alpha
+            if sequence_parallel_moe and num_moe:
+                # vLLM's sequence-parallel MoE (expert parallelism with DP > 1 and TP > 1): each
+                # TP rank sends its 1/tp slice of the tokens to the experts, and an all-gather
+                # (half an all-reduce's bytes and hops) restores the activations after each MoE
+                # layer instead of an all-reduce.
+                halves = 2 * (num_ar - num_moe) + num_moe
+                self._ar_s_per_token = halves * (tp - 1) / tp * h * ab / ic
+                self._ar_latency_s = halves * (tp - 1) * alpha
+            else:
+                self._ar_s_per_token = num_ar * 2 * (tp - 1) / tp * h * ab / ic
+                self._ar_latency_s = num_ar * 2 * (tp - 1) * alpha
             self._gather_s_per_row = (tp - 1) / tp * arch.vocab_size * ab / ic
             self._gather_latency_s = (tp - 1) * alpha
         else:
@@ -299,6 +315,19 @@ class RooflineModel:
         t = shape.num_tokens
         if t <= 0:
             return StepTime(0.0, 0.0, 0.0, "compute")
+        compute_bound, memory_bound = self.op_bounds(shape)
+        full_graph = shape.num_decode_seqs == t and t <= self._graph_max_tokens
+        return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph)
+
+    def op_bounds(self, shape: StepShape, *, routed_experts: bool = True) -> tuple[float, float]:
+        """(compute-bound, memory-bound) seconds of every op of a step of `shape` (t > 0).
+
+        Each op's roofline time is added to the sum of the bound that dominates it.
+        `routed_experts=False` leaves the routed experts out (an expert-parallel group times
+        them over all of its ranks' tokens). A shape with no sequences (a dummy batch) runs no
+        attention, LM head or sampler.
+        """
+        t = shape.num_tokens
         s = shape.num_seqs
         d = shape.num_decode_seqs
         kv = shape.kv_tokens_read
@@ -313,7 +342,7 @@ class RooflineModel:
             else:
                 memory_bound += m if m > floor_s else floor_s
 
-        if self._e_num:
+        if routed_experts and self._e_num:
             active = self._e_num * (1.0 - math.exp(t * self._e_ln_miss))
             c = t * self._e_flop_s_per_token
             m = active * self._e_byte_s_per_expert + t * self._e_byte_s_per_token
@@ -322,45 +351,61 @@ class RooflineModel:
             else:
                 memory_bound += m if m > self._e_floor_s else self._e_floor_s
 
-        pairs = shape.attn_qk_pairs
-        if self._mla:
-            decode_kv = d * kv / s if s else 0.0
-            prefill_pairs = pairs - decode_kv if pairs > decode_kv else 0.0
-            rows = d + (kv - decode_kv)
-            c = rows * self._kvb_flop_s_per_row
-            m = self._kvb_byte_s_fixed + rows * self._kvb_byte_s_per_row
-            if c >= m and c >= self._kvb_floor_s:
+        if s:
+            pairs = shape.attn_qk_pairs
+            if self._mla:
+                decode_kv = d * kv / s
+                prefill_pairs = pairs - decode_kv if pairs > decode_kv else 0.0
+                rows = d + (kv - decode_kv)
+                c = rows * self._kvb_flop_s_per_row
+                m = self._kvb_byte_s_fixed + rows * self._kvb_byte_s_per_row
+                if c >= m and c >= self._kvb_floor_s:
+                    compute_bound += c
+                else:
+                    memory_bound += m if m > self._kvb_floor_s else self._kvb_floor_s
+                c = (decode_kv * self._attn_flop_s_per_decode_pair
+                     + prefill_pairs * self._attn_flop_s_per_pair)
+            else:
+                c = pairs * self._attn_flop_s_per_pair
+            m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
+            if c >= m and c >= self._attn_floor_s:
                 compute_bound += c
             else:
-                memory_bound += m if m > self._kvb_floor_s else self._kvb_floor_s
-            c = (decode_kv * self._attn_flop_s_per_decode_pair
-                 + prefill_pairs * self._attn_flop_s_per_pair)
-        else:
-            c = pairs * self._attn_flop_s_per_pair
-        m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
-        if c >= m and c >= self._attn_floor_s:
-            compute_bound += c
-        else:
-            memory_bound += m if m > self._attn_floor_s else self._attn_floor_s
+                memory_bound += m if m > self._attn_floor_s else self._attn_floor_s
 
         m = t * self._ew_byte_s_per_token
         memory_bound += m if m > self._ew_floor_s else self._ew_floor_s
 
-        c = s * self._lm_flop_s_per_row
-        m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
-        if c >= m and c >= self._lm_floor_s:
-            compute_bound += c
-        else:
-            memory_bound += m if m > self._lm_floor_s else self._lm_floor_s
-        m = s * self._smp_byte_s_per_row
-        memory_bound += m if m > self._smp_floor_s else self._smp_floor_s
+        if s:
+            c = s * self._lm_flop_s_per_row
+            m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
+            if c >= m and c >= self._lm_floor_s:
+                compute_bound += c
+            else:
+                memory_bound += m if m > self._lm_floor_s else self._lm_floor_s
+            m = s * self._smp_byte_s_per_row
+            memory_bound += m if m > self._smp_floor_s else self._smp_floor_s
+        return compute_bound, memory_bound
 
-        comm = (t * self._ar_s_per_token + self._ar_latency_s
+    def comm_s(self, shape: StepShape) -> float:
+        """TP collectives and PP hops of a step of `shape`, seconds (on the critical path)."""
+        t = shape.num_tokens
+        s = shape.num_seqs
+        return (t * self._ar_s_per_token + self._ar_latency_s
                 + s * self._gather_s_per_row + self._gather_latency_s
                 + t * self._pp_s_per_token + self._pp_latency_s)
+
+    @property
+    def cuda_graph_max_num_tokens(self) -> int:
+        """Largest decode-only batch that runs as one full CUDA graph, tokens."""
+        return self._graph_max_tokens
+
+    def assemble(self, compute_bound: float, memory_bound: float, comm: float,
+                 full_graph: bool, all_to_all_s: float = 0.0) -> StepTime:
+        """A StepTime from the op sums: launch time shows when longer than the GPU work outside
+        full CUDA graphs; the per-step CPU overhead is added; the largest sum names the bound."""
         compute = compute_bound + memory_bound
         gpu = compute + comm
-        full_graph = d == t and t <= self._graph_max_tokens
         busy = gpu if full_graph or gpu >= self._eager_launch_s else self._eager_launch_s
         total = busy + self._step_overhead_s
         if comm > compute_bound and comm > memory_bound:
@@ -369,4 +414,4 @@ class RooflineModel:
             bound = "compute"
         else:
             bound = "memory"
-        return StepTime(total, compute, comm, bound, total - gpu)
+        return StepTime(total, compute, comm, bound, total - gpu, all_to_all_s)

@@ -62,7 +62,7 @@ class KvCacheMemory:
 def activation_peak_bytes(arch: ModelArch, *, tp: int, act_dtype_bytes: float,
                           max_num_batched_tokens: int, max_num_seqs: int, last_stage: bool,
                           sampler_bytes_per_logit: float = DEFAULT_SAMPLER_BYTES_PER_LOGIT,
-                          ) -> float:
+                          ep: int = 1) -> float:
     """Estimated peak activation memory of vLLM's profiling run on one GPU.
 
     vLLM profiles a dummy forward pass of `max_num_batched_tokens` tokens, then (on the last
@@ -71,6 +71,9 @@ def activation_peak_bytes(arch: ModelArch, *, tp: int, act_dtype_bytes: float,
     largest of
       dense MLP:  gate_up output + activation output, 3 x intermediate / tp per token;
       MoE MLP:    fused-MoE caches, top_k x (3 x moe_intermediate / tp + hidden) per token;
+                  with expert parallelism (`ep` > 1) whole experts see, on average, top_k / tp
+                  of each token's assignments (every DP rank profiles the same batch, and the
+                  dp x tp GPUs share them), so top_k / tp x (3 x moe_intermediate + hidden);
       attention:  QKV output + attention output per token (MLA: decompressed K and V);
     and, on the last stage, the sampler: max_num_seqs x vocab x `sampler_bytes_per_logit`.
     torch.compile buffers and allocator fragmentation are not modelled.
@@ -85,7 +88,9 @@ def activation_peak_bytes(arch: ModelArch, *, tp: int, act_dtype_bytes: float,
     per_token = [attn]
     if arch.num_moe_layers() < arch.num_layers:
         per_token.append(3 * arch.intermediate_size // tp)
-    if arch.is_moe:
+    if arch.is_moe and ep > 1:
+        per_token.append(arch.num_experts_per_tok * (3 * arch.moe_intermediate_size + h) / tp)
+    elif arch.is_moe:
         per_token.append(arch.num_experts_per_tok * (3 * arch.moe_intermediate_size // tp + h))
     forward = t * act_dtype_bytes * (2 * h + max(per_token))
     if not last_stage:
@@ -118,9 +123,9 @@ def kv_cache_num_blocks(
     num_blocks = (total x gpu_memory_utilization - weights - activation peak - CUDA graphs -
     non-torch memory) // bytes_per_block, per pipeline stage, minimum over stages. Weights are
     those of the most loaded GPU of the stage (layers split over PP, sharded over TP; routed
-    experts split over `ep` GPUs when ep > 1). Raises ConfigError when the weights do not fit,
-    when nothing is left for the KV cache, or when one `max_model_len` request would not fit
-    (vLLM refuses to start then).
+    experts split whole over `ep` GPUs when ep > 1, vLLM's expert parallelism with
+    EP = DP x TP). Raises ConfigError when the weights do not fit, when nothing is left for the
+    KV cache, or when one `max_model_len` request would not fit (vLLM refuses to start then).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -145,7 +150,7 @@ def kv_cache_num_blocks(
         activation = activation_peak_bytes(
             arch, tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, last_stage=stage == pp - 1,
-            sampler_bytes_per_logit=sampler_bytes_per_logit)
+            sampler_bytes_per_logit=sampler_bytes_per_logit, ep=ep)
         kv_bytes = requested - weights - activation - cuda_graph_bytes - non_torch_bytes
         per_block = block_size * num_stage_layers * arch.kv_elems_per_token_per_layer(tp) \
             * kv_elem_bytes
