@@ -182,5 +182,33 @@ def dashboard(study_file: Path, host: str, port: int) -> None:
     serve_dashboard(study.storage_url, host=host, port=port)
 
 
+@main.command()
+@click.argument("scenario", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["packet", "flow", "analytical"]), default=None,
+              help="Fabric fidelity (default: the scenario's own, else packet).")
+@click.option("--seed", type=int, default=None, help="Override the scenario's seed.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the measurements as JSON here.")
+def fabric(scenario: Path, backend: str | None, seed: int | None, out: Path | None) -> None:
+    """Run a network SCENARIO (YAML) on the fabric simulator and print its measurements."""
+    from simcore.fabric.report import render_fabric_summary
+    from simcore.fabric.run import run_scenario
+
+    try:
+        result = run_scenario(scenario, backend, seed=seed)
+    except ConfigError as e:
+        msg = str(e)
+        _fail(msg if msg.startswith(str(scenario)) else f"{scenario}: {msg}")
+        return
+    click.echo(render_fabric_summary(result))
+    if out is not None:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1, allow_nan=False))
+        except OSError as e:
+            _fail(f"{out}: cannot write the measurements ({e.strerror})")
+        click.echo(f"measurements written to {out}")
+
+
 if __name__ == "__main__":
     main()

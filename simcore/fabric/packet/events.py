@@ -1,0 +1,133 @@
+"""The event loop of one fabric: pop the earliest event, hand it to the device it concerns, and
+stop when the next event lies beyond the requested time, when nothing is left, or when a device
+left a request for Python (a message callback, a DCQCN decision) in the outbox.
+
+Arrival of a packet at a node (host or switch) and a port finishing a frame are the two events
+every packet-hop costs; the rest are timers. Superseded timers (a pause already lifted, a
+retransmission timer already re-armed) are recognised by generation numbers and skipped; when
+nothing is left the clock is set back to the last event that did something, so they never extend
+a run. Utilization samples are taken here too: before the first event at or after each sample
+instant, every link's busy time up to that instant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simcore.fabric.packet._jit import njit
+from simcore.fabric.packet.heap import (EV_ARRIVE, EV_CREDIT, EV_MESSAGE, EV_PAUSE_END,
+                                        EV_RP_TIMER, EV_RTO, EV_SOURCE, EV_TX_DONE, EV_WAKE,
+                                        EV_XOFF_REFRESH, NUM_KINDS, pop, push)
+from simcore.fabric.packet.link import busy_done_s, finish_tx, set_paused
+from simcore.fabric.packet.nic import (message_start, nic_kick, nic_receive, rp_timer, rto_check,
+                                       source_emit)
+from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_NSMP, C_OBN, CF_SMP, K_DATA, K_PAUSE,
+                                         free_packet, grow_floats)
+from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_release, xoff_refresh
+
+IDLE = 0        # no events left
+STOPPED = 1     # the next event is later than the stop time
+REQUESTS = 2    # the outbox holds requests for Python
+
+
+@njit
+def kick(st, l, now):
+    """Let port l start a frame if it can (hosts also pull from their queue pairs)."""
+    if st.n_host[st.l_src[l]] != 0:
+        nic_kick(st, l, now)
+    else:
+        switch_kick(st, l, now)
+
+
+@njit
+def _arrive(st, l, p, now):
+    n = st.l_dst[l]
+    if st.p_kind[p] == K_PAUSE:
+        port = st.l_rev[l]
+        xoff = st.p_arg[p]
+        free_packet(st, p)
+        if set_paused(st, port, xoff, now):
+            kick(st, port, now)
+        elif xoff != 0:
+            push(st, now + st.l_pause_s[port], EV_PAUSE_END, port, st.pause_gen[port])
+        return
+    if st.n_host[n] != 0:
+        nic_receive(st, n, l, p, now)
+    else:
+        switch_receive(st, n, l, p, now)
+
+
+@njit
+def _tx_done(st, l, now):
+    p = finish_tx(st, l, now)
+    n = st.l_src[l]
+    if st.n_host[n] == 0 and st.p_kind[p] == K_DATA:
+        switch_release(st, n, p, now)
+    kick(st, l, now)
+
+
+@njit
+def _sample(st):
+    k = st.cnt[C_NSMP]
+    nl = st.n_links
+    if k == st.smp_cap:
+        st.smp = grow_floats(st, st.smp, k * nl, 2 * k * nl, 0.0)
+        st.smp_cap = 2 * k
+    t = st.clk[1]
+    for l in range(nl):
+        st.smp[k * nl + l] = busy_done_s(st, l, t)
+    st.cnt[C_NSMP] = k + 1
+    st.clk[1] = (k + 2) * st.cfg[CF_SMP]
+
+
+@njit
+def run_events(st, stop_t):
+    """Process events up to and including time stop_t. Returns IDLE, STOPPED or REQUESTS."""
+    cnt = st.cnt
+    sampling = st.cfg[CF_SMP] > 0.0
+    while cnt[C_HN] > 0:
+        t = st.h_t[0]
+        if t > stop_t:
+            return STOPPED
+        if sampling:
+            while t >= st.clk[1]:
+                _sample(st)
+        t, code, b = pop(st)
+        st.clk[0] = t
+        cnt[C_EVENTS] += 1
+        kind = code % NUM_KINDS
+        a = code // NUM_KINDS
+        active = True
+        if kind == EV_ARRIVE:
+            _arrive(st, a, b, t)
+        elif kind == EV_TX_DONE:
+            _tx_done(st, a, t)
+        elif kind == EV_WAKE:
+            if t >= st.wake_t[a]:
+                st.wake_t[a] = np.inf
+            nic_kick(st, a, t)
+        elif kind == EV_CREDIT:
+            st.credits[a] += b
+            kick(st, a, t)
+        elif kind == EV_MESSAGE:
+            message_start(st, a, t)
+        elif kind == EV_PAUSE_END:
+            active = st.pause_gen[a] == b and set_paused(st, a, 0, t)
+            if active:
+                kick(st, a, t)
+        elif kind == EV_XOFF_REFRESH:
+            active = xoff_refresh(st, a, b, t)
+        elif kind == EV_RTO:
+            active = rto_check(st, a, t)
+        elif kind == EV_RP_TIMER:
+            active = rp_timer(st, a, b)
+        elif kind == EV_SOURCE:
+            source_emit(st, a, t)
+        if active:
+            st.clk[2] = t
+        if cnt[C_OBN] > 0:
+            return REQUESTS
+    # Only superseded timers (stale pauses, refreshes, timeouts) may have run since the last
+    # event that did something: idle since then.
+    st.clk[0] = st.clk[2]
+    return IDLE

@@ -1,0 +1,81 @@
+"""A link's transmitter and wire: store-and-forward serialisation at the link rate, then the
+propagation delay. Starting a frame at t schedules the port free at t + L/C and the frame's
+arrival at the far end at t + L/C + d. The port obeys PFC pauses (data only) and, under
+credit-based flow control, sends data only against credits the receiver advertised."""
+
+from __future__ import annotations
+
+from simcore.fabric.packet._jit import njit
+from simcore.fabric.packet.heap import EV_ARRIVE, EV_TX_DONE, push
+from simcore.fabric.packet.queues import level_change, pop_ctrl, pop_data
+from simcore.fabric.packet.state import (C_DATA_HOPS, C_FRAMES, CF_FC, FC_CREDIT, K_DATA)
+
+
+@njit
+def start_tx(st, l, p, now):
+    """Put frame p on link l now (the port must be idle)."""
+    size = st.p_size[p]
+    ser = size / st.l_rate[l]
+    end = now + ser
+    st.busy[l] = 1
+    st.tx_pkt[l] = p
+    st.tx_end[l] = end
+    st.s_bytes[l] += size
+    st.s_busy[l] += ser
+    st.cnt[C_FRAMES] += 1
+    if st.p_kind[p] == K_DATA:
+        st.cnt[C_DATA_HOPS] += 1
+        if st.cfg[CF_FC] == FC_CREDIT:
+            st.credits[l] -= size
+    push(st, end, EV_TX_DONE, l, p)
+    push(st, end + st.l_delay[l], EV_ARRIVE, l, p)
+
+
+@njit
+def finish_tx(st, l, now):
+    """The frame on port l has left; returns it (it is still travelling to the far end)."""
+    p = st.tx_pkt[l]
+    st.busy[l] = 0
+    st.tx_pkt[l] = -1
+    if st.p_kind[p] == K_DATA:
+        level_change(st, l, -st.p_size[p], now)
+    return p
+
+
+@njit
+def next_queued(st, l):
+    """The next frame port l may send from its queues: control first, then data unless paused or
+    short of credits. Returns -1 when there is none."""
+    if st.c_head[l] >= 0:
+        return pop_ctrl(st, l)
+    p = st.q_head[l]
+    if p < 0 or st.paused[l] != 0:
+        return -1
+    if st.cfg[CF_FC] == FC_CREDIT and st.credits[l] < st.p_size[p]:
+        return -1
+    return pop_data(st, l)
+
+
+@njit
+def set_paused(st, l, paused, now):
+    """Apply a PFC XOFF (paused=1) or XON (0) to port l's data; returns True if it resumed."""
+    if paused != 0:
+        if st.paused[l] == 0:
+            st.paused[l] = 1
+            st.paused_at[l] = now
+        st.pause_gen[l] += 1
+        return False
+    if st.paused[l] != 0:
+        st.paused[l] = 0
+        st.s_paused[l] += now - st.paused_at[l]
+        return True
+    return False
+
+
+@njit
+def busy_done_s(st, l, t):
+    """Seconds link l has spent serialising up to time t (the frame on the wire counts in part)."""
+    b = st.s_busy[l]
+    if st.busy[l] != 0 and st.tx_end[l] > t:
+        b -= st.tx_end[l] - t
+    return b

@@ -1,0 +1,586 @@
+"""A host's NIC: queue pairs that cut messages into MTU packets and pace them, a receiver that
+reassembles them, and the DCQCN roles, whose state machines (simcore.fabric.dcqcn) live in Python
+and are driven through requests the kernel leaves in its outbox.
+
+Sending: each egress port serves its active queue pairs round robin; a queue pair may start its
+next frame once `size / rate` has passed since the start of its previous one (its pacing rate is
+the line rate, or DCQCN's current rate). Control frames and relayed packets (a host that forwards
+others' traffic, like a PXN GPU) go first.
+
+Reliability: lossless fabrics need none, and the receiver accepts packets in any order. Lossy
+ones run go-back-N: the receiver accepts only the next expected PSN, ACKs every few in-order
+packets and each message's end, NACKs the first gap once; the sender rewinds to the NACKed PSN or,
+after a retransmission timeout without progress, to the oldest unacknowledged one.
+
+DCQCN: a marked data packet at the receiver asks the notification point whether to send a CNP
+(only once its per-flow quiet interval has passed); a CNP at the sender, a reaction-point timer,
+the byte counter filling, or a rate-limited queue pair becoming active again ask the reaction
+point, which sets the pacing rate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simcore.fabric.packet._jit import njit, view
+from simcore.fabric.packet.heap import (EV_CREDIT, EV_MESSAGE, EV_RP_TIMER, EV_RTO, EV_SOURCE,
+                                        EV_WAKE, push)
+from simcore.fabric.packet.link import next_queued, start_tx
+from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data, level_change
+from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NACKS, C_NFLOW,
+                                         C_NMSG, C_NPATH, C_NSRC, C_OBN, C_RETX, C_RETX_PAY,
+                                         C_SENT_PAY, C_TIMEOUTS, CF_ACKN, CF_CTRL, CF_FC,
+                                         CF_HDR, CF_PAY, CF_REL, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
+                                         K_CNP, K_DATA, K_NACK, alloc_packet, free_packet,
+                                         grow_floats, grow_ints, uniform)
+from simcore.fabric.packet.switch import out_port
+
+# Outbox requests for Python.
+O_DONE = 0          # a: message with a callback; its last byte arrived
+O_CNP = 1           # a: flow; a CNP reached its sender
+O_NP = 2            # a: flow; a marked packet reached its receiver: send a CNP?
+O_RP_TIMER = 3      # a: flow; its reaction point's next event is due
+O_RP_BYTES = 4      # a: flow; its byte counter filled
+O_RP_WAKE = 5       # a: flow; a rate-limited queue pair has data again
+
+
+@njit
+def request(st, kind, a):
+    n = st.cnt[C_OBN]
+    if n == st.o_cap:
+        st.o_kind = grow_ints(st, st.o_kind, n, 2 * n, 0)
+        st.o_a = grow_ints(st, st.o_a, n, 2 * n, 0)
+        st.o_cap = 2 * n
+    st.o_kind[n] = kind
+    st.o_a[n] = a
+    st.cnt[C_OBN] = n + 1
+
+
+# ---- sending ---------------------------------------------------------------------------------
+
+@njit
+def nic_kick(st, l, now):
+    """Start host port l's next frame if it is idle: control and relayed frames first, then the
+    queue pairs' data."""
+    if st.busy[l] != 0:
+        return
+    p = next_queued(st, l)
+    if p < 0 and st.paused[l] == 0 and st.q_head[l] < 0:
+        p = _pull(st, l, now)
+    if p >= 0:
+        start_tx(st, l, p, now)
+
+
+@njit
+def _frame_bytes(st, f):
+    """Wire bytes of queue pair f's next packet."""
+    m = st.f_msnd[f]
+    k = st.f_nxt[f] - st.m_psn0[m]
+    pay = int(st.cfg[CF_PAY])
+    if k == st.m_npk[m] - 1:
+        pay = st.m_size[m] - k * pay
+    return pay + int(st.cfg[CF_HDR])
+
+
+@njit
+def _pull(st, l, now):
+    """Round robin over port l's active queue pairs for one whose pacing allows a frame now;
+    schedule a wake-up for the earliest one otherwise. Returns the packet or -1."""
+    n = st.act_n[l]
+    if n == 0:
+        return -1
+    f = st.act_cur[l]
+    win = st.cfg[CF_WIN]
+    earliest = np.inf
+    for _ in range(n):
+        nxt_f = st.f_anext[f]
+        if win <= 0 or st.f_nxt[f] - st.f_una[f] < win:
+            t = st.f_next_t[f]
+            if t <= now:
+                if st.cfg[CF_FC] == FC_CREDIT and st.credits[l] < _frame_bytes(st, f):
+                    return -1
+                st.act_cur[l] = nxt_f
+                return _make_data(st, f, l, now)
+            if t < earliest:
+                earliest = t
+        f = nxt_f
+    if earliest < st.wake_t[l]:
+        st.wake_t[l] = earliest
+        push(st, earliest, EV_WAKE, l, 0)
+    return -1
+
+
+@njit
+def _make_data(st, f, l, now):
+    """Cut queue pair f's next packet (PSN f_nxt) and account for it as sent now."""
+    psn = st.f_nxt[f]
+    m = st.f_msnd[f]
+    k = psn - st.m_psn0[m]
+    pay = int(st.cfg[CF_PAY])
+    if k == st.m_npk[m] - 1:
+        pay = st.m_size[m] - k * pay
+        st.f_msnd[f] = st.m_next[m]
+    size = pay + int(st.cfg[CF_HDR])
+    p = alloc_packet(st, K_DATA, f, size)
+    st.p_pay[p] = pay
+    st.p_psn[p] = psn
+    st.p_msg[p] = m
+    st.f_nxt[f] = psn + 1
+    st.f_next_t[f] = now + size / st.f_rate[f]
+    st.cnt[C_SENT_PAY] += pay
+    if psn < st.f_maxsent[f]:
+        st.cnt[C_RETX] += 1
+        st.cnt[C_RETX_PAY] += pay
+    else:
+        st.f_maxsent[f] = psn + 1
+    level_change(st, l, size, now)
+    if st.cfg[CF_REL] != 0 and st.f_rto_t[f] == np.inf:
+        st.f_rto_t[f] = now + st.cfg[CF_RTO]
+        _arm_rto(st, f)
+    if st.f_bleft[f] >= 0:
+        st.f_bacc[f] += size
+        if st.f_bacc[f] >= st.f_bleft[f]:
+            st.f_bleft[f] = -1
+            request(st, O_RP_BYTES, f)
+    if st.f_nxt[f] >= st.f_end[f]:
+        _deactivate(st, f)
+    return p
+
+
+@njit
+def _activate(st, f):
+    if st.f_act[f] != 0:
+        return
+    st.f_act[f] = 1
+    l = st.f_link[f]
+    c = st.act_cur[l]
+    if st.act_n[l] == 0:
+        st.f_anext[f] = f
+        st.f_aprev[f] = f
+        st.act_cur[l] = f
+    else:
+        prev = st.f_aprev[c]
+        st.f_anext[prev] = f
+        st.f_aprev[f] = prev
+        st.f_anext[f] = c
+        st.f_aprev[c] = f
+    st.act_n[l] += 1
+    if st.f_cc[f] != 0 and st.f_rpwait[f] == 0 and st.f_rate[f] < st.f_line[f]:
+        request(st, O_RP_WAKE, f)
+
+
+@njit
+def _deactivate(st, f):
+    if st.f_act[f] == 0:
+        return
+    st.f_act[f] = 0
+    l = st.f_link[f]
+    st.act_n[l] -= 1
+    if st.act_n[l] == 0:
+        st.act_cur[l] = -1
+        return
+    prev = st.f_aprev[f]
+    nxt = st.f_anext[f]
+    st.f_anext[prev] = nxt
+    st.f_aprev[nxt] = prev
+    if st.act_cur[l] == f:
+        st.act_cur[l] = nxt
+
+
+@njit
+def message_start(st, m, now):
+    """The application hands message m to its queue pair now."""
+    f = st.m_flow[m]
+    st.m_psn0[m] = st.f_end[f]
+    st.f_end[f] += st.m_npk[m]
+    # Chain it behind the last message (a resent last packet moves on to it) and make it the
+    # oldest unacknowledged one if every earlier message has been acknowledged.
+    t = st.f_mtail[f]
+    if t >= 0:
+        st.m_next[t] = m
+    if st.f_mhead[f] < 0:
+        st.f_mhead[f] = m
+    st.f_mtail[f] = m
+    if st.f_msnd[f] < 0:
+        st.f_msnd[f] = m
+    _activate(st, f)
+    nic_kick(st, st.f_link[f], now)
+
+
+@njit
+def _find_message(st, f, psn):
+    m = st.f_mhead[f]
+    while m >= 0 and st.m_psn0[m] + st.m_npk[m] <= psn:
+        m = st.m_next[m]
+    return m
+
+
+@njit
+def _go_back(st, f, psn, now):
+    """Go-back-N: resend from `psn`."""
+    st.f_nxt[f] = psn
+    st.f_msnd[f] = _find_message(st, f, psn)
+    if psn < st.f_end[f]:
+        _activate(st, f)
+        nic_kick(st, st.f_link[f], now)
+
+
+@njit
+def _arm_rto(st, f):
+    if st.f_rto_pend[f] == 0 and st.f_rto_t[f] < np.inf:
+        st.f_rto_pend[f] = 1
+        push(st, st.f_rto_t[f], EV_RTO, f, 0)
+
+
+@njit
+def rto_check(st, f, now):
+    """The retransmission timer of queue pair f: fire if no progress for a timeout. Returns
+    whether it fired."""
+    st.f_rto_pend[f] = 0
+    deadline = st.f_rto_t[f]
+    if deadline == np.inf:
+        return False
+    if now < deadline:
+        _arm_rto(st, f)
+        return False
+    st.cnt[C_TIMEOUTS] += 1
+    st.f_rto_t[f] = np.inf
+    _go_back(st, f, st.f_una[f], now)
+    return True
+
+
+@njit
+def _acked(st, f, psn, now):
+    """Cumulative acknowledgement of every PSN below `psn`."""
+    if psn <= st.f_una[f]:
+        return
+    st.f_una[f] = psn
+    m = st.f_mhead[f]
+    while m >= 0 and st.m_psn0[m] + st.m_npk[m] <= psn:
+        m = st.m_next[m]
+    st.f_mhead[f] = m
+    if psn > st.f_nxt[f]:
+        # The receiver got packets sent before a rewind: skip past them.
+        st.f_nxt[f] = psn
+        st.f_msnd[f] = m
+        if psn >= st.f_end[f]:
+            _deactivate(st, f)
+    if st.f_una[f] < st.f_nxt[f]:
+        st.f_rto_t[f] = now + st.cfg[CF_RTO]
+        _arm_rto(st, f)
+    else:
+        st.f_rto_t[f] = np.inf
+    if st.cfg[CF_WIN] > 0:
+        nic_kick(st, st.f_link[f], now)
+
+
+# ---- receiving -------------------------------------------------------------------------------
+
+@njit
+def send_ctrl(st, f, kind, psn, now):
+    """Send a control frame of flow f from its receiver back to its sender."""
+    l0 = st.path[st.f_roff[f]]
+    p = alloc_packet(st, kind, f, int(st.cfg[CF_CTRL]))
+    st.p_psn[p] = psn
+    st.p_rev[p] = 1
+    enqueue_ctrl(st, l0, p, False)
+    nic_kick(st, l0, now)
+
+
+@njit
+def nic_receive(st, h, l_in, p, now):
+    """Packet p reached host h over link l_in."""
+    kind = st.p_kind[p]
+    f = st.p_flow[p]
+    if kind == K_DATA and st.cfg[CF_FC] == FC_CREDIT:
+        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in, st.p_size[p])
+    dest = st.f_src[f] if st.p_rev[p] != 0 else st.f_dst[f]
+    if dest != h:
+        out = out_port(st, h, p)
+        if kind == K_DATA:
+            if not enqueue_data(st, out, p, now):
+                return
+        else:
+            enqueue_ctrl(st, out, p, False)
+        nic_kick(st, out, now)
+        return
+    if kind == K_DATA:
+        _receive_data(st, f, p, now)
+    elif kind == K_ACK:
+        _acked(st, f, st.p_psn[p], now)
+    elif kind == K_NACK:
+        psn = st.p_psn[p]
+        _acked(st, f, psn, now)
+        if psn < st.f_nxt[f]:
+            st.f_rto_t[f] = now + st.cfg[CF_RTO]
+            _arm_rto(st, f)
+            _go_back(st, f, psn, now)
+    elif kind == K_CNP:
+        if st.f_cc[f] != 0:
+            request(st, O_CNP, f)
+    free_packet(st, p)
+
+
+@njit
+def _accept(st, m, now):
+    st.m_got[m] += 1
+    if st.m_got[m] == st.m_npk[m]:
+        st.m_end[m] = now
+        if st.m_cb[m] != 0:
+            request(st, O_DONE, m)
+        return True
+    return False
+
+
+@njit
+def _receive_data(st, f, p, now):
+    pay = st.p_pay[p]
+    st.cnt[C_DELIV_PAY] += pay
+    if st.f_dgram[f] != 0:
+        st.f_dgram_pay[f] += pay
+        st.cnt[C_DGRAM_PKTS] += 1
+        return
+    if st.p_ecn[p] != 0 and st.f_cc[f] != 0 and now >= st.f_quiet[f]:
+        request(st, O_NP, f)
+    m = st.p_msg[p]
+    if st.cfg[CF_REL] == 0:
+        _accept(st, m, now)
+        return
+    psn = st.p_psn[p]
+    expected = st.f_rnxt[f]
+    if psn == expected:
+        st.f_rnxt[f] = psn + 1
+        st.f_nack[f] = -1
+        done = _accept(st, m, now)
+        st.f_rcnt[f] += 1
+        if done or st.f_rcnt[f] >= st.cfg[CF_ACKN]:
+            st.f_rcnt[f] = 0
+            send_ctrl(st, f, K_ACK, psn + 1, now)
+    elif psn > expected and st.f_nack[f] != expected:
+        st.f_nack[f] = expected
+        st.cnt[C_NACKS] += 1
+        send_ctrl(st, f, K_NACK, expected, now)
+
+
+@njit
+def send_cnp(st, f, quiet_until_s, now):
+    """The notification point decided to answer flow f's marked packet with a CNP."""
+    st.cnt[C_CNPS] += 1
+    st.f_quiet[f] = quiet_until_s
+    send_ctrl(st, f, K_CNP, 0, now)
+
+
+# ---- traffic sources -------------------------------------------------------------------------
+
+@njit
+def source_emit(st, s, now):
+    """Source s hands its NIC one datagram now and schedules the next."""
+    f = st.s_flow[s]
+    pay = st.s_pay[s]
+    p = alloc_packet(st, K_DATA, f, pay + int(st.cfg[CF_HDR]))
+    st.p_pay[p] = pay
+    st.cnt[C_SENT_PAY] += pay
+    l = st.f_link[f]
+    if enqueue_data(st, l, p, now):
+        nic_kick(st, l, now)
+    gap = st.s_gap[s]
+    if st.s_poisson[s] != 0:
+        gap = -gap * np.log(1.0 - uniform(st))
+    t = now + gap
+    if t < st.s_stop[s]:
+        push(st, t, EV_SOURCE, s, 0)
+
+
+# ---- calls from Python -----------------------------------------------------------------------
+
+@njit
+def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram):
+    """Register a queue pair from host src to host dst with its data and reverse paths."""
+    f = st.cnt[C_NFLOW]
+    if f == st.f_cap:
+        _grow_flows(st, 2 * f)
+    st.cnt[C_NFLOW] = f + 1
+    off = st.cnt[C_NPATH]
+    need = off + path.shape[0] + rpath.shape[0]
+    if need > st.path_cap:
+        cap = max(need, 2 * st.path_cap)
+        st.path = grow_ints(st, st.path, off, cap, 0)
+        st.path_cap = cap
+    for i in range(path.shape[0]):
+        st.path[off + i] = path[i]
+    st.f_poff[f] = off
+    off += path.shape[0]
+    for i in range(rpath.shape[0]):
+        st.path[off + i] = rpath[i]
+    st.f_roff[f] = off
+    st.cnt[C_NPATH] = off + rpath.shape[0]
+    st.f_src[f] = src
+    st.f_dst[f] = dst
+    st.f_link[f] = path[0]
+    st.f_hash[f] = fhash_bits
+    st.f_rate[f] = line_bytes_per_s
+    st.f_line[f] = line_bytes_per_s
+    st.f_next_t[f] = 0.0
+    st.f_nxt[f] = 0
+    st.f_una[f] = 0
+    st.f_end[f] = 0
+    st.f_maxsent[f] = 0
+    st.f_msnd[f] = -1
+    st.f_mhead[f] = -1
+    st.f_mtail[f] = -1
+    st.f_act[f] = 0
+    st.f_anext[f] = -1
+    st.f_aprev[f] = -1
+    st.f_rnxt[f] = 0
+    st.f_rcnt[f] = 0
+    st.f_nack[f] = -1
+    st.f_rto_t[f] = np.inf
+    st.f_rto_pend[f] = 0
+    st.f_cc[f] = cc
+    st.f_bacc[f] = 0
+    st.f_bleft[f] = -1
+    st.f_rpgen[f] = 0
+    st.f_rpwait[f] = 0
+    st.f_quiet[f] = 0.0
+    st.f_dgram[f] = dgram
+    st.f_dgram_pay[f] = 0
+    return f
+
+
+@njit
+def _grow_flows(st, n):
+    old = st.f_cap
+    st.f_src = grow_ints(st, st.f_src, old, n, 0)
+    st.f_dst = grow_ints(st, st.f_dst, old, n, 0)
+    st.f_link = grow_ints(st, st.f_link, old, n, 0)
+    st.f_poff = grow_ints(st, st.f_poff, old, n, 0)
+    st.f_roff = grow_ints(st, st.f_roff, old, n, 0)
+    st.f_hash = grow_ints(st, st.f_hash, old, n, 0)
+    st.f_rate = grow_floats(st, st.f_rate, old, n, 0.0)
+    st.f_line = grow_floats(st, st.f_line, old, n, 0.0)
+    st.f_next_t = grow_floats(st, st.f_next_t, old, n, 0.0)
+    st.f_nxt = grow_ints(st, st.f_nxt, old, n, 0)
+    st.f_una = grow_ints(st, st.f_una, old, n, 0)
+    st.f_end = grow_ints(st, st.f_end, old, n, 0)
+    st.f_maxsent = grow_ints(st, st.f_maxsent, old, n, 0)
+    st.f_msnd = grow_ints(st, st.f_msnd, old, n, -1)
+    st.f_mhead = grow_ints(st, st.f_mhead, old, n, -1)
+    st.f_mtail = grow_ints(st, st.f_mtail, old, n, -1)
+    st.f_act = grow_ints(st, st.f_act, old, n, 0)
+    st.f_anext = grow_ints(st, st.f_anext, old, n, -1)
+    st.f_aprev = grow_ints(st, st.f_aprev, old, n, -1)
+    st.f_rnxt = grow_ints(st, st.f_rnxt, old, n, 0)
+    st.f_rcnt = grow_ints(st, st.f_rcnt, old, n, 0)
+    st.f_nack = grow_ints(st, st.f_nack, old, n, -1)
+    st.f_rto_t = grow_floats(st, st.f_rto_t, old, n, np.inf)
+    st.f_rto_pend = grow_ints(st, st.f_rto_pend, old, n, 0)
+    st.f_cc = grow_ints(st, st.f_cc, old, n, 0)
+    st.f_bacc = grow_ints(st, st.f_bacc, old, n, 0)
+    st.f_bleft = grow_ints(st, st.f_bleft, old, n, -1)
+    st.f_rpgen = grow_ints(st, st.f_rpgen, old, n, 0)
+    st.f_rpwait = grow_ints(st, st.f_rpwait, old, n, 0)
+    st.f_quiet = grow_floats(st, st.f_quiet, old, n, 0.0)
+    st.f_dgram = grow_ints(st, st.f_dgram, old, n, 0)
+    st.f_dgram_pay = grow_ints(st, st.f_dgram_pay, old, n, 0)
+    st.f_cap = n
+
+
+@njit
+def add_message(st, f, size, num_packets, at_s, has_callback):
+    """Register a message of `size` payload bytes on queue pair f, handed over at at_s (now if
+    that is not later). Returns its kernel index."""
+    m = st.cnt[C_NMSG]
+    if m == st.m_cap:
+        n = 2 * m
+        st.m_flow = grow_ints(st, st.m_flow, m, n, 0)
+        st.m_size = grow_ints(st, st.m_size, m, n, 0)
+        st.m_psn0 = grow_ints(st, st.m_psn0, m, n, 0)
+        st.m_npk = grow_ints(st, st.m_npk, m, n, 0)
+        st.m_next = grow_ints(st, st.m_next, m, n, -1)
+        st.m_got = grow_ints(st, st.m_got, m, n, 0)
+        st.m_start = grow_floats(st, st.m_start, m, n, 0.0)
+        st.m_end = grow_floats(st, st.m_end, m, n, -1.0)
+        st.m_cb = grow_ints(st, st.m_cb, m, n, 0)
+        st.m_cap = n
+    st.cnt[C_NMSG] = m + 1
+    st.m_flow[m] = f
+    st.m_size[m] = size
+    st.m_psn0[m] = 0
+    st.m_npk[m] = num_packets
+    st.m_next[m] = -1
+    st.m_got[m] = 0
+    st.m_start[m] = at_s
+    st.m_end[m] = -1.0
+    st.m_cb[m] = has_callback
+    now = st.clk[0]
+    if at_s > now:
+        push(st, at_s, EV_MESSAGE, m, 0)
+    else:
+        message_start(st, m, now)
+    return m
+
+
+@njit
+def add_source(st, f, payload_bytes, gap_s, poisson, start_s, stop_s):
+    """Register a datagram source on flow f: one packet of `payload_bytes` every gap_s (the mean
+    of exponential gaps when poisson), the first at start_s, none at or after stop_s."""
+    s = st.cnt[C_NSRC]
+    if s == st.s_cap:
+        n = 2 * s
+        st.s_flow = grow_ints(st, st.s_flow, s, n, 0)
+        st.s_pay = grow_ints(st, st.s_pay, s, n, 0)
+        st.s_poisson = grow_ints(st, st.s_poisson, s, n, 0)
+        st.s_gap = grow_floats(st, st.s_gap, s, n, 0.0)
+        st.s_stop = grow_floats(st, st.s_stop, s, n, 0.0)
+        st.s_cap = n
+    st.cnt[C_NSRC] = s + 1
+    st.s_flow[s] = f
+    st.s_pay[s] = payload_bytes
+    st.s_poisson[s] = poisson
+    st.s_gap[s] = gap_s
+    st.s_stop[s] = stop_s
+    if start_s < stop_s:
+        push(st, max(start_s, st.clk[0]), EV_SOURCE, s, 0)
+    return s
+
+
+@njit
+def take_outbox(st):
+    """The requests waiting for Python, oldest first (and clear them)."""
+    n = st.cnt[C_OBN]
+    kinds = view(st.o_kind, n).copy()
+    args = view(st.o_a, n).copy()
+    st.cnt[C_OBN] = 0
+    return kinds, args
+
+
+@njit
+def take_sent_bytes(st, f):
+    """Bytes flow f sent since its reaction point was last told (and reset the count)."""
+    b = st.f_bacc[f]
+    st.f_bacc[f] = 0
+    return b
+
+
+@njit
+def set_flow_rate(st, f, rate_bytes_per_s, next_event_s, bytes_left):
+    """Apply the reaction point's rate; schedule its next timer event (if finite and the queue
+    pair has data) and its byte counter (bytes_left < 0: off)."""
+    st.f_rate[f] = rate_bytes_per_s
+    st.f_bleft[f] = bytes_left
+    st.f_rpgen[f] += 1
+    if next_event_s < np.inf and st.f_act[f] != 0:
+        st.f_rpwait[f] = 1
+        push(st, max(next_event_s, st.clk[0]), EV_RP_TIMER, f, st.f_rpgen[f])
+    else:
+        st.f_rpwait[f] = 0
+
+
+@njit
+def rp_timer(st, f, gen):
+    """A reaction-point timer came due: ask Python unless it was superseded. Returns whether."""
+    if st.f_rpgen[f] == gen:
+        st.f_rpwait[f] = 0
+        request(st, O_RP_TIMER, f)
+        return True
+    return False

@@ -1,0 +1,197 @@
+"""A switch: it forwards each packet on its flow's ECMP path (the hash of the flow's 5-tuple with
+this switch's salt, fixed per flow; or, with adaptive routing, the equal-cost port with the least
+queued bytes unless the hashed one is within a threshold of it) and, under PFC, keeps a shared
+buffer per switch with per-ingress-port accounting.
+
+PFC (IEEE 802.1Qbb, one lossless priority): a data packet arriving on ingress port i is admitted
+to the shared buffer while i's shared use stays within the dynamic threshold
+T = alpha x (shared pool - shared buffer in use); beyond it, into i's headroom; beyond that it is
+dropped (a headroom too small for the link). When i's shared use reaches T or its headroom is in
+use, the switch sends XOFF upstream on i's reverse link (refreshed at half the pause time while
+congested); when i's headroom is empty again and its shared use is xon_offset under T, XON.
+Pauses stop the upstream transmitter's data, whose queue then fills and pauses its own upstream:
+congestion spreads, with head-of-line blocking of every flow behind the paused port.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simcore.fabric import ecmp
+from simcore.fabric.packet._jit import HAVE_NUMBA, njit
+from simcore.fabric.packet.heap import EV_CREDIT, EV_XOFF_REFRESH, push
+from simcore.fabric.packet.link import next_queued, start_tx
+from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data
+from simcore.fabric.packet.state import (C_DROP_PAY, C_DROPS, C_PAUSES, CF_ALPHA, CF_AR, CF_ARTH,
+                                         CF_CTRL, CF_FC, CF_NHOST, CF_XON, FC_CREDIT, FC_PFC,
+                                         K_DATA, K_PAUSE, alloc_packet, free_packet)
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xBF58476D1CE4E5B9)
+_M3 = np.uint64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
+
+if HAVE_NUMBA:
+    @njit
+    def mix64(x):
+        """SplitMix64's finaliser on uint64 (the same function as ecmp.mix64)."""
+        x = x + _M1
+        x = (x ^ (x >> np.uint64(30))) * _M2
+        x = (x ^ (x >> np.uint64(27))) * _M3
+        return x ^ (x >> np.uint64(31))
+
+    @njit
+    def ecmp_index(fhash_bits, salt_bits, k):
+        """ecmp.choose's pick among k equal-cost ports (hash and salt as int64 bit patterns)."""
+        h = mix64(np.uint64(fhash_bits) ^ np.uint64(salt_bits))
+        return np.int64(h % np.uint64(k))
+else:
+    def ecmp_index(fhash_bits, salt_bits, k):
+        return ecmp.mix64((int(fhash_bits) & _MASK) ^ (int(salt_bits) & _MASK)) % int(k)
+
+
+@njit
+def adaptive_port(st, n, dst, f):
+    """The least-queued equal-cost port toward host dst, preferring the hashed one unless another
+    is shorter by more than the adaptive-routing threshold."""
+    key = n * int(st.cfg[CF_NHOST]) + st.n_hidx[dst]
+    a = st.nh_off[key]
+    b = st.nh_off[key + 1]
+    if b - a == 1:
+        return st.nh_links[a]
+    hashed = st.nh_links[a + ecmp_index(st.f_hash[f], st.n_salt[n], b - a)]
+    best = hashed
+    best_q = st.q_bytes[hashed]
+    for j in range(a, b):
+        lj = st.nh_links[j]
+        if st.q_bytes[lj] < best_q:
+            best = lj
+            best_q = st.q_bytes[lj]
+    if best_q + st.cfg[CF_ARTH] < st.q_bytes[hashed]:
+        return best
+    return hashed
+
+
+@njit
+def out_port(st, n, p):
+    """The link node n forwards packet p on (and advance p along its path)."""
+    f = st.p_flow[p]
+    hop = st.p_hop[p]
+    st.p_hop[p] = hop + 1
+    if st.p_rev[p] != 0:
+        return st.path[st.f_roff[f] + hop]
+    if st.cfg[CF_AR] != 0 and st.p_kind[p] == K_DATA:
+        return adaptive_port(st, n, st.f_dst[f], f)
+    return st.path[st.f_poff[f] + hop]
+
+
+@njit
+def switch_kick(st, l, now):
+    """Start port l's next frame if it is idle and has one it may send."""
+    if st.busy[l] != 0:
+        return
+    p = next_queued(st, l)
+    if p >= 0:
+        start_tx(st, l, p, now)
+
+
+@njit
+def switch_receive(st, n, l_in, p, now):
+    """Packet p arrived at switch n over link l_in: admit it and queue it on its out port."""
+    out = out_port(st, n, p)
+    if st.p_kind[p] != K_DATA:
+        enqueue_ctrl(st, out, p, False)
+        switch_kick(st, out, now)
+        return
+    size = st.p_size[p]
+    if st.cfg[CF_FC] == FC_PFC and not pfc_admit(st, n, l_in, size, now):
+        st.s_drops[out] += 1
+        st.cnt[C_DROPS] += 1
+        st.cnt[C_DROP_PAY] += st.p_pay[p]
+        free_packet(st, p)
+        return
+    st.p_in[p] = l_in
+    if not enqueue_data(st, out, p, now):
+        return
+    used = st.sw_used[n] + size
+    st.sw_used[n] = used
+    if used > st.sw_maxused[n]:
+        st.sw_maxused[n] = used
+    switch_kick(st, out, now)
+
+
+@njit
+def switch_release(st, n, p, now):
+    """Data packet p has left switch n: free its buffer at its ingress port (PFC accounting and
+    XON) or return its credits upstream."""
+    l_in = st.p_in[p]
+    size = st.p_size[p]
+    st.sw_used[n] -= size
+    fc = st.cfg[CF_FC]
+    if fc == FC_PFC:
+        pfc_release(st, n, l_in, size, now)
+    elif fc == FC_CREDIT:
+        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in, size)
+
+
+@njit
+def _threshold(st, n):
+    return st.cfg[CF_ALPHA] * (st.sw_pool[n] - st.sw_shared[n])
+
+
+@njit
+def pfc_admit(st, n, l, size, now):
+    """Account `size` bytes arriving on ingress l of switch n; False if even headroom is full."""
+    h = st.in_hdrm[l]
+    if h == 0 and st.in_bytes[l] + size <= _threshold(st, n):
+        st.in_bytes[l] += size
+        st.sw_shared[n] += size
+    elif h + size <= st.l_hdrm[l]:
+        st.in_hdrm[l] = h + size
+        st.in_bytes[l] += size
+    else:
+        return False
+    if st.xoff[l] == 0 and (st.in_hdrm[l] > 0
+                            or st.in_bytes[l] - st.in_hdrm[l] >= _threshold(st, n)):
+        send_pause(st, l, 1, now)
+    return True
+
+
+@njit
+def pfc_release(st, n, l, size, now):
+    """Account `size` bytes of ingress l leaving switch n (headroom first); XON when drained."""
+    h = st.in_hdrm[l]
+    from_h = size if size < h else h
+    st.in_hdrm[l] = h - from_h
+    st.in_bytes[l] -= size
+    st.sw_shared[n] -= size - from_h
+    if st.xoff[l] != 0 and st.in_hdrm[l] == 0:
+        shared = st.in_bytes[l]
+        if shared == 0 or shared + st.cfg[CF_XON] <= _threshold(st, n):
+            send_pause(st, l, 0, now)
+
+
+@njit
+def send_pause(st, l, xoff, now):
+    """Send XOFF (xoff=1) or XON (0) for ingress link l upstream, ahead of other frames."""
+    back = st.l_rev[l]
+    p = alloc_packet(st, K_PAUSE, -1, int(st.cfg[CF_CTRL]))
+    st.p_arg[p] = xoff
+    enqueue_ctrl(st, back, p, True)
+    st.xoff_gen[l] += 1
+    st.xoff[l] = xoff
+    if xoff != 0:
+        st.s_pauses[l] += 1
+        st.cnt[C_PAUSES] += 1
+        push(st, now + 0.5 * st.l_pause_s[l], EV_XOFF_REFRESH, l, st.xoff_gen[l])
+    switch_kick(st, back, now)
+
+
+@njit
+def xoff_refresh(st, l, gen, now):
+    """Half an XOFF's pause time has passed: repeat it if ingress l is still congested. Returns
+    whether it did."""
+    if st.xoff[l] != 0 and st.xoff_gen[l] == gen:
+        send_pause(st, l, 1, now)
+        return True
+    return False

@@ -1,0 +1,199 @@
+"""The analytical fabric: the pipelined store-and-forward formula, exactly; single packets over
+multi-hop paths on both the analytical and flow backends; routes and the protocol's lifecycle."""
+
+import math
+
+import pytest
+
+from simcore.fabric.analytical import (AnalyticalFabric, ideal_message_s, message_path,
+                                       num_packets, wire_bytes)
+from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
+from simcore.fabric.flow import FlowFabric
+from simcore.fabric.topology import dumbbell, explicit, leaf_spine
+
+BACKENDS = [AnalyticalFabric, FlowFabric]
+
+
+def _mixed_rate_chain():
+    """h0 -100G- s1 -40G- s2 -25G- s3 -100G- h1, delays 1, 2, 3, 4 us; 1500-byte MTU, 52 header."""
+    nodes = [("h0", "host"), ("s1", "switch"), ("s2", "switch"), ("s3", "switch"), ("h1", "host")]
+    cables = [{"a": "h0", "b": "s1", "rate_bps": 100e9, "delay_s": 1e-6},
+              {"a": "s1", "b": "s2", "rate_bps": 40e9, "delay_s": 2e-6},
+              {"a": "s2", "b": "s3", "rate_bps": 25e9, "delay_s": 3e-6},
+              {"a": "s3", "b": "h1", "rate_bps": 100e9, "delay_s": 4e-6}]
+    return explicit(nodes, cables, mtu_bytes=1500, header_bytes=52)
+
+
+def _formula(links, size, mtu, header):
+    """sum_h (d_h + L1 / C_h) + (W - L1) / C_min, written out independently."""
+    payload = mtu - header
+    n = max(1, math.ceil(size / payload))
+    wire = size + n * header
+    first = min(size, payload) + header
+    rates = [lk.rate_bps / 8 for lk in links]
+    return (sum(lk.delay_s for lk in links) + sum(first / c for c in rates)
+            + (wire - first) / min(rates))
+
+
+def _train_arrival(links, sizes):
+    """Exact store-and-forward arrival of the last of back-to-back packets `sizes` (wire bytes)
+    on an idle path: packet k leaves hop h at max(arrival at h, hop h free) + L_k / C_h."""
+    free = [0.0] * len(links)
+    done = 0.0
+    for size in sizes:
+        t = 0.0
+        for h, lk in enumerate(links):
+            t = max(t, free[h]) + size * 8 / lk.rate_bps
+            free[h] = t
+            t += lk.delay_s
+        done = t
+    return done
+
+
+@pytest.mark.parametrize("size", [0, 1, 1447, 1448, 1449, 14480, 14487, 1_000_000])
+def test_analytical_equals_the_formula_on_a_mixed_rate_path(size):
+    topo = _mixed_rate_chain()
+    fab = AnalyticalFabric(topo)
+    h0, h1 = topo.node_index("h0"), topo.node_index("h1")
+    fab.send(h0, h1, size)
+    fab.run()
+    (res,) = fab.stats().messages
+    links = [topo.links[li] for li in message_path(topo, h0, h1, 0, default_salts(topo))]
+    assert len(links) == 4
+    assert res.fct_s == pytest.approx(_formula(links, size, 1500, 52), rel=1e-13)
+    assert res.ideal_s == res.fct_s
+    assert res.slowdown == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("num_full", [1, 2, 7, 100])
+def test_formula_is_the_exact_packet_train_time_for_full_packets(num_full):
+    topo = _mixed_rate_chain()
+    h0, h1 = topo.node_index("h0"), topo.node_index("h1")
+    route = message_path(topo, h0, h1, 0, default_salts(topo))
+    links = [topo.links[li] for li in route]
+    size = num_full * 1448
+    assert ideal_message_s(topo, route, size) == pytest.approx(
+        _train_arrival(links, [1500] * num_full), rel=1e-13)
+
+
+def test_formula_is_exact_with_a_short_last_packet_on_a_one_rate_path():
+    topo = dumbbell(1, 1, rate_bps=10e9, delay_s=1e-6, mtu_bytes=1500, header_bytes=52)
+    route = message_path(topo, topo.node_index("L0"), topo.node_index("R0"), 0,
+                         default_salts(topo))
+    links = [topo.links[li] for li in route]
+    size = 5 * 1448 + 100
+    assert ideal_message_s(topo, route, size) == pytest.approx(
+        _train_arrival(links, [1500] * 5 + [152]), rel=1e-13)
+
+
+def test_packet_and_wire_counts():
+    assert num_packets(0, 1500, 52) == 1
+    assert num_packets(1448, 1500, 52) == 1
+    assert num_packets(1449, 1500, 52) == 2
+    assert wire_bytes(1449, 1500, 52) == 1449 + 2 * 52
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("payload", [1, 500, 4034])
+def test_single_packet_store_and_forward_over_multi_hop_paths(backend, payload):
+    # Leaf-spine, hosts under different leaves: 4 hops, host links 100G, uplinks 50G.
+    topo = leaf_spine(2, 2, 2, host_rate_bps=100e9, delay_s=1.5e-6, oversubscription=2,
+                      mtu_bytes=4096, header_bytes=62)
+    fab = backend(topo, seed=3)
+    src, dst = topo.node_index("h0"), topo.node_index("h3")
+    fab.send(src, dst, payload, at_s=2e-6)
+    fab.run()
+    (res,) = fab.stats().messages
+    route = message_path(topo, src, dst, 0, default_salts(topo, 3))
+    assert len(route) == 4
+    packet = payload + 62
+    expected = sum(packet * 8 / topo.links[li].rate_bps + topo.links[li].delay_s for li in route)
+    assert res.start_s == 2e-6
+    assert res.fct_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_routes_are_ecmp_paths_of_the_flow_key():
+    topo = leaf_spine(2, 4, 4, host_rate_bps=100e9, delay_s=1e-6)
+    salts = default_salts(topo, 5)
+    fab = AnalyticalFabric(topo, seed=5)
+    src, dst = topo.node_index("h0"), topo.node_index("h7")
+    spines = set()
+    for key in range(32):
+        fab.send(src, dst, 1000, flow_key=key)
+        expected = path(topo, src, dst, flow_hash(src, dst, source_port(key)), salts)
+        assert list(message_path(topo, src, dst, key, salts)) == expected
+        spines.add(topo.links[expected[1]].dst)
+    assert len(spines) == 4       # the flow keys spread over every spine
+
+
+def test_default_flow_key_is_the_message_id():
+    topo = leaf_spine(2, 4, 4, host_rate_bps=100e9, delay_s=1e-6)
+    salts = default_salts(topo, 0)
+    a, b = AnalyticalFabric(topo), AnalyticalFabric(topo)
+    src, dst = topo.node_index("h0"), topo.node_index("h7")
+    for i in range(8):
+        assert a.send(src, dst, 10_000) == i
+        b.send(src, dst, 10_000, flow_key=i)
+    a.run(), b.run()
+    assert [m.end_s for m in a.stats().messages] == [m.end_s for m in b.stats().messages]
+    assert message_path(topo, src, dst, 3, salts) == message_path(topo, src, dst, 3, salts)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda c: c.__name__)
+def test_run_until_and_callbacks_in_time_order(backend):
+    topo = dumbbell(2, 2, rate_bps=10e9, delay_s=1e-6)
+    fab = backend(topo)
+    seen = []
+    l0, l1, r0 = (topo.node_index(n) for n in ("L0", "L1", "R0"))
+
+    def again(res):
+        seen.append(res.msg_id)
+        if res.msg_id == 0:
+            fab.send(l1, r0, 100, on_done=lambda r: seen.append(r.msg_id))
+
+    fab.send(l0, r0, 100_000, at_s=1e-6, on_done=again)
+    fab.send(l1, r0, 100, at_s=0.5e-6, on_done=lambda r: seen.append(r.msg_id))
+    assert 0.5e-6 <= fab.next_event_s() < math.inf
+    assert fab.run(until_s=1e-9) == 1e-9
+    assert fab.now_s == 1e-9
+    fab.run()
+    assert seen == [1, 0, 2]
+    st = fab.stats()
+    ends = [m.end_s for m in st.messages]
+    assert ends == sorted(ends)
+    assert fab.next_event_s() == math.inf
+    st.check_conservation()
+    assert st.payload_delivered_bytes == 100_200
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda c: c.__name__)
+def test_bad_sends_are_refused(backend):
+    topo = dumbbell(1, 1, rate_bps=10e9, delay_s=1e-6)
+    fab = backend(topo)
+    l0, r0, sw = topo.node_index("L0"), topo.node_index("R0"), topo.node_index("swL")
+    with pytest.raises(ValueError, match="src must be the index of a host"):
+        fab.send(sw, r0, 10)
+    with pytest.raises(ValueError, match="two different hosts"):
+        fab.send(l0, l0, 10)
+    with pytest.raises(ValueError, match="non-negative"):
+        fab.send(l0, r0, -1)
+    fab.run(until_s=1.0)
+    with pytest.raises(ValueError, match="before the fabric's clock"):
+        fab.send(l0, r0, 10, at_s=0.5)
+
+
+def test_analytical_in_flight_and_link_bytes_mid_run():
+    topo = dumbbell(1, 1, rate_bps=10e9, delay_s=1e-6, mtu_bytes=1500, header_bytes=52)
+    fab = AnalyticalFabric(topo)
+    fab.send(topo.node_index("L0"), topo.node_index("R0"), 1_448_000)
+    fab.run(until_s=1e-4)
+    st = fab.stats()
+    st.check_conservation()
+    assert st.payload_in_flight_bytes == 1_448_000
+    fab.run()
+    st = fab.stats()
+    assert st.payload_delivered_bytes == 1_448_000
+    route = message_path(topo, topo.node_index("L0"), topo.node_index("R0"), 0,
+                         default_salts(topo))
+    for li, ls in enumerate(st.links):
+        assert ls.bytes_sent == (1_500_000 if li in route else 0)
