@@ -146,8 +146,8 @@ def dumbbell_ns3() -> tuple[float, int, float]:
         onoff.SetAttribute("MaxBytes", ns.UintegerValue(per_sender))
         sender = onoff.Install(ns.NodeContainer(hosts_left.Get(i)))
         sender.Start(ns.Seconds(0.0))
-    # Stop just after the last packet could arrive (500 MB at 5 Gb/s per sender).
-    ns.Simulator.Stop(ns.Seconds(per_sender * 8 / 5e9 + 0.01))
+    # Stop after the last packet has drained (500 MB at 5 Gb/s per sender, plus the queue).
+    ns.Simulator.Stop(ns.Seconds(per_sender * 8 / 5e9 + 0.1))
     t = time.perf_counter()
     ns.Simulator.Run()
     wall = time.perf_counter() - t
