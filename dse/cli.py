@@ -26,6 +26,20 @@ def main() -> None:
     """Plan LLM-serving deployments: simulate a configuration, or search a space of them."""
 
 
+def _bar_progress(bar):
+    """A simulate() progress callback that moves a tqdm bar (requests done, virtual time)."""
+
+    def progress(now_s: float, done: int, total: int) -> None:
+        if bar.total is None:
+            bar.total = total
+        bar.n = done
+        if done == total or done % 50 == 0:
+            bar.set_postfix_str(f"t={now_s:.1f}s", refresh=False)
+            bar.refresh()
+
+    return progress
+
+
 @main.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -43,21 +57,12 @@ def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> N
         if seed is not None:
             cfg = cfg.model_copy(update={"seed": seed})
         bar = None
-        progress = None
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
             bar = tqdm(total=None, unit="req", desc="simulating", leave=False)
-
-            def progress(now_s: float, done: int, total: int) -> None:
-                if bar.total is None:
-                    bar.total = total
-                bar.n = done
-                if done == total or done % 50 == 0:
-                    bar.set_postfix_str(f"t={now_s:.1f}s", refresh=False)
-                    bar.refresh()
         try:
-            result = run(cfg, progress=progress)
+            result = run(cfg, progress=_bar_progress(bar) if bar is not None else None)
         finally:
             if bar is not None:
                 bar.close()
