@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +140,16 @@ class RayPool:
             self._ray.shutdown()
         self._ray = self._remote = None
         self._owned = False
+
+
+@contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna without its INFO lines and experimental-feature warnings, restored after."""
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
+    finally:
+        optuna.logging.set_verbosity(before)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from itertools import combinations
@@ -374,19 +372,11 @@ def _ranked(configs: list[Configuration], idx: list[int], values: Callable[[Conf
     return vals
 
 
-@contextmanager
-def _optuna_quiet() -> Iterator[None]:
-    """Optuna without its INFO lines and experimental-feature warnings, restored after."""
-    import optuna
+def _optuna_quiet():
+    """Optuna without its INFO lines and experimental-feature warnings (dse.backends')."""
+    from dse.backends import quiet_optuna
 
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            yield
-    finally:
-        optuna.logging.set_verbosity(before)
+    return quiet_optuna()
 
 
 def build_report(storage_url: str, study_name: str, objectives: Sequence[Objective],

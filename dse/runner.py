@@ -16,16 +16,14 @@ import json
 import math
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.backends import RayPool, make_sampler, open_storage
+from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
 from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names,
                           metric_names, one_line, precheck)
 from dse.pareto import pareto_ranks
@@ -59,18 +57,6 @@ class SearchOutcome:
     confirmed_trials: tuple[int, ...] = ()
     stopped_by: str = "n_trials"
     notes: tuple[str, ...] = ()
-
-
-@contextmanager
-def _quiet_optuna() -> Iterator[None]:
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            yield
-    finally:
-        optuna.logging.set_verbosity(before)
 
 
 # -- the study in the storage --------------------------------------------------------------------
@@ -390,7 +376,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
     deadline = (time.monotonic() + study.budget.timeout_s if study.budget.timeout_s
                 else math.inf)
     stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress)
-    with _quiet_optuna():
+    with quiet_optuna():
         sampler = make_sampler(study)
         storage = open_storage(url)
         st = _open_study(storage, study.name, study, sampler, "screen", resume, url)
@@ -504,7 +490,7 @@ def _outcome(st: optuna.Study, url: str, confirm_name: str | None, confirmed: tu
 def best_configs(storage: str, name: str) -> list[dict[str, Any]]:
     """The Pareto-optimal feasible trials of a stored study: number, params, values, metrics,
     summary, explanation and whether it is the baseline."""
-    with _quiet_optuna():
+    with quiet_optuna():
         st = optuna.load_study(study_name=name, storage=open_storage(storage))
         best = st.best_trials
     return [{"number": t.number, "params": dict(t.params), "values": list(t.values),

@@ -154,6 +154,17 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         rep.sched.add_request(req)
         rep.notify()
 
+    def deliver(emitted: list[Request], finished: list[Request], now: float) -> None:
+        """A step's sampled tokens reach their clients; finished requests complete."""
+        for req in emitted:
+            req.client.token_times_s.append(now)
+        for req in finished:
+            rec = req.client
+            rec.success = True
+            rec.num_preemptions = req.num_preemptions
+            rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
+            finish(req.index)
+
     def client():
         for idx, spec in enumerate(specs):
             delay = spec.arrival_s - env.now
@@ -235,16 +246,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             phase = ("prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/") + bound
             by_phase[phase] = by_phase.get(phase, 0.0) + total_s
             yield timeout(total_s)
-            emitted, finished = update(out)
-            now = env.now
-            for req in emitted:
-                req.client.token_times_s.append(now)
-            for req in finished:
-                rec = req.client
-                rec.success = True
-                rec.num_preemptions = req.num_preemptions
-                rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
-                finish(req.index)
+            deliver(*update(out), env.now)
 
     def record(rep: _Replica, out, shape: StepShape, st) -> None:
         """Count one step that ran `out` (shape `shape`) and took `st` on replica `rep`."""
@@ -332,15 +334,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             for sched, out in zip(scheds, outs):
                 if not out.scheduled:
                     continue
-                emitted, finished = sched.update(out)
-                for req in emitted:
-                    req.client.token_times_s.append(now)
-                for req in finished:
-                    rec = req.client
-                    rec.success = True
-                    rec.num_preemptions = req.num_preemptions
-                    rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
-                    finish(req.index)
+                deliver(*sched.update(out), now)
 
     series = TimeSeries()
 
