@@ -378,3 +378,36 @@ def test_random_small_scenarios_conserve_bytes(data):
         assert b["delivered"] == b["planned"]
     for lk in r["links"]:
         assert lk["utilization_max"] <= 1 + 1e-9
+
+
+def test_rail_optimized_with_a_pcie_hop_to_the_nic():
+    from simcore.fabric import topology as T
+    from simcore.fabric.analytical import ideal_message_s
+
+    t = T.rail_optimized(2, 2, nic_rate_bps=400e9, nvlink_rate_bps=3600e9, delay_s=1e-6,
+                         pcie_rate_bps=256e9, pcie_delay_s=2e-6)
+    a, b = t.node_index("n0g0"), t.node_index("n1g0")
+    (path,) = t.shortest_paths(a, b)
+    kinds = [t.links[li].kind for li in path]
+    assert kinds == ["pcie", "fabric", "fabric", "pcie"]
+    # One full packet: store-and-forward over the four hops, the PCIe ones at 256 Gb/s.
+    payload = t.mtu_bytes - t.header_bytes
+    wire = t.mtu_bytes * 8
+    expect = 2 * (wire / 256e9 + 2e-6) + 2 * (wire / 400e9 + 1e-6)
+    assert ideal_message_s(t, path, payload) == pytest.approx(expect, rel=1e-12)
+    # Without the option the GPU is cabled to its rail directly.
+    t0 = T.rail_optimized(2, 2, nic_rate_bps=400e9, nvlink_rate_bps=3600e9, delay_s=1e-6)
+    (p0,) = t0.shortest_paths(t0.node_index("n0g0"), t0.node_index("n1g0"))
+    assert [t0.links[li].kind for li in p0] == ["fabric", "fabric"]
+
+
+def test_rail_optimized_scenario_takes_the_pcie_rate():
+    from simcore.fabric.run import run_scenario
+
+    r = run_scenario({"topology": {"kind": "rail_optimized", "num_nodes": 2, "gpus_per_node": 2,
+                                   "nic_rate_gbps": 400, "nvlink_rate_gbps": 3600,
+                                   "delay_s": 1e-6, "pcie_rate_gbps": 256},
+                      "traffic": [{"kind": "message", "src": "n0g0", "dst": "n1g0",
+                                   "size_bytes": 1000000}]}, "flow")
+    assert r["bytes"]["conserved"] is True
+    assert any("nic" in name for name in json.dumps(r["links"]).split('"'))

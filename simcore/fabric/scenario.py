@@ -122,6 +122,9 @@ class RailOptimizedTopology(_Buffered):
     nvlink_delay_s: float = Field(1e-6, gt=0, description="Latency of an NVLink hop, seconds.")
     num_spines: int = Field(0, ge=0, description="Spines joining the rail switches; 0: none.")
     oversubscription: float = Field(1.0, gt=0, description="Rail-to-spine oversubscription.")
+    pcie_rate_gbps: float | None = Field(None, gt=0, description="If set, each GPU reaches its "
+                                         "NIC over a PCIe link of this rate, Gb/s.")
+    pcie_delay_s: float = Field(1e-6, gt=0, description="Latency of the PCIe hop, seconds.")
 
 
 class ExplicitNode(_Frozen):
@@ -338,6 +341,9 @@ def build_topology(scenario: Scenario, *, where: str = "scenario") -> Topology:
                                            nvlink_delay_s=spec.nvlink_delay_s,
                                            num_spines=spec.num_spines,
                                            oversubscription=spec.oversubscription,
+                                           pcie_rate_bps=(spec.pcie_rate_gbps * gbps
+                                                          if spec.pcie_rate_gbps else None),
+                                           pcie_delay_s=spec.pcie_delay_s,
                                            buffer_bytes=spec.buffer(s.mtu_bytes), **frame)
             case ExplicitTopology():
                 cables = [{"a": c.a, "b": c.b, "rate_bps": c.rate_gbps * gbps,

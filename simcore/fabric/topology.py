@@ -250,6 +250,7 @@ def fat_tree(k: int, *, rate_bps: float, delay_s: float, buffer_bytes: int | Non
 def rail_optimized(num_nodes: int, gpus_per_node: int, *, nic_rate_bps: float,
                    nvlink_rate_bps: float, delay_s: float, nvlink_delay_s: float = 1e-6,
                    num_spines: int = 0, oversubscription: float = 1.0,
+                   pcie_rate_bps: float | None = None, pcie_delay_s: float = 1e-6,
                    buffer_bytes: int | None = None, mtu_bytes: int = 4096,
                    header_bytes: int = 48) -> Topology:
     """Rail-optimized multi-plane fabric: GPU i of every node has a NIC on rail switch i; GPUs of
@@ -258,9 +259,13 @@ def rail_optimized(num_nodes: int, gpus_per_node: int, *, nic_rate_bps: float,
     the rails also join through spines.
 
     Hosts are the GPUs (`n{node}g{gpu}`); each GPU's NIC link and NVLink port are its links.
+    With `pcie_rate_bps`, each GPU reaches its NIC (`n{node}nic{gpu}`, which forwards) over a
+    PCIe link first, so GPU-to-NIC bandwidth and latency are on the path too.
     """
     _check_positive(num_nodes=num_nodes, gpus_per_node=gpus_per_node, nic_rate_bps=nic_rate_bps,
                     nvlink_rate_bps=nvlink_rate_bps, delay_s=delay_s)
+    if pcie_rate_bps is not None:
+        _check_positive(pcie_rate_bps=pcie_rate_bps, pcie_delay_s=pcie_delay_s)
     b = _Builder("rail_optimized")
     rails = [b.node(f"rail{i}", SWITCH, 1) for i in range(gpus_per_node)]
     for n in range(num_nodes):
@@ -268,7 +273,11 @@ def rail_optimized(num_nodes: int, gpus_per_node: int, *, nic_rate_bps: float,
         for g in range(gpus_per_node):
             gpu = b.node(f"n{n}g{g}", HOST, forwards=True)
             b.cable(gpu, nvs, nvlink_rate_bps, nvlink_delay_s, None, "nvlink")
-            b.cable(gpu, rails[g], nic_rate_bps, delay_s, buffer_bytes)
+            nic = gpu
+            if pcie_rate_bps:
+                nic = b.node(f"n{n}nic{g}", SWITCH, 0)
+                b.cable(gpu, nic, pcie_rate_bps, pcie_delay_s, None, "pcie")
+            b.cable(nic, rails[g], nic_rate_bps, delay_s, buffer_bytes)
     if num_spines:
         up = num_nodes * nic_rate_bps / (num_spines * oversubscription)
         spines = [b.node(f"spine{j}", SWITCH, 2) for j in range(num_spines)]
