@@ -55,6 +55,21 @@ def test_cbr_is_a_train_of_one_packet_messages_on_one_flow():
     assert msgs[0][4] == 0
 
 
+def test_traffic_entries_carry_their_traffic_class_to_the_packet_backend():
+    traffic = [{"kind": "incast", "receiver": "h0", "size_bytes": 2_000_000, "traffic_class": 2},
+               {"kind": "message", "src": "h1", "dst": "h3", "size_bytes": 1000}]
+    sc = _scenario(traffic, settings={"ecn": {"enabled": False}, "dcqcn": {"enabled": False},
+                                      "pfc": {"shared_buffer_bytes": 2_000_000}})
+    assert [m.traffic_class for m in expand_traffic(sc, build_topology(sc))] == [2, 2, 2, 0]
+    r = run_scenario(sc, "packet")
+    by_class = [sum(link["pfc_pause_frames_by_class"][c] for link in r["links"])
+                for c in range(8)]
+    assert by_class[2] > 0 and sum(by_class) == by_class[2]
+    assert run_scenario(sc, "flow")["backend"] == "flow"
+    with pytest.raises(ConfigError, match="traffic_class"):
+        _scenario([{**traffic[1], "traffic_class": 8}])
+
+
 def test_all_to_all():
     msgs = _expand([{"kind": "all_to_all", "hosts": ["h0", "h1", "h2"], "size_bytes": 10}])
     assert sorted((s, d) for s, d, *_ in msgs) == [

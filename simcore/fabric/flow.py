@@ -139,7 +139,9 @@ class FlowFabric:
         return self._now
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
-             tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None) -> int:
+             tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
+             traffic_class: int = 0) -> int:
+        """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
         start = self._now if at_s is None else float(at_s)
         if start < self._now:
             raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")

@@ -48,6 +48,9 @@ class LinkStats:
     drops: int = 0
     pfc_pause_frames: int = 0       # PAUSE (XOFF) frames this link's receiver sent upstream
     paused_s: float = 0.0           # time this link's transmitter was paused by PFC
+    # The same two per traffic class 0..7 (empty where a backend has no classes).
+    pfc_pause_frames_by_class: list[int] = field(default_factory=list)
+    paused_s_by_class: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -106,8 +109,10 @@ class Fabric(Protocol):
     def now_s(self) -> float: ...
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
-             tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None) -> int:
-        """Queue a message; returns its id. `flow_key` (default: the message id) feeds ECMP."""
+             tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
+             traffic_class: int = 0) -> int:
+        """Queue a message; returns its id. `flow_key` (default: the message id) feeds ECMP;
+        `traffic_class` (0..7) picks its priority where the backend models classes."""
         ...
 
     def next_event_s(self) -> float:

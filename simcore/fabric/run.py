@@ -72,7 +72,7 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
     fabric = make_fabric(name, topology, settings, seed=sc.seed)
     for msg in planned:
         fabric.send(msg.src, msg.dst, msg.size_bytes, at_s=msg.at_s, tag=msg.item,
-                    flow_key=msg.flow_key)
+                    flow_key=msg.flow_key, traffic_class=msg.traffic_class)
     fabric.run(sc.duration_s)
     stats = fabric.stats()
     conserved = True
@@ -169,7 +169,9 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
             "queue_histogram": ({"bin_bytes": bin_bytes, "counts": list(hist)}
                                 if hist is not None else None),
             "ecn_marks": ls.ecn_marks, "drops": ls.drops,
-            "pfc_pause_frames": ls.pfc_pause_frames, "paused_s": ls.paused_s})
+            "pfc_pause_frames": ls.pfc_pause_frames, "paused_s": ls.paused_s,
+            "pfc_pause_frames_by_class": ls.pfc_pause_frames_by_class,
+            "paused_s_by_class": ls.paused_s_by_class})
     listed = (len(stats.messages) <= MAX_LISTED_MESSAGES if include_messages is None
               else include_messages)
     num_hosts = sum(1 for nd in topology.nodes if nd.kind == HOST)

@@ -163,7 +163,14 @@ TopologySpec = Annotated[Union[DumbbellTopology, StarTopology, LeafSpineTopology
 HostSet = Union[Literal["all"], list[str]]
 
 
-class MessageTraffic(_Frozen):
+class _Traffic(_Frozen):
+    """Fields every traffic entry has."""
+
+    traffic_class: int = Field(0, ge=0, le=7, description="Priority (traffic class, InfiniBand "
+                               "virtual lane) its packets travel in; the packet backend only.")
+
+
+class MessageTraffic(_Traffic):
     """One message."""
 
     kind: Literal["message"] = Field(description="Traffic variant tag.")
@@ -173,7 +180,7 @@ class MessageTraffic(_Frozen):
     at_s: float = Field(0.0, ge=0, description="When it is handed to the sender's NIC, seconds.")
 
 
-class CbrTraffic(_Frozen):
+class CbrTraffic(_Traffic):
     """A constant-bit-rate source: one-packet messages of payload_bytes, evenly spaced so the
     packets (headers included) occupy rate_gbps, from start_s until before stop_s."""
 
@@ -194,7 +201,7 @@ class CbrTraffic(_Frozen):
         return self
 
 
-class AllToAllTraffic(_Frozen):
+class AllToAllTraffic(_Traffic):
     """Every host of the set sends size_bytes to every other, all at at_s."""
 
     kind: Literal["all_to_all"] = Field(description="Traffic variant tag.")
@@ -203,7 +210,7 @@ class AllToAllTraffic(_Frozen):
     at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
 
 
-class IncastTraffic(_Frozen):
+class IncastTraffic(_Traffic):
     """N senders each send size_bytes to one receiver at at_s."""
 
     kind: Literal["incast"] = Field(description="Traffic variant tag.")
@@ -214,7 +221,7 @@ class IncastTraffic(_Frozen):
     at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
 
 
-class PermutationTraffic(_Frozen):
+class PermutationTraffic(_Traffic):
     """Each host of the set sends size_bytes to another, a random derangement drawn from the
     scenario seed (no host sends to itself, every host receives once)."""
 
@@ -224,7 +231,7 @@ class PermutationTraffic(_Frozen):
     at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
 
 
-class PoissonTraffic(_Frozen):
+class PoissonTraffic(_Traffic):
     """A Poisson packet source: one-packet messages of payload_bytes with exponential gaps of mean
     1 / rate_pps, from start_s for duration_s (drawn from the scenario seed)."""
 
@@ -274,7 +281,7 @@ class Scenario(_Frozen):
 class PlannedMessage:
     """One message a scenario sends: `flow_key` picks its ECMP path (and, in the packet backend,
     its queue pair); the messages of one CBR or Poisson source share it. `item` is the index of
-    the traffic entry it came from."""
+    the traffic entry it came from, `traffic_class` that entry's."""
 
     src: int
     dst: int
@@ -282,6 +289,7 @@ class PlannedMessage:
     at_s: float
     flow_key: int
     item: int
+    traffic_class: int = 0
 
 
 def load_scenario(source: str | Path | Mapping[str, Any] | Scenario, *,
@@ -466,7 +474,7 @@ def expand_traffic(scenario: Scenario, topology: Topology, *,
     out = []
     for k, (at, i, _, s, d, size) in enumerate(raw):
         key = first_of_train.setdefault(i, k) if i in trains else k
-        out.append(PlannedMessage(s, d, size, at, key, i))
+        out.append(PlannedMessage(s, d, size, at, key, i, scenario.traffic[i].traffic_class))
     return out
 
 

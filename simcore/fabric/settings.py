@@ -15,7 +15,7 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcore.errors import ConfigError
 
@@ -97,8 +97,6 @@ class PfcSettings(BaseModel):
 
     enabled: bool = Field(True, description="Lossless operation through PAUSE frames; off: lossy, "
                           "drops at full buffers and go-back-N retransmission.")
-    priority: int = Field(3, ge=0, le=7, description="The priority (traffic class) data travels "
-                          "on.")
     alpha: float = Field(0.125, gt=0, description="Dynamic-threshold factor: XOFF threshold = "
                          "alpha x free shared buffer (1/8 at NIC-rate ports).")
     shared_buffer_bytes: int = Field(32_000_000, gt=0, description="Shared packet buffer of each "
@@ -127,6 +125,39 @@ class CreditSettings(BaseModel):
     buffer_bytes: int | None = Field(None, gt=0, description="Receive buffer advertised per port "
                                      "(per virtual lane); null: the link's buffer_bytes, or 2 x "
                                      "bandwidth-delay product + 2 MTU when that is unbounded.")
+
+
+class TrafficClassSettings(BaseModel):
+    """Traffic classes 0..7 (802.1p priorities; InfiniBand virtual lanes): which are lossless and
+    how an egress port picks among them.
+
+    Scheduling is strict priority: control frames first, then the highest-numbered class that
+    has a frame and is neither paused nor short of credits (7 highest). A class that is paused or
+    out of credits never holds back another. Under PFC, only the classes in `lossless` are
+    paused (PFC accounting per ingress port and class) and the others meet drop-tail at switch
+    egress; under credits every class is a virtual lane with its own credits, hence lossless;
+    without flow control every class is lossy."""
+
+    model_config = _FROZEN
+
+    lossless: tuple[int, ...] = Field(tuple(range(8)), description="Classes PFC keeps lossless "
+                                      "(its enabled priorities); the others may drop and run "
+                                      "go-back-N.")
+    scheduler: Literal["strict_priority"] = Field("strict_priority", description="How egress "
+                                                  "ports share the link among classes: strict "
+                                                  "priority, higher class first.")
+
+    @field_validator("lossless")
+    @classmethod
+    def _classes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [c for c in value if not 0 <= c <= 7]
+        if bad:
+            raise ValueError(f"traffic classes are 0..7, got {bad}")
+        return tuple(sorted(set(value)))
+
+    def lossless_mask(self) -> int:
+        """Bit c set for each lossless class c."""
+        return sum(1 << c for c in self.lossless)
 
 
 class DcqcnSettings(BaseModel):
@@ -220,6 +251,9 @@ class FabricSettings(BaseModel):
     pfc: PfcSettings = Field(description="Priority flow control.")
     credit: CreditSettings = Field(description="Credit-based link-level flow control.")
     dcqcn: DcqcnSettings = Field(description="DCQCN congestion control at the NICs.")
+    traffic_classes: TrafficClassSettings = Field(
+        default_factory=TrafficClassSettings, description="Lossless classes and the scheduler "
+        "among classes (packet backend; the others carry every class alike).")
     retransmit_timeout_s: float = Field(100e-6, gt=0, description="Go-back-N retransmission "
                                         "timeout when the fabric is lossy.")
     link_disciplines: dict[int, Discipline] = Field(

@@ -8,7 +8,8 @@ import numpy as np
 from simcore.fabric.packet import events, heap, nic
 from simcore.fabric.packet._jit import njit, view
 from simcore.fabric.packet.link import busy_done_s
-from simcore.fabric.packet.state import (C_NMSG, C_NSMP, K_DATA, NUM_COUNTERS, kernel_view,
+from simcore.fabric.packet.state import (C_NMSG, C_NSMP, K_DATA, NUM_CLASSES, NUM_COUNTERS,
+                                         kernel_view,
                                          load_topology as _load_topology)
 
 
@@ -30,9 +31,9 @@ def next_time(ref):
 
 
 @njit
-def add_flow(ref, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram):
+def add_flow(ref, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram, cls, rel):
     return nic.add_flow(kernel_view(ref), src, dst, path, rpath, fhash_bits, line_bytes_per_s,
-                        cc, dgram)
+                        cc, dgram, cls, rel)
 
 
 @njit
@@ -91,22 +92,25 @@ def read_counters(ref):
 @njit
 def read_links(ref, now):
     """Per-link figures as of `now`: bytes, busy seconds, max queue, queue integral, marks,
-    drops, pause frames, paused seconds."""
+    drops, pause frames and paused seconds per class ([link, class])."""
     st = kernel_view(ref)
     n = st.n_links
+    nk = n * NUM_CLASSES
     busy = np.empty(n)
     qint = np.empty(n)
-    paused = np.empty(n)
+    paused = np.empty(nk)
     for l in range(n):
         busy[l] = busy_done_s(st, l, now)
         qint[l] = st.s_qint[l] + st.q_bytes[l] * (now - st.s_qt[l])
-        paused[l] = st.s_paused[l]
-        if st.paused[l] != 0:
-            paused[l] += now - st.paused_at[l]
+    for k in range(nk):
+        paused[k] = st.s_paused[k]
+        if st.paused[k] != 0:
+            paused[k] += now - st.paused_at[k]
     hist = view(st.hist, n * st.n_hist).copy().reshape((n, st.n_hist))
     return (view(st.s_bytes, n).copy(), busy, view(st.s_maxq, n).copy(), qint,
             view(st.s_marks, n).copy(), view(st.s_drops, n).copy(),
-            view(st.s_pauses, n).copy(), paused, hist)
+            view(st.s_pauses, nk).copy().reshape((n, NUM_CLASSES)),
+            paused.reshape((n, NUM_CLASSES)), hist)
 
 
 @njit

@@ -22,7 +22,7 @@ from simcore.fabric.packet.link import busy_done_s, finish_tx, set_paused
 from simcore.fabric.packet.nic import (message_start, nic_kick, nic_receive, rp_timer, rto_check,
                                        source_emit)
 from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_NSMP, C_OBN, CF_SMP, K_DATA, K_PAUSE,
-                                         free_packet, grow_floats)
+                                         NUM_CLASSES, free_packet, grow_floats)
 from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_release, xoff_refresh
 
 IDLE = 0        # no events left
@@ -45,11 +45,12 @@ def _arrive(st, l, p, now):
     if st.p_kind[p] == K_PAUSE:
         port = st.l_rev[l]
         xoff = st.p_arg[p]
+        k = port * NUM_CLASSES + st.p_psn[p]      # a PAUSE frame's PSN field is its class
         free_packet(st, p)
-        if set_paused(st, port, xoff, now):
+        if set_paused(st, k, xoff, now):
             kick(st, port, now)
         elif xoff != 0:
-            push(st, now + st.l_pause_s[port], EV_PAUSE_END, port, st.pause_gen[port])
+            push(st, now + st.l_pause_s[port], EV_PAUSE_END, k, st.pause_gen[k])
         return
     if st.n_host[n] != 0:
         nic_receive(st, n, l, p, now)
@@ -108,13 +109,13 @@ def run_events(st, stop_t):
             nic_kick(st, a, t)
         elif kind == EV_CREDIT:
             st.credits[a] += b
-            kick(st, a, t)
+            kick(st, a // NUM_CLASSES, t)
         elif kind == EV_MESSAGE:
             message_start(st, a, t)
         elif kind == EV_PAUSE_END:
             active = st.pause_gen[a] == b and set_paused(st, a, 0, t)
             if active:
-                kick(st, a, t)
+                kick(st, a // NUM_CLASSES, t)
         elif kind == EV_XOFF_REFRESH:
             active = xoff_refresh(st, a, b, t)
         elif kind == EV_RTO:

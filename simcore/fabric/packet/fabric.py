@@ -20,10 +20,15 @@ from simcore.fabric.analytical import num_packets, plan_message
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.packet import api, events, nic, stats
 from simcore.fabric.packet.profiles import PacketSettings, resolve
-from simcore.fabric.packet.state import new_state
+from simcore.fabric.packet.state import CF_LOSSLESS, CF_REL, NUM_CLASSES, new_state
 from simcore.fabric.protocol import FabricStats, MessageResult, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import HOST, Topology
+
+
+def _check_class(traffic_class: int) -> None:
+    if not (isinstance(traffic_class, (int, np.integer)) and 0 <= traffic_class < NUM_CLASSES):
+        raise ValueError(f"traffic_class must be in 0..{NUM_CLASSES - 1}, got {traffic_class!r}")
 
 
 @dataclass(slots=True)
@@ -61,7 +66,9 @@ class PacketFabric:
         self._st = new_state(len(topology.nodes), len(topology.links), plan.num_hist,
                              len(plan.nh_off) - 1, self._rng)
         api.load_topology(self._st, *plan.kernel_args())
-        self._flows: dict[tuple[int, int, int], int] = {}
+        self._reliable = bool(plan.cfg[CF_REL])
+        self._lossless = int(plan.cfg[CF_LOSSLESS])
+        self._flows: dict[tuple[int, int, int, int], int] = {}
         self._flow_ends: list[tuple[int, int, int]] = []     # (src, dst, flow_key) per flow
         self._flow_line_bps: list[float] = []                # rate of each flow's first link
         self._messages: list[_Message] = []
@@ -79,10 +86,13 @@ class PacketFabric:
         return self._now
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
-             tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None) -> int:
+             tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
+             traffic_class: int = 0) -> int:
         """Queue a message of `size_bytes` payload from host src to host dst at at_s (now when
-        None); returns its id. `flow_key` (default: the id) names its queue pair and feeds ECMP.
+        None) in `traffic_class` (0..7); returns its id. `flow_key` (default: the id) names its
+        queue pair (one per class) and feeds ECMP.
         """
+        _check_class(traffic_class)
         start = self._now if at_s is None else float(at_s)
         if start < self._now:
             raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
@@ -90,7 +100,7 @@ class PacketFabric:
         key = msg_id if flow_key is None else flow_key
         rec = plan_message(self.topology, self._salts, msg_id, src, dst, size_bytes, start,
                            tag=tag, on_done=on_done, flow_key=key)
-        f = self._flow(rec.src, rec.dst, key, datagram=False, route=rec.path)
+        f = self._flow(rec.src, rec.dst, key, traffic_class, datagram=False, route=rec.path)
         npk = num_packets(rec.size_bytes, self.topology.mtu_bytes, self.topology.header_bytes)
         self._messages.append(_Message(msg_id, rec.src, rec.dst, rec.size_bytes, start,
                                        rec.ideal_s, tag, on_done))
@@ -132,10 +142,12 @@ class PacketFabric:
 
     def add_source(self, src: int, dst: int, payload_bytes: int, *, rate_bps: float,
                    stop_s: float, start_s: float = 0.0, poisson: bool = False,
-                   flow_key: int | None = None) -> int:
+                   flow_key: int | None = None, traffic_class: int = 0) -> int:
         """A datagram source: packets of `payload_bytes` from host src to host dst at `rate_bps`
         of wire bytes (constant spacing, or exponential gaps with that mean when `poisson`) from
-        start_s until stop_s. No reliability, no congestion control. Returns its index."""
+        start_s until stop_s, in `traffic_class`. No reliability, no congestion control. Returns
+        its index."""
+        _check_class(traffic_class)
         if not 0 < payload_bytes <= self._payload_bytes:
             raise ValueError(f"payload_bytes must be in 1..{self._payload_bytes}, got "
                              f"{payload_bytes}")
@@ -144,7 +156,7 @@ class PacketFabric:
         self._check_hosts(src, dst)
         index = len(self._sources)
         key = -1 - index if flow_key is None else flow_key
-        f = self._flow(src, dst, key, datagram=True)
+        f = self._flow(src, dst, key, traffic_class, datagram=True)
         self._sources.append(f)
         gap = (payload_bytes + self.topology.header_bytes) * 8 / rate_bps
         api.add_source(self._st, f, payload_bytes, gap, int(poisson), max(start_s, self._now),
@@ -196,11 +208,12 @@ class PacketFabric:
         if src == dst:
             raise ValueError(f"a flow needs two different hosts, got {src} -> {dst}")
 
-    def _flow(self, src: int, dst: int, key: int, *, datagram: bool,
+    def _flow(self, src: int, dst: int, key: int, traffic_class: int, *, datagram: bool,
               route: tuple[int, ...] | None = None) -> int:
-        """The queue pair of (src, dst, key), created on first use with its ECMP paths (`route`:
-        the data path when the caller already has it)."""
-        ident = (src, dst, key)
+        """The queue pair of (src, dst, key, traffic_class), created on first use with its ECMP
+        paths (`route`: the data path when the caller already has it); it runs go-back-N when
+        the fabric is reliable or its class may drop."""
+        ident = (src, dst, key, traffic_class)
         f = self._flows.get(ident)
         if f is not None:
             return f
@@ -214,9 +227,11 @@ class PacketFabric:
         bits = int(np.array([fhash], dtype=np.uint64).view(np.int64)[0])
         line_bps = topo.links[int(fwd[0])].rate_bps
         cc = int(self.settings.dcqcn.enabled and not datagram)
-        f = api.add_flow(self._st, src, dst, fwd, back, bits, line_bps / 8, cc, int(datagram))
+        rel = int(not datagram and (self._reliable or not self._lossless >> traffic_class & 1))
+        f = api.add_flow(self._st, src, dst, fwd, back, bits, line_bps / 8, cc, int(datagram),
+                         traffic_class, rel)
         self._flows[ident] = f
-        self._flow_ends.append(ident)
+        self._flow_ends.append((src, dst, key))
         self._flow_line_bps.append(line_bps)
         return f
 

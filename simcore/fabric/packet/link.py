@@ -1,14 +1,20 @@
 """A link's transmitter and wire: store-and-forward serialisation at the link rate, then the
 propagation delay. Starting a frame at t schedules the port free at t + L/C and the frame's
-arrival at the far end at t + L/C + d. The port obeys PFC pauses (data only) and, under
-credit-based flow control, sends data only against credits the receiver advertised."""
+arrival at the far end at t + L/C + d. The port obeys PFC pauses per traffic class (data only)
+and, under credit-based flow control, sends a class's data only against the credits the
+receiver advertised for that class's virtual lane.
+
+Scheduling between classes is strict priority: control frames first, then the highest class
+(7 highest, as 802.1p priorities) that has data and is neither paused nor short of credits; a
+paused class never blocks another."""
 
 from __future__ import annotations
 
 from simcore.fabric.packet._jit import njit
 from simcore.fabric.packet.heap import EV_ARRIVE, EV_TX_DONE, push
-from simcore.fabric.packet.queues import level_change, pop_ctrl, pop_data
-from simcore.fabric.packet.state import (C_DATA_HOPS, C_FRAMES, CF_FC, FC_CREDIT, K_DATA)
+from simcore.fabric.packet.queues import level_change, pop_ctrl, pop_data, top_class
+from simcore.fabric.packet.state import (C_DATA_HOPS, C_FRAMES, CF_FC, FC_CREDIT, K_DATA,
+                                         NUM_CLASSES)
 
 
 @njit
@@ -26,7 +32,7 @@ def start_tx(st, l, p, now):
     if st.p_kind[p] == K_DATA:
         st.cnt[C_DATA_HOPS] += 1
         if st.cfg[CF_FC] == FC_CREDIT:
-            st.credits[l] -= size
+            st.credits[l * NUM_CLASSES + st.f_cls[st.p_flow[p]]] -= size
     push(st, end, EV_TX_DONE, l, p)
     push(st, end + st.l_delay[l], EV_ARRIVE, l, p)
 
@@ -44,30 +50,41 @@ def finish_tx(st, l, now):
 
 @njit
 def next_queued(st, l):
-    """The next frame port l may send from its queues: control first, then data unless paused or
-    short of credits. Returns -1 when there is none."""
+    """The next frame port l may send from its queues: control first, then data of the highest
+    class that is not paused and has credits for its head frame. Returns -1 when there is none."""
     if st.c_head[l] >= 0:
         return pop_ctrl(st, l)
-    p = st.q_head[l]
-    if p < 0 or st.paused[l] != 0:
-        return -1
-    if st.cfg[CF_FC] == FC_CREDIT and st.credits[l] < st.p_size[p]:
-        return -1
-    return pop_data(st, l)
+    mask = st.q_mask[l]
+    while mask != 0:
+        c = top_class(mask)
+        mask &= ~(1 << c)
+        if sendable(st, l, c, st.q_head[l * NUM_CLASSES + c]):
+            return pop_data(st, l, c)
+    return -1
 
 
 @njit
-def set_paused(st, l, paused, now):
-    """Apply a PFC XOFF (paused=1) or XON (0) to port l's data; returns True if it resumed."""
-    if paused != 0:
-        if st.paused[l] == 0:
-            st.paused[l] = 1
-            st.paused_at[l] = now
-        st.pause_gen[l] += 1
+def sendable(st, l, c, p):
+    """Whether port l may send class-c data frame p now (not paused, enough credits)."""
+    k = l * NUM_CLASSES + c
+    if st.paused[k] != 0:
         return False
-    if st.paused[l] != 0:
-        st.paused[l] = 0
-        st.s_paused[l] += now - st.paused_at[l]
+    return st.cfg[CF_FC] != FC_CREDIT or st.credits[k] >= st.p_size[p]
+
+
+@njit
+def set_paused(st, k, paused, now):
+    """Apply a PFC XOFF (paused=1) or XON (0) to class k % NUM_CLASSES of port
+    k // NUM_CLASSES; returns True if it resumed."""
+    if paused != 0:
+        if st.paused[k] == 0:
+            st.paused[k] = 1
+            st.paused_at[k] = now
+        st.pause_gen[k] += 1
+        return False
+    if st.paused[k] != 0:
+        st.paused[k] = 0
+        st.s_paused[k] += now - st.paused_at[k]
         return True
     return False
 

@@ -2,15 +2,18 @@
 reassembles them, and the DCQCN roles, whose state machines (simcore.fabric.dcqcn) live in Python
 and are driven through requests the kernel leaves in its outbox.
 
-Sending: each egress port serves its active queue pairs round robin; a queue pair may start its
-next frame once `size / rate` has passed since the start of its previous one (its pacing rate is
-the line rate, or DCQCN's current rate). Control frames and relayed packets (a host that forwards
-others' traffic, like a PXN GPU) go first.
+Sending: each egress port serves traffic classes in strict priority (control frames first, then
+the highest class that is neither paused nor short of credits) and, within a class, relayed
+packets (a host that forwards others' traffic, like a PXN GPU) and datagrams first, then its
+active queue pairs round robin; a queue pair may start its next frame once `size / rate` has
+passed since the start of its previous one (its pacing rate is the line rate, or DCQCN's current
+rate).
 
-Reliability: lossless fabrics need none, and the receiver accepts packets in any order. Lossy
-ones run go-back-N: the receiver accepts only the next expected PSN, ACKs every few in-order
-packets and each message's end, NACKs the first gap once; the sender rewinds to the NACKed PSN or,
-after a retransmission timeout without progress, to the oldest unacknowledged one.
+Reliability: lossless classes need none, and the receiver accepts packets in any order. Queue
+pairs of a lossy class (every class when the fabric has no flow control) run go-back-N: the
+receiver accepts only the next expected PSN, ACKs every few in-order packets and each message's
+end, NACKs the first gap once; the sender rewinds to the NACKed PSN or, after a retransmission
+timeout without progress, to the oldest unacknowledged one.
 
 DCQCN: a marked data packet at the receiver asks the notification point whether to send a CNP
 (only once its per-flow quiet interval has passed); a CNP at the sender, a reaction-point timer,
@@ -25,13 +28,15 @@ import numpy as np
 from simcore.fabric.packet._jit import njit, view
 from simcore.fabric.packet.heap import (EV_CREDIT, EV_MESSAGE, EV_RP_TIMER, EV_RTO, EV_SOURCE,
                                         EV_WAKE, push)
-from simcore.fabric.packet.link import next_queued, start_tx
-from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data, level_change
+from simcore.fabric.packet.link import sendable, start_tx
+from simcore.fabric.packet.queues import (enqueue_ctrl, enqueue_data, level_change, pop_ctrl,
+                                          pop_data, top_class)
 from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NACKS, C_NFLOW,
                                          C_NMSG, C_NPATH, C_NSRC, C_OBN, C_RETX, C_RETX_PAY,
                                          C_SENT_PAY, C_TIMEOUTS, CF_ACKN, CF_CTRL, CF_FC,
-                                         CF_HDR, CF_PAY, CF_REL, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
-                                         K_CNP, K_DATA, K_NACK, alloc_packet, free_packet,
+                                         CF_HDR, CF_PAY, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
+                                         K_CNP, K_DATA, K_NACK, NUM_CLASSES, alloc_packet,
+                                         free_packet,
                                          grow_floats, grow_ints, uniform)
 from simcore.fabric.packet.switch import out_port
 
@@ -60,15 +65,28 @@ def request(st, kind, a):
 
 @njit
 def nic_kick(st, l, now):
-    """Start host port l's next frame if it is idle: control and relayed frames first, then the
-    queue pairs' data."""
+    """Start host port l's next frame if it is idle: control frames first, then by class in strict
+    priority its queued (relayed, datagram) frames, then its queue pairs' data."""
     if st.busy[l] != 0:
         return
-    p = next_queued(st, l)
-    if p < 0 and st.paused[l] == 0 and st.q_head[l] < 0:
-        p = _pull(st, l, now)
-    if p >= 0:
-        start_tx(st, l, p, now)
+    if st.c_head[l] >= 0:
+        start_tx(st, l, pop_ctrl(st, l), now)
+        return
+    mask = st.q_mask[l] | st.act_mask[l]
+    while mask != 0:
+        c = top_class(mask)
+        mask &= ~(1 << c)
+        k = l * NUM_CLASSES + c
+        q = st.q_head[k]
+        if q >= 0:
+            if sendable(st, l, c, q):
+                start_tx(st, l, pop_data(st, l, c), now)
+                return
+        elif st.paused[k] == 0:
+            p = _pull(st, l, k, now)
+            if p >= 0:
+                start_tx(st, l, p, now)
+                return
 
 
 @njit
@@ -83,13 +101,14 @@ def _frame_bytes(st, f):
 
 
 @njit
-def _pull(st, l, now):
-    """Round robin over port l's active queue pairs for one whose pacing allows a frame now;
-    schedule a wake-up for the earliest one otherwise. Returns the packet or -1."""
-    n = st.act_n[l]
+def _pull(st, l, k, now):
+    """Round robin over port l's active queue pairs of class k % NUM_CLASSES for one whose
+    pacing allows a frame now; schedule a wake-up for the earliest one otherwise. Returns the
+    packet or -1."""
+    n = st.act_n[k]
     if n == 0:
         return -1
-    f = st.act_cur[l]
+    f = st.act_cur[k]
     win = st.cfg[CF_WIN]
     earliest = np.inf
     for _ in range(n):
@@ -97,9 +116,9 @@ def _pull(st, l, now):
         if win <= 0 or st.f_nxt[f] - st.f_una[f] < win:
             t = st.f_next_t[f]
             if t <= now:
-                if st.cfg[CF_FC] == FC_CREDIT and st.credits[l] < _frame_bytes(st, f):
+                if st.cfg[CF_FC] == FC_CREDIT and st.credits[k] < _frame_bytes(st, f):
                     return -1
-                st.act_cur[l] = nxt_f
+                st.act_cur[k] = nxt_f
                 return _make_data(st, f, l, now)
             if t < earliest:
                 earliest = t
@@ -134,7 +153,7 @@ def _make_data(st, f, l, now):
     else:
         st.f_maxsent[f] = psn + 1
     level_change(st, l, size, now)
-    if st.cfg[CF_REL] != 0 and st.f_rto_t[f] == np.inf:
+    if st.f_rel[f] != 0 and st.f_rto_t[f] == np.inf:
         st.f_rto_t[f] = now + st.cfg[CF_RTO]
         _arm_rto(st, f)
     if st.f_bleft[f] >= 0:
@@ -153,18 +172,20 @@ def _activate(st, f):
         return
     st.f_act[f] = 1
     l = st.f_link[f]
-    c = st.act_cur[l]
-    if st.act_n[l] == 0:
+    k = l * NUM_CLASSES + st.f_cls[f]
+    c = st.act_cur[k]
+    if st.act_n[k] == 0:
         st.f_anext[f] = f
         st.f_aprev[f] = f
-        st.act_cur[l] = f
+        st.act_cur[k] = f
+        st.act_mask[l] |= 1 << st.f_cls[f]
     else:
         prev = st.f_aprev[c]
         st.f_anext[prev] = f
         st.f_aprev[f] = prev
         st.f_anext[f] = c
         st.f_aprev[c] = f
-    st.act_n[l] += 1
+    st.act_n[k] += 1
     if st.f_cc[f] != 0 and st.f_rpwait[f] == 0 and st.f_rate[f] < st.f_line[f]:
         request(st, O_RP_WAKE, f)
 
@@ -175,16 +196,18 @@ def _deactivate(st, f):
         return
     st.f_act[f] = 0
     l = st.f_link[f]
-    st.act_n[l] -= 1
-    if st.act_n[l] == 0:
-        st.act_cur[l] = -1
+    k = l * NUM_CLASSES + st.f_cls[f]
+    st.act_n[k] -= 1
+    if st.act_n[k] == 0:
+        st.act_cur[k] = -1
+        st.act_mask[l] &= ~(1 << st.f_cls[f])
         return
     prev = st.f_aprev[f]
     nxt = st.f_anext[f]
     st.f_anext[prev] = nxt
     st.f_aprev[nxt] = prev
-    if st.act_cur[l] == f:
-        st.act_cur[l] = nxt
+    if st.act_cur[k] == f:
+        st.act_cur[k] = nxt
 
 
 @njit
@@ -293,7 +316,8 @@ def nic_receive(st, h, l_in, p, now):
     kind = st.p_kind[p]
     f = st.p_flow[p]
     if kind == K_DATA and st.cfg[CF_FC] == FC_CREDIT:
-        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in, st.p_size[p])
+        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in * NUM_CLASSES + st.f_cls[f],
+             st.p_size[p])
     dest = st.f_src[f] if st.p_rev[p] != 0 else st.f_dst[f]
     if dest != h:
         out = out_port(st, h, p)
@@ -343,7 +367,7 @@ def _receive_data(st, f, p, now):
     if st.p_ecn[p] != 0 and st.f_cc[f] != 0 and now >= st.f_quiet[f]:
         request(st, O_NP, f)
     m = st.p_msg[p]
-    if st.cfg[CF_REL] == 0:
+    if st.f_rel[f] == 0:
         _accept(st, m, now)
         return
     psn = st.p_psn[p]
@@ -394,8 +418,9 @@ def source_emit(st, s, now):
 # ---- calls from Python -----------------------------------------------------------------------
 
 @njit
-def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram):
-    """Register a queue pair from host src to host dst with its data and reverse paths."""
+def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram, cls, rel):
+    """Register a queue pair from host src to host dst with its data and reverse paths, its
+    traffic class and whether it runs go-back-N."""
     f = st.cnt[C_NFLOW]
     if f == st.f_cap:
         _grow_flows(st, 2 * f)
@@ -444,6 +469,8 @@ def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram)
     st.f_quiet[f] = 0.0
     st.f_dgram[f] = dgram
     st.f_dgram_pay[f] = 0
+    st.f_cls[f] = cls
+    st.f_rel[f] = rel
     return f
 
 
@@ -482,6 +509,8 @@ def _grow_flows(st, n):
     st.f_quiet = grow_floats(st, st.f_quiet, old, n, 0.0)
     st.f_dgram = grow_ints(st, st.f_dgram, old, n, 0)
     st.f_dgram_pay = grow_ints(st, st.f_dgram_pay, old, n, 0)
+    st.f_cls = grow_ints(st, st.f_cls, old, n, 0)
+    st.f_rel = grow_ints(st, st.f_rel, old, n, 0)
     st.f_cap = n
 
 

@@ -8,10 +8,12 @@ settings into the per-link and per-switch numbers the kernel runs on: ECN thresh
 each link's rate, PFC headroom and pause time per port, credit buffers, lossy buffer limits.
 
 Reading of the settings: under PFC, `pfc.shared_buffer_bytes` is each switch's shared pool and
-every ingress port's headroom is reserved on top of it; one lossless priority carries all data
-(control frames travel on a strict-priority class that is never paused). Drop-tail limits apply
-at switch egress ports on lossy fabrics only (a host's NIC queue is unbounded). Under credits,
-each switch ingress port advertises its buffer; hosts drain theirs at line rate.
+every ingress port's headroom is reserved, per lossless class, on top of it (control frames
+travel on a strict-priority class that is never paused). Drop-tail limits apply at switch egress
+ports to lossy classes only: every class on lossy fabrics, the classes outside
+`traffic_classes.lossless` under PFC (a host's NIC queue is unbounded). Under credits, each
+switch ingress port advertises its buffer per virtual lane (class); hosts drain theirs at line
+rate.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from simcore.fabric.ecmp import default_salts
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import HOST, Topology
 from simcore.fabric.packet.state import (CF_ACKN, CF_ALPHA, CF_AR, CF_ARTH, CF_CC, CF_CTRL, CF_FC,
-                                         CF_HBIN, CF_HDR, CF_NHOST, CF_PAY, CF_REL, CF_RTO,
-                                         CF_SMP, CF_WIN, CF_XON, FC_CREDIT, FC_NONE, FC_PFC,
-                                         NUM_CFG)
+                                         CF_HBIN, CF_HDR, CF_LOSSLESS, CF_NHOST, CF_PAY, CF_REL,
+                                         CF_RTO, CF_SMP, CF_WIN, CF_XON, FC_CREDIT, FC_NONE, FC_PFC,
+                                         NUM_CFG, NUM_CLASSES)
 
 PAUSE_QUANTUM_BITS = 512
 """IEEE 802.1Qbb: one pause quantum is 512 bit times of the link."""
@@ -220,6 +222,19 @@ def resolve(topology: Topology, settings: FabricSettings, packet: PacketSettings
         pool[host == 0] = int(settings.pfc.shared_buffer_bytes)
     num_hist = packet.queue_histogram_bins or _histogram_bins(
         topology, fc, cap, headroom, credits, settings)
+    if fc == FC_NONE:
+        lossless = 0
+    elif fc == FC_CREDIT:
+        lossless = (1 << NUM_CLASSES) - 1
+    else:
+        lossless = settings.traffic_classes.lossless_mask()
+        if lossless != (1 << NUM_CLASSES) - 1:
+            # Classes outside PFC meet drop-tail at switch egress, as on a lossy fabric.
+            for lk in links:
+                if not host[lk.src]:
+                    buf = (lk.buffer_bytes if lk.buffer_bytes is not None
+                           else packet.lossy_buffer_bytes)
+                    cap[lk.index] = -1 if buf is None else int(buf)
 
     num_hosts = len(hosts)
     nh_off = np.zeros(num_nodes * num_hosts + 1, dtype=np.int64)
@@ -251,6 +266,7 @@ def resolve(topology: Topology, settings: FabricSettings, packet: PacketSettings
     cfg[CF_ARTH] = threshold
     cfg[CF_SMP] = settings.sample_interval_s
     cfg[CF_NHOST] = num_hosts
+    cfg[CF_LOSSLESS] = lossless
     return Plan(host, host_index, salt, pool, src, dst, rev, rate, delay, cap, ecn,
                 kmin, kmax, pmax, headroom, pause_s, credits, nh_off,
                 np.array(nh_links or [0], dtype=np.int64), cfg, num_hist)

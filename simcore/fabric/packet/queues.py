@@ -1,18 +1,36 @@
-"""Egress queues: the FIFOs of a port (strict-priority control frames ahead of data) and the data
-queue's disciplines. Drop-tail refuses a frame that would overflow the port's buffer; RED/ECN
-marks it with probability 0 below Kmin, Pmax (q - Kmin)/(Kmax - Kmin) up to Kmax and 1 above, on
-the instantaneous bytes q already queued; the lossless variant (PFC or credits upstream) never
-refuses, because admission was settled at the switch's ingress or by the sender's credits.
+"""Egress queues: the FIFOs of a port (strict-priority control frames ahead of data, one data
+FIFO per traffic class) and the data queue's disciplines. Drop-tail refuses a frame of a lossy
+class that would overflow the port's buffer; RED/ECN marks it with probability 0 below Kmin,
+Pmax (q - Kmin)/(Kmax - Kmin) up to Kmax and 1 above, on the instantaneous bytes q already queued;
+lossless classes (PFC or credits upstream) are never refused, because admission was settled at
+the switch's ingress or by the sender's credits.
 
-Queue bytes count data frames waiting and the one on the wire (a frame holds buffer until its
-last bit has left); their time integral and maximum are kept per port.
+Queue bytes count data frames of every class waiting and the one on the wire (a frame holds
+buffer until its last bit has left); their time integral and maximum are kept per port. Which
+class a port sends next is the link's business (`link.next_queued`: strict priority).
 """
 
 from __future__ import annotations
 
 from simcore.fabric.packet._jit import njit
-from simcore.fabric.packet.state import (C_DROP_PAY, C_DROPS, C_MARKS, CF_FC, CF_HBIN, FC_NONE,
-                                         free_packet, uniform)
+from simcore.fabric.packet.state import (C_DROP_PAY, C_DROPS, C_MARKS, CF_HBIN, CF_LOSSLESS,
+                                         NUM_CLASSES, free_packet, uniform)
+
+
+@njit
+def lossless(st, c):
+    """Whether traffic class c is lossless (never dropped)."""
+    return (int(st.cfg[CF_LOSSLESS]) >> c) & 1 != 0
+
+
+@njit
+def top_class(mask):
+    """The highest class whose bit is set in a non-zero class mask."""
+    c = 0
+    while mask > 1:
+        mask >>= 1
+        c += 1
+    return c
 
 
 @njit
@@ -39,15 +57,16 @@ def mark_probability(q, kmin, kmax, pmax):
 
 @njit
 def enqueue_data(st, l, p, now):
-    """Offer data packet p to port l's queue. Returns False (and frees p) if drop-tail refuses it;
-    otherwise queues it, marking ECN first where the port marks."""
+    """Offer data packet p to port l's queue of its class. Returns False (and frees p) if
+    drop-tail refuses it; otherwise queues it, marking ECN first where the port marks."""
     size = st.p_size[p]
+    c = st.f_cls[st.p_flow[p]]
     q = st.q_bytes[l]
     b = int(q / st.cfg[CF_HBIN])
     nb = st.n_hist
     st.hist[l * nb + (b if b < nb else nb - 1)] += 1
     cap = st.l_cap[l]
-    if st.cfg[CF_FC] == FC_NONE and cap >= 0 and q + size > cap:
+    if cap >= 0 and q + size > cap and not lossless(st, c):
         st.s_drops[l] += 1
         st.cnt[C_DROPS] += 1
         st.cnt[C_DROP_PAY] += st.p_pay[p]
@@ -61,23 +80,28 @@ def enqueue_data(st, l, p, now):
             st.cnt[C_MARKS] += 1
     level_change(st, l, size, now)
     st.p_next[p] = -1
-    t = st.q_tail[l]
+    k = l * NUM_CLASSES + c
+    t = st.q_tail[k]
     if t < 0:
-        st.q_head[l] = p
+        st.q_head[k] = p
+        st.q_mask[l] |= 1 << c
     else:
         st.p_next[t] = p
-    st.q_tail[l] = p
+    st.q_tail[k] = p
     return True
 
 
 @njit
-def pop_data(st, l):
-    """Take the head of port l's data FIFO (its bytes stay counted until the frame has left)."""
-    p = st.q_head[l]
+def pop_data(st, l, c):
+    """Take the head of port l's class-c data FIFO (its bytes stay counted until the frame has
+    left)."""
+    k = l * NUM_CLASSES + c
+    p = st.q_head[k]
     nxt = st.p_next[p]
-    st.q_head[l] = nxt
+    st.q_head[k] = nxt
     if nxt < 0:
-        st.q_tail[l] = -1
+        st.q_tail[k] = -1
+        st.q_mask[l] &= ~(1 << c)
     return p
 
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from simcore.fabric.packet._jit import HAVE_NUMBA, data_ptr, njit, view
 
-# Packet kinds. Data travels on the lossless class; the others are control frames that take the
-# strict-priority control queue of every port and are never paused, marked or dropped.
+# Packet kinds. Data travels in its flow's traffic class; the others are control frames that take
+# the strict-priority control queue of every port and are never paused, marked or dropped.
 K_DATA = 0
 K_ACK = 1
 K_NACK = 2
@@ -79,7 +79,12 @@ CF_HBIN = 12       # queue histogram bin width, bytes
 CF_ARTH = 14       # adaptive routing keeps the hashed port unless another is this much shorter
 CF_SMP = 15        # utilization sample interval, s (0: off)
 CF_NHOST = 16      # number of hosts
+CF_LOSSLESS = 17   # bit c set: traffic class c is lossless (PFC priority or credited lane)
 NUM_CFG = 24
+
+NUM_CLASSES = 8
+"""Traffic classes (802.1p priorities, InfiniBand virtual lanes); per-(port, class) tables are
+indexed link * NUM_CLASSES + class."""
 
 INF = np.inf
 NUM_UNIFORMS = 4096
@@ -117,27 +122,30 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.l_pmax = _floats(st, num_links, 0.0)
     st.l_hdrm = _ints(st, num_links, 0)          # PFC headroom of this link's ingress port
     st.l_pause_s = _floats(st, num_links, 0.0)   # time one XOFF pauses this link
+    nk = num_links * NUM_CLASSES
     # Links: the egress port at l_src.
-    st.q_head = _ints(st, num_links, -1)         # data FIFO
-    st.q_tail = _ints(st, num_links, -1)
+    st.q_head = _ints(st, nk, -1)                # data FIFO per class
+    st.q_tail = _ints(st, nk, -1)
+    st.q_mask = _ints(st, num_links, 0)          # bit c: class c's data FIFO is not empty
     st.c_head = _ints(st, num_links, -1)         # control FIFO
     st.c_tail = _ints(st, num_links, -1)
     st.q_bytes = _ints(st, num_links, 0)         # data bytes held, the one on the wire too
     st.busy = _ints(st, num_links, 0)
     st.tx_pkt = _ints(st, num_links, -1)
     st.tx_end = _floats(st, num_links, 0.0)
-    st.paused = _ints(st, num_links, 0)
-    st.pause_gen = _ints(st, num_links, 0)
-    st.paused_at = _floats(st, num_links, 0.0)
-    st.credits = _ints(st, num_links, 0)         # bytes the receiver can still take (credit FC)
+    st.paused = _ints(st, nk, 0)                 # per class
+    st.pause_gen = _ints(st, nk, 0)
+    st.paused_at = _floats(st, nk, 0.0)
+    st.credits = _ints(st, nk, 0)                # bytes the receiver's lane can still take
     st.wake_t = _floats(st, num_links, INF)      # pending NIC pacing wake-up
-    st.act_cur = _ints(st, num_links, -1)        # round-robin ring of active queue pairs
-    st.act_n = _ints(st, num_links, 0)
-    # Links: the ingress port at l_dst (PFC accounting of the receiving switch).
-    st.in_bytes = _ints(st, num_links, 0)
-    st.in_hdrm = _ints(st, num_links, 0)
-    st.xoff = _ints(st, num_links, 0)
-    st.xoff_gen = _ints(st, num_links, 0)
+    st.act_cur = _ints(st, nk, -1)               # round-robin ring of active queue pairs per class
+    st.act_n = _ints(st, nk, 0)
+    st.act_mask = _ints(st, num_links, 0)        # bit c: class c has active queue pairs
+    # Links: the ingress port at l_dst, per class (PFC accounting of the receiving switch).
+    st.in_bytes = _ints(st, nk, 0)
+    st.in_hdrm = _ints(st, nk, 0)
+    st.xoff = _ints(st, nk, 0)
+    st.xoff_gen = _ints(st, nk, 0)
     # Links: measurements.
     st.s_bytes = _ints(st, num_links, 0)
     st.s_busy = _floats(st, num_links, 0.0)
@@ -146,8 +154,8 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.s_qt = _floats(st, num_links, 0.0)
     st.s_marks = _ints(st, num_links, 0)
     st.s_drops = _ints(st, num_links, 0)
-    st.s_pauses = _ints(st, num_links, 0)
-    st.s_paused = _floats(st, num_links, 0.0)
+    st.s_pauses = _ints(st, nk, 0)               # per class
+    st.s_paused = _floats(st, nk, 0.0)
     st.hist = _ints(st, num_links * num_hist, 0)  # [link, bin]
     # Equal-cost next hops per (node, host index), for adaptive routing.
     st.nh_off = _ints(st, num_nh + 1, 0)
@@ -187,6 +195,8 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.f_quiet = _floats(st, nf, 0.0)            # no CNP query before this time
     st.f_dgram = _ints(st, nf, 0)                # datagrams: no reliability, no messages
     st.f_dgram_pay = _ints(st, nf, 0)            # datagram payload delivered
+    st.f_cls = _ints(st, nf, 0)                  # traffic class of its data
+    st.f_rel = _ints(st, nf, 0)                  # 1: go-back-N (its class may drop)
     st.path_cap = 64
     st.path = _ints(st, 64, 0)
     # Messages.
@@ -500,7 +510,9 @@ def load_topology(st, host, host_index, salt, pool, src, dst, rev, rate, delay, 
     view(st.l_pmax, nl)[:] = pmax
     view(st.l_hdrm, nl)[:] = headroom
     view(st.l_pause_s, nl)[:] = pause_s
-    view(st.credits, nl)[:] = credits
+    for l in range(nl):
+        for c in range(NUM_CLASSES):
+            st.credits[l * NUM_CLASSES + c] = credits[l]
     view(st.nh_off, nh_off.shape[0])[:] = nh_off
     st.nh_links = grow_ints(st, st.nh_links, 0, nh_links.shape[0], 0)
     view(st.nh_links, nh_links.shape[0])[:] = nh_links

@@ -66,7 +66,9 @@ def build_stats(st, now: float, messages: list[MessageResult], interval_s: float
     links = [LinkStats(bytes_sent=int(sent[i]), busy_s=float(busy[i]),
                        max_queue_bytes=int(maxq[i]), queue_byte_s=float(qint[i]),
                        ecn_marks=int(marks[i]), drops=int(drops[i]),
-                       pfc_pause_frames=int(pauses[i]), paused_s=float(paused[i]))
+                       pfc_pause_frames=int(pauses[i].sum()), paused_s=float(paused[i].sum()),
+                       pfc_pause_frames_by_class=[int(x) for x in pauses[i]],
+                       paused_s_by_class=[float(x) for x in paused[i]])
              for i in range(len(sent))]
     cnt = api.read_counters(st)
     t_s, util = utilization(st, interval_s, now)

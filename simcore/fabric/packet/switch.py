@@ -3,14 +3,16 @@ this switch's salt, fixed per flow; or, with adaptive routing, the equal-cost po
 queued bytes unless the hashed one is within a threshold of it) and, under PFC, keeps a shared
 buffer per switch with per-ingress-port accounting.
 
-PFC (IEEE 802.1Qbb, one lossless priority): a data packet arriving on ingress port i is admitted
-to the shared buffer while i's shared use stays within the dynamic threshold
-T = alpha x (shared pool - shared buffer in use); beyond it, into i's headroom; beyond that it is
-dropped (a headroom too small for the link). When i's shared use reaches T or its headroom is in
-use, the switch sends XOFF upstream on i's reverse link (refreshed at half the pause time while
-congested); when i's headroom is empty again and its shared use is xon_offset under T, XON.
-Pauses stop the upstream transmitter's data, whose queue then fills and pauses its own upstream:
-congestion spreads, with head-of-line blocking of every flow behind the paused port.
+PFC (IEEE 802.1Qbb) per ingress port and priority (traffic class): a data packet of a lossless
+class c arriving on ingress port i is admitted to the shared buffer while (i, c)'s shared use
+stays within the dynamic threshold T = alpha x (shared pool - shared buffer in use); beyond it,
+into (i, c)'s headroom; beyond that it is dropped (a headroom too small for the link). When
+(i, c)'s shared use reaches T or its headroom is in use, the switch sends XOFF for class c
+upstream on i's reverse link (refreshed at half the pause time while congested); when (i, c)'s
+headroom is empty again and its shared use is xon_offset under T, XON. Pauses stop the upstream
+transmitter's data of that class only, whose queue then fills and pauses its own upstream:
+congestion spreads, with head-of-line blocking of every flow of the class behind the paused port
+and none across classes. Lossy classes skip this accounting and meet drop-tail at egress.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from simcore.fabric import ecmp
 from simcore.fabric.packet._jit import HAVE_NUMBA, njit
 from simcore.fabric.packet.heap import EV_CREDIT, EV_XOFF_REFRESH, push
 from simcore.fabric.packet.link import next_queued, start_tx
-from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data
+from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data, lossless
 from simcore.fabric.packet.state import (C_DROP_PAY, C_DROPS, C_PAUSES, CF_ALPHA, CF_AR, CF_ARTH,
                                          CF_CTRL, CF_FC, CF_NHOST, CF_XON, FC_CREDIT, FC_PFC,
-                                         K_DATA, K_PAUSE, alloc_packet, free_packet)
+                                         K_DATA, K_PAUSE, NUM_CLASSES, alloc_packet, free_packet)
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -104,7 +106,9 @@ def switch_receive(st, n, l_in, p, now):
         switch_kick(st, out, now)
         return
     size = st.p_size[p]
-    if st.cfg[CF_FC] == FC_PFC and not pfc_admit(st, n, l_in, size, now):
+    c = st.f_cls[st.p_flow[p]]
+    if (st.cfg[CF_FC] == FC_PFC and lossless(st, c)
+            and not pfc_admit(st, n, l_in, c, size, now)):
         st.s_drops[out] += 1
         st.cnt[C_DROPS] += 1
         st.cnt[C_DROP_PAY] += st.p_pay[p]
@@ -128,10 +132,12 @@ def switch_release(st, n, p, now):
     size = st.p_size[p]
     st.sw_used[n] -= size
     fc = st.cfg[CF_FC]
+    c = st.f_cls[st.p_flow[p]]
     if fc == FC_PFC:
-        pfc_release(st, n, l_in, size, now)
+        if lossless(st, c):
+            pfc_release(st, n, l_in, c, size, now)
     elif fc == FC_CREDIT:
-        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in, size)
+        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in * NUM_CLASSES + c, size)
 
 
 @njit
@@ -140,58 +146,65 @@ def _threshold(st, n):
 
 
 @njit
-def pfc_admit(st, n, l, size, now):
-    """Account `size` bytes arriving on ingress l of switch n; False if even headroom is full."""
-    h = st.in_hdrm[l]
-    if h == 0 and st.in_bytes[l] + size <= _threshold(st, n):
-        st.in_bytes[l] += size
+def pfc_admit(st, n, l, c, size, now):
+    """Account `size` bytes of class c arriving on ingress l of switch n; False if even the
+    headroom of (l, c) is full."""
+    k = l * NUM_CLASSES + c
+    h = st.in_hdrm[k]
+    if h == 0 and st.in_bytes[k] + size <= _threshold(st, n):
+        st.in_bytes[k] += size
         st.sw_shared[n] += size
     elif h + size <= st.l_hdrm[l]:
-        st.in_hdrm[l] = h + size
-        st.in_bytes[l] += size
+        st.in_hdrm[k] = h + size
+        st.in_bytes[k] += size
     else:
         return False
-    if st.xoff[l] == 0 and (st.in_hdrm[l] > 0
-                            or st.in_bytes[l] - st.in_hdrm[l] >= _threshold(st, n)):
-        send_pause(st, l, 1, now)
+    if st.xoff[k] == 0 and (st.in_hdrm[k] > 0
+                            or st.in_bytes[k] - st.in_hdrm[k] >= _threshold(st, n)):
+        send_pause(st, k, 1, now)
     return True
 
 
 @njit
-def pfc_release(st, n, l, size, now):
-    """Account `size` bytes of ingress l leaving switch n (headroom first); XON when drained."""
-    h = st.in_hdrm[l]
+def pfc_release(st, n, l, c, size, now):
+    """Account `size` bytes of class c of ingress l leaving switch n (headroom first); XON when
+    drained."""
+    k = l * NUM_CLASSES + c
+    h = st.in_hdrm[k]
     from_h = size if size < h else h
-    st.in_hdrm[l] = h - from_h
-    st.in_bytes[l] -= size
+    st.in_hdrm[k] = h - from_h
+    st.in_bytes[k] -= size
     st.sw_shared[n] -= size - from_h
-    if st.xoff[l] != 0 and st.in_hdrm[l] == 0:
-        shared = st.in_bytes[l]
+    if st.xoff[k] != 0 and st.in_hdrm[k] == 0:
+        shared = st.in_bytes[k]
         if shared == 0 or shared + st.cfg[CF_XON] <= _threshold(st, n):
-            send_pause(st, l, 0, now)
+            send_pause(st, k, 0, now)
 
 
 @njit
-def send_pause(st, l, xoff, now):
-    """Send XOFF (xoff=1) or XON (0) for ingress link l upstream, ahead of other frames."""
+def send_pause(st, k, xoff, now):
+    """Send XOFF (xoff=1) or XON (0) for class k % NUM_CLASSES of ingress link k // NUM_CLASSES
+    upstream, ahead of other frames."""
+    l = k // NUM_CLASSES
     back = st.l_rev[l]
     p = alloc_packet(st, K_PAUSE, -1, int(st.cfg[CF_CTRL]))
     st.p_arg[p] = xoff
+    st.p_psn[p] = k - l * NUM_CLASSES
     enqueue_ctrl(st, back, p, True)
-    st.xoff_gen[l] += 1
-    st.xoff[l] = xoff
+    st.xoff_gen[k] += 1
+    st.xoff[k] = xoff
     if xoff != 0:
-        st.s_pauses[l] += 1
+        st.s_pauses[k] += 1
         st.cnt[C_PAUSES] += 1
-        push(st, now + 0.5 * st.l_pause_s[l], EV_XOFF_REFRESH, l, st.xoff_gen[l])
+        push(st, now + 0.5 * st.l_pause_s[l], EV_XOFF_REFRESH, k, st.xoff_gen[k])
     switch_kick(st, back, now)
 
 
 @njit
-def xoff_refresh(st, l, gen, now):
-    """Half an XOFF's pause time has passed: repeat it if ingress l is still congested. Returns
-    whether it did."""
-    if st.xoff[l] != 0 and st.xoff_gen[l] == gen:
-        send_pause(st, l, 1, now)
+def xoff_refresh(st, k, gen, now):
+    """Half an XOFF's pause time has passed: repeat it if (ingress, class) k is still congested.
+    Returns whether it did."""
+    if st.xoff[k] != 0 and st.xoff_gen[k] == gen:
+        send_pause(st, k, 1, now)
         return True
     return False
