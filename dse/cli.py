@@ -20,6 +20,22 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _fail_in(path: Path, err: ConfigError) -> None:
+    """Fail with the error, prefixed by the input file unless it already names it."""
+    msg = str(err)
+    _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}")
+
+
+def _write_json(out: Path, data: dict, what: str, **dump_kw) -> None:
+    """Write `data` as JSON to `out` (folders created) and say so; a write error fails."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1, **dump_kw))
+    except OSError as e:
+        _fail(f"{out}: cannot write the {what} ({e.strerror})")
+    click.echo(f"{what} written to {out}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="llm-serving-dse")
 def main() -> None:
@@ -67,17 +83,11 @@ def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> N
             if bar is not None:
                 bar.close()
     except ConfigError as e:
-        msg = str(e)
-        _fail(msg if msg.startswith(str(config)) else f"{config}: {msg}")
+        _fail_in(config, e)
         return
     click.echo(render_summary(result))
     if out is not None:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=1))
-        except OSError as e:
-            _fail(f"{out}: cannot write the result ({e.strerror})")
-        click.echo(f"result written to {out}")
+        _write_json(out, result, "result")
 
 
 @main.command()
@@ -142,8 +152,7 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
                       else ""))
         paths = write_report(study)
     except ConfigError as e:
-        msg = str(e)
-        _fail(msg if msg.startswith(str(study_file)) else f"{study_file}: {msg}")
+        _fail_in(study_file, e)
         return
     for kind, path in paths.items():
         click.echo(f"{kind:>5}: {path}")
@@ -202,17 +211,11 @@ def fabric(scenario: Path, backend: str | None, seed: int | None, out: Path | No
     try:
         result = run_scenario(scenario, backend, seed=seed)
     except ConfigError as e:
-        msg = str(e)
-        _fail(msg if msg.startswith(str(scenario)) else f"{scenario}: {msg}")
+        _fail_in(scenario, e)
         return
     click.echo(render_fabric_summary(result))
     if out is not None:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=1, allow_nan=False))
-        except OSError as e:
-            _fail(f"{out}: cannot write the measurements ({e.strerror})")
-        click.echo(f"measurements written to {out}")
+        _write_json(out, result, "measurements", allow_nan=False)
 
 
 if __name__ == "__main__":

@@ -182,13 +182,8 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         step_time = rep.model.step_time
         schedule = sched.schedule
         update = sched.update
-        waiting = sched.waiting
         shape_of = StepShape.from_scheduled
         timeout = env.timeout
-        steps_by_bound = stats.steps_by_bound
-        by_phase = stats.step_s_by_phase_bound
-        max_num_seqs = sched.config.max_num_seqs
-        max_num_batched_tokens = sched.config.max_num_batched_tokens
         empty = 0
         while True:
             if not sched.has_requests:
@@ -215,37 +210,8 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                     rec.first_scheduled_s = now
             shape = shape_of(scheduled)
             st = step_time(shape)
-            n_run = len(sched.running)
-            n_wait = len(waiting)
-            if n_run > stats.max_num_running:
-                stats.max_num_running = n_run
-            if n_wait > stats.max_num_waiting:
-                stats.max_num_waiting = n_wait
-            total_s = st.total_s
-            bound = st.bound
-            if n_wait:
-                if n_run >= max_num_seqs:
-                    stats.num_steps_at_max_seqs += 1
-                    stats.busy_s_at_max_seqs += total_s
-                elif out.num_tokens >= max_num_batched_tokens:
-                    stats.num_steps_budget_full += 1
-                    stats.busy_s_budget_full += total_s
-                    if bound == "compute":
-                        stats.num_steps_budget_full_compute_bound += 1
-                else:
-                    stats.num_steps_waiting_blocked += 1
-                    stats.busy_s_waiting_blocked += total_s
-            stats.num_steps += 1
-            stats.busy_s += total_s
-            stats.compute_s += st.compute_s
-            stats.comm_s += st.comm_s
-            stats.num_tokens += shape.num_tokens
-            stats.num_decode_tokens += shape.num_decode_seqs
-            stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
-            steps_by_bound[bound] = steps_by_bound.get(bound, 0) + 1
-            phase = ("prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/") + bound
-            by_phase[phase] = by_phase.get(phase, 0.0) + total_s
-            yield timeout(total_s)
+            record(rep, out, shape, st)
+            yield timeout(st.total_s)
             deliver(*update(out), env.now)
 
     def record(rep: _Replica, out, shape: StepShape, st) -> None:
