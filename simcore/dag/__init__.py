@@ -1,0 +1,1 @@
+"""Engine steps as DAGs of compute and communication, and their execution on the clock."""
