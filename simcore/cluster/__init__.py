@@ -1,0 +1,1 @@
+"""A cluster of GPU nodes on a network fabric, and engines placed on it."""
