@@ -54,7 +54,9 @@ class BlockHashSpace:
 class Request:
     """One request's engine-side state.
 
-    Lifecycle: WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED. Invariants:
+    Lifecycle: WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED; with a KV connector, a
+    waiting or preempted request may first pass through WAITING_FOR_REMOTE_KVS while its external
+    KV loads, and returns to its previous status when the load is done. Invariants:
     `0 <= num_computed_tokens <= num_tokens`, `num_tokens = prompt_len + num_output_tokens`,
     `block_hashes[i]` is the chained hash of full block i of prompt + generated tokens and is
     stable for the request's lifetime (so a preempted request can hit its own cached blocks).
@@ -63,11 +65,11 @@ class Request:
     __slots__ = ("request_id", "index", "prompt_len", "max_tokens", "block_keys", "priority",
                  "arrival", "status", "num_computed_tokens", "num_output_tokens",
                  "num_preemptions", "block_hashes", "num_cached_tokens", "work_done_tokens",
-                 "num_external_tokens", "client")
+                 "num_external_tokens", "remote_prefill_tokens", "client")
 
     def __init__(self, request_id: str, index: int, prompt_len: int, max_tokens: int,
                  block_keys: tuple[int, ...] = (), priority: int = 0, arrival: float = 0.0,
-                 client: object = None) -> None:
+                 client: object = None, remote_prefill_tokens: int = 0) -> None:
         self.request_id = request_id
         self.index = index                  # admission-order tie-breaker (vLLM's arrival_time)
         self.prompt_len = prompt_len
@@ -82,7 +84,8 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_cached_tokens = -1         # prefix hit at first admission (-1: not admitted yet)
         self.work_done_tokens = 0           # tokens computed in total, recomputation included
-        self.num_external_tokens = 0        # tokens to load from an external KV tier
+        self.num_external_tokens = 0        # tokens of its latest external KV load
+        self.remote_prefill_tokens = remote_prefill_tokens   # prompt tokens prefilled elsewhere (P/D)
         self.client = client                # opaque slot for the simulator's per-request record
 
     @property

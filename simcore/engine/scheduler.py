@@ -2,10 +2,12 @@
 
 The decision rules follow vLLM 0.33's `vllm/v1/core/sched/scheduler.py` (REFERENCE.md §1): one token
 budget shared by running and waiting requests, running requests first, chunked prefill,
-`long_prefill_token_threshold`, full-prompt admission, prefix caching with same-step hits, and
-preemption of the last-admitted running request with recompute. Two policies of an earlier
-simulator design are options beside the default: least-work-done preemption and a persistent batch.
-No clock lives here: the caller decides when a step starts and how long it takes.
+`long_prefill_token_threshold`, full-prompt admission, prefix caching with same-step hits,
+preemption of the last-admitted running request with recompute, and external KV through a KV
+connector (asynchronous loads in WAITING_FOR_REMOTE_KVS). Three policies of an earlier simulator
+design are options beside the default: least-work-done preemption, a persistent batch, and a cap on
+requests holding blocks for external loads. No clock lives here: the caller decides when a step
+starts and how long it takes, and when an external load ends.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from simcore.engine.connector import KVConnector
 from simcore.engine.kv_cache import KVCacheManager
-from simcore.engine.request import FINISHED, PREEMPTED, RUNNING, WAITING, BlockHashSpace, Request
+from simcore.engine.request import (FINISHED, PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS,
+                                    BlockHashSpace, Request)
 
 LWD_NEAR_DONE_FRACTION = 0.05
 """Least-work-done preemption spares requests within this fraction of their decode length."""
@@ -41,6 +45,7 @@ class SchedulerConfig:
     persistent_batch: bool = False        # admit new requests only when a running one completed
     reserve_full_isl: bool = True         # vLLM's scheduler_reserve_full_isl
     watermark_blocks: int = 0             # free blocks kept back when admitting
+    max_kvc_ready_requests: int = 0       # requests loading external KV at once (0 = unlimited)
 
 
 class SchedulerOutput(NamedTuple):
@@ -48,8 +53,11 @@ class SchedulerOutput(NamedTuple):
 
     `scheduled` lists (request, num_new_tokens, num_computed_before) in batch order: running
     requests first, then newly admitted or resumed ones. `computed_on_admit` maps admitted request
-    ids to their prefix-cache hit in tokens. A named tuple: immutable, and built once per step at
-    a fraction of a frozen dataclass's cost.
+    ids to their computed tokens on admission (prefix-cache hit plus external KV). `kv_loads` lists
+    (request, num_external_tokens) for the external loads started this step: asynchronous ones
+    leave the request in WAITING_FOR_REMOTE_KVS until `Scheduler.finish_remote_load`; synchronous
+    ones are part of this step (the request is scheduled in it). A named tuple: immutable, and
+    built once per step at a fraction of a frozen dataclass's cost.
     """
 
     scheduled: list[tuple[Request, int, int]]
@@ -58,6 +66,7 @@ class SchedulerOutput(NamedTuple):
     preempted: list[Request]
     computed_on_admit: dict[str, int]
     num_tokens: int = 0
+    kv_loads: tuple[tuple[Request, int], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -102,14 +111,29 @@ class Scheduler:
     """Continuous batching over one KV block pool.
 
     Lifecycle per step: `schedule()` -> run the step (caller) -> `update(output)`. Between steps
-    the caller may `add_request`. Invariants: every running request holds blocks for all of its
-    computed tokens; a request is in exactly one of waiting, running, or finished.
+    the caller may `add_request` and `finish_remote_load`. Invariants: every running request holds
+    blocks for all of its computed tokens; a request is in exactly one of waiting, running, or
+    finished; a request in WAITING_FOR_REMOTE_KVS is in the waiting queue and in
+    `waiting_for_remote`, holds blocks for its local hit plus its external tokens, and is never
+    preempted (it is not running).
+
+    With a connector, as in vLLM, a request whose load is under way keeps its place at the head
+    of the waiting queue: each step's admission loop passes over it, and takes it up as an
+    ordinary waiting request (computed tokens: its blocks' tokens, but never all of its tokens)
+    the first time it reaches it after `finish_remote_load`; its loaded blocks enter the prefix
+    cache then. A request refused a load by `max_kvc_ready_requests` is passed over the same way
+    and asks again next step. Blocks held by loads count against admission like any others; a pool
+    too small for the loads under way and the request at the head of the queue stops admission
+    until a load ends (vLLM behaves the same; `max_kvc_ready_requests` bounds the blocks at stake).
     """
 
-    def __init__(self, config: SchedulerConfig, space: BlockHashSpace | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, space: BlockHashSpace | None = None,
+                 connector: KVConnector | None = None) -> None:
         c = config
         if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
             raise ValueError("without chunked prefill max_num_batched_tokens must be >= max_model_len")
+        if c.max_kvc_ready_requests < 0:
+            raise ValueError("max_kvc_ready_requests must be >= 0 (0 = unlimited)")
         self.config = c
         self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
                                  c.max_model_len, space)
@@ -118,11 +142,25 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self._completed_since_admit = True
+        self.connector = connector
+        # Requests in WAITING_FOR_REMOTE_KVS by id, oldest load first (they also stay queued).
+        self.waiting_for_remote: dict[str, Request] = {}
+        self._loads_done: set[str] = set()      # loads reported done, not yet taken up (vLLM's
+                                                # finished_recving_kv_req_ids)
+        self._passed_over: list[Request] = []   # this step's waiting requests to requeue in order
+        self._step_loads: list[tuple[Request, int]] = []
 
     # -- queue -------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         req.status = WAITING
         self.waiting.add(req)
+
+    def finish_remote_load(self, req: Request) -> None:
+        """The external KV load of `req` is complete (vLLM's `finished_recving`): the next
+        admission loop that reaches the request takes it up as an ordinary waiting request."""
+        if req.request_id not in self.waiting_for_remote:
+            raise ValueError(f"request {req.request_id!r} is not waiting for remote KV")
+        self._loads_done.add(req.request_id)
 
     @property
     def has_requests(self) -> bool:
@@ -130,7 +168,12 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Waiting requests, those waiting for remote KV excepted (vLLM counts both)."""
+        return len(self.waiting) - len(self.waiting_for_remote)
+
+    @property
+    def num_waiting_for_remote(self) -> int:
+        return len(self.waiting_for_remote)
 
     # -- one step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -195,28 +238,38 @@ class Scheduler:
         new: list[Request] = []
         resumed: list[Request] = []
         admit: dict[str, int] = {}
+        kv_loads: tuple[tuple[Request, int], ...] = ()
         may_admit = not preempted and (not c.persistent_batch or self._completed_since_admit
                                        or not running)
         if may_admit and queued:
             admitted_any = False
+            connector = self.connector
             while queued and budget > 0 and len(running) < c.max_num_seqs:
                 req = waiting.peek()
-                hit_blocks: list[int] = []
-                if req.num_computed_tokens == 0:
-                    hit_blocks = kv.get_computed_blocks(req)
-                    computed = len(hit_blocks) * c.block_size
+                if connector is not None:
+                    computed, n = self._admit_with_connector(req, budget, threshold, bool(running))
+                    if n <= 0:
+                        if n == 0:      # passed over: loading, or refused a load this step
+                            continue
+                        break
                 else:
-                    computed = req.num_computed_tokens
-                n = req.prompt_len + req.num_output_tokens - computed
-                if 0 < threshold < n:
-                    n = threshold
-                if not c.enable_chunked_prefill and n > budget:
-                    break
-                if n > budget:
-                    n = budget
-                if not kv.allocate_slots(req, n, hit_blocks, c.reserve_full_isl and bool(running),
-                                         c.watermark_blocks):
-                    break
+                    hit_blocks: list[int] = []
+                    if req.num_computed_tokens == 0:
+                        hit_blocks = kv.get_computed_blocks(req)
+                        computed = len(hit_blocks) * c.block_size
+                    else:
+                        computed = req.num_computed_tokens
+                    n = req.prompt_len + req.num_output_tokens - computed
+                    if 0 < threshold < n:
+                        n = threshold
+                    if not c.enable_chunked_prefill and n > budget:
+                        break
+                    if n > budget:
+                        n = budget
+                    if not kv.allocate_slots(req, n, hit_blocks,
+                                             c.reserve_full_isl and bool(running),
+                                             c.watermark_blocks):
+                        break
                 waiting.pop()
                 running.append(req)
                 if req.status == PREEMPTED:
@@ -233,13 +286,15 @@ class Scheduler:
                 admitted_any = True
             if admitted_any:
                 self._completed_since_admit = False
+            if connector is not None:
+                kv_loads = self._end_admission()
 
         # Counted only now: least-work-done preemption compares the work done before this step.
         for req, n, _ in scheduled:
             req.work_done_tokens += n
         self.num_steps += 1
         return SchedulerOutput(scheduled, new, resumed, preempted, admit,
-                               c.max_num_batched_tokens - budget)
+                               c.max_num_batched_tokens - budget, kv_loads)
 
     def update(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """Apply the step's sampled tokens: one per request whose prompt is fully computed.
@@ -263,11 +318,142 @@ class Scheduler:
         if finished:
             done = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in done]
+            connector = self.connector
             for req in finished:
                 req.status = FINISHED
+                if connector is not None:   # before the blocks go, as vLLM's _free_request
+                    connector.request_finished(req)
                 self.kv.free(req)
             self._completed_since_admit = True
         return emitted, finished
+
+    # -- external KV -------------------------------------------------------------------------
+    def _admit_with_connector(self, req: Request, budget: int, threshold: int,
+                              has_running: bool) -> tuple[int, int]:
+        """The admission loop's step for the waiting request at the head of the queue when there
+        is a connector: vLLM's WAITING_FOR_REMOTE_KVS check, local and external prefix lookup,
+        and allocation.
+
+        Returns (computed, n) with n > 0 when `req` is allocated and to be scheduled for n tokens
+        after `computed`; n == 0 when it was passed over (moved to `_passed_over`: its load is
+        under way, it just started one, or `max_kvc_ready_requests` refused one); n < 0 when
+        admission stops at it this step.
+        """
+        c = self.config
+        kv = self.kv
+        connector = self.connector
+        if req.status == WAITING_FOR_REMOTE_KVS:
+            if req.request_id not in self._loads_done:
+                self._passed_over.append(self.waiting.pop())
+                return 0, 0
+            self._take_up_load(req)
+        hit_blocks: list[int] = []
+        num_external = 0
+        num_tokens = req.prompt_len + req.num_output_tokens
+        if req.num_computed_tokens == 0:
+            hit_blocks = kv.get_computed_blocks(req)
+            computed = len(hit_blocks) * c.block_size
+            num_external, load_async = connector.get_num_new_matched_tokens(req, computed)
+            if computed + num_external > num_tokens:
+                raise ValueError(f"the KV connector matched {num_external} tokens after {computed} "
+                                 f"of request {req.request_id!r}, which has {num_tokens}")
+            if num_external > 0 and load_async:
+                limit = c.max_kvc_ready_requests
+                if limit and len(self.waiting_for_remote) >= limit:
+                    self._passed_over.append(self.waiting.pop())
+                    return 0, 0
+                if not self._allocate_for_load(req, num_external, hit_blocks,
+                                               c.reserve_full_isl and has_running):
+                    return 0, -1
+                connector.update_state_after_alloc(req, num_external)
+                req.num_external_tokens = num_external
+                req.status = WAITING_FOR_REMOTE_KVS
+                self.waiting_for_remote[req.request_id] = req
+                self._step_loads.append((req, num_external))
+                self._passed_over.append(self.waiting.pop())
+                return 0, 0
+            if num_external > 0:
+                if computed + num_external >= num_tokens:
+                    raise ValueError(f"a synchronous KV load must leave a token of request "
+                                     f"{req.request_id!r} to compute")
+                computed += num_external
+            else:
+                num_external = 0
+        else:
+            computed = req.num_computed_tokens
+        n = num_tokens - computed
+        if 0 < threshold < n:
+            n = threshold
+        if not c.enable_chunked_prefill and n > budget:
+            return 0, -1
+        if n > budget:
+            n = budget
+        # A synchronous load's tokens are allocated (and cached) with the step's own.
+        if not kv.allocate_slots(req, num_external + n, hit_blocks,
+                                 c.reserve_full_isl and has_running, c.watermark_blocks):
+            return 0, -1
+        connector.update_state_after_alloc(req, num_external)
+        if num_external:
+            req.num_external_tokens = num_external
+            self._step_loads.append((req, num_external))
+        return computed, n
+
+    def _allocate_for_load(self, req: Request, num_external: int, hit_blocks: list[int],
+                           full_sequence_must_fit: bool) -> bool:
+        """Allocate blocks for `req`'s local hit and `num_external` tokens to load, or return False.
+
+        As vLLM's `allocate_slots(..., delay_cache_blocks=True)`: the blocks to load are not
+        entered into the prefix cache, as their KV is not there yet (`_take_up_load` does it).
+        """
+        kv = self.kv
+        caching = kv.enable_caching
+        kv.enable_caching = False
+        try:
+            ok = kv.allocate_slots(req, num_external, hit_blocks, full_sequence_must_fit,
+                                   self.config.watermark_blocks)
+        finally:
+            kv.enable_caching = caching
+        # Without this bound the next allocation would skip caching the loaded blocks.
+        kv.num_tokens_fit.pop(req.request_id, None)
+        return ok
+
+    def _take_up_load(self, req: Request) -> None:
+        """vLLM's `_update_waiting_for_remote_kv` for a finished load: the request's blocks count
+        as computed, all but its last token at most, and its full ones enter the prefix cache."""
+        rid = req.request_id
+        self._loads_done.discard(rid)
+        del self.waiting_for_remote[rid]
+        kv = self.kv
+        bs = kv.block_size
+        blocks = kv.req_blocks[rid]
+        num_tokens = req.prompt_len + req.num_output_tokens
+        computed = len(blocks) * bs
+        if computed >= num_tokens:
+            computed = num_tokens - 1
+        if kv.enable_caching:
+            start = kv.num_cached_block[rid]
+            num_full = computed // bs
+            if num_full > start:
+                hashes = req.ensure_block_hashes(kv.space, bs)
+                kv.pool.cache_many(blocks[start:num_full], hashes[start:num_full])
+                kv.num_cached_block[rid] = num_full
+        req.num_computed_tokens = computed
+        req.status = PREEMPTED if req.num_preemptions else WAITING
+
+    def _end_admission(self) -> tuple[tuple[Request, int], ...]:
+        """Put the requests passed over back at the head of the waiting queue, in the order they
+        were met (vLLM's skipped_waiting_requests), and return the step's external loads."""
+        passed = self._passed_over
+        if passed:
+            prepend = self.waiting.prepend
+            for req in reversed(passed):
+                prepend(req)
+            passed.clear()
+        loads = self._step_loads
+        if not loads:
+            return ()
+        self._step_loads = []
+        return tuple(loads)
 
     # -- preemption --------------------------------------------------------------------------
     def _pick_victim(self, req: Request,
