@@ -16,6 +16,8 @@ packet behind a bottleneck hop can arrive up to its own serialisation time earli
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import heapq
 import itertools
 import math
@@ -176,7 +178,8 @@ class AnalyticalFabric:
     def next_event_s(self) -> float:
         return self._heap[0][0] if self._heap else math.inf
 
-    def run(self, until_s: float | None = None) -> float:
+    def run(self, until_s: float | None = None, *,
+            stop: Callable[[], bool] | None = None) -> float:
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
         limit = math.inf if until_s is None else until_s
@@ -194,6 +197,9 @@ class AnalyticalFabric:
                 self._results.append(result)
                 if rec.on_done is not None:
                     rec.on_done(result)
+                    if stop is not None and stop() and not (self._heap
+                                                           and self._heap[0][0] <= self._now):
+                        return self._now
             if until_s is not None and until_s > self._now:
                 self._now = until_s
         finally:

@@ -9,6 +9,8 @@ alone completes at exactly the analytical time, and a single packet after sum_h 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import heapq
 import itertools
 import math
@@ -122,6 +124,7 @@ class FlowFabric:
         self._results: list[MessageResult] = []
         self._sent_bytes = 0
         self._delivered_bytes = 0
+        self._num_callbacks = 0          # completion callbacks fired so far
         self._running = False
         # Fluid flows live in slots of these arrays; a slot is reused after its flow leaves.
         self._hops = np.full((4, 64), self._pad, dtype=np.int64)   # (hop position, slot)
@@ -156,7 +159,8 @@ class FlowFabric:
         heap_next = self._heap[0][0] if self._heap else math.inf
         return min(heap_next, self._fluid_next)
 
-    def run(self, until_s: float | None = None) -> float:
+    def run(self, until_s: float | None = None, *,
+            stop: Callable[[], bool] | None = None) -> float:
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
         limit = math.inf if until_s is None else until_s
@@ -166,7 +170,10 @@ class FlowFabric:
                 t = self.next_event_s()
                 if t > limit or t == math.inf:
                     break
+                fired = self._num_callbacks
                 self._step(t)
+                if stop is not None and self._num_callbacks != fired and stop():
+                    return self._now
             if until_s is not None and until_s > self._now:
                 self._advance(until_s)
         finally:
@@ -256,6 +263,7 @@ class FlowFabric:
         result = rec.result()
         self._results.append(result)
         if rec.on_done is not None:
+            self._num_callbacks += 1
             rec.on_done(result)
 
     def _recompute(self, t: float) -> None:

@@ -10,6 +10,8 @@ measurements back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +79,7 @@ class PacketFabric:
         self._notification_points: dict[int, Any] = {}
         self._dcqcn = None
         self._now = 0.0
+        self._num_callbacks = 0          # completion callbacks fired so far
         self._running = False
 
     # ---- the Fabric protocol -----------------------------------------------------------------
@@ -112,23 +115,28 @@ class PacketFabric:
     def next_event_s(self) -> float:
         return float(api.next_time(self._st))
 
-    def run(self, until_s: float | None = None) -> float:
+    def run(self, until_s: float | None = None, *,
+            stop: Callable[[], bool] | None = None) -> float:
         """Process every event up to and including until_s (None: until nothing is left);
-        returns the clock."""
+        returns the clock. `stop`: checked after each completion callback; when it returns
+        true, return at once (the clock stays at that callback's time)."""
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
-        stop = math.inf if until_s is None else float(until_s)
+        limit = math.inf if until_s is None else float(until_s)
         self._running = True
         try:
             while True:
-                why = api.run_events(self._st, stop)
+                why = api.run_events(self._st, limit)
                 self._now = max(self._now, float(api.read_clock(self._st)))
                 if why != events.REQUESTS:
                     break
+                fired = self._num_callbacks
                 self._serve_requests()
-            if until_s is not None and stop > self._now:
-                self._now = stop
-                api.set_clock(self._st, stop)
+                if stop is not None and self._num_callbacks != fired and stop():
+                    return self._now
+            if until_s is not None and limit > self._now:
+                self._now = limit
+                api.set_clock(self._st, limit)
         finally:
             self._running = False
         return self._now
@@ -252,6 +260,7 @@ class PacketFabric:
             for kind, a in zip(kinds.tolist(), args.tolist()):
                 if kind == nic.O_DONE:
                     rec = self._messages[a]
+                    self._num_callbacks += 1
                     rec.on_done(self._result(a, now))
                 elif kind == nic.O_NP:
                     src, dst, key = self._flow_ends[a]
