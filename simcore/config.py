@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
 from simcore.errors import ConfigError
 from simcore.hardware import HardwareConfig
@@ -18,6 +19,15 @@ _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 """Block sizes vLLM accepts for its CUDA attention backends."""
+
+
+class PrefillDecodeConfig(BaseModel):
+    """Prefill/decode disaggregation: how many instances of each kind."""
+
+    model_config = _FROZEN
+
+    num_prefill_instances: int = Field(1, ge=1, description="Instances that run prompts.")
+    num_decode_instances: int = Field(1, ge=1, description="Instances that generate tokens.")
 
 
 class ParallelismConfig(BaseModel):
@@ -39,6 +49,39 @@ class ParallelismConfig(BaseModel):
                                          "the DP ranks stepping in lock-step (idle ranks run "
                                          "dummy batches) with an all-to-all dispatch and "
                                          "combine per MoE layer. MoE models only.")
+
+    num_replicas: int = Field(1, ge=1, description="Independent copies of the whole deployment "
+                              "(DP x TP x PP GPUs each, with expert parallelism each its own "
+                              "lock-step EP group) behind one router, as separate vLLM "
+                              "deployments behind a load balancer.")
+    prefill_decode: PrefillDecodeConfig | None = Field(
+        None, description="Prefill/decode disaggregation (needs a cluster): prefill instances "
+        "run each prompt and produce its first token, its KV cache crosses the fabric, and a "
+        "decode instance generates the rest. Every instance has TP x PP GPUs; "
+        "data_parallel_size must be 1.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelismConfig":
+        if self.prefill_decode is not None:
+            if self.data_parallel_size != 1:
+                raise ValueError("prefill_decode: data_parallel_size must be 1 with "
+                                 "disaggregation (set num_prefill_instances and "
+                                 "num_decode_instances instead)")
+            if self.enable_expert_parallel:
+                raise ValueError("prefill_decode: disaggregation with expert parallelism is "
+                                 "not modelled")
+            if self.num_replicas != 1:
+                raise ValueError("prefill_decode: num_replicas must be 1 with disaggregation "
+                                 "(set the numbers of prefill and decode instances instead)")
+        return self
+
+    @property
+    def num_instances(self) -> int:
+        """Engine instances: DP ranks, or prefill plus decode instances."""
+        pd = self.prefill_decode
+        if pd is not None:
+            return pd.num_prefill_instances + pd.num_decode_instances
+        return self.data_parallel_size * self.num_replicas
 
     @property
     def expert_parallel_size(self) -> int:
@@ -180,6 +223,10 @@ class SimConfig(BaseModel):
     workload: WorkloadConfig = Field(description="What the benchmark client sends.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Summary options.")
     compute: ComputeConfig = Field(default_factory=ComputeConfig, description="Step-time model.")
+    cluster: ClusterConfig | None = Field(None, description="Nodes on a simulated fabric: "
+                                          "with it, every step runs as a DAG of compute and "
+                                          "communication over the network. Without it, "
+                                          "communication is timed by the roofline's formulas.")
     base_dir: str = Field(".", description="Directory that relative paths in this config are "
                           "resolved against (set by the loader to the file's directory).")
 

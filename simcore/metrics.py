@@ -49,6 +49,9 @@ class RequestRecord:
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
     replica: int | None = None
+    network_s: float = 0.0
+    """Cluster runs: time of this request's steps spent on exposed communication (each step's
+    communication share of its duration, summed over the steps that scheduled it)."""
 
     @property
     def end_s(self) -> float:

@@ -95,7 +95,9 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 balance_threshold: int, max_concurrency: int | None, max_model_len: int,
                 sample_interval_s: float,
                 progress: Callable[[float, int, int], None] | None = None,
-                lockstep_groups: list[tuple[int, ...]] | None = None) -> ServingRun:
+                lockstep_groups: list[tuple[int, ...]] | None = None,
+                env: simpy.Environment | None = None, cluster=None,
+                kv_paths=None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
@@ -106,12 +108,26 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
     a group has requests, every step each rank's scheduler plans its batch, a rank with nothing
     to run contributes a dummy batch, all wait for the group's step time, then each scheduler
     takes its outputs. Without it, every replica steps on its own.
+
+    `cluster` (a `simcore.cluster.runtime.ClusterRuntime` on `env`) runs every step as a DAG
+    over the cluster's fabric instead of timing it with `step_model`; the step ends when the
+    DAG does. `kv_paths` (a `simcore.cluster.kvpaths.KvPaths`) gives engines KV connectors and
+    moves KV caches over the fabric: with prefill/decode disaggregation the router sends each
+    request to a prefill instance, which runs its prompt (max_tokens 1, its token not streamed);
+    then a decode instance loads the KV and generates every output token; with an external KV
+    tier, tier hits are fetched from the storage servers before the request is scheduled.
     """
-    env = simpy.Environment()
+    env = env or simpy.Environment()
     space = BlockHashSpace()
-    replicas = [_Replica(i, env, Scheduler(sched_config, space), step_model)
+    replicas = [_Replica(i, env, Scheduler(sched_config, space,
+                                           kv_paths.connector(i, space) if kv_paths else None),
+                         step_model)
                 for i in range(num_replicas)]
-    router = Router(router_policy, num_replicas, space=space, balance_threshold=balance_threshold)
+    # With P/D disaggregation the router sees only the prefill instances.
+    entry = (kv_paths.prefill_instances() if kv_paths is not None and kv_paths.disaggregated
+             else list(range(num_replicas)))
+    prefill_of = set(entry) if len(entry) < num_replicas else set()
+    router = Router(router_policy, len(entry), space=space, balance_threshold=balance_threshold)
     records = [RequestRecord(request_id=s.request_id, prompt_len=s.prompt_len,
                              output_len=s.output_len, arrival_s=s.arrival_s) for s in specs]
     total = len(specs)
@@ -143,10 +159,12 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                          f"max_model_len ({max_model_len})")
             finish(idx)
             return
-        r = router.route(spec.block_keys)
+        r = entry[router.route(spec.block_keys)]
         rec.replica = r
         rep = replicas[r]
-        req = Request(spec.request_id, idx, spec.prompt_len, spec.output_len, spec.block_keys,
+        # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
+        req = Request(spec.request_id, idx, spec.prompt_len,
+                      1 if r in prefill_of else spec.output_len, spec.block_keys,
                       spec.priority, spec.arrival_s, rec)
         if router.last_hashes is not None:
             # The router already chained this prompt's keyed blocks in the shared hash space.
@@ -154,8 +172,14 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         rep.sched.add_request(req)
         rep.notify()
 
-    def deliver(emitted: list[Request], finished: list[Request], now: float) -> None:
-        """A step's sampled tokens reach their clients; finished requests complete."""
+    def deliver(emitted: list[Request], finished: list[Request], now: float,
+                rep: _Replica) -> None:
+        """A step's sampled tokens reach their clients; finished requests complete (a prompt
+        finished on a prefill instance moves on to a decode instance instead)."""
+        if rep.index in prefill_of:
+            for req in finished:
+                handoff(req, rep)
+            return
         for req in emitted:
             req.client.token_times_s.append(now)
         for req in finished:
@@ -164,6 +188,27 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             rec.num_preemptions = req.num_preemptions
             rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
             finish(req.index)
+
+    def handoff(req: Request, prefill: _Replica) -> None:
+        """P/D: the prompt's KV stays on the prefill instance until a decode instance loads it."""
+        spec = specs[req.index]
+        d = replicas[kv_paths.pick_decode()]
+        kv_paths.prefill_done(req, prefill.index)
+        dreq = Request(spec.request_id, req.index, spec.prompt_len, spec.output_len,
+                       spec.block_keys, spec.priority, spec.arrival_s, req.client,
+                       remote_prefill_tokens=spec.prompt_len)
+        dreq.block_hashes = list(req.block_hashes)
+        d.sched.add_request(dreq)
+        d.notify()
+
+    def start_loads(rep: _Replica, loads) -> None:
+        sched = rep.sched
+
+        def loaded(req: Request) -> None:
+            sched.finish_remote_load(req)
+            rep.notify()
+
+        kv_paths.start_loads(rep.index, loads, loaded)
 
     def client():
         for idx, spec in enumerate(specs):
@@ -194,7 +239,15 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             scheduled = out.scheduled
             if out.preempted:
                 stats.num_preemptions += len(out.preempted)
+            if out.kv_loads:
+                start_loads(rep, out.kv_loads)
             if not scheduled:
+                if sched.num_waiting_for_remote:
+                    # Nothing to run until a load lands (or a request arrives).
+                    rep.wake = env.event()
+                    yield rep.wake
+                    rep.wake = None
+                    continue
                 empty += 1
                 if empty > MAX_EMPTY_STEPS:
                     raise RuntimeError(f"replica {rep.index}: requests queued but nothing can be "
@@ -209,17 +262,23 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 if rec.first_scheduled_s is None:
                     rec.first_scheduled_s = now
             shape = shape_of(scheduled)
-            st = step_time(shape)
-            record(rep, out, shape, st)
-            yield timeout(st.total_s)
-            deliver(*update(out), env.now)
+            if cluster is None:
+                st = step_time(shape)
+                record(rep, out, shape, st)
+                yield timeout(st.total_s)
+            else:
+                counts = (len(sched.running), len(sched.waiting))
+                st = yield from cluster.step([(rep.index, scheduled)])
+                record(rep, out, shape, st, counts)
+            deliver(*update(out), env.now, rep)
 
-    def record(rep: _Replica, out, shape: StepShape, st) -> None:
-        """Count one step that ran `out` (shape `shape`) and took `st` on replica `rep`."""
+    def record(rep: _Replica, out, shape: StepShape, st,
+               counts: tuple[int, int] | None = None) -> None:
+        """Count one step that ran `out` (shape `shape`) and took `st` on replica `rep`;
+        `counts`: (running, waiting) when it was scheduled, if not now."""
         stats = rep.stats
         sched = rep.sched
-        n_run = len(sched.running)
-        n_wait = len(sched.waiting)
+        n_run, n_wait = counts or (len(sched.running), len(sched.waiting))
         if n_run > stats.max_num_running:
             stats.max_num_running = n_run
         if n_wait > stats.max_num_waiting:
@@ -254,6 +313,15 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         by_phase = stats.step_s_by_phase_bound
         by_phase[phase] = by_phase.get(phase, 0.0) + st.total_s
 
+    def sleep_group(ranks: list[_Replica]):
+        """Wait until any rank of a lock-step group is notified (a request or a KV load)."""
+        wake = env.event()
+        for rep in ranks:
+            rep.wake = wake
+        yield wake
+        for rep in ranks:
+            rep.wake = None
+
     def group_engine(ranks: list[_Replica], model: GroupStepTimeModel):
         scheds = [rep.sched for rep in ranks]
         dummy = StepShape.dummy()
@@ -261,17 +329,17 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         empty = 0
         while True:
             if not any(sched.has_requests for sched in scheds):
-                wake = env.event()
-                for rep in ranks:
-                    rep.wake = wake
-                yield wake
-                for rep in ranks:
-                    rep.wake = None
+                yield from sleep_group(ranks)
             outs = [sched.schedule() for sched in scheds]
             for rep, out in zip(ranks, outs):
                 if out.preempted:
                     rep.stats.num_preemptions += len(out.preempted)
+                if out.kv_loads:
+                    start_loads(rep, out.kv_loads)
             if not any(out.scheduled for out in outs):
+                if any(sched.num_waiting_for_remote for sched in scheds):
+                    yield from sleep_group(ranks)
+                    continue
                 empty += 1
                 if empty > MAX_EMPTY_STEPS:
                     raise RuntimeError(f"replicas {[rep.index for rep in ranks]}: requests "
@@ -287,27 +355,34 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                     if rec.first_scheduled_s is None:
                         rec.first_scheduled_s = now
                 shapes.append(shape_of(out.scheduled) if out.scheduled else dummy)
-            st = model.step_time_group(shapes)
-            for rep, out, shape in zip(ranks, outs, shapes):
+            counts = [(len(sched.running), len(sched.waiting)) for sched in scheds]
+            if cluster is None:
+                st = model.step_time_group(shapes)
+            else:
+                st = yield from cluster.step([(rep.index, out.scheduled or None)
+                                              for rep, out in zip(ranks, outs)])
+            for rep, out, shape, c in zip(ranks, outs, shapes, counts):
                 if out.scheduled:
-                    record(rep, out, shape, st)
+                    record(rep, out, shape, st, c)
                 else:
                     rep.stats.dummy_steps += 1
                     rep.stats.dummy_busy_s += st.total_s
                     count_step(rep.stats, st, "dummy/" + st.bound)
-            yield env.timeout(st.total_s)
+            if cluster is None:
+                yield env.timeout(st.total_s)
             now = env.now
-            for sched, out in zip(scheds, outs):
+            for rep, out in zip(ranks, outs):
                 if not out.scheduled:
                     continue
-                deliver(*sched.update(out), now)
+                deliver(*rep.sched.update(out), now, rep)
 
     series = TimeSeries()
 
     def reporter():
         while True:
-            for rep in replicas:
-                router.publish(rep.index, len(rep.sched.running) + rep.sched.num_waiting)
+            for k, i in enumerate(entry):
+                sched = replicas[i].sched
+                router.publish(k, len(sched.running) + sched.num_waiting)
             yield env.timeout(report_interval_s)
 
     def sampler():
@@ -322,6 +397,8 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             series.num_waiting.append([rep.sched.num_waiting for rep in replicas])
             yield env.timeout(sample_interval_s)
 
+    if cluster is not None:
+        cluster.start()
     env.process(client())
     if lockstep_groups is None:
         for rep in replicas:
@@ -333,7 +410,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                              f"got {lockstep_groups}")
         for g in lockstep_groups:
             env.process(group_engine([replicas[i] for i in g], step_model))
-    if num_replicas > 1:
+    if len(entry) > 1:
         env.process(reporter())
     env.process(sampler())
     env.run(until=all_done)

@@ -104,7 +104,7 @@ def build_deployment(cfg: SimConfig) -> Deployment:
         raise ConfigError(f"parallelism.pipeline_parallel_size: {pp} stages exceed the "
                           f"{arch.num_layers} layers of {arch.name}")
     gpus_per_node = cfg.hardware.gpus_per_node or gpu.gpus_per_node
-    if tp > gpus_per_node:
+    if tp > gpus_per_node and cfg.cluster is None:
         raise ConfigError(f"parallelism.tensor_parallel_size: {tp} exceeds the {gpus_per_node} "
                           f"GPUs of one {gpu.name} node (TP across nodes is not modelled)")
     max_model_len = cfg.model.resolved_max_model_len(arch)
@@ -148,10 +148,12 @@ def build_deployment(cfg: SimConfig) -> Deployment:
     if par.enable_expert_parallel:
         model = ExpertParallelRoofline(arch, gpu, tp=tp, pp=pp, dp=par.data_parallel_size,
                                        weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
-                                       assumptions=cfg.compute.roofline)
+                                       assumptions=cfg.compute.roofline,
+                                       multi_node_tp=cfg.cluster is not None)
     else:
         model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
-                              kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline)
+                              kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline,
+                              multi_node_tp=cfg.cluster is not None)
     return Deployment(arch=arch, gpu=gpu, step_model=model, memory=memory, num_blocks=num_blocks,
                       block_size=e.block_size, max_model_len=max_model_len,
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

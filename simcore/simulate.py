@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from collections.abc import Callable
 
@@ -56,17 +57,64 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     if not specs:
         raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
     interval = cfg.metrics.timeseries_interval_s
-    dp = cfg.parallelism.data_parallel_size
-    # With expert parallelism EP = DP x TP: all DP ranks form one lock-step EP group.
-    groups = [tuple(range(dp))] if dep.expert_parallel else None
+    par = cfg.parallelism
+    dp = par.data_parallel_size
+    num_engines = par.num_instances
+    env = cluster = kv_paths = None
+    if cfg.cluster is not None:
+        import simpy
+
+        from simcore.cluster.build import build_cluster
+        from simcore.cluster.kvpaths import KvPaths
+        env = simpy.Environment()
+        cluster = build_cluster(env, cfg, dep)
+        tier = cfg.cluster.kv_tier
+        if tier is not None or par.prefill_decode is not None:
+            kv_paths = KvPaths(cluster, arch=dep.arch, kv_cache_dtype=dep.kv_cache_dtype,
+                               block_size=cfg.engine.block_size,
+                               tier_capacity_tokens=tier.capacity_tokens if tier else None,
+                               min_fetch_blocks=tier.min_fetch_blocks if tier else 1)
+        if tier is not None:
+            sched_cfg = dataclasses.replace(sched_cfg,
+                                            max_kvc_ready_requests=tier.max_kvc_ready_requests)
+    elif par.prefill_decode is not None:
+        raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
+                          "network; add a cluster section")
+    # With expert parallelism EP = DP x TP: the DP ranks of each replica form one lock-step
+    # EP group.
+    groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
+              if dep.expert_parallel else None)
     run = run_serving(
-        specs, sched_config=sched_cfg, num_replicas=dp,
+        specs, sched_config=sched_cfg, num_replicas=num_engines,
         step_model=dep.step_model, router_policy=cfg.router.policy,
         report_interval_s=cfg.router.periodic_infra_update_time_s,
         balance_threshold=cfg.router.balance_threshold, max_concurrency=w.max_concurrency,
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
-        lockstep_groups=groups)
-    return assemble_result(cfg, dep, run)
+        lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths)
+    result = assemble_result(cfg, dep, run)
+    if cluster is not None:
+        result["cluster"] = cluster_result(cluster, run, kv_paths)
+        result["provenance"]["fidelity"] = (f"engine + step DAG over the "
+                                            f"{cfg.cluster.fabric.backend} fabric")
+        if cluster.trace is not None:
+            result["trace"] = {"traceEvents": cluster.trace.events(),
+                               "displayTimeUnit": "ms"}
+    return result
+
+
+def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:
+    """The cluster's summary plus the network's share of request latency."""
+    out = cluster.summary()
+    done = [r for r in run.records if r.success and len(r.token_times_s)]
+    e2e = sum(float(r.token_times_s[-1]) - r.send_s for r in done)
+    net = sum(r.network_s for r in done)
+    out["network_share_of_request_latency"] = net / e2e if e2e > 0 else 0.0
+    if kv_paths is not None and kv_paths.tier is not None:
+        t = kv_paths.tier
+        out["kv_tier"] = {"capacity_blocks": t.capacity_blocks, "stored_blocks": len(t),
+                          "lookups": t.num_lookups, "hit_blocks": t.num_hit_blocks,
+                          "evicted_blocks": t.num_evicted_blocks}
+    return out
 
 
 def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:

@@ -78,7 +78,8 @@ class ExpertParallelRoofline:
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1, dp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
-                 assumptions: RooflineAssumptions | None = None) -> None:
+                 assumptions: RooflineAssumptions | None = None,
+                 multi_node_tp: bool = False) -> None:
         if not arch.is_moe:
             raise ConfigError(f"expert parallelism needs a mixture-of-experts model; {arch.name} "
                               "is dense")
@@ -87,7 +88,8 @@ class ExpertParallelRoofline:
         a = assumptions or RooflineAssumptions()
         self.rank_model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                                         kv_cache_dtype=kv_cache_dtype, assumptions=a,
-                                        sequence_parallel_moe=dp > 1)
+                                        sequence_parallel_moe=dp > 1,
+                                        multi_node_tp=multi_node_tp)
         self.arch, self.gpu, self.tp, self.pp, self.dp = arch, gpu, tp, pp, dp
         self.ep = ep = dp * tp
         self.num_ranks = dp

@@ -59,6 +59,14 @@ from simcore.model.arch import Gemm, ModelArch, dtype_bytes
 _LOGIT_BYTES = 4
 """Logits are fp32 once the LM head has produced them."""
 
+OP_NAMES = ("attention", "mlp", "moe", "elementwise", "lm_head")
+"""The ops `RooflineModel.op_bounds(by_op=...)` splits a step into: attention (QKV/output
+projections, MLA up-projections, the attention kernel), mlp (dense MLP layers), moe (router,
+shared and routed experts), elementwise (norms, rotary, activations, residuals, embedding) and
+lm_head (LM head and sampler)."""
+
+_GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
+
 
 class RooflineAssumptions(BaseModel):
     """Declared efficiency factors, latencies and overheads of the roofline model (all overridable).
@@ -123,7 +131,7 @@ class RooflineModel:
     __slots__ = (
         "profile_id", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
         "weight_dtype", "kv_cache_dtype", "assumptions",
-        "_token_gemms", "_e_num", "_e_ln_miss", "_e_flop_s_per_token", "_e_byte_s_per_expert",
+        "_token_gemms", "_token_gemm_ops", "_e_num", "_e_ln_miss", "_e_flop_s_per_token", "_e_byte_s_per_expert",
         "_e_byte_s_per_token", "_e_floor_s",
         "_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row", "_kvb_floor_s",
         "_mla", "_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair", "_attn_byte_s_per_kv",
@@ -139,16 +147,18 @@ class RooflineModel:
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions: RooflineAssumptions | None = None,
-                 sequence_parallel_moe: bool = False) -> None:
+                 sequence_parallel_moe: bool = False, multi_node_tp: bool = False) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
-        if tp > gpu.gpus_per_node:
+        if tp > gpu.gpus_per_node and not multi_node_tp:
             raise ConfigError(f"tensor_parallel_size {tp} exceeds the {gpu.gpus_per_node} GPUs of "
                               f"a {gpu.name} node; the roofline models TP within one node")
         if not 1 <= pp <= arch.num_layers:
             raise ConfigError(f"pipeline_parallel_size {pp} must be between 1 and the model's "
                               f"{arch.num_layers} layers")
         self.arch, self.gpu, self.tp, self.pp = arch, gpu, tp, pp
+        # TP across nodes (a cluster run) leaves its collectives to the step DAG over the fabric;
+        # comm_s then prices them as if inside a node and is only a reference.
         self.weight_dtype, self.kv_cache_dtype, self.assumptions = weight_dtype, kv_cache_dtype, a
         self.profile_id = f"roofline/{gpu.name}/{weight_dtype}"
         self.calibrated = False
@@ -197,6 +207,7 @@ class RooflineModel:
             "shared_expert")
         add(tuple(g for g in moe_mlp if g.group == "router"), num_moe, 1, f_bf16, hb, "router")
         self._token_gemms = tuple(tuple(v) for v in groups.values())
+        self._token_gemm_ops = tuple(_GROUP_OP[g] for g in groups)
 
         # Routed experts.
         experts = tuple(g for g in moe_mlp if g.group == "expert")
@@ -319,13 +330,15 @@ class RooflineModel:
         full_graph = shape.num_decode_seqs == t and t <= self._graph_max_tokens
         return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph)
 
-    def op_bounds(self, shape: StepShape, *, routed_experts: bool = True) -> tuple[float, float]:
+    def op_bounds(self, shape: StepShape, *, routed_experts: bool = True,
+                  by_op: dict[str, float] | None = None) -> tuple[float, float]:
         """(compute-bound, memory-bound) seconds of every op of a step of `shape` (t > 0).
 
         Each op's roofline time is added to the sum of the bound that dominates it.
         `routed_experts=False` leaves the routed experts out (an expert-parallel group times
         them over all of its ranks' tokens). A shape with no sequences (a dummy batch) runs no
-        attention, LM head or sampler.
+        attention, LM head or sampler. `by_op`, when given, receives the same seconds split by
+        op (see `OP_NAMES`), summed over all layers; its values add up to the two bounds.
         """
         t = shape.num_tokens
         s = shape.num_seqs
@@ -334,25 +347,34 @@ class RooflineModel:
         compute_bound = 0.0
         memory_bound = 0.0
 
-        for flop_s, fixed_s, byte_s, floor_s in self._token_gemms:
+        for (flop_s, fixed_s, byte_s, floor_s), op in zip(self._token_gemms, self._token_gemm_ops):
             c = t * flop_s
             m = fixed_s + t * byte_s
             if c >= m and c >= floor_s:
+                x = c
                 compute_bound += c
             else:
-                memory_bound += m if m > floor_s else floor_s
+                x = m if m > floor_s else floor_s
+                memory_bound += x
+            if by_op is not None:
+                by_op[op] = by_op.get(op, 0.0) + x
 
         if routed_experts and self._e_num:
             active = self._e_num * (1.0 - math.exp(t * self._e_ln_miss))
             c = t * self._e_flop_s_per_token
             m = active * self._e_byte_s_per_expert + t * self._e_byte_s_per_token
             if c >= m and c >= self._e_floor_s:
+                x = c
                 compute_bound += c
             else:
-                memory_bound += m if m > self._e_floor_s else self._e_floor_s
+                x = m if m > self._e_floor_s else self._e_floor_s
+                memory_bound += x
+            if by_op is not None:
+                by_op["moe"] = by_op.get("moe", 0.0) + x
 
         if s:
             pairs = shape.attn_qk_pairs
+            x = 0.0
             if self._mla:
                 decode_kv = d * kv / s
                 prefill_pairs = pairs - decode_kv if pairs > decode_kv else 0.0
@@ -360,9 +382,11 @@ class RooflineModel:
                 c = rows * self._kvb_flop_s_per_row
                 m = self._kvb_byte_s_fixed + rows * self._kvb_byte_s_per_row
                 if c >= m and c >= self._kvb_floor_s:
+                    x = c
                     compute_bound += c
                 else:
-                    memory_bound += m if m > self._kvb_floor_s else self._kvb_floor_s
+                    x = m if m > self._kvb_floor_s else self._kvb_floor_s
+                    memory_bound += x
                 c = (decode_kv * self._attn_flop_s_per_decode_pair
                      + prefill_pairs * self._attn_flop_s_per_pair)
             else:
@@ -371,20 +395,31 @@ class RooflineModel:
             if c >= m and c >= self._attn_floor_s:
                 compute_bound += c
             else:
-                memory_bound += m if m > self._attn_floor_s else self._attn_floor_s
+                c = m if m > self._attn_floor_s else self._attn_floor_s
+                memory_bound += c
+            if by_op is not None:
+                by_op["attention"] = by_op.get("attention", 0.0) + x + c
 
         m = t * self._ew_byte_s_per_token
-        memory_bound += m if m > self._ew_floor_s else self._ew_floor_s
+        m = m if m > self._ew_floor_s else self._ew_floor_s
+        memory_bound += m
+        if by_op is not None:
+            by_op["elementwise"] = by_op.get("elementwise", 0.0) + m
 
         if s:
             c = s * self._lm_flop_s_per_row
             m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
             if c >= m and c >= self._lm_floor_s:
                 compute_bound += c
+                x = c
             else:
-                memory_bound += m if m > self._lm_floor_s else self._lm_floor_s
+                x = m if m > self._lm_floor_s else self._lm_floor_s
+                memory_bound += x
             m = s * self._smp_byte_s_per_row
-            memory_bound += m if m > self._smp_floor_s else self._smp_floor_s
+            m = m if m > self._smp_floor_s else self._smp_floor_s
+            memory_bound += m
+            if by_op is not None:
+                by_op["lm_head"] = by_op.get("lm_head", 0.0) + x + m
         return compute_bound, memory_bound
 
     def comm_s(self, shape: StepShape) -> float:

@@ -1,0 +1,63 @@
+"""From a validated config and its deployment to a cluster runtime: placement, network, fabric
+backend and step-DAG builder, with impossible combinations refused in one sentence."""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from simcore.cluster.network import build_cluster_network
+from simcore.cluster.placement import place
+from simcore.cluster.runtime import ClusterRuntime
+from simcore.config import SimConfig
+from simcore.dag.builder import StepDagBuilder
+from simcore.dag.collectives import LinkCosts
+from simcore.errors import ConfigError
+from simcore.fabric.run import make_fabric
+from simcore.model.arch import dtype_bytes
+from simcore.setup import Deployment
+
+
+def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment) -> ClusterRuntime:
+    """The runtime of `cfg.cluster` for deployment `dep` on clock `env`."""
+    c = cfg.cluster
+    assert c is not None
+    par = cfg.parallelism
+    gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
+    pd = par.prefill_decode
+    placement = place(num_nodes=c.num_nodes, gpus_per_node=gpn,
+                      tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size,
+                      dp=par.data_parallel_size, expert_parallel=par.enable_expert_parallel,
+                      num_replicas=par.num_replicas,
+                      num_prefill=pd.num_prefill_instances if pd else 0,
+                      num_decode=pd.num_decode_instances if pd else 0)
+    num_gpus = c.num_nodes * gpn
+    for i, t in enumerate(c.tenant_traffic):
+        for name in ("src_gpu", "dst_gpu"):
+            if getattr(t, name) >= num_gpus:
+                raise ConfigError(f"cluster.tenant_traffic[{i}].{name}: GPU {getattr(t, name)} "
+                                  f"is not in the cluster of {num_gpus} GPUs")
+        if t.src_gpu // gpn == t.dst_gpu // gpn:
+            raise ConfigError(f"cluster.tenant_traffic[{i}]: src_gpu and dst_gpu are on the same "
+                              f"node; tenant traffic crosses the fabric between nodes")
+    settings = c.fabric.settings.model_copy(
+        update={"sample_interval_s": c.fabric.utilization_interval_s})
+    network = build_cluster_network(c.network, c.num_nodes, gpn, mtu_bytes=settings.mtu_bytes,
+                                    header_bytes=settings.header_bytes)
+    fabric = make_fabric(c.fabric.backend, network.topology, settings, seed=cfg.seed)
+    a = cfg.compute.roofline
+    ic = dep.gpu.interconnect_bandwidth_bytes_per_s * a.interconnect_bandwidth_fraction
+    cc = c.dag.collectives
+    costs = LinkCosts(a.collective_hop_latency_s if cc.intra_node_latency_s is None
+                      else cc.intra_node_latency_s,
+                      a.inter_node_latency_s if cc.inter_node_latency_s is None
+                      else cc.inter_node_latency_s)
+    ep_model = dep.step_model if dep.expert_parallel else None
+    rank_model = ep_model.rank_model if ep_model is not None else dep.step_model
+    builder = StepDagBuilder(arch=dep.arch, model=rank_model, placement=placement, cfg=c.dag,
+                             interconnect_bytes_per_s=ic, costs=costs,
+                             rng=np.random.default_rng([cfg.seed, 0xDA6]), ep_model=ep_model,
+                             activation_bytes=max(2.0, dtype_bytes(dep.weight_dtype)))
+    return ClusterRuntime(env, c, placement=placement, network=network, fabric=fabric,
+                          builder=builder, model=rank_model, interconnect_bytes_per_s=ic)
+

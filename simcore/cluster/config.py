@@ -1,0 +1,164 @@
+"""The `cluster:` section of a simulation: nodes, their network and fabric backend, how each engine
+step becomes a DAG over it, competing traffic, an external KV tier, and the trace window."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simcore.cluster.network import NetworkConfig
+from simcore.fabric.settings import FabricSettings
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class FabricConfig(BaseModel):
+    """Which fabric backend carries the traffic between nodes, and its settings."""
+
+    model_config = _FROZEN
+
+    backend: Literal["analytical", "flow", "packet"] = Field(
+        "analytical", description="analytical: each message alone on the network (no "
+        "contention); flow: max-min fair sharing of links; packet: packets through queues with "
+        "ECMP, ECN, PFC and DCQCN.")
+    settings: FabricSettings = Field(default_factory=FabricSettings, description="Protocol "
+                                     "profile (roce, infiniband, slingshot), ECN, PFC, DCQCN, "
+                                     "buffers and packet framing, as for `dse fabric`.")
+    utilization_interval_s: float = Field(1e-3, gt=0, description="Interval of the link-"
+                                          "utilization samples over a serving run, s (replaces "
+                                          "settings.sample_interval_s, sized for fabric "
+                                          "scenarios of microseconds).")
+
+
+class CollectiveConfig(BaseModel):
+    """How collectives are lowered to transfers (NCCL-like automatic choice, or fixed)."""
+
+    model_config = _FROZEN
+
+    all_reduce: Literal["auto", "ring", "tree", "hierarchical"] = Field(
+        "auto", description="auto: ring inside a node; across nodes the double binary tree up "
+        "to tree_threshold_bytes, else hierarchical (intra-node reduce-scatter, inter-node ring, "
+        "intra-node all-gather) when a node holds several ranks, else ring.")
+    all_gather: Literal["auto", "ring", "hierarchical"] = Field(
+        "auto", description="auto: ring inside a node or with one rank per node, else "
+                            "hierarchical.")
+    all_to_all: Literal["auto", "direct", "hierarchical"] = Field(
+        "auto", description="auto: direct inside a node or with one rank per node, else "
+        "hierarchical (DeepEP-style: one RDMA message per destination node to the GPU of the "
+        "same local rank, then NVLink to the final GPU).")
+    tree_threshold_bytes: int = Field(256 * 1024, ge=0, description="Largest all-reduce that "
+                                      "auto sends by tree across nodes, bytes.")
+    chunks: int = Field(1, ge=1, le=64, description="Pipelined chunks per ring or tree step.")
+    intra_node_latency_s: float | None = Field(None, ge=0, description="Latency per transfer "
+                                               "over NVLink, s; default: the roofline's "
+                                               "collective_hop_latency_s.")
+    inter_node_latency_s: float | None = Field(None, ge=0, description="Software latency per "
+                                               "transfer across nodes (the fabric adds wire "
+                                               "and switch time), s; default: the roofline's "
+                                               "inter_node_latency_s.")
+
+
+class MoeRoutingConfig(BaseModel):
+    """How the tokens of a step pick their experts (seeded)."""
+
+    model_config = _FROZEN
+
+    popularity: Literal["uniform", "zipf"] = Field("uniform", description="uniform: every "
+                                                   "expert equally likely; zipf: expert i "
+                                                   "(in a seeded random order) has weight "
+                                                   "1 / (i + 1)^zipf_exponent.")
+    zipf_exponent: float = Field(1.0, ge=0, description="Skew of the zipf popularity.")
+    dispatch_bytes_per_element: float = Field(2.0, gt=0, description="Bytes per hidden element "
+                                              "sent by the dispatch all-to-all (2: bf16; about "
+                                              "1.03 for DeepEP's fp8 with scales).")
+    combine_bytes_per_element: float = Field(2.0, gt=0, description="Bytes per hidden element "
+                                             "returned by the combine all-to-all (bf16).")
+
+
+class DagConfig(BaseModel):
+    """How an engine step becomes a DAG of compute and communication."""
+
+    model_config = _FROZEN
+
+    layer_groups: int = Field(4, ge=1, description="Consecutive layers of a pipeline stage "
+                              "fused into one DAG layer (their compute and collectives summed): "
+                              "the stage is cut into this many groups (at most its layer "
+                              "count). More groups, finer interleaving of traffic, slower runs.")
+    overlap: Literal["none", "comm_stream", "two_batch"] = Field(
+        "none", description="none: collectives run on the compute stream (vLLM's default); "
+        "comm_stream: communication on its own stream, overlapping independent compute; "
+        "two_batch: the batch is split into two micro-batches whose compute and communication "
+        "interleave (two-batch overlap), communication on its own stream.")
+    pp_microbatches: int = Field(1, ge=1, description="Micro-batches a step's batch is split "
+                                 "into for the pipeline stages (1: stages run one after another "
+                                 "per step).")
+    collectives: CollectiveConfig = Field(default_factory=CollectiveConfig,
+                                          description="Collective algorithms.")
+    moe_routing: MoeRoutingConfig = Field(default_factory=MoeRoutingConfig,
+                                          description="Token-to-expert routing for expert "
+                                                      "parallelism.")
+
+
+class TenantTraffic(BaseModel):
+    """Traffic of another tenant on the same fabric: messages from one NIC to another at a rate."""
+
+    model_config = _FROZEN
+
+    src_gpu: int = Field(ge=0, description="Global GPU index whose NIC sends (node x "
+                         "gpus_per_node + local rank).")
+    dst_gpu: int = Field(ge=0, description="Global GPU index whose NIC receives.")
+    rate_gbps: float = Field(gt=0, description="Offered load, Gb/s.")
+    message_bytes: int = Field(1 << 20, gt=0, description="Size of each message, bytes.")
+    start_s: float = Field(0.0, ge=0, description="First message, s.")
+    stop_s: float | None = Field(None, gt=0, description="No message after this time; default: "
+                                 "until the serving run ends.")
+
+
+class KvTierConfig(BaseModel):
+    """An external KV-cache tier on the storage nodes (vLLM's offloading KV connectors)."""
+
+    model_config = _FROZEN
+
+    capacity_tokens: int = Field(gt=0, description="Tokens of KV cache the tier holds (LRU).")
+    max_kvc_ready_requests: int = Field(4, ge=1, description="Most requests per engine holding "
+                                        "blocks for fetches at once, so fetches cannot starve "
+                                        "running requests of memory.")
+    min_fetch_blocks: int = Field(1, ge=1, description="Smallest tier hit, in blocks, worth a "
+                                  "fetch.")
+
+
+class TraceConfig(BaseModel):
+    """A Chrome/Perfetto trace of a window of steps."""
+
+    model_config = _FROZEN
+
+    first_step: int = Field(0, ge=0, description="Index of the first traced step (counting every "
+                            "step of every engine in time order).")
+    num_steps: int = Field(0, ge=0, description="Steps to trace; 0: no trace.")
+
+
+class ClusterConfig(BaseModel):
+    """A cluster of nodes on a fabric: with it, every engine step runs as a DAG whose transfers
+    cross the simulated network, so congestion lengthens steps and changes the next batch."""
+
+    model_config = _FROZEN
+
+    num_nodes: int = Field(ge=1, description="GPU servers.")
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description="NICs, topology "
+                                   "and storage servers.")
+    fabric: FabricConfig = Field(default_factory=FabricConfig, description="Fabric backend and "
+                                 "protocol settings.")
+    dag: DagConfig = Field(default_factory=DagConfig, description="Step DAG construction.")
+    tenant_traffic: tuple[TenantTraffic, ...] = Field((), description="Competing traffic of "
+                                                      "other tenants on the same fabric.")
+    kv_tier: KvTierConfig | None = Field(None, description="External KV tier on the storage "
+                                         "nodes; needs network.num_storage_nodes >= 1.")
+    trace: TraceConfig = Field(default_factory=TraceConfig, description="Perfetto trace window.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if self.kv_tier is not None and self.network.num_storage_nodes < 1:
+            raise ValueError("kv_tier: an external KV tier needs storage servers; set "
+                             "network.num_storage_nodes to at least 1")
+        return self

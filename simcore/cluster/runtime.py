@@ -1,0 +1,316 @@
+"""The cluster on the clock: one fabric shared by every engine, kept in lock-step with SimPy, step
+DAGs executed over it, KV-cache transfers and other tenants' traffic on the same links.
+
+Lock-step: the fabric runs on its own event loop but never ahead of the next SimPy event (the
+only thing that can send into it), and it stops at every delivery whose callback may release
+new work; the `pump` process then brings the SimPy clock to the fabric's. A callback's effects
+on the engines are scheduled at the delivery's time, never earlier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from simcore.cluster.config import ClusterConfig
+from simcore.cluster.network import ClusterNetwork
+from simcore.cluster.placement import Placement
+from simcore.cluster.trace import TraceRecorder
+from simcore.compute.base import StepShape, StepTime
+from simcore.compute.roofline import RooflineModel
+from simcore.dag.builder import StepDagBuilder
+from simcore.dag.executor import DagRun
+from simcore.fabric.protocol import Fabric, MessageResult
+
+COMM_CAUSES = ("/nvlink", "/fabric")
+
+
+@dataclass
+class ClusterStats:
+    """What the engines' steps spent their GPU time on, summed over steps (GPU-seconds)."""
+
+    num_steps: int = 0
+    gpu_step_s: float = 0.0                  # step time x GPUs of the step's lanes
+    gpu_compute_s: float = 0.0
+    gpu_overhead_s: float = 0.0              # CPU-side step overhead and launch time
+    gpu_exposed_s: dict[str, float] = field(default_factory=dict)   # by cause
+    gpu_congestion_s: float = 0.0            # of the fabric part: actual minus ideal
+    transfer_bytes: dict[str, int] = field(default_factory=dict)    # by op/medium
+    kv_transfers: list[tuple[int, float, float]] = field(default_factory=list)
+    """(bytes, start_s, end_s) of every KV-cache transfer (P/D handoff or tier fetch)."""
+
+
+class _Port:
+    """The executor's TransferPort: NVLink by formula, the fabric through the runtime."""
+
+    __slots__ = ("runtime", "node_of", "_ic")
+
+    def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float) -> None:
+        self.runtime = runtime
+        self.node_of = runtime.placement.node_of
+        self._ic = interconnect_bytes_per_s
+
+    def nvlink_s(self, size_bytes: int) -> float:
+        return size_bytes / self._ic
+
+    def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
+             on_done: Callable[[float, float], None]) -> None:
+        net = self.runtime.network
+        self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu], size_bytes, at_s,
+                                lambda r: on_done(r.end_s, r.ideal_s), tag="step")
+
+
+class ClusterRuntime:
+    """Engines of a placement stepping over one shared fabric on one SimPy clock.
+
+    Lifecycle: built per simulation with its environment; `start()` launches the pump and any
+    tenant traffic; engines call `step(...)` (a SimPy generator) once per step and
+    `transfer_kv(...)` for KV-cache moves; `summary()` reports at the end.
+    """
+
+    def __init__(self, env: simpy.Environment, cfg: ClusterConfig, *, placement: Placement,
+                 network: ClusterNetwork, fabric: Fabric, builder: StepDagBuilder,
+                 model: RooflineModel, interconnect_bytes_per_s: float) -> None:
+        self.env = env
+        self.cfg = cfg
+        self.placement = placement
+        self.network = network
+        self.fabric = fabric
+        self.builder = builder
+        self.model = model
+        self.port = _Port(self, interconnect_bytes_per_s)
+        self.stats = ClusterStats()
+        a = model.assumptions
+        self._overhead_s = a.step_overhead_s
+        self._eager_s = model.arch.num_layers * a.eager_launch_s_per_layer
+        self._kick: simpy.Event | None = None
+        self._woken = False
+        self._flow_keys: dict[tuple[int, int], int] = {}
+        self.trace = (TraceRecorder(cfg.trace.first_step, cfg.trace.num_steps, placement)
+                      if cfg.trace.num_steps else None)
+        self._step_index = 0
+
+    # -- the clock ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.env.process(self._pump())
+        for i, t in enumerate(self.cfg.tenant_traffic):
+            self.env.process(self._tenant(i, t))
+
+    def _pump(self):
+        env, fabric = self.env, self.fabric
+        while True:
+            nxt = fabric.next_event_s()
+            kick = self._kick = env.event()
+            if nxt > env.now:
+                if nxt == math.inf:
+                    yield kick
+                else:
+                    yield env.timeout(nxt - env.now) | kick
+                continue
+            horizon = env.peek()
+            self._woken = False
+            t = fabric.run(None if horizon == math.inf else horizon, stop=self._stop)
+            if t > env.now:
+                yield env.timeout(t - env.now)
+
+    def _stop(self) -> bool:
+        """The fabric must pause: a callback has scheduled work on the SimPy clock."""
+        return self._woken
+
+    def _later(self, t_s: float, fn: Callable[[], None]) -> None:
+        """Call fn on the SimPy clock at t_s (a fabric callback's time), not before."""
+        self._woken = True
+        ev = self.env.timeout(max(0.0, t_s - self.env.now))
+        ev.callbacks.append(lambda _: fn())
+
+    def send_hosts(self, src: int, dst: int, size_bytes: int, at_s: float,
+                   on_done: Callable[[MessageResult], None], *, tag: Any = None) -> None:
+        """Put a message on the fabric between two hosts at at_s (>= the fabric's clock)."""
+        fabric = self.fabric
+        now = fabric.now_s
+        if at_s < now:
+            if at_s < now - 1e-9:
+                raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
+            at_s = now
+        key = self._flow_keys.setdefault((src, dst), len(self._flow_keys))
+        fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done, flow_key=key)
+        kick = self._kick
+        if kick is not None and not kick.triggered:
+            kick.succeed()
+
+    def _tenant(self, index: int, t):
+        env = self.env
+        net = self.network
+        gap = t.message_bytes * 8 / (t.rate_gbps * 1e9)
+        if t.start_s > env.now:
+            yield env.timeout(t.start_s - env.now)
+        src, dst = net.host_of(t.src_gpu), net.host_of(t.dst_gpu)
+        while t.stop_s is None or env.now < t.stop_s:
+            self.send_hosts(src, dst, t.message_bytes, env.now, _ignore, tag=f"tenant{index}")
+            yield env.timeout(gap)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def step(self, batches: list[tuple[int, list | None]]):
+        """Run one step of the listed engines (instance index, scheduled batch or None for a
+        dummy batch) as a DAG over the fabric; a SimPy generator that returns its StepTime once
+        the step has ended on the clock."""
+        env = self.env
+        t0 = env.now
+        insts = self.placement.instances
+        dag, full_graph = self.builder.build([(insts[i], s) for i, s in batches])
+        gpu_start = t0 + self._overhead_s
+        done = env.event()
+        run = DagRun(dag, gpu_start, self.port,
+                     lambda r: self._later(self.fabric.now_s, done.succeed))
+        run.start()
+        if not run.done:
+            yield done
+        end = run.end_s
+        if not full_graph and end < gpu_start + self._eager_s:
+            end = gpu_start + self._eager_s
+        if end > env.now:
+            yield env.timeout(end - env.now)
+        total = end - t0
+        busy, causes, congestion = run.exposure()
+        lanes = dag.lanes
+        st = self.stats
+        st.num_steps += 1
+        compute = max(busy) if busy else 0.0
+        for ln, b in zip(lanes, busy):
+            g = len(ln.gpus)
+            st.gpu_step_s += total * g
+            st.gpu_compute_s += b * g
+            st.gpu_overhead_s += (total - (run.end_s - gpu_start)) * g
+        gpus_per_lane = len(lanes[0].gpus) if lanes else 1
+        for key, v in causes.items():
+            st.gpu_exposed_s[key] = st.gpu_exposed_s.get(key, 0.0) + v * gpus_per_lane
+        st.gpu_congestion_s += congestion * gpus_per_lane
+        comm = sum(v for k, v in causes.items() if k.endswith(COMM_CAUSES))
+        comm /= max(1, len(lanes))
+        a2a = sum(v for k, v in causes.items()
+                  if k.startswith(("dispatch", "combine"))) / max(1, len(lanes))
+        if self.trace is not None:
+            self.trace.record(self._step_index, run, t0)
+        self._step_index += 1
+        shapes = [StepShape.from_scheduled(s) for _, s in batches if s]
+        if shapes:
+            widest = max(shapes, key=lambda s: s.num_tokens)
+            cb, mb = self.model.op_bounds(widest)
+        else:
+            cb = mb = 0.0
+        bound = ("communication" if comm > cb and comm > mb
+                 else "compute" if cb >= mb else "memory")
+        net_frac = comm / total if total > 0 else 0.0
+        if net_frac > 0:
+            for _, sched in batches:
+                for req, _, _ in sched or ():
+                    rec = req.client
+                    if rec is not None:
+                        rec.network_s += total * net_frac
+        return StepTime(total, compute, comm, bound, total - compute - comm, a2a)
+
+    # -- KV-cache transfers --------------------------------------------------------------------
+
+    def transfer_kv(self, pairs: list[tuple[int, int, int]], on_done: Callable[[], None]) -> None:
+        """Move KV-cache bytes between hosts now: `pairs` of (src host, dst host, bytes), all at
+        once; on_done() runs on the clock when the last one has arrived."""
+        now = self.env.now
+        live = [p for p in pairs if p[2] > 0]
+        if not live:
+            self._later(now, on_done)
+            return
+        left = [len(live)]
+        total = sum(p[2] for p in live)
+
+        def one(r: MessageResult) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.stats.kv_transfers.append((total, now, r.end_s))
+                self._later(r.end_s, on_done)
+
+        for src, dst, size in live:
+            self.send_hosts(src, dst, size, now, one, tag="kv")
+
+    # -- results -----------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """Network share of step time, exposed communication by kind and medium, congestion,
+        KV transfers and the fabric's measurements."""
+        st = self.stats
+        fs = self.fabric.stats()
+        exposed = {k: v for k, v in sorted(st.gpu_exposed_s.items())}
+        comm = sum(v for k, v in exposed.items() if k.endswith(COMM_CAUSES))
+        fabric_comm = sum(v for k, v in exposed.items() if k.endswith("/fabric"))
+        step = st.gpu_step_s
+        msgs = [m for m in fs.messages if m.tag == "step"]
+        out: dict[str, Any] = {
+            "backend": self.cfg.fabric.backend,
+            "num_nodes": self.placement.num_nodes,
+            "gpus_used": self.placement.num_gpus_used,
+            "num_steps": st.num_steps,
+            "network_share_of_step_time": comm / step if step else 0.0,
+            "fabric_share_of_step_time": fabric_comm / step if step else 0.0,
+            "congestion_share_of_step_time": st.gpu_congestion_s / step if step else 0.0,
+            "compute_share_of_step_time": st.gpu_compute_s / step if step else 0.0,
+            "exposed_gpu_s": exposed,
+            "congestion_gpu_s": st.gpu_congestion_s,
+            "fabric": _fabric_block(fs, self.network, msgs),
+        }
+        if st.kv_transfers:
+            t = np.array([e - s for _, s, e in st.kv_transfers])
+            out["kv_transfers"] = {
+                "num": len(st.kv_transfers),
+                "bytes": int(sum(b for b, _, _ in st.kv_transfers)),
+                "mean_s": float(t.mean()), "p50_s": float(np.percentile(t, 50)),
+                "p99_s": float(np.percentile(t, 99)), "max_s": float(t.max())}
+        return out
+
+
+def _ignore(_: MessageResult) -> None:
+    """Tenant messages need no completion handling."""
+
+
+SIZE_BUCKETS = ((0, 64 << 10, "<64KiB"), (64 << 10, 1 << 20, "64KiB-1MiB"),
+                (1 << 20, 16 << 20, "1-16MiB"), (16 << 20, math.inf, ">=16MiB"))
+
+
+def _fabric_block(fs, network: ClusterNetwork, step_msgs: list[MessageResult]) -> dict[str, Any]:
+    """The fabric's counters and the FCT slowdown of the engines' messages by size."""
+    topo = network.topology
+    duration = fs.duration_s
+    by_size = []
+    for lo, hi, label in SIZE_BUCKETS:
+        sel = [m.slowdown for m in step_msgs if lo <= m.size_bytes < hi]
+        if sel:
+            a = np.array(sel)
+            by_size.append({"size": label, "num": len(sel), "slowdown_mean": float(a.mean()),
+                            "slowdown_p50": float(np.percentile(a, 50)),
+                            "slowdown_p99": float(np.percentile(a, 99)),
+                            "slowdown_max": float(a.max())})
+    util = [ls.busy_s / duration for ls in fs.links] if duration > 0 else []
+    busiest = int(np.argmax(util)) if util else -1
+    names = [nd.name for nd in topo.nodes]
+    return {
+        "num_messages": len(fs.messages),
+        "num_step_messages": len(step_msgs),
+        "payload_bytes": fs.payload_delivered_bytes,
+        "slowdown_by_size": by_size,
+        "ecn_marks": fs.num_ecn_marks, "cnps": fs.num_cnps,
+        "dcqcn_rate_cuts": fs.num_rate_cuts,
+        "pfc_pause_frames": fs.num_pfc_pause_frames,
+        "pfc_paused_s": sum(ls.paused_s for ls in fs.links),
+        "drops": fs.num_drops, "retransmits": fs.num_retransmits,
+        "max_queue_bytes": max((ls.max_queue_bytes for ls in fs.links), default=0),
+        "link_utilization_mean": float(np.mean(util)) if util else 0.0,
+        "busiest_link": (None if busiest < 0 else
+                         {"name": f"{names[topo.links[busiest].src]}->"
+                                  f"{names[topo.links[busiest].dst]}",
+                          "utilization": util[busiest]}),
+    }

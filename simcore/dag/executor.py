@@ -1,0 +1,209 @@
+"""Running a step DAG on the clock: compute ops for their modelled durations, NVLink transfers by
+formula, fabric transfers through a fabric backend, and the step ending when the DAG does.
+
+Every node starts when its dependencies (data and stream order) have finished. Nodes whose
+durations are known (compute, collectives inside a node, NVLink transfers) are resolved at once;
+a fabric transfer is handed to the fabric to start at its computed time and resolves when the
+fabric reports its last byte delivered, which may release further nodes. So the executor costs a
+few operations per node and waits only where the network decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from simcore.dag.graph import COMPUTE, COMPUTE_STREAM, LOCAL, TRANSFER, StepDag
+
+
+class TransferPort(Protocol):
+    """Where the executor sends transfers: NVLink inside a node, the fabric across nodes."""
+
+    def node_of(self, gpu: int) -> int: ...
+
+    def nvlink_s(self, size_bytes: int) -> float:
+        """Duration of an NVLink transfer of `size_bytes` (latency excluded)."""
+        ...
+
+    def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
+             on_done: Callable[[float, float], None]) -> None:
+        """Start a fabric transfer at `at_s`; `on_done(end_s, ideal_s)` fires when it arrives."""
+        ...
+
+
+class DagRun:
+    """One execution of a StepDag from `t0_s`.
+
+    Lifecycle: `start()` resolves every node it can and sends fabric transfers; each fabric
+    completion (through the port's callback) resolves more; when the last node resolves,
+    `on_complete(run)` is called once and `end_s` is the step's GPU completion time. Afterwards
+    `exposure()` splits each lane's idle compute-stream time by cause.
+    """
+
+    __slots__ = ("dag", "t0_s", "port", "on_complete", "start_s", "finish_s", "ideal_s",
+                 "cause", "end_s", "done", "_remaining", "_children", "_ready", "_unresolved")
+
+    def __init__(self, dag: StepDag, t0_s: float, port: TransferPort,
+                 on_complete: Callable[[DagRun], None] | None = None) -> None:
+        self.dag = dag
+        self.t0_s = t0_s
+        self.port = port
+        self.on_complete = on_complete
+        n = len(dag)
+        self.start_s = [t0_s] * n
+        self.finish_s = [0.0] * n
+        self.ideal_s = [0.0] * n              # fabric transfers: alone on an idle network
+        self.cause = [-1] * n                 # the dependency that finished last
+        self.end_s = t0_s
+        self.done = False
+        self._ready = [t0_s] * n
+        self._remaining = [0] * n
+        children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            deps = dag.deps[i]
+            sd = dag.stream_dep[i]
+            count = len(deps)
+            for d in deps:
+                children[d].append(i)
+            if sd >= 0:
+                children[sd].append(i)
+                count += 1
+            self._remaining[i] = count
+        self._children = children
+        self._unresolved = n
+
+    def start(self) -> None:
+        ready = [i for i in range(len(self.dag)) if self._remaining[i] == 0]
+        self._drain(ready)
+        if self._unresolved == 0:
+            self._complete()
+
+    def _drain(self, stack: list[int]) -> None:
+        """Resolve `stack` and everything it releases (depth-first)."""
+        dag = self.dag
+        kind = dag.kind
+        port = self.port
+        node_of = port.node_of
+        start_s, finish_s, ready, remaining = self.start_s, self.finish_s, self._ready, self._remaining
+        children, cause = self._children, self.cause
+        while stack:
+            i = stack.pop()
+            t = ready[i]
+            k = kind[i]
+            if k == TRANSFER:
+                t += dag.latency_s[i]
+                start_s[i] = t
+                size = dag.size_bytes[i]
+                src, dst = dag.src[i], dag.dst[i]
+                if size > 0 and node_of(src) != node_of(dst):
+                    port.send(src, dst, size, t, self._callback(i))
+                    continue
+                end = t + port.nvlink_s(size) if size > 0 else t
+            else:
+                start_s[i] = t
+                end = t + dag.dur_s[i]
+            finish_s[i] = end
+            self._unresolved -= 1
+            for c in children[i]:
+                if end >= ready[c]:
+                    ready[c] = end
+                    cause[c] = i
+                remaining[c] -= 1
+                if remaining[c] == 0:
+                    stack.append(c)
+
+    def _callback(self, i: int) -> Callable[[float, float], None]:
+        def on_done(end_s: float, ideal_s: float) -> None:
+            self.finish_s[i] = end_s
+            self.ideal_s[i] = ideal_s
+            self._unresolved -= 1
+            stack = []
+            for c in self._children[i]:
+                if end_s >= self._ready[c]:
+                    self._ready[c] = end_s
+                    self.cause[c] = i
+                self._remaining[c] -= 1
+                if self._remaining[c] == 0:
+                    stack.append(c)
+            self._drain(stack)
+            if self._unresolved == 0:
+                self._complete()
+        return on_done
+
+    def _complete(self) -> None:
+        self.end_s = max(self.finish_s, default=self.t0_s) if len(self.dag) else self.t0_s
+        self.end_s = max(self.end_s, self.t0_s)
+        self.done = True
+        if self.on_complete is not None:
+            self.on_complete(self)
+
+    # -- what the step spent its time on -------------------------------------------------------
+
+    def exposure(self) -> tuple[list[float], dict[str, float], float]:
+        """Per lane compute-busy seconds; lane-seconds of compute-stream idle or communication by
+        cause; and the congestion share of the fabric part (actual minus ideal transfer time).
+
+        Causes: "<op>/nvlink" or "<op>/fabric" (a collective or transfer of kind op, inside a
+        node or across nodes, that the stream waited for or ran), "pipeline" (waiting for another
+        pipeline stage), "sync" (waiting for another lane of the same stage: a slower rank).
+        Lane-seconds: multiply by the lane's GPU count for GPU-seconds.
+        """
+        dag = self.dag
+        kind, lane_of, stream, fabric, op = dag.kind, dag.lane, dag.stream, dag.fabric, dag.op
+        start, finish = self.start_s, self.finish_s
+        lanes = dag.lanes
+        busy = [0.0] * len(lanes)
+        last = [self.t0_s] * len(lanes)
+        by_cause: dict[str, float] = {}
+        congestion = 0.0
+        for i in range(len(dag)):
+            if stream[i] != COMPUTE_STREAM:
+                continue
+            ln = lane_of[i]
+            gap = start[i] - last[ln]
+            if gap > 1e-15:
+                key, extra = self._why(i, ln, last[ln])
+                by_cause[key] = by_cause.get(key, 0.0) + gap
+                congestion += min(gap, extra)
+            dur = finish[i] - start[i]
+            if kind[i] == COMPUTE:
+                busy[ln] += dur
+            elif dur > 0:
+                key = op[i] + ("/fabric" if fabric[i] else "/nvlink")
+                by_cause[key] = by_cause.get(key, 0.0) + dur
+            if finish[i] > last[ln]:
+                last[ln] = finish[i]
+        for ln, t in enumerate(last):
+            tail = self.end_s - t
+            if tail > 1e-15:
+                key = "pipeline" if any(x.stage != lanes[ln].stage for x in lanes) else "sync"
+                by_cause[key] = by_cause.get(key, 0.0) + tail
+        return busy, by_cause, congestion
+
+    def _why(self, i: int, ln: int, since_s: float) -> tuple[str, float]:
+        """The cause of node i's late start (its lane idle since `since_s`), and the congestion
+        delay in that wait: the excess over ideal of every fabric transfer on the wait's critical
+        path (the chain of last-finishing dependencies back to a compute op or to `since_s`).
+        The transfer that finishes last is often not the congested one (a ring's last step, a
+        hierarchical collective's NVLink all-gather), so the whole chain is walked."""
+        dag = self.dag
+        kind, cause = dag.kind, self.cause
+        c = cause[i]
+        # A zero-length wait node stands for what it waited on.
+        while c >= 0 and kind[c] == LOCAL and dag.dur_s[c] == 0.0 and cause[c] >= 0:
+            c = cause[c]
+        if c < 0:
+            return "sync", 0.0
+        k = kind[c]
+        if k == COMPUTE:
+            other = dag.lanes[dag.lane[c]]
+            return ("pipeline" if other.stage != dag.lanes[ln].stage else "sync"), 0.0
+        key = dag.op[c] + ("/fabric" if dag.fabric[c] else "/nvlink")
+        extra = 0.0
+        start, finish, ideal = self.start_s, self.finish_s, self.ideal_s
+        j = c
+        while j >= 0 and kind[j] != COMPUTE and finish[j] > since_s:
+            if kind[j] == TRANSFER and ideal[j] > 0:
+                extra += max(0.0, (finish[j] - start[j]) - ideal[j])
+            j = cause[j]
+        return key, extra

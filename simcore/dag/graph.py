@@ -1,0 +1,102 @@
+"""One engine step as a DAG: compute ops on GPU streams, collectives with modelled durations, and
+point-to-point transfers, joined by data, stream-order and resource dependencies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPUTE = 0
+"""A kernel (or a run of kernels) on a lane's stream for a modelled duration."""
+LOCAL = 1
+"""Communication with a modelled duration on a lane's stream (a collective inside one node)."""
+TRANSFER = 2
+"""A point-to-point message between two GPUs: over NVLink inside a node, over the fabric across."""
+
+COMPUTE_STREAM = 0
+COMM_STREAM = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """GPUs that execute the same ops in lock-step (a tensor-parallel group of one pipeline stage
+    of one engine), with one compute stream and one communication stream."""
+
+    name: str                  # e.g. "engine 0 / stage 1"
+    gpus: tuple[int, ...]
+    engine: int
+    stage: int
+
+
+class StepDag:
+    """Nodes in topological order (every dependency has a smaller index) and what each needs.
+
+    Lifecycle: a builder appends nodes, then an executor runs the DAG once. Stream order is a
+    dependency like any other: a node placed on a lane's stream depends on the node placed there
+    before it (CUDA streams run in order). `deps[i]` lists data dependencies; `stream_dep[i]` is
+    the stream predecessor (-1 for none).
+    """
+
+    __slots__ = ("lanes", "kind", "lane", "stream", "dur_s", "deps", "stream_dep", "op", "src",
+                 "dst", "size_bytes", "latency_s", "fabric", "_last")
+
+    def __init__(self, lanes: list[Lane]) -> None:
+        self.lanes = lanes
+        self.kind: list[int] = []
+        self.lane: list[int] = []
+        self.stream: list[int] = []
+        self.dur_s: list[float] = []
+        self.deps: list[tuple[int, ...]] = []
+        self.stream_dep: list[int] = []
+        self.op: list[str] = []
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.size_bytes: list[int] = []
+        self.latency_s: list[float] = []
+        self.fabric: list[bool] = []       # communication that crosses nodes (the collective's)
+        self._last: dict[tuple[int, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def _add(self, kind: int, lane: int, stream: int, dur_s: float, deps: tuple[int, ...],
+             op: str, src: int = -1, dst: int = -1, size_bytes: int = 0, latency_s: float = 0.0,
+             fabric: bool = False) -> int:
+        i = len(self.kind)
+        if stream >= 0:
+            key = (lane, stream)
+            self.stream_dep.append(self._last.get(key, -1))
+            self._last[key] = i
+        else:
+            self.stream_dep.append(-1)
+        self.kind.append(kind)
+        self.lane.append(lane)
+        self.stream.append(stream)
+        self.dur_s.append(dur_s)
+        self.deps.append(deps)
+        self.op.append(op)
+        self.src.append(src)
+        self.dst.append(dst)
+        self.size_bytes.append(size_bytes)
+        self.latency_s.append(latency_s)
+        self.fabric.append(fabric)
+        return i
+
+    def compute(self, lane: int, op: str, dur_s: float, deps: tuple[int, ...] = ()) -> int:
+        """A compute op of `dur_s` on the lane's compute stream, after `deps`."""
+        return self._add(COMPUTE, lane, COMPUTE_STREAM, dur_s, deps, op)
+
+    def local(self, lane: int, op: str, dur_s: float, deps: tuple[int, ...] = (),
+              stream: int = COMPUTE_STREAM) -> int:
+        """A collective inside one node timed by formula, on one of the lane's streams."""
+        return self._add(LOCAL, lane, stream, dur_s, deps, op)
+
+    def transfer(self, lane: int, op: str, src: int, dst: int, size_bytes: int, latency_s: float,
+                 deps: tuple[int, ...], fabric: bool) -> int:
+        """A message from GPU `src` to GPU `dst`, started `latency_s` after its deps complete.
+        `lane` is the sending lane (for reports); `fabric` marks a collective that crosses nodes."""
+        return self._add(TRANSFER, lane, -1, 0.0, deps, op, src, dst, size_bytes, latency_s,
+                         fabric)
+
+    def barrier(self, lane: int, op: str, deps: tuple[int, ...], stream: int) -> int:
+        """A zero-length node on a stream that waits for `deps` (a stream waiting on an event)."""
+        return self._add(LOCAL, lane, stream, 0.0, deps, op)
