@@ -139,6 +139,28 @@ def _communication(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     return [first, second]
 
 
+def _fabric(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    share = s["network_share_of_request_latency"]
+    lat = f", {pct(share)} of request latency" if share is not None else ""
+    first = (f"Communication across nodes limits it: {pct(s['fabric_fraction_of_comm'])} of the "
+             f"exposed communication ({pct(s['communication_fraction_of_busy'])} of busy time"
+             f"{lat}) waits on the fabric.")
+    second = ("Keeping the chattiest collectives inside a node (TP within nodes, PP or EP "
+              "across them), faster NICs, or overlapping communication with compute would cut "
+              "it.")
+    return [first, second]
+
+
+def _congestion(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    first = (f"Network congestion limits it: {pct(s['congestion_fraction_of_fabric'])} of the "
+             f"fabric time is queueing beyond what the transfers need alone on the network "
+             f"(DCQCN rate cuts {s['dcqcn_rate_cuts']}, PFC pauses {s['pfc_pause_frames']}, "
+             f"drops {s['fabric_drops']}).")
+    second = ("Less oversubscription, separating competing traffic, or tuned ECN/DCQCN "
+              "settings would cut it.")
+    return [first, second]
+
+
 def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     q = pct(s["queue_fraction_of_ttft"])
     wait = f"mean {s['mean_queue_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms"
@@ -167,7 +189,7 @@ _SENTENCES = {
     "underloaded": _underloaded, "decode_compute": _decode, "prefill_compute": _prefill,
     "kv_cache_capacity": _kv, "scheduler_max_num_seqs": _max_num_seqs,
     "scheduler_token_budget": _token_budget, "communication": _communication,
-    "queueing": _queueing,
+    "fabric_communication": _fabric, "network_congestion": _congestion, "queueing": _queueing,
 }
 
 _BASIS_NOTE = {

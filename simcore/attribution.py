@@ -39,7 +39,12 @@ Scores:
   prefill steps are memory-bound (per-phase counters say so, or no step was compute-bound).
 - `decode_compute` = b * c * (1 - p) * free; labelled "HBM bandwidth (decode)" when decode
   steps are mostly memory-bound.
-- `communication` = b * k * free.
+- `communication` = b * k * free * (1 - f_fab): collectives inside nodes. Cluster runs split
+  the exposed communication by medium: `f_fab` = fabric share / network share of step time
+  (0 without a cluster), and of the fabric's part `g` = congestion share / fabric share (the
+  part beyond each transfer's time alone on an idle network).
+- `fabric_communication` = b * k * free * f_fab * (1 - g).
+- `network_congestion` = b * k * free * f_fab * g.
 - `kv_cache_capacity` = max(f_kv, preempted requests / requests).
 - `scheduler_max_num_seqs` = f_seqs.
 - `scheduler_token_budget` = f_budget_mem.
@@ -58,7 +63,8 @@ from dataclasses import dataclass
 
 FACTOR_KEYS = (
     "kv_cache_capacity", "scheduler_max_num_seqs", "scheduler_token_budget",
-    "prefill_compute", "decode_compute", "communication", "queueing", "underloaded",
+    "prefill_compute", "decode_compute", "communication", "fabric_communication",
+    "network_congestion", "queueing", "underloaded",
 )
 """Every factor, in tie-break order (engine limits first: they are the causes to act on)."""
 
@@ -69,11 +75,15 @@ LABELS = {
     "prefill_compute": "prefill compute",
     "decode_compute": "decode compute",
     "communication": "communication (TP all-reduce)",
+    "fabric_communication": "communication across nodes (fabric)",
+    "network_congestion": "network congestion (shared fabric links)",
     "queueing": "queueing",
     "underloaded": "offered load (underloaded)",
 }
 """Plain-word name of each factor; prefill and decode are relabelled when memory-bound."""
 
+INTRA_NODE_COMM_LABEL = "communication inside nodes (NVLink collectives)"
+"""The communication factor's label for cluster runs, which split off the fabric's part."""
 HBM_DECODE_LABEL = "HBM bandwidth (decode)"
 HBM_PREFILL_LABEL = "HBM bandwidth (prefill in small chunks)"
 
@@ -95,6 +105,10 @@ _NUMBERS = {
                        "queue_fraction_of_ttft", "mean_tpot_ms"),
     "communication": ("communication_fraction_of_busy", "communication_bound_step_fraction",
                       "gpus_per_replica", "gpu_busy_fraction"),
+    "fabric_communication": ("communication_fraction_of_busy", "fabric_fraction_of_comm",
+                             "network_share_of_request_latency", "gpu_busy_fraction"),
+    "network_congestion": ("fabric_fraction_of_comm", "congestion_fraction_of_fabric",
+                           "dcqcn_rate_cuts", "pfc_pause_frames", "fabric_drops"),
     "queueing": ("queue_fraction_of_ttft", "overload_fraction", "mean_queue_ms", "mean_ttft_ms",
                  "arrival_span_s", "serve_span_s", "offered_request_rate",
                  "served_request_rate", "max_num_waiting", "gpu_busy_fraction"),
@@ -283,7 +297,19 @@ def signals(result: Mapping) -> dict:
     waiting_samples = ts.get("num_waiting") or []
     num_requests = result.get("num_requests") or result.get("num_prompts") or len(rows)
     num_gpus = result.get("num_gpus")
+    cl = result.get("cluster") or {}
+    fab = cl.get("fabric") or {}
+    net_share = cl.get("network_share_of_step_time", 0.0)
+    fabric_share = cl.get("fabric_share_of_step_time", 0.0)
     return {
+        "cluster": bool(cl),
+        "fabric_fraction_of_comm": _clip(_ratio(fabric_share, net_share)),
+        "congestion_fraction_of_fabric": _clip(_ratio(cl.get("congestion_share_of_step_time",
+                                                             0.0), fabric_share)),
+        "network_share_of_request_latency": cl.get("network_share_of_request_latency"),
+        "dcqcn_rate_cuts": fab.get("dcqcn_rate_cuts"),
+        "pfc_pause_frames": fab.get("pfc_pause_frames"),
+        "fabric_drops": fab.get("drops"),
         "basis": basis,
         "gpu_busy_fraction": b,
         "idle_fraction": 1.0 - b,
@@ -336,6 +362,9 @@ def scores(s: Mapping) -> dict[str, float]:
     c = s["compute_fraction_of_busy"]
     p = s["prefill_fraction_of_busy"]
     free = 1.0 - s["engine_limit_fraction"]
+    comm = b * s["communication_fraction_of_busy"] * free
+    fabric = s["fabric_fraction_of_comm"]
+    congestion = s["congestion_fraction_of_fabric"]
     return {
         "kv_cache_capacity": max(s["steps_waiting_for_kv_fraction"],
                                  s["preempted_request_fraction"]),
@@ -343,7 +372,9 @@ def scores(s: Mapping) -> dict[str, float]:
         "scheduler_token_budget": s["steps_waiting_at_token_budget_memory_bound_fraction"],
         "prefill_compute": b * c * p * free,
         "decode_compute": b * c * (1.0 - p) * free,
-        "communication": b * s["communication_fraction_of_busy"] * free,
+        "communication": comm * (1.0 - fabric),
+        "fabric_communication": comm * fabric * (1.0 - congestion),
+        "network_congestion": comm * fabric * congestion,
         "queueing": max(s["queue_fraction_of_ttft"], s["overload_fraction"]) * free,
         "underloaded": s["idle_fraction"],
     }
@@ -365,6 +396,8 @@ def attribute(result: Mapping) -> Attribution:
             label = HBM_DECODE_LABEL
         elif key == "prefill_compute" and s["prefill_memory_bound"]:
             label = HBM_PREFILL_LABEL
+        elif key == "communication" and s["cluster"]:
+            label = INTRA_NODE_COMM_LABEL
         factors.append(Factor(key, label, _clip(sc[key]),
                               {name: s[name] for name in _NUMBERS[key]}))
     factors.sort(key=lambda f: (-f.score, order[f.key]))

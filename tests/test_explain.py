@@ -355,3 +355,27 @@ def test_assumptions_fold_the_profile_caveat_into_one_first_item():
     calibrated = made(provenance={"calibrated": True, "assumptions": ["measured tables"]})
     assert assumptions(calibrated) == ["measured tables"]
     assert explain(made())["assumptions"][-1].startswith("prefill vs decode share")
+
+
+def test_cluster_runs_split_communication_by_medium_and_congestion():
+    r = {"gpu_busy_fraction": 1.0, "num_gpus": 8,
+         "replicas": [{"num_steps": 10, "busy_s": 1.0, "compute_s": 0.5, "comm_s": 0.4}],
+         "cluster": {"network_share_of_step_time": 0.4, "fabric_share_of_step_time": 0.3,
+                     "congestion_share_of_step_time": 0.1,
+                     "network_share_of_request_latency": 0.35,
+                     "fabric": {"dcqcn_rate_cuts": 7, "pfc_pause_frames": 0, "drops": 0}}}
+    a = attribute(r)
+    s = a.signals
+    assert s["fabric_fraction_of_comm"] == pytest.approx(0.75)
+    assert s["congestion_fraction_of_fabric"] == pytest.approx(1 / 3)
+    comm = a.factor("communication").score + a.factor("fabric_communication").score + \
+        a.factor("network_congestion").score
+    assert comm == pytest.approx(0.4)
+    assert a.factor("communication").score == pytest.approx(0.4 * 0.25)
+    assert a.factor("network_congestion").score == pytest.approx(0.4 * 0.75 / 3)
+    assert a.factor("communication").label == "communication inside nodes (NVLink collectives)"
+    # Without a cluster the whole of it stays with the one communication factor.
+    del r["cluster"]
+    a = attribute(r)
+    assert a.factor("communication").score == pytest.approx(0.4)
+    assert a.factor("fabric_communication").score == 0.0
