@@ -181,11 +181,12 @@ class DagRun:
         return busy, by_cause, congestion
 
     def _why(self, i: int, ln: int, since_s: float) -> tuple[str, float]:
-        """The cause of node i's late start (its lane idle since `since_s`), and the congestion
-        delay in that wait: the excess over ideal of every fabric transfer on the wait's critical
-        path (the chain of last-finishing dependencies back to a compute op or to `since_s`).
-        The transfer that finishes last is often not the congested one (a ring's last step, a
-        hierarchical collective's NVLink all-gather), so the whole chain is walked."""
+        """The cause of node i's late start (its lane idle since `since_s`), and, for a wait on
+        the fabric, its congestion delay: the excess over ideal of every fabric transfer on the
+        wait's critical path (the chain of last-finishing dependencies back to a compute op or
+        to `since_s`). The transfer that finishes last is often not the congested one (a ring's
+        last step, a hierarchical collective's NVLink all-gather), so the whole chain is walked;
+        only waits attributed to the fabric count, so congestion stays within the fabric part."""
         dag = self.dag
         kind, cause = dag.kind, self.cause
         c = cause[i]
@@ -198,7 +199,9 @@ class DagRun:
         if k == COMPUTE:
             other = dag.lanes[dag.lane[c]]
             return ("pipeline" if other.stage != dag.lanes[ln].stage else "sync"), 0.0
-        key = dag.op[c] + ("/fabric" if dag.fabric[c] else "/nvlink")
+        if not dag.fabric[c]:
+            return dag.op[c] + "/nvlink", 0.0
+        key = dag.op[c] + "/fabric"
         extra = 0.0
         start, finish, ideal = self.start_s, self.finish_s, self.ideal_s
         j = c
