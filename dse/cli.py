@@ -10,9 +10,14 @@ import json
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import click
 
 from simcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from simcore.config import SimConfig
 
 
 def _fail(message: str) -> None:
@@ -60,9 +65,13 @@ def _bar_progress(bar):
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full result as JSON here.")
+@click.option("--trace", "trace_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write the Perfetto trace of the config's cluster.trace window "
+                                 "here (and leave it out of --out).")
 @click.option("--seed", type=int, default=None, help="Override the config's seed.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> None:
+def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int | None,
+             quiet: bool) -> None:
     """Simulate CONFIG (YAML) and print vllm-bench-serve-style metrics."""
     from simcore.config import load_config
     from simcore.simulate import simulate as run
@@ -72,6 +81,8 @@ def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> N
         cfg = load_config(config)
         if seed is not None:
             cfg = cfg.model_copy(update={"seed": seed})
+        if trace_out is not None:
+            _check_trace_window(config, cfg)
         bar = None
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
@@ -85,26 +96,84 @@ def simulate(config: Path, out: Path | None, seed: int | None, quiet: bool) -> N
     except ConfigError as e:
         _fail_in(config, e)
         return
+    trace = result.pop("trace", None) if trace_out is not None else None
     click.echo(render_summary(result))
+    if "cluster" in result:
+        click.echo(_render_cluster(result["cluster"]))
+    if trace is not None:
+        _write_json(trace_out, trace, "trace")
     if out is not None:
         _write_json(out, result, "result")
+
+
+def _check_trace_window(config: Path, cfg: SimConfig) -> None:
+    """Fail unless the config opens a trace window for --trace to write."""
+    if cfg.cluster is None:
+        _fail(f"{config}: --trace needs a cluster section with a trace window "
+              f"(cluster.trace.num_steps), and this config has no cluster section")
+    if cfg.cluster.trace.num_steps == 0:
+        _fail(f"{config}: --trace needs a trace window; set cluster.trace.num_steps (and "
+              f"cluster.trace.first_step) to the steps to trace")
+
+
+_TOP_CAUSES = 3
+"""Exposed-communication causes listed in the cluster block, most GPU time first."""
+
+
+def _render_cluster(c: dict) -> str:
+    """The cluster block printed after a summary: shares of time, causes, fabric counters."""
+    from dse.summary import _row, _title
+    from simcore.cluster.runtime import COMM_CAUSES
+
+    pct = "{:.1%}".format
+    f = c["fabric"]
+    lines = [_title(f" Cluster ({c['backend']} fabric) "),
+             _row("Nodes / GPUs used:", f"{c['num_nodes']} / {c['gpus_used']}"),
+             _row("Network share of step time:", pct(c["network_share_of_step_time"])),
+             _row("  across nodes (fabric):", pct(c["fabric_share_of_step_time"])),
+             _row("  of which congestion:", pct(c["congestion_share_of_step_time"]))]
+    if "network_share_of_request_latency" in c:
+        lines.append(_row("Network share of request latency:",
+                          pct(c["network_share_of_request_latency"])))
+    causes = sorted(((k, v) for k, v in c["exposed_gpu_s"].items() if k.endswith(COMM_CAUSES)),
+                    key=lambda kv: -kv[1])[:_TOP_CAUSES]
+    if causes:
+        lines.append(_title(" Exposed communication (GPU-s) ", "-"))
+        lines += [_row(f"{name}:", f"{v:.3f}") for name, v in causes]
+    lines += [_title(" Fabric ", "-"),
+              _row("Messages / payload (MB):", f"{f['num_messages']} / "
+                                               f"{f['payload_bytes'] / 1e6:.1f}"),
+              _row("ECN marks / CNPs:", f"{f['ecn_marks']} / {f['cnps']}"),
+              _row("DCQCN rate cuts:", f["dcqcn_rate_cuts"]),
+              _row("PFC pause frames:", f["pfc_pause_frames"]),
+              _row("Drops / retransmits:", f"{f['drops']} / {f['retransmits']}")]
+    if f["slowdown_by_size"]:
+        lines.append(_title(" FCT slowdown by message size ", "-"))
+        lines.append(f"{'size':<20}{'messages':>12}{'p50':>14}{'p99':>14}")
+        lines += [f"{b['size']:<20}{b['num']:>12}{b['slowdown_p50']:>14.2f}"
+                  f"{b['slowdown_p99']:>14.2f}" for b in f["slowdown_by_size"]]
+    lines.append("=" * len(lines[0]))
+    return "\n".join(lines)
 
 
 @main.command()
 @click.argument("scenario", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Write the steps here, one JSON object a line (the golden format).")
+              help="Write the steps here: a header line, then one JSON object a step "
+                   "(the golden format).")
 @click.option("--golden", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Compare the steps with this recorded log and report the first difference.")
 def conformance(scenario: Path, out: Path, golden: Path | None) -> None:
     """Replay a scheduler SCENARIO (JSON) step by step through the vLLM-faithful scheduler."""
-    from simcore.engine.conformance import compare, load_scenario, read_steps, replay
+    from simcore.engine.conformance import (compare, load_scenario, read_steps, replay,
+                                            step_log_header)
 
     try:
         sc = load_scenario(scenario)
         steps = []
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
+            f.write(json.dumps(step_log_header()) + "\n")
             for rec in replay(sc):
                 f.write(json.dumps(rec) + "\n")
                 steps.append(rec)
@@ -124,6 +193,70 @@ def conformance(scenario: Path, out: Path, golden: Path | None) -> None:
         _fail(str(e))
     except OSError as e:
         _fail(f"{out}: cannot write ({e.strerror})")
+
+
+@main.command()
+@click.argument("steps", type=click.Path(path_type=Path))
+@click.option("--config", "config", type=click.Path(path_type=Path),
+              required=True, help="Simulation config (YAML) with a cluster section.")
+@click.option("--instance", type=int, default=0, show_default=True,
+              help="Engine of the placement that runs the steps.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the full result as JSON here.")
+@click.option("--trace", "trace_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write the Perfetto trace of the config's cluster.trace window "
+                                 "here (and leave it out of --out).")
+def replay(steps: Path, config: Path, instance: int, out: Path | None,
+           trace_out: Path | None) -> None:
+    """Replay a recorded scheduler-step log STEPS (JSON lines, as `dse conformance` writes) over
+    the cluster's step DAG and fabric, and print step times and the network's share."""
+    from simcore.cluster.replay import replay_steps
+    from simcore.config import load_config
+
+    try:
+        cfg = load_config(config)
+        if trace_out is not None:
+            _check_trace_window(config, cfg)
+        result = replay_steps(cfg, steps, instance=instance)
+    except ConfigError as e:
+        if str(e).startswith(str(steps)):
+            _fail(str(e))
+        else:
+            _fail_in(config, e)
+        return
+    trace = result.pop("trace", None) if trace_out is not None else None
+    click.echo(_render_replay(result))
+    click.echo(_render_cluster(result["cluster"]))
+    if trace is not None:
+        _write_json(trace_out, trace, "trace")
+    if out is not None:
+        _write_json(out, result, "result")
+
+
+def _render_replay(r: dict) -> str:
+    """The headline of a step-log replay: steps, tokens and step times."""
+    from dse.summary import _row, _title
+
+    lines = [_title(" Step-log replay (simulated) "),
+             _row("Steps in the log:", r["num_steps"]),
+             _row("Steps run (non-empty):", r["num_executed_steps"]),
+             _row("Engine instance:", r["instance"]),
+             _row("Requests:", r["num_requests"])]
+    if r["num_requests_assumed_uncached"]:
+        lines.append(_row("Admissions without a logged prefix hit:",
+                          r["num_requests_assumed_uncached"]))
+    lines += [_row("Prefill / decode tokens:", f"{r['num_prefill_tokens']} / "
+                                               f"{r['num_decode_tokens']}"),
+              _row("Replayed duration (s):", r["total_s"]),
+              _row("Token throughput (tok/s):", r["token_throughput"]),
+              _title(" Step time ", "-"),
+              _row("Mean step time (ms):", r["mean_step_s"] * 1e3),
+              _row("Median step time (ms):", r["p50_step_s"] * 1e3),
+              _row("P99 step time (ms):", r["p99_step_s"] * 1e3),
+              _row("Max step time (ms):", r["max_step_s"] * 1e3)]
+    p = r["provenance"]
+    lines.append(f"{p['compute_profile']}, {p['fidelity']}, seed {p['seed']}")
+    return "\n".join(lines)
 
 
 @main.command()

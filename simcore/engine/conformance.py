@@ -3,6 +3,8 @@
 A scenario (JSON) holds `config` (scheduler settings) and `requests` (id, arrive_step, prompt_len,
 output_len, block_keys); see `../shared/conformance/vllm/README.md`. Each emitted step is a dict:
 step, scheduled {id: tokens}, new, resumed, preempted, computed_on_admit, finished, free_blocks.
+A step log is one such record a line, after an optional header line `step_log_header()` that
+names the format and its version (vLLM's recorder writes none: a log without it is version 1).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from simcore.errors import ConfigError
 
 STEP_FORMAT_VERSION = 1
 """Version of the per-step record format (the golden files' fields)."""
+
+STEP_LOG_FORMAT = "scheduler-step-log"
+"""The `format` of a step log's header line."""
 
 MAX_IDLE_STEPS = 1000
 """Steps in a row with waiting requests but nothing schedulable before the replay is declared stuck."""
@@ -116,12 +121,28 @@ def replay(scenario: dict, **overrides) -> Iterator[dict]:
         step += 1
 
 
+def step_log_header() -> dict:
+    """The first line of a step log this version writes."""
+    return {"format": STEP_LOG_FORMAT, "version": STEP_FORMAT_VERSION}
+
+
+def is_step_log_header(record: object) -> bool:
+    """Whether a parsed line is a header (it names a format and is no step)."""
+    return isinstance(record, dict) and "format" in record and "step" not in record
+
+
 def read_steps(path: str | Path) -> list[dict]:
-    """Read a step log (JSON lines, optionally gzipped)."""
+    """Read a step log (JSON lines, optionally gzipped), without its header line; a header of
+    another format or version raises ValueError."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    if records and is_step_log_header(records[0]):
+        if records[0] != step_log_header():
+            raise ValueError(f"header {records[0]!r} is not {step_log_header()!r}")
+        records = records[1:]
+    return records
 
 
 def compare(ours: list[dict], golden: list[dict]) -> str | None:
