@@ -25,7 +25,7 @@ class FabricConfig(BaseModel):
     settings: FabricSettings = Field(default_factory=FabricSettings, description="Protocol "
                                      "profile (roce, infiniband, slingshot), ECN, PFC, DCQCN, "
                                      "buffers and packet framing, as for `dse fabric`.")
-    utilization_interval_s: float = Field(1e-3, gt=0, description="Interval of the link-"
+    utilization_interval_s: float = Field(1e-2, gt=0, description="Interval of the link-"
                                           "utilization samples over a serving run, s (replaces "
                                           "settings.sample_interval_s, sized for fabric "
                                           "scenarios of microseconds).")

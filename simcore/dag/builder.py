@@ -88,6 +88,7 @@ class StepDagBuilder:
         self.num_moe = arch.num_moe_layers()
         self.num_dense = arch.num_layers - self.num_moe
         self.alpha = model.assumptions.collective_hop_latency_s
+        self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
         if ep_model is not None:
             self._popularity = self._expert_popularity()
 
@@ -109,7 +110,10 @@ class StepDagBuilder:
         if n <= 1 or count == 0:
             return deps
         node_of = self.placement.node_of
-        if len({node_of(g) for g in gpus}) == 1:
+        one_node = self._one_node.get(gpus)
+        if one_node is None:
+            one_node = self._one_node[gpus] = len({node_of(g) for g in gpus}) == 1
+        if one_node:
             return (dag.local(lane, kind, self._local_s(kind, n, size, count), deps, stream),)
         total = int(round(size * count))
         c = self.cfg.collectives

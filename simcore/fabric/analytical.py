@@ -112,10 +112,13 @@ class MessageRecord:
 
 def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, dst: int,
                  size_bytes: int, start_s: float, *, tag: Any = None,
-                 on_done: OnDone | None = None, flow_key: int | None = None) -> MessageRecord:
+                 on_done: OnDone | None = None, flow_key: int | None = None,
+                 routes: dict | None = None) -> MessageRecord:
     """Check a `send` and fix the message's route, wire bytes and ideal time.
 
-    Raises ValueError for endpoints that are not two distinct hosts or a negative size.
+    `routes` caches the route of each (src, dst, flow_key) for a fabric whose senders reuse
+    flow keys (queue pairs), so ECMP is hashed once per flow. Raises ValueError for endpoints
+    that are not two distinct hosts or a negative size.
     """
     n = len(topology.nodes)
     for role, node in (("src", src), ("dst", dst)):
@@ -127,8 +130,14 @@ def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, ds
         raise ValueError(f"a message needs two different hosts, got {src} -> {dst}")
     if size_bytes < 0:
         raise ValueError(f"size_bytes must be non-negative, got {size_bytes}")
-    route = message_path(topology, int(src), int(dst), msg_id if flow_key is None else flow_key,
-                         salts)
+    if routes is not None and flow_key is not None:
+        route = routes.get((src, dst, flow_key))
+        if route is None:
+            route = routes[(src, dst, flow_key)] = message_path(topology, int(src), int(dst),
+                                                                flow_key, salts)
+    else:
+        route = message_path(topology, int(src), int(dst),
+                             msg_id if flow_key is None else flow_key, salts)
     return MessageRecord(msg_id, int(src), int(dst), int(size_bytes), start_s, route,
                          wire_bytes(size_bytes, topology.mtu_bytes, topology.header_bytes),
                          ideal_message_s(topology, route, size_bytes), tag, on_done)
@@ -148,6 +157,7 @@ class AnalyticalFabric:
         self.topology = topology
         self.settings = settings or FabricSettings()
         self._salts = default_salts(topology, seed)
+        self._routes: dict = {}
         self._rates = np.array([lk.rate_bytes_per_s for lk in topology.links])
         self._load = LinkLoadRecorder(len(topology.links), self.settings.sample_interval_s)
         self._now = 0.0
@@ -170,7 +180,8 @@ class AnalyticalFabric:
         if start < self._now:
             raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
         rec = plan_message(self.topology, self._salts, len(self._messages), src, dst, size_bytes,
-                           start, tag=tag, on_done=on_done, flow_key=flow_key)
+                           start, tag=tag, on_done=on_done, flow_key=flow_key,
+                           routes=self._routes)
         self._messages.append(rec)
         heapq.heappush(self._heap, (start + rec.ideal_s, next(self._seq), rec.msg_id))
         return rec.msg_id

@@ -109,6 +109,7 @@ class FlowFabric:
         self.topology = topology
         self.settings = settings or FabricSettings()
         self._salts = default_salts(topology, seed)
+        self._routes: dict = {}
         num_links = len(topology.links)
         self._pad = num_links
         self._rates_link = np.array([lk.rate_bytes_per_s for lk in topology.links])
@@ -149,7 +150,8 @@ class FlowFabric:
         if start < self._now:
             raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
         rec = plan_message(self.topology, self._salts, len(self._messages), src, dst, size_bytes,
-                           start, tag=tag, on_done=on_done, flow_key=flow_key)
+                           start, tag=tag, on_done=on_done, flow_key=flow_key,
+                           routes=self._routes)
         self._messages.append(rec)
         self._latency.append(pipeline_latency_s(self.topology, rec.path, rec.size_bytes))
         heapq.heappush(self._heap, (start, next(self._seq), _ARRIVE, rec.msg_id))

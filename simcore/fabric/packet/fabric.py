@@ -63,6 +63,7 @@ class PacketFabric:
         self.packet = packet if packet is not None else PacketSettings()
         self.seed = seed
         self._salts = default_salts(topology, seed)
+        self._routes: dict = {}
         plan = resolve(topology, self.settings, self.packet, seed)
         self._rng = np.random.default_rng(seed)
         self._st = new_state(len(topology.nodes), len(topology.links), plan.num_hist,
@@ -102,7 +103,8 @@ class PacketFabric:
         msg_id = len(self._messages)
         key = msg_id if flow_key is None else flow_key
         rec = plan_message(self.topology, self._salts, msg_id, src, dst, size_bytes, start,
-                           tag=tag, on_done=on_done, flow_key=key)
+                           tag=tag, on_done=on_done, flow_key=key,
+                           routes=self._routes if flow_key is not None else None)
         f = self._flow(rec.src, rec.dst, key, traffic_class, datagram=False, route=rec.path)
         npk = num_packets(rec.size_bytes, self.topology.mtu_bytes, self.topology.header_bytes)
         self._messages.append(_Message(msg_id, rec.src, rec.dst, rec.size_bytes, start,
