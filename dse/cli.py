@@ -147,6 +147,22 @@ def _render_cluster(c: dict) -> str:
               _row("DCQCN rate cuts:", f["dcqcn_rate_cuts"]),
               _row("PFC pause frames:", f["pfc_pause_frames"]),
               _row("Drops / retransmits:", f"{f['drops']} / {f['retransmits']}")]
+    kv = c.get("kv_transfers")
+    if kv:
+        ms = "{:.3f}".format
+        lines += [_title(" KV-cache transfers ", "-"),
+                  _row("Transfers / payload (MB):", f"{kv['num']} / {kv['bytes'] / 1e6:.1f}"),
+                  _row("Time mean / p50 (ms):", f"{ms(kv['mean_s'] * 1e3)} / "
+                                                f"{ms(kv['p50_s'] * 1e3)}"),
+                  _row("Time p99 / max (ms):", f"{ms(kv['p99_s'] * 1e3)} / "
+                                               f"{ms(kv['max_s'] * 1e3)}")]
+    tier = c.get("kv_tier")
+    if tier:
+        lines += [_title(" External KV tier ", "-"),
+                  _row("Lookups / fetched blocks:", f"{tier['lookups']} / "
+                                                    f"{tier['fetched_blocks']}"),
+                  _row("Stored / evicted blocks:", f"{tier['stored_blocks']} / "
+                                                   f"{tier['evicted_blocks']}")]
     if f["slowdown_by_size"]:
         lines.append(_title(" FCT slowdown by message size ", "-"))
         lines.append(f"{'size':<20}{'messages':>12}{'p50':>14}{'p99':>14}")

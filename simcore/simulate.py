@@ -69,6 +69,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         env = simpy.Environment()
         cluster = build_cluster(env, cfg, dep)
         tier = cfg.cluster.kv_tier
+        if tier is not None and par.prefill_decode is not None:
+            raise ConfigError("cluster.kv_tier: an external KV tier with "
+                              "parallelism.prefill_decode is not modelled (prefill instances "
+                              "would neither store to it nor fetch from it); remove one")
         if tier is not None or par.prefill_decode is not None:
             kv_paths = KvPaths(cluster, arch=dep.arch, kv_cache_dtype=dep.kv_cache_dtype,
                                block_size=cfg.engine.block_size,
@@ -111,8 +115,13 @@ def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:
     out["network_share_of_request_latency"] = net / e2e if e2e > 0 else 0.0
     if kv_paths is not None and kv_paths.tier is not None:
         t = kv_paths.tier
+        # A request the scheduler passes over (max_kvc_ready_requests, or no free blocks) is
+        # looked up again next step, so lookups and hits exceed the fetches.
+        fetched = sum(s.connector.num_loaded_tokens for s in run.schedulers
+                      if s.connector is not None)
         out["kv_tier"] = {"capacity_blocks": t.capacity_blocks, "stored_blocks": len(t),
                           "lookups": t.num_lookups, "hit_blocks": t.num_hit_blocks,
+                          "fetched_blocks": fetched // kv_paths.block_size,
                           "evicted_blocks": t.num_evicted_blocks}
     return out
 

@@ -2,9 +2,10 @@
 disaggregation and fetches from an external KV tier on storage servers.
 
 Both are vLLM KV-connector loads: the receiving scheduler allocates blocks and parks the request
-in WAITING_FOR_REMOTE_KVS; here its bytes cross the fabric (every GPU of the receiving engine
-gets its own shard: its pipeline stage's layers and its TP rank's KV heads), and when the last
-byte lands the scheduler is told (`finish_remote_load`) and the engine woken.
+in WAITING_FOR_REMOTE_KVS; here its bytes move (every GPU of the receiving engine gets its own
+shard: its pipeline stage's layers and its TP rank's KV heads) over the fabric, or over NVLink
+between GPUs of one node (NIXL's UCX picks CUDA IPC there), and when the last byte lands the
+scheduler is told (`finish_remote_load`) and the engine woken.
 """
 
 from __future__ import annotations
@@ -79,24 +80,30 @@ class KvPaths:
     # -- transfers -----------------------------------------------------------------------------
 
     def start_loads(self, index: int, loads, on_loaded: Callable[[Request], None]) -> None:
-        """Start the fabric transfers of a step's asynchronous loads into engine `index`;
+        """Start the transfers of a step's asynchronous loads into engine `index`;
         `on_loaded(req)` runs on the clock when each request's KV has arrived."""
         net = self.runtime.network
+        node_of = self.placement.node_of
         dst = self.placement.instances[index]
         for req, num_tokens in loads:
             if req.status != WAITING_FOR_REMOTE_KVS:
                 continue                              # a synchronous load: nothing to move
             src_index = self.prefilled_on.pop(req.request_id, None)
             pairs = []
+            local = []
             for s, stage in enumerate(dst.gpus):
                 size = int(num_tokens * self.stage_bytes_per_token[s])
                 for r, gpu in enumerate(stage):
                     if src_index is not None:
                         src_gpu = self.placement.instances[src_index].gpus[s][r]
+                        if node_of(src_gpu) == node_of(gpu):
+                            local.append(size)
+                            continue
                         src = net.host_of(src_gpu)
                     else:
                         storage = net.storage_hosts
                         src = storage[req.index % len(storage)]
                     pairs.append((src, net.host_of(gpu), size))
-            self.runtime.transfer_kv(pairs, lambda req=req: on_loaded(req))
+            self.runtime.transfer_kv(pairs, lambda req=req: on_loaded(req),
+                                     nvlink_bytes=tuple(local))
 

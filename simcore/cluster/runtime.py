@@ -218,25 +218,32 @@ class ClusterRuntime:
 
     # -- KV-cache transfers --------------------------------------------------------------------
 
-    def transfer_kv(self, pairs: list[tuple[int, int, int]], on_done: Callable[[], None]) -> None:
-        """Move KV-cache bytes between hosts now: `pairs` of (src host, dst host, bytes), all at
-        once; on_done() runs on the clock when the last one has arrived."""
+    def transfer_kv(self, pairs: list[tuple[int, int, int]], on_done: Callable[[], None], *,
+                    nvlink_bytes: tuple[int, ...] = ()) -> None:
+        """Move KV-cache bytes now: `pairs` of (src host, dst host, bytes) over the fabric and,
+        alongside, `nvlink_bytes` between pairs of GPUs of one node over NVLink (each pair its
+        own link, timed as the step DAGs time NVLink transfers); on_done() runs on the clock
+        when the last byte has arrived."""
         now = self.env.now
         live = [p for p in pairs if p[2] > 0]
-        if not live:
+        local = [b for b in nvlink_bytes if b > 0]
+        if not live and not local:
             self._later(now, on_done)
             return
-        left = [len(live)]
-        total = sum(p[2] for p in live)
+        left = [len(live) + (1 if local else 0)]
+        total = sum(p[2] for p in live) + sum(local)
 
-        def one(r: MessageResult) -> None:
+        def one(end_s: float) -> None:
             left[0] -= 1
             if left[0] == 0:
-                self.stats.kv_transfers.append((total, now, r.end_s))
-                self._later(r.end_s, on_done)
+                self.stats.kv_transfers.append((total, now, end_s))
+                self._later(end_s, on_done)
 
         for src, dst, size in live:
-            self.send_hosts(src, dst, size, now, one, tag="kv")
+            self.send_hosts(src, dst, size, now, lambda r: one(r.end_s), tag="kv")
+        if local:
+            end_s = now + max(self.port.nvlink_s(b) for b in local)
+            self.env.timeout(end_s - now).callbacks.append(lambda _: one(end_s))
 
     # -- results -----------------------------------------------------------------------------
 
