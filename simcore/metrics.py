@@ -51,7 +51,8 @@ class RequestRecord:
     replica: int | None = None
     network_s: float = 0.0
     """Cluster runs: time of this request's steps spent on exposed communication (each step's
-    communication share of its duration, summed over the steps that scheduled it)."""
+    communication share of its duration, summed over the steps that scheduled it), plus the
+    time it waited for its KV cache to cross the network (P/D handoff, KV-tier fetch)."""
 
     @property
     def end_s(self) -> float:

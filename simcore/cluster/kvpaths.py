@@ -104,6 +104,14 @@ class KvPaths:
                         storage = net.storage_hosts
                         src = storage[req.index % len(storage)]
                     pairs.append((src, net.host_of(gpu), size))
-            self.runtime.transfer_kv(pairs, lambda req=req: on_loaded(req),
+            self.runtime.transfer_kv(pairs, lambda req=req, t0=self.runtime.env.now:
+                                     self._loaded(req, t0, on_loaded),
                                      nvlink_bytes=tuple(local))
+
+    def _loaded(self, req: Request, start_s: float, on_loaded: Callable[[Request], None]) -> None:
+        """The request waited on the network for its KV: that is network time of its latency."""
+        rec = req.client
+        if rec is not None:
+            rec.network_s += self.runtime.env.now - start_s
+        on_loaded(req)
 
