@@ -152,6 +152,11 @@ def test_tensor_parallelism_inside_nodes_puts_no_byte_on_the_fabric():
     assert c["exposed_gpu_s"] and all(k.endswith("/nvlink") or k in ("sync", "pipeline")
                                       for k in c["exposed_gpu_s"])
     assert r["completed"] == 30
+    # Every GPU's communication-induced stall, summed, is the exposed communication.
+    stall = c["comm_stall_s_by_gpu"]
+    assert sorted(map(int, stall)) == list(range(16))
+    comm = sum(v for k, v in c["exposed_gpu_s"].items() if k.endswith(("/nvlink", "/fabric")))
+    assert sum(stall.values()) == pytest.approx(comm, rel=1e-9)
 
 
 H, AB, VOCAB = 4096, 2, 128256          # Llama-3.1-8B: hidden size, bf16 bytes, vocabulary

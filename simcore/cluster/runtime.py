@@ -41,6 +41,8 @@ class ClusterStats:
     gpu_exposed_s: dict[str, float] = field(default_factory=dict)   # by cause
     gpu_congestion_s: float = 0.0            # of the fabric part: actual minus ideal
     transfer_bytes: dict[str, int] = field(default_factory=dict)    # by op/medium
+    gpu_comm_stall_s: dict[int, float] = field(default_factory=dict)
+    """Per GPU: time its compute stream spent on or waiting for communication."""
     kv_transfers: list[tuple[int, float, float]] = field(default_factory=list)
     """(bytes, start_s, end_s) of every KV-cache transfer (P/D handoff or tier fetch)."""
 
@@ -183,7 +185,11 @@ class ClusterRuntime:
         st = self.stats
         st.num_steps += 1
         compute = max(busy) if busy else 0.0
-        for ln, b in zip(lanes, busy):
+        stall = st.gpu_comm_stall_s
+        for ln, b, c in zip(lanes, busy, run.lane_comm_s):
+            if c:
+                for gpu in ln.gpus:
+                    stall[gpu] = stall.get(gpu, 0.0) + c
             g = len(ln.gpus)
             st.gpu_step_s += total * g
             st.gpu_compute_s += b * g
@@ -267,6 +273,7 @@ class ClusterRuntime:
             "congestion_share_of_step_time": st.gpu_congestion_s / step if step else 0.0,
             "compute_share_of_step_time": st.gpu_compute_s / step if step else 0.0,
             "exposed_gpu_s": exposed,
+            "comm_stall_s_by_gpu": {str(g): v for g, v in sorted(st.gpu_comm_stall_s.items())},
             "congestion_gpu_s": st.gpu_congestion_s,
             "fabric": _fabric_block(fs, self.network, msgs),
         }

@@ -41,7 +41,7 @@ class DagRun:
     """
 
     __slots__ = ("dag", "t0_s", "port", "on_complete", "start_s", "finish_s", "ideal_s",
-                 "cause", "end_s", "done", "_remaining", "_children", "_ready", "_unresolved")
+                 "cause", "end_s", "done", "lane_comm_s", "_remaining", "_children", "_ready", "_unresolved")
 
     def __init__(self, dag: StepDag, t0_s: float, port: TransferPort,
                  on_complete: Callable[[DagRun], None] | None = None) -> None:
@@ -56,6 +56,7 @@ class DagRun:
         self.cause = [-1] * n                 # the dependency that finished last
         self.end_s = t0_s
         self.done = False
+        self.lane_comm_s: list[float] = []
         self._ready = [t0_s] * n
         self._remaining = [0] * n
         children: list[list[int]] = [[] for _ in range(n)]
@@ -146,13 +147,16 @@ class DagRun:
         Causes: "<op>/nvlink" or "<op>/fabric" (a collective or transfer of kind op, inside a
         node or across nodes, that the stream waited for or ran), "pipeline" (waiting for another
         pipeline stage), "sync" (waiting for another lane of the same stage: a slower rank).
-        Lane-seconds: multiply by the lane's GPU count for GPU-seconds.
+        Lane-seconds: multiply by the lane's GPU count for GPU-seconds. Also sets
+        `lane_comm_s`: each lane's communication-induced stall (the "/nvlink" and "/fabric"
+        causes), the time its compute stream spent on or waiting for communication.
         """
         dag = self.dag
         kind, lane_of, stream, fabric, op = dag.kind, dag.lane, dag.stream, dag.fabric, dag.op
         start, finish = self.start_s, self.finish_s
         lanes = dag.lanes
         busy = [0.0] * len(lanes)
+        comm = self.lane_comm_s = [0.0] * len(lanes)
         last = [self.t0_s] * len(lanes)
         by_cause: dict[str, float] = {}
         congestion = 0.0
@@ -165,12 +169,15 @@ class DagRun:
                 key, extra = self._why(i, ln, last[ln])
                 by_cause[key] = by_cause.get(key, 0.0) + gap
                 congestion += min(gap, extra)
+                if key[-7:] in ("/nvlink", "/fabric"):
+                    comm[ln] += gap
             dur = finish[i] - start[i]
             if kind[i] == COMPUTE:
                 busy[ln] += dur
             elif dur > 0:
                 key = op[i] + ("/fabric" if fabric[i] else "/nvlink")
                 by_cause[key] = by_cause.get(key, 0.0) + dur
+                comm[ln] += dur
             if finish[i] > last[ln]:
                 last[ln] = finish[i]
         for ln, t in enumerate(last):
