@@ -193,7 +193,11 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         """P/D: the prompt's KV stays on the prefill instance until a decode instance loads it."""
         spec = specs[req.index]
         d = replicas[kv_paths.pick_decode()]
-        kv_paths.prefill_done(req, prefill.index)
+        def release() -> None:
+            prefill.sched.finish_sending(req)
+            prefill.notify()
+
+        kv_paths.prefill_done(req, prefill.index, release)
         dreq = Request(spec.request_id, req.index, spec.prompt_len, spec.output_len,
                        spec.block_keys, spec.priority, spec.arrival_s, req.client,
                        remote_prefill_tokens=spec.prompt_len)
@@ -241,6 +245,9 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 stats.num_preemptions += len(out.preempted)
             if out.kv_loads:
                 start_loads(rep, out.kv_loads)
+            if kv_paths is not None and out.new:
+                for req in out.new:     # admitted without a load: the prefill copy is not needed
+                    kv_paths.release(req.request_id)
             if not scheduled:
                 if sched.num_waiting_for_remote:
                     # Nothing to run until a load lands (or a request arrives).

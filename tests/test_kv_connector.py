@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from simcore.engine import conformance
 from simcore.engine.conformance import compare, load_scenario, read_steps, replay
-from simcore.engine.connector import DisaggDecodeConnector, KVConnector
+from simcore.engine.connector import DisaggDecodeConnector, DisaggPrefillConnector, KVConnector
 from simcore.engine.kv_tier import ExternalKVTier, TierConnector
 from simcore.engine.request import (FINISHED, PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS,
                                     BlockHashSpace, Request)
@@ -618,3 +618,21 @@ def test_blocks_are_conserved_with_loads_under_memory_pressure():
         totals["preemptions"] += s.num_preemptions
         totals["loads"] += s.connector.disagg.num_loaded_tokens + s.connector.tier.num_loaded_tokens
     assert totals["preemptions"] > 50 and totals["loads"] > 0
+
+
+def test_prefill_side_holds_a_finished_prompts_blocks_until_it_is_read():
+    s = Scheduler(cfg(num_blocks=20), connector=DisaggPrefillConnector())
+    free0 = s.kv.num_free_blocks
+    req = Request("p", 0, 100, 1)              # max_tokens 1: prefill and one sampled token
+    s.add_request(req)
+    out = s.schedule()
+    assert plan(out) == [("p", 100, 0)]
+    emitted, finished = s.update(out)
+    assert finished == [req] and req.status == FINISHED
+    # 100 tokens in 16-token blocks: 7 blocks stay allocated while the KV is being read.
+    assert s.sending == {"p": req}
+    assert s.kv.num_free_blocks == free0 - 7
+    s.finish_sending(req)
+    assert s.sending == {} and s.kv.num_free_blocks == free0
+    with pytest.raises(ValueError, match="not holding blocks"):
+        s.finish_sending(req)

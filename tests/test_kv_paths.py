@@ -111,9 +111,9 @@ def observe(cfg):
         seen.run = serve(*args, **kwargs)
         return seen.run
 
-    def on_prefill_done(self, req, prefill_index):
+    def on_prefill_done(self, req, prefill_index, release):
         seen.prefill_done_at[req.request_id] = self.runtime.env.now
-        prefill_done(self, req, prefill_index)
+        prefill_done(self, req, prefill_index, release)
 
     def on_start_loads(self, index, loads, on_loaded):
         env = self.runtime.env
@@ -360,3 +360,10 @@ def test_pd_on_one_node_moves_the_kv_over_nvlink_not_the_fabric():
 def test_tier_reports_fetched_blocks_apart_from_repeated_lookups(tier_runs):
     tier = tier_runs[1]["cluster"]["kv_tier"]
     assert 0 < tier["fetched_blocks"] <= tier["hit_blocks"]
+
+
+def test_prefill_instances_hold_blocks_until_the_decode_side_has_read_them(pd_run):
+    _, _, seen = pd_run
+    for sched in seen.run.schedulers:
+        assert sched.sending == {}                  # every prompt's KV was read, then freed
+        assert not sched.kv.req_blocks              # and no request holds a block at the end

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from simcore.cluster.placement import DECODE, PREFILL, Placement
 from simcore.cluster.runtime import ClusterRuntime
 from simcore.dag.builder import stage_layers
-from simcore.engine.connector import DisaggDecodeConnector
+from simcore.engine.connector import DisaggDecodeConnector, DisaggPrefillConnector
 from simcore.engine.kv_tier import ExternalKVTier, TierConnector
 from simcore.engine.request import WAITING_FOR_REMOTE_KVS, BlockHashSpace, Request
 from simcore.model.arch import ModelArch
@@ -45,6 +45,7 @@ class KvPaths:
                      if tier_capacity_tokens else None)
         self.min_fetch_blocks = min_fetch_blocks
         self.prefilled_on: dict[str, int] = {}     # request id -> prefill instance
+        self._release: dict[str, Callable[[], None]] = {}   # request id -> free prefill blocks
         self._next_decode = 0
 
     # -- roles ---------------------------------------------------------------------------------
@@ -61,6 +62,8 @@ class KvPaths:
         role = self.placement.instances[index].role
         if role == DECODE:
             return DisaggDecodeConnector(self.block_size)
+        if role == PREFILL:
+            return DisaggPrefillConnector()
         if self.tier is not None and role != PREFILL:
             return TierConnector(self.tier, self.block_size, space,
                                  min_external_blocks=self.min_fetch_blocks)
@@ -73,9 +76,19 @@ class KvPaths:
         self._next_decode += 1
         return inst.index
 
-    def prefill_done(self, req: Request, prefill_index: int) -> None:
-        """Remember where a prompt's KV lives until its decode instance loads it."""
+    def prefill_done(self, req: Request, prefill_index: int,
+                     release: Callable[[], None]) -> None:
+        """Remember where a prompt's KV lives until its decode instance loads it; `release()`
+        frees its blocks there once it has been read (or is not needed)."""
         self.prefilled_on[req.request_id] = prefill_index
+        self._release[req.request_id] = release
+
+    def release(self, request_id: str) -> None:
+        """The decode side no longer needs the prefill instance's copy of this request's KV."""
+        fn = self._release.pop(request_id, None)
+        self.prefilled_on.pop(request_id, None)
+        if fn is not None:
+            fn()
 
     # -- transfers -----------------------------------------------------------------------------
 
@@ -88,7 +101,7 @@ class KvPaths:
         for req, num_tokens in loads:
             if req.status != WAITING_FOR_REMOTE_KVS:
                 continue                              # a synchronous load: nothing to move
-            src_index = self.prefilled_on.pop(req.request_id, None)
+            src_index = self.prefilled_on.get(req.request_id)
             pairs = []
             local = []
             for s, stage in enumerate(dst.gpus):
@@ -113,5 +126,6 @@ class KvPaths:
         rec = req.client
         if rec is not None:
             rec.network_s += self.runtime.env.now - start_s
+        self.release(req.request_id)
         on_loaded(req)
 

@@ -38,8 +38,10 @@ class KVConnector(Protocol):
         """Blocks are allocated for the request, `num_external_tokens` of them to be loaded."""
         ...
 
-    def request_finished(self, req: Request) -> None:
-        """The request finished (its blocks are about to be freed): save or release its state."""
+    def request_finished(self, req: Request) -> bool | None:
+        """The request finished: save or release its state. A true result keeps its blocks
+        allocated until the caller calls `Scheduler.finish_sending` (vLLM's delay_free_blocks:
+        the KV is still to be read by another instance)."""
         ...
 
 
@@ -86,3 +88,22 @@ class DisaggDecodeConnector:
 
     def request_finished(self, req: Request) -> None:
         self._allocated.discard(req.request_id)
+
+
+class DisaggPrefillConnector:
+    """The prefill instance's side of prefill/decode disaggregation (vLLM's NIXL connector with
+    `do_remote_decode`): it loads nothing, and a finished prompt keeps its blocks until the
+    decode instance has read them (`Scheduler.finish_sending`), so a backed-up decode side
+    leaves prefill memory held, as it does in vLLM."""
+
+    __slots__ = ()
+
+    def get_num_new_matched_tokens(self, req: Request,
+                                   num_local_computed_tokens: int) -> tuple[int, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, req: Request, num_external_tokens: int) -> None:
+        return None
+
+    def request_finished(self, req: Request) -> bool:
+        return True

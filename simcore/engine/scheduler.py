@@ -145,6 +145,9 @@ class Scheduler:
         self.connector = connector
         # Requests in WAITING_FOR_REMOTE_KVS by id, oldest load first (they also stay queued).
         self.waiting_for_remote: dict[str, Request] = {}
+        self.sending: dict[str, Request] = {}
+        """Finished requests whose blocks stay allocated until `finish_sending` (their KV is
+        being read by another instance)."""
         self._loads_done: set[str] = set()      # loads reported done, not yet taken up (vLLM's
                                                 # finished_recving_kv_req_ids)
         self._passed_over: list[Request] = []   # this step's waiting requests to requeue in order
@@ -154,6 +157,13 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         req.status = WAITING
         self.waiting.add(req)
+
+    def finish_sending(self, req: Request) -> None:
+        """Another instance has read a finished request's KV: free its blocks (vLLM's
+        finished_sending)."""
+        if self.sending.pop(req.request_id, None) is None:
+            raise ValueError(f"request {req.request_id} is not holding blocks for a send")
+        self.kv.free(req)
 
     def finish_remote_load(self, req: Request) -> None:
         """The external KV load of `req` is complete (vLLM's `finished_recving`): the next
@@ -321,8 +331,11 @@ class Scheduler:
             connector = self.connector
             for req in finished:
                 req.status = FINISHED
-                if connector is not None:   # before the blocks go, as vLLM's _free_request
-                    connector.request_finished(req)
+                # Before the blocks go, as vLLM's _free_request; the connector may keep them
+                # until another instance has read the KV.
+                if connector is not None and connector.request_finished(req):
+                    self.sending[req.request_id] = req
+                    continue
                 self.kv.free(req)
             self._completed_since_admit = True
         return emitted, finished
