@@ -48,6 +48,9 @@ class RequestRecord:
     first_scheduled_s: float | None = None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    num_external_prompt_tokens: int = 0
+    """Prompt tokens whose KV was loaded from outside the engine (a KV-tier fetch, or the P/D
+    handoff from the prefill instance) instead of computed or found in its prefix cache."""
     replica: int | None = None
     network_s: float = 0.0
     """Cluster runs: time of this request's steps spent on exposed communication (each step's
@@ -277,7 +280,9 @@ def engine_summary(
       scheduled at least once (failed or not); same statistics as `latency_stats`.
     - `total_preemptions`, `num_preempted_requests`.
     - `prefix_cache_hit_rate`: cached prompt tokens at first admission / prompt tokens, over
-      requests the engine scheduled (0 when none was).
+      requests the engine scheduled (0 when none was); the local prefix cache only.
+    - `external_kv_hit_rate`: prompt tokens loaded from outside the engine (KV-tier fetches,
+      P/D handoffs) / prompt tokens.
     - `num_requests`, `num_completed`, `num_failed`, and `num_failed_by_error` (error text ->
       count; a failure without text counts under "unknown").
     """
@@ -288,6 +293,7 @@ def engine_summary(
     )
     prompt_tokens = sum(r.prompt_len for r in scheduled)
     cached_tokens = sum(r.num_cached_prompt_tokens for r in scheduled)
+    external_tokens = sum(r.num_external_prompt_tokens for r in scheduled)
     failed_by_error: dict[str, int] = {}
     for r in records:
         if not r.success:
@@ -304,6 +310,8 @@ def engine_summary(
         "num_prompt_tokens_scheduled": prompt_tokens,
         "num_cached_prompt_tokens": cached_tokens,
         "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "num_external_prompt_tokens": external_tokens,
+        "external_kv_hit_rate": external_tokens / prompt_tokens if prompt_tokens else 0.0,
     }
     summary |= latency_stats(queue_s, "queue", percentiles)
     return summary

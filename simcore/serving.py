@@ -185,13 +185,21 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         for req in finished:
             rec = req.client
             rec.success = True
-            rec.num_preemptions = req.num_preemptions
-            rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
+            rec.num_preemptions += req.num_preemptions
+            # The local prefix-cache hit; KV loaded from elsewhere (a tier fetch, a P/D
+            # handoff) is counted apart, as vLLM's metrics keep the two apart.
+            external = req.num_external_tokens
+            rec.num_external_prompt_tokens = external
+            if not req.remote_prefill_tokens:     # P/D: the prefill instance's hit stands
+                rec.num_cached_prompt_tokens = max(req.num_cached_tokens - external, 0)
             finish(req.index)
 
     def handoff(req: Request, prefill: _Replica) -> None:
         """P/D: the prompt's KV stays on the prefill instance until a decode instance loads it."""
         spec = specs[req.index]
+        rec = req.client
+        rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
+        rec.num_preemptions = req.num_preemptions
         d = replicas[kv_paths.pick_decode()]
         def release() -> None:
             prefill.sched.finish_sending(req)
