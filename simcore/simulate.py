@@ -98,6 +98,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     result = assemble_result(cfg, dep, run)
     if cluster is not None:
         result["cluster"] = cluster_result(cluster, run, kv_paths)
+        # Headline figures at the top level, where a study can name them as objectives.
+        for key in ("network_share_of_request_latency", "network_share_of_step_time",
+                    "congestion_share_of_step_time"):
+            result[key] = result["cluster"][key]
         result["provenance"]["fidelity"] = (f"engine + step DAG over the "
                                             f"{cfg.cluster.fabric.backend} fabric")
         if cluster.trace is not None:
