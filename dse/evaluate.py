@@ -323,7 +323,14 @@ def static_metric_names(cfg: SimConfig) -> set[str]:
     names = {k for k, v in keys.items() if _is_number(v)}
     if w.ramp_up_strategy is not None:
         names |= {"ramp_up_start_rps", "ramp_up_end_rps"}
+    if cfg.cluster is not None:
+        names |= set(CLUSTER_METRICS)
     return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS)
+
+
+CLUSTER_METRICS = ("network_share_of_request_latency", "network_share_of_step_time",
+                   "congestion_share_of_step_time")
+"""Top-level metrics of a result with a cluster section (see `simcore.simulate.simulate`)."""
 
 
 def baseline_values(base: dict, space: SearchSpace) -> tuple[dict[str, Any] | None, str | None]:
