@@ -157,6 +157,9 @@ def test_tensor_parallelism_inside_nodes_puts_no_byte_on_the_fabric():
     assert sorted(map(int, stall)) == list(range(16))
     comm = sum(v for k, v in c["exposed_gpu_s"].items() if k.endswith(("/nvlink", "/fabric")))
     assert sum(stall.values()) == pytest.approx(comm, rel=1e-9)
+    for key in ("network_share_of_request_latency", "network_share_of_step_time",
+                "congestion_share_of_step_time"):
+        assert r[key] == c[key]
 
 
 H, AB, VOCAB = 4096, 2, 128256          # Llama-3.1-8B: hidden size, bf16 bytes, vocabulary
