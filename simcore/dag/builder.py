@@ -26,7 +26,7 @@ from simcore.compute.base import StepShape
 from simcore.compute.expert_parallel import ExpertParallelRoofline
 from simcore.compute.roofline import RooflineModel
 from simcore.dag import collectives as coll
-from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, Lane, StepDag
+from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, LOCAL, Lane, StepDag
 from simcore.model.arch import ModelArch
 
 Scheduled = list[tuple[object, int, int]]
@@ -156,7 +156,9 @@ class StepDagBuilder:
         dag = StepDag(lanes)
         cfg = self.cfg
         inner = 2 if cfg.overlap == "two_batch" else 1
-        outer = cfg.pp_microbatches if self.pp > 1 else 1
+        # Expert-parallel groups run each rank's batch whole through the stages (the ranks'
+        # all-to-alls pair up micro-batch by micro-batch, which PP micro-batches would break).
+        outer = cfg.pp_microbatches if self.pp > 1 and self.ep_model is None else 1
         comm_stream = COMPUTE_STREAM if cfg.overlap == "none" else COMM_STREAM
         full_graph = True
         limit = self.model.cuda_graph_max_num_tokens
@@ -310,12 +312,13 @@ class StepDagBuilder:
                 for k in range(num_sub):
                     # Sample routing: assignments of each rank's tokens to GPUs of the stage.
                     to_gpu = np.zeros((ep_size, ep_size), dtype=np.int64)   # src GPU -> dst GPU
-                    per_expert = np.zeros(arch.num_experts, dtype=np.int64)
+                    trials = [nm * ops[r][k][0].num_tokens * k_top for r in range(ranks)]
+                    all_counts = self.rng.multinomial(trials, self._popularity)   # rank x expert
+                    per_expert = all_counts.sum(axis=0)
+                    all_by_gpu = np.add.reduceat(all_counts, np.arange(0, arch.num_experts, epg),
+                                                 axis=1)
                     for r in range(ranks):
-                        t = ops[r][k][0].num_tokens
-                        counts = self.rng.multinomial(nm * t * k_top, self._popularity)
-                        per_expert += counts
-                        by_gpu = np.add.reduceat(counts, np.arange(0, arch.num_experts, epg))
+                        by_gpu = all_by_gpu[r]
                         src = [gidx[g] for g in dag.lanes[lanes[r]].gpus]
                         for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
                             to_gpu[gi, :len(by_gpu)] += (by_gpu * (j + 1)) // len(src) - (
@@ -363,7 +366,7 @@ class StepDagBuilder:
         Otherwise (auto, hierarchical, or a single node) DeepEP-style with NVLink as ports:
         each GPU sends one fabric message per other node, to the GPU of its own local position
         there (the relay); NVLink traffic (same-node pairs, and relays forwarding to their
-        final GPUs) is one timed node per lane, its busiest GPU's bytes over the per-GPU NVLink
+        final GPUs) is one timed phase per node, its busiest GPU's bytes over the per-GPU NVLink
         bandwidth. Fabric bytes are the matrix's cross-node entries exactly either way.
         """
         node_of = self.placement.node_of
@@ -379,12 +382,10 @@ class StepDagBuilder:
                               lane_of)
             return self._arrivals(dag, plan, ids, lanes, lane_of, op, stream)
         ep = len(gpus)
-        index = {g: i for i, g in enumerate(gpus)}
         same = nodes[:, None] == nodes[None, :]
         direct = np.where(same, matrix, 0)
         np.fill_diagonal(direct, 0)
-        direct_out = direct.sum(axis=1)
-        relay_out = np.zeros(ep, dtype=np.int64)
+        nvlink_out = direct.sum(axis=1)               # bytes each GPU sends over NVLink
         members: dict[int, np.ndarray] = {}
         for n in dict.fromkeys(nodes.tolist()):
             members[n] = np.flatnonzero(nodes == n)
@@ -393,42 +394,37 @@ class StepDagBuilder:
             position[js] = np.arange(len(js))
         a_intra = self.costs.intra_node_latency_s * count
         a_inter = self.costs.inter_node_latency_s * count
-        out: dict[int, list[int]] = {ln: [] for ln in lanes}      # what a lane's consumers need
-        by_node_local: dict[int, list[int]] = {}
-        lane_idx = {ln: [index[g] for g in dag.lanes[ln].gpus] for ln in lanes}
-        for ln in lanes:
-            gi = lane_idx[ln]
-            b = int(direct_out[gi].max())
-            if b > 0:
-                node = dag.local(ln, op, b / self.ic + a_intra, ready[ln], stream)
-                by_node_local.setdefault(int(nodes[gi[0]]), []).append(node)
-        into: dict[int, list[int]] = {ln: [] for ln in lanes}     # transfers a relay lane forwards
+        into_node: dict[int, list[int]] = {n: [] for n in members}   # fabric transfers in
         transfers = []
         for n, js in members.items():
             block = matrix[:, js]                                 # every GPU -> node n's GPUs
             part = block.sum(axis=1)
-            relay = js[position % len(js)]                        # per source GPU
-            forwarded = part - block[np.arange(ep), position % len(js)]
+            pick = position % len(js)
+            relay = js[pick]                                      # per source GPU
+            forwarded = part - block[np.arange(ep), pick]
             src = np.flatnonzero((nodes != n) & (part > 0))
-            np.add.at(relay_out, relay[src], forwarded[src])
+            np.add.at(nvlink_out, relay[src], forwarded[src])
             transfers += [(int(i), int(relay[i]), int(part[i])) for i in src]
         transfers.sort()
         for i, r, size in transfers:
-            src_lane, dst_lane = lane_of[gpus[i]], lane_of[gpus[r]]
+            src_lane = lane_of[gpus[i]]
             t = dag.transfer(src_lane, op, gpus[i], gpus[r], size, a_inter, ready[src_lane], True)
-            into[dst_lane].append(t)
-            out[dst_lane].append(t)
-        for ln in lanes:
-            gi = lane_idx[ln]
-            b = int(relay_out[gi].max())
-            if b > 0:
-                node = dag.local(ln, op, b / self.ic + a_intra, tuple(into[ln]), stream)
-                by_node_local.setdefault(int(nodes[gi[0]]), []).append(node)
+            into_node[int(nodes[r])].append(t)
+        # One NVLink phase per node: once its GPUs have their tokens ready and every fabric
+        # message into the node has landed, each GPU sends its same-node share and forwards
+        # what it relays; the node's busiest NVLink port sets the phase's length. Every lane of
+        # the node has all of its tokens when the phase ends.
         arrived = {}
-        for ln in lanes:
-            n = node_of(dag.lanes[ln].gpus[0])
-            deps = tuple(out[ln]) + tuple(by_node_local.get(n, ()))
-            arrived[ln] = (dag.barrier(ln, op, deps or ready[ln], stream),)
+        phase_stream = -1 if stream == COMPUTE_STREAM else COMM_STREAM
+        for n, js in members.items():
+            node_lanes = list(dict.fromkeys(lane_of[gpus[j]] for j in js))
+            deps = tuple(d for ln in node_lanes for d in ready[ln]) + tuple(into_node[n])
+            b = int(nvlink_out[js].max())
+            dur = b / self.ic + a_intra if b > 0 else 0.0
+            node = dag._add(LOCAL, node_lanes[0], phase_stream, dur, deps, op,
+                            fabric=multi)
+            for ln in node_lanes:
+                arrived[ln] = (node,)
         return arrived
 
     def _arrivals(self, dag: StepDag, plan: coll.CollectivePlan, ids: list[int],

@@ -225,8 +225,8 @@ class AnalyticalFabric:
         if upto <= rec.start_s:
             return 0.0
         rate = rec.wire_bytes / rec.ideal_s
-        for li in rec.path:
-            load.add(rec.start_s, upto, rate, li)
+        if rec.path:
+            load.add(rec.start_s, upto, rate, list(rec.path))   # a path has no repeated link
         return (upto - rec.start_s) / rec.ideal_s
 
     def stats(self) -> FabricStats:

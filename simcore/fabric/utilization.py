@@ -25,9 +25,9 @@ class LinkLoadRecorder:
             self._bins = np.concatenate([self._bins, extra])
 
     def add(self, t0_s: float, t1_s: float, load_bytes_per_s: np.ndarray | float,
-            link: int | None = None) -> None:
+            link: int | list[int] | None = None) -> None:
         """Record that over [t0_s, t1_s) the links carried `load_bytes_per_s` (a vector over all
-        links, or one rate for `link`)."""
+        links, or one rate for `link`, or for each of a list of distinct links)."""
         if t1_s <= t0_s:
             return
         width = self.interval_s
