@@ -166,11 +166,14 @@ class DagRun:
             ln = lane_of[i]
             gap = start[i] - last[ln]
             if gap > 1e-15:
-                key, extra = self._why(i, ln, last[ln])
-                by_cause[key] = by_cause.get(key, 0.0) + gap
-                congestion += min(gap, extra)
-                if key[-7:] in ("/nvlink", "/fabric"):
-                    comm[ln] += gap
+                key, extra, part, wait_key = self._why(i, ln, last[ln])
+                if part < gap:          # first waiting for the compute that fed the transfer
+                    by_cause[wait_key] = by_cause.get(wait_key, 0.0) + gap - part
+                if part > 0:
+                    by_cause[key] = by_cause.get(key, 0.0) + part
+                    congestion += min(part, extra)
+                    if key[-7:] in ("/nvlink", "/fabric"):
+                        comm[ln] += part
             dur = finish[i] - start[i]
             if kind[i] == COMPUTE:
                 busy[ln] += dur
@@ -187,33 +190,43 @@ class DagRun:
                 by_cause[key] = by_cause.get(key, 0.0) + tail
         return busy, by_cause, congestion
 
-    def _why(self, i: int, ln: int, since_s: float) -> tuple[str, float]:
-        """The cause of node i's late start (its lane idle since `since_s`), and, for a wait on
-        the fabric, its congestion delay: the excess over ideal of every fabric transfer on the
-        wait's critical path (the chain of last-finishing dependencies back to a compute op or
-        to `since_s`). The transfer that finishes last is often not the congested one (a ring's
-        last step, a hierarchical collective's NVLink all-gather), so the whole chain is walked;
-        only waits attributed to the fabric count, so congestion stays within the fabric part."""
+    def _why(self, i: int, ln: int, since_s: float) -> tuple[str, float, float, str]:
+        """Why node i started late (its lane idle since `since_s`): (cause, congestion delay,
+        the part of the gap the cause accounts for, the cause of the rest).
+
+        A wait on communication is split at the chain's origin: the chain of last-finishing
+        dependencies runs back through transfers and collectives to the compute op that fed
+        them; the gap up to that op's end is waiting for it ("pipeline" if it is another
+        stage's, "sync" if a slower lane's), the rest is communication. For a wait on the
+        fabric the congestion delay is the excess over ideal of every fabric transfer on that
+        chain (the transfer that finishes last is often not the congested one: a ring's last
+        step, a hierarchical collective's NVLink all-gather)."""
         dag = self.dag
-        kind, cause = dag.kind, self.cause
+        kind, cause, lanes = dag.kind, self.cause, dag.lanes
         c = cause[i]
         # A zero-length wait node stands for what it waited on.
         while c >= 0 and kind[c] == LOCAL and dag.dur_s[c] == 0.0 and cause[c] >= 0:
             c = cause[c]
+        gap = self.start_s[i] - since_s
         if c < 0:
-            return "sync", 0.0
-        k = kind[c]
-        if k == COMPUTE:
-            other = dag.lanes[dag.lane[c]]
-            return ("pipeline" if other.stage != dag.lanes[ln].stage else "sync"), 0.0
-        if not dag.fabric[c]:
-            return dag.op[c] + "/nvlink", 0.0
-        key = dag.op[c] + "/fabric"
+            return "sync", 0.0, gap, "sync"
+        if kind[c] == COMPUTE:
+            key = "pipeline" if lanes[dag.lane[c]].stage != lanes[ln].stage else "sync"
+            return key, 0.0, gap, key
+        on_fabric = dag.fabric[c]
+        key = dag.op[c] + ("/fabric" if on_fabric else "/nvlink")
         extra = 0.0
         start, finish, ideal = self.start_s, self.finish_s, self.ideal_s
+        origin = since_s
+        wait_key = "sync"
         j = c
-        while j >= 0 and kind[j] != COMPUTE and finish[j] > since_s:
-            if kind[j] == TRANSFER and ideal[j] > 0:
+        while j >= 0 and finish[j] > since_s:
+            if kind[j] == COMPUTE:
+                origin = max(since_s, finish[j])
+                wait_key = "pipeline" if lanes[dag.lane[j]].stage != lanes[ln].stage else "sync"
+                break
+            if on_fabric and kind[j] == TRANSFER and ideal[j] > 0:
                 extra += max(0.0, (finish[j] - start[j]) - ideal[j])
             j = cause[j]
-        return key, extra
+        part = min(gap, max(0.0, self.start_s[i] - origin))
+        return key, extra, part, wait_key
