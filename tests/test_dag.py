@@ -268,3 +268,24 @@ def test_executor_times_are_the_longest_path_and_exposure_adds_up(dag):
     assert sum(busy) + sum(by_cause.values()) == pytest.approx(span, rel=1e-12, abs=1e-12)
     fabric = sum(v for k, v in by_cause.items() if k.endswith("/fabric"))
     assert 0.0 <= congestion <= fabric + 1e-12
+
+
+def test_a_wait_on_a_transfer_counts_as_communication_only_after_its_sender_computed():
+    # Stage 1 is idle from 0; stage 0 computes until 10, then its 500 B cross the fabric in 2
+    # (ideal 1.5): stage 1 waited 10 for stage 0 (pipeline) and 2 for the fabric, 0.5 of it
+    # congestion; stage 0 then idles 3 until the step ends (pipeline too).
+    dag = StepDag(two_stage_lanes())
+    a = dag.compute(0, "attention", 10.0)
+    t = dag.transfer(0, "pp_send", 0, 2, 500, 0.0, (a,), True)
+    w = dag.barrier(1, "pp_send", (t,), COMPUTE_STREAM)
+    dag.compute(1, "mlp", 1.0, (w,))
+    port = FakePort()
+    run = DagRun(dag, 0.0, port)
+    run.start()
+    port.deliver()
+    assert run.done and run.end_s == pytest.approx(13.0)
+    busy, causes, congestion = run.exposure()
+    assert busy == [10.0, 1.0]
+    assert causes == pytest.approx({"pipeline": 10.0 + 3.0, "pp_send/fabric": 2.0})
+    assert congestion == pytest.approx(0.5)
+    assert run.lane_comm_s == pytest.approx([0.0, 2.0])
