@@ -11,9 +11,11 @@ nodes are lowered to transfers (`simcore.dag.collectives`) that cross the fabric
 Layer groups: `layer_groups` consecutive layers are fused into one DAG layer (their compute
 summed, their collectives one message carrying every layer's bytes and paying every layer's
 latency); bytes are exact, the interleaving of traffic is that coarse. Expert routing is sampled
-once per layer group and rank (a multinomial over the experts' popularity for all of the
-group's token-expert assignments), so per-GPU expert loads and all-to-all bytes vary step to step
-as routing does.
+once per layer group and step: expert loads from a multinomial over the experts' popularity for
+all of the group's token-expert assignments; all-to-all traffic as DeepEP sends it, each token
+once to every GPU (inside a node) or node (across nodes) holding any of its top-k experts, with
+binomial counts from those probabilities. So per-GPU expert loads and all-to-all bytes vary step
+to step as routing does (loads and traffic are drawn apart, each with its right distribution).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class StepDagBuilder:
         self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
         if ep_model is not None:
             self._popularity = self._expert_popularity()
+            self._reach: dict[tuple[int, ...], tuple] = {}
 
     # -- collectives --------------------------------------------------------------------------
 
@@ -279,7 +282,6 @@ class StepDagBuilder:
         ep = self.ep_model
         arch = self.arch
         h, k_top = arch.hidden_size, arch.num_experts_per_tok
-        rc = self.cfg.moe_routing
         ranks = len(batches)
         num_sub = len(plans[0][0])
         epg = ep.experts_per_gpu
@@ -310,28 +312,28 @@ class StepDagBuilder:
                 if nm == 0:
                     continue
                 for k in range(num_sub):
-                    # Sample routing: assignments of each rank's tokens to GPUs of the stage.
-                    to_gpu = np.zeros((ep_size, ep_size), dtype=np.int64)   # src GPU -> dst GPU
+                    # Routing. Expert loads: the group's token-expert assignments (a multinomial
+                    # over the experts' popularity). Traffic: a token goes once to each GPU
+                    # holding any of its experts (DeepEP deduplicates per rank), and across
+                    # nodes once to each node holding any (per node, then NVLink inside it).
                     trials = [nm * ops[r][k][0].num_tokens * k_top for r in range(ranks)]
                     all_counts = self.rng.multinomial(trials, self._popularity)   # rank x expert
                     per_expert = all_counts.sum(axis=0)
-                    all_by_gpu = np.add.reduceat(all_counts, np.arange(0, arch.num_experts, epg),
-                                                 axis=1)
+                    loads = np.zeros(ep_size, dtype=np.int64)
+                    by_gpu = np.add.reduceat(per_expert, np.arange(0, arch.num_experts, epg))
+                    loads[:len(by_gpu)] = by_gpu
+                    held = np.zeros(ep_size, dtype=np.int64)     # layer-tokens on each GPU
                     for r in range(ranks):
-                        by_gpu = all_by_gpu[r]
                         src = [gidx[g] for g in dag.lanes[lanes[r]].gpus]
+                        t = nm * ops[r][k][0].num_tokens
                         for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
-                            to_gpu[gi, :len(by_gpu)] += (by_gpu * (j + 1)) // len(src) - (
-                                (by_gpu * j) // len(src))
-                    disp = (to_gpu * h * rc.dispatch_bytes_per_element).astype(np.int64)
-                    comb = (to_gpu.T * h * rc.combine_bytes_per_element).astype(np.int64)
-                    loads = to_gpu.sum(axis=0)
+                            held[gi] += t * (j + 1) // len(src) - t * j // len(src)
                     active = (per_expert > 0)
                     active_per_gpu = np.add.reduceat(active.astype(np.int64),
                                                      np.arange(0, arch.num_experts, epg))
                     sent = {ln: ready[r][k] for r, ln in enumerate(lanes)}
-                    arrived = self._all_to_all(dag, gpus, disp, sent, lanes, lane_of,
-                                               "dispatch", comm_stream, nm)
+                    arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
+                                                        comm_stream, nm)
                     expert_nodes = {}
                     for r, ln in enumerate(lanes):
                         dur = max(self._expert_s(int(loads[gidx[g]]),
@@ -339,9 +341,7 @@ class StepDagBuilder:
                                                  if gidx[g] < len(active_per_gpu) else 0, nm)
                                   for g in dag.lanes[ln].gpus)
                         expert_nodes[ln] = dag.compute(ln, "experts", dur, arrived[ln])
-                    back = self._all_to_all(dag, gpus, comb,
-                                            {ln: (expert_nodes[ln],) for ln in lanes}, lanes,
-                                            lane_of, "combine", comm_stream, nm)
+                    back = back_of({ln: (expert_nodes[ln],) for ln in lanes})
                     for r, ln in enumerate(lanes):
                         ready[r][k] = back[ln]
                         if self.tp > 1:          # sequence-parallel MoE: gather the tokens
@@ -355,77 +355,141 @@ class StepDagBuilder:
                         ready[r][k] = (dag.compute(ln, "lm_head", by_op.get("lm_head", 0.0),
                                                    ready[r][k]),)
 
-    def _all_to_all(self, dag: StepDag, gpus: list[int], matrix: np.ndarray,
-                    ready: dict[int, tuple[int, ...]], lanes: list[int],
-                    lane_of: dict[int, int], op: str, stream: int,
-                    count: int) -> dict[int, tuple[int, ...]]:
-        """An all-to-all of `matrix[i][j]` bytes from gpus[i] to gpus[j] (for `count` fused
-        layers); returns, per lane, what its consumers wait for.
+    def _gpu_reach(self, gpus: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(node of each GPU, P(a token needs GPU j), P(a token needs node n)) for a stage's
+        EP group: a token's top-k experts drawn from the popularity, GPU j holding experts
+        j x experts_per_gpu onward."""
+        key = tuple(gpus)
+        hit = self._reach.get(key)
+        if hit is None:
+            ep = len(gpus)
+            epg = self.ep_model.experts_per_gpu
+            k = self.arch.num_experts_per_tok
+            mass = np.zeros(ep)
+            m = np.add.reduceat(self._popularity, np.arange(0, self.arch.num_experts, epg))
+            mass[:len(m)] = m
+            nodes = np.array([self.placement.node_of(g) for g in gpus])
+            node_ids = sorted(set(nodes.tolist()))
+            node_mass = np.array([mass[nodes == n].sum() for n in node_ids])
+            hit = self._reach[key] = (nodes, 1.0 - (1.0 - mass) ** k,
+                                      1.0 - (1.0 - node_mass) ** k)
+        return hit
 
-        "direct" across nodes: one transfer per GPU pair (`collectives.all_to_all`).
-        Otherwise (auto, hierarchical, or a single node) DeepEP-style with NVLink as ports:
-        each GPU sends one fabric message per other node, to the GPU of its own local position
-        there (the relay); NVLink traffic (same-node pairs, and relays forwarding to their
-        final GPUs) is one timed phase per node, its busiest GPU's bytes over the per-GPU NVLink
-        bandwidth. Fabric bytes are the matrix's cross-node entries exactly either way.
+    def _all_to_all(self, dag: StepDag, gpus: list[int], held: np.ndarray,
+                    ready: dict[int, tuple[int, ...]], lanes: list[int],
+                    lane_of: dict[int, int], stream: int, count: int):
+        """The dispatch of one MoE layer group (`held[i]`: layer-tokens on gpus[i]); returns,
+        per lane, what its experts wait for, and a function that, given each lane's expert
+        node, builds the combine and returns what each lane's next op waits for.
+
+        Sampled per step: tokens from GPU i to GPU j ~ Binomial(held_i, P(token needs j)), and
+        to node n ~ Binomial(held_i, P(token needs n)). "direct" across nodes: one transfer per
+        GPU pair each way. Otherwise (auto, hierarchical, or a single node) DeepEP-style: one
+        fabric message per other node, to the GPU of the sender's local position there (the
+        relay), and NVLink traffic (same-node pairs, relays forwarding to their final GPUs) as
+        one timed phase per node, its busiest GPU's bytes (expected) over the per-GPU NVLink
+        bandwidth; the combine mirrors it (NVLink reduce inside the node first, then one
+        message per node back). Combine carries the same tokens at its own bytes per element.
         """
-        node_of = self.placement.node_of
-        algo = self.cfg.collectives.all_to_all
-        nodes = np.array([node_of(g) for g in gpus])
-        multi = len(set(nodes.tolist())) > 1
-        if multi and algo == "direct":
-            costs = coll.LinkCosts(self.costs.intra_node_latency_s * count,
-                                   self.costs.inter_node_latency_s * count)
-            plan = coll.all_to_all(tuple(gpus), matrix.tolist(), node_of, algorithm="direct",
-                                   costs=costs)
-            ids = self._lower(dag, lanes[0], op, plan, {g: ready[lane_of[g]] for g in gpus},
-                              lane_of)
-            return self._arrivals(dag, plan, ids, lanes, lane_of, op, stream)
+        rc = self.cfg.moe_routing
+        h = self.arch.hidden_size
+        d_b, c_b = h * rc.dispatch_bytes_per_element, h * rc.combine_bytes_per_element
+        nodes, q_gpu, q_node = self._gpu_reach(gpus)
+        node_ids = sorted(set(nodes.tolist()))
+        multi = len(node_ids) > 1
+        rng = self.rng
+        if multi and self.cfg.collectives.all_to_all == "direct":
+            tokens = rng.binomial(held[:, None], q_gpu[None, :])
+            np.fill_diagonal(tokens, 0)
+            disp = (tokens * d_b).astype(np.int64)
+            arrived = self._pairwise(dag, gpus, disp, ready, lanes, lane_of, "dispatch",
+                                     stream, count)
+
+            def combine_direct(expert_ready):
+                comb = (tokens.T * c_b).astype(np.int64)
+                return self._pairwise(dag, gpus, comb, expert_ready, lanes, lane_of, "combine",
+                                      stream, count)
+            return arrived, combine_direct
         ep = len(gpus)
-        same = nodes[:, None] == nodes[None, :]
-        direct = np.where(same, matrix, 0)
-        np.fill_diagonal(direct, 0)
-        nvlink_out = direct.sum(axis=1)               # bytes each GPU sends over NVLink
-        members: dict[int, np.ndarray] = {}
-        for n in dict.fromkeys(nodes.tolist()):
-            members[n] = np.flatnonzero(nodes == n)
+        col = {n: c for c, n in enumerate(node_ids)}
+        ncol = np.array([col[n] for n in nodes.tolist()])
+        members = {n: np.flatnonzero(nodes == n) for n in node_ids}
         position = np.empty(ep, dtype=np.int64)
         for js in members.values():
             position[js] = np.arange(len(js))
+        # Same-node tokens over NVLink, expected: sum over the node's other GPUs of held x P.
+        same = nodes[:, None] == nodes[None, :]
+        reach = np.where(same, q_gpu[None, :], 0.0)
+        np.fill_diagonal(reach, 0.0)
+        nvlink_tokens = held * reach.sum(axis=1)
+        inter = rng.binomial(held[:, None], q_node[None, :]) if multi else None
+        transfers = []                           # (src index, relay index, tokens)
+        if multi:
+            inter[np.arange(ep), ncol] = 0
+            for n, js in members.items():
+                c = col[n]
+                relay = js[position % len(js)]
+                src = np.flatnonzero(inter[:, c] > 0)
+                # A relay forwards to its node's other GPUs the tokens that need them.
+                forward = q_gpu[js].sum() / q_node[c]
+                for i in src.tolist():
+                    r = int(relay[i])
+                    t = int(inter[i, c])
+                    transfers.append((i, r, t))
+                    nvlink_tokens[r] += t * (forward - q_gpu[r] / q_node[c])
+            transfers.sort()
         a_intra = self.costs.intra_node_latency_s * count
         a_inter = self.costs.inter_node_latency_s * count
-        into_node: dict[int, list[int]] = {n: [] for n in members}   # fabric transfers in
-        transfers = []
-        for n, js in members.items():
-            block = matrix[:, js]                                 # every GPU -> node n's GPUs
-            part = block.sum(axis=1)
-            pick = position % len(js)
-            relay = js[pick]                                      # per source GPU
-            forwarded = part - block[np.arange(ep), pick]
-            src = np.flatnonzero((nodes != n) & (part > 0))
-            np.add.at(nvlink_out, relay[src], forwarded[src])
-            transfers += [(int(i), int(relay[i]), int(part[i])) for i in src]
-        transfers.sort()
-        for i, r, size in transfers:
-            src_lane = lane_of[gpus[i]]
-            t = dag.transfer(src_lane, op, gpus[i], gpus[r], size, a_inter, ready[src_lane], True)
-            into_node[int(nodes[r])].append(t)
-        # One NVLink phase per node: once its GPUs have their tokens ready and every fabric
-        # message into the node has landed, each GPU sends its same-node share and forwards
-        # what it relays; the node's busiest NVLink port sets the phase's length. Every lane of
-        # the node has all of its tokens when the phase ends.
-        arrived = {}
         phase_stream = -1 if stream == COMPUTE_STREAM else COMM_STREAM
-        for n, js in members.items():
-            node_lanes = list(dict.fromkeys(lane_of[gpus[j]] for j in js))
-            deps = tuple(d for ln in node_lanes for d in ready[ln]) + tuple(into_node[n])
-            b = int(nvlink_out[js].max())
+        node_lanes = {n: list(dict.fromkeys(lane_of[gpus[j]] for j in js))
+                      for n, js in members.items()}
+
+        def phase(n: int, deps: tuple[int, ...], op: str, per_token: float) -> int:
+            b = float(nvlink_tokens[members[n]].max()) * per_token
             dur = b / self.ic + a_intra if b > 0 else 0.0
-            node = dag._add(LOCAL, node_lanes[0], phase_stream, dur, deps, op,
-                            fabric=multi)
-            for ln in node_lanes:
-                arrived[ln] = (node,)
-        return arrived
+            return dag._add(LOCAL, node_lanes[n][0], phase_stream, dur, deps, op, fabric=multi)
+
+        into: dict[int, list[int]] = {n: [] for n in node_ids}
+        for i, r, t in transfers:
+            src_lane = lane_of[gpus[i]]
+            tid = dag.transfer(src_lane, "dispatch", gpus[i], gpus[r], int(t * d_b), a_inter,
+                               ready[src_lane], True)
+            into[int(nodes[r])].append(tid)
+        arrived = {}
+        for n in node_ids:
+            deps = tuple(d for ln in node_lanes[n] for d in ready[ln]) + tuple(into[n])
+            p = phase(n, deps, "dispatch", d_b)
+            for ln in node_lanes[n]:
+                arrived[ln] = (p,)
+
+        def combine(expert_ready: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+            # Reduce inside each node over NVLink, then one message per token and node back.
+            phases = {n: phase(n, tuple(d for ln in node_lanes[n] for d in expert_ready[ln]),
+                               "combine", c_b) for n in node_ids}
+            back: dict[int, list[int]] = {ln: [] for ln in lanes}
+            for i, r, t in transfers:
+                tid = dag.transfer(lane_of[gpus[r]], "combine", gpus[r], gpus[i], int(t * c_b),
+                                   a_inter, (phases[int(nodes[r])],), True)
+                back[lane_of[gpus[i]]].append(tid)
+            out = {}
+            for n in node_ids:
+                for ln in node_lanes[n]:
+                    out[ln] = (dag.barrier(ln, "combine", tuple(back[ln]) + (phases[n],),
+                                           stream),)
+            return out
+        return arrived, combine
+
+    def _pairwise(self, dag: StepDag, gpus: list[int], matrix: np.ndarray,
+                  ready: dict[int, tuple[int, ...]], lanes: list[int], lane_of: dict[int, int],
+                  op: str, stream: int, count: int) -> dict[int, tuple[int, ...]]:
+        """One transfer per GPU pair with bytes (`collectives.all_to_all`, direct)."""
+        costs = coll.LinkCosts(self.costs.intra_node_latency_s * count,
+                               self.costs.inter_node_latency_s * count)
+        plan = coll.all_to_all(tuple(gpus), matrix.tolist(), self.placement.node_of,
+                               algorithm="direct", costs=costs)
+        ids = self._lower(dag, lanes[0], op, plan, {g: ready[lane_of[g]] for g in gpus},
+                          lane_of)
+        return self._arrivals(dag, plan, ids, lanes, lane_of, op, stream)
 
     def _arrivals(self, dag: StepDag, plan: coll.CollectivePlan, ids: list[int],
                   lanes: list[int], lane_of: dict[int, int], op: str,
