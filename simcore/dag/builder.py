@@ -316,29 +316,26 @@ class StepDagBuilder:
                     # over the experts' popularity). Traffic: a token goes once to each GPU
                     # holding any of its experts (DeepEP deduplicates per rank), and across
                     # nodes once to each node holding any (per node, then NVLink inside it).
-                    trials = [nm * ops[r][k][0].num_tokens * k_top for r in range(ranks)]
-                    all_counts = self.rng.multinomial(trials, self._popularity)   # rank x expert
-                    per_expert = all_counts.sum(axis=0)
-                    loads = np.zeros(ep_size, dtype=np.int64)
-                    by_gpu = np.add.reduceat(per_expert, np.arange(0, arch.num_experts, epg))
-                    loads[:len(by_gpu)] = by_gpu
+                    trials = sum(nm * ops[r][k][0].num_tokens * k_top for r in range(ranks))
+                    per_expert = self.rng.multinomial(trials, self._popularity)
+                    starts = np.arange(0, arch.num_experts, epg)
+                    loads = [0] * ep_size
+                    loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
+                    active_per_gpu = [0] * ep_size
+                    active_per_gpu[:len(starts)] = np.add.reduceat(
+                        (per_expert > 0).astype(np.int64), starts).tolist()
                     held = np.zeros(ep_size, dtype=np.int64)     # layer-tokens on each GPU
                     for r in range(ranks):
                         src = [gidx[g] for g in dag.lanes[lanes[r]].gpus]
                         t = nm * ops[r][k][0].num_tokens
                         for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
                             held[gi] += t * (j + 1) // len(src) - t * j // len(src)
-                    active = (per_expert > 0)
-                    active_per_gpu = np.add.reduceat(active.astype(np.int64),
-                                                     np.arange(0, arch.num_experts, epg))
                     sent = {ln: ready[r][k] for r, ln in enumerate(lanes)}
                     arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
                                                         comm_stream, nm)
                     expert_nodes = {}
                     for r, ln in enumerate(lanes):
-                        dur = max(self._expert_s(int(loads[gidx[g]]),
-                                                 int(active_per_gpu[gidx[g]])
-                                                 if gidx[g] < len(active_per_gpu) else 0, nm)
+                        dur = max(self._expert_s(loads[gidx[g]], active_per_gpu[gidx[g]], nm)
                                   for g in dag.lanes[ln].gpus)
                         expert_nodes[ln] = dag.compute(ln, "experts", dur, arrived[ln])
                     back = back_of({ln: (expert_nodes[ln],) for ln in lanes})
@@ -471,12 +468,8 @@ class StepDagBuilder:
                 tid = dag.transfer(lane_of[gpus[r]], "combine", gpus[r], gpus[i], int(t * c_b),
                                    a_inter, (phases[int(nodes[r])],), True)
                 back[lane_of[gpus[i]]].append(tid)
-            out = {}
-            for n in node_ids:
-                for ln in node_lanes[n]:
-                    out[ln] = (dag.barrier(ln, "combine", tuple(back[ln]) + (phases[n],),
-                                           stream),)
-            return out
+            return {ln: tuple(back[ln]) + (phases[n],) for n in node_ids
+                    for ln in node_lanes[n]}
         return arrived, combine
 
     def _pairwise(self, dag: StepDag, gpus: list[int], matrix: np.ndarray,

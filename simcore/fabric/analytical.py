@@ -120,6 +120,17 @@ def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, ds
     flow keys (queue pairs), so ECMP is hashed once per flow. Raises ValueError for endpoints
     that are not two distinct hosts or a negative size.
     """
+    if routes is not None and flow_key is not None:
+        hit = routes.get((src, dst, flow_key))
+        if hit is not None and size_bytes >= 0:
+            # A known queue pair: its endpoints were checked and its route fixed before.
+            route, delay_s, inv_rate_sum, min_rate = hit
+            mtu, header = topology.mtu_bytes, topology.header_bytes
+            first = first_packet_bytes(size_bytes, mtu, header)
+            wire = wire_bytes(size_bytes, mtu, header)
+            ideal = delay_s + first * inv_rate_sum + (wire - first) / min_rate
+            return MessageRecord(msg_id, src, dst, int(size_bytes), start_s, route, wire, ideal,
+                                 tag, on_done)
     n = len(topology.nodes)
     for role, node in (("src", src), ("dst", dst)):
         if not (isinstance(node, (int, np.integer)) and 0 <= node < n
@@ -131,10 +142,12 @@ def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, ds
     if size_bytes < 0:
         raise ValueError(f"size_bytes must be non-negative, got {size_bytes}")
     if routes is not None and flow_key is not None:
-        route = routes.get((src, dst, flow_key))
-        if route is None:
-            route = routes[(src, dst, flow_key)] = message_path(topology, int(src), int(dst),
-                                                                flow_key, salts)
+        route = message_path(topology, int(src), int(dst), flow_key, salts)
+        links = [topology.links[li] for li in route]
+        routes[(src, dst, flow_key)] = (
+            route, sum(lk.delay_s for lk in links),
+            sum(1.0 / lk.rate_bytes_per_s for lk in links),
+            min(lk.rate_bytes_per_s for lk in links))
     else:
         route = message_path(topology, int(src), int(dst),
                              msg_id if flow_key is None else flow_key, salts)
