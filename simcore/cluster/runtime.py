@@ -25,6 +25,7 @@ from simcore.compute.base import StepShape, StepTime
 from simcore.compute.roofline import RooflineModel
 from simcore.dag.builder import StepDagBuilder
 from simcore.dag.executor import DagRun
+from simcore.fabric.analytical import AnalyticalFabric
 from simcore.fabric.protocol import Fabric, MessageResult
 
 COMM_CAUSES = ("/nvlink", "/fabric")
@@ -50,11 +51,14 @@ class ClusterStats:
 class _Port:
     """The executor's TransferPort: NVLink by formula, the fabric through the runtime."""
 
-    __slots__ = ("runtime", "node_of", "_ic")
+    __slots__ = ("runtime", "node_of", "immediate", "_ic")
 
     def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float) -> None:
         self.runtime = runtime
         self.node_of = runtime.placement.node_of
+        # Without contention a message's arrival is known when it is sent: the executor need
+        # not wait for the fabric's event (the fabric still carries it, for its counters).
+        self.immediate = isinstance(runtime.fabric, AnalyticalFabric)
         self._ic = interconnect_bytes_per_s
 
     def nvlink_s(self, size_bytes: int) -> float:
@@ -65,6 +69,13 @@ class _Port:
         net = self.runtime.network
         self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu], size_bytes, at_s,
                                 lambda r: on_done(r.end_s, r.ideal_s), tag="step")
+
+    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int,
+                 at_s: float) -> tuple[float, float]:
+        net = self.runtime.network
+        ideal = self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu],
+                                        size_bytes, at_s, None, tag="step")
+        return at_s + ideal, ideal
 
 
 class ClusterRuntime:
@@ -132,8 +143,10 @@ class ClusterRuntime:
         ev.callbacks.append(lambda _: fn())
 
     def send_hosts(self, src: int, dst: int, size_bytes: int, at_s: float,
-                   on_done: Callable[[MessageResult], None], *, tag: Any = None) -> None:
-        """Put a message on the fabric between two hosts at at_s (>= the fabric's clock)."""
+                   on_done: Callable[[MessageResult], None] | None, *,
+                   tag: Any = None) -> float:
+        """Put a message on the fabric between two hosts at at_s (>= the fabric's clock); returns
+        its ideal time (alone on an idle network)."""
         fabric = self.fabric
         now = fabric.now_s
         if at_s < now:
@@ -141,10 +154,12 @@ class ClusterRuntime:
                 raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
             at_s = now
         key = self._flow_keys.setdefault((src, dst), len(self._flow_keys))
-        fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done, flow_key=key)
+        mid = fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done,
+                          flow_key=key)
         kick = self._kick
         if kick is not None and not kick.triggered:
             kick.succeed()
+        return fabric.ideal_s(mid)
 
     def _tenant(self, index: int, t):
         env = self.env

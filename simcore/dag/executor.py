@@ -25,9 +25,17 @@ class TransferPort(Protocol):
         """Duration of an NVLink transfer of `size_bytes` (latency excluded)."""
         ...
 
+    immediate: bool
+    """The fabric knows a transfer's arrival when it is sent (no contention): use `send_now`."""
+
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
              on_done: Callable[[float, float], None]) -> None:
         """Start a fabric transfer at `at_s`; `on_done(end_s, ideal_s)` fires when it arrives."""
+        ...
+
+    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int,
+                 at_s: float) -> tuple[float, float]:
+        """Start a fabric transfer at `at_s` on a fabric without contention; (end_s, ideal_s)."""
         ...
 
 
@@ -85,6 +93,7 @@ class DagRun:
         kind = dag.kind
         port = self.port
         node_of = port.node_of
+        immediate = port.immediate
         start_s, finish_s, ready, remaining = self.start_s, self.finish_s, self._ready, self._remaining
         children, cause = self._children, self.cause
         while stack:
@@ -97,9 +106,12 @@ class DagRun:
                 size = dag.size_bytes[i]
                 src, dst = dag.src[i], dag.dst[i]
                 if size > 0 and node_of(src) != node_of(dst):
-                    port.send(src, dst, size, t, self._callback(i))
-                    continue
-                end = t + port.nvlink_s(size) if size > 0 else t
+                    if not immediate:
+                        port.send(src, dst, size, t, self._callback(i))
+                        continue
+                    end, self.ideal_s[i] = port.send_now(src, dst, size, t)
+                else:
+                    end = t + port.nvlink_s(size) if size > 0 else t
             else:
                 start_s[i] = t
                 end = t + dag.dur_s[i]

@@ -199,6 +199,10 @@ class AnalyticalFabric:
         heapq.heappush(self._heap, (start + rec.ideal_s, next(self._seq), rec.msg_id))
         return rec.msg_id
 
+    def ideal_s(self, msg_id: int) -> float:
+        """Message `msg_id`'s completion time alone on an idle network along its path."""
+        return self._messages[msg_id].ideal_s
+
     def next_event_s(self) -> float:
         return self._heap[0][0] if self._heap else math.inf
 

@@ -157,6 +157,10 @@ class FlowFabric:
         heapq.heappush(self._heap, (start, next(self._seq), _ARRIVE, rec.msg_id))
         return rec.msg_id
 
+    def ideal_s(self, msg_id: int) -> float:
+        """Message `msg_id`'s completion time alone on an idle network along its path."""
+        return self._messages[msg_id].ideal_s
+
     def next_event_s(self) -> float:
         heap_next = self._heap[0][0] if self._heap else math.inf
         return min(heap_next, self._fluid_next)

@@ -115,6 +115,10 @@ class Fabric(Protocol):
         `traffic_class` (0..7) picks its priority where the backend models classes."""
         ...
 
+    def ideal_s(self, msg_id: int) -> float:
+        """A sent message's completion time alone on an idle network along its path."""
+        ...
+
     def next_event_s(self) -> float:
         """Time of the next pending event (inf when idle)."""
         ...

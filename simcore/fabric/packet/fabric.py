@@ -114,6 +114,10 @@ class PacketFabric:
         self._serve_requests()
         return msg_id
 
+    def ideal_s(self, msg_id: int) -> float:
+        """Message `msg_id`'s completion time alone on an idle network along its path."""
+        return self._messages[msg_id].ideal_s
+
     def next_event_s(self) -> float:
         return float(api.next_time(self._st))
 
