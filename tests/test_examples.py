@@ -38,3 +38,62 @@ def test_example_runs_and_has_the_keys(path):
     assert r["provenance"]["calibrated"] is False
     assert r["provenance"]["profile_label"] == "uncalibrated reference profile"
     json.dumps(r, allow_nan=False)
+
+
+CLUSTER_DIR = Path(__file__).resolve().parents[1] / "examples/cluster"
+CLUSTER_EXAMPLES = sorted(CLUSTER_DIR.glob("*.yaml"))
+EIGHT_NODE_EXAMPLES = [CLUSTER_DIR / "dense_pp_8node.yaml", CLUSTER_DIR / "moe_ep_8node.yaml"]
+CLUSTER_KEYS = ["network_share_of_step_time", "fabric_share_of_step_time",
+                "congestion_share_of_step_time", "network_share_of_request_latency",
+                "exposed_gpu_s", "fabric"]
+FABRIC_KEYS = ["slowdown_by_size", "ecn_marks", "cnps", "dcqcn_rate_cuts", "pfc_pause_frames",
+               "pfc_paused_s", "drops", "retransmits", "max_queue_bytes",
+               "link_utilization_mean", "busiest_link"]
+
+
+def small_on_analytical(path: Path, num_prompts: int = 4):
+    """A cluster example with a handful of requests on the analytical fabric: the shipped runs
+    take seconds to minutes (benchmarks/cluster_speed.py times the 8-node ones)."""
+    cfg = load_config(path)
+    fabric = cfg.cluster.fabric.model_copy(update={"backend": "analytical"})
+    return cfg.model_copy(update={
+        "workload": cfg.workload.model_copy(update={"num_prompts": num_prompts}),
+        "cluster": cfg.cluster.model_copy(update={"fabric": fabric})})
+
+
+def test_cluster_examples_are_shipped():
+    assert set(EIGHT_NODE_EXAMPLES) <= set(CLUSTER_EXAMPLES)
+
+
+@pytest.mark.parametrize("path", CLUSTER_EXAMPLES, ids=lambda p: p.stem)
+def test_cluster_example_runs_small_and_reports_the_cluster(path):
+    cfg = small_on_analytical(path)
+    r = simulate(cfg)
+    assert r["completed"] > 0 and r["completed"] + r["failed"] == len(r["requests"])
+    c = r["cluster"]
+    for k in CLUSTER_KEYS:
+        assert k in c, k
+    for k in FABRIC_KEYS:
+        assert k in c["fabric"], k
+    assert c["backend"] == "analytical"
+    assert c["fabric"]["drops"] == 0
+    if path in EIGHT_NODE_EXAMPLES:      # their steps cross the fabric
+        assert c["fabric"]["num_step_messages"] > 0
+        assert 0 < c["network_share_of_request_latency"] < 1
+    json.dumps(r, allow_nan=False)
+
+
+@pytest.mark.parametrize("path", EIGHT_NODE_EXAMPLES, ids=lambda p: p.stem)
+def test_eight_node_example_is_the_motivating_experiment(path):
+    """8 nodes at 400 Gb/s on a 2-tier Clos, 64 GPUs, RoCEv2 with ECN, DCQCN and PFC on the
+    packet fabric, 1,000 requests."""
+    cfg = load_config(path)
+    c = cfg.cluster
+    assert c.num_nodes == 8 and c.fabric.backend == "packet"
+    s = c.fabric.settings
+    assert s.profile == "roce" and s.ecn.enabled and s.dcqcn.enabled and s.pfc.enabled
+    assert c.network.nic_gbps == 400 and c.network.topology.kind == "leaf_spine"
+    par = cfg.parallelism
+    assert (par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
+            * par.num_replicas) == 64
+    assert cfg.workload.num_prompts == 1000
