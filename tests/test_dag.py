@@ -36,7 +36,7 @@ class FakePort:
     def nvlink_s(self, size_bytes: int) -> float:
         return size_bytes / NVLINK_BYTES_PER_S
 
-    def send(self, src_gpu, dst_gpu, size_bytes, at_s, on_done) -> None:
+    def send(self, src_gpu, dst_gpu, size_bytes, at_s, on_done, channel="") -> None:
         assert at_s >= self.now_s, "a send behind the fabric clock"
         self.sent.append((src_gpu, dst_gpu, size_bytes, at_s))
         heapq.heappush(self._heap, (at_s + self.delay_s(size_bytes), next(self._seq),

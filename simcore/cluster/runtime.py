@@ -65,16 +65,17 @@ class _Port:
         return size_bytes / self._ic
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
-             on_done: Callable[[float, float], None]) -> None:
+             on_done: Callable[[float, float], None], channel: str = "") -> None:
         net = self.runtime.network
         self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu], size_bytes, at_s,
-                                lambda r: on_done(r.end_s, r.ideal_s), tag="step")
+                                lambda r: on_done(r.end_s, r.ideal_s), tag="step",
+                                channel=channel)
 
-    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int,
-                 at_s: float) -> tuple[float, float]:
+    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
+                 channel: str = "") -> tuple[float, float]:
         net = self.runtime.network
         ideal = self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu],
-                                        size_bytes, at_s, None, tag="step")
+                                        size_bytes, at_s, None, tag="step", channel=channel)
         return at_s + ideal, ideal
 
 
@@ -103,7 +104,7 @@ class ClusterRuntime:
         self._eager_s = model.arch.num_layers * a.eager_launch_s_per_layer
         self._kick: simpy.Event | None = None
         self._woken = False
-        self._flow_keys: dict[tuple[int, int], int] = {}
+        self._flow_keys: dict[tuple[int, int, str], int] = {}
         self.trace = (TraceRecorder(cfg.trace.first_step, cfg.trace.num_steps, placement)
                       if cfg.trace.num_steps else None)
         self._step_index = 0
@@ -144,16 +145,19 @@ class ClusterRuntime:
 
     def send_hosts(self, src: int, dst: int, size_bytes: int, at_s: float,
                    on_done: Callable[[MessageResult], None] | None, *,
-                   tag: Any = None) -> float:
+                   tag: Any = None, channel: str = "") -> float:
         """Put a message on the fabric between two hosts at at_s (>= the fabric's clock); returns
-        its ideal time (alone on an idle network)."""
+        its ideal time (alone on an idle network). Messages of one `channel` between two hosts
+        share a queue pair (they queue behind each other at the NIC and take one ECMP path);
+        each channel (a collective kind, KV transfers, a tenant) has its own, as NCCL and
+        DeepEP open several."""
         fabric = self.fabric
         now = fabric.now_s
         if at_s < now:
             if at_s < now - 1e-9:
                 raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
             at_s = now
-        key = self._flow_keys.setdefault((src, dst), len(self._flow_keys))
+        key = self._flow_keys.setdefault((src, dst, channel), len(self._flow_keys))
         mid = fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done,
                           flow_key=key)
         kick = self._kick
@@ -169,7 +173,8 @@ class ClusterRuntime:
             yield env.timeout(t.start_s - env.now)
         src, dst = net.host_of(t.src_gpu), net.host_of(t.dst_gpu)
         while t.stop_s is None or env.now < t.stop_s:
-            self.send_hosts(src, dst, t.message_bytes, env.now, _ignore, tag=f"tenant{index}")
+            self.send_hosts(src, dst, t.message_bytes, env.now, _ignore, tag=f"tenant{index}",
+                            channel=f"tenant{index}")
             yield env.timeout(gap)
 
     # -- steps -------------------------------------------------------------------------------
@@ -261,7 +266,7 @@ class ClusterRuntime:
                 self._later(end_s, on_done)
 
         for src, dst, size in live:
-            self.send_hosts(src, dst, size, now, lambda r: one(r.end_s), tag="kv")
+            self.send_hosts(src, dst, size, now, lambda r: one(r.end_s), tag="kv", channel="kv")
         if local:
             end_s = now + max(self.port.nvlink_s(b) for b in local)
             self.env.timeout(end_s - now).callbacks.append(lambda _: one(end_s))

@@ -29,12 +29,13 @@ class TransferPort(Protocol):
     """The fabric knows a transfer's arrival when it is sent (no contention): use `send_now`."""
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
-             on_done: Callable[[float, float], None]) -> None:
-        """Start a fabric transfer at `at_s`; `on_done(end_s, ideal_s)` fires when it arrives."""
+             on_done: Callable[[float, float], None], channel: str = "") -> None:
+        """Start a fabric transfer at `at_s`; `on_done(end_s, ideal_s)` fires when it arrives.
+        Transfers of one `channel` (the op) between two GPUs share a queue pair."""
         ...
 
-    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int,
-                 at_s: float) -> tuple[float, float]:
+    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
+                 channel: str = "") -> tuple[float, float]:
         """Start a fabric transfer at `at_s` on a fabric without contention; (end_s, ideal_s)."""
         ...
 
@@ -107,9 +108,9 @@ class DagRun:
                 src, dst = dag.src[i], dag.dst[i]
                 if size > 0 and node_of(src) != node_of(dst):
                     if not immediate:
-                        port.send(src, dst, size, t, self._callback(i))
+                        port.send(src, dst, size, t, self._callback(i), dag.op[i])
                         continue
-                    end, self.ideal_s[i] = port.send_now(src, dst, size, t)
+                    end, self.ideal_s[i] = port.send_now(src, dst, size, t, dag.op[i])
                 else:
                     end = t + port.nvlink_s(size) if size > 0 else t
             else:
