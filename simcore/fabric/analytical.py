@@ -156,7 +156,44 @@ def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, ds
                          ideal_message_s(topology, route, size_bytes), tag, on_done)
 
 
-class AnalyticalFabric:
+class MessageFabric:
+    """What the backends that plan whole messages share (analytical, flow): the topology and
+    settings, ECMP salts and each queue pair's cached route, the clock, and every message
+    accepted, its id its index in `_messages`. Subclasses queue the record `_accept` returns."""
+
+    def __init__(self, topology: Topology, settings: FabricSettings | None, seed: int) -> None:
+        self.topology = topology
+        self.settings = settings or FabricSettings()
+        self._salts = default_salts(topology, seed)
+        self._routes: dict = {}
+        self._now = 0.0
+        self._seq = itertools.count()
+        self._messages: list[MessageRecord] = []
+        self._results: list[MessageResult] = []
+        self._running = False
+
+    @property
+    def now_s(self) -> float:
+        return self._now
+
+    def ideal_s(self, msg_id: int) -> float:
+        """Message `msg_id`'s completion time alone on an idle network along its path."""
+        return self._messages[msg_id].ideal_s
+
+    def _accept(self, src: int, dst: int, size_bytes: int, at_s: float | None, tag: Any,
+                on_done: OnDone | None, flow_key: int | None) -> MessageRecord:
+        """Check a `send` against the clock, plan the message and record it."""
+        start = self._now if at_s is None else float(at_s)
+        if start < self._now:
+            raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
+        rec = plan_message(self.topology, self._salts, len(self._messages), src, dst, size_bytes,
+                           start, tag=tag, on_done=on_done, flow_key=flow_key,
+                           routes=self._routes)
+        self._messages.append(rec)
+        return rec
+
+
+class AnalyticalFabric(MessageFabric):
     """The contention-free backend: a message sent at t completes at t + ideal_message_s.
 
     Lifecycle: `send` fixes each message's completion time and queues it on a heap keyed
@@ -167,41 +204,19 @@ class AnalyticalFabric:
 
     def __init__(self, topology: Topology, settings: FabricSettings | None = None, *,
                  seed: int = 0) -> None:
-        self.topology = topology
-        self.settings = settings or FabricSettings()
-        self._salts = default_salts(topology, seed)
-        self._routes: dict = {}
+        super().__init__(topology, settings, seed)
         self._rates = np.array([lk.rate_bytes_per_s for lk in topology.links])
         self._load = LinkLoadRecorder(len(topology.links), self.settings.sample_interval_s)
-        self._now = 0.0
-        self._seq = itertools.count()
         self._heap: list[tuple[float, int, int]] = []
-        self._messages: list[MessageRecord] = []
-        self._results: list[MessageResult] = []
         self._link_bytes_done = np.zeros(len(topology.links), dtype=np.int64)
-        self._running = False
-
-    @property
-    def now_s(self) -> float:
-        return self._now
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
              traffic_class: int = 0) -> int:
         """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
-        start = self._now if at_s is None else float(at_s)
-        if start < self._now:
-            raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
-        rec = plan_message(self.topology, self._salts, len(self._messages), src, dst, size_bytes,
-                           start, tag=tag, on_done=on_done, flow_key=flow_key,
-                           routes=self._routes)
-        self._messages.append(rec)
-        heapq.heappush(self._heap, (start + rec.ideal_s, next(self._seq), rec.msg_id))
+        rec = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
+        heapq.heappush(self._heap, (rec.start_s + rec.ideal_s, next(self._seq), rec.msg_id))
         return rec.msg_id
-
-    def ideal_s(self, msg_id: int) -> float:
-        """Message `msg_id`'s completion time alone on an idle network along its path."""
-        return self._messages[msg_id].ideal_s
 
     def next_event_s(self) -> float:
         return self._heap[0][0] if self._heap else math.inf

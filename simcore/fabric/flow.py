@@ -12,15 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import heapq
-import itertools
 import math
 from typing import Any
 
 import numpy as np
 
-from simcore.fabric.analytical import MessageRecord, pipeline_latency_s, plan_message
-from simcore.fabric.ecmp import default_salts
-from simcore.fabric.protocol import FabricStats, LinkStats, MessageResult, OnDone
+from simcore.fabric.analytical import MessageFabric, pipeline_latency_s
+from simcore.fabric.protocol import FabricStats, LinkStats, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import Topology
 from simcore.fabric.utilization import LinkLoadRecorder
@@ -91,7 +89,7 @@ def max_min_rates(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     return rates
 
 
-class FlowFabric:
+class FlowFabric(MessageFabric):
     """Max-min fair fluid flows over the topology's ECMP routes.
 
     Lifecycle: `send` queues an arrival on a heap keyed (time, sequence); `run(until_s)` advances
@@ -106,10 +104,7 @@ class FlowFabric:
 
     def __init__(self, topology: Topology, settings: FabricSettings | None = None, *,
                  seed: int = 0) -> None:
-        self.topology = topology
-        self.settings = settings or FabricSettings()
-        self._salts = default_salts(topology, seed)
-        self._routes: dict = {}
+        super().__init__(topology, settings, seed)
         num_links = len(topology.links)
         self._pad = num_links
         self._rates_link = np.array([lk.rate_bytes_per_s for lk in topology.links])
@@ -117,16 +112,11 @@ class FlowFabric:
         self._load = LinkLoadRecorder(num_links, self.settings.sample_interval_s)
         self._link_load = np.zeros(num_links)          # bytes/s on each link now
         self._link_bytes_done = np.zeros(num_links, dtype=np.int64)
-        self._now = 0.0
-        self._seq = itertools.count()
         self._heap: list[tuple[float, int, int, int]] = []
-        self._messages: list[MessageRecord] = []
         self._latency: list[float] = []
-        self._results: list[MessageResult] = []
         self._sent_bytes = 0
         self._delivered_bytes = 0
         self._num_callbacks = 0          # completion callbacks fired so far
-        self._running = False
         # Fluid flows live in slots of these arrays; a slot is reused after its flow leaves.
         self._hops = np.full((4, 64), self._pad, dtype=np.int64)   # (hop position, slot)
         self._remaining = np.zeros(64)
@@ -138,28 +128,14 @@ class FlowFabric:
         self._t_rates = 0.0          # when the current rates were set
         self._fluid_next = math.inf  # earliest fluid departure under the current rates
 
-    @property
-    def now_s(self) -> float:
-        return self._now
-
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
              traffic_class: int = 0) -> int:
         """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
-        start = self._now if at_s is None else float(at_s)
-        if start < self._now:
-            raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
-        rec = plan_message(self.topology, self._salts, len(self._messages), src, dst, size_bytes,
-                           start, tag=tag, on_done=on_done, flow_key=flow_key,
-                           routes=self._routes)
-        self._messages.append(rec)
+        rec = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
         self._latency.append(pipeline_latency_s(self.topology, rec.path, rec.size_bytes))
-        heapq.heappush(self._heap, (start, next(self._seq), _ARRIVE, rec.msg_id))
+        heapq.heappush(self._heap, (rec.start_s, next(self._seq), _ARRIVE, rec.msg_id))
         return rec.msg_id
-
-    def ideal_s(self, msg_id: int) -> float:
-        """Message `msg_id`'s completion time alone on an idle network along its path."""
-        return self._messages[msg_id].ideal_s
 
     def next_event_s(self) -> float:
         heap_next = self._heap[0][0] if self._heap else math.inf
