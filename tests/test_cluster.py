@@ -182,7 +182,7 @@ def test_tensor_parallelism_across_nodes_sends_the_bytes_its_algorithm_implies(a
     _, _, rt = runtime(tp_across_nodes_config(all_reduce, all_gather))
     b = rt.builder
     assert b.groups == [[(8, 8, 0)] * 4]         # 32 layers fused into 4 groups of 8
-    dag, full_graph = b.build([(rt.placement.instances[0], TP_BATCH)])
+    dag, full_graph, _ = b.build([(rt.placement.instances[0], TP_BATCH)])
     assert not full_graph
     tokens, seqs, n, nodes = 102, 3, 4, 2
     # All-reduced bytes: the embedding's (one layer's worth) plus, per layer group, the
@@ -254,7 +254,7 @@ def test_expert_parallel_all_to_all_sends_each_token_once_per_gpu_or_node(all_to
     b = rt.builder
     batches = [(0, [(R, 100, 0), (R, 1, 30)]), (1, [(R, 1, 50)] * 3)]
     insts = rt.placement.instances
-    dag, _ = b.build([(insts[i], s) for i, s in batches])
+    dag, _, _ = b.build([(insts[i], s) for i, s in batches])
     node_of = rt.placement.node_of
     layers = 8                                    # Mixtral's 32 layers in 4 groups of 8
     # Layer-tokens each GPU holds per group: its TP rank's half of its DP rank's tokens (101
@@ -295,7 +295,7 @@ def test_per_node_deduplication_matches_its_expectation():
     batch = [(R, 1, 10)] * 200
     total = 0
     for _ in range(20):
-        dag, _ = b.build([(insts[0], batch), (insts[1], None)])
+        dag, _, _ = b.build([(insts[0], batch), (insts[1], None)])
         for i in range(len(dag)):
             if dag.kind[i] == TRANSFER and dag.op[i] == "dispatch" and dag.src[i] == 0:
                 total += dag.size_bytes[i] // H

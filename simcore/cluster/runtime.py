@@ -21,7 +21,7 @@ from simcore.cluster.config import ClusterConfig
 from simcore.cluster.network import ClusterNetwork
 from simcore.cluster.placement import Placement
 from simcore.cluster.trace import TraceRecorder
-from simcore.compute.base import StepShape, StepTime
+from simcore.compute.base import StepTime
 from simcore.compute.roofline import RooflineModel
 from simcore.dag.builder import StepDagBuilder
 from simcore.dag.executor import DagRun
@@ -38,7 +38,6 @@ class ClusterStats:
     num_steps: int = 0
     gpu_step_s: float = 0.0                  # step time x GPUs of the step's lanes
     gpu_compute_s: float = 0.0
-    gpu_overhead_s: float = 0.0              # CPU-side step overhead and launch time
     gpu_exposed_s: dict[str, float] = field(default_factory=dict)   # by cause
     gpu_congestion_s: float = 0.0            # of the fabric part: actual minus ideal
     transfer_bytes: dict[str, int] = field(default_factory=dict)    # by op/medium
@@ -186,7 +185,7 @@ class ClusterRuntime:
         env = self.env
         t0 = env.now
         insts = self.placement.instances
-        dag, full_graph = self.builder.build([(insts[i], s) for i, s in batches])
+        dag, full_graph, shapes = self.builder.build([(insts[i], s) for i, s in batches])
         gpu_start = t0 + self._overhead_s
         done = env.event()
         run = DagRun(dag, gpu_start, self.port,
@@ -213,7 +212,6 @@ class ClusterRuntime:
             g = len(ln.gpus)
             st.gpu_step_s += total * g
             st.gpu_compute_s += b * g
-            st.gpu_overhead_s += (total - (run.end_s - gpu_start)) * g
         gpus_per_lane = len(lanes[0].gpus) if lanes else 1
         for key, v in causes.items():
             st.gpu_exposed_s[key] = st.gpu_exposed_s.get(key, 0.0) + v * gpus_per_lane
@@ -225,7 +223,7 @@ class ClusterRuntime:
         if self.trace is not None:
             self.trace.record(self._step_index, run, t0)
         self._step_index += 1
-        shapes = [StepShape.from_scheduled(s) for _, s in batches if s]
+        shapes = [s for s in shapes if s is not None]
         if shapes:
             widest = max(shapes, key=lambda s: s.num_tokens)
             cb, mb = self.model.op_bounds(widest)

@@ -144,10 +144,12 @@ class StepDagBuilder:
 
     # -- one step ----------------------------------------------------------------------------
 
-    def build(self, batches: list[tuple[Instance, Scheduled | None]]) -> tuple[StepDag, bool]:
+    def build(self, batches: list[tuple[Instance, Scheduled | None]]
+              ) -> tuple[StepDag, bool, list[StepShape | None]]:
         """The DAG of one step in which each listed instance runs its batch (None: a dummy batch
-        of an expert-parallel group); returns it and whether the step runs as full CUDA graphs
-        (every batch decode-only within the graph size)."""
+        of an expert-parallel group); returns it, whether the step runs as full CUDA graphs
+        (every batch decode-only within the graph size), and each batch's shape (None for a
+        dummy batch)."""
         lanes: list[Lane] = []
         lane_ids: list[list[int]] = []
         for inst, _ in batches:
@@ -165,28 +167,35 @@ class StepDagBuilder:
         comm_stream = COMPUTE_STREAM if cfg.overlap == "none" else COMM_STREAM
         full_graph = True
         limit = self.model.cuda_graph_max_num_tokens
-        plans = []
+        plans = []                  # per batch, per micro-batch, the shapes of its sub-batches
+        wholes: list[StepShape | None] = []
+        dummy = StepShape.dummy()
         for inst, sched in batches:
+            whole = StepShape.from_scheduled(sched) if sched else None
+            wholes.append(whole)
             mbs = []
             for part in split_batch(sched or [], outer):
                 subs = split_batch(part, inner)
+                # An unsplit batch is its own shape; an empty sub-batch is a dummy one (every
+                # rank of an expert-parallel group joins every all-to-all).
+                shapes = [whole if sub is sched else StepShape.from_scheduled(sub) if sub
+                          else dummy for sub in subs]
                 if self.ep_model is not None:
-                    subs += [[]] * (inner - len(subs))     # every rank joins every all-to-all
-                mbs.append(subs)
+                    shapes += [dummy] * (inner - len(shapes))
+                mbs.append(shapes)
             plans.append(mbs)
-            if sched:
-                shape = StepShape.from_scheduled(sched)
-                if shape.num_decode_seqs != shape.num_tokens or shape.num_tokens > limit:
-                    full_graph = False
+            if whole is not None and (whole.num_decode_seqs != whole.num_tokens
+                                      or whole.num_tokens > limit):
+                full_graph = False
         if self.ep_model is not None:
             self._build_ep(dag, batches, plans, lane_ids, comm_stream)
         else:
             for (inst, _), mbs, ids in zip(batches, plans, lane_ids):
                 self._build_engine(dag, mbs, ids, comm_stream)
-        return dag, full_graph
+        return dag, full_graph, wholes
 
-    def _ops(self, sub: Scheduled, routed_experts: bool) -> tuple[StepShape, dict[str, float]]:
-        shape = StepShape.from_scheduled(sub) if sub else StepShape.dummy()
+    def _ops(self, shape: StepShape,
+             routed_experts: bool) -> tuple[StepShape, dict[str, float]]:
         by_op: dict[str, float] = {}
         self.model.op_bounds(shape, routed_experts=routed_experts, by_op=by_op)
         return shape, by_op
@@ -201,7 +210,7 @@ class StepDagBuilder:
             mlp += by_op.get("moe", 0.0) * nm / self.num_moe
         return attn, mlp
 
-    def _build_engine(self, dag: StepDag, mbs: list[list[Scheduled]], lanes: list[int],
+    def _build_engine(self, dag: StepDag, mbs: list[list[StepShape]], lanes: list[int],
                       comm_stream: int) -> None:
         """One engine (no expert parallelism): stages in order, micro-batches through them."""
         h, ab = self.arch.hidden_size, self.ab
@@ -209,7 +218,7 @@ class StepDagBuilder:
         for s, lane in enumerate(lanes):
             stage_out = []
             for m, subs in enumerate(mbs):
-                ops = [self._ops(sub, True) for sub in subs]
+                ops = [self._ops(shape, True) for shape in subs]
                 ready = [prev_stage_out[m][k] if s else () for k in range(len(subs))]
                 if s:
                     ready = [self._pp_hop(dag, lanes[s - 1], lane, ops[k][0].num_tokens,
@@ -291,7 +300,7 @@ class StepDagBuilder:
             lane_of = {g: ln for ln in lanes for g in dag.lanes[ln].gpus}
             gidx = {g: i for i, g in enumerate(gpus)}
             ep_size = len(gpus)
-            ops = [[self._ops(sub, False) for sub in plans[r][0]] for r in range(ranks)]
+            ops = [[self._ops(shape, False) for shape in plans[r][0]] for r in range(ranks)]
             ready = [[() for _ in range(num_sub)] for _ in range(ranks)]
             if s:
                 for r in range(ranks):
