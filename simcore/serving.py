@@ -244,9 +244,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         empty = 0
         while True:
             if not sched.has_requests:
-                rep.wake = env.event()
-                yield rep.wake
-                rep.wake = None
+                yield from sleep_group((rep,))
             out = schedule()
             scheduled = out.scheduled
             if out.preempted:
@@ -259,9 +257,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             if not scheduled:
                 if sched.num_waiting_for_remote:
                     # Nothing to run until a load lands (or a request arrives).
-                    rep.wake = env.event()
-                    yield rep.wake
-                    rep.wake = None
+                    yield from sleep_group((rep,))
                     continue
                 empty += 1
                 if empty > MAX_EMPTY_STEPS:
@@ -328,8 +324,9 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         by_phase = stats.step_s_by_phase_bound
         by_phase[phase] = by_phase.get(phase, 0.0) + st.total_s
 
-    def sleep_group(ranks: list[_Replica]):
-        """Wait until any rank of a lock-step group is notified (a request or a KV load)."""
+    def sleep_group(ranks):
+        """Wait until any of `ranks` (one engine, or a lock-step group) is notified: a request
+        arrived, or a KV load landed."""
         wake = env.event()
         for rep in ranks:
             rep.wake = wake
