@@ -95,8 +95,7 @@ class DagRun:
         port = self.port
         node_of = port.node_of
         immediate = port.immediate
-        start_s, finish_s, ready, remaining = self.start_s, self.finish_s, self._ready, self._remaining
-        children, cause = self._children, self.cause
+        start_s, ready = self.start_s, self._ready
         while stack:
             i = stack.pop()
             t = ready[i]
@@ -116,37 +115,33 @@ class DagRun:
             else:
                 start_s[i] = t
                 end = t + dag.dur_s[i]
-            finish_s[i] = end
-            self._unresolved -= 1
-            for c in children[i]:
-                if end >= ready[c]:
-                    ready[c] = end
-                    cause[c] = i
-                remaining[c] -= 1
-                if remaining[c] == 0:
-                    stack.append(c)
+            self._release(i, end, stack)
+
+    def _release(self, i: int, end_s: float, stack: list[int]) -> None:
+        """Node i finished at end_s: push the nodes that now have all their inputs."""
+        self.finish_s[i] = end_s
+        self._unresolved -= 1
+        ready, remaining, cause = self._ready, self._remaining, self.cause
+        for c in self._children[i]:
+            if end_s >= ready[c]:
+                ready[c] = end_s
+                cause[c] = i
+            remaining[c] -= 1
+            if remaining[c] == 0:
+                stack.append(c)
 
     def _callback(self, i: int) -> Callable[[float, float], None]:
         def on_done(end_s: float, ideal_s: float) -> None:
-            self.finish_s[i] = end_s
             self.ideal_s[i] = ideal_s
-            self._unresolved -= 1
-            stack = []
-            for c in self._children[i]:
-                if end_s >= self._ready[c]:
-                    self._ready[c] = end_s
-                    self.cause[c] = i
-                self._remaining[c] -= 1
-                if self._remaining[c] == 0:
-                    stack.append(c)
+            stack: list[int] = []
+            self._release(i, end_s, stack)
             self._drain(stack)
             if self._unresolved == 0:
                 self._complete()
         return on_done
 
     def _complete(self) -> None:
-        self.end_s = max(self.finish_s, default=self.t0_s) if len(self.dag) else self.t0_s
-        self.end_s = max(self.end_s, self.t0_s)
+        self.end_s = max(max(self.finish_s, default=self.t0_s), self.t0_s)
         self.done = True
         if self.on_complete is not None:
             self.on_complete(self)
