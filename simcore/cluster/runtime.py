@@ -27,6 +27,7 @@ from simcore.dag.builder import StepDagBuilder
 from simcore.dag.executor import DagRun
 from simcore.fabric.analytical import AnalyticalFabric
 from simcore.fabric.protocol import Fabric, MessageResult
+from simcore.fabric.run import distribution
 
 COMM_CAUSES = ("/nvlink", "/fabric")
 
@@ -296,12 +297,11 @@ class ClusterRuntime:
             "fabric": _fabric_block(fs, self.network, msgs),
         }
         if st.kv_transfers:
-            t = np.array([e - s for _, s, e in st.kv_transfers])
+            times = distribution([e - s for _, s, e in st.kv_transfers])
             out["kv_transfers"] = {
                 "num": len(st.kv_transfers),
                 "bytes": int(sum(b for b, _, _ in st.kv_transfers)),
-                "mean_s": float(t.mean()), "p50_s": float(np.percentile(t, 50)),
-                "p99_s": float(np.percentile(t, 99)), "max_s": float(t.max())}
+                **{f"{k}_s": v for k, v in times.items()}}
         return out
 
 
@@ -321,11 +321,8 @@ def _fabric_block(fs, network: ClusterNetwork, step_msgs: list[MessageResult]) -
     for lo, hi, label in SIZE_BUCKETS:
         sel = [m.slowdown for m in step_msgs if lo <= m.size_bytes < hi]
         if sel:
-            a = np.array(sel)
-            by_size.append({"size": label, "num": len(sel), "slowdown_mean": float(a.mean()),
-                            "slowdown_p50": float(np.percentile(a, 50)),
-                            "slowdown_p99": float(np.percentile(a, 99)),
-                            "slowdown_max": float(a.max())})
+            by_size.append({"size": label, "num": len(sel),
+                            **{f"slowdown_{k}": v for k, v in distribution(sel).items()}})
     util = [ls.busy_s / duration for ls in fs.links] if duration > 0 else []
     busiest = int(np.argmax(util)) if util else -1
     names = [nd.name for nd in topo.nodes]

@@ -86,7 +86,7 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
                      include_messages=include_messages)
 
 
-def _dist(values: list[float] | np.ndarray) -> dict[str, float | None]:
+def distribution(values: list[float] | np.ndarray) -> dict[str, float | None]:
     """Mean, percentiles and max of a sample (None throughout when it is empty)."""
     keys = ["mean"] + [f"p{p}" for p in PERCENTILES] + ["max"]
     if len(values) == 0:
@@ -129,11 +129,11 @@ def _messages_block(results: list[MessageResult], planned: list[PlannedMessage],
         per_traffic.append({"traffic": i, "kind": item.kind,
                             "num_messages": planned_per_item.get(i, 0),
                             "num_completed": len(done),
-                            "fct_s": _dist([r.fct_s for r in done]),
-                            "slowdown": _dist([r.slowdown for r in done])})
+                            "fct_s": distribution([r.fct_s for r in done]),
+                            "slowdown": distribution([r.slowdown for r in done])})
     block: dict[str, Any] = {"num_messages": len(planned), "num_completed": len(results),
                              "num_incomplete": len(planned) - len(results),
-                             "fct_s": _dist(fct), "slowdown": _dist(slowdown),
+                             "fct_s": distribution(fct), "slowdown": distribution(slowdown),
                              "per_traffic": per_traffic}
     if listed:
         names = [nd.name for nd in topology.nodes]
