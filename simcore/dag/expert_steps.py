@@ -1,0 +1,257 @@
+"""The expert-parallel part of a step DAG: a lock-step EP group's attention per rank, the
+dispatch and combine all-to-alls with routing sampled as DeepEP sends tokens, and each GPU's
+experts (see `simcore.dag.builder` for the rest of the step)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simcore.dag import collectives as coll
+from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, LOCAL, StepDag
+
+
+class ExpertParallelSteps:
+    """Methods of `StepDagBuilder` for expert-parallel groups; they use its settings (`arch`,
+    `cfg`, `placement`, `costs`, `ic`, `rng`, `ep_model`) and its dense-step helpers (`_ops`,
+    `_layer_s`, `_collective`, `_pp_hop`, `_lower`)."""
+
+    def _expert_popularity(self) -> np.ndarray:
+        r = self.cfg.moe_routing
+        e = self.arch.num_experts
+        if r.popularity == "uniform":
+            return np.full(e, 1.0 / e)
+        w = 1.0 / np.arange(1, e + 1) ** r.zipf_exponent
+        w = w[self.rng.permutation(e)]
+        return w / w.sum()
+
+    def _build_ep(self, dag: StepDag, batches, plans, lane_ids, comm_stream: int) -> None:
+        """An expert-parallel group in lock-step: per stage and layer group, each rank's attention,
+        the dispatch all-to-all over every GPU of the stage, each GPU's experts, the combine."""
+        ep = self.ep_model
+        arch = self.arch
+        h, k_top = arch.hidden_size, arch.num_experts_per_tok
+        ranks = len(batches)
+        num_sub = len(plans[0][0])
+        epg = ep.experts_per_gpu
+        for s in range(self.pp):
+            lanes = [ids[s] for ids in lane_ids]
+            gpus = [g for ln in lanes for g in dag.lanes[ln].gpus]
+            lane_of = {g: ln for ln in lanes for g in dag.lanes[ln].gpus}
+            gidx = {g: i for i, g in enumerate(gpus)}
+            ep_size = len(gpus)
+            ops = [[self._ops(shape, False) for shape in plans[r][0]] for r in range(ranks)]
+            ready = [[() for _ in range(num_sub)] for _ in range(ranks)]
+            if s:
+                for r in range(ranks):
+                    for k in range(num_sub):
+                        ready[r][k] = self._pp_hop(dag, lane_ids[r][s - 1], lanes[r],
+                                                   ops[r][k][0].num_tokens, ready[r][k],
+                                                   comm_stream)
+            for n, nd, nm in self.groups[s]:
+                for r in range(ranks):           # attention (and any dense MLP)
+                    for k in range(num_sub):
+                        attn, mlp = self._layer_s(ops[r][k][1], n, nd, nm, False)
+                        node = dag.compute(lanes[r], "attention", attn + mlp, ready[r][k])
+                        ready[r][k] = (node,)
+                        if self.tp > 1 and nm == 0:
+                            ready[r][k] = self._collective(
+                                dag, lanes[r], "all_reduce", ops[r][k][0].num_tokens * h
+                                * self.ab, 2 * n, ready[r][k], comm_stream)
+                if nm == 0:
+                    continue
+                for k in range(num_sub):
+                    # Routing. Expert loads: the group's token-expert assignments (a multinomial
+                    # over the experts' popularity). Traffic: a token goes once to each GPU
+                    # holding any of its experts (DeepEP deduplicates per rank), and across
+                    # nodes once to each node holding any (per node, then NVLink inside it).
+                    trials = sum(nm * ops[r][k][0].num_tokens * k_top for r in range(ranks))
+                    per_expert = self.rng.multinomial(trials, self._popularity)
+                    starts = np.arange(0, arch.num_experts, epg)
+                    loads = [0] * ep_size
+                    loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
+                    active_per_gpu = [0] * ep_size
+                    active_per_gpu[:len(starts)] = np.add.reduceat(
+                        (per_expert > 0).astype(np.int64), starts).tolist()
+                    held = np.zeros(ep_size, dtype=np.int64)     # layer-tokens on each GPU
+                    for r in range(ranks):
+                        src = [gidx[g] for g in dag.lanes[lanes[r]].gpus]
+                        t = nm * ops[r][k][0].num_tokens
+                        for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
+                            held[gi] += t * (j + 1) // len(src) - t * j // len(src)
+                    sent = {ln: ready[r][k] for r, ln in enumerate(lanes)}
+                    arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
+                                                        comm_stream, nm)
+                    expert_nodes = {}
+                    for r, ln in enumerate(lanes):
+                        dur = max(self._expert_s(loads[gidx[g]], active_per_gpu[gidx[g]], nm)
+                                  for g in dag.lanes[ln].gpus)
+                        expert_nodes[ln] = dag.compute(ln, "experts", dur, arrived[ln])
+                    back = back_of({ln: (expert_nodes[ln],) for ln in lanes})
+                    for r, ln in enumerate(lanes):
+                        ready[r][k] = back[ln]
+                        if self.tp > 1:          # sequence-parallel MoE: gather the tokens
+                            ready[r][k] = self._collective(
+                                dag, ln, "all_gather", ops[r][k][0].num_tokens * h * self.ab,
+                                nm, ready[r][k], comm_stream)
+            if s == self.pp - 1:
+                for r, ln in enumerate(lanes):
+                    for k in range(num_sub):
+                        shape, by_op = ops[r][k]
+                        ready[r][k] = (dag.compute(ln, "lm_head", by_op.get("lm_head", 0.0),
+                                                   ready[r][k]),)
+
+    def _gpu_reach(self, gpus: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(node of each GPU, P(a token needs GPU j), P(a token needs node n)) for a stage's
+        EP group: a token's top-k experts drawn from the popularity, GPU j holding experts
+        j x experts_per_gpu onward."""
+        key = tuple(gpus)
+        hit = self._reach.get(key)
+        if hit is None:
+            ep = len(gpus)
+            epg = self.ep_model.experts_per_gpu
+            k = self.arch.num_experts_per_tok
+            mass = np.zeros(ep)
+            m = np.add.reduceat(self._popularity, np.arange(0, self.arch.num_experts, epg))
+            mass[:len(m)] = m
+            nodes = np.array([self.placement.node_of(g) for g in gpus])
+            node_ids = sorted(set(nodes.tolist()))
+            node_mass = np.array([mass[nodes == n].sum() for n in node_ids])
+            hit = self._reach[key] = (nodes, 1.0 - (1.0 - mass) ** k,
+                                      1.0 - (1.0 - node_mass) ** k)
+        return hit
+
+    def _all_to_all(self, dag: StepDag, gpus: list[int], held: np.ndarray,
+                    ready: dict[int, tuple[int, ...]], lanes: list[int],
+                    lane_of: dict[int, int], stream: int, count: int):
+        """The dispatch of one MoE layer group (`held[i]`: layer-tokens on gpus[i]); returns,
+        per lane, what its experts wait for, and a function that, given each lane's expert
+        node, builds the combine and returns what each lane's next op waits for.
+
+        Sampled per step: tokens from GPU i to GPU j ~ Binomial(held_i, P(token needs j)), and
+        to node n ~ Binomial(held_i, P(token needs n)). "direct" across nodes: one transfer per
+        GPU pair each way. Otherwise (auto, hierarchical, or a single node) DeepEP-style: one
+        fabric message per other node, to the GPU of the sender's local position there (the
+        relay), and NVLink traffic (same-node pairs, relays forwarding to their final GPUs) as
+        one timed phase per node, its busiest GPU's bytes (expected) over the per-GPU NVLink
+        bandwidth; the combine mirrors it (NVLink reduce inside the node first, then one
+        message per node back). Combine carries the same tokens at its own bytes per element.
+        """
+        rc = self.cfg.moe_routing
+        h = self.arch.hidden_size
+        d_b, c_b = h * rc.dispatch_bytes_per_element, h * rc.combine_bytes_per_element
+        nodes, q_gpu, q_node = self._gpu_reach(gpus)
+        node_ids = sorted(set(nodes.tolist()))
+        multi = len(node_ids) > 1
+        rng = self.rng
+        if multi and self.cfg.collectives.all_to_all == "direct":
+            tokens = rng.binomial(held[:, None], q_gpu[None, :])
+            np.fill_diagonal(tokens, 0)
+            disp = (tokens * d_b).astype(np.int64)
+            arrived = self._pairwise(dag, gpus, disp, ready, lanes, lane_of, "dispatch",
+                                     stream, count)
+
+            def combine_direct(expert_ready):
+                comb = (tokens.T * c_b).astype(np.int64)
+                return self._pairwise(dag, gpus, comb, expert_ready, lanes, lane_of, "combine",
+                                      stream, count)
+            return arrived, combine_direct
+        ep = len(gpus)
+        col = {n: c for c, n in enumerate(node_ids)}
+        ncol = np.array([col[n] for n in nodes.tolist()])
+        members = {n: np.flatnonzero(nodes == n) for n in node_ids}
+        position = np.empty(ep, dtype=np.int64)
+        for js in members.values():
+            position[js] = np.arange(len(js))
+        # Same-node tokens over NVLink, expected: sum over the node's other GPUs of held x P.
+        same = nodes[:, None] == nodes[None, :]
+        reach = np.where(same, q_gpu[None, :], 0.0)
+        np.fill_diagonal(reach, 0.0)
+        nvlink_tokens = held * reach.sum(axis=1)
+        inter = rng.binomial(held[:, None], q_node[None, :]) if multi else None
+        transfers = []                           # (src index, relay index, tokens)
+        if multi:
+            inter[np.arange(ep), ncol] = 0
+            for n, js in members.items():
+                c = col[n]
+                relay = js[position % len(js)]
+                src = np.flatnonzero(inter[:, c] > 0)
+                # A relay forwards to its node's other GPUs the tokens that need them.
+                forward = q_gpu[js].sum() / q_node[c]
+                for i in src.tolist():
+                    r = int(relay[i])
+                    t = int(inter[i, c])
+                    transfers.append((i, r, t))
+                    nvlink_tokens[r] += t * (forward - q_gpu[r] / q_node[c])
+            transfers.sort()
+        a_intra = self.costs.intra_node_latency_s * count
+        a_inter = self.costs.inter_node_latency_s * count
+        phase_stream = -1 if stream == COMPUTE_STREAM else COMM_STREAM
+        node_lanes = {n: list(dict.fromkeys(lane_of[gpus[j]] for j in js))
+                      for n, js in members.items()}
+
+        def phase(n: int, deps: tuple[int, ...], op: str, per_token: float) -> int:
+            b = float(nvlink_tokens[members[n]].max()) * per_token
+            dur = b / self.ic + a_intra if b > 0 else 0.0
+            return dag._add(LOCAL, node_lanes[n][0], phase_stream, dur, deps, op, fabric=multi)
+
+        into: dict[int, list[int]] = {n: [] for n in node_ids}
+        for i, r, t in transfers:
+            src_lane = lane_of[gpus[i]]
+            tid = dag.transfer(src_lane, "dispatch", gpus[i], gpus[r], int(t * d_b), a_inter,
+                               ready[src_lane], True)
+            into[int(nodes[r])].append(tid)
+        arrived = {}
+        for n in node_ids:
+            deps = tuple(d for ln in node_lanes[n] for d in ready[ln]) + tuple(into[n])
+            p = phase(n, deps, "dispatch", d_b)
+            for ln in node_lanes[n]:
+                arrived[ln] = (p,)
+
+        def combine(expert_ready: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+            # Reduce inside each node over NVLink, then one message per token and node back.
+            phases = {n: phase(n, tuple(d for ln in node_lanes[n] for d in expert_ready[ln]),
+                               "combine", c_b) for n in node_ids}
+            back: dict[int, list[int]] = {ln: [] for ln in lanes}
+            for i, r, t in transfers:
+                tid = dag.transfer(lane_of[gpus[r]], "combine", gpus[r], gpus[i], int(t * c_b),
+                                   a_inter, (phases[int(nodes[r])],), True)
+                back[lane_of[gpus[i]]].append(tid)
+            return {ln: tuple(back[ln]) + (phases[n],) for n in node_ids
+                    for ln in node_lanes[n]}
+        return arrived, combine
+
+    def _pairwise(self, dag: StepDag, gpus: list[int], matrix: np.ndarray,
+                  ready: dict[int, tuple[int, ...]], lanes: list[int], lane_of: dict[int, int],
+                  op: str, stream: int, count: int) -> dict[int, tuple[int, ...]]:
+        """One transfer per GPU pair with bytes (`collectives.all_to_all`, direct)."""
+        costs = coll.LinkCosts(self.costs.intra_node_latency_s * count,
+                               self.costs.inter_node_latency_s * count)
+        plan = coll.all_to_all(tuple(gpus), matrix.tolist(), self.placement.node_of,
+                               algorithm="direct", costs=costs)
+        ids = self._lower(dag, lanes[0], op, plan, {g: ready[lane_of[g]] for g in gpus},
+                          lane_of)
+        return self._arrivals(dag, plan, ids, lanes, lane_of, op, stream)
+
+    def _arrivals(self, dag: StepDag, plan: coll.CollectivePlan, ids: list[int],
+                  lanes: list[int], lane_of: dict[int, int], op: str,
+                  stream: int) -> dict[int, tuple[int, ...]]:
+        """Per lane, a wait node for every transfer it sends or receives in the plan."""
+        touching: dict[int, list[int]] = {ln: [] for ln in lanes}
+        for t, i in zip(plan.transfers, ids):
+            touching[lane_of[t.src]].append(i)
+            if lane_of[t.dst] != lane_of[t.src]:
+                touching[lane_of[t.dst]].append(i)
+        return {ln: (dag.barrier(ln, op, tuple(touching[ln]), stream),) for ln in lanes}
+
+    def _expert_s(self, load: int, active: int, nm: int) -> float:
+        """Routed-expert GEMMs of one GPU over nm MoE layers: `load` token-expert assignments,
+        `active` distinct experts hit (weights read once per layer)."""
+        ep = self.ep_model
+        if load <= 0:
+            return 0.0
+        share = nm / self.num_moe
+        per_layer_load = load / nm
+        cpu = per_layer_load * ep._flop_s_per_assignment * share
+        mem = (active * ep._byte_s_per_expert + per_layer_load * ep._byte_s_per_assignment) * share
+        floor = ep._floor_s * share
+        return max(cpu, mem, floor)
