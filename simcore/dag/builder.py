@@ -15,7 +15,8 @@ once per layer group and step: expert loads from a multinomial over the experts'
 all of the group's token-expert assignments; all-to-all traffic as DeepEP sends it, each token
 once to every GPU (inside a node) or node (across nodes) holding any of its top-k experts, with
 binomial counts from those probabilities. So per-GPU expert loads and all-to-all bytes vary step
-to step as routing does (loads and traffic are drawn apart, each with its right distribution).
+to step as routing does (loads and traffic are drawn apart, each with its right distribution);
+that part is in `simcore.dag.expert_steps`.
 """
 
 from __future__ import annotations
