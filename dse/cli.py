@@ -61,6 +61,15 @@ def _bar_progress(bar):
     return progress
 
 
+def _runs_progress(bar):
+    """A progress callback for the envelope's perturbed runs, on the same bar."""
+
+    def progress(done: int, total: int) -> None:
+        bar.set_description_str(f"envelope run {done}/{total}", refresh=True)
+
+    return progress
+
+
 @main.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -69,18 +78,27 @@ def _bar_progress(bar):
               default=None, help="Write the Perfetto trace of the config's cluster.trace window "
                                  "here (and leave it out of --out).")
 @click.option("--seed", type=int, default=None, help="Override the config's seed.")
+@click.option("--envelope", type=click.Choice(["bounds", "samples", "first_order"]),
+              default=None, help="Override uncertainty.method: how the metrics' envelope is "
+                                 "computed (bounds: 2 extra runs; samples: uncertainty.samples "
+                                 "extra runs; first_order: none).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int | None,
-             quiet: bool) -> None:
-    """Simulate CONFIG (YAML) and print vllm-bench-serve-style metrics."""
+             envelope: str | None, quiet: bool) -> None:
+    """Simulate CONFIG (YAML) and print vllm-bench-serve-style metrics with their envelope."""
     from simcore.config import load_config
-    from simcore.simulate import simulate as run
+    from simcore.uncertainty import simulate_with_envelope as run
     from dse.summary import render_summary
 
     try:
         cfg = load_config(config)
         if seed is not None:
             cfg = cfg.model_copy(update={"seed": seed})
+        if envelope is not None:
+            u = cfg.uncertainty.model_copy(update={"method": envelope})
+            if envelope != "samples":
+                u = u.model_copy(update={"vary_workload_seed": False})
+            cfg = cfg.model_copy(update={"uncertainty": u})
         if trace_out is not None:
             _check_trace_window(config, cfg)
         bar = None
@@ -89,7 +107,8 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
 
             bar = tqdm(total=None, unit="req", desc="simulating", leave=False)
         try:
-            result = run(cfg, progress=_bar_progress(bar) if bar is not None else None)
+            result = run(cfg, progress=_bar_progress(bar) if bar is not None else None,
+                         run_progress=_runs_progress(bar) if bar is not None else None)
         finally:
             if bar is not None:
                 bar.close()
@@ -365,6 +384,83 @@ def fabric(scenario: Path, backend: str | None, seed: int | None, out: Path | No
     click.echo(render_fabric_summary(result))
     if out is not None:
         _write_json(out, result, "measurements", allow_nan=False)
+
+
+
+@main.command()
+@click.option("--suite", "suites", multiple=True,
+              type=click.Choice(["ops", "collectives", "fabric", "scheduler", "end_to_end"]),
+              help="Run only these suites (repeatable; default all).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the rows as JSON here.")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="The reference data folder (calibration/, conformance/); "
+                                 "default ../shared beside the repository.")
+def validate(suites: tuple[str, ...], out: Path | None, data_dir: Path | None) -> None:
+    """Run the validation suite: predictions against references, with errors and sources.
+
+    Exits 1 if any row's error exceeds its tolerance."""
+    from dse.validate import SUITES, render_table, run_suite
+
+    try:
+        rows = run_suite(suites or SUITES, shared_dir=data_dir)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    click.echo(render_table(rows))
+    bad = [r for r in rows if not r.ok]
+    click.echo(f"\n{len(rows) - len(bad)} of {len(rows)} checks within tolerance")
+    if out is not None:
+        _write_json(out, {"rows": [r.as_dict() for r in rows]}, "validation table")
+    if bad:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("measurements", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the fitted profile (JSON) here; required when fitting.")
+@click.option("--gpu", default=None, help="GPU to fit when the files cover several (measurement "
+                                          "name such as h100, or catalog name).")
+@click.option("--node", default=None, help="Node kind of the collective tables (default: the "
+                                           "GPU's DGX tables).")
+@click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.2,
+              show_default=True, help="Fraction of each curve's token counts / message sizes "
+                                      "held out of the fit to measure its error.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the hold-out draw.")
+@click.option("--id", "profile_id", default=None, help="Profile id (default: from the GPU).")
+@click.option("--list", "list_profiles", is_flag=True,
+              help="List the shipped profiles and their held-out errors instead of fitting.")
+def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
+              node: str | None, holdout: float, seed: int, profile_id: str | None,
+              list_profiles: bool) -> None:
+    """Fit a calibration profile from MEASUREMENTS (files or directories in vidur's layout),
+    write it, and print the error distribution per op on the rows held out of the fit."""
+    try:
+        if list_profiles:
+            from dse.calibrate import error_table, render_error_table
+            from simcore.calibration.profile import shipped_profile, shipped_profile_ids
+
+            for pid in shipped_profile_ids():
+                p = shipped_profile(pid)
+                click.echo(render_error_table(error_table(p),
+                                              title=f"{pid} ({p.gpu}): relative errors"))
+                click.echo("")
+            return
+        if not measurements:
+            _fail("calibrate: give measurement files or directories (or --list)")
+        if out is None:
+            _fail("calibrate: --out is required (where to write the profile)")
+        from dse.calibrate import run_calibrate
+
+        report = run_calibrate([str(m) for m in measurements], str(out), gpu=gpu,
+                               holdout=holdout, seed=seed, node=node, profile_id=profile_id)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    click.echo(report.table())
+    click.echo(f"\nprofile {report.profile.profile_id} ({report.profile.gpu}) written to "
+               f"{report.out}")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,9 @@ class EvalSpec:
     usd_per_gpu_hour: float = 2.5
     derive_dp: bool = False
     """With `num_gpus` set and DP not searched, DP = num_gpus / (TP x PP)."""
+    envelope: bool = False
+    """Run the config's uncertainty method (perturbed re-runs) and keep every metric's envelope
+    (the confirmation stage does; screening keeps the first-order one)."""
 
     @classmethod
     def of(cls, study: "StudyConfig | EvalSpec") -> "EvalSpec":
@@ -91,6 +94,9 @@ class TrialOutcome:
     explanation: dict | None = None
     explanation_error: str | None = None
     elapsed_s: float = 0.0
+    envelopes: dict[str, list[float]] = field(default_factory=dict)
+    """Metric -> [low, high] from perturbed re-runs (`EvalSpec.envelope`); empty otherwise."""
+    envelope_method: str | None = None
 
 
 # -- building and checking a trial's configuration -----------------------------------------------
@@ -221,10 +227,14 @@ def score(result: Mapping[str, Any], spec: EvalSpec, *, elapsed_s: float = 0.0,
     wanted += [k for k in HEADLINE_METRICS if k not in wanted]
     summary = {k: metrics[k] for k in wanted if k in metrics and math.isfinite(metrics[k])}
     finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+    env = result.get("envelope") or {}
+    envelopes = {k: [e["low"], e["high"]] for k, e in (env.get("metrics") or {}).items()
+                 if math.isfinite(e["low"]) and math.isfinite(e["high"])}
     return TrialOutcome(status="complete", values=values, constraints=constraints,
                         metrics=finite, summary=summary, violations=violations,
                         feasible=not violations, explanation=explanation,
-                        explanation_error=explanation_error, **common)
+                        explanation_error=explanation_error, envelopes=envelopes,
+                        envelope_method=env.get("method") if envelopes else None, **common)
 
 
 def _explain(result: dict) -> tuple[dict | None, str | None]:
@@ -250,6 +260,7 @@ def evaluate(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any]
     exception; a simulation that raises propagates (see `run_trial`).
     """
     from simcore.simulate import simulate
+    from simcore.uncertainty import simulate_with_envelope
 
     spec = EvalSpec.of(study)
     t0 = time.perf_counter()
@@ -257,7 +268,7 @@ def evaluate(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any]
     if cfg is None:
         return TrialOutcome(status="infeasible", reason=reason,
                             elapsed_s=time.perf_counter() - t0)
-    result = simulate(cfg)
+    result = simulate_with_envelope(cfg) if spec.envelope else simulate(cfg)
     explanation, explanation_error = _explain(result)
     return score(result, spec, elapsed_s=time.perf_counter() - t0, explanation=explanation,
                  explanation_error=explanation_error)

@@ -26,6 +26,7 @@ import numpy as np
 from dse.pareto import pareto_ranks
 from dse.study import Constraint, Objective
 from simcore.errors import ConfigError
+from simcore.uncertainty import first_order
 
 if TYPE_CHECKING:
     import optuna
@@ -67,31 +68,13 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
 # ---------------------------------------------------------------------------------------------
 # Envelopes
 
-def metric_scaling(metric: str) -> int:
-    """How a metric moves with step time: +1 proportionally (latencies, cost per token), -1
-    inversely (throughputs, tokens per dollar), 0 not simply (counts, fractions)."""
-    if metric.endswith("_ms") or metric.endswith("_s") or "cost_per" in metric:
-        return 1
-    if "throughput" in metric or "goodput" in metric or "per_dollar" in metric \
-            or metric.endswith("_per_s"):
-        return -1
-    return 0
-
-
 def envelope(metric: str, value: float, relative_uncertainty: float | None
              ) -> tuple[float, float] | None:
-    """The range of `metric` if every step time is off by up to ±relative_uncertainty.
-
-    First order: latencies scale with step time, throughputs with its inverse. Queueing can
-    amplify latency beyond this near saturation, so the range is a guide, not a bound.
-    """
-    u = relative_uncertainty
-    scaling = metric_scaling(metric)
-    if u is None or u <= 0 or scaling == 0 or not math.isfinite(value):
-        return None
-    if scaling > 0:
-        return value * (1 - u), value * (1 + u)
-    return value / (1 + u), (value / (1 - u) if u < 1 else math.inf)
+    """The first-order range of `metric` if every step time is off by up to
+    ±relative_uncertainty (`simcore.uncertainty.first_order`): latencies scale with step time,
+    throughputs with its inverse. Queueing can amplify latency beyond this near saturation, so
+    the range is a guide, not a bound."""
+    return first_order(metric, value, relative_uncertainty)
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -119,6 +102,17 @@ class Measurement:
     profile: str | None
     calibrated: bool | None
     relative_uncertainty: float | None
+    envelopes: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Metric -> (low, high) from perturbed re-runs (confirmation runs); first-order otherwise."""
+    envelope_method: str | None = None
+
+    def envelope(self, metric: str) -> tuple[float, float] | None:
+        """This run's envelope of `metric`: from its perturbed re-runs when it had them, else
+        first order around its value."""
+        if metric in self.envelopes:
+            return self.envelopes[metric]
+        v = self.value_of(metric)
+        return envelope(metric, v, self.relative_uncertainty) if v is not None else None
 
     @property
     def complete(self) -> bool:
@@ -137,6 +131,8 @@ class Measurement:
             "constraints": self.constraint_values, "metrics": self.metrics,
             "summary": self.summary, "explanation": self.explanation, "profile": self.profile,
             "calibrated": self.calibrated, "relative_uncertainty": self.relative_uncertainty,
+            "envelopes": {k: list(v) for k, v in self.envelopes.items()},
+            "envelope_method": self.envelope_method,
         }
 
 
@@ -254,15 +250,23 @@ class StudyReport:
         out = []
         for a, b in combinations(self.pareto, 2):
             overlapping, separate = [], []
+            # Both confirmed with perturbed re-runs: compare those envelopes; else the
+            # screening values' first-order ones.
+            propagated = (a.confirmed and b.confirmed and bool(a.confirm.envelopes)
+                          and bool(b.confirm.envelopes))
             for i, o in enumerate(self.objectives):
-                ea = envelope(o.metric, a.values[i], a.screen.relative_uncertainty)
-                eb = envelope(o.metric, b.values[i], b.screen.relative_uncertainty)
+                if propagated:
+                    ea, eb = a.confirm.envelope(o.metric), b.confirm.envelope(o.metric)
+                else:
+                    ea = envelope(o.metric, a.values[i], a.screen.relative_uncertainty)
+                    eb = envelope(o.metric, b.values[i], b.screen.relative_uncertainty)
                 if ea is None or eb is None:
                     continue
                 (overlapping if _overlap(ea, eb) else separate).append(o.metric)
             if overlapping or separate:
                 out.append({"a": a.number, "b": b.number, "overlapping": overlapping,
-                            "separate": separate})
+                            "separate": separate,
+                            "basis": "confirmation re-runs" if propagated else "first order"})
         return out
 
     def counts(self) -> dict[str, int]:
@@ -349,7 +353,19 @@ def _measurement(trial: optuna.trial.FrozenTrial, study_name: str,
         reasons=tuple(dict.fromkeys(reasons)), constraint_values=cvalues,
         explanation=expl if isinstance(expl, dict) else None,
         profile=a.get("profile"), calibrated=a.get("calibrated"),
-        relative_uncertainty=_relative_uncertainty(a, metrics))
+        relative_uncertainty=_relative_uncertainty(a, metrics),
+        envelopes=_envelopes(a.get("envelopes")), envelope_method=a.get("envelope_method"))
+
+
+def _envelopes(raw: Any) -> dict[str, tuple[float, float]]:
+    """A trial's stored envelopes, keeping only well-formed (low, high) pairs."""
+    out: dict[str, tuple[float, float]] = {}
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            if isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) is not None
+                                                                     for x in v):
+                out[str(k)] = (float(v[0]), float(v[1]))
+    return out
 
 
 def _reference_point(values: np.ndarray, directions: Sequence[str]) -> tuple[float, ...]:
@@ -459,6 +475,13 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
                      "further). The error is largely shared by configurations on the same "
                      "profile, so overlapping envelopes mean the numbers alone do not settle "
                      "the order.")
+    if any(c.confirmed and c.confirm.envelopes for c in configs):
+        method = next(c.confirm.envelope_method for c in configs
+                      if c.confirmed and c.confirm.envelopes)
+        notes.append(f"Confirmation envelopes come from perturbed re-runs ({method}): each op "
+                     "class's duration scaled within its error bound for the whole run, so "
+                     "batching and queueing carry the error; Pareto configurations that were "
+                     "both confirmed are compared on these.")
 
     return StudyReport(
         study_name=study_name, storage=redact_url(storage_url), objectives=objectives,

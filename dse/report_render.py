@@ -46,6 +46,7 @@ class _MetricRow:
     screen: float | None
     envelope: tuple[float, float] | None
     confirm: float | None
+    confirm_envelope: tuple[float, float] | None
     baseline: float | None
 
 
@@ -62,10 +63,13 @@ def _metric_rows(report: StudyReport, c: Configuration) -> tuple[list[str], list
             continue
         rows.append(_MetricRow(
             name, v, envelope(name, v, c.screen.relative_uncertainty) if v is not None else None,
-            cv, base.screen.value_of(name) if base is not None else None))
+            cv, c.confirm.envelopes.get(name) if c.confirmed else None,
+            base.screen.value_of(name) if base is not None else None))
     head = ["metric", "screen", "envelope"]
     if any(r.confirm is not None for r in rows):
         head.append("confirm")
+    if any(r.confirm_envelope is not None for r in rows):
+        head.append("confirm envelope")
     if any(r.baseline is not None for r in rows):
         head.append(f"baseline #{base.number}")
     return head, rows
@@ -75,6 +79,8 @@ def _metric_cells(head: list[str], r: _MetricRow) -> list[Any]:
     cells: list[Any] = [r.metric, r.screen, _env_text(r.envelope)]
     if "confirm" in head:
         cells.append(r.confirm)
+    if "confirm envelope" in head:
+        cells.append(_env_text(r.confirm_envelope))
     if len(head) > len(cells):
         cells.append(r.baseline)
     return cells
@@ -436,6 +442,8 @@ def report_json(report: StudyReport) -> dict[str, Any]:
             "fidelity": c.fidelity, "params": c.params,
             "values": dict(zip(objective_names, c.values)) if c.values is not None else None,
             "confirm_values": dict(zip(objective_names, c.confirm.values))
+            if c.confirmed else None,
+            "confirm_envelopes": {k: list(v) for k, v in c.confirm.envelopes.items()}
             if c.confirmed else None,
             "envelopes": envs, "reasons": list(c.reasons), "explanation": c.explanation,
             "screen": c.screen.as_dict(),

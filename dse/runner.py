@@ -11,6 +11,7 @@ parameters again.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -188,6 +189,9 @@ class _Driver:
             t.set_user_attr("violations", list(o.violations))
             t.set_user_attr("profile", o.profile)
             t.set_user_attr("calibrated", o.calibrated)
+            if o.envelopes:
+                t.set_user_attr("envelopes", o.envelopes)
+                t.set_user_attr("envelope_method", o.envelope_method)
             if o.explanation is not None:
                 t.set_user_attr("explanation", o.explanation)
             if o.explanation_error is not None:
@@ -467,8 +471,10 @@ def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, n
 
     finished = sum(_counts_toward_budget(t) for t in trials)
     total = finished + len(cst.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    # Confirmations also run the perturbed re-runs of the config's uncertainty method, so the
+    # report can compare the best configurations by envelopes that went through the whole run.
     _run_stage(cst, storage, "confirm", study.fidelity.confirm or {}, total, finished, queued,
-               **stage)
+               **{**stage, "spec": dataclasses.replace(stage["spec"], envelope=True)})
     return tuple(t.number for t in targets)
 
 

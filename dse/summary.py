@@ -41,6 +41,49 @@ def render_explanation(r: dict) -> list[str]:
     return lines
 
 
+_ENVELOPE_ROWS = (
+    ("request_throughput", "Request throughput (req/s)"),
+    ("output_throughput", "Output token throughput (tok/s)"),
+    ("mean_ttft_ms", "Mean TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
+    ("mean_tpot_ms", "Mean TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+    ("mean_e2el_ms", "Mean E2EL (ms)"), ("p99_e2el_ms", "P99 E2EL (ms)"),
+    ("network_share_of_request_latency", "Network share of latency"),
+)
+"""The metrics the printed envelope lists (every headline metric has one in the JSON)."""
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def render_envelope(r: dict) -> list[str]:
+    """The envelope block: how the range was obtained, then low / nominal / high per metric."""
+    env = r["envelope"]
+    how = {"bounds": f"op classes at both ends of their bounds, {env['runs']} runs",
+           "samples": (f"p{env.get('percentiles', [5, 95])[0]:g}-"
+                       f"p{env.get('percentiles', [5, 95])[1]:g} of {env['runs'] - 1} "
+                       f"perturbed runs"),
+           "first_order": "first order in the step-time bound, no extra run"}[env["method"]]
+    lines = [_title(" Envelope ", "-")]
+    status = "calibrated" if env["calibrated"] else "UNCALIBRATED (reference profile)"
+    lines += _wrap(f"{status}; {how}.")
+    b = env.get("op_error_bounds") or {}
+    if b:
+        parts: dict[float, list[str]] = {}
+        for k, v in b.items():
+            parts.setdefault(round(v, 3), []).append(k)
+        lines += _wrap("Error bounds: " + "; ".join(
+            f"{', '.join(ks)} +/-{v:.0%}" for v, ks in sorted(parts.items())) + ".")
+    lines.append(f"{'':<32}{'low':>9}{'nominal':>10}{'high':>9}")
+    m = env["metrics"]
+    for key, label in _ENVELOPE_ROWS:
+        if key in m:
+            e = m[key]
+            lines.append(f"{label:<32}{_num(e['low']):>9}{_num(e['nominal']):>10}"
+                         f"{_num(e['high']):>9}")
+    return lines
+
+
 def render_summary(r: dict) -> str:
     """The headline metrics, the engine's view, the explanation, assumptions and provenance."""
     p = r["provenance"]
@@ -87,10 +130,17 @@ def render_summary(r: dict) -> str:
         _row("Mean queueing delay (ms):", r["mean_queue_ms"]),
         _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
     ]
+    if r.get("envelope"):
+        lines += render_envelope(r)
     lines += render_explanation(r)
     lines.append(_title(" Provenance ", "-"))
     unc = p["step_time_relative_uncertainty"]
-    lines.append(f"{p['profile_label']}: {p['compute_profile']} (step times +/-{unc:.0%})")
+    version = p.get("profile_version")
+    lines.append(f"{p['profile_label']}: {p['compute_profile']}"
+                 f"{f' {version}' if version and version != 'reference' else ''} "
+                 f"(step times +/-{unc:.0%})")
+    if p.get("calibrated") and p.get("reference_fallbacks"):
+        lines += _wrap("Not from the profile: " + "; ".join(p["reference_fallbacks"]) + ".")
     lines.append(f"seed {p['seed']}, {p['engine_semantics']}, simcore {p['simulator_version']}")
     lines.append("=" * _LINE)
     return "\n".join(lines)

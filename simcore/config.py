@@ -194,12 +194,51 @@ class ComputeConfig(BaseModel):
 
     model_config = _FROZEN
 
-    kind: Literal["roofline"] = Field("roofline", description="roofline: the uncalibrated "
-                                      "reference profile (peak FLOP/s and bandwidths with "
-                                      "declared efficiencies).")
+    kind: Literal["roofline", "calibrated"] = Field(
+        "roofline", description="roofline: the uncalibrated reference profile (peak FLOP/s and "
+        "bandwidths with declared efficiencies). calibrated: per-op times from a calibration "
+        "profile fitted to measurements (`profile`), the roofline for ops it does not cover.")
+    profile: str | None = Field(
+        None, description="Calibration profile for kind calibrated: a shipped profile's name "
+        "(e.g. h100-vidur; `dse calibrate --list`) or a path to a profile file. Default: the "
+        "shipped profile of the configured GPU.")
     roofline: RooflineAssumptions = Field(default_factory=RooflineAssumptions,
                                           description="Efficiency factors, latencies and "
                                           "overheads of the roofline reference profile.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ComputeConfig":
+        if self.profile is not None and self.kind != "calibrated":
+            raise ValueError("profile: only used with kind: calibrated")
+        return self
+
+
+class UncertaintyConfig(BaseModel):
+    """How `dse simulate` bounds its headline metrics: every result carries an envelope."""
+
+    model_config = _FROZEN
+
+    method: Literal["bounds", "samples", "first_order"] = Field(
+        "bounds", description="bounds: two extra runs with every op class at the low and at "
+        "the high end of its error bound (the envelope spans the three runs). samples: "
+        "`samples` extra runs with each op class's duration scaled by a seeded random factor "
+        "within its error model; the envelope is the `percentiles` of the runs. first_order: "
+        "no extra run, each metric scaled by the step-time bound (cheap, ignores queueing).")
+    samples: int = Field(10, ge=2, le=1000, description="Perturbed runs of method samples.")
+    percentiles: tuple[float, float] = Field(
+        (5.0, 95.0), description="Low and high percentile of the samples' envelope.")
+    vary_workload_seed: bool = Field(
+        False, description="Method samples: each perturbed run also draws its own workload "
+        "(seed + 1, seed + 2, ...), so the envelope includes the workload's sampling spread.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "UncertaintyConfig":
+        lo, hi = self.percentiles
+        if not 0 <= lo < hi <= 100:
+            raise ValueError(f"percentiles: need 0 <= low < high <= 100, got {lo}, {hi}")
+        if self.vary_workload_seed and self.method != "samples":
+            raise ValueError("vary_workload_seed: only used with method: samples")
+        return self
 
 
 class SimConfig(BaseModel):
@@ -223,6 +262,9 @@ class SimConfig(BaseModel):
     workload: WorkloadConfig = Field(description="What the benchmark client sends.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Summary options.")
     compute: ComputeConfig = Field(default_factory=ComputeConfig, description="Step-time model.")
+    uncertainty: UncertaintyConfig = Field(default_factory=UncertaintyConfig,
+                                           description="How the envelope of the metrics is "
+                                           "computed.")
     cluster: ClusterConfig | None = Field(None, description="Nodes on a simulated fabric: "
                                           "with it, every step runs as a DAG of compute and "
                                           "communication over the network. Without it, "

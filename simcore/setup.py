@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from simcore.compute.base import StepTimeModel
@@ -36,6 +36,8 @@ class Deployment:
     """Expert-parallel group size (DP x TP) with expert parallelism on; 1 without it."""
     expert_parallel: bool = False
     """Expert parallelism on: the DP ranks form one lock-step group (`step_model` times it)."""
+    op_scale: dict = field(default_factory=dict)
+    """Factors the step model's op classes are scaled by (a perturbed run); empty otherwise."""
 
     def memory_report(self) -> dict:
         """KV-cache size and, when derived from memory, the formula's every term."""
@@ -53,9 +55,9 @@ class Deployment:
 
     def assumptions(self) -> list[str]:
         """The modelling assumptions a result from this deployment rests on, in plain words."""
-        a = [
-            f"step times from the {self.step_model.profile_id} roofline (uncalibrated reference "
-            f"profile, +/-{self.step_model.relative_uncertainty:.0%})",
+        m = self.step_model
+        rank = getattr(m, "rank_model", m)
+        a = rank.assumption_lines() + [
             "vLLM V1 scheduler in sync mode (no async scheduling overlap)",
             "every request generates exactly its output length (ignore_eos)",
             "tokens reach the client when the step that sampled them ends",
@@ -84,8 +86,9 @@ class Deployment:
         return a
 
 
-def build_deployment(cfg: SimConfig) -> Deployment:
-    """Resolve model, GPU, limits and KV-cache size; vLLM's start-up checks raise ConfigError."""
+def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None) -> Deployment:
+    """Resolve model, GPU, limits and KV-cache size; vLLM's start-up checks raise ConfigError.
+    `op_scale` scales the step model's op classes (see `simcore.compute.roofline.OP_CLASSES`)."""
     base_dir = Path(cfg.base_dir)
     arch = cfg.model.resolve(base_dir)
     gpu = cfg.hardware.resolve()
@@ -144,19 +147,37 @@ def build_deployment(cfg: SimConfig) -> Deployment:
         except ConfigError as err:
             raise ConfigError(f"parallelism.tensor_parallel_size: {err}") from None
         num_blocks = memory.num_blocks
-    model: StepTimeModel
-    if par.enable_expert_parallel:
-        model = ExpertParallelRoofline(arch, gpu, tp=tp, pp=pp, dp=par.data_parallel_size,
-                                       weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
-                                       assumptions=cfg.compute.roofline,
-                                       multi_node_tp=cfg.cluster is not None)
-    else:
-        model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
-                              kv_cache_dtype=kv_dtype, assumptions=cfg.compute.roofline,
-                              multi_node_tp=cfg.cluster is not None)
+    model = step_model(cfg, arch, gpu, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
+                       op_scale=op_scale)
     return Deployment(arch=arch, gpu=gpu, step_model=model, memory=memory, num_blocks=num_blocks,
                       block_size=e.block_size, max_model_len=max_model_len,
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       gpus_per_replica=tp * pp, base_dir=base_dir, weight_dtype=weight_dtype,
                       kv_cache_dtype=kv_dtype, ep_size=ep,
-                      expert_parallel=par.enable_expert_parallel)
+                      expert_parallel=par.enable_expert_parallel,
+                      op_scale=dict(op_scale or {}))
+
+
+def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: str,
+               kv_cache_dtype: str, op_scale: dict[str, float] | None = None) -> StepTimeModel:
+    """The configured compute model: the roofline reference, or a calibration profile's per-op
+    times over it; with expert parallelism, the lock-step group model over either."""
+    par = cfg.parallelism
+    c = cfg.compute
+    tp, pp, dp = par.tensor_parallel_size, par.pipeline_parallel_size, par.data_parallel_size
+    multi_node = cfg.cluster is not None
+    seq_moe = par.enable_expert_parallel and dp > 1
+    kw = dict(tp=tp, pp=pp, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
+              assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
+              op_scale=op_scale)
+    if c.kind == "calibrated":
+        from simcore.compute.calibrated import CalibratedModel, resolve_profile
+        profile = resolve_profile(c.profile, gpu, base_dir=Path(cfg.base_dir))
+        rank: StepTimeModel = CalibratedModel(arch, gpu, profile=profile, **kw)
+    else:
+        rank = RooflineModel(arch, gpu, **kw)
+    if not par.enable_expert_parallel:
+        return rank
+    return ExpertParallelRoofline(arch, gpu, tp=tp, pp=pp, dp=dp, weight_dtype=weight_dtype,
+                                  kv_cache_dtype=kv_cache_dtype, assumptions=c.roofline,
+                                  multi_node_tp=multi_node, op_scale=op_scale, rank_model=rank)

@@ -36,7 +36,8 @@ def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
     )
 
 
-def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None) -> dict:
+def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
+             op_scale: dict[str, float] | None = None) -> dict:
     """Run one configuration on the virtual clock and return its result as a JSON-able dict.
 
     The top level holds `vllm bench serve`'s keys (`mean_ttft_ms`, `p99_tpot_ms`,
@@ -47,9 +48,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     `dummy_busy_fraction` (share of GPU-busy time spent in dummy batches, which busy time
     includes: an idle rank of a lock-step group is still occupied),
     `all_to_all_fraction_of_busy`, an `expert_parallel` section, and per replica `dummy_steps`,
-    `dummy_busy_s` and `all_to_all_s`.
+    `dummy_busy_s` and `all_to_all_s`. `op_scale` scales the compute model's op classes (a
+    perturbed run of an envelope; see `simcore.uncertainty`).
     """
-    dep = build_deployment(cfg)
+    dep = build_deployment(cfg, op_scale=op_scale)
     sched_cfg = scheduler_config(cfg, dep)
     w = cfg.workload
     specs = generate_requests(w, block_size=cfg.engine.block_size, seed=cfg.seed,
@@ -229,14 +231,25 @@ def _request_row(r) -> dict:
 def provenance(cfg: SimConfig, dep: Deployment) -> dict:
     """Where the numbers come from: seed, profile, versions, and the assumptions they rest on."""
     m = dep.step_model
+    rank = getattr(m, "rank_model", m)
     return {
         "simulator": "simcore", "simulator_version": __version__,
         "engine_semantics": "vLLM 0.33 V1 scheduler, sync mode",
         "seed": cfg.seed,
+        "seeds": {"workload": cfg.seed,
+                  **({"envelope": cfg.seed} if cfg.uncertainty.method == "samples" else {}),
+                  **({"fabric": cfg.seed, "expert_routing": cfg.seed}
+                     if cfg.cluster is not None else {})},
         "compute_profile": m.profile_id,
+        "profile_version": rank.profile_version,
         "calibrated": m.calibrated,
-        "profile_label": "calibrated profile" if m.calibrated else "uncalibrated reference profile",
+        "reference_fallbacks": rank.fallbacks(),
+        "measured_share_of_step_time": round(rank.measured_share(), 3),
+        "profile_label": (f"calibrated profile ({rank.measured_share():.0%} of a reference step "
+                          "measured)") if m.calibrated else "uncalibrated reference profile",
         "step_time_relative_uncertainty": m.relative_uncertainty,
+        "op_error_bounds": m.op_error_bounds(),
+        "op_scale": {k: v for k, v in dep.op_scale.items() if v != 1.0} or None,
         "fidelity": "engine + analytical step model (no fabric)",
         "python": platform.python_version(),
         "numpy": np.__version__,

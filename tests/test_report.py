@@ -358,3 +358,44 @@ def test_markdown_has_cards_without_plots(files, report):
 def test_renderers_are_pure_functions_of_the_report(report):
     assert render_csv(report) == render_csv(report)
     assert report_json(report) == report_json(report)
+
+
+def _measurement(number, values, metrics, *, envelopes=None, study="s", state="COMPLETE"):
+    from dse.report import Measurement
+
+    return Measurement(study_name=study, number=number, fidelity="screen", state=state,
+                       values=values, metrics=metrics, summary={}, feasible=True, reasons=(),
+                       constraint_values={}, explanation=None, profile="p", calibrated=False,
+                       relative_uncertainty=0.35, envelopes=envelopes or {},
+                       envelope_method="bounds" if envelopes else None)
+
+
+def test_confirmation_envelopes_from_re_runs_decide_the_overlaps():
+    from dse.report import Configuration, StudyReport
+
+    obj = (Objective(metric="mean_tpot_ms", direction="minimize"),)
+    # Screen values 10 and 14 overlap at +/-35% first order; the confirmations' propagated
+    # envelopes are narrow and apart.
+    a = Configuration(number=0, params={}, distributions={}, baseline=False,
+                      screen=_measurement(0, (10.0,), {"mean_tpot_ms": 10.0}),
+                      confirm=_measurement(0, (10.0,), {"mean_tpot_ms": 10.0}, study="s/c",
+                                           envelopes={"mean_tpot_ms": (9.5, 10.6)}), rank=1)
+    b = Configuration(number=1, params={}, distributions={}, baseline=False,
+                      screen=_measurement(1, (14.0,), {"mean_tpot_ms": 14.0}),
+                      confirm=_measurement(1, (14.0,), {"mean_tpot_ms": 14.0}, study="s/c",
+                                           envelopes={"mean_tpot_ms": (13.1, 15.0)}), rank=1)
+    rep = StudyReport(study_name="s", storage="x", objectives=obj, constraints=(),
+                      configurations=(a, b), reference_point=None, notes=(), generated_at="",
+                      view=None)
+    (o,) = rep.envelope_overlaps()
+    assert o["basis"] == "confirmation re-runs" and o["separate"] == ["mean_tpot_ms"]
+    assert a.confirm.envelope("mean_tpot_ms") == (9.5, 10.6)
+    assert a.screen.envelope("mean_tpot_ms") == pytest.approx((6.5, 13.5))
+    # Without re-runs, the first-order envelopes overlap.
+    a2 = Configuration(number=0, params={}, distributions={}, baseline=False,
+                       screen=a.screen, rank=1)
+    rep2 = StudyReport(study_name="s", storage="x", objectives=obj, constraints=(),
+                       configurations=(a2, b), reference_point=None, notes=(), generated_at="",
+                       view=None)
+    (o2,) = rep2.envelope_overlaps()
+    assert o2["basis"] == "first order" and o2["overlapping"] == ["mean_tpot_ms"]

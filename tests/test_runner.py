@@ -123,6 +123,11 @@ def test_tiny_study_records_trials_pareto_set_and_confirmations(ray_address, tmp
         assert t.user_attrs["fidelity"] == "confirm"
         assert t.params == screened[t.user_attrs["confirms_trial"]].params
         assert t.user_attrs["metrics"]["num_prompts"] == 60
+        # Confirmations carry envelopes from perturbed re-runs around their own values.
+        assert t.user_attrs["envelope_method"] == "bounds"
+        lo, hi = t.user_attrs["envelopes"]["mean_tpot_ms"]
+        assert lo < t.user_attrs["metrics"]["mean_tpot_ms"] < hi
+    assert not any("envelopes" in t.user_attrs for t in trials)   # screening: first order
 
     # Running it again resumes a finished study: nothing new, nothing lost.
     again = run_search(study, progress=False)

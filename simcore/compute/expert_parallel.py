@@ -49,7 +49,7 @@ import math
 from statistics import NormalDist
 
 from simcore.compute.base import StepShape, StepTime
-from simcore.compute.roofline import RooflineAssumptions, RooflineModel
+from simcore.compute.roofline import RooflineAssumptions, RooflineModel, check_op_scale
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
@@ -79,23 +79,31 @@ class ExpertParallelRoofline:
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1, dp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions: RooflineAssumptions | None = None,
-                 multi_node_tp: bool = False) -> None:
+                 multi_node_tp: bool = False, op_scale: dict[str, float] | None = None,
+                 rank_model: RooflineModel | None = None) -> None:
+        """`rank_model` times each rank's non-expert part (default: the roofline with these
+        settings and sequence-parallel MoE when dp > 1); `op_scale` scales op classes as
+        `RooflineModel` does, here the routed experts (`moe`) and the all-to-all
+        (`communication`)."""
         if not arch.is_moe:
             raise ConfigError(f"expert parallelism needs a mixture-of-experts model; {arch.name} "
                               "is dense")
         if dp < 1:
             raise ConfigError(f"data_parallel_size must be at least 1, got {dp}")
         a = assumptions or RooflineAssumptions()
-        self.rank_model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
-                                        kv_cache_dtype=kv_cache_dtype, assumptions=a,
-                                        sequence_parallel_moe=dp > 1,
-                                        multi_node_tp=multi_node_tp)
+        if rank_model is None:
+            rank_model = RooflineModel(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
+                                       kv_cache_dtype=kv_cache_dtype, assumptions=a,
+                                       sequence_parallel_moe=dp > 1,
+                                       multi_node_tp=multi_node_tp, op_scale=op_scale)
+        self.rank_model = rank_model
         self.arch, self.gpu, self.tp, self.pp, self.dp = arch, gpu, tp, pp, dp
         self.ep = ep = dp * tp
         self.num_ranks = dp
-        self.profile_id = self.rank_model.profile_id
-        self.calibrated = False
-        self.relative_uncertainty = a.relative_uncertainty
+        self.profile_id = rank_model.profile_id
+        self.calibrated = rank_model.calibrated
+        self.relative_uncertainty = rank_model.relative_uncertainty
+        scale = check_op_scale(op_scale)
 
         e = arch.num_experts
         k = arch.num_experts_per_tok
@@ -116,10 +124,11 @@ class ExpertParallelRoofline:
         count = experts[0].count
         per_expert = sum(g.num_params for g in experts) / count   # one whole expert
         io = sum(g.in_features + g.out_features for g in experts)
-        self._flop_s_per_assignment = num_moe * 2 * per_expert / f_gemm
-        self._byte_s_per_expert = num_moe * per_expert * wb / bw
-        self._byte_s_per_assignment = num_moe * io * ab / bw
-        self._floor_s = num_moe * 2 * a.min_kernel_s
+        fm = scale["moe"]
+        self._flop_s_per_assignment = fm * num_moe * 2 * per_expert / f_gemm
+        self._byte_s_per_expert = fm * num_moe * per_expert * wb / bw
+        self._byte_s_per_assignment = fm * num_moe * io * ab / bw
+        self._floor_s = fm * num_moe * 2 * a.min_kernel_s
 
         g = gpu.gpus_per_node
         self.ep_local = min(ep, max(tp, g // pp))
@@ -127,16 +136,23 @@ class ExpertParallelRoofline:
         ic = gpu.interconnect_bandwidth_bytes_per_s * a.interconnect_bandwidth_fraction
         net = a.inter_node_bandwidth_bytes_per_s
         if dp > 1:
-            self._a2a_local_s_per_byte = (self.ep_local - 1) / ep / ic
-            self._a2a_remote_s_per_byte = (ep - self.ep_local) / ep / net
-            self._a2a_local_latency_s = a.collective_hop_latency_s if self.ep_local > 1 else 0.0
-            self._a2a_remote_latency_s = a.inter_node_latency_s if ep > self.ep_local else 0.0
+            fc = scale["communication"]
+            self._a2a_local_s_per_byte = fc * (self.ep_local - 1) / ep / ic
+            self._a2a_remote_s_per_byte = fc * (ep - self.ep_local) / ep / net
+            self._a2a_local_latency_s = (fc * a.collective_hop_latency_s if self.ep_local > 1
+                                         else 0.0)
+            self._a2a_remote_latency_s = (fc * a.inter_node_latency_s if ep > self.ep_local
+                                          else 0.0)
         else:
             self._a2a_local_s_per_byte = self._a2a_remote_s_per_byte = 0.0
             self._a2a_local_latency_s = self._a2a_remote_latency_s = 0.0
         self._graph_max_tokens = self.rank_model.cuda_graph_max_num_tokens
 
     # -- the parts of a group step, exposed for checks and reports ------------------------------
+
+    def op_error_bounds(self) -> dict[str, float]:
+        """Relative error bound of each op class, as the rank model declares them."""
+        return self.rank_model.op_error_bounds()
 
     def expected_max_load(self, num_tokens: int) -> float:
         """Expected expert assignments on the hottest GPU when the group runs `num_tokens`."""

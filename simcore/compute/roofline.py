@@ -67,6 +67,26 @@ lm_head (LM head and sampler)."""
 
 _GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
 
+OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "lm_head", "communication", "overhead")
+"""The classes a step-time model's durations can be scaled by, one factor each (`op_scale`):
+linear layers (projections, dense MLP, shared experts, router), the attention kernel, routed
+experts, elementwise passes, LM head and sampler, the collectives and hops the model prices
+itself, and the CPU-side per-step and launch times. Perturbed runs of an uncertainty envelope
+use them; each class has its own error bound (`StepTimeModel.op_error_bounds`)."""
+
+
+def check_op_scale(op_scale) -> dict[str, float]:
+    """`op_scale` as a dict with every class of `OP_CLASSES` (missing ones 1.0); unknown classes
+    and non-positive factors are refused."""
+    out = dict.fromkeys(OP_CLASSES, 1.0)
+    for k, v in (op_scale or {}).items():
+        if k not in out:
+            raise ConfigError(f"op_scale: unknown op class {k!r} (one of {', '.join(OP_CLASSES)})")
+        if not v > 0:
+            raise ConfigError(f"op_scale: the factor of {k} must be positive, got {v}")
+        out[k] = float(v)
+    return out
+
 
 class RooflineAssumptions(BaseModel):
     """Declared efficiency factors, latencies and overheads of the roofline model (all overridable).
@@ -129,9 +149,10 @@ class RooflineModel:
     """
 
     __slots__ = (
-        "profile_id", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
+        "profile_id", "profile_version", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
         "weight_dtype", "kv_cache_dtype", "assumptions",
-        "_token_gemms", "_token_gemm_ops", "_e_num", "_e_ln_miss", "_e_flop_s_per_token", "_e_byte_s_per_expert",
+        "_token_gemms", "_token_gemm_ops", "_token_gemm_groups", "_token_gemm_meas",
+        "_ew_meas", "_ar_meas", "_e_num", "_e_ln_miss", "_e_flop_s_per_token", "_e_byte_s_per_expert",
         "_e_byte_s_per_token", "_e_floor_s",
         "_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row", "_kvb_floor_s",
         "_mla", "_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair", "_attn_byte_s_per_kv",
@@ -141,13 +162,14 @@ class RooflineModel:
         "_smp_byte_s_per_row", "_smp_floor_s",
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
         "_pp_s_per_token", "_pp_latency_s",
-        "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens",
+        "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions: RooflineAssumptions | None = None,
-                 sequence_parallel_moe: bool = False, multi_node_tp: bool = False) -> None:
+                 sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
+                 op_scale: dict[str, float] | None = None) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
         if tp > gpu.gpus_per_node and not multi_node_tp:
@@ -161,6 +183,7 @@ class RooflineModel:
         # comm_s then prices them as if inside a node and is only a reference.
         self.weight_dtype, self.kv_cache_dtype, self.assumptions = weight_dtype, kv_cache_dtype, a
         self.profile_id = f"roofline/{gpu.name}/{weight_dtype}"
+        self.profile_version = "reference"
         self.calibrated = False
         self.relative_uncertainty = a.relative_uncertainty
 
@@ -208,6 +231,13 @@ class RooflineModel:
         add(tuple(g for g in moe_mlp if g.group == "router"), num_moe, 1, f_bf16, hb, "router")
         self._token_gemms = tuple(tuple(v) for v in groups.values())
         self._token_gemm_ops = tuple(_GROUP_OP[g] for g in groups)
+        self._token_gemm_groups = tuple(groups)
+        # Measured replacements (a calibration profile, see CalibratedModel): per token-GEMM
+        # group, the elementwise passes and the TP all-reduces, each a function of the step's
+        # tokens; None where the roofline times the op.
+        self._token_gemm_meas: tuple = (None,) * len(groups)
+        self._ew_meas = None
+        self._ar_meas = None
 
         # Routed experts.
         experts = tuple(g for g in moe_mlp if g.group == "expert")
@@ -320,6 +350,48 @@ class RooflineModel:
         self._step_overhead_s = a.step_overhead_s
         self._eager_launch_s = num_layers * a.eager_launch_s_per_layer
         self._graph_max_tokens = a.cuda_graph_max_num_tokens
+        self.op_scale = check_op_scale(op_scale)
+        if any(v != 1.0 for v in self.op_scale.values()):
+            self._apply_scale(self.op_scale)
+
+    def _apply_scale(self, f: dict[str, float]) -> None:
+        """Multiply every coefficient of each op class by its factor, so that each op's time
+        (whichever bound or floor it takes) scales by exactly that factor."""
+        self._token_gemms = tuple(tuple(x * f["gemm"] for x in g) for g in self._token_gemms)
+        for names, op in (
+                (("_e_flop_s_per_token", "_e_byte_s_per_expert", "_e_byte_s_per_token",
+                  "_e_floor_s"), "moe"),
+                (("_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row",
+                  "_kvb_floor_s"), "gemm"),
+                (("_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair",
+                  "_attn_byte_s_per_kv", "_attn_byte_s_per_token", "_attn_floor_s"),
+                 "attention"),
+                (("_ew_byte_s_per_token", "_ew_floor_s"), "elementwise"),
+                (("_lm_flop_s_per_row", "_lm_byte_s_fixed", "_lm_byte_s_per_row", "_lm_floor_s",
+                  "_smp_byte_s_per_row", "_smp_floor_s"), "lm_head"),
+                (("_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
+                  "_pp_s_per_token", "_pp_latency_s"), "communication"),
+                (("_step_overhead_s", "_eager_launch_s"), "overhead")):
+            for name in names:
+                setattr(self, name, getattr(self, name) * f[op])
+
+    def assumption_lines(self) -> list[str]:
+        """Where this model's step times come from, in plain words."""
+        return [f"step times from the {self.profile_id} roofline (uncalibrated reference "
+                f"profile, +/-{self.relative_uncertainty:.0%})"]
+
+    def measured_share(self) -> float:
+        """The share of a step's time that comes from measurements: none."""
+        return 0.0
+
+    def fallbacks(self) -> list[str]:
+        """The parts of a step timed by reference assumptions rather than measurements."""
+        return ["every op and collective: roofline reference (no calibration profile)"]
+
+    def op_error_bounds(self) -> dict[str, float]:
+        """Relative error bound of each op class (`OP_CLASSES`): the declared roofline bound for
+        all of them."""
+        return dict.fromkeys(OP_CLASSES, self.relative_uncertainty)
 
     def step_time(self, shape: StepShape) -> StepTime:
         """Modelled duration of one engine step of `shape` on this deployment."""
@@ -347,10 +419,17 @@ class RooflineModel:
         compute_bound = 0.0
         memory_bound = 0.0
 
-        for (flop_s, fixed_s, byte_s, floor_s), op in zip(self._token_gemms, self._token_gemm_ops):
+        for (flop_s, fixed_s, byte_s, floor_s), op, meas in zip(
+                self._token_gemms, self._token_gemm_ops, self._token_gemm_meas):
             c = t * flop_s
             m = fixed_s + t * byte_s
-            if c >= m and c >= floor_s:
+            if meas is not None:       # a measured time, on the bound the roofline names
+                x = meas(t)
+                if c >= m:
+                    compute_bound += x
+                else:
+                    memory_bound += x
+            elif c >= m and c >= floor_s:
                 x = c
                 compute_bound += c
             else:
@@ -400,8 +479,11 @@ class RooflineModel:
             if by_op is not None:
                 by_op["attention"] = by_op.get("attention", 0.0) + x + c
 
-        m = t * self._ew_byte_s_per_token
-        m = m if m > self._ew_floor_s else self._ew_floor_s
+        if self._ew_meas is not None:
+            m = self._ew_meas(t)
+        else:
+            m = t * self._ew_byte_s_per_token
+            m = m if m > self._ew_floor_s else self._ew_floor_s
         memory_bound += m
         if by_op is not None:
             by_op["elementwise"] = by_op.get("elementwise", 0.0) + m
@@ -426,8 +508,9 @@ class RooflineModel:
         """TP collectives and PP hops of a step of `shape`, seconds (on the critical path)."""
         t = shape.num_tokens
         s = shape.num_seqs
-        return (t * self._ar_s_per_token + self._ar_latency_s
-                + s * self._gather_s_per_row + self._gather_latency_s
+        ar = (self._ar_meas(t) if self._ar_meas is not None
+              else t * self._ar_s_per_token + self._ar_latency_s)
+        return (ar + s * self._gather_s_per_row + self._gather_latency_s
                 + t * self._pp_s_per_token + self._pp_latency_s)
 
     @property

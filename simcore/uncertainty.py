@@ -1,0 +1,149 @@
+"""Envelopes: the range a result's metrics can take given the errors of the compute model.
+
+Every step-time model declares a relative error bound per op class (`op_error_bounds()`: GEMMs,
+attention, routed experts, elementwise passes, LM head, communication, overhead): the held-out
+error of a calibration profile for the classes it measured, the roofline's declared bound for the
+rest. Model errors are systematic (a kernel that is 10% slower than modelled is slower in every
+step), so a perturbed run scales each class by one factor for the whole run and the serving loop
+propagates it through batching and queueing, which a first-order scaling cannot:
+
+- `bounds`: two extra runs, every class at the low (1 - b) and at the high (1 + b) end of its
+  bound; the envelope spans the three runs (errors taken fully correlated: conservative).
+- `samples`: N extra runs, each class scaled by exp(z * sigma) with z standard normal and sigma
+  such that (1 - b, 1 + b) holds 90% of the draws (log-normal); the envelope is the chosen
+  percentiles of the runs, optionally with a fresh workload draw per run.
+- `first_order`: no extra run; latencies scaled by 1 -/+ u, throughputs by 1 / (1 +/- u), u the
+  step-time bound. Near saturation queueing amplifies latency beyond this.
+
+All draws are seeded from the config's seed; nothing reads the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from simcore.config import SimConfig
+
+_Z90 = 1.6448536269514722
+"""Standard normal quantile of 0.95: (1 - b, 1 + b) is the central 90% of the samples."""
+
+_NOT_ENVELOPED = {"num_requests", "completed", "failed", "num_prompts", "seed",
+                  "step_time_relative_uncertainty", "total_input_tokens", "total_output_tokens",
+                  "max_concurrency", "request_rate"}
+"""Top-level numbers that are inputs or counts, not predictions."""
+
+
+def metric_scaling(metric: str) -> int:
+    """How a metric moves with step time: +1 proportionally (latencies, cost per token), -1
+    inversely (throughputs, tokens per dollar), 0 not simply (counts, fractions)."""
+    if metric.endswith("_ms") or metric.endswith("_s") or "cost_per" in metric:
+        return 1
+    if "throughput" in metric or "goodput" in metric or "per_dollar" in metric \
+            or metric.endswith("_per_s"):
+        return -1
+    return 0
+
+
+def first_order(metric: str, value: float, relative_uncertainty: float | None
+                ) -> tuple[float, float] | None:
+    """The range of `metric` if every step time is off by up to +/-relative_uncertainty, to
+    first order: latencies scale with step time, throughputs with its inverse; None for metrics
+    that do not scale simply."""
+    u = relative_uncertainty
+    scaling = metric_scaling(metric)
+    if u is None or u <= 0 or scaling == 0 or not math.isfinite(value):
+        return None
+    if scaling > 0:
+        return value * (1 - u), value * (1 + u)
+    return value / (1 + u), (value / (1 - u) if u < 1 else math.inf)
+
+
+def headline_metrics(result: dict) -> dict[str, float]:
+    """The top-level numeric predictions of a result (the keys a study can optimise)."""
+    return {k: float(v) for k, v in result.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k not in _NOT_ENVELOPED and math.isfinite(float(v))}
+
+
+def perturbations(bounds: dict[str, float], method: str, samples: int,
+                  seed: int) -> list[dict[str, float]]:
+    """The op-class scale factors of each perturbed run."""
+    classes = sorted(bounds)
+    if method == "bounds":
+        return [{c: max(1e-3, 1.0 - bounds[c]) for c in classes},
+                {c: 1.0 + bounds[c] for c in classes}]
+    if method != "samples":
+        return []
+    rng = np.random.default_rng([seed, 0x5EED_E1])
+    z = rng.standard_normal((samples, len(classes)))
+    sigma = np.array([math.log1p(bounds[c]) / _Z90 for c in classes])
+    factors = np.exp(z * sigma)
+    return [{c: float(f) for c, f in zip(classes, row)} for row in factors]
+
+
+def envelope_of(nominal: dict[str, float], runs: list[dict[str, float]], method: str,
+                percentiles: tuple[float, float]) -> dict[str, dict[str, float]]:
+    """Per metric: nominal, low, high (and for samples the median) over the perturbed runs."""
+    out: dict[str, dict[str, float]] = {}
+    for k, v in nominal.items():
+        vals = np.array([r[k] for r in runs if k in r and math.isfinite(r[k])])
+        if vals.size == 0:
+            continue
+        if method == "bounds":
+            lo, hi = float(min(vals.min(), v)), float(max(vals.max(), v))
+            out[k] = {"nominal": v, "low": lo, "high": hi}
+        else:
+            lo, med, hi = np.percentile(vals, [percentiles[0], 50.0, percentiles[1]])
+            out[k] = {"nominal": v, "low": float(lo), "median": float(med), "high": float(hi)}
+    return out
+
+
+def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
+                           run_progress: Callable[[int, int], None] | None = None) -> dict:
+    """`simulate(cfg)` plus `result["envelope"]` by the config's uncertainty method.
+
+    `progress` is passed to the nominal run; `run_progress(done, total)` is called after each
+    perturbed run. The nominal result is returned unchanged apart from the envelope.
+    """
+    from simcore.simulate import simulate
+
+    result = simulate(cfg, progress=progress)
+    u = cfg.uncertainty
+    prov = result["provenance"]
+    bounds = prov["op_error_bounds"]
+    metrics = headline_metrics(result)
+    env: dict = {"method": u.method, "calibrated": prov["calibrated"],
+                 "op_error_bounds": bounds,
+                 "step_time_relative_uncertainty": prov["step_time_relative_uncertainty"]}
+    if u.method == "first_order":
+        rel = prov["step_time_relative_uncertainty"]
+        env["runs"] = 1
+        env["metrics"] = {}
+        for k, v in metrics.items():
+            r = first_order(k, v, rel)
+            if r is not None:
+                env["metrics"][k] = {"nominal": v, "low": r[0], "high": r[1]}
+        result["envelope"] = env
+        return result
+    plans = perturbations(bounds, u.method, u.samples, cfg.seed)
+    runs: list[dict[str, float]] = []
+    seeds: list[int] = []
+    for i, scale in enumerate(plans):
+        run_cfg = cfg
+        if u.vary_workload_seed:
+            run_cfg = cfg.model_copy(update={"seed": cfg.seed + i + 1})
+        seeds.append(run_cfg.seed)
+        r = simulate(run_cfg, op_scale=scale)
+        runs.append(headline_metrics(r))
+        if run_progress is not None:
+            run_progress(i + 1, len(plans))
+    env["runs"] = 1 + len(plans)
+    env["seeds"] = seeds
+    if u.method == "samples":
+        env["percentiles"] = list(u.percentiles)
+    env["metrics"] = envelope_of(metrics, runs, u.method, u.percentiles)
+    result["envelope"] = env
+    return result
