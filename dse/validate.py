@@ -1,0 +1,256 @@
+"""`dse validate`: predictions against references, each row with its source and tolerance.
+
+Suites:
+- `ops`: calibrated per-op times on measurement rows held out from the fit (one row per GPU
+  and op: the median relative error over the held-out rows).
+- `collectives`: all-reduce and send/recv times against the NCCL tables (held-out rows), and the
+  roofline's ring formula against the same tables (the reference profile's declared bound).
+- `fabric`: the three fabric backends against closed forms (store-and-forward trains, max-min
+  fair shares, M/D/1 queueing, line-rate lossless incast).
+- `scheduler`: the scheduler replayed against vLLM's recorded decisions, step by step.
+- `end_to_end`: whole simulations against published `vllm bench serve` measurements.
+
+Every row names what the reference is and where it comes from; `Row.ok` is the error within
+the row's tolerance. The tests run the suite and assert every row passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from simcore.errors import ConfigError
+
+SUITES = ("ops", "collectives", "fabric", "scheduler", "end_to_end")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One prediction against one reference."""
+
+    suite: str
+    name: str
+    predicted: float
+    reference: float
+    unit: str
+    tolerance: float          # on `error`
+    source: str               # what the reference is and where it comes from
+    error_kind: str = "relative"
+    """relative: |p - r| / r; absolute: |p - r|; statistic: the row's `predicted` is itself an
+    error statistic (e.g. a median relative error over `reference` rows)."""
+    note: str = ""
+
+    @property
+    def error(self) -> float:
+        if self.error_kind == "statistic":
+            return self.predicted
+        d = abs(self.predicted - self.reference)
+        if self.error_kind == "absolute":
+            return d
+        return d / abs(self.reference) if self.reference else (0.0 if d == 0 else math.inf)
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.tolerance
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "error": self.error, "ok": self.ok}
+
+
+# ---- fabric ---------------------------------------------------------------------------------
+
+def fabric_rows() -> list[Row]:
+    """The fabric backends against closed forms nobody here had to compute by simulation."""
+    from simcore.fabric import topology as T
+    from simcore.fabric.analytical import AnalyticalFabric
+    from simcore.fabric.flow import FlowFabric
+    from simcore.fabric.packet import PacketFabric, roce_v2
+    from simcore.fabric.settings import FabricSettings
+
+    rows: list[Row] = []
+    lossless = roce_v2(ecn={"enabled": False}, dcqcn={"enabled": False})
+    # A train of 37 full frames over a 40/10/25 Gb/s chain: first frame store-and-forward on
+    # every hop, the rest pipelined at the bottleneck.
+    rates, delays = [40, 10, 25], [1e-6, 2e-6, 0.5e-6]
+    names = ["a", "s1", "s2", "b"]
+    chain = T.explicit([(n, "host" if n in ("a", "b") else "switch") for n in names],
+                       [dict(a=names[i], b=names[i + 1], rate_bps=r * 1e9, delay_s=d)
+                        for i, (r, d) in enumerate(zip(rates, delays))],
+                       mtu_bytes=1500, header_bytes=52)
+    frame = 1500 * 8
+    train = (sum(frame / (r * 1e9) + d for r, d in zip(rates, delays))
+             + 36 * frame / (min(rates) * 1e9))
+    a, b = chain.node_index("a"), chain.node_index("b")
+    for name, fab in (("analytical", AnalyticalFabric(chain)), ("flow", FlowFabric(chain)),
+                      ("packet", PacketFabric(chain, lossless))):
+        fab.send(a, b, 37 * (1500 - 52))
+        fab.run()
+        (msg,) = fab.stats().messages
+        rows.append(Row("fabric", f"{name}: 37-frame train, 3-hop chain", msg.fct_s * 1e6,
+                        train * 1e6, "us", 1e-9, "store-and-forward closed form: first frame "
+                        "serialised on every hop, the rest at the bottleneck rate"))
+    # Two flows through one 10 Gb/s bottleneck: half the rate each (max-min).
+    db = T.dumbbell(2, 2, rate_bps=10e9, delay_s=1e-6, mtu_bytes=1500, header_bytes=52)
+    size = 1000 * 1448
+    fab = FlowFabric(db)
+    fab.send(db.node_index("L0"), db.node_index("R0"), size)
+    fab.send(db.node_index("L1"), db.node_index("R1"), size)
+    fab.run()
+    expected = 1000 * 1500 * 8 / 5e9 + 3e-6 + 2 * 1500 * 8 / 10e9
+    worst = max(m.fct_s for m in fab.stats().messages)
+    rows.append(Row("fabric", "flow: two flows share a bottleneck", worst * 1e3, expected * 1e3,
+                    "ms", 1e-9, "max-min fair share: each flow at half the bottleneck rate"))
+    # M/D/1: Poisson 1500-byte frames into a 10 Gb/s port at load 0.5.
+    one = T.explicit([("a", "host"), ("b", "host")],
+                     [dict(a="a", b="b", rate_bps=10e9, delay_s=1e-6)],
+                     mtu_bytes=1500, header_bytes=52)
+    service = 1500 * 8 / 10e9
+    rho, n = 0.5, 400_000
+    pf = PacketFabric(one, roce_v2(ecn={"enabled": False}, dcqcn={"enabled": False},
+                                   pfc={"enabled": False}, sample_interval_s=1.0),
+                      seed=20240917)
+    pf.add_source(0, 1, 1448, rate_bps=rho * 10e9, stop_s=n * service / rho, poisson=True)
+    pf.run()
+    port = pf.stats().links[one.link(one.node_index("a"), one.node_index("b")).index]
+    wait = port.queue_byte_s / port.bytes_sent - service
+    rows.append(Row("fabric", "packet: M/D/1 mean wait, load 0.5", wait * 1e6,
+                    rho / (2 / service * (1 - rho)) * 1e6, "us", 0.05,
+                    "M/D/1 queue: Wq = rho / (2 mu (1 - rho)) (Pollaczek-Khinchine); "
+                    f"{n:,} Poisson frames"))
+    # Lossless incast: 8 senders x 4 MB into one 100 Gb/s port finish at line rate.
+    star = T.star(9, rate_bps=100e9, delay_s=1e-6, mtu_bytes=4096, header_bytes=48)
+    pf = PacketFabric(star, lossless)
+    dst, *senders = star.hosts
+    for h in senders:
+        pf.send(h, dst, 4_000_000)
+    pf.run()
+    msgs = pf.stats().messages
+    end = max(m.end_s for m in msgs)
+    frames = math.ceil(4_000_000 / (4096 - 48))
+    line = 8 * (4_000_000 + frames * 48) * 8 / 100e9
+    rows.append(Row("fabric", "packet: 8-to-1 incast with PFC", end * 1e3, line * 1e3, "ms",
+                    0.02, "lossless incast drains at the receiver's line rate: N x size / C"))
+    return rows
+
+
+# ---- scheduler ------------------------------------------------------------------------------
+
+def scheduler_rows(conformance_dir: Path) -> list[Row]:
+    """Each recorded vLLM scenario replayed; the error is the fraction of steps that differ."""
+    from simcore.engine.conformance import compare, load_scenario, read_steps, replay
+
+    rows: list[Row] = []
+    for sc_path in sorted((conformance_dir / "scenarios").glob("*.json")):
+        golden = conformance_dir / "golden" / f"{sc_path.stem}.jsonl.gz"
+        if not golden.is_file():
+            continue
+        ours = list(replay(load_scenario(sc_path)))
+        ref = read_steps(golden)
+        same = 0
+        for a, b in zip(ours, ref):
+            if compare([a], [b]) is None:
+                same += 1
+        rows.append(Row("scheduler", f"identical steps: {golden.name}", float(same),
+                        float(len(ref)), "steps", 0.0,
+                        "vLLM's own scheduler decisions recorded step by step "
+                        "(shared/conformance/vllm: scenario and golden log)",
+                        note=compare(ours, ref) or ""))
+    return rows
+
+
+# ---- end to end -----------------------------------------------------------------------------
+
+_MUSGRAVE = ("vllm bench serve, vLLM 0.23.0, Llama-3.1-8B-Instruct bf16 on one A100 40GB, random "
+             "1024 in / 128 out, ignore-eos; J. Musgrave, 'vLLM throughput-latency sweep on "
+             "NVIDIA A100', https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on")
+
+
+def _sweep_config(concurrency: int):
+    from simcore.config import SimConfig
+
+    return SimConfig.model_validate({
+        "name": f"llama-3.1-8b-a100-40gb-c{concurrency}", "seed": 0,
+        "model": {"name": "meta-llama/Llama-3.1-8B", "dtype": "bf16"},
+        "hardware": {"gpu": "A100-40GB"},
+        "workload": {"num_prompts": 20 * concurrency, "max_concurrency": concurrency,
+                     "dataset": {"kind": "random", "input_len": 1024, "output_len": 128}},
+    })
+
+
+def end_to_end_rows() -> list[Row]:
+    """Published end-to-end measurements; the reference profile's declared bound is the
+    tolerance (these GPUs and models have no calibrated profile of their own)."""
+    from simcore.simulate import simulate
+
+    c1 = simulate(_sweep_config(1))
+    c8 = simulate(_sweep_config(8))
+    tol = float(c1["provenance"]["step_time_relative_uncertainty"])
+    return [
+        Row("end_to_end", "A100-40GB Llama-3.1-8B, concurrency 1: decode tok/s",
+            1000.0 / c1["mean_tpot_ms"], 75.0, "tok/s", tol,
+            f"{_MUSGRAVE}: 'decode at one request per time runs at about 75 tokens/sec'"),
+        Row("end_to_end", "same, output throughput concurrency 8 / concurrency 1",
+            c8["output_throughput"] / c1["output_throughput"], 6.6, "x", tol,
+            f"{_MUSGRAVE}: 'a 6.6x gain' in throughput from concurrency 1 to 8"),
+    ]
+
+
+# ---- the suite ------------------------------------------------------------------------------
+
+def run_suite(suites: tuple[str, ...] = SUITES, *, shared_dir: Path | None = None) -> list[Row]:
+    """The rows of the chosen suites, in suite order."""
+    from dse.validate_calibration import collective_rows, op_rows
+
+    shared = shared_dir or default_shared_dir()
+    if not shared.is_dir():
+        raise ConfigError(f"{shared}: the reference data directory is missing (measurement "
+                          "tables and recorded scheduler logs live there)")
+    rows: list[Row] = []
+    for s in suites:
+        if s == "ops":
+            rows += op_rows(shared)
+        elif s == "collectives":
+            rows += collective_rows(shared)
+        elif s == "fabric":
+            rows += fabric_rows()
+        elif s == "scheduler":
+            rows += scheduler_rows(shared / "conformance" / "vllm")
+        elif s == "end_to_end":
+            rows += end_to_end_rows()
+        else:
+            raise ValueError(f"unknown suite {s!r} (one of {', '.join(SUITES)})")
+    return rows
+
+
+def default_shared_dir() -> Path:
+    """`../shared` beside the repository (the data the project is tested against)."""
+    return Path(__file__).resolve().parent.parent.parent / "shared"
+
+
+def _pct(x: float, kind: str) -> str:
+    if kind == "absolute":
+        return f"{x:.3g}"
+    return f"{x:.0e}" if 0 < x < 1e-4 else f"{x:.2%}"
+
+
+def render_table(rows: list[Row]) -> str:
+    """The rows as a fixed-width table, one line each, then the sources numbered."""
+    head = f"{'suite':<12}{'check':<52}{'predicted':>12}{'reference':>12}  {'unit':<6}" \
+           f"{'error':>9}{'tol':>9}  ok"
+    lines = [head, "-" * len(head)]
+    sources: list[str] = []
+    for r in rows:
+        if r.source not in sources:
+            sources.append(r.source)
+        err, tol = _pct(r.error, r.error_kind), _pct(r.tolerance, r.error_kind)
+        if r.error_kind == "statistic":    # predicted: the statistic; reference: row count
+            pred, ref = f"{r.predicted:.2%}", f"n={r.reference:.0f}"
+        else:
+            pred, ref = f"{r.predicted:.5g}", f"{r.reference:.5g}"
+        lines.append(f"{r.suite:<12}{r.name[:51]:<52}{pred:>12}{ref:>12}  "
+                     f"{r.unit:<6}{err:>9}{tol:>9}  {'yes' if r.ok else 'NO'} "
+                     f"[{sources.index(r.source) + 1}]")
+    lines.append("")
+    lines += [f"[{i}] {s}" for i, s in enumerate(sources, 1)]
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""`dse validate`: every row of the validation suite within its declared tolerance, and rows that
+fail when the prediction is wrong."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dse.validate import SUITES, Row, default_shared_dir, render_table, run_suite
+from dse.validate_calibration import _held_out_compute, _vidur_root
+from simcore.calibration.profile import CalibrationProfile, shipped_profile
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return run_suite()
+
+
+def test_every_suite_has_rows_with_sources(rows):
+    assert {r.suite for r in rows} == set(SUITES)
+    for r in rows:
+        assert r.source and r.unit and r.tolerance >= 0
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_each_row_stays_within_its_tolerance(rows, suite):
+    bad = [(r.name, r.error, r.tolerance, r.note) for r in rows
+           if r.suite == suite and not r.ok]
+    assert not bad
+
+
+def test_the_issue_targets_are_rows(rows):
+    ops = [r for r in rows if r.suite == "ops" and "held-out" in r.name]
+    # Three GPUs x ten ops, each under a 5% median held-out error.
+    assert len(ops) == 30 and all(r.tolerance == 0.05 for r in ops)
+    sched = [r for r in rows if r.suite == "scheduler"]
+    assert len(sched) == 7 and all(r.predicted == r.reference for r in sched)
+    e2e = [r for r in rows if r.suite == "end_to_end"]
+    assert all("https://" in r.source for r in e2e)
+
+
+def test_a_profile_that_no_longer_fits_its_data_fails():
+    p = shipped_profile("h100-vidur")
+    raw = json.loads(p.to_json())
+    for c in raw["curves"]:
+        c["time_us"] = [t * 1.2 for t in c["time_us"]]
+    bad = CalibrationProfile.from_dict(raw)
+    ops, pred, meas = _held_out_compute(bad, _vidur_root(default_shared_dir()))
+    rel = abs(pred - meas) / meas
+    assert len(rel) > 1000 and float(sorted(rel)[len(rel) // 2]) > 0.1
+
+
+def test_rows_compute_their_error():
+    r = Row("x", "n", 110.0, 100.0, "ms", 0.05, "src")
+    assert r.error == pytest.approx(0.1) and not r.ok
+    s = Row("x", "n", 0.03, 500, "rows", 0.05, "src", error_kind="statistic")
+    assert s.error == 0.03 and s.ok
+    text = render_table([r, s])
+    assert "NO" in text and "n=500" in text and "[1] src" in text
+
+
+def test_cli_prints_the_table_and_exits_zero(tmp_path):
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, "-m", "dse.cli", "validate", "--suite", "fabric",
+                        "--suite", "end_to_end", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "checks within tolerance" in r.stdout and "johnmusgrave.com" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["rows"] and all(row["ok"] for row in data["rows"])
