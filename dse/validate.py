@@ -66,7 +66,6 @@ def fabric_rows() -> list[Row]:
     from simcore.fabric.analytical import AnalyticalFabric
     from simcore.fabric.flow import FlowFabric
     from simcore.fabric.packet import PacketFabric, roce_v2
-    from simcore.fabric.settings import FabricSettings
 
     rows: list[Row] = []
     lossless = roce_v2(ecn={"enabled": False}, dcqcn={"enabled": False})

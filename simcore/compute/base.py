@@ -5,6 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from simcore.errors import ConfigError
+
+
+OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "lm_head", "communication", "overhead")
+"""The classes a step-time model's durations can be scaled by, one factor each (`op_scale`):
+linear layers (projections, dense MLP, shared experts, router), the attention kernel, routed
+experts, elementwise passes, LM head and sampler, the collectives and hops the model prices
+itself, and the CPU-side per-step and launch times. Perturbed runs of an uncertainty envelope
+use them; each class has its own error bound (`StepTimeModel.op_error_bounds`)."""
+
+
+def check_op_scale(op_scale) -> dict[str, float]:
+    """`op_scale` as a dict with every class of `OP_CLASSES` (missing ones 1.0); unknown classes
+    and non-positive factors are refused."""
+    out = dict.fromkeys(OP_CLASSES, 1.0)
+    for k, v in (op_scale or {}).items():
+        if k not in out:
+            raise ConfigError(f"op_scale: unknown op class {k!r} (one of {', '.join(OP_CLASSES)})")
+        if not v > 0:
+            raise ConfigError(f"op_scale: the factor of {k} must be positive, got {v}")
+        out[k] = float(v)
+    return out
+
 
 @dataclass(frozen=True, slots=True)
 class StepShape:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from simcore.calibration.ops import layer_op_shapes
 from simcore.calibration.profile import CalibrationProfile, shipped_profile, shipped_profile_ids
-from simcore.compute.base import StepShape
-from simcore.compute.roofline import OP_CLASSES, RooflineModel
+from simcore.compute.base import OP_CLASSES, StepShape
+from simcore.compute.roofline import RooflineModel
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch

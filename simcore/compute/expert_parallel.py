@@ -48,8 +48,8 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-from simcore.compute.base import StepShape, StepTime
-from simcore.compute.roofline import RooflineAssumptions, RooflineModel, check_op_scale
+from simcore.compute.base import StepShape, StepTime, check_op_scale
+from simcore.compute.roofline import RooflineAssumptions, RooflineModel
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
