@@ -6,7 +6,7 @@ import pytest
 
 from simcore.compute.base import StepShape
 from simcore.compute.expert_parallel import ExpertParallelRoofline
-from simcore.compute.roofline import OP_CLASSES, OP_NAMES, RooflineModel
+from simcore.compute.roofline import OP_CLASSES, RooflineModel
 from simcore.config import SimConfig, load_config
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
