@@ -62,7 +62,9 @@ def render_envelope(r: dict) -> list[str]:
     how = {"bounds": f"op classes at both ends of their bounds, {env['runs']} runs",
            "samples": (f"p{env.get('percentiles', [5, 95])[0]:g}-"
                        f"p{env.get('percentiles', [5, 95])[1]:g} of {env['runs'] - 1} "
-                       f"perturbed runs"),
+                       f"perturbed runs"
+                       + (" with their own workload draws"
+                          if len(set(env.get("seeds") or [])) > 1 else "")),
            "first_order": "first order in the step-time bound, no extra run"}[env["method"]]
     lines = [_title(" Envelope ", "-")]
     status = "calibrated" if env["calibrated"] else "UNCALIBRATED (reference profile)"
