@@ -3,6 +3,7 @@ multi-hop paths on both the analytical and flow backends; routes and the protoco
 
 import math
 
+import numpy as np
 import pytest
 
 from simcore.fabric.analytical import (AnalyticalFabric, ideal_message_s, message_path,
@@ -10,6 +11,7 @@ from simcore.fabric.analytical import (AnalyticalFabric, ideal_message_s, messag
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.flow import FlowFabric
 from simcore.fabric.topology import dumbbell, explicit, leaf_spine
+from simcore.fabric.utilization import LinkLoadRecorder
 
 BACKENDS = [AnalyticalFabric, FlowFabric]
 
@@ -197,3 +199,48 @@ def test_analytical_in_flight_and_link_bytes_mid_run():
                          default_salts(topo))
     for li, ls in enumerate(st.links):
         assert ls.bytes_sent == (1_500_000 if li in route else 0)
+
+
+def test_link_load_spans_add_what_one_call_per_span_adds_to_the_bit():
+    # Spans inside one bin, across bins, ending on a boundary, empty, over 0-4 links.
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        width = float(rng.choice([1e-2, 1e-5, 3.7e-3]))
+        num = int(rng.integers(1, 300))
+        t0 = rng.random(num) * 0.2
+        if trial % 3 == 0:
+            t0 = np.round(t0 / width) * width
+        t1 = t0 + rng.exponential(width * float(rng.choice([0.01, 0.5, 3.0])), num)
+        empty = rng.random(num) < 0.05
+        t1[empty] = t0[empty]
+        t1[::7] = np.ceil(t1[::7] / width) * width
+        rate = rng.random(num) * 1e10
+        paths = [rng.choice(12, size=int(rng.integers(0, 5)), replace=False) for _ in range(num)]
+        one, many = LinkLoadRecorder(12, width), LinkLoadRecorder(12, width)
+        for m in range(num):
+            if len(paths[m]):
+                one.add(float(t0[m]), float(t1[m]), float(rate[m]), paths[m].tolist())
+        many.add_spans(t0, t1, rate, np.concatenate(paths).astype(np.int64),
+                       np.array([len(p) for p in paths]))
+        until = float(max(t1.max(), t0.max())) + width
+        rates = np.ones(12)
+        assert one.samples(rates, until) == many.samples(rates, until)
+
+
+def test_delivered_messages_read_like_a_list_and_keep_their_moment():
+    topo = dumbbell(2, 2, rate_bps=10e9, delay_s=1e-6)
+    fab = AnalyticalFabric(topo)
+    l0, l1, r0 = (topo.node_index(n) for n in ("L0", "L1", "R0"))
+    fab.send(l0, r0, 10_000, tag="a")
+    fab.send(l1, r0, 100, tag="b")
+    fab.send(l1, r0, 5_000_000, tag="c")
+    fab.run(until_s=1e-4)
+    early = fab.stats().messages
+    assert len(early) == 2 and [m.tag for m in early] == ["b", "a"]
+    assert early[0] == list(early)[0] and early[-1].tag == "a" and early[:1] == [early[0]]
+    (only_b,) = early[:1]
+    assert only_b.size_bytes == 100 and only_b.end_s == only_b.start_s + only_b.ideal_s
+    fab.run()
+    assert len(early) == 2                   # an earlier report does not grow
+    late = fab.stats().messages
+    assert [m.tag for m in late] == ["b", "a", "c"] and list(late)[:2] == list(early)

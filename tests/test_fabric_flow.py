@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from simcore.fabric.analytical import AnalyticalFabric, message_path, wire_bytes
 from simcore.fabric.ecmp import default_salts
-from simcore.fabric.flow import FlowFabric, max_min_rates
+from simcore.fabric import flow as flow_module
+from simcore.fabric.flow import FlowFabric, MaxMinSolver, max_min_rates
 from simcore.fabric.topology import dumbbell, explicit, leaf_spine, star
 
 D = 1e-6
@@ -62,6 +63,102 @@ def test_max_min_rates_match_textbook_progressive_filling(data):
     for f, p in enumerate(paths):
         load[p] += got[f]
     assert np.all(load <= np.array(capacity) * (1 + 1e-9))
+
+
+def _vectorized_max_min(hops, capacity):
+    """The same progressive filling in whole-array numpy operations (the fabric's formulation
+    before its rounds were compiled): the compiled rounds must match it to the bit."""
+    num_hops, num_flows = hops.shape
+    rates = np.zeros(num_flows)
+    if num_flows == 1:
+        rates[0] = capacity[hops[:, 0]].min()
+        return rates
+    pad = len(capacity) - 1
+    cols = [hops[j] for j in range(num_hops)]
+    counts = np.zeros(pad + 1)
+    for col in cols:
+        counts += np.bincount(col, minlength=pad + 1)
+    counts[pad] = 0.0
+    used = np.zeros(pad + 1)
+    todo = np.arange(num_flows)
+    rank = np.empty(pad + 1, dtype=np.int64)
+    level = np.empty(pad + 1)
+    while len(todo):
+        live = counts > 0
+        level.fill(math.inf)
+        np.divide(capacity - used, counts, out=level, where=live)
+        order = np.argsort(level)
+        rank[order] = np.arange(pad + 1)
+        first = rank[cols[0]]
+        second = np.full_like(first, pad + 1)
+        for col in cols[1:]:
+            r = rank[col]
+            second = np.minimum(second, np.maximum(first, r))
+            first = np.minimum(first, r)
+        hit = first < min(int(np.count_nonzero(live)), int(second.min()))
+        rate = level[order[first[hit]]]
+        rates[todo[hit]] = rate
+        for col in cols:
+            used += np.bincount(col[hit], weights=rate, minlength=pad + 1)
+            counts -= np.bincount(col[hit], minlength=pad + 1)
+        counts[pad] = 0.0
+        todo = todo[~hit]
+        cols = [col[~hit] for col in cols]
+    return rates
+
+
+def test_max_min_rates_match_the_vectorized_formulation_to_the_bit():
+    # Capacities from a few values (thirds included) make equal fill levels, whose order is
+    # numpy's argsort's: the compiled rounds must keep it, and add in the same order.
+    rng = np.random.default_rng(7)
+    for trial in range(3000):
+        num_links = int(rng.integers(2, 41))
+        if trial % 2:
+            caps = rng.choice([1.0, 2.0, 3.0, 7.0, 5e10, 5e10 / 3, 1.25e9], size=num_links)
+        else:
+            caps = rng.random(num_links) * 10
+        capacity = np.append(caps, math.inf)
+        num_hops = int(rng.integers(1, 5))
+        paths = [rng.choice(num_links, size=int(rng.integers(1, min(num_hops, num_links) + 1)),
+                            replace=False).tolist() for _ in range(int(rng.integers(1, 30)))]
+        hops = _hops(paths, num_links)
+        want = _vectorized_max_min(hops, capacity)
+        assert np.array_equal(max_min_rates(hops, capacity), want)
+        # A solver reused across calls, on the flows of some of the columns.
+        solver = MaxMinSolver(len(capacity))
+        assert np.array_equal(solver.solve(hops, capacity, np.arange(len(paths))), want)
+        cols = np.flatnonzero(rng.random(len(paths)) < 0.7)
+        assert np.array_equal(solver.solve(hops, capacity, cols),
+                              _vectorized_max_min(hops[:, cols], capacity))
+
+
+def test_compiled_rounds_compute_what_their_python_source_does():
+    kernels = [flow_module._fill_start, flow_module._fill_round]
+    if not all(hasattr(k, "py_func") for k in kernels):
+        pytest.skip("numba is not installed: the Python source is what runs")
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        num_links = int(rng.integers(2, 20))
+        capacity = np.append(rng.choice([1.0, 3.0, 5.0], size=num_links), math.inf)
+        paths = [rng.choice(num_links, size=int(rng.integers(1, min(4, num_links) + 1)),
+                            replace=False).tolist() for _ in range(int(rng.integers(2, 12)))]
+        hops = _hops(paths, num_links)
+        results = []
+        for compiled in (True, False):
+            start = flow_module._fill_start if compiled else flow_module._fill_start.py_func
+            step = flow_module._fill_round if compiled else flow_module._fill_round.py_func
+            n, num_flows = len(capacity), hops.shape[1]
+            counts, used, level, acc = (np.zeros(n) for _ in range(4))
+            rank, touched = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_)
+            cols, todo = np.zeros_like(hops), np.zeros(num_flows, dtype=np.int64)
+            rates, first = np.zeros(num_flows), np.zeros(num_flows, dtype=np.int64)
+            left = start(hops, np.arange(num_flows), capacity, counts, used, level, cols, todo,
+                         rates)
+            while left:
+                left = step(np.argsort(level), level, counts, used, capacity, cols, todo, left,
+                            rates, rank, first, acc, touched)
+            results.append(rates)
+        assert np.array_equal(results[0], results[1])
 
 
 def test_max_min_three_flows_on_two_links():

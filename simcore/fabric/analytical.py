@@ -16,7 +16,7 @@ packet behind a bottleneck hop can arrive up to its own serialisation time earli
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import heapq
 import itertools
@@ -120,17 +120,28 @@ def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, ds
     flow keys (queue pairs), so ECMP is hashed once per flow. Raises ValueError for endpoints
     that are not two distinct hosts or a negative size.
     """
+    src, dst, size_bytes, route, wire, ideal = _plan(topology, salts, msg_id, src, dst,
+                                                     size_bytes, flow_key, routes)
+    return MessageRecord(msg_id, src, dst, size_bytes, start_s, route, wire, ideal, tag, on_done)
+
+
+def _plan(topology: Topology, salts: list[int], msg_id: int, src: int, dst: int,
+          size_bytes: int, flow_key: int | None, routes: dict | None
+          ) -> tuple[int, int, int, tuple[int, ...], int, float]:
+    """`plan_message` without the record: (src, dst, size_bytes, route, wire bytes, ideal)."""
     if routes is not None and flow_key is not None:
         hit = routes.get((src, dst, flow_key))
         if hit is not None and size_bytes >= 0:
             # A known queue pair: its endpoints were checked and its route fixed before.
+            # (first_packet_bytes and wire_bytes, inlined: this runs for every message.)
             route, delay_s, inv_rate_sum, min_rate = hit
-            mtu, header = topology.mtu_bytes, topology.header_bytes
-            first = first_packet_bytes(size_bytes, mtu, header)
-            wire = wire_bytes(size_bytes, mtu, header)
-            ideal = delay_s + first * inv_rate_sum + (wire - first) / min_rate
-            return MessageRecord(msg_id, src, dst, int(size_bytes), start_s, route, wire, ideal,
-                                 tag, on_done)
+            header = topology.header_bytes
+            payload = topology.mtu_bytes - header
+            size_bytes = int(size_bytes)
+            first = (size_bytes if size_bytes < payload else payload) + header
+            wire = size_bytes + (-(-size_bytes // payload) or 1) * header
+            return (src, dst, size_bytes, route, wire,
+                    delay_s + first * inv_rate_sum + (wire - first) / min_rate)
     n = len(topology.nodes)
     for role, node in (("src", src), ("dst", dst)):
         if not (isinstance(node, (int, np.integer)) and 0 <= node < n
@@ -151,15 +162,103 @@ def plan_message(topology: Topology, salts: list[int], msg_id: int, src: int, ds
     else:
         route = message_path(topology, int(src), int(dst),
                              msg_id if flow_key is None else flow_key, salts)
-    return MessageRecord(msg_id, int(src), int(dst), int(size_bytes), start_s, route,
-                         wire_bytes(size_bytes, topology.mtu_bytes, topology.header_bytes),
-                         ideal_message_s(topology, route, size_bytes), tag, on_done)
+    return (int(src), int(dst), int(size_bytes), route,
+            wire_bytes(size_bytes, topology.mtu_bytes, topology.header_bytes),
+            ideal_message_s(topology, route, size_bytes))
+
+
+class MessageLog:
+    """Every message a backend has accepted, one list per field, a message's id its row.
+
+    Lifecycle: `add` appends a message with its route, on-wire size and ideal time fixed at
+    send; `end_s[id]` is set once, when its last byte arrives, and its callback (if any) is
+    handed out once by `pop_on_done`. Columns of plain numbers rather than an object per message:
+    a serving run sends hundreds of thousands, and objects that live that long make every full
+    garbage collection walk them all.
+    """
+
+    __slots__ = ("src", "dst", "size_bytes", "start_s", "path", "wire_bytes", "ideal_s", "tag",
+                 "end_s", "_on_done")
+
+    def __init__(self) -> None:
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.size_bytes: list[int] = []
+        self.start_s: list[float] = []
+        self.path: list[tuple[int, ...]] = []
+        self.wire_bytes: list[int] = []
+        self.ideal_s: list[float] = []
+        self.tag: list[Any] = []
+        self.end_s: list[float | None] = []
+        self._on_done: dict[int, OnDone] = {}
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def add(self, src: int, dst: int, size_bytes: int, start_s: float, path: tuple[int, ...],
+            wire_bytes: int, ideal_s: float, tag: Any, on_done: OnDone | None) -> int:
+        msg_id = len(self.src)
+        self.src.append(src)
+        self.dst.append(dst)
+        self.size_bytes.append(size_bytes)
+        self.start_s.append(start_s)
+        self.path.append(path)
+        self.wire_bytes.append(wire_bytes)
+        self.ideal_s.append(ideal_s)
+        self.tag.append(tag)
+        self.end_s.append(None)
+        if on_done is not None:
+            self._on_done[msg_id] = on_done
+        return msg_id
+
+    def pop_on_done(self, msg_id: int) -> OnDone | None:
+        """The message's callback, once (None if it has none)."""
+        return self._on_done.pop(msg_id, None)
+
+    def result(self, msg_id: int) -> MessageResult:
+        end_s = self.end_s[msg_id]
+        assert end_s is not None
+        return MessageResult(msg_id, self.src[msg_id], self.dst[msg_id], self.size_bytes[msg_id],
+                             self.start_s[msg_id], end_s, self.ideal_s[msg_id], self.tag[msg_id])
+
+
+class DeliveredMessages(Sequence[MessageResult]):
+    """The results of delivered messages `ids` of a MessageLog, in that order, each built when it
+    is read (a list of hundreds of thousands of result objects would be built for a report that
+    reads each once). Entries never change: a delivered message's fields are final."""
+
+    __slots__ = ("_log", "_ids")
+
+    def __init__(self, log: MessageLog, ids: list[int]) -> None:
+        self._log = log
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._log.result(mid) for mid in self._ids[index]]
+        return self._log.result(self._ids[index])
+
+    def __iter__(self) -> Iterator[MessageResult]:
+        result = self._log.result
+        return (result(mid) for mid in self._ids)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"DeliveredMessages({len(self)} messages)"
 
 
 class MessageFabric:
     """What the backends that plan whole messages share (analytical, flow): the topology and
     settings, ECMP salts and each queue pair's cached route, the clock, and every message
-    accepted, its id its index in `_messages`. Subclasses queue the record `_accept` returns."""
+    accepted (`_log`, ids counting from 0 in send order). Subclasses queue the id `_accept`
+    returns and append delivered ids to `_done`."""
 
     def __init__(self, topology: Topology, settings: FabricSettings | None, seed: int) -> None:
         self.topology = topology
@@ -168,8 +267,8 @@ class MessageFabric:
         self._routes: dict = {}
         self._now = 0.0
         self._seq = itertools.count()
-        self._messages: list[MessageRecord] = []
-        self._results: list[MessageResult] = []
+        self._log = MessageLog()
+        self._done: list[int] = []               # delivered message ids, in delivery order
         self._running = False
 
     @property
@@ -178,19 +277,23 @@ class MessageFabric:
 
     def ideal_s(self, msg_id: int) -> float:
         """Message `msg_id`'s completion time alone on an idle network along its path."""
-        return self._messages[msg_id].ideal_s
+        return self._log.ideal_s[msg_id]
+
+    def _results(self) -> DeliveredMessages:
+        """Every message delivered so far, in delivery order."""
+        return DeliveredMessages(self._log, list(self._done))
 
     def _accept(self, src: int, dst: int, size_bytes: int, at_s: float | None, tag: Any,
-                on_done: OnDone | None, flow_key: int | None) -> MessageRecord:
-        """Check a `send` against the clock, plan the message and record it."""
+                on_done: OnDone | None, flow_key: int | None) -> int:
+        """Check a `send` against the clock, plan the message and log it; returns its id."""
         start = self._now if at_s is None else float(at_s)
         if start < self._now:
             raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
-        rec = plan_message(self.topology, self._salts, len(self._messages), src, dst, size_bytes,
-                           start, tag=tag, on_done=on_done, flow_key=flow_key,
-                           routes=self._routes)
-        self._messages.append(rec)
-        return rec
+        log = self._log
+        src, dst, size_bytes, route, wire, ideal = _plan(self.topology, self._salts, len(log),
+                                                         src, dst, size_bytes, flow_key,
+                                                         self._routes)
+        return log.add(src, dst, size_bytes, start, route, wire, ideal, tag, on_done)
 
 
 class AnalyticalFabric(MessageFabric):
@@ -200,7 +303,12 @@ class AnalyticalFabric(MessageFabric):
     (time, sequence); `run(until_s)` fires completions in that order. Message ids count from 0 in
     `send` order. Link figures attribute a message's wire bytes to each link of its path evenly
     over its lifetime, so a link shared by simultaneous messages can exceed utilization 1 here.
+    Delivered messages are added to the link figures when `stats` asks, in delivery order and
+    to the same bits as one at a time (a serving run delivers hundreds of thousands).
     """
+
+    _BATCH = 1 << 16
+    """Delivered messages added to the link figures per pass (bounds the temporary arrays)."""
 
     def __init__(self, topology: Topology, settings: FabricSettings | None = None, *,
                  seed: int = 0) -> None:
@@ -209,14 +317,16 @@ class AnalyticalFabric(MessageFabric):
         self._load = LinkLoadRecorder(len(topology.links), self.settings.sample_interval_s)
         self._heap: list[tuple[float, int, int]] = []
         self._link_bytes_done = np.zeros(len(topology.links), dtype=np.int64)
+        self._recorded = 0          # `_done[:_recorded]` are in the link figures
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
              traffic_class: int = 0) -> int:
         """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
-        rec = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
-        heapq.heappush(self._heap, (rec.start_s + rec.ideal_s, next(self._seq), rec.msg_id))
-        return rec.msg_id
+        mid = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
+        log = self._log
+        heapq.heappush(self._heap, (log.start_s[mid] + log.ideal_s[mid], next(self._seq), mid))
+        return mid
 
     def next_event_s(self) -> float:
         return self._heap[0][0] if self._heap else math.inf
@@ -226,22 +336,21 @@ class AnalyticalFabric(MessageFabric):
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
         limit = math.inf if until_s is None else until_s
+        heap, done, log = self._heap, self._done, self._log
+        end_s, pop_on_done = log.end_s, log.pop_on_done
+        pop = heapq.heappop
         self._running = True
         try:
-            while self._heap and self._heap[0][0] <= limit:
-                end, _, mid = heapq.heappop(self._heap)
-                self._now = max(self._now, end)
-                rec = self._messages[mid]
-                rec.end_s = end
-                self._account(rec, self._load, end)
-                for li in rec.path:
-                    self._link_bytes_done[li] += rec.wire_bytes
-                result = rec.result()
-                self._results.append(result)
-                if rec.on_done is not None:
-                    rec.on_done(result)
-                    if stop is not None and stop() and not (self._heap
-                                                           and self._heap[0][0] <= self._now):
+            while heap and heap[0][0] <= limit:
+                end, _, mid = pop(heap)
+                if end > self._now:
+                    self._now = end
+                end_s[mid] = end
+                done.append(mid)
+                on_done = pop_on_done(mid)
+                if on_done is not None:
+                    on_done(log.result(mid))
+                    if stop is not None and stop() and not (heap and heap[0][0] <= self._now):
                         return self._now
             if until_s is not None and until_s > self._now:
                 self._now = until_s
@@ -249,37 +358,61 @@ class AnalyticalFabric(MessageFabric):
             self._running = False
         return self._now
 
-    def _account(self, rec: MessageRecord, load: LinkLoadRecorder, until_s: float) -> float:
-        """Record rec's bytes on its links over [start, min(end, until_s)); return the share of
-        its wire bytes that is."""
-        end = rec.start_s + rec.ideal_s
-        upto = min(end, until_s)
-        if upto <= rec.start_s:
+    def _record_done(self) -> None:
+        """Add the delivered messages not yet counted to the link bytes and utilization bins:
+        each message's wire bytes over [start, start + ideal) at a constant rate."""
+        while self._recorded < len(self._done):
+            mids = self._done[self._recorded:self._recorded + self._BATCH]
+            self._recorded += len(mids)
+            self._record(mids)
+
+    def _record(self, mids: list[int]) -> None:
+        log = self._log
+        n = len(mids)
+        start = np.fromiter(map(log.start_s.__getitem__, mids), dtype=float, count=n)
+        ideal = np.fromiter(map(log.ideal_s.__getitem__, mids), dtype=float, count=n)
+        wire = np.fromiter(map(log.wire_bytes.__getitem__, mids), dtype=np.int64, count=n)
+        paths = list(map(log.path.__getitem__, mids))
+        num_links = np.fromiter(map(len, paths), dtype=np.int64, count=n)
+        links = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64,
+                            count=int(num_links.sum()))
+        np.add.at(self._link_bytes_done, links, np.repeat(wire, num_links))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = wire / ideal
+        self._load.add_spans(start, start + ideal, rate, links, num_links)
+
+    def _account(self, mid: int, load: LinkLoadRecorder, until_s: float) -> float:
+        """Record message mid's bytes on its links over [start, min(end, until_s)); return the
+        share of its wire bytes that is."""
+        log = self._log
+        start, ideal, path = log.start_s[mid], log.ideal_s[mid], log.path[mid]
+        upto = min(start + ideal, until_s)
+        if upto <= start:
             return 0.0
-        rate = rec.wire_bytes / rec.ideal_s
-        if rec.path:
-            load.add(rec.start_s, upto, rate, list(rec.path))   # a path has no repeated link
-        return (upto - rec.start_s) / rec.ideal_s
+        rate = log.wire_bytes[mid] / ideal
+        if path:
+            load.add(start, upto, rate, list(path))   # a path has no repeated link
+        return (upto - start) / ideal
 
     def stats(self) -> FabricStats:
+        self._record_done()
         now = self._now
         load = self._load.copy()
         link_bytes = self._link_bytes_done.astype(float)
-        sent = delivered = 0
-        for rec in self._messages:
-            if rec.start_s > now:
-                continue
-            sent += rec.size_bytes
-            if rec.end_s is not None:
-                delivered += rec.size_bytes
-                continue
-            share = self._account(rec, load, now)
-            for li in rec.path:
-                link_bytes[li] += share * rec.wire_bytes
+        log = self._log
+        started = np.array(log.start_s) <= now
+        delivered_mask = np.zeros(len(log), dtype=bool)
+        delivered_mask[self._done] = True
+        sent = sum(itertools.compress(log.size_bytes, started.tolist()))
+        delivered = sum(map(log.size_bytes.__getitem__, self._done))
+        for mid in np.flatnonzero(started & ~delivered_mask).tolist():     # in flight
+            share = self._account(mid, load, now)
+            for li in log.path[mid]:
+                link_bytes[li] += share * log.wire_bytes[mid]
         links = [LinkStats(bytes_sent=int(round(b)), busy_s=float(b / r))
                  for b, r in zip(link_bytes, self._rates)]
         t_s, util = load.samples(self._rates, now)
-        return FabricStats(messages=list(self._results), links=links, duration_s=now,
+        return FabricStats(messages=self._results(), links=links, duration_s=now,
                            payload_sent_bytes=sent, payload_delivered_bytes=delivered,
                            payload_in_flight_bytes=sent - delivered, utilization_t_s=t_s,
                            utilization=util)

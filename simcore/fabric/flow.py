@@ -5,6 +5,10 @@ A flow carries its on-wire bytes W (payload plus a header per packet) at its fai
 last of them has left, the message still needs its pipeline latency (propagation on every hop plus
 the first packet's store-and-forward on all but the slowest hop, `pipeline_latency_s`), so a flow
 alone completes at exactly the analytical time, and a single packet after sum_h (L/C_h + d_h).
+
+A serving run has a few fluid flows at a time and hundreds of thousands of events, so the rates
+and the per-event bookkeeping run as small kernels compiled by numba (the same Python where numba
+is absent), each computing to the bit what the whole-array numpy formulation computes.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from simcore.fabric.analytical import MessageFabric, pipeline_latency_s
+from simcore.fabric.analytical import (MessageFabric, first_packet_bytes,
+                                      pipeline_latency_s)
 from simcore.fabric.protocol import FabricStats, LinkStats, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import Topology
@@ -27,6 +32,16 @@ _ARRIVE = 0
 _DELIVER = 1
 _TIE = 1e-12
 """Relative time tolerance within which fluid departures count as simultaneous."""
+
+
+def _compile(fn):
+    """`fn` compiled by numba (cached on disk) where numba is installed; else `fn` itself, which
+    computes the same to the bit, only slower."""
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - exercised only where numba is absent
+        return fn
+    return numba.njit(cache=True)(fn)
 
 
 def max_min_rates(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -42,51 +57,144 @@ def max_min_rates(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     level order that shares no unfrozen flow with those before it (their levels cannot have
     changed). Each round freezes the longest such prefix at once, which keeps the rounds few.
     """
-    num_hops, num_flows = hops.shape
-    rates = np.zeros(num_flows)
-    if num_flows == 0:
+    return MaxMinSolver(len(capacity)).solve(hops, capacity, np.arange(hops.shape[1]))
+
+
+class MaxMinSolver:
+    """`max_min_rates` for a fabric, which recomputes rates at every event: work arrays kept
+    between calls, and each round one compiled pass (`_fill_round`) around numpy's argsort of
+    the links' fill levels. Links of equal level keep numpy's order and every sum runs in the
+    order of the whole-array formulation, so the rates are the same to the bit.
+
+    Lifecycle: built for a fixed number of links (padding index included); `solve` may be
+    called any number of times, and the rates it returns live in a buffer the next call reuses.
+    """
+
+    def __init__(self, num_links: int) -> None:
+        self.counts = np.zeros(num_links)
+        self.used = np.zeros(num_links)
+        self.level = np.zeros(num_links)
+        self.rank = np.zeros(num_links, dtype=np.int64)
+        self.acc = np.zeros(num_links)
+        self.touched = np.zeros(num_links, dtype=np.bool_)
+        self._size(4, 64)
+
+    def _size(self, num_hops: int, num_flows: int) -> None:
+        self.cols = np.zeros((num_hops, num_flows), dtype=np.int64)   # compacted as flows freeze
+        self.todo = np.zeros(num_flows, dtype=np.int64)
+        self.first = np.zeros(num_flows, dtype=np.int64)
+        self.rates = np.zeros(num_flows)
+
+    def solve(self, hops: np.ndarray, capacity: np.ndarray, flows: np.ndarray) -> np.ndarray:
+        """Max-min fair rates, over links `capacity`, of the flows whose links are the columns
+        `flows` of `hops` (see max_min_rates); one rate per entry of `flows`, in its order."""
+        num_hops, num_flows = hops.shape[0], len(flows)
+        if num_hops > self.cols.shape[0] or num_flows > self.cols.shape[1]:
+            self._size(max(num_hops, self.cols.shape[0]), max(num_flows, 2 * self.cols.shape[1]))
+        cols, rates, level = self.cols[:num_hops], self.rates[:num_flows], self.level
+        left = _fill_start(hops, flows, capacity, self.counts, self.used, level, cols, self.todo,
+                           rates)
+        while left:
+            left = _fill_round(np.argsort(level), level, self.counts, self.used, capacity, cols,
+                               self.todo, left, rates, self.rank, self.first, self.acc,
+                               self.touched)
         return rates
+
+
+@_compile
+def _fill_levels(capacity, counts, used, level):
+    """Each link's fill level: capacity left over its unfrozen flows (inf where it has none)."""
+    for li in range(len(level)):
+        level[li] = (capacity[li] - used[li]) / counts[li] if counts[li] > 0 else np.inf
+
+
+@_compile
+def _fill_start(hops, flows, capacity, counts, used, level, cols, todo, rates):
+    """Set up the filling of the flows `flows` (columns of `hops`): their links into `cols`,
+    every one unfrozen (`todo`), flows per link (the padding index counts none), nothing used
+    yet, the first levels. A lone flow gets its slowest link's capacity at once. Returns how
+    many flows are left to fill."""
+    num_flows = len(flows)
     if num_flows == 1:
-        rates[0] = capacity[hops[:, 0]].min()
-        return rates
-    pad = len(capacity) - 1
-    cols = [hops[j] for j in range(num_hops)]
-    counts = np.zeros(pad + 1)
-    for col in cols:
-        counts += np.bincount(col, minlength=pad + 1)
-    counts[pad] = 0.0
-    used = np.zeros(pad + 1)
-    todo = np.arange(num_flows)
-    rank = np.empty(pad + 1, dtype=np.int64)
-    positions = np.arange(pad + 1)
-    level = np.empty(pad + 1)
-    while len(todo):
-        live = counts > 0
-        level.fill(math.inf)
-        np.divide(capacity - used, counts, out=level, where=live)
-        order = np.argsort(level)
-        rank[order] = positions
-        # Each flow's lowest and second-lowest link rank: a prefix of the level order is
-        # flow-disjoint as long as it stops before any flow's second link.
-        first = rank[cols[0]]
-        second = np.full_like(first, pad + 1)
-        for col in cols[1:]:
-            r = rank[col]
-            second = np.minimum(second, np.maximum(first, r))
-            first = np.minimum(first, r)
-        prefix = min(int(np.count_nonzero(live)), int(second.min()))
-        hit = first < prefix
-        rate = level[order[first[hit]]]
-        rates[todo[hit]] = rate
-        for col in cols:
-            frozen_links = col[hit]
-            used += np.bincount(frozen_links, weights=rate, minlength=pad + 1)
-            counts -= np.bincount(frozen_links, minlength=pad + 1)
-        counts[pad] = 0.0
-        keep = ~hit
-        todo = todo[keep]
-        cols = [col[keep] for col in cols]
-    return rates
+        lowest = np.inf
+        for j in range(hops.shape[0]):
+            c = capacity[hops[j, flows[0]]]
+            if c < lowest:
+                lowest = c
+        rates[0] = lowest
+        return 0
+    counts[:] = 0.0
+    used[:] = 0.0
+    for j in range(hops.shape[0]):
+        for f in range(num_flows):
+            li = hops[j, flows[f]]
+            cols[j, f] = li
+            counts[li] += 1.0
+    counts[len(counts) - 1] = 0.0
+    for f in range(num_flows):
+        todo[f] = f
+    _fill_levels(capacity, counts, used, level)
+    return num_flows
+
+
+@_compile
+def _fill_round(order, level, counts, used, capacity, cols, todo, num_todo, rates, rank, first,
+                acc, touched):
+    """One round of progressive filling, links ranked by `order` (the argsort of `level`):
+    every flow whose lowest-ranked link lies in the flow-disjoint prefix freezes at that link's
+    level. Flows 0..num_todo-1 of `cols` (their links, by hop) and `todo` (their indices in
+    `rates`) are the unfrozen ones; the survivors are moved to the front, in order, and the
+    levels recomputed. Returns how many survive.
+
+    Sums run in the order numpy's bincount would run them (per hop row, flows in order, the
+    row's total then added to `used`), so every bit matches the vectorized formulation."""
+    num_links = len(level)
+    for p in range(num_links):
+        rank[order[p]] = p
+    prefix = 0
+    for li in range(num_links):
+        if counts[li] > 0:
+            prefix += 1
+    num_hops = cols.shape[0]
+    for f in range(num_todo):
+        lowest = rank[cols[0, f]]
+        second = num_links
+        for j in range(1, num_hops):
+            r = rank[cols[j, f]]
+            upper = lowest if lowest > r else r
+            if upper < second:
+                second = upper
+            if r < lowest:
+                lowest = r
+        first[f] = lowest
+        if second < prefix:
+            prefix = second
+    for j in range(num_hops):
+        for f in range(num_todo):
+            if first[f] < prefix:
+                li = cols[j, f]
+                acc[li] += level[order[first[f]]]
+                touched[li] = True
+        for f in range(num_todo):
+            if first[f] < prefix:
+                li = cols[j, f]
+                if touched[li]:
+                    used[li] += acc[li]
+                    acc[li] = 0.0
+                    touched[li] = False
+                counts[li] -= 1.0
+    counts[num_links - 1] = 0.0
+    left = 0
+    for f in range(num_todo):
+        if first[f] < prefix:
+            rates[todo[f]] = level[order[first[f]]]
+        else:
+            todo[left] = todo[f]
+            for j in range(num_hops):
+                cols[j, left] = cols[j, f]
+            left += 1
+    _fill_levels(capacity, counts, used, level)
+    return left
 
 
 class FlowFabric(MessageFabric):
@@ -110,7 +218,8 @@ class FlowFabric(MessageFabric):
         self._rates_link = np.array([lk.rate_bytes_per_s for lk in topology.links])
         self._capacity = np.append(self._rates_link, math.inf)
         self._load = LinkLoadRecorder(num_links, self.settings.sample_interval_s)
-        self._link_load = np.zeros(num_links)          # bytes/s on each link now
+        self._load_now = np.zeros(num_links + 1)       # bytes/s on each link now, padding last
+        self._link_load = self._load_now[:num_links]
         self._link_bytes_done = np.zeros(num_links, dtype=np.int64)
         self._heap: list[tuple[float, int, int, int]] = []
         self._latency: list[float] = []
@@ -125,17 +234,27 @@ class FlowFabric(MessageFabric):
         self._active = np.zeros(64, dtype=bool)
         self._slot_msg = np.full(64, -1, dtype=np.int64)
         self._free: list[int] = list(range(63, -1, -1))
+        self._live = np.zeros(0, dtype=np.int64)   # the active slots, ascending
         self._t_rates = 0.0          # when the current rates were set
         self._fluid_next = math.inf  # earliest fluid departure under the current rates
+        self._solver = MaxMinSolver(num_links + 1)
+        self._latency_of: dict[tuple[tuple[int, ...], int], float] = {}
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
              traffic_class: int = 0) -> int:
         """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
-        rec = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
-        self._latency.append(pipeline_latency_s(self.topology, rec.path, rec.size_bytes))
-        heapq.heappush(self._heap, (rec.start_s, next(self._seq), _ARRIVE, rec.msg_id))
-        return rec.msg_id
+        mid = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
+        log = self._log
+        # The latency depends on the path and the first packet's size only.
+        path, size = log.path[mid], log.size_bytes[mid]
+        key = (path, first_packet_bytes(size, self.topology.mtu_bytes, self.topology.header_bytes))
+        latency = self._latency_of.get(key)
+        if latency is None:
+            latency = self._latency_of[key] = pipeline_latency_s(self.topology, path, size)
+        self._latency.append(latency)
+        heapq.heappush(self._heap, (log.start_s[mid], next(self._seq), _ARRIVE, mid))
+        return mid
 
     def next_event_s(self) -> float:
         heap_next = self._heap[0][0] if self._heap else math.inf
@@ -173,9 +292,8 @@ class FlowFabric(MessageFabric):
     def _settle(self, t: float) -> None:
         """Bring every active flow's remaining bytes up to time t."""
         dt = t - self._t_rates
-        if dt > 0:
-            idx = np.flatnonzero(self._active)
-            self._remaining[idx] -= self._rate[idx] * dt
+        if dt > 0 and len(self._live):
+            _drain_flows(self._live, self._remaining, self._rate, dt)
         self._t_rates = t
 
     def _step(self, t: float) -> None:
@@ -184,8 +302,9 @@ class FlowFabric(MessageFabric):
         changed = False
         if self._fluid_next <= t * (1 + _TIE):
             changed = True
-            for slot in np.flatnonzero(self._active & (self._t_end <= t * (1 + _TIE))):
-                self._leave(int(slot), t)
+            live = self._live
+            for slot in live[self._t_end[live] <= t * (1 + _TIE)].tolist():
+                self._leave(slot, t)
         while self._heap and self._heap[0][0] <= t:
             _, _, kind, mid = heapq.heappop(self._heap)
             if kind == _ARRIVE:
@@ -197,18 +316,19 @@ class FlowFabric(MessageFabric):
             self._recompute(t)
 
     def _join(self, mid: int) -> None:
-        rec = self._messages[mid]
-        self._sent_bytes += rec.size_bytes
+        log = self._log
+        path = log.path[mid]
+        self._sent_bytes += log.size_bytes[mid]
         if not self._free:
             self._grow_slots()
-        if len(rec.path) > len(self._hops):
-            extra = np.full((len(rec.path) - len(self._hops), self._hops.shape[1]), self._pad,
+        if len(path) > len(self._hops):
+            extra = np.full((len(path) - len(self._hops), self._hops.shape[1]), self._pad,
                             dtype=np.int64)
             self._hops = np.concatenate([self._hops, extra])
         slot = self._free.pop()
         self._hops[:, slot] = self._pad
-        self._hops[:len(rec.path), slot] = rec.path
-        self._remaining[slot] = rec.wire_bytes
+        self._hops[:len(path), slot] = path
+        self._remaining[slot] = log.wire_bytes[mid]
         self._rate[slot] = 0.0
         self._t_end[slot] = math.inf
         self._active[slot] = True
@@ -227,42 +347,36 @@ class FlowFabric(MessageFabric):
     def _leave(self, slot: int, t: float) -> None:
         """A flow's last byte has left its source: free the slot, deliver after its latency."""
         mid = int(self._slot_msg[slot])
-        rec = self._messages[mid]
         self._active[slot] = False
         self._rate[slot] = 0.0
         self._remaining[slot] = 0.0
         self._t_end[slot] = math.inf
         self._slot_msg[slot] = -1
         self._free.append(slot)
-        for li in rec.path:
-            self._link_bytes_done[li] += rec.wire_bytes
+        wire = self._log.wire_bytes[mid]
+        for li in self._log.path[mid]:
+            self._link_bytes_done[li] += wire
         heapq.heappush(self._heap, (t + self._latency[mid], next(self._seq), _DELIVER, mid))
 
     def _deliver(self, mid: int, t: float) -> None:
-        rec = self._messages[mid]
-        rec.end_s = t
-        self._delivered_bytes += rec.size_bytes
-        result = rec.result()
-        self._results.append(result)
-        if rec.on_done is not None:
+        log = self._log
+        log.end_s[mid] = t
+        self._delivered_bytes += log.size_bytes[mid]
+        self._done.append(mid)
+        on_done = log.pop_on_done(mid)
+        if on_done is not None:
             self._num_callbacks += 1
-            rec.on_done(result)
+            on_done(log.result(mid))
 
     def _recompute(self, t: float) -> None:
-        idx = np.flatnonzero(self._active)
+        idx = self._live = np.flatnonzero(self._active)
         if len(idx) == 0:
             self._link_load[:] = 0.0
             self._fluid_next = math.inf
             return
-        hops = self._hops[:, idx]
-        rates = max_min_rates(hops, self._capacity)
-        self._rate[idx] = rates
-        t_end = t + np.maximum(self._remaining[idx], 0.0) / rates
-        self._t_end[idx] = t_end
-        self._fluid_next = float(t_end.min())
-        load = np.bincount(hops.ravel(), weights=np.tile(rates, len(hops)),
-                           minlength=self._pad + 1)
-        self._link_load = load[:self._pad]
+        rates = self._solver.solve(self._hops, self._capacity, idx)
+        self._fluid_next = _set_rates(idx, self._hops, rates, self._rate, self._remaining,
+                                      self._t_end, t, self._load_now)
 
     # -- measurements ---------------------------------------------------------------------------
 
@@ -272,7 +386,7 @@ class FlowFabric(MessageFabric):
         if len(idx):
             dt = self._now - self._t_rates
             remaining = np.maximum(self._remaining[idx] - self._rate[idx] * dt, 0.0)
-            wire = np.array([self._messages[m].wire_bytes for m in self._slot_msg[idx]])
+            wire = np.array([self._log.wire_bytes[m] for m in self._slot_msg[idx]])
             hops = self._hops[:, idx]
             partial = np.bincount(hops.ravel(), weights=np.tile(wire - remaining, len(hops)),
                                   minlength=self._pad + 1)
@@ -280,8 +394,35 @@ class FlowFabric(MessageFabric):
         links = [LinkStats(bytes_sent=int(round(b)), busy_s=float(b / r))
                  for b, r in zip(link_bytes, self._rates_link)]
         t_s, util = self._load.samples(self._rates_link, self._now)
-        return FabricStats(messages=list(self._results), links=links, duration_s=self._now,
+        return FabricStats(messages=self._results(), links=links, duration_s=self._now,
                            payload_sent_bytes=self._sent_bytes,
                            payload_delivered_bytes=self._delivered_bytes,
                            payload_in_flight_bytes=self._sent_bytes - self._delivered_bytes,
                            utilization_t_s=t_s, utilization=util)
+
+
+@_compile
+def _drain_flows(slots, remaining, rate, dt):
+    """Each listed flow has sent rate x dt more bytes."""
+    for s in slots:
+        remaining[s] -= rate[s] * dt
+
+
+@_compile
+def _set_rates(slots, hops, rates, rate, remaining, t_end, t, load):
+    """Give the flows of `slots` their new rates from time t: each one's rate and departure time,
+    and every link's total rate into `load` (summed hop row by hop row, flows in order, as
+    numpy's bincount would). Returns the earliest departure."""
+    first_end = np.inf
+    for f in range(len(slots)):
+        s = slots[f]
+        rate[s] = rates[f]
+        left = remaining[s] if remaining[s] > 0.0 else 0.0
+        t_end[s] = t + left / rates[f]
+        if t_end[s] < first_end:
+            first_end = t_end[s]
+    load[:] = 0.0
+    for j in range(hops.shape[0]):
+        for f in range(len(slots)):
+            load[hops[j, slots[f]]] += rates[f]
+    return first_end

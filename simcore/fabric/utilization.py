@@ -46,6 +46,47 @@ class LinkLoadRecorder:
             self._bins[k0 + 1:k1, col] += load_bytes_per_s * width
         self._bins[k1, col] += load_bytes_per_s * (t1_s - k1 * width)
 
+    def add_spans(self, t0_s: np.ndarray, t1_s: np.ndarray, load_bytes_per_s: np.ndarray,
+                  links: np.ndarray, num_links: np.ndarray) -> None:
+        """`add(t0_s[m], t1_s[m], load_bytes_per_s[m], its links)` for every span m in order,
+        in one pass: span m's links are the next `num_links[m]` entries of `links` (distinct).
+        Every bin receives the same additions in the same order as from those calls, so the
+        result is the same to the bit."""
+        live = t1_s > t0_s
+        if not live.all():
+            keep = np.repeat(live, num_links)
+            t0_s, t1_s, load_bytes_per_s = t0_s[live], t1_s[live], load_bytes_per_s[live]
+            links, num_links = links[keep], num_links[live]
+        if len(t0_s) == 0:
+            return
+        width = self.interval_s
+        k0 = np.floor_divide(t0_s, width).astype(np.int64)
+        k1 = np.floor_divide(t1_s, width).astype(np.int64)
+        k1 -= (k1 * width >= t1_s).astype(np.int64)   # an interval ending on a boundary
+        np.maximum(k0, k1, out=k1)
+        self._grow(int(k1.max()))
+        # Each span's rows: k0 alone, or k0 (partial), the whole rows between, k1 (partial).
+        num_rows = k1 - k0 + 1
+        span = np.repeat(np.arange(len(k0)), num_rows)
+        first_row = np.cumsum(num_rows) - num_rows
+        offset = np.arange(len(span)) - first_row[span]
+        row = k0[span] + offset
+        rate = load_bytes_per_s[span]
+        value = rate * width
+        head = offset == 0
+        tail = offset == num_rows[span] - 1
+        single = head & tail
+        value[head] = (rate * ((k0[span] + 1) * width - t0_s[span]))[head]
+        value[tail] = (rate * (t1_s[span] - k1[span] * width))[tail]
+        value[single] = (rate * (t1_s[span] - t0_s[span]))[single]
+        # Every row of a span over every one of its links, spans in order.
+        first_link = np.cumsum(num_links) - num_links
+        per_row = num_links[span]
+        entry_row = np.repeat(np.arange(len(span)), per_row)
+        entry_link = links[first_link[span][entry_row] + np.arange(len(entry_row))
+                           - np.repeat(np.cumsum(per_row) - per_row, per_row)]
+        np.add.at(self._bins, (row[entry_row], entry_link), value[entry_row])
+
     def copy(self) -> LinkLoadRecorder:
         other = LinkLoadRecorder(self._bins.shape[1], self.interval_s)
         other._bins = self._bins.copy()
