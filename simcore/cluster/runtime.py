@@ -51,11 +51,14 @@ class ClusterStats:
 class _Port:
     """The executor's TransferPort: NVLink by formula, the fabric through the runtime."""
 
-    __slots__ = ("runtime", "node_of", "immediate", "_ic")
+    __slots__ = ("runtime", "node_of", "immediate", "_ic", "_host")
 
     def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float) -> None:
         self.runtime = runtime
-        self.node_of = runtime.placement.node_of
+        # A table lookup: the executor asks for every transfer.
+        self.node_of = tuple(runtime.placement.node_of(g)
+                             for g in range(runtime.network.num_gpus)).__getitem__
+        self._host = runtime.network.gpu_host
         # Without contention a message's arrival is known when it is sent: the executor need
         # not wait for the fabric's event (the fabric still carries it, for its counters).
         self.immediate = isinstance(runtime.fabric, AnalyticalFabric)
@@ -66,16 +69,16 @@ class _Port:
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
              on_done: Callable[[float, float], None], channel: str = "") -> None:
-        net = self.runtime.network
-        self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu], size_bytes, at_s,
+        host = self._host
+        self.runtime.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s,
                                 lambda r: on_done(r.end_s, r.ideal_s), tag="step",
                                 channel=channel)
 
     def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
                  channel: str = "") -> tuple[float, float]:
-        net = self.runtime.network
-        ideal = self.runtime.send_hosts(net.gpu_host[src_gpu], net.gpu_host[dst_gpu],
-                                        size_bytes, at_s, None, tag="step", channel=channel)
+        host = self._host
+        ideal = self.runtime.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s, None,
+                                        tag="step", channel=channel)
         return at_s + ideal, ideal
 
 
@@ -157,7 +160,10 @@ class ClusterRuntime:
             if at_s < now - 1e-9:
                 raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
             at_s = now
-        key = self._flow_keys.setdefault((src, dst, channel), len(self._flow_keys))
+        keys = self._flow_keys
+        key = keys.get((src, dst, channel))
+        if key is None:
+            key = keys[src, dst, channel] = len(keys)
         mid = fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done,
                           flow_key=key)
         kick = self._kick
@@ -281,7 +287,13 @@ class ClusterRuntime:
         comm = sum(v for k, v in exposed.items() if k.endswith(COMM_CAUSES))
         fabric_comm = sum(v for k, v in exposed.items() if k.endswith("/fabric"))
         step = st.gpu_step_s
-        msgs = [m for m in fs.messages if m.tag == "step"]
+        # The engines' messages as (size, slowdown) columns, in delivery order.
+        sizes: list[int] = []
+        slowdowns: list[float] = []
+        for m in fs.messages:
+            if m.tag == "step":
+                sizes.append(m.size_bytes)
+                slowdowns.append(m.slowdown)
         out: dict[str, Any] = {
             "backend": self.cfg.fabric.backend,
             "num_nodes": self.placement.num_nodes,
@@ -294,7 +306,7 @@ class ClusterRuntime:
             "exposed_gpu_s": exposed,
             "comm_stall_s_by_gpu": {str(g): v for g, v in sorted(st.gpu_comm_stall_s.items())},
             "congestion_gpu_s": st.gpu_congestion_s,
-            "fabric": _fabric_block(fs, self.network, msgs),
+            "fabric": _fabric_block(fs, self.network, sizes, slowdowns),
         }
         if st.kv_transfers:
             times = distribution([e - s for _, s, e in st.kv_transfers])
@@ -313,14 +325,18 @@ SIZE_BUCKETS = ((0, 64 << 10, "<64KiB"), (64 << 10, 1 << 20, "64KiB-1MiB"),
                 (1 << 20, 16 << 20, "1-16MiB"), (16 << 20, math.inf, ">=16MiB"))
 
 
-def _fabric_block(fs, network: ClusterNetwork, step_msgs: list[MessageResult]) -> dict[str, Any]:
-    """The fabric's counters and the FCT slowdown of the engines' messages by size."""
+def _fabric_block(fs, network: ClusterNetwork, sizes: list[int],
+                  slowdowns: list[float]) -> dict[str, Any]:
+    """The fabric's counters and the FCT slowdown of the engines' messages (their sizes and
+    slowdowns) by size."""
     topo = network.topology
     duration = fs.duration_s
     by_size = []
+    size_arr = np.array(sizes, dtype=float)
+    slowdown_arr = np.array(slowdowns, dtype=float)
     for lo, hi, label in SIZE_BUCKETS:
-        sel = [m.slowdown for m in step_msgs if lo <= m.size_bytes < hi]
-        if sel:
+        sel = slowdown_arr[(lo <= size_arr) & (size_arr < hi)]
+        if len(sel):
             by_size.append({"size": label, "num": len(sel),
                             **{f"slowdown_{k}": v for k, v in distribution(sel).items()}})
     util = [ls.busy_s / duration for ls in fs.links] if duration > 0 else []
@@ -328,7 +344,7 @@ def _fabric_block(fs, network: ClusterNetwork, step_msgs: list[MessageResult]) -
     names = [nd.name for nd in topo.nodes]
     return {
         "num_messages": len(fs.messages),
-        "num_step_messages": len(step_msgs),
+        "num_step_messages": len(sizes),
         "payload_bytes": fs.payload_delivered_bytes,
         "slowdown_by_size": by_size,
         "ecn_marks": fs.num_ecn_marks, "cnps": fs.num_cnps,

@@ -29,7 +29,7 @@ from simcore.compute.base import StepShape
 from simcore.compute.expert_parallel import ExpertParallelRoofline
 from simcore.compute.roofline import RooflineModel
 from simcore.dag import collectives as coll
-from simcore.dag.expert_steps import ExpertParallelSteps
+from simcore.dag.expert_steps import DeepEpLayout, ExpertParallelSteps
 from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, Lane, StepDag
 from simcore.model.arch import ModelArch
 
@@ -93,9 +93,11 @@ class StepDagBuilder(ExpertParallelSteps):
         self.num_dense = arch.num_layers - self.num_moe
         self.alpha = model.assumptions.collective_hop_latency_s
         self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
+        self._lanes: dict[int, list[Lane]] = {}            # instance -> its lanes (immutable)
         if ep_model is not None:
             self._popularity = self._expert_popularity()
             self._reach: dict[tuple[int, ...], tuple] = {}
+            self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...]], DeepEpLayout] = {}
 
     # -- collectives --------------------------------------------------------------------------
 
@@ -155,11 +157,13 @@ class StepDagBuilder(ExpertParallelSteps):
         lanes: list[Lane] = []
         lane_ids: list[list[int]] = []
         for inst, _ in batches:
-            ids = []
-            for s, gpus in enumerate(inst.gpus):
-                ids.append(len(lanes))
-                lanes.append(Lane(f"engine {inst.index} / stage {s}", gpus, inst.index, s))
-            lane_ids.append(ids)
+            own = self._lanes.get(inst.index)
+            if own is None:
+                own = self._lanes[inst.index] = [
+                    Lane(f"engine {inst.index} / stage {s}", gpus, inst.index, s)
+                    for s, gpus in enumerate(inst.gpus)]
+            lane_ids.append(list(range(len(lanes), len(lanes) + len(own))))
+            lanes.extend(own)
         dag = StepDag(lanes)
         cfg = self.cfg
         inner = 2 if cfg.overlap == "two_batch" else 1

@@ -67,23 +67,18 @@ class DagRun:
         self.done = False
         self.lane_comm_s: list[float] = []
         self._ready = [t0_s] * n
-        self._remaining = [0] * n
         children: list[list[int]] = [[] for _ in range(n)]
-        for i in range(n):
-            deps = dag.deps[i]
-            sd = dag.stream_dep[i]
-            count = len(deps)
+        for i, (deps, sd) in enumerate(zip(dag.deps, dag.stream_dep)):
             for d in deps:
                 children[d].append(i)
             if sd >= 0:
                 children[sd].append(i)
-                count += 1
-            self._remaining[i] = count
+        self._remaining = [len(deps) + (sd >= 0) for deps, sd in zip(dag.deps, dag.stream_dep)]
         self._children = children
         self._unresolved = n
 
     def start(self) -> None:
-        ready = [i for i in range(len(self.dag)) if self._remaining[i] == 0]
+        ready = [i for i, count in enumerate(self._remaining) if count == 0]
         self._drain(ready)
         if self._unresolved == 0:
             self._complete()
@@ -91,31 +86,44 @@ class DagRun:
     def _drain(self, stack: list[int]) -> None:
         """Resolve `stack` and everything it releases (depth-first)."""
         dag = self.dag
-        kind = dag.kind
+        kind, latency_s, size_bytes, src_of, dst_of, dur_s, op = (
+            dag.kind, dag.latency_s, dag.size_bytes, dag.src, dag.dst, dag.dur_s, dag.op)
         port = self.port
         node_of = port.node_of
         immediate = port.immediate
         start_s, ready = self.start_s, self._ready
+        finish_s, remaining, cause, children = (self.finish_s, self._remaining, self.cause,
+                                                self._children)
+        pop, push = stack.pop, stack.append
         while stack:
-            i = stack.pop()
+            i = pop()
             t = ready[i]
-            k = kind[i]
-            if k == TRANSFER:
-                t += dag.latency_s[i]
+            if kind[i] == TRANSFER:
+                t += latency_s[i]
                 start_s[i] = t
-                size = dag.size_bytes[i]
-                src, dst = dag.src[i], dag.dst[i]
+                size = size_bytes[i]
+                src, dst = src_of[i], dst_of[i]
                 if size > 0 and node_of(src) != node_of(dst):
                     if not immediate:
-                        port.send(src, dst, size, t, self._callback(i), dag.op[i])
+                        port.send(src, dst, size, t, self._callback(i), op[i])
                         continue
-                    end, self.ideal_s[i] = port.send_now(src, dst, size, t, dag.op[i])
+                    end, self.ideal_s[i] = port.send_now(src, dst, size, t, op[i])
                 else:
                     end = t + port.nvlink_s(size) if size > 0 else t
             else:
                 start_s[i] = t
-                end = t + dag.dur_s[i]
-            self._release(i, end, stack)
+                end = t + dur_s[i]
+            # Node i has finished: release the nodes that now have all their inputs (as
+            # `_release`, inlined: this runs for every node).
+            finish_s[i] = end
+            self._unresolved -= 1
+            for c in children[i]:
+                if end >= ready[c]:
+                    ready[c] = end
+                    cause[c] = i
+                remaining[c] -= 1
+                if remaining[c] == 0:
+                    push(c)
 
     def _release(self, i: int, end_s: float, stack: list[int]) -> None:
         """Node i finished at end_s: push the nodes that now have all their inputs."""
@@ -161,8 +169,10 @@ class DagRun:
         """
         dag = self.dag
         kind, lane_of, stream, fabric, op = dag.kind, dag.lane, dag.stream, dag.fabric, dag.op
+        dur_s, cause, ideal = dag.dur_s, self.cause, self.ideal_s
         start, finish = self.start_s, self.finish_s
         lanes = dag.lanes
+        stage = [x.stage for x in lanes]
         busy = [0.0] * len(lanes)
         comm = self.lane_comm_s = [0.0] * len(lanes)
         last = [self.t0_s] * len(lanes)
@@ -172,15 +182,50 @@ class DagRun:
             if stream[i] != COMPUTE_STREAM:
                 continue
             ln = lane_of[i]
-            gap = start[i] - last[ln]
+            since = last[ln]
+            gap = start[i] - since
             if gap > 1e-15:
-                key, extra, part, wait_key = self._why(i, ln, last[ln])
-                if part < gap:          # first waiting for the compute that fed the transfer
-                    by_cause[wait_key] = by_cause.get(wait_key, 0.0) + gap - part
-                if part > 0:
-                    by_cause[key] = by_cause.get(key, 0.0) + part
-                    congestion += min(part, extra)
-                    if key[-7:] in ("/nvlink", "/fabric"):
+                # Why node i started late: the cause (key), the part of the gap it accounts
+                # for, the cause of the rest (wait_key) and, for a wait on the fabric, the
+                # congestion delay (extra). A wait on communication is split at the chain's
+                # origin: the chain of last-finishing dependencies runs back through transfers
+                # and collectives to the compute op that fed them; the gap up to that op's end
+                # is waiting for it ("pipeline" if it is another stage's, "sync" if a slower
+                # lane's), the rest is communication. The congestion delay is the excess over
+                # ideal of every fabric transfer on that chain (the transfer that finishes last
+                # is often not the congested one: a ring's last step, a hierarchical
+                # collective's NVLink all-gather).
+                c = cause[i]
+                # A zero-length wait node stands for what it waited on.
+                while c >= 0 and kind[c] == LOCAL and dur_s[c] == 0.0 and cause[c] >= 0:
+                    c = cause[c]
+                if c < 0 or kind[c] == COMPUTE:
+                    key = "pipeline" if c >= 0 and stage[lane_of[c]] != stage[ln] else "sync"
+                    by_cause[key] = by_cause.get(key, 0.0) + gap
+                else:
+                    on_fabric = fabric[c]
+                    key = op[c] + ("/fabric" if on_fabric else "/nvlink")
+                    extra = 0.0
+                    origin = since
+                    wait_key = "sync"
+                    j = c
+                    while j >= 0 and finish[j] > since:
+                        if kind[j] == COMPUTE:
+                            origin = max(since, finish[j])
+                            wait_key = ("pipeline" if stage[lane_of[j]] != stage[ln]
+                                        else "sync")
+                            break
+                        if on_fabric and kind[j] == TRANSFER and ideal[j] > 0:
+                            excess = (finish[j] - start[j]) - ideal[j]
+                            if excess > 0.0:
+                                extra += excess
+                        j = cause[j]
+                    part = min(gap, max(0.0, start[i] - origin))
+                    if part < gap:      # first waiting for the compute that fed the transfer
+                        by_cause[wait_key] = by_cause.get(wait_key, 0.0) + gap - part
+                    if part > 0:
+                        by_cause[key] = by_cause.get(key, 0.0) + part
+                        congestion += min(part, extra)
                         comm[ln] += part
             dur = finish[i] - start[i]
             if kind[i] == COMPUTE:
@@ -191,50 +236,9 @@ class DagRun:
                 comm[ln] += dur
             if finish[i] > last[ln]:
                 last[ln] = finish[i]
-        for ln, t in enumerate(last):
+        tail_key = "pipeline" if len(set(stage)) > 1 else "sync"
+        for t in last:
             tail = self.end_s - t
             if tail > 1e-15:
-                key = "pipeline" if any(x.stage != lanes[ln].stage for x in lanes) else "sync"
-                by_cause[key] = by_cause.get(key, 0.0) + tail
+                by_cause[tail_key] = by_cause.get(tail_key, 0.0) + tail
         return busy, by_cause, congestion
-
-    def _why(self, i: int, ln: int, since_s: float) -> tuple[str, float, float, str]:
-        """Why node i started late (its lane idle since `since_s`): (cause, congestion delay,
-        the part of the gap the cause accounts for, the cause of the rest).
-
-        A wait on communication is split at the chain's origin: the chain of last-finishing
-        dependencies runs back through transfers and collectives to the compute op that fed
-        them; the gap up to that op's end is waiting for it ("pipeline" if it is another
-        stage's, "sync" if a slower lane's), the rest is communication. For a wait on the
-        fabric the congestion delay is the excess over ideal of every fabric transfer on that
-        chain (the transfer that finishes last is often not the congested one: a ring's last
-        step, a hierarchical collective's NVLink all-gather)."""
-        dag = self.dag
-        kind, cause, lanes = dag.kind, self.cause, dag.lanes
-        c = cause[i]
-        # A zero-length wait node stands for what it waited on.
-        while c >= 0 and kind[c] == LOCAL and dag.dur_s[c] == 0.0 and cause[c] >= 0:
-            c = cause[c]
-        gap = self.start_s[i] - since_s
-        if c < 0:
-            return "sync", 0.0, gap, "sync"
-        if kind[c] == COMPUTE:
-            key = "pipeline" if lanes[dag.lane[c]].stage != lanes[ln].stage else "sync"
-            return key, 0.0, gap, key
-        on_fabric = dag.fabric[c]
-        key = dag.op[c] + ("/fabric" if on_fabric else "/nvlink")
-        extra = 0.0
-        start, finish, ideal = self.start_s, self.finish_s, self.ideal_s
-        origin = since_s
-        wait_key = "sync"
-        j = c
-        while j >= 0 and finish[j] > since_s:
-            if kind[j] == COMPUTE:
-                origin = max(since_s, finish[j])
-                wait_key = "pipeline" if lanes[dag.lane[j]].stage != lanes[ln].stage else "sync"
-                break
-            if on_fabric and kind[j] == TRANSFER and ideal[j] > 0:
-                extra += max(0.0, (finish[j] - start[j]) - ideal[j])
-            j = cause[j]
-        part = min(gap, max(0.0, self.start_s[i] - origin))
-        return key, extra, part, wait_key

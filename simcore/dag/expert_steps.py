@@ -4,10 +4,27 @@ experts (see `simcore.dag.builder` for the rest of the step)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from simcore.dag import collectives as coll
 from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, LOCAL, StepDag
+
+
+@dataclass(frozen=True, slots=True)
+class DeepEpLayout:
+    """The step-independent part of a DeepEP-style all-to-all over one stage's EP group; GPUs by
+    their index in the group."""
+
+    node_col: list[int]                  # column of each GPU's node (nodes in ascending order)
+    members: dict[int, list[int]]        # node -> its GPUs
+    same_node_reach: np.ndarray          # per GPU: sum over its node's other GPUs of P(need)
+    relay: dict[int, list[int]]          # node -> per sending GPU, its relay there
+    forward: dict[int, list[float]]      # node -> per relay, tokens forwarded per token received
+    node_lanes: dict[int, list[int]]     # node -> the lanes of its GPUs, in order
+    node_of_idx: list[int]
+    lane_of_idx: list[int]
 
 
 class ExpertParallelSteps:
@@ -39,6 +56,8 @@ class ExpertParallelSteps:
             lane_of = {g: ln for ln in lanes for g in dag.lanes[ln].gpus}
             gidx = {g: i for i, g in enumerate(gpus)}
             ep_size = len(gpus)
+            lane_idx = [[gidx[g] for g in dag.lanes[ln].gpus] for ln in lanes]
+            starts = np.arange(0, arch.num_experts, epg)
             ops = [[self._ops(shape, False) for shape in plans[r][0]] for r in range(ranks)]
             ready = [[() for _ in range(num_sub)] for _ in range(ranks)]
             if s:
@@ -66,25 +85,25 @@ class ExpertParallelSteps:
                     # nodes once to each node holding any (per node, then NVLink inside it).
                     trials = sum(nm * ops[r][k][0].num_tokens * k_top for r in range(ranks))
                     per_expert = self.rng.multinomial(trials, self._popularity)
-                    starts = np.arange(0, arch.num_experts, epg)
                     loads = [0] * ep_size
                     loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
                     active_per_gpu = [0] * ep_size
                     active_per_gpu[:len(starts)] = np.add.reduceat(
                         (per_expert > 0).astype(np.int64), starts).tolist()
-                    held = np.zeros(ep_size, dtype=np.int64)     # layer-tokens on each GPU
+                    tokens = [0] * ep_size                        # layer-tokens on each GPU
                     for r in range(ranks):
-                        src = [gidx[g] for g in dag.lanes[lanes[r]].gpus]
+                        src = lane_idx[r]
                         t = nm * ops[r][k][0].num_tokens
                         for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
-                            held[gi] += t * (j + 1) // len(src) - t * j // len(src)
+                            tokens[gi] += t * (j + 1) // len(src) - t * j // len(src)
+                    held = np.array(tokens, dtype=np.int64)
                     sent = {ln: ready[r][k] for r, ln in enumerate(lanes)}
                     arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
                                                         comm_stream, nm)
+                    expert_s = self._experts_s(loads, active_per_gpu, nm)
                     expert_nodes = {}
                     for r, ln in enumerate(lanes):
-                        dur = max(self._expert_s(loads[gidx[g]], active_per_gpu[gidx[g]], nm)
-                                  for g in dag.lanes[ln].gpus)
+                        dur = max(expert_s[gi] for gi in lane_idx[r])
                         expert_nodes[ln] = dag.compute(ln, "experts", dur, arrived[ln])
                     back = back_of({ln: (expert_nodes[ln],) for ln in lanes})
                     for r, ln in enumerate(lanes):
@@ -155,51 +174,40 @@ class ExpertParallelSteps:
                 return self._pairwise(dag, gpus, comb, expert_ready, lanes, lane_of, "combine",
                                       stream, count)
             return arrived, combine_direct
+        lay = self._deepep_layout(gpus, lanes, lane_of, nodes, q_gpu, q_node)
         ep = len(gpus)
-        col = {n: c for c, n in enumerate(node_ids)}
-        ncol = np.array([col[n] for n in nodes.tolist()])
-        members = {n: np.flatnonzero(nodes == n) for n in node_ids}
-        position = np.empty(ep, dtype=np.int64)
-        for js in members.values():
-            position[js] = np.arange(len(js))
         # Same-node tokens over NVLink, expected: sum over the node's other GPUs of held x P.
-        same = nodes[:, None] == nodes[None, :]
-        reach = np.where(same, q_gpu[None, :], 0.0)
-        np.fill_diagonal(reach, 0.0)
-        nvlink_tokens = held * reach.sum(axis=1)
-        inter = rng.binomial(held[:, None], q_node[None, :]) if multi else None
+        nvlink_tokens = (held * lay.same_node_reach).tolist()
         transfers = []                           # (src index, relay index, tokens)
         if multi:
-            inter[np.arange(ep), ncol] = 0
-            for n, js in members.items():
-                c = col[n]
-                relay = js[position % len(js)]
-                src = np.flatnonzero(inter[:, c] > 0)
-                # A relay forwards to its node's other GPUs the tokens that need them.
-                forward = q_gpu[js].sum() / q_node[c]
-                for i in src.tolist():
-                    r = int(relay[i])
-                    t = int(inter[i, c])
-                    transfers.append((i, r, t))
-                    nvlink_tokens[r] += t * (forward - q_gpu[r] / q_node[c])
+            inter = rng.binomial(held[:, None], q_node[None, :]).tolist()
+            for c, n in enumerate(node_ids):
+                relay, forward = lay.relay[n], lay.forward[n]
+                for i in range(ep):
+                    t = inter[i][c]
+                    if t > 0 and lay.node_col[i] != c:
+                        # A relay forwards to its node's other GPUs the tokens that need them.
+                        r = relay[i]
+                        transfers.append((i, r, t))
+                        nvlink_tokens[r] += t * forward[r]
             transfers.sort()
         a_intra = self.costs.intra_node_latency_s * count
         a_inter = self.costs.inter_node_latency_s * count
         phase_stream = -1 if stream == COMPUTE_STREAM else COMM_STREAM
-        node_lanes = {n: list(dict.fromkeys(lane_of[gpus[j]] for j in js))
-                      for n, js in members.items()}
+        members, node_lanes, node_of_idx = lay.members, lay.node_lanes, lay.node_of_idx
+        lane_of_idx = lay.lane_of_idx
 
         def phase(n: int, deps: tuple[int, ...], op: str, per_token: float) -> int:
-            b = float(nvlink_tokens[members[n]].max()) * per_token
+            b = max(nvlink_tokens[j] for j in members[n]) * per_token
             dur = b / self.ic + a_intra if b > 0 else 0.0
             return dag._add(LOCAL, node_lanes[n][0], phase_stream, dur, deps, op, fabric=multi)
 
         into: dict[int, list[int]] = {n: [] for n in node_ids}
         for i, r, t in transfers:
-            src_lane = lane_of[gpus[i]]
+            src_lane = lane_of_idx[i]
             tid = dag.transfer(src_lane, "dispatch", gpus[i], gpus[r], int(t * d_b), a_inter,
                                ready[src_lane], True)
-            into[int(nodes[r])].append(tid)
+            into[node_of_idx[r]].append(tid)
         arrived = {}
         for n in node_ids:
             deps = tuple(d for ln in node_lanes[n] for d in ready[ln]) + tuple(into[n])
@@ -213,12 +221,45 @@ class ExpertParallelSteps:
                                "combine", c_b) for n in node_ids}
             back: dict[int, list[int]] = {ln: [] for ln in lanes}
             for i, r, t in transfers:
-                tid = dag.transfer(lane_of[gpus[r]], "combine", gpus[r], gpus[i], int(t * c_b),
-                                   a_inter, (phases[int(nodes[r])],), True)
-                back[lane_of[gpus[i]]].append(tid)
+                tid = dag.transfer(lane_of_idx[r], "combine", gpus[r], gpus[i], int(t * c_b),
+                                   a_inter, (phases[node_of_idx[r]],), True)
+                back[lane_of_idx[i]].append(tid)
             return {ln: tuple(back[ln]) + (phases[n],) for n in node_ids
                     for ln in node_lanes[n]}
         return arrived, combine
+
+    def _deepep_layout(self, gpus: list[int], lanes: list[int], lane_of: dict[int, int],
+                       nodes: np.ndarray, q_gpu: np.ndarray, q_node: np.ndarray) -> DeepEpLayout:
+        """What a DeepEP-style all-to-all over `gpus` (lanes `lanes`) needs that does not depend
+        on the step, computed once per group."""
+        key = (tuple(gpus), tuple(lanes))
+        hit = self._layouts.get(key)
+        if hit is not None:
+            return hit
+        node_ids = sorted(set(nodes.tolist()))
+        col = {n: c for c, n in enumerate(node_ids)}
+        members = {n: np.flatnonzero(nodes == n) for n in node_ids}
+        position = np.empty(len(gpus), dtype=np.int64)
+        for js in members.values():
+            position[js] = np.arange(len(js))
+        same = nodes[:, None] == nodes[None, :]
+        reach = np.where(same, q_gpu[None, :], 0.0)
+        np.fill_diagonal(reach, 0.0)
+        relay, forward = {}, {}
+        for n, js in members.items():
+            c = col[n]
+            relay[n] = js[position % len(js)].tolist()
+            # Per relay r on node n: the tokens it forwards per token it receives, beyond its own.
+            forward[n] = [float(q_gpu[js].sum() / q_node[c] - q_gpu[r] / q_node[c])
+                          for r in range(len(gpus))]
+        hit = self._layouts[key] = DeepEpLayout(
+            node_col=[col[n] for n in nodes.tolist()],
+            members={n: js.tolist() for n, js in members.items()},
+            same_node_reach=reach.sum(axis=1), relay=relay, forward=forward,
+            node_lanes={n: list(dict.fromkeys(lane_of[gpus[j]] for j in js))
+                        for n, js in members.items()},
+            node_of_idx=nodes.tolist(), lane_of_idx=[lane_of[g] for g in gpus])
+        return hit
 
     def _pairwise(self, dag: StepDag, gpus: list[int], matrix: np.ndarray,
                   ready: dict[int, tuple[int, ...]], lanes: list[int], lane_of: dict[int, int],
@@ -243,15 +284,16 @@ class ExpertParallelSteps:
                 touching[lane_of[t.dst]].append(i)
         return {ln: (dag.barrier(ln, op, tuple(touching[ln]), stream),) for ln in lanes}
 
-    def _expert_s(self, load: int, active: int, nm: int) -> float:
-        """Routed-expert GEMMs of one GPU over nm MoE layers: `load` token-expert assignments,
-        `active` distinct experts hit (weights read once per layer)."""
+    def _experts_s(self, loads: list[int], active: list[int], nm: int) -> list[float]:
+        """Routed-expert GEMMs of each GPU over nm MoE layers: `loads` token-expert assignments,
+        `active` distinct experts hit (weights read once per layer); 0 for a GPU with none.
+        Elementwise the same operations, in the same order, as one GPU at a time."""
         ep = self.ep_model
-        if load <= 0:
-            return 0.0
         share = nm / self.num_moe
+        load = np.array(loads, dtype=np.int64)
         per_layer_load = load / nm
         cpu = per_layer_load * ep._flop_s_per_assignment * share
-        mem = (active * ep._byte_s_per_expert + per_layer_load * ep._byte_s_per_assignment) * share
+        mem = (np.array(active, dtype=np.int64) * ep._byte_s_per_expert
+               + per_layer_load * ep._byte_s_per_assignment) * share
         floor = ep._floor_s * share
-        return max(cpu, mem, floor)
+        return np.where(load > 0, np.maximum(np.maximum(cpu, mem), floor), 0.0).tolist()

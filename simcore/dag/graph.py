@@ -53,7 +53,7 @@ class StepDag:
         self.size_bytes: list[int] = []
         self.latency_s: list[float] = []
         self.fabric: list[bool] = []       # communication that crosses nodes (the collective's)
-        self._last: dict[tuple[int, int], int] = {}
+        self._last: dict[int, int] = {}     # 2 x lane + stream -> its last node
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -63,9 +63,10 @@ class StepDag:
              fabric: bool = False) -> int:
         i = len(self.kind)
         if stream >= 0:
-            key = (lane, stream)
-            self.stream_dep.append(self._last.get(key, -1))
-            self._last[key] = i
+            last = self._last
+            key = 2 * lane + stream          # streams are 0 and 1
+            self.stream_dep.append(last.get(key, -1))
+            last[key] = i
         else:
             self.stream_dep.append(-1)
         self.kind.append(kind)
