@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dse.space import IntParam, FloatParam, SearchSpace, apply
 from dse.study import Constraint, Objective
+from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.config import SimConfig, parse_config
 from simcore.errors import ConfigError
 
@@ -335,13 +336,8 @@ def static_metric_names(cfg: SimConfig) -> set[str]:
     if w.ramp_up_strategy is not None:
         names |= {"ramp_up_start_rps", "ramp_up_end_rps"}
     if cfg.cluster is not None:
-        names |= set(CLUSTER_METRICS)
+        names |= set(CLUSTER_HEADLINE_METRICS)
     return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS)
-
-
-CLUSTER_METRICS = ("network_share_of_request_latency", "network_share_of_step_time",
-                   "congestion_share_of_step_time")
-"""Top-level metrics of a result with a cluster section (see `simcore.simulate.simulate`)."""
 
 
 def baseline_values(base: dict, space: SearchSpace) -> tuple[dict[str, Any] | None, str | None]:

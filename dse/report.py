@@ -26,7 +26,7 @@ import numpy as np
 from dse.pareto import pareto_ranks
 from dse.study import Constraint, Objective
 from simcore.errors import ConfigError
-from simcore.uncertainty import first_order
+from simcore.uncertainty import first_order as envelope
 
 if TYPE_CHECKING:
     import optuna
@@ -67,15 +67,6 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
 
 # ---------------------------------------------------------------------------------------------
 # Envelopes
-
-def envelope(metric: str, value: float, relative_uncertainty: float | None
-             ) -> tuple[float, float] | None:
-    """The first-order range of `metric` if every step time is off by up to
-    ±relative_uncertainty (`simcore.uncertainty.first_order`): latencies scale with step time,
-    throughputs with its inverse. Queueing can amplify latency beyond this near saturation, so
-    the range is a guide, not a bound."""
-    return first_order(metric, value, relative_uncertainty)
-
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]

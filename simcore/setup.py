@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from simcore.compute.base import StepTimeModel
@@ -36,8 +36,6 @@ class Deployment:
     """Expert-parallel group size (DP x TP) with expert parallelism on; 1 without it."""
     expert_parallel: bool = False
     """Expert parallelism on: the DP ranks form one lock-step group (`step_model` times it)."""
-    op_scale: dict = field(default_factory=dict)
-    """Factors the step model's op classes are scaled by (a perturbed run); empty otherwise."""
 
     def memory_report(self) -> dict:
         """KV-cache size and, when derived from memory, the formula's every term."""
@@ -55,9 +53,7 @@ class Deployment:
 
     def assumptions(self) -> list[str]:
         """The modelling assumptions a result from this deployment rests on, in plain words."""
-        m = self.step_model
-        rank = getattr(m, "rank_model", m)
-        a = rank.assumption_lines() + [
+        a = self.step_model.assumption_lines() + [
             "vLLM V1 scheduler in sync mode (no async scheduling overlap)",
             "every request generates exactly its output length (ignore_eos)",
             "tokens reach the client when the step that sampled them ends",
@@ -154,8 +150,7 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       gpus_per_replica=tp * pp, base_dir=base_dir, weight_dtype=weight_dtype,
                       kv_cache_dtype=kv_dtype, ep_size=ep,
-                      expert_parallel=par.enable_expert_parallel,
-                      op_scale=dict(op_scale or {}))
+                      expert_parallel=par.enable_expert_parallel)
 
 
 def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: str,

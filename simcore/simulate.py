@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simcore import __version__
+from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
@@ -100,9 +101,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     result = assemble_result(cfg, dep, run)
     if cluster is not None:
         result["cluster"] = cluster_result(cluster, run, kv_paths)
-        # Headline figures at the top level, where a study can name them as objectives.
-        for key in ("network_share_of_request_latency", "network_share_of_step_time",
-                    "congestion_share_of_step_time"):
+        for key in CLUSTER_HEADLINE_METRICS:
             result[key] = result["cluster"][key]
         result["provenance"]["fidelity"] = (f"engine + step DAG over the "
                                             f"{cfg.cluster.fabric.backend} fabric")
@@ -231,7 +230,7 @@ def _request_row(r) -> dict:
 def provenance(cfg: SimConfig, dep: Deployment) -> dict:
     """Where the numbers come from: seed, profile, versions, and the assumptions they rest on."""
     m = dep.step_model
-    rank = getattr(m, "rank_model", m)
+    share = m.measured_share()
     return {
         "simulator": "simcore", "simulator_version": __version__,
         "engine_semantics": "vLLM 0.33 V1 scheduler, sync mode",
@@ -241,15 +240,15 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
                   **({"fabric": cfg.seed, "expert_routing": cfg.seed}
                      if cfg.cluster is not None else {})},
         "compute_profile": m.profile_id,
-        "profile_version": rank.profile_version,
+        "profile_version": m.profile_version,
         "calibrated": m.calibrated,
-        "reference_fallbacks": rank.fallbacks(),
-        "measured_share_of_step_time": round(rank.measured_share(), 3),
-        "profile_label": (f"calibrated profile ({rank.measured_share():.0%} of a reference step "
-                          "measured)") if m.calibrated else "uncalibrated reference profile",
+        "reference_fallbacks": m.fallbacks(),
+        "measured_share_of_step_time": round(share, 3),
+        "profile_label": (f"calibrated profile ({share:.0%} of a reference step measured)"
+                          if m.calibrated else "uncalibrated reference profile"),
         "step_time_relative_uncertainty": m.relative_uncertainty,
         "op_error_bounds": m.op_error_bounds(),
-        "op_scale": {k: v for k, v in dep.op_scale.items() if v != 1.0} or None,
+        "op_scale": {k: v for k, v in m.op_scale.items() if v != 1.0} or None,
         "fidelity": "engine + analytical step model (no fabric)",
         "python": platform.python_version(),
         "numpy": np.__version__,

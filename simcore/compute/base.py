@@ -105,8 +105,18 @@ class StepTimeModel(Protocol):
     profile_id: str           # e.g. "roofline/H100-SXM/bf16"
     calibrated: bool          # False for reference (uncalibrated) profiles
     relative_uncertainty: float  # symmetric bound on step time, e.g. 0.3 for +/-30%
+    profile_version: str      # "reference", or a calibration profile's version and digest
+    op_scale: dict[str, float]  # every class of OP_CLASSES -> its factor (1.0 unscaled)
 
     def step_time(self, shape: StepShape) -> StepTime: ...
+
+    def op_error_bounds(self) -> dict[str, float]: ...   # OP_CLASSES -> relative bound
+
+    def fallbacks(self) -> list[str]: ...                # parts timed by reference assumptions
+
+    def measured_share(self) -> float: ...               # share of a step from measurements
+
+    def assumption_lines(self) -> list[str]: ...         # where the step times come from
 
 
 class GroupStepTimeModel(StepTimeModel, Protocol):

@@ -95,7 +95,7 @@ def _memo(fn):
 class CalibratedModel(RooflineModel):
     """StepTimeModel with a calibration profile's per-op times over the roofline reference."""
 
-    __slots__ = ("profile", "_sources", "_fallbacks", "_class_bounds")
+    __slots__ = ("profile", "_sources", "_fallbacks", "_class_bounds", "_measured_share")
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, profile: CalibrationProfile,
                  tp: int = 1, pp: int = 1, weight_dtype: str = "bf16",
@@ -248,7 +248,7 @@ class CalibratedModel(RooflineModel):
         if rough not in self._sources["communication"] and comm_error is not None:
             bounds["communication"] = comm_error
         self._class_bounds = bounds
-        self.relative_uncertainty = self._step_bound()
+        self._set_reference_figures()
 
     def _reference_parts(self) -> list[dict[str, float]]:
         """Seconds per op class of two reference steps: 64 decodes at 1k context, and a
@@ -273,25 +273,27 @@ class CalibratedModel(RooflineModel):
             out.append(parts)
         return out
 
-    def _step_bound(self) -> float:
-        """The class bounds weighted by each class's share of the reference steps, the larger."""
-        worst = 0.0
+    def _set_reference_figures(self) -> None:
+        """From the reference steps: `relative_uncertainty`, the class bounds weighted by each
+        class's share of a step (the larger of the two steps), and the share of a step's time
+        that comes from the profile's curves (the smaller of the two)."""
+        worst, shares = 0.0, []
         for parts in self._reference_parts():
             total = sum(parts.values())
-            if total > 0:
-                worst = max(worst, sum(parts[c] * self._class_bounds[c] for c in parts) / total)
-        return worst
-
-    def measured_share(self) -> float:
-        """The share of the reference steps' time that comes from the profile's curves (the
-        smaller of the two): what "calibrated" covers in this deployment."""
-        shares = []
-        for parts in self._reference_parts():
-            total = sum(parts.values())
+            if total <= 0:
+                shares.append(0.0)
+                continue
+            worst = max(worst, sum(parts[c] * self._class_bounds[c] for c in parts) / total)
             measured = sum(v for c, v in parts.items()
                            if self._sources[c] and "roofline" not in self._sources[c])
-            shares.append(measured / total if total > 0 else 0.0)
-        return min(shares)
+            shares.append(measured / total)
+        self.relative_uncertainty = worst
+        self._measured_share = min(shares)
+
+    def measured_share(self) -> float:
+        """The share of a reference step's time that comes from the profile's curves: what
+        "calibrated" covers in this deployment."""
+        return self._measured_share
 
     def op_error_bounds(self) -> dict[str, float]:
         """Per op class: the held-out p90 error of the profile's curves it uses, the roofline's

@@ -69,7 +69,7 @@ class ExpertParallelRoofline:
     `step_time(shape)` is the group step with this one rank busy and the others idle.
     """
 
-    __slots__ = ("profile_id", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
+    __slots__ = ("profile_id", "profile_version", "op_scale", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
                  "dp", "ep", "num_ranks", "experts_per_gpu", "ep_local", "rank_model",
                  "_k", "_cells", "_z", "_ln_miss", "_flop_s_per_assignment",
                  "_byte_s_per_expert", "_byte_s_per_assignment", "_floor_s", "_max_per_token",
@@ -101,9 +101,10 @@ class ExpertParallelRoofline:
         self.ep = ep = dp * tp
         self.num_ranks = dp
         self.profile_id = rank_model.profile_id
+        self.profile_version = rank_model.profile_version
         self.calibrated = rank_model.calibrated
         self.relative_uncertainty = rank_model.relative_uncertainty
-        scale = check_op_scale(op_scale)
+        self.op_scale = scale = check_op_scale(op_scale)
 
         e = arch.num_experts
         k = arch.num_experts_per_tok
@@ -150,9 +151,20 @@ class ExpertParallelRoofline:
 
     # -- the parts of a group step, exposed for checks and reports ------------------------------
 
+    # Where the times come from: as the rank model says (the experts and the all-to-all are
+    # the roofline's in every case, and the rank model's error bounds already say so).
+
     def op_error_bounds(self) -> dict[str, float]:
-        """Relative error bound of each op class, as the rank model declares them."""
         return self.rank_model.op_error_bounds()
+
+    def fallbacks(self) -> list[str]:
+        return self.rank_model.fallbacks()
+
+    def measured_share(self) -> float:
+        return self.rank_model.measured_share()
+
+    def assumption_lines(self) -> list[str]:
+        return self.rank_model.assumption_lines()
 
     def expected_max_load(self, num_tokens: int) -> float:
         """Expected expert assignments on the hottest GPU when the group runs `num_tokens`."""
