@@ -393,17 +393,21 @@ def fabric(scenario: Path, backend: str | None, seed: int | None, out: Path | No
               help="Run only these suites (repeatable; default all).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the rows as JSON here.")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help="The reference data folder (calibration/, conformance/); "
-                                 "default ../shared beside the repository.")
-def validate(suites: tuple[str, ...], out: Path | None, data_dir: Path | None) -> None:
+@click.option("--vidur", "vidur_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="A vidur measurement folder (holds profiling/); default the "
+                                 "copy shipped in the package.")
+@click.option("--conformance", "conformance_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="A folder of scheduler scenarios/ and golden/ logs; default the "
+                                 "vLLM 0.33 recordings shipped in the package.")
+def validate(suites: tuple[str, ...], out: Path | None, vidur_dir: Path | None,
+             conformance_dir: Path | None) -> None:
     """Run the validation suite: predictions against references, with errors and sources.
 
     Exits 1 if any row's error exceeds its tolerance."""
     from dse.validate import SUITES, render_table, run_suite
 
     try:
-        rows = run_suite(suites or SUITES, shared_dir=data_dir)
+        rows = run_suite(suites or SUITES, vidur_dir=vidur_dir, conformance_dir=conformance_dir)
     except ConfigError as e:
         _fail(str(e))
         return

@@ -140,8 +140,11 @@ def scheduler_rows(conformance_dir: Path) -> list[Row]:
     from simcore.engine.conformance import compare, load_scenario, read_steps, replay
 
     rows: list[Row] = []
-    for sc_path in sorted((conformance_dir / "scenarios").glob("*.json")):
-        golden = conformance_dir / "golden" / f"{sc_path.stem}.jsonl.gz"
+    scenarios = sorted([*(conformance_dir / "scenarios").glob("*.json"),
+                        *(conformance_dir / "scenarios").glob("*.json.gz")])
+    for sc_path in scenarios:
+        name = sc_path.name.removesuffix(".gz").removesuffix(".json")
+        golden = conformance_dir / "golden" / f"{name}.jsonl.gz"
         if not golden.is_file():
             continue
         ours = list(replay(load_scenario(sc_path)))
@@ -153,7 +156,7 @@ def scheduler_rows(conformance_dir: Path) -> list[Row]:
         rows.append(Row("scheduler", f"identical steps: {golden.name}", float(same),
                         float(len(ref)), "steps", 0.0,
                         "vLLM's own scheduler decisions recorded step by step "
-                        "(shared/conformance/vllm: scenario and golden log)",
+                        "(simcore/data/conformance: scenario and golden log)",
                         note=compare(ours, ref) or ""))
     return rows
 
@@ -197,34 +200,34 @@ def end_to_end_rows() -> list[Row]:
 
 # ---- the suite ------------------------------------------------------------------------------
 
-def run_suite(suites: tuple[str, ...] = SUITES, *, shared_dir: Path | None = None) -> list[Row]:
-    """The rows of the chosen suites, in suite order."""
+def run_suite(suites: tuple[str, ...] = SUITES, *, vidur_dir: Path | None = None,
+              conformance_dir: Path | None = None) -> list[Row]:
+    """The rows of the chosen suites, in suite order. The measurement tables and recorded
+    scheduler logs default to the copies shipped in the package (`simcore.reference_data`)."""
     from dse.validate_calibration import collective_rows, op_rows
+    from simcore.reference_data import CONFORMANCE_DIR, VIDUR_DIR
 
-    shared = shared_dir or default_shared_dir()
-    if not shared.is_dir():
-        raise ConfigError(f"{shared}: the reference data directory is missing (measurement "
-                          "tables and recorded scheduler logs live there)")
+    vidur = vidur_dir or VIDUR_DIR
+    conformance = conformance_dir or CONFORMANCE_DIR
+    if {"ops", "collectives"} & set(suites) and not (vidur / "profiling").is_dir():
+        raise ConfigError(f"{vidur}: not a vidur data folder (no profiling/ inside)")
+    if "scheduler" in suites and not (conformance / "scenarios").is_dir():
+        raise ConfigError(f"{conformance}: not a conformance folder (no scenarios/ inside)")
     rows: list[Row] = []
     for s in suites:
         if s == "ops":
-            rows += op_rows(shared)
+            rows += op_rows(vidur)
         elif s == "collectives":
-            rows += collective_rows(shared)
+            rows += collective_rows(vidur)
         elif s == "fabric":
             rows += fabric_rows()
         elif s == "scheduler":
-            rows += scheduler_rows(shared / "conformance" / "vllm")
+            rows += scheduler_rows(conformance)
         elif s == "end_to_end":
             rows += end_to_end_rows()
         else:
             raise ValueError(f"unknown suite {s!r} (one of {', '.join(SUITES)})")
     return rows
-
-
-def default_shared_dir() -> Path:
-    """`../shared` beside the repository (the data the project is tested against)."""
-    return Path(__file__).resolve().parent.parent.parent / "shared"
 
 
 def _pct(x: float, kind: str) -> str:

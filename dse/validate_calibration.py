@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.validate import Row, default_shared_dir
+from dse.validate import Row
 from simcore.calibration.measurements import load_measurements
 from simcore.calibration.ops import COMPUTE_OPS, OP_KEY_FIELDS, family
 from simcore.calibration.profile import CalibrationProfile, shipped_profile, shipped_profile_ids
+from simcore.reference_data import VIDUR_DIR
 
 OP_TOLERANCE = 0.05
 """Median held-out relative error a profile's op (or collective) curves must stay under."""
@@ -20,11 +21,11 @@ GENERIC_TOLERANCE = 0.10
 """Median error declared for GEMM shapes a profile never measured (its generic fallback)."""
 
 VIDUR_SOURCE = ("vidur per-op and NCCL measurements (microsoft/vidur, MIT, commit 7d47513), "
-                "rows held out of the profile's fit (shared/calibration/vidur)")
+                "rows held out of the profile's fit (simcore/data/measurements/vidur)")
 
 
-def _vidur_root(shared: Path) -> Path:
-    return shared / "calibration" / "vidur" / "profiling"
+def _vidur_root(vidur: Path) -> Path:
+    return vidur / "profiling"
 
 
 def _files(profile: CalibrationProfile, root: Path, kind: str) -> list[Path]:
@@ -64,9 +65,9 @@ def _stat_row(suite: str, name: str, rel: np.ndarray, tolerance: float, source: 
                note=f"p90 {np.percentile(rel, 90):.1%}, max {rel.max():.1%}")
 
 
-def op_rows(shared: Path | None = None) -> list[Row]:
+def op_rows(vidur: Path | None = None) -> list[Row]:
     """Per shipped profile and op: the median relative error on the held-out rows."""
-    root = _vidur_root(shared or default_shared_dir())
+    root = _vidur_root(vidur or VIDUR_DIR)
     rows: list[Row] = []
     for pid in shipped_profile_ids():
         p = shipped_profile(pid)
@@ -87,14 +88,14 @@ def op_rows(shared: Path | None = None) -> list[Row]:
     return rows
 
 
-def collective_rows(shared: Path | None = None) -> list[Row]:
+def collective_rows(vidur: Path | None = None) -> list[Row]:
     """Per shipped profile and collective: median held-out error; and the roofline's ring
     all-reduce (the reference profile) against the H100 DGX NCCL table for messages of 1 MiB
     and more, where bandwidth dominates."""
     from simcore.compute.roofline import RooflineAssumptions
     from simcore.hardware import get_gpu
 
-    root = _vidur_root(shared or default_shared_dir())
+    root = _vidur_root(vidur or VIDUR_DIR)
     rows: list[Row] = []
     for pid in shipped_profile_ids():
         p = shipped_profile(pid)
@@ -125,6 +126,6 @@ def collective_rows(shared: Path | None = None) -> list[Row]:
     rows.append(_stat_row(
         "collectives", "roofline ring all-reduce vs NCCL, H100 DGX, >= 1 MiB", rel,
         a.relative_uncertainty,
-        "vidur's NCCL all-reduce table on DGX H100 (shared/calibration/vidur); the roofline's "
+        "vidur's NCCL all-reduce table on DGX H100 (simcore/data/measurements/vidur); the roofline's "
         "declared +/-35% bound is the tolerance"))
     return rows

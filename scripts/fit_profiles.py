@@ -1,5 +1,6 @@
 """Regenerate the shipped calibration profiles (simcore/data/profiles/*-vidur.json) from the copy
-of vidur's profiling data in ../shared/calibration/vidur; the same data gives the same bytes.
+of the copy of vidur's profiling data in simcore/data/measurements/vidur; the same data gives the
+same bytes.
 
     python scripts/fit_profiles.py [--vidur DIR]
 """
@@ -10,9 +11,10 @@ import argparse
 from pathlib import Path
 
 from simcore.calibration.fit import VIDUR_PROFILES, fit_vidur_profile
+from simcore.reference_data import VIDUR_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_VIDUR = ROOT.parent / "shared" / "calibration" / "vidur"
+DEFAULT_VIDUR = VIDUR_DIR
 OUT = ROOT / "simcore" / "data" / "profiles"
 
 

@@ -19,6 +19,7 @@ from simcore.config import parse_config
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
 from simcore.model.presets import load_preset
+from simcore.reference_data import VIDUR_DIR
 from simcore.simulate import simulate
 from simcore.uncertainty import simulate_with_envelope
 
@@ -193,7 +194,7 @@ def test_cli_prints_calibrated_or_uncalibrated_with_the_envelope(tmp_path):
 
 
 def test_cli_calibrate_fits_and_reports_and_refuses_bad_input(tmp_path):
-    shared = ROOT.parent / "shared" / "calibration" / "vidur" / "profiling"
+    shared = VIDUR_DIR / "profiling"
     f = shared / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
     r = _dse("calibrate", str(f), str(shared / "network" / "h100_dgx"),
              "--out", str(tmp_path / "p.json"))

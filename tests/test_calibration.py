@@ -23,10 +23,10 @@ from simcore.calibration.ops import COMPUTE_OPS, layer_op_shapes
 from simcore.calibration.profile import CalibrationProfile, shipped_profile, shipped_profile_ids
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
+from simcore.reference_data import VIDUR_DIR
 
-VIDUR = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "vidur"
+VIDUR = VIDUR_DIR
 PROFILING = VIDUR / "profiling"
-needs_vidur = pytest.mark.skipif(not VIDUR.is_dir(), reason=f"{VIDUR} is missing")
 LLAMA2_7B_A100 = PROFILING / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv"
 PHI2_A100 = PROFILING / "compute/a100/microsoft/phi-2/mlp.csv"
 
@@ -34,14 +34,11 @@ PHI2_A100 = PROFILING / "compute/a100/microsoft/phi-2/mlp.csv"
 @pytest.fixture(scope="module")
 def fresh():
     """A fresh fit of every shipped profile from the vidur data (seed 0, 20% held out)."""
-    if not VIDUR.is_dir():
-        pytest.skip(f"{VIDUR} is missing")
     return {gpu: fit_vidur_profile(VIDUR, gpu) for gpu in VIDUR_PROFILES}
 
 
 # ---- measurement tables --------------------------------------------------------------------
 
-@needs_vidur
 def test_compute_rows_carry_the_per_gpu_gemm_shape():
     t = read_compute_csv(LLAMA2_7B_A100)
     assert tuple(t.columns) == COMPUTE_COLUMNS
@@ -58,7 +55,6 @@ def test_compute_rows_carry_the_per_gpu_gemm_shape():
     assert first["time_s"].item() == pytest.approx(0.234e-3)        # file: 0.234 ms
 
 
-@needs_vidur
 def test_mlp_up_proj_is_the_fused_gate_up_gemm():
     """vidur's mlp_up_proj of a gated MLP has 2 x n_expanded_embd outputs: it takes about twice
     as long as mlp_down_proj (same FLOPs otherwise); phi-2's plain MLP takes about as long."""
@@ -77,7 +73,6 @@ def test_mlp_up_proj_is_the_fused_gate_up_gemm():
     assert (up.in_features, up.out_features) == (2560, 10240)
 
 
-@needs_vidur
 def test_collective_rows_are_bytes_and_seconds():
     t = read_collective_csv(PROFILING / "network/a100_dgx/all_reduce.csv")
     assert tuple(t.columns) == COLLECTIVE_COLUMNS
@@ -88,7 +83,6 @@ def test_collective_rows_are_bytes_and_seconds():
     assert 1e-6 < t["time_s"].min() and t["time_s"].max() < 0.1
 
 
-@needs_vidur
 def test_load_measurements_reads_every_file_with_its_sha256():
     m = load_measurements([PROFILING / "compute" / "a40",
                            PROFILING / "network" / "a40_pairwise_nvlink"])
@@ -106,7 +100,6 @@ def _vidur_copy(tmp_path: Path) -> Path:
     return dest
 
 
-@needs_vidur
 def test_missing_shape_column_names_the_file_and_column(tmp_path):
     path = _vidur_copy(tmp_path)
     pd.read_csv(path).drop(columns=["n_kv_head"]).to_csv(path, index=False)
@@ -116,7 +109,6 @@ def test_missing_shape_column_names_the_file_and_column(tmp_path):
         run_calibrate([str(tmp_path)], str(tmp_path / "out.json"))
 
 
-@needs_vidur
 def test_missing_median_and_bad_values_name_file_column_and_row(tmp_path):
     path = _vidur_copy(tmp_path)
     table = pd.read_csv(path)
@@ -413,7 +405,6 @@ def test_shipped_profiles_equal_a_fresh_fit(fresh):
                            equal_nan=True)
 
 
-@needs_vidur
 def test_run_calibrate_writes_the_profile_and_reports_errors(tmp_path):
     out = tmp_path / "profiles" / "a40.json"
     report = run_calibrate([str(PROFILING / "compute/a40/meta-llama"),

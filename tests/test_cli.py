@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from simcore.engine.conformance import read_steps
+from simcore.reference_data import CONFORMANCE_DIR
 
 TESTS = Path(__file__).parent
 CONFIGS = TESTS / "data" / "configs"
-CONFORMANCE = TESTS / "data" / "conformance"
+CONFORMANCE = CONFORMANCE_DIR
 BASIC = CONFORMANCE / "scenarios" / "basic.json.gz"
 BASIC_GOLDEN = CONFORMANCE / "golden" / "basic.jsonl.gz"
 

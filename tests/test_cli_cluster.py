@@ -9,7 +9,10 @@ from click.testing import CliRunner
 
 from dse.cli import main
 from simcore.engine.conformance import read_steps
-from tests.test_cli import BASIC, BASIC_GOLDEN
+from simcore.reference_data import CONFORMANCE_DIR
+
+BASIC = CONFORMANCE_DIR / "scenarios" / "basic.json.gz"
+BASIC_GOLDEN = CONFORMANCE_DIR / "golden" / "basic.jsonl.gz"
 
 SMALL = {
     "name": "small-cluster", "seed": 1,

@@ -6,9 +6,9 @@ import pytest
 
 from simcore.engine.conformance import compare, load_scenario, read_steps, replay
 from simcore.errors import ConfigError
+from simcore.reference_data import CONFORMANCE_DIR
 
-DATA = Path(__file__).parent / "data" / "conformance"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "vllm"
+DATA = CONFORMANCE_DIR
 NAMES = sorted(p.name.removesuffix(".json.gz") for p in (DATA / "scenarios").glob("*.json.gz"))
 
 
@@ -23,14 +23,6 @@ def test_every_step_matches_vllm(name):
     golden = read_steps(DATA / "golden" / f"{name}.jsonl.gz")
     assert compare(ours, golden) is None
     assert ours == [dict(g) for g in golden]
-
-
-@pytest.mark.skipif(not (SHARED / "scenarios").is_dir(), reason="no shared conformance folder")
-def test_every_shared_scenario_matches_vllm():
-    for path in sorted((SHARED / "scenarios").glob("*.json")):
-        golden = SHARED / "golden" / (path.stem + ".jsonl.gz")
-        if golden.exists():
-            assert compare(list(replay(load_scenario(path))), read_steps(golden)) is None, path.name
 
 
 def test_goldens_discriminate_behaviours():

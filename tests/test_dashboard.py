@@ -10,17 +10,34 @@ import time
 import urllib.request
 from wsgiref.util import setup_testing_defaults
 
+import optuna
 import pytest
 
 from dse.dashboard import dashboard_app, dashboard_url, serve_dashboard
 from simcore.errors import ConfigError
-from tests.test_report import make_study
 
 
 @pytest.fixture(scope="module")
 def storage_url(tmp_path_factory) -> str:
+    """A study of 11 trials (10 complete, 1 failed) and its confirmation study, as a search
+    stores them."""
     url = f"sqlite:///{tmp_path_factory.mktemp('dash') / 'study.db'}"
-    make_study(url, "dash")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="dash", storage=url,
+                                directions=["minimize", "maximize"])
+    for i in range(10):
+        t = study.ask()
+        t.suggest_categorical("engine.max_num_seqs", [2, 4, 8, 32, 256])
+        t.set_user_attr("fidelity", "screen")
+        study.tell(t, [100.0 + 10 * i, 2000.0 - 50 * i])
+    t = study.ask()
+    t.set_user_attr("failure_reason", "simulation timed out after 300 s")
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    confirm = optuna.create_study(study_name="dash/confirm", storage=url,
+                                  directions=["minimize", "maximize"])
+    t = confirm.ask()
+    t.set_user_attr("confirms_trial", 3)
+    confirm.tell(t, [131.0, 1850.0])
     return url
 
 

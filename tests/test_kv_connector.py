@@ -17,8 +17,7 @@ from simcore.engine.kv_tier import ExternalKVTier, TierConnector
 from simcore.engine.request import (FINISHED, PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS,
                                     BlockHashSpace, Request)
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
-from tests.test_conformance import DATA
-from tests.test_scheduler import check_blocks_conserved
+from simcore.reference_data import CONFORMANCE_DIR as DATA
 
 KEYS = tuple(range(1, 11))
 """Content keys of ten full blocks shared by the requests of a scenario."""
@@ -87,7 +86,8 @@ def scripted(answers, **kw):
 
 
 # -- asynchronous loads from the tier ---------------------------------------------------------
-def test_tier_hit_waits_for_remote_kv_then_runs_with_the_loaded_tokens_computed():
+def test_tier_hit_waits_for_remote_kv_then_runs_with_the_loaded_tokens_computed(
+        blocks_conserved):
     space = BlockHashSpace()
     conn = TierConnector(tier_with(space, 8), 16, space)
     s = Scheduler(cfg(), space, conn)
@@ -135,7 +135,7 @@ def test_tier_hit_waits_for_remote_kv_then_runs_with_the_loaded_tokens_computed(
     s.update(out)
     run_to_end(s)
     assert a.status == b.status == FINISHED and s.kv.num_free_blocks == 63
-    check_blocks_conserved(s)
+    blocks_conserved(s)
 
 
 def test_local_hit_then_tier_blocks_after_it():
@@ -327,7 +327,7 @@ def test_a_preempted_request_reloads_and_resumes():
     assert out.resumed == [a] and plan(out) == [("a", 5, 96)]
 
 
-def test_requests_loading_are_never_preempted():
+def test_requests_loading_are_never_preempted(blocks_conserved):
     s, conn = scripted({"l": (64, True)}, num_blocks=12, enable_prefix_caching=False)
     r = Request("r", 0, 32, 100)
     s.add_request(r)
@@ -348,7 +348,7 @@ def test_requests_loading_are_never_preempted():
             break
     assert preempted == [r] and loading.status == WAITING_FOR_REMOTE_KVS
     assert s.kv.num_blocks_held(loading) == 4
-    check_blocks_conserved(s)
+    blocks_conserved(s)
 
 
 # -- P/D disaggregation: the decode side -------------------------------------------------------
@@ -509,7 +509,7 @@ class PerRequest:
 
 
 def run_with_loads(reqs, num_blocks, budget, chunked, caching, lwd, priority, seqs, limit,
-                   load_async, tier_blocks, seed) -> Scheduler:
+                   load_async, tier_blocks, seed, blocks_conserved) -> Scheduler:
     """Run requests (% of max_model_len, % of it output, prefix group, arrival step, P/D kind)
     with the tier and P/D connectors, each load ending 0-5 steps after it starts; check KV-block
     conservation and the loads' invariants after every step and that every request finishes."""
@@ -577,7 +577,7 @@ def run_with_loads(reqs, num_blocks, budget, chunked, caching, lwd, priority, se
             blocks = s.kv.req_blocks[rid]
             assert len(blocks) == expect[rid][0]
             assert not any(s.kv.pool.block_hash[b] for b in blocks[s.kv.num_cached_block[rid]:])
-        check_blocks_conserved(s)
+        blocks_conserved(s)
         step += 1
     assert step < 20_000
     assert all(r.status == FINISHED for _, r in made)
@@ -599,12 +599,12 @@ requests_strategy = st.lists(
        load_async=st.booleans(), tier_blocks=st.integers(0, 60), seed=st.integers(0, 2**32 - 1))
 def test_blocks_are_conserved_with_loads_and_every_request_finishes(
         reqs, num_blocks, budget, chunked, caching, lwd, priority, seqs, limit, load_async,
-        tier_blocks, seed):
+        tier_blocks, seed, blocks_conserved):
     run_with_loads(reqs, num_blocks, budget, chunked, caching, lwd, priority, seqs, limit,
-                   load_async, tier_blocks, seed)
+                   load_async, tier_blocks, seed, blocks_conserved)
 
 
-def test_blocks_are_conserved_with_loads_under_memory_pressure():
+def test_blocks_are_conserved_with_loads_under_memory_pressure(blocks_conserved):
     """Many long requests at once, so that loads meet preemption (rare in the property test)."""
     totals = {"preemptions": 0, "loads": 0}
     for seed in range(30):
@@ -614,7 +614,7 @@ def test_blocks_are_conserved_with_loads_under_memory_pressure():
         s = run_with_loads(reqs, rng.randint(40, 120), rng.randint(64, 512), rng.random() < 0.8,
                            rng.random() < 0.7, rng.random() < 0.3, rng.random() < 0.3,
                            rng.randint(4, 8), rng.randint(1, 3), rng.random() < 0.8,
-                           rng.randint(0, 60), seed)
+                           rng.randint(0, 60), seed, blocks_conserved)
         totals["preemptions"] += s.num_preemptions
         totals["loads"] += s.connector.disagg.num_loaded_tokens + s.connector.tier.num_loaded_tokens
     assert totals["preemptions"] > 50 and totals["loads"] > 0

@@ -14,9 +14,10 @@ from simcore.engine.conformance import load_scenario, read_steps, step_log_heade
 from simcore.engine.scheduler import Scheduler
 from simcore.errors import ConfigError
 from simcore.setup import build_deployment
-from tests.test_conformance import DATA, NAMES
+from simcore.reference_data import CONFORMANCE_DIR as DATA
 
 GOLDEN = DATA / "golden"
+NAMES = sorted(p.name.removesuffix(".json.gz") for p in (DATA / "scenarios").glob("*.json.gz"))
 
 
 def config(*, num_nodes=1, tp=1, pp=1, dp=1, backend="analytical", trace=None) -> SimConfig:

@@ -23,22 +23,6 @@ def run_to_end(s: Scheduler, max_steps=100_000):
     return steps
 
 
-def check_blocks_conserved(s: Scheduler):
-    """Every usable block is either free or held; ref counts equal the number of holders."""
-    pool = s.kv.pool
-    holders = [0] * pool.num_blocks
-    for blocks in s.kv.req_blocks.values():
-        for b in blocks:
-            holders[b] += 1
-    for b in range(1, pool.num_blocks):
-        assert pool.ref_cnt[b] == holders[b], b
-        assert (b in pool.free) == (holders[b] == 0), b
-    assert len(pool.free) + sum(1 for h in holders[1:] if h) == pool.num_blocks - 1
-    for h, blocks in pool.cached.items():
-        for b in blocks:
-            assert pool.block_hash[b] == h
-
-
 def test_chunked_prefill_then_decode_exact_counts():
     s = Scheduler(cfg())
     s.add_request(Request("a", 0, 100, 3))
@@ -121,7 +105,7 @@ def test_least_work_done_preemption_spares_nearly_done_and_thrice_preempted():
     assert s._pick_victim(reqs[3], {}) is reqs[3]
 
 
-def test_least_work_done_completes_a_run_under_pressure():
+def test_least_work_done_completes_a_run_under_pressure(blocks_conserved):
     s = Scheduler(cfg(preemption="least_work_done", num_blocks=12, enable_prefix_caching=False,
                       max_num_batched_tokens=128))
     for i in range(6):
@@ -129,7 +113,7 @@ def test_least_work_done_completes_a_run_under_pressure():
     steps = run_to_end(s)
     assert not s.has_requests and s.num_preemptions > 0
     assert sum(len(o.preempted) for o in steps) == s.num_preemptions
-    check_blocks_conserved(s)
+    blocks_conserved(s)
 
 
 def test_persistent_batch_admits_only_after_a_completion():
@@ -177,7 +161,7 @@ requests_strategy = st.lists(
 @given(reqs=requests_strategy, num_blocks=st.integers(24, 80), budget=st.integers(16, 300),
        chunked=st.booleans(), caching=st.booleans(), lwd=st.booleans(), seqs=st.integers(1, 8))
 def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budget, chunked,
-                                                        caching, lwd, seqs):
+                                                        caching, lwd, seqs, blocks_conserved):
     max_len = 16 * (num_blocks - 1)
     if not chunked:
         budget = max(budget, max_len)
@@ -201,7 +185,7 @@ def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budge
         assert out.num_tokens <= budget
         assert len(s.running) <= seqs
         s.update(out)
-        check_blocks_conserved(s)
+        blocks_conserved(s)
         step += 1
     assert all(r.status == FINISHED for _, r in made)
     assert all(r.num_output_tokens == r.max_tokens for _, r in made)

@@ -1,7 +1,7 @@
 """Replay a scheduler-conformance scenario step by step and emit vLLM's golden record format.
 
 A scenario (JSON) holds `config` (scheduler settings) and `requests` (id, arrive_step, prompt_len,
-output_len, block_keys); see `../shared/conformance/vllm/README.md`. Each emitted step is a dict:
+output_len, block_keys); see `simcore/data/conformance/README.md`. Each emitted step is a dict:
 step, scheduled {id: tokens}, new, resumed, preempted, computed_on_admit, finished, free_blocks.
 A step log is one such record a line, after an optional header line `step_log_header()` that
 names the format and its version (vLLM's recorder writes none: a log without it is version 1).
