@@ -1,5 +1,5 @@
-"""DCQCN reaction and notification points alone: the closed-form rate sequence of REFERENCE.md
-section 3, exact timer instants, alpha decay, the Mellanox cut interval, counters and bounds, and
+"""DCQCN reaction and notification points alone: the closed-form rate sequence that the reaction
+point's rules (Zhu et al., SIGCOMM 2015, section 3.3) give after one cut, exact timer instants, alpha decay, the Mellanox cut interval, counters and bounds, and
 property tests over random interleavings of CNPs, bytes and clock advances."""
 
 import math
@@ -73,7 +73,8 @@ def test_time_cannot_go_backwards():
 
 @pytest.mark.parametrize("t0", [0.0, 0.0123])
 def test_reference_sequence_50_75_87_5_93_75_96_875_at_the_timer_instants(t0):
-    """REFERENCE.md section 3: from 100 Gb/s with alpha = 1, one CNP, then timer increases only."""
+    """From 100 Gb/s with alpha = 1, one CNP halves the rate (RC (1 - alpha/2)); then each timer
+    event of fast recovery averages it with the target, RC <- (RT + RC) / 2."""
     p = timer_only(DcqcnParams.paper(100e9))
     rp = ReactionPoint(p, now_s=t0)
     assert rp.alpha == 1.0 and rp.next_event_s() == math.inf     # unlimited: nothing scheduled

@@ -23,7 +23,7 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
 - LM head and sampling for num_seqs rows (vLLM computes logits for every scheduled request,
   including partial prefill chunks, and discards the unfinished ones).
 - TP: 2 all-reduces per layer (+1 for the vocabulary-parallel embedding) of num_tokens x hidden
-  activations and a gather of the logits, by the ring formula of REFERENCE §4 over the intra-node
+  activations and a gather of the logits, by the ring formula of nccl-tests' doc/PERFORMANCE.md over the intra-node
   interconnect: 2(n-1)/n x S/B + 2(n-1) x alpha. They sit on the critical path (vLLM does not
   overlap them). With `sequence_parallel_moe` (expert parallelism with DP > 1) each MoE layer's
   all-reduce becomes an all-gather, (n-1)/n x S/B + (n-1) x alpha.

@@ -2,7 +2,8 @@
 
 A connector tells the scheduler how many tokens of a request being admitted, beyond its local
 prefix-cache hit, have KV somewhere else (another instance, a CPU or storage tier), and whether
-loading them is asynchronous (vLLM's `KVConnectorBase_V1` scheduler side, REFERENCE.md §1). The
+loading them is asynchronous (vLLM's `KVConnectorBase_V1` scheduler side,
+`vllm/distributed/kv_transfer/kv_connector/v1/base.py`: `get_num_new_matched_tokens`). The
 scheduler allocates the blocks; the caller simulates the transfer and reports its end with
 `Scheduler.finish_remote_load`.
 """

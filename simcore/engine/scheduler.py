@@ -1,6 +1,6 @@
 """vLLM V1's scheduler (sync mode) as a pure object: `schedule()` plans a step, `update()` applies its outputs.
 
-The decision rules follow vLLM 0.33's `vllm/v1/core/sched/scheduler.py` (REFERENCE.md §1): one token
+The decision rules follow vLLM 0.33's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`): one token
 budget shared by running and waiting requests, running requests first, chunked prefill,
 `long_prefill_token_threshold`, full-prompt admission, prefix caching with same-step hits,
 preemption of the last-admitted running request with recompute, and external KV through a KV

@@ -15,10 +15,12 @@ PAPER_REFERENCE_LINE_RATE_BPS = 40e9
 """The paper's parameters are for its 40 Gb/s RoCEv2 NICs."""
 
 MELLANOX_REFERENCE_LINE_RATE_BPS = 25e9
-"""The Mellanox-style values in REFERENCE.md section 3 are quoted at 25 Gb/s."""
+"""The Mellanox-style values (HPCC's ns-3 simulator, alibaba-edu/High-Precision-Congestion-Control,
+its DCQCN defaults) are quoted at 25 Gb/s."""
 
 DEFAULT_CNP_INTERVAL_S = 50e-6
-"""At most one CNP per flow per 50 us (the paper's N; REFERENCE.md section 3)."""
+"""At most one CNP per flow per 50 us (N in Zhu et al., "Congestion Control for Large-Scale RDMA
+Deployments", SIGCOMM 2015, section 3.2)."""
 
 _INF = math.inf
 
@@ -130,7 +132,7 @@ class DcqcnParams:
 
     @classmethod
     def mellanox(cls, line_rate_bps: float) -> DcqcnParams:
-        """Mellanox / NVIDIA ConnectX style (REFERENCE.md section 3, HPCC's simulator): t_alpha
+        """Mellanox / NVIDIA ConnectX style (the DCQCN of HPCC's ns-3 simulator, Li et al., SIGCOMM 2019): t_alpha
         1 us, t_dec 4 us, t_inc 300 us, F = 1, R_AI 5 Mb/s and R_HAI 50 Mb/s at 25 Gb/s, g =
         1/256, no byte counter, RT not clamped on back-to-back cuts. Rates scaled to line rate."""
         scale = line_rate_bps / MELLANOX_REFERENCE_LINE_RATE_BPS
@@ -160,7 +162,7 @@ class ReactionPoint:
     a clock or schedules anything: the NIC calls the event methods with the current virtual time,
     asks `next_event_s()` when to call `advance` next, and re-reads `rate_bps` after every call.
 
-    Paper semantics (REFERENCE.md section 3):
+    Paper semantics (Zhu et al., SIGCOMM 2015, section 3.3, the reaction point's algorithm):
 
     * CNP -> cut: RT <- RC; RC <- max(min_rate, RC (1 - alpha/2)); alpha <- (1 - g) alpha + g;
       the timer and the byte counter restart from zero.

@@ -51,7 +51,8 @@ PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 class EcnSettings(BaseModel):
     """RED/ECN marking at switch egress queues on instantaneous queue bytes q: probability 0 for
-    q <= Kmin, Pmax (q - Kmin) / (Kmax - Kmin) up to Kmax, 1 above (REFERENCE.md section 3)."""
+    q <= Kmin, Pmax (q - Kmin) / (Kmax - Kmin) up to Kmax, 1 above (RED's marking curve on the
+    instantaneous queue, as DCQCN uses it: Zhu et al., SIGCOMM 2015, section 3.1)."""
 
     model_config = _FROZEN
 
@@ -91,7 +92,9 @@ class EcnSettings(BaseModel):
 class PfcSettings(BaseModel):
     """IEEE 802.1Qbb priority flow control per ingress port and priority: XOFF when the port's
     shared-buffer use passes T = alpha x (free shared buffer) or headroom is in use, XON when back
-    under T - xon_offset_bytes (REFERENCE.md section 3)."""
+    under T - xon_offset_bytes (the dynamic threshold of Choudhury and Hahne, "Dynamic queue length
+    thresholds for shared-memory packet switches", IEEE/ACM ToN 1998, as shared-buffer switches
+    apply it to PFC; pause quanta of 512 bit times per IEEE 802.1Qbb)."""
 
     model_config = _FROZEN
 
@@ -163,7 +166,7 @@ class TrafficClassSettings(BaseModel):
 class DcqcnSettings(BaseModel):
     """DCQCN congestion control: the notification point (receiver) sends at most one CNP per flow
     per cnp_interval_s on ECN-marked packets; the reaction point (sender NIC) cuts and recovers its
-    rate (REFERENCE.md section 3). The variant's parameters come from `DcqcnParams.paper` or
+    rate (Zhu et al., SIGCOMM 2015, section 3). The variant's parameters come from `DcqcnParams.paper` or
     `DcqcnParams.mellanox` (rates and byte counter scaled to each NIC's line rate); every field
     given here overrides one of them, as an absolute value."""
 
