@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from simcore.workload import WorkloadConfig, generate_requests, generate_workload
+from simcore.reference_data import CONFORMANCE_DIR
 from simcore.workload.keys import NAMESPACE_SHIFT, ROW, SHARED_PREFIX, USER
 
 DATA = Path(__file__).parent / "data"
@@ -298,7 +299,7 @@ def test_rate_change_leaves_the_prompts_unchanged():
 
 def test_mooncake_keys_match_the_vllm_conformance_scenario():
     import gzip
-    with gzip.open(DATA / "conformance" / "scenarios" / "mooncake_head.json.gz", "rt") as f:
+    with gzip.open(CONFORMANCE_DIR / "scenarios" / "mooncake_head.json.gz", "rt") as f:
         scenario = json.load(f)
     block_size = scenario["config"]["block_size"]
     ours = {r.request_id: r for r in generate({"dataset": {"kind": "mooncake", "path": MOONCAKE.name}},
