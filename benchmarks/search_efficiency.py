@@ -35,7 +35,7 @@ FRACTIONS = (0.10, 0.20, 0.40)
 
 
 def base_config() -> dict:
-    from simcore.config import load_yaml
+    from simcore.loading import load_yaml
 
     base = load_yaml(ROOT / "examples" / "quickstart.yaml")
     base["base_dir"] = str(ROOT / "examples")

@@ -210,7 +210,8 @@ def _pydantic_models_of(ann: Any) -> list[Any]:
 
 def load_space(data: Any, source: str, base_dir: Path | None = None) -> SearchSpace:
     """Validate an inline mapping, or load a space file when given a path string."""
-    from simcore.config import format_validation_error, load_yaml
+    from simcore.config import format_validation_error
+    from simcore.loading import load_yaml
 
     if isinstance(data, str):
         path = Path(data)

@@ -9,8 +9,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dse.space import SearchSpace, load_space
-from simcore.config import format_validation_error, load_yaml, parse_config
+from simcore.config import format_validation_error, parse_config
 from simcore.errors import ConfigError
+from simcore.loading import load_yaml
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")

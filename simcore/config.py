@@ -12,6 +12,7 @@ from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
 from simcore.errors import ConfigError
 from simcore.hardware import HardwareConfig
+from simcore.loading import load_yaml
 from simcore.model.config import ModelConfig
 from simcore.workload.config import WorkloadConfig
 
@@ -296,26 +297,6 @@ def parse_config(data: Any, *, source: str = "config", base_dir: str | Path | No
         return SimConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"{source}: {format_validation_error(err)}") from None
-
-
-def load_yaml(path: str | Path) -> Any:
-    """Read a YAML file; a syntax error names the file and line."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"{path}:{where} is not valid YAML ({problem})") from None
 
 
 def load_config(path: str | Path) -> SimConfig:

@@ -10,10 +10,10 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from simcore.errors import ConfigError
+from simcore.loading import parse_yaml
 from simcore.units import GB, MIB, flops_from_tflops
 
 
@@ -80,8 +80,8 @@ def _spec_from_entry(name: str, entry: Mapping[str, Any]) -> GpuSpec:
 @lru_cache(maxsize=1)
 def gpu_catalog() -> Mapping[str, GpuSpec]:
     """All catalog GPUs by name (read once; the specs are immutable)."""
-    text = (resources.files("simcore") / "data" / "gpus.yaml").read_text()
-    entries = yaml.safe_load(text)
+    text = (resources.files("simcore") / "data" / "gpus.yaml").read_text(encoding="utf-8")
+    entries = parse_yaml(text, "gpus.yaml")
     return MappingProxyType({name: _spec_from_entry(name, e) for name, e in entries.items()})
 
 

@@ -29,6 +29,7 @@ import pandas as pd
 
 from simcore.calibration.ops import COLLECTIVES, COMPUTE_OPS
 from simcore.errors import ConfigError
+from simcore.loading import not_utf8
 from simcore.units import MS
 
 COMPUTE_COLUMNS = ("gpu", "model", "op", "num_tokens", "tp", "hidden", "vocab_per_gpu",
@@ -88,7 +89,9 @@ def _read_csv(path: Path) -> pd.DataFrame:
         table = pd.read_csv(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: measurement file not found") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise ConfigError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
     return table
 

@@ -36,6 +36,7 @@ from simcore.calibration.curves import GemmFallback, KnotCurve
 from simcore.calibration.ops import (
     ELEMENTWISE_WIDTH, GEMM_FAMILY, GEMM_OPS, OP_KEY_FIELDS, family)
 from simcore.errors import ConfigError
+from simcore.loading import read_text
 from simcore.units import GB
 
 FORMAT = "simcore-calibration-profile"
@@ -321,12 +322,10 @@ class CalibrationProfile:
     def load(cls, path: str | Path) -> "CalibrationProfile":
         """Read and validate a profile file; one ConfigError naming the file and field else."""
         path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such profile file")
         try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such profile file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read the profile ({e})") from None
+            raw = json.loads(read_text(path))
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
         return cls.from_dict(raw, source=str(path))

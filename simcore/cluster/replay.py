@@ -25,6 +25,7 @@ from simcore.config import SimConfig
 from simcore.engine.conformance import (STEP_FORMAT_VERSION, STEP_LOG_FORMAT, is_step_log_header,
                                         step_log_header)
 from simcore.errors import ConfigError
+from simcore.loading import not_utf8
 from simcore.setup import build_deployment
 
 _ID_LISTS = ("new", "resumed", "preempted", "finished")
@@ -53,7 +54,9 @@ def read_step_log(path: str | Path) -> list[tuple[int, dict]]:
         raise ConfigError(f"{path}: no such step log") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a folder, not a step log") from None
-    except (OSError, UnicodeDecodeError, EOFError) as e:
+    except UnicodeDecodeError:
+        raise not_utf8(path, opener) from None
+    except (OSError, EOFError) as e:
         raise ConfigError(f"{path}: cannot be read as a step log ({e})") from None
     records: list[tuple[int, dict]] = []
     last_step = None

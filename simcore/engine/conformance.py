@@ -17,6 +17,7 @@ from pathlib import Path
 from simcore.engine.request import Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.errors import ConfigError
+from simcore.loading import not_utf8
 
 STEP_FORMAT_VERSION = 1
 """Version of the per-step record format (the golden files' fields)."""
@@ -44,7 +45,9 @@ def load_scenario(path: str | Path) -> dict:
         raise ConfigError(f"{path}: no such scenario file") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError:
+        raise not_utf8(path, opener) from None
+    except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e})") from None
     if not isinstance(sc, dict) or not isinstance(sc.get("config"), dict) \
             or not isinstance(sc.get("requests"), list):

@@ -296,7 +296,8 @@ def load_scenario(source: str | Path | Mapping[str, Any] | Scenario, *,
                   name: str | None = None) -> Scenario:
     """A validated Scenario from a YAML file, a mapping or a Scenario; bad input raises
     ConfigError with one sentence naming the file and field."""
-    from simcore.config import format_validation_error, load_yaml
+    from simcore.config import format_validation_error
+    from simcore.loading import load_yaml
 
     if isinstance(source, Scenario):
         return source

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from simcore.errors import ConfigError
+from simcore.loading import load_json
 from simcore.model.arch import ModelArch
 
 _DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -119,14 +119,9 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelArch:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read model config {path}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not path.is_file():
+        raise ConfigError(f"cannot read model config {path}: no such file")
+    data = load_json(path)
     return arch_from_hf_dict(data, str(path), name=name or _default_name(data, path))
 
 

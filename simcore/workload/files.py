@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from simcore.errors import ConfigError
+from simcore.loading import not_utf8, read_text
 
 
 def resolve(path: str, base_dir: Path) -> Path:
@@ -36,8 +37,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 if not isinstance(obj, dict):
                     raise ConfigError(f"{path}: line {lineno}: expected a JSON object")
                 yield lineno, obj
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
 
@@ -45,14 +46,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def read_json(path: Path) -> Any:
     """The parsed content of a JSON file."""
     try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
 
 
 def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -71,8 +67,8 @@ def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[st
                 yield reader.line_num, row
     except csv.Error as e:
         raise ConfigError(f"{path}: invalid CSV ({e})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
 
