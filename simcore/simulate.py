@@ -105,6 +105,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
             result[key] = result["cluster"][key]
         result["provenance"]["fidelity"] = (f"engine + step DAG over the "
                                             f"{cfg.cluster.fabric.backend} fabric")
+        result["provenance"]["assumptions"] += cfg.cluster.assumption_lines()
         if cluster.trace is not None:
             result["trace"] = {"traceEvents": cluster.trace.events(),
                                "displayTimeUnit": "ms"}

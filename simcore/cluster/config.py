@@ -8,9 +8,33 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.cluster.network import NetworkConfig
+from simcore.fabric.fidelity import (BACKENDS, backends_ignoring, changed_settings,
+                                     unread_settings, unread_topology)
 from simcore.fabric.settings import FabricSettings
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+CLUSTER_UNREAD_SETTINGS = {
+    "sample_interval_s": "a cluster run samples link utilization every "
+                         "cluster.fabric.utilization_interval_s; set that instead",
+    "queue_histogram_bin_bytes": "a cluster result reports the deepest queue, not a queue "
+                                 "histogram; remove it",
+}
+"""Fabric settings no backend reads in a cluster run, with what to do instead (refused)."""
+
+ANALYTICAL_UNREAD = ("cluster.tenant_traffic",)
+"""Cluster settings the analytical backend carries without effect on the engines: with no
+contention another tenant's messages delay no transfer (they only add to the counters)."""
+
+
+FIDELITY_LINES = {
+    "analytical": "analytical fabric: every message alone on its path at the bottleneck rate "
+                  "(no contention; queues, ECN, PFC, DCQCN, adaptive routing and buffer sizes "
+                  "are read by the packet backend only)",
+    "flow": "flow fabric: max-min fair sharing of link rates (no queues; ECN, PFC, DCQCN, "
+            "adaptive routing and buffer sizes are read by the packet backend only)",
+}
+"""The assumption a cluster result states for a fabric backend without queues."""
 
 
 class FabricConfig(BaseModel):
@@ -29,6 +53,14 @@ class FabricConfig(BaseModel):
                                           "utilization samples over a serving run, s (replaces "
                                           "settings.sample_interval_s, sized for fabric "
                                           "scenarios of microseconds).")
+
+    @model_validator(mode="after")
+    def _read_in_a_cluster(self) -> FabricConfig:
+        for path in changed_settings(self.settings):
+            why = CLUSTER_UNREAD_SETTINGS.get(path)
+            if why is not None:
+                raise ValueError(f"settings.{path} has no effect in a cluster run: {why}")
+        return self
 
 
 class CollectiveConfig(BaseModel):
@@ -162,3 +194,66 @@ class ClusterConfig(BaseModel):
             raise ValueError("kv_tier: an external KV tier needs storage servers; set "
                              "network.num_storage_nodes to at least 1")
         return self
+
+    def unread_settings(self) -> list[str]:
+        """The settings of this section, set away from their defaults, that its fabric backend
+        does not read, as dotted config paths (e.g. cluster.fabric.settings.dcqcn.g)."""
+        backend = self.fabric.backend
+        out = [f"cluster.fabric.settings.{p}" for p in unread_settings(backend,
+                                                                        self.fabric.settings)]
+        out += [f"cluster.network.topology.{p}"
+                for p in unread_topology(backend, self.network.topology)]
+        if backend == "analytical" and self.tenant_traffic:
+            out += list(ANALYTICAL_UNREAD)
+        return out
+
+    def assumption_lines(self) -> list[str]:
+        """What a result of this section rests on at its fabric fidelity, in plain words, with
+        the settings the fidelity ignored."""
+        backend = self.fabric.backend
+        lines = [FIDELITY_LINES.get(backend) or self._packet_line()]
+        unread = self.unread_settings()
+        if unread:
+            lines.append(f"ignored at fidelity {backend} (no effect on this result): "
+                         + ", ".join(unread))
+        return lines
+
+    def _packet_line(self) -> str:
+        s = self.fabric.settings
+        parts = ["ECN marking" if s.ecn.enabled else "drop-tail queues",
+                 "PFC" if s.pfc.enabled else "credit flow control" if s.credit.enabled
+                 else "lossy links with go-back-N",
+                 "DCQCN" if s.dcqcn.enabled else "no congestion control",
+                 "adaptive routing" if s.routing == "adaptive" else "ECMP"]
+        return f"packet fabric ({s.profile} profile): packets through switch queues with " + \
+            ", ".join(parts)
+
+
+def backends_ignoring_path(path: str) -> tuple[str, ...]:
+    """The fabric backends at which the config setting at dotted `path` has no effect in a
+    cluster run, in BACKENDS order; () when every backend reads it (or it is not a cluster
+    setting)."""
+    settings = "cluster.fabric.settings."
+    if path.startswith(settings):
+        rest = path[len(settings):]
+        if rest.split(".", 1)[0] in CLUSTER_UNREAD_SETTINGS:
+            return BACKENDS
+        return backends_ignoring(rest)
+    topology = "cluster.network.topology."
+    if path in (topology + "buffer_bytes", topology + "buffer_packets"):
+        return ("flow", "analytical")
+    if path == "cluster.tenant_traffic" or path.startswith("cluster.tenant_traffic."):
+        return ("analytical",)
+    return ()
+
+
+def why_ignored(path: str) -> str:
+    """Why the setting at `path` has no effect where `backends_ignoring_path` says, in words."""
+    settings = "cluster.fabric.settings."
+    if path.startswith(settings):
+        why = CLUSTER_UNREAD_SETTINGS.get(path[len(settings):].split(".", 1)[0])
+        if why is not None:
+            return why
+    if path == "cluster.tenant_traffic" or path.startswith("cluster.tenant_traffic."):
+        return "without contention another tenant's traffic delays no transfer"
+    return "only the packet fabric reads it"

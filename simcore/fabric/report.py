@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 _LINE = 64
@@ -47,6 +48,10 @@ def render_fabric_summary(result: dict[str, Any]) -> str:
         _row("Simulated time (us):", _us(result["duration_s"])),
         _row("Messages completed / sent:", f"{flows['num_completed']} / {flows['num_messages']}"),
     ]
+    ignored = result.get("ignored_settings")
+    if ignored:
+        lines += textwrap.wrap(f"Ignored at fidelity {result['backend']} (read by the packet "
+                               f"backend only): {', '.join(ignored)}", _LINE)
     lines.append(_title(" Flow completion ", "-"))
     fct, slow = flows["fct_s"], flows["slowdown"]
     lines += [

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from simcore.errors import ConfigError
+from simcore.fabric.fidelity import BACKENDS, unread_settings, unread_topology
 from simcore.fabric.protocol import Fabric, FabricStats, MessageResult
 from simcore.fabric.scenario import (PlannedMessage, Scenario, build_topology, expand_traffic,
                                      load_scenario, resolved_settings)
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import HOST, Topology
 
-BACKENDS = ("packet", "flow", "analytical")
 PERCENTILES = (50, 90, 99)
 MAX_SERIES_POINTS = 200
 """Utilization time series are averaged down to at most this many points per link."""
@@ -145,10 +145,28 @@ def _messages_block(results: list[MessageResult], planned: list[PlannedMessage],
     return block
 
 
+def ignored_settings(scenario: Scenario, backend: str) -> list[str]:
+    """The scenario's settings, set away from their defaults, that `backend` does not read, as
+    dotted paths of the scenario file (e.g. settings.pfc.shared_buffer_bytes)."""
+    out = [f"settings.{p}" for p in unread_settings(backend, scenario.settings)]
+    spec = scenario.topology
+    cables = getattr(spec, "links", None)
+    if cables is None:
+        out += [f"topology.{p}" for p in unread_topology(backend, spec)]
+    else:
+        out += [f"topology.links[{i}].{p}" for i, cable in enumerate(cables)
+                for p in unread_topology(backend, cable)]
+    if backend != "packet":
+        out += [f"traffic[{i}].traffic_class" for i, t in enumerate(scenario.traffic)
+                if t.traffic_class]
+    return out
+
+
 def summarize(scenario: Scenario, backend: str, topology: Topology,
               planned: list[PlannedMessage], stats: FabricStats, *, conserved: bool = True,
               include_messages: bool | None = None) -> dict[str, Any]:
-    """The JSON-able result of a run (see run_scenario)."""
+    """The JSON-able result of a run (see run_scenario); `ignored_settings` lists the settings
+    that had no effect at this backend's fidelity."""
     duration = stats.duration_s
     names = [nd.name for nd in topology.nodes]
     settings = scenario.settings
@@ -180,6 +198,7 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
         "backend": backend,
         "seed": scenario.seed,
         "profile": settings.profile,
+        "ignored_settings": ignored_settings(scenario, backend),
         "topology": {"kind": scenario.topology.kind, "num_hosts": num_hosts,
                      "num_switches": len(topology.nodes) - num_hosts,
                      "num_links": len(topology.links), "mtu_bytes": topology.mtu_bytes,

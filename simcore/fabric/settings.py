@@ -4,9 +4,10 @@ measurement overridable. After validation every field holds a concrete value, ex
 overrides: those left null take the variant's published value, scaled to each NIC's line rate
 (`DcqcnSettings.params`).
 
-Only the packet backend reads most of these; the flow and analytical backends read the
-measurement fields. Packet framing (`mtu_bytes`, `header_bytes`) is handed to the topology builder,
-so backends read it from the `Topology`.
+Only the packet backend reads most of these; the flow and analytical backends read the packet
+framing and `sample_interval_s` alone (`simcore.fabric.fidelity` lists which backend reads what,
+so a run can say which settings it ignored). Packet framing (`mtu_bytes`, `header_bytes`) is
+handed to the topology builder, so backends read it from the `Topology`.
 """
 
 from __future__ import annotations

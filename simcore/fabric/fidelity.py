@@ -1,0 +1,69 @@
+"""Which fabric settings each backend reads, so a run can say which of its settings had no effect.
+
+The packet backend reads every field of `FabricSettings` (`simcore.fabric.packet.profiles.resolve`
+turns them into per-port numbers; `PacketFabric` runs DCQCN and the traffic classes) and the
+egress buffers of the topology. The flow backend (max-min fair sharing of link rates) and the
+analytical backend (each message alone on its path) read only the packet framing, through the
+`Topology`, and the utilization sample interval: they have no queues, so marking, flow control,
+congestion control, adaptive routing, retransmission and buffer sizes cannot change their
+results. No setting is read by the flow backend alone.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from simcore.fabric.settings import FabricSettings
+
+PACKET_ONLY_SETTINGS = ("routing", "ecn", "pfc", "credit", "dcqcn", "traffic_classes",
+                        "retransmit_timeout_s", "link_disciplines", "queue_histogram_bin_bytes")
+"""Fields of FabricSettings that only the packet backend reads."""
+
+PACKET_ONLY_TOPOLOGY = ("buffer_bytes", "buffer_packets", "discipline")
+"""Fields of a topology (or an explicit cable) that only the packet backend reads: egress-queue
+capacity and queue discipline."""
+
+BACKENDS = ("packet", "flow", "analytical")
+
+
+def backends_ignoring(path: str) -> tuple[str, ...]:
+    """The backends that do not read the setting at `path`, a dotted path inside FabricSettings
+    (e.g. "dcqcn.cnp_interval_s"); () for a setting every backend reads, such as the framing."""
+    head = path.split(".", 1)[0]
+    return ("flow", "analytical") if head in PACKET_ONLY_SETTINGS else ()
+
+
+def changed_settings(settings: FabricSettings) -> list[str]:
+    """Dotted paths of the fields of `settings` whose value differs from its profile's default,
+    leaf by leaf (a nested section is listed by the fields changed inside it)."""
+    # The histogram's bin width defaults to one MTU, whatever the MTU is.
+    default = FabricSettings(profile=settings.profile).model_copy(
+        update={"queue_histogram_bin_bytes": settings.mtu_bytes})
+    out: list[str] = []
+    _diff(settings, default, "", out)
+    return out
+
+
+def _diff(value: BaseModel, default: BaseModel, prefix: str, out: list[str]) -> None:
+    for name in type(value).model_fields:
+        a, b = getattr(value, name), getattr(default, name)
+        if isinstance(a, BaseModel) and type(a) is type(b):
+            _diff(a, b, f"{prefix}{name}.", out)
+        elif a != b:
+            out.append(prefix + name)
+
+
+def unread_settings(backend: str, settings: FabricSettings) -> list[str]:
+    """The settings set away from their profile's defaults that `backend` does not read, as
+    dotted paths inside FabricSettings, in field order."""
+    return [p for p in changed_settings(settings) if backend in backends_ignoring(p)]
+
+
+def unread_topology(backend: str, topology: BaseModel) -> list[str]:
+    """The fields of a topology spec that are set and that `backend` does not read (its buffer
+    sizes on the flow and analytical backends), as names of that spec."""
+    if backend == "packet":
+        return []
+    return [name for name in PACKET_ONLY_TOPOLOGY
+            if name in type(topology).model_fields
+            and getattr(topology, name) not in (None, "default")]
