@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dse.fidelity import inert_notes
 from dse.pareto import pareto_ranks
 from dse.study import Constraint, Objective
 from simcore.errors import ConfigError
@@ -513,6 +514,7 @@ def write_report(study: StudyConfig, *, storage: str | None = None,
     """
     report = build_report(storage or study.storage_url, study.name, study.objectives,
                           study.constraints)
+    report = replace(report, notes=report.notes + tuple(inert_notes(study)))
     return write_report_files(report, out_dir or study.report_dir, study.report.formats)
 
 

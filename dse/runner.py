@@ -27,6 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
 from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names,
                           metric_names, one_line, precheck)
+from dse.fidelity import check_parameters_have_effect
 from dse.pareto import pareto_ranks
 from dse.study import StudyConfig
 from simcore.errors import ConfigError
@@ -371,6 +372,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
     """
     spec = EvalSpec.of(study)
     _check_overrides(study)
+    check_parameters_have_effect(study)
     check_metric_names(spec, metric_names(study.base, study.fidelity.screen,
                                           study.cost.usd_per_gpu_hour))
     url = study.storage_url
