@@ -41,7 +41,9 @@ DERIVED_METRICS = ("request_throughput_per_gpu", "output_tokens_per_dollar",
 # compares this with a real result.
 _RESULT_EXTRAS = ("num_gpus", "gpu_busy_fraction", "output_throughput_per_gpu",
                   "total_token_throughput_per_gpu", "mean_kv_cache_usage", "max_kv_cache_usage",
-                  "num_steps", "num_routed_by_prefix", "communication_fraction_of_busy")
+                  "num_steps", "num_routed_by_prefix", "communication_fraction_of_busy",
+                  "saturated_fraction", "mean_batch_seqs", "batch_fill_fraction",
+                  "mean_batch_tokens", "token_budget_fill_fraction")
 _PROBE_NUM_PROMPTS = 8
 
 

@@ -28,6 +28,32 @@ def _queue_clause(s: Mapping) -> str:
     return f"{pct(s['queue_fraction_of_ttft'])} of TTFT is queueing"
 
 
+def engine_load_text(s: Mapping) -> str:
+    """How hard the engine works, in words (the `engine_load` signal with its numbers):
+    "saturated" only when requests waited at an engine limit for most of the busy time,
+    otherwise how full the running steps were."""
+    state = s["engine_load"]
+    cap = s["max_num_seqs"]
+    batch = (f"mean {s['mean_batch_seqs']:.0f}, peak {s['max_num_running']} of max_num_seqs "
+             f"{cap} sequences; KV cache at most {pct(s['max_kv_cache_usage'])}"
+             if cap is not None else f"mean batch {s['mean_batch_seqs']:.0f} sequences")
+    sat = s["saturated_fraction_of_busy"]
+    if state == "saturated":
+        return (f"saturated: requests waited at an engine limit in {pct(sat)} of its busy "
+                f"time ({batch})")
+    waited = (f"; requests waited at an engine limit in {pct(sat)} of its busy time"
+              if sat >= 0.05 else "")
+    if state == "idle":
+        return f"idle {pct(s['idle_fraction'])} of the time ({batch}){waited}"
+    how = "at low batch" if state == "low_batch" else "below its limits"
+    return (f"running continuously (a step {pct(s['gpu_busy_fraction'])} of the time) {how} "
+            f"({batch}), not saturated{waited}")
+
+
+def _saturated(s: Mapping) -> bool:
+    return s["engine_load"] == "saturated"
+
+
 def _underloaded(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     first = (f"The offered load is the limit: the GPUs are idle {pct(s['idle_fraction'])} of the "
              f"time (busy {pct(s['gpu_busy_fraction'])}) and the batch peaked at "
@@ -42,15 +68,18 @@ def _underloaded(s: Mapping, f: Factor, a: Attribution) -> list[str]:
 
 
 def _decode(s: Mapping, f: Factor, a: Attribution) -> list[str]:
-    busy = pct(s["gpu_busy_fraction"])
     dec = pct(s["decode_fraction_of_busy"])
     peak, cap = s["max_num_running"], s["max_num_seqs"]
+    load = engine_load_text(s)
     if s["decode_memory_bound"]:
-        first = (f"Decode is bound by HBM bandwidth: the GPU is busy {busy} of the time, {dec} of "
-                 f"it in decode-only steps, and {pct(s['memory_bound_step_fraction'])} of steps "
-                 f"are memory-bound; {_queue_clause(s)}.")
+        first = (f"Decode is bound by HBM bandwidth: {dec} of the busy time is in decode-only "
+                 f"steps and {pct(s['memory_bound_step_fraction'])} of steps are "
+                 f"memory-bound, with the engine {load}; {_queue_clause(s)}.")
         remedy = "more GPUs (TP)" if s["weights_8bit"] else "more GPUs or fp8 weights"
-        if cap is not None and peak < cap:
+        if not _saturated(s):
+            second = (f"HBM bandwidth sets each step's time, hence TPOT, not the capacity: the "
+                      f"engine could take more traffic, and {remedy} would shorten its steps.")
+        elif cap is not None and peak < cap:
             second = (f"Raising max_num_seqs would not help (the batch peaked at {peak} of "
                       f"{cap}); {remedy} would.")
         else:
@@ -58,35 +87,41 @@ def _decode(s: Mapping, f: Factor, a: Attribution) -> list[str]:
                       f"step, and a larger max_num_seqs would raise throughput at some cost to "
                       f"TPOT.")
     else:
-        first = (f"Decode is compute-bound: the GPU is busy {busy} of the time, {dec} of it in "
-                 f"decode-only steps, and {pct(s['compute_bound_step_fraction'])} of steps are "
-                 f"compute-bound; {_queue_clause(s)}.")
-        second = ("More GPUs (TP or replicas) would help; a smaller max_num_seqs would cut TPOT "
-                  "at some cost to throughput.")
+        first = (f"Decode is compute-bound: {dec} of the busy time is in decode-only steps and "
+                 f"{pct(s['compute_bound_step_fraction'])} of steps are compute-bound, with "
+                 f"the engine {load}; {_queue_clause(s)}.")
+        if not _saturated(s):
+            second = ("Compute sets each step's time, hence TPOT, not the capacity: the engine "
+                      "could take more traffic, and more GPUs (TP) would shorten its steps.")
+        else:
+            second = ("More GPUs (TP or replicas) would help; a smaller max_num_seqs would cut "
+                      "TPOT at some cost to throughput.")
     return [first, second]
 
 
 def _prefill(s: Mapping, f: Factor, a: Attribution) -> list[str]:
-    busy = pct(s["gpu_busy_fraction"])
     pre = pct(s["prefill_fraction_of_busy"])
+    load = engine_load_text(s)
     if s["prefill_memory_bound"]:
-        first = (f"Prefill is bound by HBM bandwidth: the GPU is busy {busy} of the time, {pre} "
-                 f"of it in steps that carry prefill, yet only "
-                 f"{pct(s['compute_bound_step_fraction'])} of steps are compute-bound; "
-                 f"{_queue_clause(s)}.")
-        second = (f"Larger prefill chunks (max_num_batched_tokens, now "
-                  f"{s['max_num_batched_tokens']}) would put the GPU's compute to use.")
+        first = (f"Prefill is bound by HBM bandwidth: {pre} of the busy time is in steps that "
+                 f"carry prefill, yet only {pct(s['compute_bound_step_fraction'])} of steps are "
+                 f"compute-bound, with the engine {load}; {_queue_clause(s)}.")
+        remedy = (f"larger prefill chunks (max_num_batched_tokens, now "
+                  f"{s['max_num_batched_tokens']}) would put the GPU's compute to use")
     else:
-        first = (f"Prefill compute limits it: the GPU is busy {busy} of the time, {pre} of it in "
-                 f"steps that carry prefill, and {pct(s['compute_bound_step_fraction'])} of "
-                 f"steps are compute-bound; {_queue_clause(s)}.")
-        second = (f"More GPUs (TP or replicas) or more prefix-cache hits (now "
+        first = (f"Prefill compute limits it: {pre} of the busy time is in steps that carry "
+                 f"prefill and {pct(s['compute_bound_step_fraction'])} of steps are "
+                 f"compute-bound, with the engine {load}; {_queue_clause(s)}.")
+        remedy = (f"more GPUs (TP or replicas) or more prefix-cache hits (now "
                   f"{pct(s['prefix_cache_hit_rate'])}) would help")
         share = s["prefill_compute_bound_share"]
         if share is not None and share >= 0.5:
-            second += (f"; a larger token budget would not, as {pct(share)} of prefill time is "
+            remedy += (f"; a larger token budget would not, as {pct(share)} of prefill time is "
                        f"already compute-bound")
-        second += "."
+    if _saturated(s):
+        second = remedy[0].upper() + remedy[1:] + "."
+    else:
+        second = f"The engine could take more traffic; for shorter TTFT, {remedy}."
     return [first, second]
 
 
@@ -133,8 +168,8 @@ def _communication(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     across = f" across {g} GPUs per replica" if g else ""
     first = (f"Communication limits it: TP all-reduce takes "
              f"{pct(s['communication_fraction_of_busy'])} of busy time{across}, and "
-             f"{pct(s['communication_bound_step_fraction'])} of steps are communication-bound; "
-             f"the GPU is busy {pct(s['gpu_busy_fraction'])} of the time.")
+             f"{pct(s['communication_bound_step_fraction'])} of steps are communication-bound, "
+             f"with the engine {engine_load_text(s)}.")
     second = "Less TP with more replicas, or a faster interconnect, would cut it."
     return [first, second]
 
@@ -173,7 +208,7 @@ def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
                  f"{s['serve_span_s']:.1f} s to serve) and {q} of TTFT is spent waiting ({wait}).")
     else:
         first = (f"Queueing limits it: {q} of TTFT is spent waiting to be scheduled ({wait}) "
-                 f"while the GPU is busy {pct(s['gpu_busy_fraction'])} of the time.")
+                 f"with the engine {engine_load_text(s)}.")
     rest = [x for x in a.factors if x.key != "queueing"]
     nxt = rest[0] if rest else None
     if nxt is None or nxt.key == "underloaded":

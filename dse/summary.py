@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from dse.explain import explain
+from dse.explain import engine_load_text, explain
+from simcore.attribution import attribute
 
 _LINE = 60
 _TOP_FACTORS = 3
@@ -124,14 +125,34 @@ def render_summary(r: dict) -> str:
         _row("GPUs:", r["num_gpus"]),
         _row("KV-cache blocks per replica:", kv["num_gpu_blocks"]),
         _row("KV-cache capacity (tokens):", kv["num_kv_tokens"]),
-        _row("GPU busy fraction:", r["gpu_busy_fraction"]),
+        _row("GPU busy fraction (a step running):", r["gpu_busy_fraction"]),
+    ]
+    if "mean_batch_seqs" in r:
+        limits = r["limits"]
+        lines += [
+            _row("Mean batch / max_num_seqs:", f"{r['mean_batch_seqs']:.1f} / "
+                                               f"{limits['max_num_seqs']}"),
+            _row("Mean tokens per step / budget:", f"{r['mean_batch_tokens']:.0f} / "
+                                                   f"{limits['max_num_batched_tokens']}"),
+            _row("Time at an engine limit (saturated):", r["saturated_fraction"]),
+        ]
+    lines += [
         _row("Mean / max KV-cache usage:", f"{r['mean_kv_cache_usage']:.2f} / "
                                            f"{r['max_kv_cache_usage']:.2f}"),
         _row("Preemptions:", r["total_preemptions"]),
-        _row("Prefix-cache hit rate:", r["prefix_cache_hit_rate"]),
+    ]
+    if (r.get("cluster") or {}).get("kv_tier"):
+        lines.append(_row("Prefix-cache hit rate, local / KV tier:",
+                          f"{r['prefix_cache_hit_rate']:.2f} / "
+                          f"{r['external_kv_hit_rate']:.2f}"))
+    else:
+        lines.append(_row("Prefix-cache hit rate:", r["prefix_cache_hit_rate"]))
+    lines += [
         _row("Mean queueing delay (ms):", r["mean_queue_ms"]),
         _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
     ]
+    if r.get("completed"):
+        lines += _wrap(f"Engine load: {engine_load_text(attribute(r).signals)}.")
     if r.get("envelope"):
         lines += render_envelope(r)
     lines += render_explanation(r)

@@ -25,6 +25,16 @@ Quantities used (summed over replicas unless said otherwise):
   be the budget-full ones first (they are the steps with the most tokens).
 - `limit = min(1, f_seqs + f_kv + f_budget_mem)`: the share of steps in which a configured
   engine limit, not the GPU, held waiting work back. `free = 1 - limit`.
+- `sat` (`saturated_fraction_of_busy`): `min(1, f_seqs + f_kv + f_budget)`, the share of busy
+  time in steps that left requests waiting at an engine limit, a full token budget in
+  compute-bound steps included.
+- `fill` (`batch_fill_fraction`): the mean batch (sequences per step, weighted by step time)
+  over `max_num_seqs`; `token_fill`: the mean tokens per step over `max_num_batched_tokens`.
+  From the result's own keys, else from the time series (fill only).
+- `engine_load`, how hard the engine works, apart from how long its steps run: "saturated"
+  when `sat >= 0.5`; else "idle" when `b < 0.9`; else "low_batch" when `fill` and
+  `token_fill` are both under 0.5 (a step runs all the time, with a small batch: busy 1.00 at
+  light load); else "below_limits".
 - `q`: `mean_queue_ms / mean_ttft_ms`, the share of TTFT spent waiting to be scheduled.
 - `o`: the share of the serving span that arrivals outran service: (drain - service) / span,
   where span = duration - first arrival, drain = duration - last arrival, and service = mean
@@ -82,10 +92,21 @@ LABELS = {
 }
 """Plain-word name of each factor; prefill and decode are relabelled when memory-bound."""
 
+SATURATED_SHARE = 0.5
+"""Share of busy time at an engine limit from which an engine counts as saturated."""
+CONTINUOUS_BUSY = 0.9
+"""Busy fraction from which an engine counts as running continuously."""
+LOW_BATCH = 0.5
+"""Batch and token-budget fill under which a continuously running engine runs at low batch."""
+
 INTRA_NODE_COMM_LABEL = "communication inside nodes (NVLink collectives)"
 """The communication factor's label for cluster runs, which split off the fabric's part."""
 HBM_DECODE_LABEL = "HBM bandwidth (decode)"
 HBM_PREFILL_LABEL = "HBM bandwidth (prefill in small chunks)"
+
+_LOAD_NUMBERS = ("engine_load", "saturated_fraction_of_busy", "batch_fill_fraction",
+                 "token_budget_fill_fraction")
+"""The numbers behind `engine_load`, listed with every factor of GPU time."""
 
 _NUMBERS = {
     "kv_cache_capacity": ("steps_waiting_for_kv_fraction", "total_preemptions",
@@ -98,13 +119,14 @@ _NUMBERS = {
                                "max_num_batched_tokens", "queue_fraction_of_ttft"),
     "prefill_compute": ("gpu_busy_fraction", "prefill_fraction_of_busy",
                         "compute_fraction_of_busy", "compute_bound_step_fraction",
-                        "prefix_cache_hit_rate", "queue_fraction_of_ttft", "mean_ttft_ms"),
+                        "prefix_cache_hit_rate", "queue_fraction_of_ttft", "mean_ttft_ms",
+                        *_LOAD_NUMBERS),
     "decode_compute": ("gpu_busy_fraction", "decode_fraction_of_busy",
                        "memory_bound_step_fraction", "compute_bound_step_fraction",
                        "max_num_running", "mean_num_running", "max_num_seqs",
-                       "queue_fraction_of_ttft", "mean_tpot_ms"),
+                       "queue_fraction_of_ttft", "mean_tpot_ms", *_LOAD_NUMBERS),
     "communication": ("communication_fraction_of_busy", "communication_bound_step_fraction",
-                      "gpus_per_replica", "gpu_busy_fraction"),
+                      "gpus_per_replica", "gpu_busy_fraction", *_LOAD_NUMBERS),
     "fabric_communication": ("communication_fraction_of_busy", "fabric_fraction_of_comm",
                              "network_share_of_request_latency", "gpu_busy_fraction"),
     "network_congestion": ("fabric_fraction_of_comm", "congestion_fraction_of_fabric",
@@ -113,7 +135,7 @@ _NUMBERS = {
                  "arrival_span_s", "serve_span_s", "offered_request_rate",
                  "served_request_rate", "max_num_waiting", "gpu_busy_fraction"),
     "underloaded": ("gpu_busy_fraction", "idle_fraction", "queue_fraction_of_ttft",
-                    "max_num_running", "max_num_seqs"),
+                    "max_num_running", "max_num_seqs", *_LOAD_NUMBERS),
 }
 
 
@@ -271,6 +293,9 @@ def signals(result: Mapping) -> dict:
     budget_mem_share = 1.0 - _ratio(n_budget_cb, n_budget) if n_budget else 0.0
     f_budget_mem = f_budget * budget_mem_share
 
+    saturated = min(1.0, f_seqs + f_kv + f_budget)
+    max_seqs = limits.get("max_num_seqs")
+
     # Queueing and overload.
     ttft = result.get("mean_ttft_ms", 0.0) or 0.0
     queue = result.get("mean_queue_ms", 0.0) or 0.0
@@ -297,6 +322,10 @@ def signals(result: Mapping) -> dict:
     waiting_samples = ts.get("num_waiting") or []
     num_requests = result.get("num_requests") or result.get("num_prompts") or len(rows)
     num_gpus = result.get("num_gpus")
+    mean_running = sum(running) / len(running) if running else 0.0
+    mean_batch = result.get("mean_batch_seqs", mean_running)
+    fill = result.get("batch_fill_fraction", _ratio(mean_batch, max_seqs or 0))
+    token_fill = result.get("token_budget_fill_fraction", 0.0)
     cl = result.get("cluster") or {}
     fab = cl.get("fabric") or {}
     net_share = cl.get("network_share_of_step_time", 0.0)
@@ -330,6 +359,11 @@ def signals(result: Mapping) -> dict:
         "steps_waiting_at_token_budget_memory_bound_fraction": f_budget_mem,
         "steps_waiting_for_kv_fraction": f_kv,
         "engine_limit_fraction": min(1.0, f_seqs + f_kv + f_budget_mem),
+        "saturated_fraction_of_busy": saturated,
+        "mean_batch_seqs": mean_batch,
+        "batch_fill_fraction": fill,
+        "token_budget_fill_fraction": token_fill,
+        "engine_load": engine_load(b, saturated, fill, token_fill),
         "queue_fraction_of_ttft": q,
         "overload_fraction": o,
         "mean_queue_ms": queue,
@@ -344,16 +378,28 @@ def signals(result: Mapping) -> dict:
                                                    num_requests)),
         "max_kv_cache_usage": result.get("max_kv_cache_usage"),
         "num_gpu_blocks": limits.get("num_gpu_blocks"),
-        "max_num_seqs": limits.get("max_num_seqs"),
+        "max_num_seqs": max_seqs,
         "max_num_batched_tokens": limits.get("max_num_batched_tokens"),
         "max_num_running": max((r.get("max_num_running", 0) for r in reps), default=0),
-        "mean_num_running": sum(running) / len(running) if running else 0.0,
+        "mean_num_running": mean_running,
         "max_num_waiting": max((r.get("max_num_waiting", 0) for r in reps), default=0),
         "waiting_sample_fraction": _ratio(sum(1 for s in waiting_samples if any(s)),
                                           len(waiting_samples)),
         "prefix_cache_hit_rate": result.get("prefix_cache_hit_rate"),
         "gpus_per_replica": num_gpus // len(reps) if num_gpus and reps else None,
     }
+
+
+def engine_load(busy: float, saturated: float, fill: float, token_fill: float) -> str:
+    """How hard the engine works: "saturated", "idle", "low_batch" or "below_limits" (the
+    module docstring's `engine_load`)."""
+    if saturated >= SATURATED_SHARE:
+        return "saturated"
+    if busy < CONTINUOUS_BUSY:
+        return "idle"
+    if fill < LOW_BATCH and token_fill < LOW_BATCH:
+        return "low_batch"
+    return "below_limits"
 
 
 def scores(s: Mapping) -> dict[str, float]:

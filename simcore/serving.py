@@ -44,6 +44,7 @@ class ReplicaStats:
     busy_s_at_max_seqs: float = 0.0          # step time while requests waited at max_num_seqs
     busy_s_budget_full: float = 0.0          # ... at a full token budget
     busy_s_waiting_blocked: float = 0.0      # ... for KV blocks (neither limit reached)
+    seq_s: float = 0.0                       # step time x sequences in its batch
     step_s_by_phase_bound: dict[str, float] = field(default_factory=dict)
     """Step time by "prefill/<bound>" (steps carrying prompt tokens) or "decode/<bound>", and
     "dummy/<bound>" for dummy batches of an expert-parallel group."""
@@ -309,6 +310,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 stats.num_steps_waiting_blocked += 1
                 stats.busy_s_waiting_blocked += total_s
         stats.num_tokens += shape.num_tokens
+        stats.seq_s += total_s * shape.num_seqs
         stats.num_decode_tokens += shape.num_decode_seqs
         stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
         phase = ("prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/") + bound

@@ -44,8 +44,14 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     The top level holds `vllm bench serve`'s keys (`mean_ttft_ms`, `p99_tpot_ms`,
     `request_throughput`, ...) and the engine's (`gpu_busy_fraction`, `total_preemptions`,
     `prefix_cache_hit_rate`, `mean_queue_ms`, ...); `kv_cache`, `replicas`, `timeseries`,
-    `requests` and `provenance` hold the detail. `progress(now_s, done, total)` is called as
-    requests complete. With expert parallelism the result also has `ep_size`,
+    `requests` and `provenance` hold the detail. `gpu_busy_fraction` is the fraction of wall
+    time a step is running (mean over engines), however small its batch; how full the steps
+    are is apart: `mean_batch_seqs` (sequences per step, weighted by step time) and
+    `batch_fill_fraction` (that over max_num_seqs), `mean_batch_tokens` and
+    `token_budget_fill_fraction` (tokens per step over max_num_batched_tokens), and
+    `saturated_fraction`, the fraction of wall time a step ran while requests waited at an
+    engine limit (max_num_seqs, the token budget, or KV blocks). `progress(now_s, done,
+    total)` is called as requests complete. With expert parallelism the result also has `ep_size`,
     `dummy_busy_fraction` (share of GPU-busy time spent in dummy batches, which busy time
     includes: an idle rank of a lock-step group is still occupied),
     `all_to_all_fraction_of_busy`, an `expert_parallel` section, and per replica `dummy_steps`,
@@ -151,7 +157,20 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
     busy = sum(s.busy_s for s in stats)
     n_gpu = dep.gpus_per_replica * len(stats)
     result["num_gpus"] = n_gpu
-    result["gpu_busy_fraction"] = busy / (duration * len(stats)) if duration > 0 else 0.0
+    wall = duration * len(stats)
+    result["gpu_busy_fraction"] = busy / wall if wall > 0 else 0.0
+    # How full the running steps are, apart from how long they run: a step can run all the
+    # time with a small batch (busy 1.00 at light load), so busy alone does not mean saturated.
+    at_limit = sum(s.busy_s_at_max_seqs + s.busy_s_budget_full + s.busy_s_waiting_blocked
+                   for s in stats)
+    result["saturated_fraction"] = at_limit / wall if wall > 0 else 0.0
+    result["mean_batch_seqs"] = sum(s.seq_s for s in stats) / busy if busy > 0 else 0.0
+    result["batch_fill_fraction"] = result["mean_batch_seqs"] / dep.max_num_seqs
+    real_steps = sum(s.num_steps - s.dummy_steps for s in stats)
+    result["mean_batch_tokens"] = (sum(s.num_tokens for s in stats) / real_steps
+                                   if real_steps else 0.0)
+    result["token_budget_fill_fraction"] = (result["mean_batch_tokens"]
+                                            / dep.max_num_batched_tokens)
     result["output_throughput_per_gpu"] = result["output_throughput"] / n_gpu
     result["total_token_throughput_per_gpu"] = result["total_token_throughput"] / n_gpu
     usage = np.asarray(run.timeseries.kv_usage, dtype=float)
@@ -182,6 +201,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
     result["replicas"] = [{
         "replica": i, "num_steps": s.num_steps, "busy_s": s.busy_s,
         "busy_fraction": s.busy_s / duration if duration > 0 else 0.0,
+        "mean_batch_seqs": s.seq_s / s.busy_s if s.busy_s > 0 else 0.0,
         "compute_s": s.compute_s, "comm_s": s.comm_s,
         "num_prefill_tokens": s.num_prefill_tokens, "num_decode_tokens": s.num_decode_tokens,
         "num_preemptions": s.num_preemptions, "steps_by_bound": s.steps_by_bound,

@@ -74,11 +74,11 @@ def test_steady_load_is_bound_by_hbm_bandwidth_in_decode():
     assert e["bottleneck"] == "decode_compute"
     assert e["label"] == HBM_DECODE_LABEL
     assert text(e).startswith("Decode is bound by HBM bandwidth")
-    assert f"busy {pct(r['gpu_busy_fraction'])}" in text(e)
+    assert f"a step {pct(r['gpu_busy_fraction'])} of the time" in text(e)
     assert f"{pct(s['memory_bound_step_fraction'])} of steps are memory-bound" in text(e)
     assert f"{pct(s['queue_fraction_of_ttft'])} of TTFT is queueing" in text(e)
     peak = max(rep["max_num_running"] for rep in r["replicas"])
-    assert f"the batch peaked at {peak} of {r['limits']['max_num_seqs']}" in text(e)
+    assert f"peak {peak} of max_num_seqs {r['limits']['max_num_seqs']}" in text(e)
     assert "fp8 weights" in text(e)
     assert len(e["sentences"]) == 2
 
@@ -163,6 +163,62 @@ def test_flood_of_arrivals_is_queueing_and_names_the_capacity_limit():
     runner_up = e["factors"][1]
     assert f"Service capacity is set by {runner_up['label']}" in text(e)
     assert runner_up["key"] == "prefill_compute"
+
+
+def flat(out: str) -> str:
+    """Printed text with its line wrapping undone."""
+    return " ".join(out.split())
+
+
+def test_light_load_runs_continuously_at_low_batch_and_is_not_called_saturated():
+    # A step is running nearly all the time (busy 1.00), but with a small batch and an almost
+    # empty KV cache: the summary must not read as an engine at its limit.
+    r = result("steady")
+    s = attribute(r).signals
+    assert r["gpu_busy_fraction"] > 0.95
+    assert r["saturated_fraction"] == 0.0 and r["max_kv_cache_usage"] < 0.05
+    assert r["batch_fill_fraction"] < 0.1 and s["engine_load"] == "low_batch"
+    t = text(explain(r))
+    assert "running continuously (a step 100% of the time) at low batch" in t
+    assert f"mean {r['mean_batch_seqs']:.0f}, peak" in t and "not saturated" in t
+    assert "could take more traffic" in t
+    out = flat(render_summary(r))
+    assert "Engine load: running continuously (a step 100% of the time) at low batch" in out
+    assert "saturated:" not in out
+
+
+@pytest.mark.parametrize("name", ["tiny_kv", "max_seqs_2", "tiny_budget", "flood"])
+def test_an_engine_at_a_limit_is_called_saturated(name):
+    r = result(name)
+    assert r["saturated_fraction"] > 0.5
+    assert attribute(r).signals["engine_load"] == "saturated"
+    assert "Engine load: saturated: requests waited at an engine limit in" in flat(
+        render_summary(r))
+
+
+def test_a_trickle_is_idle_not_continuous():
+    r = result("trickle")
+    assert attribute(r).signals["engine_load"] == "idle"
+    assert f"Engine load: idle {pct(1 - r['gpu_busy_fraction'])} of the time" in flat(
+        render_summary(r))
+
+
+def test_batch_fill_is_the_step_time_weighted_batch_over_the_limits():
+    r = result("max_seqs_2")
+    reps = r["replicas"]
+    assert r["mean_batch_seqs"] == pytest.approx(
+        sum(rep["mean_batch_seqs"] * rep["busy_s"] for rep in reps)
+        / sum(rep["busy_s"] for rep in reps))
+    assert 1.9 < r["mean_batch_seqs"] <= 2.0          # two sequences whenever a step runs
+    assert r["batch_fill_fraction"] == pytest.approx(r["mean_batch_seqs"] / 2)
+    steps = sum(rep["num_steps"] for rep in reps)
+    tokens = sum(rep["num_prefill_tokens"] + rep["num_decode_tokens"] for rep in reps)
+    assert r["mean_batch_tokens"] == pytest.approx(tokens / steps)
+    assert r["token_budget_fill_fraction"] == pytest.approx(
+        r["mean_batch_tokens"] / r["limits"]["max_num_batched_tokens"])
+    waited = sum(rep["busy_s_waiting_at_max_num_seqs"] + rep["busy_s_waiting_at_token_budget"]
+                 + rep["busy_s_waiting_for_kv_blocks"] for rep in reps)
+    assert r["saturated_fraction"] == pytest.approx(waited / (r["duration"] * len(reps)))
 
 
 def test_every_factor_is_scored_once_in_range_and_ranked():
