@@ -141,16 +141,20 @@ _TOP_CAUSES = 3
 
 def _render_cluster(c: dict) -> str:
     """The cluster block printed after a summary: shares of time, causes, fabric counters."""
-    from dse.summary import _row, _title
-    from simcore.cluster.runtime import COMM_CAUSES
+    from dse.summary import _row, _share, _title
+    from simcore.cluster.runtime import COMM_CAUSES, SLOWED
 
-    pct = "{:.1%}".format
+    pct = _share
     f = c["fabric"]
     lines = [_title(f" Cluster ({c['backend']} fabric) "),
              _row("Nodes / GPUs used:", f"{c['num_nodes']} / {c['gpus_used']}"),
              _row("Network share of step time:", pct(c["network_share_of_step_time"])),
              _row("  across nodes (fabric):", pct(c["fabric_share_of_step_time"])),
-             _row("  of which congestion:", pct(c["congestion_share_of_step_time"]))]
+             _row("  fabric wait above ideal (congestion):",
+                  pct(c["congestion_share_of_step_time"]))]
+    if "congestion_share_of_fabric_time" in c:
+        lines.append(_row("    as a share of the fabric time:",
+                          pct(c["congestion_share_of_fabric_time"])))
     if "network_share_of_request_latency" in c:
         lines.append(_row("Network share of request latency:",
                           pct(c["network_share_of_request_latency"])))
@@ -166,6 +170,12 @@ def _render_cluster(c: dict) -> str:
               _row("DCQCN rate cuts:", f["dcqcn_rate_cuts"]),
               _row("PFC pause frames:", f["pfc_pause_frames"]),
               _row("Drops / retransmits:", f"{f['drops']} / {f['retransmits']}")]
+    slow = f.get("step_slowdown")
+    if slow and slow["p50"] is not None:
+        lines += [_row(f"Step messages slowed >{SLOWED:g}x:",
+                       f"{f['num_step_messages_slowed']} of {f['num_step_messages']}"),
+                  _row("Step message slowdown p50 / p99:",
+                       f"{slow['p50']:.2f} / {slow['p99']:.2f}")]
     kv = c.get("kv_transfers")
     if kv:
         ms = "{:.3f}".format

@@ -18,6 +18,15 @@ def _row(label: str, value) -> str:
     return f"{label:<44}{value:>16}"
 
 
+def _share(x: float) -> str:
+    """A fraction as a percentage that a small non-zero value never rounds to 0.0%: one decimal
+    from 0.1% up, two significant digits below (0.00031 -> "0.031%"); values under 1e-6 (the
+    rounding noise of float sums) print as 0.0%."""
+    if x >= 0.001 or x < 1e-6:
+        return f"{max(x, 0.0):.1%}"
+    return f"{x * 100:.2g}%"
+
+
 def _title(text: str, fill: str = "=") -> str:
     return f"{text:{fill}^{_LINE}}"
 

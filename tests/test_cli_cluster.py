@@ -88,6 +88,47 @@ def test_simulate_prints_the_cluster_block(traced):
                    for ln in block.splitlines())
 
 
+CONGESTED = {
+    "num_nodes": 2, "network": {"nic_gbps": 100}, "fabric": {"backend": "packet"},
+    "tenant_traffic": [{"src_gpu": 1, "dst_gpu": 2, "rate_gbps": 90,
+                        "message_bytes": 4_000_000, "stop_s": 0.02}],
+}
+"""TP 2 x PP 2 on two nodes of two GPUs: each step's pipeline hop goes from NIC 0 of node 0 to
+NIC 0 of node 1 through rail switch 0. For the first 20 ms a tenant sends into that same NIC
+from the other rail, through a spine: the two meet at the switch's egress queue, which marks,
+and DCQCN cuts. The hops are a small part of a step, so the congestion is a small share of the
+step time, below what one decimal of a percentage shows."""
+
+
+def test_the_printed_congestion_agrees_with_the_fabric_counters(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", cluster=CONGESTED,
+                       hardware={"gpu": "H100-SXM", "gpus_per_node": 2},
+                       parallelism={"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+                       workload={"num_prompts": 20, "request_rate": 100,
+                                 "dataset": {"kind": "random", "input_len": 512,
+                                             "output_len": 64}})
+    r = dse("simulate", cfg, "--quiet", "--out", tmp_path / "r.json")
+    assert r.exit_code == 0, r.output
+    c = json.loads((tmp_path / "r.json").read_text())["cluster"]
+    f = c["fabric"]
+    assert f["ecn_marks"] > 0 and f["dcqcn_rate_cuts"] > 0
+    assert max(b["slowdown_max"] for b in f["slowdown_by_size"]) > 1.5
+    assert 0 < c["congestion_share_of_step_time"] < 0.0005
+    block = r.stdout[r.stdout.index("Cluster (packet fabric)"):]
+    rows = {ln[:44].strip(): ln[44:].strip() for ln in block.splitlines() if len(ln) > 44}
+    # Every printed congestion figure is non-zero, as the counters are.
+    congestion = [v for k, v in rows.items() if "congestion" in k or "above ideal" in k]
+    assert congestion and all(v.rstrip("%") and float(v.rstrip("%")) > 0 for v in congestion)
+    assert rows["fabric wait above ideal (congestion):"] == (
+        f"{c['congestion_share_of_step_time'] * 100:.2g}%")
+    share = c["congestion_share_of_step_time"] / c["fabric_share_of_step_time"]
+    assert c["congestion_share_of_fabric_time"] == pytest.approx(share, rel=1e-9)
+    assert rows["as a share of the fabric time:"] == f"{share:.1%}"
+    slowed = rows["Step messages slowed >1.1x:"]
+    assert slowed == f"{f['num_step_messages_slowed']} of {f['num_step_messages']}"
+    assert f["num_step_messages_slowed"] > 0
+
+
 def test_simulate_without_a_cluster_prints_no_cluster_block(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", parallelism={"tensor_parallel_size": 1})
     r = dse("simulate", cfg, "--quiet")

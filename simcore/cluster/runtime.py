@@ -280,7 +280,14 @@ class ClusterRuntime:
 
     def summary(self) -> dict[str, Any]:
         """Network share of step time, exposed communication by kind and medium, congestion,
-        KV transfers and the fabric's measurements."""
+        KV transfers and the fabric's measurements.
+
+        Congestion is the time the steps' compute streams waited on fabric transfers beyond
+        those transfers' ideal times (alone on an idle network), along the critical path of
+        each wait: a slowed transfer whose delay overlaps other work costs nothing. It is given
+        as a share of step time and of the fabric's exposed time; `fabric.step_slowdown` and
+        `fabric.num_step_messages_slowed` count the slowed messages whether or not a step
+        waited for them."""
         st = self.stats
         fs = self.fabric.stats()
         exposed = {k: v for k, v in sorted(st.gpu_exposed_s.items())}
@@ -302,6 +309,8 @@ class ClusterRuntime:
             "network_share_of_step_time": comm / step if step else 0.0,
             "fabric_share_of_step_time": fabric_comm / step if step else 0.0,
             "congestion_share_of_step_time": st.gpu_congestion_s / step if step else 0.0,
+            "congestion_share_of_fabric_time": (st.gpu_congestion_s / fabric_comm
+                                                if fabric_comm else 0.0),
             "compute_share_of_step_time": st.gpu_compute_s / step if step else 0.0,
             "exposed_gpu_s": exposed,
             "comm_stall_s_by_gpu": {str(g): v for g, v in sorted(st.gpu_comm_stall_s.items())},
@@ -320,6 +329,10 @@ class ClusterRuntime:
 def _ignore(_: MessageResult) -> None:
     """Tenant messages need no completion handling."""
 
+
+SLOWED = 1.1
+"""A step message counts as slowed when it took more than this many times its time alone on an
+idle network (uncontended messages come out at 1.00 on every backend)."""
 
 SIZE_BUCKETS = ((0, 64 << 10, "<64KiB"), (64 << 10, 1 << 20, "64KiB-1MiB"),
                 (1 << 20, 16 << 20, "1-16MiB"), (16 << 20, math.inf, ">=16MiB"))
@@ -347,6 +360,8 @@ def _fabric_block(fs, network: ClusterNetwork, sizes: list[int],
         "num_step_messages": len(sizes),
         "payload_bytes": fs.payload_delivered_bytes,
         "slowdown_by_size": by_size,
+        "step_slowdown": distribution(slowdown_arr),
+        "num_step_messages_slowed": int((slowdown_arr > SLOWED).sum()),
         "ecn_marks": fs.num_ecn_marks, "cnps": fs.num_cnps,
         "dcqcn_rate_cuts": fs.num_rate_cuts,
         "pfc_pause_frames": fs.num_pfc_pause_frames,
