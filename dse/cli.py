@@ -190,6 +190,7 @@ def _render_cluster(c: dict) -> str:
         lines += [_title(" External KV tier ", "-"),
                   _row("Lookups / fetched blocks:", f"{tier['lookups']} / "
                                                     f"{tier['fetched_blocks']}"),
+                  _row("Fetched from the tier (GB):", f"{tier['fetched_bytes'] / 1e9:.1f}"),
                   _row("Stored / evicted blocks:", f"{tier['stored_blocks']} / "
                                                    f"{tier['evicted_blocks']}")]
     if f["slowdown_by_size"]:

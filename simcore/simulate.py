@@ -131,9 +131,12 @@ def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:
         # looked up again next step, so lookups and hits exceed the fetches.
         fetched = sum(s.connector.num_loaded_tokens for s in run.schedulers
                       if s.connector is not None)
+        # With a tier (never beside P/D disaggregation) every KV transfer is a tier fetch.
         out["kv_tier"] = {"capacity_blocks": t.capacity_blocks, "stored_blocks": len(t),
                           "lookups": t.num_lookups, "hit_blocks": t.num_hit_blocks,
                           "fetched_blocks": fetched // kv_paths.block_size,
+                          "fetched_bytes": (out["kv_transfers"]["bytes"]
+                                            if "kv_transfers" in out else 0),
                           "evicted_blocks": t.num_evicted_blocks}
     return out
 

@@ -365,6 +365,26 @@ def test_tier_reports_fetched_blocks_apart_from_repeated_lookups(tier_runs):
     assert 0 < tier["fetched_blocks"] <= tier["hit_blocks"]
 
 
+def test_the_summary_shows_the_tiers_hit_rate_and_bytes_beside_the_local_one(tier_runs):
+    from dse.cli import _render_cluster
+    from dse.summary import render_summary
+
+    _, r, _, without = tier_runs
+    tier = r["cluster"]["kv_tier"]
+    # The fetched tokens' KV, its shards over the engine's TP GPUs summed.
+    assert tier["fetched_bytes"] == r["cluster"]["kv_transfers"]["bytes"]
+    assert tier["fetched_bytes"] == tier["fetched_blocks"] * 16 * LLAMA_8B_KV_BYTES_PER_TOKEN
+    out = render_summary(r)
+    assert "Prefix-cache hit rate, local / KV tier:" in out
+    assert f"{r['prefix_cache_hit_rate']:.2f} / {r['external_kv_hit_rate']:.2f}" in out
+    assert r["external_kv_hit_rate"] > 0.2
+    block = _render_cluster(r["cluster"])
+    assert "Fetched from the tier (GB):" in block
+    assert f"{tier['fetched_bytes'] / 1e9:.1f}" in block
+    # Without a tier the summary keeps the one local rate.
+    assert "KV tier" not in render_summary(without)
+
+
 def test_prefill_instances_hold_blocks_until_the_decode_side_has_read_them(pd_run):
     _, _, seen = pd_run
     for sched in seen.run.schedulers:
