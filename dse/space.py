@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, format_validation_error, show
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 Condition = Literal["moe", "dense", "mla"]
@@ -77,6 +77,18 @@ class CategoricalParam(BaseModel):
     choices: tuple[int | float | str | bool | None, ...] = Field(min_length=1,
                                                                  description="The values.")
     when: Condition | None = Field(None, description="Exists only for models of this kind.")
+
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _single_values(cls, value: Any) -> Any:
+        # Optuna's suggest_categorical takes None, bool, int, float and str only.
+        if isinstance(value, (list, tuple)):
+            nested = [v for v in value if isinstance(v, (list, tuple, dict))]
+            if nested:
+                raise ValueError(f"each choice must be a single number, text, true/false or "
+                                 f"null (Optuna's categorical parameters take no lists or "
+                                 f"mappings), got {show(nested[0])}")
+        return value
 
 
 Param = Annotated[IntParam | FloatParam | CategoricalParam, Field(discriminator="type")]
@@ -210,7 +222,6 @@ def _pydantic_models_of(ann: Any) -> list[Any]:
 
 def load_space(data: Any, source: str, base_dir: Path | None = None) -> SearchSpace:
     """Validate an inline mapping, or load a space file when given a path string."""
-    from simcore.config import format_validation_error
     from simcore.loading import load_yaml
 
     if isinstance(data, str):
@@ -227,6 +238,6 @@ def load_space(data: Any, source: str, base_dir: Path | None = None) -> SearchSp
     try:
         space = SearchSpace.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {format_validation_error(err)}") from None
+        raise ConfigError(f"{source}: {format_validation_error(err, SearchSpace)}") from None
     check_paths(space, source)
     return space

@@ -9,8 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dse.space import SearchSpace, load_space
-from simcore.config import format_validation_error, parse_config
-from simcore.errors import ConfigError
+from simcore.config import parse_config
+from simcore.errors import ConfigError, format_validation_error
 from simcore.loading import load_yaml
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
@@ -218,7 +218,7 @@ def parse_study(data: Any, *, source: str = "study", base_dir: Path | None = Non
     try:
         study = StudyConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {format_validation_error(err)}") from None
+        raise ConfigError(f"{source}: {format_validation_error(err, StudyConfig)}") from None
     # The base must itself be a valid simulate config.
     parse_config(study.base, source=f"{source}: base")
     return study

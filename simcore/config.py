@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
-from simcore.errors import ConfigError
+from simcore.errors import NOT_MODELLED, ConfigError, format_validation_error
 from simcore.hardware import HardwareConfig
 from simcore.loading import load_yaml
 from simcore.model.config import ModelConfig
@@ -126,27 +126,29 @@ class EngineConfig(BaseModel):
     scheduler_reserve_full_isl: bool = Field(True, description="Admit a request only if its whole "
                                              "prompt fits in free KV blocks (vLLM default).")
     async_scheduling: bool = Field(False, description="vLLM's one-step-ahead scheduling. Not "
-                                   "modelled: must be false (the engine runs vLLM's sync mode).")
+                                   "modelled: must be false (the engine runs vLLM's sync mode).",
+                                   json_schema_extra={NOT_MODELLED: "async scheduling"})
     speculative_config: dict | None = Field(None, description="Speculative decoding. Not "
-                                            "modelled: must be absent.")
-    enable_lora: bool = Field(False, description="LoRA adapters. Not modelled: must be false.")
+                                            "modelled: must be absent.",
+                                            json_schema_extra={NOT_MODELLED:
+                                                               "speculative decoding"})
+    enable_lora: bool = Field(False, description="LoRA adapters. Not modelled: must be false.",
+                              json_schema_extra={NOT_MODELLED: "LoRA"})
     kv_transfer_config: dict | None = Field(None, description="KV connectors (P/D, offload). Not "
-                                            "modelled by this engine yet: must be absent.")
+                                            "modelled by this engine yet: must be absent.",
+                                            json_schema_extra={NOT_MODELLED: "KV connectors"})
     cpu_offload_gb: float = Field(0, ge=0, description="Weight offload to CPU. Not modelled: "
-                                  "must be 0.")
+                                  "must be 0.",
+                                  json_schema_extra={NOT_MODELLED: "CPU weight offload"})
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
         if self.block_size not in VLLM_BLOCK_SIZES:
-            raise ValueError(f"block_size must be one of {list(VLLM_BLOCK_SIZES)}, "
-                             f"got {self.block_size}")
-        refused = [("async_scheduling", self.async_scheduling, "async scheduling"),
-                   ("speculative_config", self.speculative_config, "speculative decoding"),
-                   ("enable_lora", self.enable_lora, "LoRA"),
-                   ("kv_transfer_config", self.kv_transfer_config, "KV connectors"),
-                   ("cpu_offload_gb", self.cpu_offload_gb, "CPU weight offload")]
-        for name, value, what in refused:
-            if value:
+            raise ValueError(f"block_size: expected one of "
+                             f"{', '.join(map(str, VLLM_BLOCK_SIZES))} (got {self.block_size})")
+        for name, info in type(self).model_fields.items():
+            what = (info.json_schema_extra or {}).get(NOT_MODELLED)
+            if what and getattr(self, name):
                 raise ValueError(f"{name}: {what} is not modelled by the simulator; remove it "
                                  f"(results would silently ignore it)")
         return self
@@ -274,19 +276,6 @@ class SimConfig(BaseModel):
                           "resolved against (set by the loader to the file's directory).")
 
 
-def format_validation_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    msg = e["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    if e["type"] == "extra_forbidden":
-        msg = "is not a known setting (check its spelling and place in the file)"
-    if e["type"] == "missing":
-        msg = "is required"
-    return f"{loc}: {msg}" if loc else msg
-
-
 def parse_config(data: Any, *, source: str = "config", base_dir: str | Path | None = None) -> SimConfig:
     """Validate a mapping into a SimConfig, raising ConfigError with one sentence on failure."""
     if not isinstance(data, dict):
@@ -296,7 +285,7 @@ def parse_config(data: Any, *, source: str = "config", base_dir: str | Path | No
     try:
         return SimConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: {format_validation_error(err)}") from None
+        raise ConfigError(f"{source}: {format_validation_error(err, SimConfig)}") from None
 
 
 def load_config(path: str | Path) -> SimConfig:

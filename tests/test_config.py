@@ -73,16 +73,18 @@ def test_unknown_keys_anywhere(data, field):
 
 
 @pytest.mark.parametrize("section, values, field, words", [
-    ("engine", {"max_num_seqs": "many"}, "engine.max_num_seqs", "valid integer"),
+    ("engine", {"max_num_seqs": "many"}, "engine.max_num_seqs",
+     "expected a whole number (got 'many')"),
     ("engine", {"enable_chunked_prefill": "maybe"}, "engine.enable_chunked_prefill",
-     "valid boolean"),
+     "expected true or false (got 'maybe')"),
     ("engine", {"gpu_memory_utilization": 1.5}, "engine.gpu_memory_utilization",
-     "less than or equal to 1"),
+     "must be at most 1 (got 1.5)"),
     ("parallelism", {"tensor_parallel_size": 0}, "parallelism.tensor_parallel_size",
-     "greater than or equal to 1"),
-    ("router", {"policy": "random"}, "router.policy", "round_robin"),
-    ("workload", {"num_prompts": 0}, "workload.num_prompts", "greater than or equal to 1"),
-    ("seed", "x", "seed", "valid integer"),
+     "must be at least 1 (got 0)"),
+    ("router", {"policy": "random"}, "router.policy",
+     "expected one of round_robin, least_outstanding, prefix_affinity (got 'random')"),
+    ("workload", {"num_prompts": 0}, "workload.num_prompts", "must be at least 1 (got 0)"),
+    ("seed", "x", "seed", "expected a whole number (got 'x')"),
 ])
 def test_wrong_types_and_ranges_name_the_field(section, values, field, words):
     msg = error_of(merged(**{section: values}))
@@ -181,7 +183,7 @@ def test_model_too_big_for_the_gpu():
 ])
 def test_unmodelled_features_are_refused(section, values, field):
     msg = error_of(merged(**{section: values}))
-    assert msg.startswith(f"config: {section}: {field}: ")
+    assert msg.startswith(f"config: {section}.{field}: ")
     assert "not modelled" in msg
 
 
@@ -195,8 +197,8 @@ def test_unmodelled_features_left_at_their_defaults_are_fine():
 @pytest.mark.parametrize("block_size", [0, 12, 24, 256])
 def test_bad_block_size(block_size):
     msg = error_of(merged(engine={"block_size": block_size}))
-    assert msg == (f"config: engine: block_size must be one of [1, 8, 16, 32, 64, 128], "
-                   f"got {block_size}")
+    assert msg == (f"config: engine.block_size: expected one of 1, 8, 16, 32, 64, 128 "
+                   f"(got {block_size})")
 
 
 def test_max_model_len_above_max_positions():

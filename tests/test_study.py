@@ -114,7 +114,7 @@ BAD_STUDIES = {
         ["space:", "engin.max_num_seqs", "'engin'", "known:", "engine"]),
     "space parameter of an unknown type": (
         _param("engine.max_num_seqs", {"type": "integer", "low": 1, "high": 8}),
-        ["space:", "engine.max_num_seqs", "'integer'", "'int'"]),
+        ["space:", "engine.max_num_seqs.type", "'integer'", "one of int, float, categorical"]),
     "int parameter with high below low": (
         _param("engine.max_num_seqs", {"type": "int", "low": 16, "high": 4}),
         ["space:", "engine.max_num_seqs", "high (4) is below low (16)"]),

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
 from simcore.fabric.settings import Discipline, FabricSettings
 from simcore.fabric.topology import HOST, Topology
@@ -296,7 +296,6 @@ def load_scenario(source: str | Path | Mapping[str, Any] | Scenario, *,
                   name: str | None = None) -> Scenario:
     """A validated Scenario from a YAML file, a mapping or a Scenario; bad input raises
     ConfigError with one sentence naming the file and field."""
-    from simcore.config import format_validation_error
     from simcore.loading import load_yaml
 
     if isinstance(source, Scenario):
@@ -311,7 +310,7 @@ def load_scenario(source: str | Path | Mapping[str, Any] | Scenario, *,
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{where}: {format_validation_error(err)}") from None
+        raise ConfigError(f"{where}: {format_validation_error(err, Scenario)}") from None
 
 
 def build_topology(scenario: Scenario, *, where: str = "scenario") -> Topology:

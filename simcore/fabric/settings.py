@@ -276,7 +276,7 @@ class FabricSettings(BaseModel):
         if not isinstance(data, dict):
             return data
         profile = data.get("profile", "roce")
-        base = PROFILE_DEFAULTS.get(profile)
+        base = PROFILE_DEFAULTS.get(profile) if isinstance(profile, str) else None
         if base is None:
             return data
         merged = copy.deepcopy(base)
