@@ -6,8 +6,10 @@ Heavy libraries (Ray, Optuna, plotting) are imported inside the commands that ne
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -72,9 +74,9 @@ def _runs_progress(bar):
 
 @main.command()
 @click.argument("config", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Write the full result as JSON here.")
-@click.option("--trace", "trace_out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--trace", "trace_out", type=click.Path(path_type=Path),
               default=None, help="Write the Perfetto trace of the config's cluster.trace window "
                                  "here (and leave it out of --out).")
 @click.option("--seed", type=int, default=None, help="Override the config's seed.")
@@ -101,6 +103,8 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
             cfg = cfg.model_copy(update={"uncertainty": u})
         if trace_out is not None:
             _check_trace_window(config, cfg)
+        _check_writable(trace_out, "trace")
+        _check_writable(out, "result")
         bar = None
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
@@ -123,6 +127,28 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
         _write_json(trace_out, trace, "trace")
     if out is not None:
         _write_json(out, result, "result")
+
+
+def _check_writable(out: Path | None, what: str) -> None:
+    """Fail now, before a long run, if `out` could not be written after it; leaves nothing
+    behind (the folders are made when the file is written)."""
+    if out is None:
+        return
+    try:
+        if out.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "it is a folder")
+        if out.exists():
+            with open(out, "r+b"):          # opened for writing, not truncated
+                return
+        folder = out.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file, not a folder")
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        _fail(f"{out}: cannot write the {what} ({e.strerror})")
 
 
 def _check_trace_window(config: Path, cfg: SimConfig) -> None:
@@ -263,6 +289,8 @@ def replay(steps: Path, config: Path, instance: int, out: Path | None,
         cfg = load_config(config)
         if trace_out is not None:
             _check_trace_window(config, cfg)
+        _check_writable(trace_out, "trace")
+        _check_writable(out, "result")
         result = replay_steps(cfg, steps, instance=instance)
     except ConfigError as e:
         if str(e).startswith(str(steps)):
@@ -388,6 +416,7 @@ def fabric(scenario: Path, backend: str | None, seed: int | None, out: Path | No
     from simcore.fabric.run import run_scenario
 
     try:
+        _check_writable(out, "measurements")
         result = run_scenario(scenario, backend, seed=seed)
     except ConfigError as e:
         _fail_in(scenario, e)
