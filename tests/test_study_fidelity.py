@@ -10,7 +10,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from dse.fidelity import inert_notes, inert_parameters, stage_backends
+from dse.fidelity import (check_parameters_have_effect, inert_notes, inert_parameters,
+                          stage_backends)
 from dse.report import write_report
 from dse.runner import run_search
 from dse.study import load_study, parse_study
@@ -96,6 +97,17 @@ def test_the_shipped_network_study_searches_no_inert_knob():
     study = load_study(ROOT / "studies" / "cluster_network.yaml")
     assert stage_backends(study) == {"screen": ("analytical",), "confirm": ("flow",)}
     assert inert_parameters(study) == {}
+
+
+def test_the_shipped_network_study_would_refuse_a_dcqcn_knob():
+    study = load_study(ROOT / "studies" / "cluster_network.yaml")
+    params = dict(study.space.parameters)
+    params[CNP] = parse_study(study_data(), source="s").space.parameters[CNP]
+    bigger = study.model_copy(update={"space": study.space.model_copy(
+        update={"parameters": params})})
+    with pytest.raises(ConfigError, match="screening on the analytical fabric; confirmation on "
+                                          "the flow fabric"):
+        check_parameters_have_effect(bigger)
 
 
 def test_a_study_without_a_cluster_has_no_fabric_stage():
