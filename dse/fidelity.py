@@ -13,15 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dse.space import CategoricalParam, apply
-from simcore.cluster.config import backends_ignoring_path, why_ignored
+from simcore.cluster.config import FabricConfig, backends_ignoring_path, why_ignored
 from simcore.errors import ConfigError
 
 if TYPE_CHECKING:
     from dse.study import StudyConfig
 
 BACKEND_PATH = "cluster.fabric.backend"
-_DEFAULT_BACKEND = "analytical"
-"""`cluster.fabric.backend` when the cluster section leaves it out (FabricConfig's default)."""
 
 
 def stage_backends(study: StudyConfig) -> dict[str, tuple[str, ...]]:
@@ -41,7 +39,8 @@ def stage_backends(study: StudyConfig) -> dict[str, tuple[str, ...]]:
             out[stage] = tuple(str(c) for c in searched.choices)
         else:
             fabric = cluster.get("fabric") or {}
-            out[stage] = (str(fabric.get("backend", _DEFAULT_BACKEND)),)
+            out[stage] = (str(fabric.get("backend",
+                                         FabricConfig.model_fields["backend"].default)),)
     return out
 
 
