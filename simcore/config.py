@@ -125,6 +125,14 @@ class EngineConfig(BaseModel):
                                    "vLLM's every-step admission.")
     scheduler_reserve_full_isl: bool = Field(True, description="Admit a request only if its whole "
                                              "prompt fits in free KV blocks (vLLM default).")
+    max_num_scheduled_tokens: int | None = Field(None, ge=1, description="Most tokens the "
+                                                 "scheduler may issue in one step (vLLM "
+                                                 "--max-num-scheduled-tokens); a step stays "
+                                                 "within both this and max_num_batched_tokens. "
+                                                 "Null: max_num_batched_tokens.")
+    watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of the KV blocks kept free "
+                             "when admitting a waiting or preempted request while others run "
+                             "(vLLM --watermark); admission with nothing running ignores it.")
     async_scheduling: bool = Field(False, description="vLLM's one-step-ahead scheduling. Not "
                                    "modelled: must be false (the engine runs vLLM's sync mode).",
                                    json_schema_extra={NOT_MODELLED: "async scheduling"})
@@ -292,6 +300,23 @@ def load_config(path: str | Path) -> SimConfig:
     """Load a `dse simulate` YAML file; relative paths inside resolve against its directory."""
     path = Path(path)
     return parse_config(load_yaml(path), source=str(path), base_dir=path.resolve().parent)
+
+
+def check_batch_limits(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                       chunked: bool, long_prefill_token_threshold: int) -> None:
+    """vLLM's checks of the batch limits against each other (`SchedulerConfig.
+    verify_max_model_len`); raises ConfigError whose message starts with the engine field."""
+    if not chunked and max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"max_num_batched_tokens: {max_num_batched_tokens} is smaller than "
+            f"max_model_len ({max_model_len}); without chunked prefill vLLM needs "
+            f"max_num_batched_tokens >= max_model_len (raise it or lower model.max_model_len)")
+    if max_num_batched_tokens < max_num_seqs:
+        raise ConfigError(f"max_num_batched_tokens: {max_num_batched_tokens} must be at "
+                          f"least max_num_seqs ({max_num_seqs})")
+    if long_prefill_token_threshold > max_model_len:
+        raise ConfigError(f"long_prefill_token_threshold: {long_prefill_token_threshold}"
+                          f" exceeds max_model_len ({max_model_len})")
 
 
 def default_batch_limits(gpu_memory_bytes: float, gpu_name: str, chunked: bool,

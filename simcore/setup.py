@@ -8,7 +8,7 @@ from pathlib import Path
 from simcore.compute.base import StepTimeModel
 from simcore.compute.expert_parallel import ExpertParallelRoofline
 from simcore.compute.roofline import RooflineModel
-from simcore.config import SimConfig, default_batch_limits
+from simcore.config import SimConfig, check_batch_limits, default_batch_limits
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch
@@ -111,17 +111,11 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                                         max_model_len)
     max_num_seqs = e.max_num_seqs or seqs
     max_num_batched_tokens = e.max_num_batched_tokens or tokens
-    if not e.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
-        raise ConfigError(
-            f"engine.max_num_batched_tokens: {max_num_batched_tokens} is smaller than "
-            f"max_model_len ({max_model_len}); without chunked prefill vLLM needs "
-            f"max_num_batched_tokens >= max_model_len (raise it or lower model.max_model_len)")
-    if max_num_batched_tokens < max_num_seqs:
-        raise ConfigError(f"engine.max_num_batched_tokens: {max_num_batched_tokens} must be at "
-                          f"least max_num_seqs ({max_num_seqs})")
-    if e.long_prefill_token_threshold > max_model_len:
-        raise ConfigError(f"engine.long_prefill_token_threshold: {e.long_prefill_token_threshold}"
-                          f" exceeds max_model_len ({max_model_len})")
+    try:
+        check_batch_limits(max_num_seqs, max_num_batched_tokens, max_model_len,
+                           e.enable_chunked_prefill, e.long_prefill_token_threshold)
+    except ConfigError as err:
+        raise ConfigError(f"engine.{err}") from None
     weight_dtype = cfg.model.dtype
     kv_dtype = cfg.model.resolved_kv_cache_dtype
     memory = None

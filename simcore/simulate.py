@@ -34,6 +34,8 @@ def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
         preemption=e.preemption_mode,
         persistent_batch=e.persistent_batch,
         reserve_full_isl=e.scheduler_reserve_full_isl,
+        watermark=e.watermark,
+        max_num_scheduled_tokens=e.max_num_scheduled_tokens,
     )
 
 

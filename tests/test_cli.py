@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simcore.engine.conformance import read_steps
 from simcore.reference_data import CONFORMANCE_DIR
@@ -205,3 +206,40 @@ def test_conformance_bad_input_is_one_error_line(tmp_path):
     garbage.write_text("hello\n")
     assert_one_line_error(dse("conformance", BASIC, "--out", tmp_path / "o", "--golden", garbage),
                           "garbage.jsonl", "cannot be read as a step log")
+
+
+def _scenario(path: Path, config: dict | None = None, requests: list | None = None) -> Path:
+    cfg = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "num_blocks": 10, **(config or {})}
+    req = {"id": "a", "arrive_step": 0, "prompt_len": 5, "output_len": 3}
+    path.write_text(json.dumps({"config": cfg, "requests": requests or [req]}))
+    return path
+
+
+@pytest.mark.slow
+def test_conformance_refuses_what_it_would_otherwise_drop_or_misread(tmp_path):
+    req = {"id": "a", "arrive_step": 0, "prompt_len": 5, "output_len": 3}
+    cases = [({"max_num_scheduled_token": 8}, None,
+              "config.max_num_scheduled_token: is not a scenario setting (did you mean "
+              "max_num_scheduled_tokens?)"),
+             (None, [{**req, "skip_reading_prefix_cach": True}],
+              "requests[0].skip_reading_prefix_cach: is not a request field (did you mean "
+              "skip_reading_prefix_cache?)"),
+             (None, [req, {**req, "id": "b"}, {**req, "arrive_step": 4}],
+              "requests[2].id: 'a' is also the id of requests[0]"),
+             ({"policy": "lifo"}, None, "config.policy: expected one of fcfs, priority (got 'lifo')")]
+    for config, requests, words in cases:
+        sc = _scenario(tmp_path / "s.json", config, requests)
+        assert_one_line_error(dse("conformance", sc, "--out", tmp_path / "o"), "s.json", words)
+
+
+@pytest.mark.slow
+def test_conformance_checks_engine_values_as_simulate_does(tmp_path):
+    sc = _scenario(tmp_path / "s.json", {"max_num_seqs": -1})
+    line = assert_one_line_error(dse("conformance", sc, "--out", tmp_path / "o"), "s.json")
+    cfg = tmp_path / "c.yaml"
+    tiny = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
+    tiny.setdefault("engine", {})["max_num_seqs"] = -1
+    cfg.write_text(yaml.safe_dump(tiny))
+    sim = assert_one_line_error(dse("simulate", cfg), "c.yaml")
+    assert line.split("config.", 1)[1] == sim.split("engine.", 1)[1] \
+        == "max_num_seqs: must be at least 1 (got -1)"

@@ -1,10 +1,13 @@
 """Golden scenarios: the scheduler makes exactly vLLM 0.33's decisions, step for step."""
 
-from pathlib import Path
+import math
 
 import pytest
 
 from simcore.engine.conformance import compare, load_scenario, read_steps, replay
+from simcore.engine.kv_cache import KVCacheManager
+from simcore.engine.request import PREEMPTED, RUNNING, WAITING
+from simcore.engine.scheduler import Scheduler
 from simcore.errors import ConfigError
 from simcore.reference_data import CONFORMANCE_DIR
 
@@ -12,9 +15,10 @@ DATA = CONFORMANCE_DIR
 NAMES = sorted(p.name.removesuffix(".json.gz") for p in (DATA / "scenarios").glob("*.json.gz"))
 
 
-def test_all_seven_scenarios_are_shipped():
-    assert NAMES == ["basic", "mooncake_head", "nochunk", "noprefixcache", "prefix", "pressure",
-                     "threshold"]
+def test_every_scenario_is_shipped():
+    assert NAMES == ["abort", "abort_priority", "basic", "full_isl_idle", "max_scheduled",
+                     "mooncake_head", "nochunk", "noprefixcache", "prefix", "pressure", "priority",
+                     "priority_self_preempt", "skip_prefix", "threshold", "watermark_idle"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -31,6 +35,111 @@ def test_goldens_discriminate_behaviours():
     golden = read_steps(DATA / "golden" / "pressure.jsonl.gz")
     diff = compare(list(replay(sc, reserve_full_isl=False)), golden)
     assert diff is not None and diff.startswith("step 3: scheduled differs")
+
+
+def scenario(name):
+    return load_scenario(DATA / "scenarios" / f"{name}.json.gz")
+
+
+def golden(name):
+    return read_steps(DATA / "golden" / f"{name}.jsonl.gz")
+
+
+def test_priority_golden_continues_after_a_self_preemption(monkeypatch):
+    """vLLM goes on scheduling the requests after a running request that preempted itself; the
+    rule before (stop the running loop there) makes other decisions at step 22."""
+    self_preempted = []
+    pick = Scheduler._pick_victim
+
+    def recording(sched, req, scheduled):
+        victim = pick(sched, req, scheduled)
+        if victim is req:
+            self_preempted.append((sched.num_steps, req.request_id,
+                                   [r.request_id for r in sched.running[sched.running.index(req) + 1:]]))
+        return victim
+
+    monkeypatch.setattr(Scheduler, "_pick_victim", recording)
+    steps = list(replay(scenario("priority_self_preempt")))
+    assert steps == golden("priority_self_preempt")
+    step, rid, after = self_preempted[0]
+    assert (step, rid) == (22, "low2")
+    # Under the old rule nothing after low2 ran in that step; vLLM ran all of them.
+    assert set(after) <= set(steps[22]["scheduled"]) and len(after) == 6
+    assert len(steps[22]["scheduled"]) == 8
+
+
+def _watermark_always(monkeypatch, blocks):
+    """The rule before: every admission (waiting-side allocation) keeps `blocks` free."""
+    allocate = KVCacheManager.allocate_slots
+
+    def always(kv, req, n, hit=None, full=False, reserved=0):
+        return allocate(kv, req, n, hit, full, blocks if hit is not None else reserved)
+
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", always)
+
+
+def test_watermark_golden_admits_a_large_prompt_with_nothing_running(monkeypatch):
+    sc, ref = scenario("watermark_idle"), golden("watermark_idle")
+    cfg = sc["config"]
+    watermark = int(cfg["watermark"] * cfg["num_blocks"])
+    big = sc["requests"][0]
+    assert math.ceil(big["prompt_len"] / cfg["block_size"]) > cfg["num_blocks"] - 1 - watermark
+    assert ref[0]["scheduled"] == {"big0": big["prompt_len"]}
+    _watermark_always(monkeypatch, watermark)
+    with pytest.raises(ConfigError, match="stuck"):
+        list(replay(sc))
+
+
+def test_full_sequence_golden_refuses_a_prompt_larger_than_the_pool(monkeypatch):
+    """vLLM checks that the whole prompt fits even with nothing running: big0 (more blocks than
+    the pool) never starts, the queue behind it waits until it is aborted at step 30."""
+    sc, ref = scenario("full_isl_idle"), golden("full_isl_idle")
+    assert all(not r["scheduled"] for r in ref[:30]) and "big0" in ref[30]["finished"]
+    allocate = KVCacheManager.allocate_slots
+
+    def only_while_running(kv, req, n, hit=None, full=False, reserved=0):
+        return allocate(kv, req, n, hit, full and bool(kv.req_blocks), reserved)
+
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", only_while_running)
+    assert compare(list(replay(sc)), ref).startswith("step 0: scheduled differs")
+
+
+@pytest.mark.parametrize("name", ["abort", "abort_priority"])
+def test_abort_goldens_cover_waiting_running_and_preempted_requests(name, monkeypatch):
+    statuses = set()
+    finish = Scheduler.finish_requests
+
+    def recording(sched, reqs):
+        statuses.update(r.status for r in reqs)
+        return finish(sched, reqs)
+
+    monkeypatch.setattr(Scheduler, "finish_requests", recording)
+    sc = scenario(name)
+    assert list(replay(sc)) == golden(name)
+    assert {WAITING, RUNNING, PREEMPTED} <= statuses
+    # Without the aborts the decisions differ from the first abort on.
+    first = min(r["abort_step"] for r in sc["requests"] if r["abort_step"] is not None)
+    kept = {**sc, "requests": [{**r, "abort_step": None} for r in sc["requests"]]}
+    assert compare(list(replay(kept)), golden(name)).startswith(f"step {first}: ")
+
+
+def test_max_num_scheduled_tokens_golden_bounds_the_step():
+    sc, ref = scenario("max_scheduled"), golden("max_scheduled")
+    limit = sc["config"]["max_num_scheduled_tokens"]
+    totals = [sum(r["scheduled"].values()) for r in ref]
+    assert max(totals) == limit < sc["config"]["max_num_batched_tokens"]
+    assert compare(list(replay(sc, max_num_scheduled_tokens=None)), ref) is not None
+
+
+def test_skip_reading_prefix_cache_golden_finds_no_hits():
+    sc, ref = scenario("skip_prefix"), golden("skip_prefix")
+    skipping = {r["id"] for r in sc["requests"] if r["skip_reading_prefix_cache"]}
+    hits = {rid: n for step in ref for rid, n in step["computed_on_admit"].items()}
+    assert skipping and all(hits[rid] == 0 for rid in skipping if rid in hits)
+    assert any(n > 0 for rid, n in hits.items() if rid not in skipping)
+    read_all = {**sc, "requests": [{**r, "skip_reading_prefix_cache": False}
+                                   for r in sc["requests"]]}
+    assert "computed_on_admit differs" in compare(list(replay(read_all)), ref)
 
 
 def test_bad_scenarios_name_the_problem(tmp_path):

@@ -308,6 +308,22 @@ def test_finish_remote_load_of_a_request_not_loading_is_refused():
 
 
 # -- preemption --------------------------------------------------------------------------------
+def test_abort_while_loading_frees_the_blocks_when_the_load_ends(blocks_conserved):
+    s, _ = scripted({"a": (32, True)})
+    a = Request("a", 0, 64, 2)
+    s.add_request(a)
+    s.schedule()
+    assert a.status == WAITING_FOR_REMOTE_KVS and s.kv.num_blocks_held(a) == 2
+    assert s.finish_requests([a]) == [a]
+    # As vLLM's finish_requests delays the free: the load is still writing into the blocks.
+    assert not s.has_requests and s.num_waiting_for_remote == 0 and s.kv.num_blocks_held(a) == 2
+    s.finish_remote_load(a)
+    assert s.kv.num_blocks_held(a) == 0
+    blocks_conserved(s)
+    with pytest.raises(ValueError, match="not waiting for remote KV"):
+        s.finish_remote_load(a)
+
+
 def test_a_preempted_request_reloads_and_resumes():
     s, conn = scripted({"a": (64, True)}, enable_prefix_caching=False)
     a = Request("a", 0, 100, 50)

@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.engine.request import FINISHED, BlockHashSpace, Request
+from simcore.engine.request import (FINISHED, FINISHED_ABORTED, PREEMPTED, RUNNING, WAITING,
+                                    BlockHashSpace, Request)
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 
 
@@ -150,6 +151,111 @@ def test_preempted_request_hits_its_own_blocks():
     s._preempt(a)
     out = s.schedule()
     assert out.resumed == [a] and out.computed_on_admit["a"] == 64
+
+
+def test_priority_self_preemption_goes_on_with_the_requests_after_it():
+    # vLLM 0.33 Scheduler.schedule: the lowest-priority running request that cannot get a block
+    # preempts itself and the loop continues with the (more urgent) requests after it.
+    s = Scheduler(cfg(num_blocks=8, enable_prefix_caching=False, policy="priority",
+                      max_num_batched_tokens=256))
+    low = Request("low", 0, 31, 100, priority=9)
+    s.add_request(low)
+    s.update(s.schedule())                      # low: 31 prompt tokens in 2 blocks, one token out
+    s.add_request(Request("u0", 1, 47, 100, priority=0))     # 3 blocks
+    s.add_request(Request("u1", 2, 31, 100, priority=0))     # 2 blocks
+    out = s.schedule()
+    assert [r.request_id for r in out.new] == ["u0", "u1"] and s.kv.num_free_blocks == 0
+    s.update(out)
+    # low's 33rd token needs a third block and none of the 7 is free. low is the lowest-priority
+    # running request, so it preempts itself; u0 and u1 (their next tokens fit) still decode.
+    out = s.schedule()
+    assert out.preempted == [low] and low.status == PREEMPTED
+    assert [(r.request_id, n) for r, n, _ in out.scheduled] == [("u0", 1), ("u1", 1)]
+
+
+def test_watermark_applies_only_while_something_runs():
+    # 19 usable blocks, watermark int(0.25 * 20) = 5 blocks.
+    s = Scheduler(cfg(num_blocks=20, watermark=0.25, enable_prefix_caching=False,
+                      max_num_batched_tokens=512))
+    big = Request("big", 0, 16 * 17, 2)          # 17 blocks: more than 19 - 5, fits in 19
+    s.add_request(big)
+    out = s.schedule()
+    assert out.new == [big]                      # nothing ran: no watermark
+    s.update(out)
+    small = Request("small", 1, 16, 2)           # 1 block of the 2 free, but 2 - 1 < 5
+    s.add_request(small)
+    out = s.schedule()
+    assert out.new == [] and small.status == WAITING
+    s.update(out)
+    s.update(s.schedule())                       # big finishes; small is admitted
+    assert small.status == RUNNING
+
+
+def test_the_whole_prompt_must_fit_even_with_nothing_running():
+    # vLLM checks scheduler_reserve_full_isl on every admission: a prompt of 40 blocks never
+    # starts in a pool of 31 usable blocks, though its first 256-token chunk would fit.
+    s = Scheduler(cfg(num_blocks=32, enable_prefix_caching=False, max_num_batched_tokens=256))
+    s.add_request(Request("huge", 0, 16 * 40, 2))
+    for _ in range(3):
+        out = s.schedule()
+        assert out.scheduled == []
+        s.update(out)
+    off = Scheduler(cfg(num_blocks=32, enable_prefix_caching=False, max_num_batched_tokens=256,
+                        reserve_full_isl=False))
+    off.add_request(Request("huge", 0, 16 * 40, 2))
+    assert [n for _, n, _ in off.schedule().scheduled] == [256]
+
+
+def test_max_num_scheduled_tokens_bounds_every_step():
+    s = Scheduler(cfg(max_num_batched_tokens=64, max_num_scheduled_tokens=40))
+    s.add_request(Request("a", 0, 100, 2))
+    s.add_request(Request("b", 1, 10, 2))
+    plans = [[(r.request_id, n) for r, n, _ in o.scheduled] for o in run_to_end(s)]
+    assert plans[:3] == [[("a", 40)], [("a", 40)], [("a", 20), ("b", 10)]]
+    assert s.config.token_budget == 40
+    # Above max_num_batched_tokens it changes nothing: vLLM spends both budgets at once.
+    assert SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, num_blocks=40,
+                           max_num_scheduled_tokens=100).token_budget == 64
+
+
+def test_skip_reading_prefix_cache_finds_no_hit_but_still_caches():
+    s = Scheduler(cfg(max_num_batched_tokens=512, num_blocks=100))
+    keys = tuple(range(1, 9))
+    s.add_request(Request("a", 0, 130, 2, keys))
+    s.add_request(Request("b", 1, 130, 2, keys, skip_reading_prefix_cache=True))
+    s.add_request(Request("c", 2, 130, 2, keys))
+    out = s.schedule()
+    assert out.computed_on_admit == {"a": 0, "b": 0, "c": 128}
+
+
+def test_abort_waiting_running_and_preempted_requests(blocks_conserved):
+    s = Scheduler(cfg(max_num_batched_tokens=256, num_blocks=7, enable_prefix_caching=False))
+    a, b, c = Request("a", 0, 48, 40), Request("b", 1, 48, 40), Request("c", 2, 16, 5)
+    for r in (a, b, c):
+        s.add_request(r)
+    out = s.schedule()                           # a and b run (3 blocks each); c waits
+    assert out.new == [a, b] and c.status == WAITING
+    s.update(out)
+    while b.status != PREEMPTED:                 # a grows until b is preempted
+        s.update(s.schedule())
+    assert s.finish_requests([b, c]) == [b, c]
+    assert b.status == c.status == FINISHED_ABORTED and len(s.waiting) == 0
+    assert s.finish_requests([b]) == []          # already finished: left out
+    blocks_conserved(s)
+    out = s.schedule()                           # a alone; abort it while its step runs
+    assert s.finish_requests([a]) == [a] and s.running == [] and s.kv.num_free_blocks == 6
+    emitted, finished = s.update(out)
+    assert emitted == finished == [] and not s.has_requests
+    blocks_conserved(s)
+
+
+def test_abort_of_a_priority_waiting_request_keeps_the_queue_order():
+    s = Scheduler(cfg(policy="priority", max_num_seqs=1))
+    reqs = [Request(f"r{i}", i, 16, 2, priority=p) for i, p in enumerate([3, 1, 2, 0])]
+    for r in reqs:
+        s.add_request(r)
+    s.finish_requests([reqs[3]])
+    assert [r.request_id for r in s.waiting] == ["r1", "r2", "r0"]
 
 
 requests_strategy = st.lists(

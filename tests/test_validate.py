@@ -36,7 +36,7 @@ def test_the_issue_targets_are_rows(rows):
     # Three GPUs x ten ops, each under a 5% median held-out error.
     assert len(ops) == 30 and all(r.tolerance == 0.05 for r in ops)
     sched = [r for r in rows if r.suite == "scheduler"]
-    assert len(sched) == 7 and all(r.predicted == r.reference for r in sched)
+    assert len(sched) == 15 and all(r.predicted == r.reference for r in sched)
     e2e = [r for r in rows if r.suite == "end_to_end"]
     assert all("https://" in r.source for r in e2e)
 

@@ -145,8 +145,10 @@ class KVCacheManager:
         return 1.0 - len(self.pool.free) / (self.pool.num_blocks - 1)
 
     def get_computed_blocks(self, req: Request) -> list[int]:
-        """Longest run of cached full blocks from block 0, never covering the request's last token."""
-        if not self.enable_caching:
+        """Longest run of cached full blocks from block 0, never covering the request's last token;
+        none for a request that skips reading the prefix cache (vLLM's
+        `KVCacheManager.prefix_cache_lookup_enabled`)."""
+        if not self.enable_caching or req.skip_reading_prefix_cache:
             return []
         bs = self.block_size
         hashes = req.ensure_block_hashes(self.space, bs)
@@ -169,7 +171,9 @@ class KVCacheManager:
 
         `new_computed_blocks` are prefix hits found by `get_computed_blocks` for a request being
         admitted. With `full_sequence_must_fit`, admission also requires that the request's whole
-        current sequence would fit (vLLM's `scheduler_reserve_full_isl`).
+        current sequence would fit (vLLM's `scheduler_reserve_full_isl`). `reserved_blocks` must
+        stay free after either check (the scheduler's watermark). As vLLM's
+        `KVCacheManager.allocate_slots`.
         """
         rid = req.request_id
         if req.num_computed_tokens + num_new_tokens <= self.num_tokens_fit.get(rid, -1) \
@@ -198,7 +202,7 @@ class KVCacheManager:
         num_free = len(pool.free) - reserved_blocks
         num_tokens = req.prompt_len + req.num_output_tokens
         if full_sequence_must_fit:
-            full = num_tokens if num_tokens > num_tokens_need else num_tokens_need
+            full = num_tokens if num_tokens < self.max_model_len else self.max_model_len
             need_full = -(-full // bs) - num_hit - num_held
             if need_full < 0:
                 need_full = 0

@@ -7,8 +7,11 @@ RUNNING = 1
 PREEMPTED = 2
 FINISHED = 3
 WAITING_FOR_REMOTE_KVS = 4
+FINISHED_ABORTED = 5
+"""Aborted by the client before it finished (vLLM's RequestStatus.FINISHED_ABORTED)."""
 STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", PREEMPTED: "preempted",
-                FINISHED: "finished", WAITING_FOR_REMOTE_KVS: "waiting_for_remote_kvs"}
+                FINISHED: "finished", WAITING_FOR_REMOTE_KVS: "waiting_for_remote_kvs",
+                FINISHED_ABORTED: "finished_aborted"}
 
 
 KEY_BITS = 64
@@ -56,7 +59,10 @@ class Request:
 
     Lifecycle: WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED; with a KV connector, a
     waiting or preempted request may first pass through WAITING_FOR_REMOTE_KVS while its external
-    KV loads, and returns to its previous status when the load is done. Invariants:
+    KV loads, and returns to its previous status when the load is done. From any status but
+    FINISHED an abort (`Scheduler.finish_requests`) ends it in FINISHED_ABORTED.
+    `skip_reading_prefix_cache` (vLLM's sampling parameter of that name) makes admission look up
+    no prefix-cache hit for it; its own blocks are still cached for others. Invariants:
     `0 <= num_computed_tokens <= num_tokens`, `num_tokens = prompt_len + num_output_tokens`,
     `block_hashes[i]` is the chained hash of full block i of prompt + generated tokens and is
     stable for the request's lifetime (so a preempted request can hit its own cached blocks).
@@ -65,11 +71,13 @@ class Request:
     __slots__ = ("request_id", "index", "prompt_len", "max_tokens", "block_keys", "priority",
                  "arrival", "status", "num_computed_tokens", "num_output_tokens",
                  "num_preemptions", "block_hashes", "num_cached_tokens", "work_done_tokens",
-                 "num_external_tokens", "remote_prefill_tokens", "client")
+                 "num_external_tokens", "remote_prefill_tokens", "client",
+                 "skip_reading_prefix_cache")
 
     def __init__(self, request_id: str, index: int, prompt_len: int, max_tokens: int,
                  block_keys: tuple[int, ...] = (), priority: int = 0, arrival: float = 0.0,
-                 client: object = None, remote_prefill_tokens: int = 0) -> None:
+                 client: object = None, remote_prefill_tokens: int = 0,
+                 skip_reading_prefix_cache: bool = False) -> None:
         self.request_id = request_id
         self.index = index                  # admission-order tie-breaker (vLLM's arrival_time)
         self.prompt_len = prompt_len
@@ -87,6 +95,7 @@ class Request:
         self.num_external_tokens = 0        # tokens of its latest external KV load
         self.remote_prefill_tokens = remote_prefill_tokens   # prompt tokens prefilled elsewhere (P/D)
         self.client = client                # opaque slot for the simulator's per-request record
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
 
     @property
     def num_tokens(self) -> int:

@@ -1,10 +1,12 @@
 """vLLM V1's scheduler (sync mode) as a pure object: `schedule()` plans a step, `update()` applies its outputs.
 
 The decision rules follow vLLM 0.33's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`): one token
-budget shared by running and waiting requests, running requests first, chunked prefill,
-`long_prefill_token_threshold`, full-prompt admission, prefix caching with same-step hits,
-preemption of the last-admitted running request with recompute, and external KV through a KV
-connector (asynchronous loads in WAITING_FOR_REMOTE_KVS). Three policies of an earlier simulator
+budget shared by running and waiting requests (the smaller of `max_num_scheduled_tokens` and
+`max_num_batched_tokens`), running requests first, chunked prefill,
+`long_prefill_token_threshold`, full-prompt admission, the free-block watermark, prefix caching
+with same-step hits, preemption of the last-admitted (or lowest-priority) running request with
+recompute, aborts (`finish_requests`), and external KV through a KV connector (asynchronous loads
+in WAITING_FOR_REMOTE_KVS). Three policies of an earlier simulator
 design are options beside the default: least-work-done preemption, a persistent batch, and a cap on
 requests holding blocks for external loads. No clock lives here: the caller decides when a step
 starts and how long it takes, and when an external load ends.
@@ -19,8 +21,8 @@ from typing import NamedTuple
 
 from simcore.engine.connector import KVConnector
 from simcore.engine.kv_cache import KVCacheManager
-from simcore.engine.request import (FINISHED, PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS,
-                                    BlockHashSpace, Request)
+from simcore.engine.request import (FINISHED, FINISHED_ABORTED, PREEMPTED, RUNNING, WAITING,
+                                    WAITING_FOR_REMOTE_KVS, BlockHashSpace, Request)
 
 LWD_NEAR_DONE_FRACTION = 0.05
 """Least-work-done preemption spares requests within this fraction of their decode length."""
@@ -44,8 +46,24 @@ class SchedulerConfig:
     preemption: str = "vllm"              # "vllm" (last admitted / lowest priority) | "least_work_done"
     persistent_batch: bool = False        # admit new requests only when a running one completed
     reserve_full_isl: bool = True         # vLLM's scheduler_reserve_full_isl
-    watermark_blocks: int = 0             # free blocks kept back when admitting
+    watermark: float = 0.0                # fraction of num_blocks kept free when admitting while
+                                          # something runs (vLLM's SchedulerConfig.watermark)
+    max_num_scheduled_tokens: int | None = None   # tokens one step may schedule (None: the budget)
     max_kvc_ready_requests: int = 0       # requests loading external KV at once (0 = unlimited)
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens one step may schedule: vLLM spends a step's tokens from two budgets at once,
+        `max_num_scheduled_tokens` and `max_num_batched_tokens`, and stops at either."""
+        limit = self.max_num_scheduled_tokens
+        b = self.max_num_batched_tokens
+        return b if limit is None or limit > b else limit
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Free blocks an admission must leave while something runs (vLLM's KVCacheManager:
+        `int(watermark * num_blocks)`)."""
+        return int(self.watermark * self.num_blocks)
 
 
 class SchedulerOutput(NamedTuple):
@@ -85,6 +103,14 @@ class _WaitingQueue:
     def __len__(self) -> int:
         return len(self.items)
 
+    def remove(self, reqs: set[int]) -> None:
+        """Drop the requests whose `id()` is in `reqs`, keeping the others' order."""
+        if self.priority:
+            self.items = [t for t in self.items if id(t[3]) not in reqs]
+            heapq.heapify(self.items)
+        else:
+            self.items = deque(r for r in self.items if id(r) not in reqs)
+
     def add(self, req: Request) -> None:
         if self.priority:
             heapq.heappush(self.items, (req.priority, req.arrival, req.index, req))
@@ -111,7 +137,7 @@ class Scheduler:
     """Continuous batching over one KV block pool.
 
     Lifecycle per step: `schedule()` -> run the step (caller) -> `update(output)`. Between steps
-    the caller may `add_request` and `finish_remote_load`. Invariants: every running request holds
+    the caller may `add_request`, `finish_requests` (aborts) and `finish_remote_load`. Invariants: every running request holds
     blocks for all of its computed tokens; a request is in exactly one of waiting, running, or
     finished; a request in WAITING_FOR_REMOTE_KVS is in the waiting queue and in
     `waiting_for_remote`, holds blocks for its local hit plus its external tokens, and is never
@@ -134,6 +160,8 @@ class Scheduler:
             raise ValueError("without chunked prefill max_num_batched_tokens must be >= max_model_len")
         if c.max_kvc_ready_requests < 0:
             raise ValueError("max_kvc_ready_requests must be >= 0 (0 = unlimited)")
+        if not 0 <= c.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {c.watermark}")
         self.config = c
         self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
                                  c.max_model_len, space)
@@ -150,6 +178,8 @@ class Scheduler:
         being read by another instance)."""
         self._loads_done: set[str] = set()      # loads reported done, not yet taken up (vLLM's
                                                 # finished_recving_kv_req_ids)
+        # Aborted while their external load was under way: their blocks go when it ends.
+        self._aborted_loads: dict[str, Request] = {}
         self._passed_over: list[Request] = []   # this step's waiting requests to requeue in order
         self._step_loads: list[tuple[Request, int]] = []
 
@@ -165,9 +195,42 @@ class Scheduler:
             raise ValueError(f"request {req.request_id} is not holding blocks for a send")
         self.kv.free(req)
 
+    def finish_requests(self, reqs: list[Request]) -> list[Request]:
+        """Abort requests of this scheduler (a client gave up), as vLLM's
+        `Scheduler.finish_requests(ids, FINISHED_ABORTED)`: each leaves the running list or the
+        waiting queue, ends FINISHED_ABORTED and frees its blocks (a request whose external load
+        is under way keeps them until `finish_remote_load`, as vLLM delays that free). Its KV is
+        sent nowhere: vLLM's P/D connectors send only requests that finished by length.
+        Returns the requests aborted, in the order given; those already finished are left out.
+        """
+        aborted = [r for r in reqs if r.status != FINISHED and r.status != FINISHED_ABORTED]
+        if not aborted:
+            return aborted
+        gone = set(map(id, aborted))
+        if any(r.status == RUNNING for r in aborted):
+            self.running = [r for r in self.running if id(r) not in gone]
+        if any(r.status != RUNNING for r in aborted):
+            self.waiting.remove(gone)
+        for req in aborted:
+            rid = req.request_id
+            loading = req.status == WAITING_FOR_REMOTE_KVS
+            req.status = FINISHED_ABORTED
+            if loading:
+                del self.waiting_for_remote[rid]
+                if rid not in self._loads_done:
+                    self._aborted_loads[rid] = req
+                    continue
+                self._loads_done.discard(rid)
+            self.kv.free(req)
+        return aborted
+
     def finish_remote_load(self, req: Request) -> None:
         """The external KV load of `req` is complete (vLLM's `finished_recving`): the next
-        admission loop that reaches the request takes it up as an ordinary waiting request."""
+        admission loop that reaches the request takes it up as an ordinary waiting request
+        (or, if it was aborted meanwhile, its blocks are freed)."""
+        if self._aborted_loads.pop(req.request_id, None) is not None:
+            self.kv.free(req)
+            return
         if req.request_id not in self.waiting_for_remote:
             raise ValueError(f"request {req.request_id!r} is not waiting for remote KV")
         self._loads_done.add(req.request_id)
@@ -189,7 +252,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         c = self.config
         kv = self.kv
-        budget = c.max_num_batched_tokens
+        budget = full_budget = c.token_budget
         running = self.running
         waiting = self.waiting
         queued = waiting.items      # the queue's own deque or heap: len() without a method call
@@ -223,13 +286,13 @@ class Scheduler:
                     # The victim is usually the last running request (vLLM's policy).
                     vi = len(running) - 1 if running[-1] is victim else running.index(victim)
                     del running[vi]
+                    if vi < i:
+                        i -= 1
                     # Preempting a request scheduled earlier in this step hands back its tokens.
                     for k in range(len(scheduled)):
                         if scheduled[k][0] is victim:
                             budget += scheduled[k][1]
                             del scheduled[k]
-                            if vi < i:
-                                i -= 1
                             break
                     self._preempt(victim)
                     preempted.append(victim)
@@ -239,7 +302,12 @@ class Scheduler:
                     i += 1
                     continue
                 if victim is req:
-                    break
+                    # vLLM goes on with the requests after it (under FCFS it was the last one;
+                    # under the priority policy the rest rank higher and may fit in the blocks it
+                    # freed); least-work-done stops there.
+                    if c.preemption == "least_work_done":
+                        break
+                    continue
             scheduled.append((req, n, computed))
             req.num_computed_tokens = computed + n     # vLLM advances it at schedule time
             budget -= n
@@ -254,6 +322,7 @@ class Scheduler:
         if may_admit and queued:
             admitted_any = False
             connector = self.connector
+            watermark = c.watermark_blocks
             while queued and budget > 0 and len(running) < c.max_num_seqs:
                 req = waiting.peek()
                 if connector is not None:
@@ -276,9 +345,10 @@ class Scheduler:
                         break
                     if n > budget:
                         n = budget
-                    if not kv.allocate_slots(req, n, hit_blocks,
-                                             c.reserve_full_isl and bool(running),
-                                             c.watermark_blocks):
+                    # vLLM applies the watermark only while something runs; the whole-prompt
+                    # check always.
+                    if not kv.allocate_slots(req, n, hit_blocks, c.reserve_full_isl,
+                                             watermark if running else 0):
                         break
                 waiting.pop()
                 running.append(req)
@@ -303,8 +373,8 @@ class Scheduler:
         for req, n, _ in scheduled:
             req.work_done_tokens += n
         self.num_steps += 1
-        return SchedulerOutput(scheduled, new, resumed, preempted, admit,
-                               c.max_num_batched_tokens - budget, kv_loads)
+        return SchedulerOutput(scheduled, new, resumed, preempted, admit, full_budget - budget,
+                               kv_loads)
 
     def update(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """Apply the step's sampled tokens: one per request whose prompt is fully computed.
@@ -367,6 +437,8 @@ class Scheduler:
             hit_blocks = kv.get_computed_blocks(req)
             computed = len(hit_blocks) * c.block_size
             num_external, load_async = connector.get_num_new_matched_tokens(req, computed)
+            if req.skip_reading_prefix_cache:
+                num_external, load_async = 0, False
             if computed + num_external > num_tokens:
                 raise ValueError(f"the KV connector matched {num_external} tokens after {computed} "
                                  f"of request {req.request_id!r}, which has {num_tokens}")
@@ -375,8 +447,7 @@ class Scheduler:
                 if limit and len(self.waiting_for_remote) >= limit:
                     self._passed_over.append(self.waiting.pop())
                     return 0, 0
-                if not self._allocate_for_load(req, num_external, hit_blocks,
-                                               c.reserve_full_isl and has_running):
+                if not self._allocate_for_load(req, num_external, hit_blocks, has_running):
                     return 0, -1
                 connector.update_state_after_alloc(req, num_external)
                 req.num_external_tokens = num_external
@@ -402,8 +473,8 @@ class Scheduler:
         if n > budget:
             n = budget
         # A synchronous load's tokens are allocated (and cached) with the step's own.
-        if not kv.allocate_slots(req, num_external + n, hit_blocks,
-                                 c.reserve_full_isl and has_running, c.watermark_blocks):
+        if not kv.allocate_slots(req, num_external + n, hit_blocks, c.reserve_full_isl,
+                                 c.watermark_blocks if has_running else 0):
             return 0, -1
         connector.update_state_after_alloc(req, num_external)
         if num_external:
@@ -412,7 +483,7 @@ class Scheduler:
         return computed, n
 
     def _allocate_for_load(self, req: Request, num_external: int, hit_blocks: list[int],
-                           full_sequence_must_fit: bool) -> bool:
+                           has_running: bool) -> bool:
         """Allocate blocks for `req`'s local hit and `num_external` tokens to load, or return False.
 
         As vLLM's `allocate_slots(..., delay_cache_blocks=True)`: the blocks to load are not
@@ -422,8 +493,9 @@ class Scheduler:
         caching = kv.enable_caching
         kv.enable_caching = False
         try:
-            ok = kv.allocate_slots(req, num_external, hit_blocks, full_sequence_must_fit,
-                                   self.config.watermark_blocks)
+            c = self.config
+            ok = kv.allocate_slots(req, num_external, hit_blocks, c.reserve_full_isl,
+                                   c.watermark_blocks if has_running else 0)
         finally:
             kv.enable_caching = caching
         # Without this bound the next allocation would skip caching the loaded blocks.
