@@ -98,11 +98,13 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 progress: Callable[[float, int, int], None] | None = None,
                 lockstep_groups: list[tuple[int, ...]] | None = None,
                 env: simpy.Environment | None = None, cluster=None,
-                kv_paths=None) -> ServingRun:
+                kv_paths=None, request_timeout_s: float | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
-    server refuses it, and recorded as failed.
+    server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
+    that long after its send is given up by the client: aborted in the engine
+    (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -172,6 +174,19 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             req.block_hashes = router.last_hashes
         rep.sched.add_request(req)
         rep.notify()
+        if request_timeout_s is not None:
+            env.timeout(request_timeout_s).callbacks.append(
+                lambda _: give_up(idx, rec, rep.sched, req))
+
+    def give_up(idx: int, rec: RequestRecord, sched: Scheduler, req: Request) -> None:
+        """The client's timeout: a request not finished by then is aborted in its engine (vLLM's
+        API server aborts it when the client disconnects) and counts as failed."""
+        if rec.success or not sched.finish_requests([req]):
+            return
+        rec.error = f"client timed out after {request_timeout_s:g} s (workload.request_timeout_s)"
+        rec.finished_s = env.now
+        rec.num_preemptions += req.num_preemptions
+        finish(idx)
 
     def deliver(emitted: list[Request], finished: list[Request], now: float,
                 rep: _Replica) -> None:
@@ -301,7 +316,7 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             if n_run >= sched.config.max_num_seqs:
                 stats.num_steps_at_max_seqs += 1
                 stats.busy_s_at_max_seqs += total_s
-            elif out.num_tokens >= sched.config.max_num_batched_tokens:
+            elif out.num_tokens >= sched.config.token_budget:
                 stats.num_steps_budget_full += 1
                 stats.busy_s_budget_full += total_s
                 if bound == "compute":

@@ -95,6 +95,9 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     elif par.prefill_decode is not None:
         raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
                           "network; add a cluster section")
+    if kv_paths is not None and w.request_timeout_s is not None:
+        raise ConfigError("workload.request_timeout_s: client timeouts are not modelled with "
+                          "prefill/decode disaggregation or an external KV tier; remove one")
     # With expert parallelism EP = DP x TP: the DP ranks of each replica form one lock-step
     # EP group.
     groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
@@ -105,7 +108,8 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         report_interval_s=cfg.router.periodic_infra_update_time_s,
         balance_threshold=cfg.router.balance_threshold, max_concurrency=w.max_concurrency,
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
-        lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths)
+        lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
+        request_timeout_s=w.request_timeout_s)
     result = assemble_result(cfg, dep, run)
     if cluster is not None:
         result["cluster"] = cluster_result(cluster, run, kv_paths)

@@ -299,6 +299,12 @@ def test_max_kvc_ready_requests_bounds_the_requests_holding_blocks_for_fetches()
         assert len(peaks) == 2 and max(peaks) == limit
 
 
+def test_client_timeouts_are_refused_with_a_kv_tier():
+    with pytest.raises(ConfigError, match=r"^workload\.request_timeout_s: client timeouts are "
+                                          r"not modelled with prefill/decode"):
+        simulate(config(TIER, workload={"request_timeout_s": 5}))
+
+
 def test_same_seed_same_result_with_a_tier():
     cfg = config(TIER, workload={"num_prompts": 40, "request_rate": 10,
                                  "dataset": {**TIER["workload"]["dataset"], "num_prefixes": 10}})

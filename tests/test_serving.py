@@ -42,15 +42,17 @@ def approx(x):
 
 
 def serve(specs, *, step=None, num_replicas=1, policy="round_robin", report_interval_s=4 * S,
-          balance_threshold=16, max_concurrency=None, max_model_len=4096, **sched):
+          balance_threshold=16, max_concurrency=None, max_model_len=4096, request_timeout_s=None,
+          scheduling_policy="fcfs", **sched):
     base = dict(max_num_seqs=8, max_num_batched_tokens=2048, num_blocks=1000, block_size=16,
-                max_model_len=max_model_len)
+                max_model_len=max_model_len, policy=scheduling_policy)
     base.update(sched)
     return run_serving(list(specs), sched_config=SchedulerConfig(**base),
                        num_replicas=num_replicas, step_model=step or LinearStep(S),
                        router_policy=policy, report_interval_s=report_interval_s,
                        balance_threshold=balance_threshold, max_concurrency=max_concurrency,
-                       max_model_len=max_model_len, sample_interval_s=1.0)
+                       max_model_len=max_model_len, sample_interval_s=1.0,
+                       request_timeout_s=request_timeout_s)
 
 
 def spec(rid, arrival_s, prompt_len, output_len, keys=()):
@@ -246,6 +248,55 @@ def test_only_failed_requests_still_end():
     m = summarize(run.records)
     assert (m["completed"], m["failed"]) == (0, 2)
     assert m["duration"] == approx(S)
+
+
+# -- client timeouts ---------------------------------------------------------------------------
+
+
+def test_a_request_past_the_client_timeout_is_aborted_and_failed():
+    # a would take 50 steps; the client gives up at 10.5 S, during its 11th step. b finishes at
+    # 2 S; c, sent at 11 S, runs alone in the blocks a freed: tokens at 12, 13, 14 S.
+    run = serve([spec("a", 0.0, 100, 50), spec("b", 0.0, 16, 2), spec("c", 11 * S, 16, 3)],
+                request_timeout_s=10.5 * S)
+    r = by_id(run)
+    a, b, c = r["a"], r["b"], r["c"]
+    assert not a.success and a.finished_s == approx(10.5 * S)
+    assert a.error == f"client timed out after {10.5 * S:g} s (workload.request_timeout_s)"
+    assert len(a.token_times_s) == 10          # what it streamed before; none counts
+    assert b.success and c.success and c.token_times_s == [approx(12 * S), approx(13 * S),
+                                                           approx(14 * S)]
+    sched = run.schedulers[0]
+    assert not sched.has_requests and sched.kv.num_free_blocks == 999
+    m = summarize(run.records, selected_percentiles=[50])
+    assert (m["completed"], m["failed"]) == (2, 1)
+    assert m["total_input_tokens"] == 32 and m["total_output_tokens"] == 5
+    assert m["mean_e2el_ms"] == approx((2 * S + 3 * S) / 2 * 1e3)
+    assert m["duration"] == approx(14 * S)
+    assert engine_summary(run.records)["num_failed_by_error"] == {a.error: 1}
+
+
+def test_a_timed_out_waiting_request_leaves_the_queue_and_frees_a_client_slot():
+    # One sequence at a time, urgent first; --max-concurrency 2. u1 runs [0, 2 S]; u2, sent when
+    # u1 completes, [2 S, 4 S]; low waits behind them and is given up at 3.5 S without ever
+    # running; last is sent as soon as low's slot frees, and runs after u2.
+    low = RequestSpec("low", 0.0, 16, 2, priority=5)
+    u1, u2 = RequestSpec("u1", 0.0, 16, 2), RequestSpec("u2", S, 16, 2)
+    last = RequestSpec("last", S, 16, 2)
+    run = serve([low, u1, u2, last], max_num_seqs=1, max_concurrency=2,
+                scheduling_policy="priority", request_timeout_s=3.5 * S)
+    r = by_id(run)
+    assert not r["low"].success and r["low"].first_scheduled_s is None
+    assert r["low"].token_times_s == [] and r["low"].finished_s == approx(3.5 * S)
+    assert r["u2"].send_s == approx(2 * S) and r["last"].send_s == approx(3.5 * S)
+    assert r["u1"].success and r["u2"].success and r["last"].success
+    assert r["last"].first_scheduled_s == approx(4 * S)
+
+
+def test_requests_finished_within_the_timeout_are_untouched():
+    specs = [spec("a", 0.0, 100, 5), spec("b", S, 30, 4)]
+    plain, timed = serve(specs), serve(specs, request_timeout_s=5.5 * S)
+    assert [x.token_times_s for x in plain.records] == [x.token_times_s for x in timed.records]
+    assert all(x.success for x in timed.records)
 
 
 # -- routing over replicas -----------------------------------------------------------------------

@@ -214,6 +214,11 @@ class WorkloadConfig(_Frozen):
                                         "Carried here, applied by the simulated client.")
     dataset: Dataset = Field(default_factory=RandomDataset, description="Where prompts and lengths "
                              "come from; `kind` selects the variant.")
+    request_timeout_s: float | None = Field(
+        None, gt=0, description="Seconds after its send at which the client gives up a request "
+        "that has not finished: the engine aborts it (vLLM's finish_requests) and it counts as "
+        "failed, left out of the latency and token metrics, as in vllm bench serve. Null: never "
+        "(vllm bench serve's own client session times out after 6 hours, 21600).")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
