@@ -10,7 +10,9 @@ Three scenarios (see README.md in this folder):
 Each scenario is timed twice: as a whole process (the `dse` command in a fresh subprocess,
 interpreter start and imports included) and in this process (the replay or `simulate()` call
 alone, its inputs already loaded). Figures are printed, never asserted: timings depend on the
-machine. Usage: python benchmarks/engine_speed.py [--repeats N] [--only abc]
+machine. Usage: python benchmarks/engine_speed.py [--repeats N] [--only abc] [--vllm-env DIR]
+(DIR: an environment built by scripts/vllm_conformance/setup.sh, to time vLLM's own scheduler on
+(a) with the recorder beside it).
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PRESSURE_SCENARIO = ROOT / "tests/data/conformance/scenarios/pressure.json.gz"
+PRESSURE_SCENARIO = ROOT / "simcore/data/conformance/scenarios/pressure.json.gz"
 QUICKSTART_CONFIG = HERE / "configs/llama8b_a100.yaml"
 MOONCAKE_CONFIG = HERE / "configs/mooncake_10k_h100_dp4.yaml"
-VLLM_RECORDER = Path("/work/shared/conformance/vllm/record.py")
-VLLM_SCENARIO = Path("/work/shared/conformance/vllm/scenarios/pressure.json")
+VLLM_RECORDER = ROOT / "scripts/vllm_conformance/record.py"
 
 # Fixed reference figures, quoted for this machine class (2 CPU cores), not measured here.
 VLLM_REPLAY_REF_S = 3.0
@@ -104,17 +105,16 @@ def measure_import(repeats: int) -> None:
           f"{min(times):.3f} s (whole process, best of {repeats})")
 
 
-def measure_vllm(tmp: Path) -> tuple[float, float] | None:
-    """(whole process s, replay-only s) of vLLM's scheduler on `pressure`, if its env exists."""
-    env_dir = os.environ.get("VLLM_CONFORMANCE_ENV")
-    if not env_dir:
+def measure_vllm(tmp: Path, env_dir: Path) -> tuple[float, float] | None:
+    """(whole process s, replay-only s) of vLLM's scheduler on `pressure`, recorded by
+    scripts/vllm_conformance/record.py in the environment `env_dir` (setup.sh's DIR)."""
+    python = env_dir / "venv/bin/python"
+    if not python.exists():
+        print(f"  --vllm-env {env_dir}: no venv/bin/python there (build it with "
+              f"scripts/vllm_conformance/setup.sh); vLLM not measured")
         return None
-    python = Path(env_dir) / "venv/bin/python"
-    if not python.exists() or not VLLM_RECORDER.exists() or not VLLM_SCENARIO.exists():
-        print(f"  VLLM_CONFORMANCE_ENV={env_dir} has no usable environment; vLLM not measured")
-        return None
-    env = dict(os.environ, PYTHONPATH=str(Path(env_dir) / "src"))
-    cmd = [str(python), "-c", VLLM_TIMER, str(VLLM_RECORDER.parent), str(VLLM_SCENARIO),
+    env = dict(os.environ, PYTHONPATH=str(env_dir / "src"))
+    cmd = [str(python), "-c", VLLM_TIMER, str(VLLM_RECORDER.parent), str(PRESSURE_SCENARIO),
            str(tmp / "vllm_pressure.jsonl")]
     t = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -125,10 +125,10 @@ def measure_vllm(tmp: Path) -> tuple[float, float] | None:
     return whole, float(done.stdout.strip().splitlines()[-1])
 
 
-def bench_replay(tmp: Path, repeats: int) -> None:
+def bench_replay(tmp: Path, repeats: int, vllm_env: Path | None) -> None:
     from simcore.engine.conformance import load_scenario, replay
 
-    print("\n(a) conformance replay of `pressure` (tests/data/conformance/scenarios)")
+    print("\n(a) conformance replay of `pressure` (simcore/data/conformance/scenarios)")
     whole = time_process(dse_command() + ["conformance", str(PRESSURE_SCENARIO), "--out",
                                           str(tmp / "pressure.jsonl")], repeats)
     scenario = load_scenario(PRESSURE_SCENARIO)
@@ -146,15 +146,15 @@ def bench_replay(tmp: Path, repeats: int) -> None:
         f"vs vLLM's {VLLM_REPLAY_REF_S:.1f} s: {ratio(best, VLLM_REPLAY_REF_S)}")
     row("scheduler steps per second", f"{num_steps / best:10,.0f}")
     row("simulated s per wall s", "n/a (a step replay has no clock)")
-    vllm = measure_vllm(tmp)
+    vllm = measure_vllm(tmp, vllm_env) if vllm_env is not None else None
     if vllm is not None:
         v_whole, v_replay = vllm
         row("vLLM measured now: whole process", f"{v_whole:7.3f} s",
             f"ours: {ratio(min(whole), v_whole)}")
         row("vLLM measured now: replay only", f"{v_replay:7.3f} s",
             f"ours: {ratio(best, v_replay)}")
-    elif not os.environ.get("VLLM_CONFORMANCE_ENV"):
-        row("vLLM measured now", "skipped (set VLLM_CONFORMANCE_ENV to a setup.sh directory)")
+    elif vllm_env is None:
+        row("vLLM measured now", "skipped (--vllm-env DIR: a setup.sh environment)")
 
 
 def bench_simulate(title: str, config: Path, tmp: Path, repeats: int, vidur: bool) -> None:
@@ -198,6 +198,9 @@ def main() -> None:
     parser.add_argument("--mooncake-repeats", type=int, default=1,
                         help="Runs per figure for (c) (default 1).")
     parser.add_argument("--only", default="abc", help="Scenarios to run, e.g. 'ab' (default abc).")
+    parser.add_argument("--vllm-env", type=Path, default=None,
+                        help="A vLLM environment built by scripts/vllm_conformance/setup.sh: "
+                             "also time vLLM's own scheduler recording (a).")
     args = parser.parse_args()
     print(f"engine speed: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"{platform.machine()}; best of {args.repeats} runs for (a) and (b), "
@@ -210,7 +213,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if "a" in args.only:
-            bench_replay(tmp, args.repeats)
+            bench_replay(tmp, args.repeats, args.vllm_env)
         if "b" in args.only:
             bench_simulate("(b) Llama-3.1-8B on one A100-80GB, 1,000 requests", QUICKSTART_CONFIG,
                            tmp, args.repeats, vidur=True)
