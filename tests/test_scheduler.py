@@ -249,6 +249,19 @@ def test_abort_waiting_running_and_preempted_requests(blocks_conserved):
     blocks_conserved(s)
 
 
+def test_a_persistent_batch_refills_after_an_abort_as_after_a_completion():
+    s = Scheduler(cfg(persistent_batch=True, max_num_batched_tokens=512, num_blocks=200))
+    a = Request("a", 0, 16, 50)
+    s.add_request(a)
+    s.update(s.schedule())
+    b = Request("b", 1, 16, 5)
+    s.add_request(b)
+    s.update(s.schedule())
+    assert b.status == WAITING                   # a still runs: the batch is not rebuilt
+    s.finish_requests([a])
+    assert s.schedule().new == [b]
+
+
 def test_abort_of_a_priority_waiting_request_keeps_the_queue_order():
     s = Scheduler(cfg(policy="priority", max_num_seqs=1))
     reqs = [Request(f"r{i}", i, 16, 2, priority=p) for i, p in enumerate([3, 1, 2, 0])]

@@ -209,6 +209,7 @@ class Scheduler:
         gone = set(map(id, aborted))
         if any(r.status == RUNNING for r in aborted):
             self.running = [r for r in self.running if id(r) not in gone]
+            self._completed_since_admit = True      # a persistent batch refills as on completion
         if any(r.status != RUNNING for r in aborted):
             self.waiting.remove(gone)
         for req in aborted:
