@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from simcore.config import parse_config
-from simcore.simulate import simulate
+from simcore.setup import build_deployment
+from simcore.simulate import scheduler_config, simulate
 
 BASE = {
     "name": "small",
@@ -133,6 +134,13 @@ def test_goodput_counts_requests_meeting_every_slo():
     assert 0 < good < 100, "pick SLOs that some requests miss"
     assert r["request_goodput"] == pytest.approx(good / r["duration"], rel=1e-12)
     assert "p99.9_ttft_ms" in r and "p50_itl_ms" in r and "p90_ttft_ms" not in r
+
+
+def test_watermark_and_max_num_scheduled_tokens_reach_the_scheduler():
+    cfg = config(engine={"watermark": 0.1, "max_num_scheduled_tokens": 512})
+    sched = scheduler_config(cfg, build_deployment(cfg))
+    assert (sched.watermark, sched.max_num_scheduled_tokens, sched.token_budget) == (0.1, 512, 512)
+    assert sched.watermark_blocks == int(0.1 * sched.num_blocks)
 
 
 def test_client_timeouts_fail_the_requests_not_finished_in_time():
