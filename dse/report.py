@@ -527,14 +527,17 @@ def write_report_files(report: StudyReport, out_dir: Path,
         "html": render_html, "md": render_markdown, "csv": render_csv,
         "json": lambda r: json.dumps(report_json(r), indent=1, allow_nan=False)}
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
     for fmt in formats:
         if fmt not in renderers:
             raise ConfigError(f"report.formats: unknown format {fmt!r} "
                               f"(known: {', '.join(FILE_NAMES)})")
         path = out_dir / FILE_NAMES[fmt]
-        path.write_text(renderers[fmt](report), encoding="utf-8")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(renderers[fmt](report), encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot write the report ({err.strerror})") from None
         written[fmt] = path
     return written
 

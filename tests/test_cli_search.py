@@ -317,6 +317,11 @@ def test_a_missing_study_file_is_exit_2(tmp_path):
     assert_one_line_error(dse("search", tmp_path / "absent.yaml"), "absent.yaml", "no such file")
 
 
+def test_report_into_an_unwritable_folder_is_exit_2(searched, tmp_path):
+    p = dse("report", searched.study_file, "--out", "/proc/nope", cwd=tmp_path)
+    assert_one_line_error(p, "/proc/nope/report.html: cannot write the report")
+
+
 def test_report_of_a_study_never_run_is_exit_2(tmp_path):
     study_file = tmp_path / "never.yaml"
     study_file.write_text(yaml.safe_dump(study_data(13.0)))
