@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
 import warnings
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from dse.evaluate import TrialOutcome, one_line, run_trial
+from dse.evaluate import TrialOutcome, clip, one_line, run_trial
 from dse.study import StudyConfig
 from simcore.errors import ConfigError
 
@@ -20,24 +30,70 @@ _OBJECT_STORE_BYTES = 256 * 2**20
 
 
 
+def storage_file(url: str) -> Path | None:
+    """The file of a journal:// or sqlite:/// storage URL; None for other URLs and :memory:."""
+    for scheme in ("journal://", "sqlite:///"):
+        if url.startswith(scheme):
+            path = url[len(scheme):]
+            return Path(path) if path and path != ":memory:" else None
+    return None
+
+
+def write_problem(path: Path, *, folder: bool) -> str | None:
+    """Why `path` (a file, or a folder when `folder`) cannot be created or written, or None.
+
+    Nothing is left behind: an existing file is opened for appending and closed, and a probe
+    file is created and removed in the nearest folder that exists.
+    """
+    path = Path(os.path.abspath(path))
+    try:
+        if path.exists():
+            if folder != path.is_dir():
+                return f"{path} is {'a file' if folder else 'a folder'}"
+            if not folder:
+                with open(path, "ab"):
+                    pass
+            parent = path if folder else path.parent
+        else:
+            parent = path.parent
+            while not parent.exists():
+                parent = parent.parent
+            if not parent.is_dir():
+                return f"{parent} is a file, not a folder"
+    except OSError as err:
+        return f"{err.filename or path} cannot be written ({err.strerror or one_line(err)})"
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        return f"no file can be created in {parent} ({err.strerror or one_line(err)})"
+    return None
+
+
+def check_storage_writable(url: str) -> None:
+    """Raise ConfigError unless the file of a sqlite:/// or journal:// storage can be created or
+    written (other URLs are checked when they are opened)."""
+    path = storage_file(url)
+    problem = write_problem(path, folder=False) if path is not None else None
+    if problem:
+        raise ConfigError(f"storage: cannot keep the study in {path}: {problem}")
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """The Optuna storage for a URL: journal:///path.log, sqlite:///path.db or another RDB URL.
 
     Files (and their folders) are created as needed.
     """
-    if url.startswith("journal://"):
-        from optuna.storages.journal import JournalFileBackend
-
-        path = Path(url[len("journal://"):])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    path = storage_file(url)
     try:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if url.startswith("journal://"):
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
         return optuna.storages.RDBStorage(url)
-    except Exception as err:  # SQLAlchemy raises many kinds; the user needs one sentence
+    except Exception as err:  # OSError, or SQLAlchemy's many kinds: the user needs one sentence
         raise ConfigError(f"storage: cannot open {url.split('@')[-1]} ({one_line(err)})") from None
 
 
@@ -53,10 +109,13 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def make_sampler(study: StudyConfig) -> optuna.samplers.BaseSampler:
-    """The study's Optuna sampler, seeded. SLOs reach every one of them through the trials'
-    constraints (`Trial.set_constraint`), which Optuna 5 samplers read themselves."""
+def make_sampler(study: StudyConfig, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The study's Optuna sampler, seeded with `seed` (default: the study's `sampler.seed`).
+    SLOs reach every one of them through the trials' constraints (`Trial.set_constraint`),
+    which Optuna 5 samplers read themselves."""
     s = study.sampler
+    if seed is not None:
+        s = s.model_copy(update={"seed": seed})
     match s.kind:
         case "tpe":
             return optuna.samplers.TPESampler(multivariate=True, seed=s.seed,
@@ -80,66 +139,262 @@ def make_sampler(study: StudyConfig) -> optuna.samplers.BaseSampler:
     raise ConfigError(f"sampler.kind: unknown sampler {s.kind!r}")
 
 
+_CONNECT_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS and its client
+server both are) answers with a SETTINGS frame of its own (RFC 9113, section 3.4)."""
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) that `ray.init(address)` will connect to; None for "auto" with no cluster
+    recorded on this machine and no RAY_ADDRESS (Ray then says so itself, at once)."""
+    if address.startswith("ray://"):
+        host, _, port = address[len("ray://"):].partition(":")
+        return host, int(port or 10001)
+    try:
+        # What ray.init does with the address: "auto" read from RAY_ADDRESS or the cluster
+        # this machine last started, localhost replaced by the node's IP.
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:                       # moved in another Ray: read it as host:port
+        if address == "auto":
+            return None
+        resolved = address
+    else:
+        try:
+            resolved = canonicalize_bootstrap_address(address)
+        except ConnectionError:
+            return None
+        if resolved is None:
+            return None
+    host, sep, port = resolved.rpartition(":")
+    if not sep:
+        host, port = resolved, ""
+    return host.strip("[]"), int(port or 6379)
+
+
+def probe_ray_address(address: str, timeout_s: float) -> None:
+    """Raise ConfigError unless a gRPC server answers at the Ray address within `timeout_s`.
+
+    `ray.init(address=...)` retries for minutes when nothing answers (or something else does),
+    so the driver asks first, with a bounded wait.
+    """
+    try:
+        endpoint = ray_endpoint(address)
+    except ValueError as err:
+        raise ConfigError(f"execution.ray_address: {address!r} is not host:port, 'auto' or "
+                          f"ray://host:port ({one_line(err)})") from None
+    if endpoint is None:
+        return
+    where = f"execution.ray_address: no Ray cluster answers at {address}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection(endpoint, timeout=timeout_s) as conn:
+            conn.settimeout(max(0.1, deadline - time.monotonic()))
+            conn.sendall(_CONNECT_PREFACE)
+            header = conn.recv(9)
+    except socket.timeout:
+        raise ConfigError(f"{where} (no answer within {timeout_s:g} s); start it (`ray start "
+                          f"--head`), fix the address, or raise execution.connect_timeout_s"
+                          ) from None
+    except OSError as err:
+        raise ConfigError(f"{where} ({err.strerror or one_line(err)}); start it (`ray start "
+                          f"--head`) or fix the address") from None
+    if len(header) < 9 or header[3] != 4:
+        raise ConfigError(f"{where}: something else listens on {endpoint[0]}:{endpoint[1]} "
+                          f"(not a gRPC server); check the port")
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+_DEATH_RE = re.compile(r"^\(raylet\) (A worker died or was killed while executing a task.*)$")
+_DEATH_FIELDS_RE = re.compile(r"Worker PID: (?P<pid>\d+).*?Worker exit type: (?P<type>\w+)"
+                              r"(?: Worker exit detail: (?P<detail>.*))?$")
+_DEATH_WAIT_S = 2.0
+"""How long a trial whose worker died waits for Ray's report of why (it comes separately)."""
+
+
+@dataclass(frozen=True)
+class _Report:
+    text: str
+    at: float
+
+
+class RayConsole(io.TextIOBase):
+    """Stands in for `sys.stdout` while a pool uses Ray, between `install` and `remove`.
+
+    Ray's driver prints what the raylet reports (e.g. "(raylet) A worker died or was killed
+    while executing a task ...") on `sys.stdout` from a thread of its own. Worker-death reports
+    are kept here for the trial whose worker died (`death_reason`) instead of reaching the
+    terminal; every other line goes on to the stream it replaced, unchanged.
+    """
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self.out = out
+        self._partial = ""
+        self._deaths: deque[_Report] = deque()
+        self._cond = threading.Condition()
+
+    @classmethod
+    def install(cls) -> "RayConsole":
+        console = cls(sys.stdout)
+        sys.stdout = console
+        return console
+
+    def remove(self) -> None:
+        with self._cond:
+            rest, self._partial = self._partial, ""
+        if rest:
+            self.out.write(rest)
+        if sys.stdout is self:
+            sys.stdout = self.out
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self.out.isatty()
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def write(self, text: str) -> int:
+        with self._cond:
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()
+            passed = []
+            for line in lines:
+                m = _DEATH_RE.match(_ANSI_RE.sub("", line).strip())
+                if m:
+                    self._deaths.append(_Report(m.group(1), time.monotonic()))
+                    self._cond.notify_all()
+                else:
+                    passed.append(line + "\n")
+        if passed:
+            self.out.write("".join(passed))
+        return len(text)
+
+    def death_reason(self, since: float, timeout_s: float = _DEATH_WAIT_S) -> str | None:
+        """Ray's report of a worker death made after `since` (driver clock), waiting up to
+        `timeout_s` for it, as one sentence; None if none came."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                while self._deaths and self._deaths[0].at < since:
+                    self._deaths.popleft()
+                if self._deaths:
+                    report = self._deaths.popleft().text
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+        m = _DEATH_FIELDS_RE.search(report)
+        if m is None:
+            return clip(f"the Ray worker died: {report}")
+        detail = f": {m.group('detail')}" if m.group("detail") else ""
+        return clip(f"the Ray worker (pid {m.group('pid')}) died, {m.group('type')}{detail}")
+
+
 class RayPool:
     """Ray tasks that run `dse.evaluate.run_trial`, one CPU each, never retried.
 
-    Ray is started, or joined, on the first `submit`: the Ray already running in this process,
-    the cluster at `address`, or a local one with `workers` CPUs (quiet: no dashboard, worker
-    logs not forwarded). `close()` shuts down only a Ray started or joined here.
+    `start()` (or the first `submit`) starts or joins Ray: the Ray already running in this
+    process, the cluster at `address` (asked first whether it answers, within
+    `connect_timeout_s`), or a local one with `workers` CPUs (quiet: no dashboard, worker logs
+    not forwarded). A cluster joined here runs the tasks in `runtime_env` when one is given
+    (see `dse.ship`). Ray's worker-death reports become the failure reason of the trial whose
+    worker died (`RayConsole`). Starting Ray leaves this process's SIGTERM handler as it was
+    (ray.init replaces it with one that exits at once, after a stack dump). `close()` shuts
+    down only a Ray started or joined here; it is safe to call more than once.
     """
 
-    def __init__(self, workers: int, address: str | None) -> None:
+    def __init__(self, workers: int, address: str | None, *, connect_timeout_s: float = 10.0,
+                 runtime_env: dict[str, Any] | None = None) -> None:
         self.workers = workers
         self.address = address
+        self.connect_timeout_s = connect_timeout_s
+        self.runtime_env = runtime_env
         self._ray: Any = None
         self._remote: Any = None
         self._owned = False
+        self._console: RayConsole | None = None
+        self._submitted_at: dict[Any, float] = {}
 
-    def _start(self) -> Any:
+    def start(self) -> None:
+        if self._ray is not None:
+            return
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Every worker-death report is its own trial's: none folded into "[repeated 2x]".
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         import ray
 
-        if not ray.is_initialized():
+        if ray.is_initialized():
+            if self.runtime_env:
+                raise ConfigError("execution.ship_to_workers: Ray already runs in this process, "
+                                  "so what the workers are sent cannot be set; set it to none, "
+                                  "or search from a process of its own")
+        else:
+            if self.address:
+                probe_ray_address(self.address, self.connect_timeout_s)
             quiet = dict(log_to_driver=False, logging_level="ERROR")
+            on_term = signal.getsignal(signal.SIGTERM)
             try:
                 if self.address:
-                    ray.init(address=self.address, **quiet)
+                    ray.init(address=self.address, runtime_env=self.runtime_env, **quiet)
                 else:
                     ray.init(num_cpus=self.workers, include_dashboard=False,
                              object_store_memory=_OBJECT_STORE_BYTES, **quiet)
-            except Exception as err:
+            except BaseException as err:
+                ray.shutdown()      # whatever it had started
+                if isinstance(err, SystemExit):   # ray.init's own SIGTERM handler, meanwhile
+                    raise KeyboardInterrupt from None
+                if not isinstance(err, Exception):
+                    raise
                 where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
                 raise ConfigError(f"execution.ray_address: cannot start or join {where} "
                                   f"({one_line(err)})") from None
+            finally:
+                if on_term is not None and threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, on_term)
             self._owned = True
         self._ray = ray
         self._remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
-        return ray
+        self._console = RayConsole.install()
 
     def submit(self, *args: Any) -> Any:
-        if self._ray is None:
-            self._start()
-        return self._remote.remote(*args)
+        self.start()
+        ref = self._remote.remote(*args)
+        self._submitted_at[ref] = time.monotonic()
+        return ref
 
     def wait(self, refs: list[Any], timeout_s: float) -> list[Any]:
         """The refs (at most one) that are done within `timeout_s`."""
         return self._ray.wait(refs, num_returns=1, timeout=timeout_s)[0]
 
     def result(self, ref: Any) -> TrialOutcome:
+        since = self._submitted_at.pop(ref, 0.0)
         try:
             return self._ray.get(ref)
-        except Exception as err:  # the worker died (e.g. out of memory): a failed trial
+        except self._ray.exceptions.WorkerCrashedError as err:
+            reason = self._console.death_reason(since) if self._console else None
+            return TrialOutcome(status="failed", reason=reason or one_line(err))
+        except Exception as err:  # e.g. the task could not be scheduled: a failed trial
             return TrialOutcome(status="failed", reason=one_line(err))
 
     def cancel(self, ref: Any) -> None:
+        self._submitted_at.pop(ref, None)
         self._ray.cancel(ref, force=True)
 
     def close(self) -> None:
-        if self._owned:
-            self._ray.shutdown()
-        self._ray = self._remote = None
-        self._owned = False
+        try:
+            if self._owned:
+                self._ray.shutdown()
+        finally:
+            if self._console is not None:
+                self._console.remove()
+            self._ray = self._remote = self._console = None
+            self._owned = False
+            self._submitted_at.clear()
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -343,26 +344,32 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
     from dse.runner import run_search
     from dse.study import load_study
 
+    signal.signal(signal.SIGTERM, _interrupt)    # stop as Ctrl-C does, not with a stack dump
     try:
         study = load_study(study_file)
         try:
             outcome = run_search(study, progress=not quiet, resume=not no_resume)
         except KeyboardInterrupt:
-            _fail("interrupted: finished trials are stored; run the same command to resume")
+            _fail("interrupted: finished trials are stored and running ones marked "
+                  "interrupted; run the same command to resume")
             return
         for note in outcome.notes:
             click.echo(f"note: {note}")
-        click.echo(f"study {outcome.study_name}: {outcome.num_complete} complete, "
-                   f"{outcome.num_infeasible} infeasible, {outcome.num_failed} failed; "
-                   f"Pareto set of {len(outcome.pareto_trials)}"
-                   + (f", {len(outcome.confirmed_trials)} confirmed" if outcome.confirmed_trials
-                      else ""))
+        click.echo(outcome.summary())
         paths = write_report(study)
     except ConfigError as e:
         _fail_in(study_file, e)
         return
     for kind, path in paths.items():
         click.echo(f"{kind:>5}: {path}")
+    problem = outcome.problem()
+    if problem:
+        click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @main.command()

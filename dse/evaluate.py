@@ -277,12 +277,18 @@ def evaluate(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any]
                  explanation_error=explanation_error)
 
 
+def clip(text: str, limit: int = 400) -> str:
+    """The first line of `text`, cut to `limit` characters (an ellipsis marks the cut)."""
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def one_line(err: BaseException) -> str:
     """An exception as one line: a ConfigError's own sentence, else 'Type: first line'."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = clip(str(err))
     if not isinstance(err, ConfigError):
-        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return text if len(text) <= 400 else text[:397] + "..."
+        text = clip(f"{type(err).__name__}: {text}" if text else type(err).__name__)
+    return text
 
 
 def run_trial(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
@@ -299,19 +305,35 @@ def run_trial(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any
 # -- study-level helpers -------------------------------------------------------------------------
 
 
-def metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
-                 ) -> set[str]:
-    """The numeric metric names a trial of this base configuration will report.
-
-    Found by simulating the base (with the overrides) on a handful of requests, which is cheap
-    for any model; when that configuration cannot run, from the result's known layout instead.
-    """
+def probe_metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
+                       ) -> set[str]:
+    """The numeric metric names of the base's result (with the overrides), found by simulating
+    it on a handful of requests, which is cheap for any model. A configuration `dse simulate`
+    would refuse raises its ConfigError. One valid only with more requests than the handful
+    (e.g. a dataset of 16 prefixes) is not simulated: its names come from the result's layout."""
     from simcore.simulate import simulate
 
+    full = trial_mapping(base, {}, overrides)
+    source = "probe"
+    try:
+        cfg = parse_config(full, source=source)
+    except ConfigError as err:
+        raise ConfigError(_strip_source(str(err), source)) from None
+    try:
+        probe = parse_config(apply(full, {"workload.num_prompts": _PROBE_NUM_PROMPTS}))
+    except ConfigError:
+        return static_metric_names(cfg)
+    return set(result_metrics(simulate(probe), usd_per_gpu_hour))
+
+
+def metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
+                 ) -> set[str]:
+    """The numeric metric names a trial of this base configuration will report: by the probe
+    simulation (`probe_metric_names`), or when that configuration cannot run, from the result's
+    known layout instead."""
     data = trial_mapping(base, {}, overrides)
     try:
-        probe = parse_config(apply(data, {"workload.num_prompts": _PROBE_NUM_PROMPTS}))
-        return set(result_metrics(simulate(probe), usd_per_gpu_hour))
+        return probe_metric_names(base, overrides, usd_per_gpu_hour)
     except Exception:  # an undeployable or unreadable base: fall back to the known layout
         pass
     try:

@@ -7,6 +7,13 @@ values and SLO constraints, or FAIL with the reason it failed or timed out. Ever
 written to the storage as it is told, so a killed driver loses nothing but the trials it had
 in flight; the next run of the same study fails those ("interrupted") and enqueues their
 parameters again.
+
+Each ask gets a sampler seeded from the study's seed and the number of trials before it that
+were not interrupted, so a resumed search proposes what the uninterrupted one would have (with
+the TPE and random samplers; NSGA-II/III count generations from attributes that a trial re-run
+from the queue lacks, and the grid sampler keeps one seed, which orders the whole grid): the
+samplers' random state is not kept in the storage, and a sampler made again from the study's
+seed alone would start its random stream from the beginning.
 """
 
 from __future__ import annotations
@@ -16,25 +23,41 @@ import itertools
 import json
 import math
 import sys
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
+from dse.backends import (RayPool, check_storage_writable, make_sampler, open_storage,
+                          quiet_optuna, write_problem)
 from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names,
-                          metric_names, one_line, precheck)
+                          clip, one_line, precheck, probe_metric_names, static_metric_names,
+                          trial_mapping)
 from dse.fidelity import check_parameters_have_effect
+from dse.fingerprint import changed_parts, study_digest
 from dse.pareto import pareto_ranks
+from dse.ship import Shipment, shipment
 from dse.study import StudyConfig
+from simcore.config import parse_config
 from simcore.errors import ConfigError
 
 INTERRUPTED = "interrupted"
 """`failure_reason` of a trial whose driver stopped before it finished; its parameters are
 enqueued again and it does not count toward the budget."""
+
+DIGEST_ATTR = "study_digest"
+"""Study user attribute: `dse.fingerprint.study_digest` of the study file it was run with."""
+
+_WAIT_SLICE_S = 1.0
+"""Longest single wait on Ray, so a signal (Ctrl-C, SIGTERM) stops the driver within it."""
 
 
 
@@ -44,8 +67,11 @@ class SearchOutcome:
 
     `stopped_by` is "n_trials" (the budget was reached), "grid" (every grid point was run) or
     "timeout" (the wall-clock limit stopped the asking; the confirmation stage is then skipped
-    until the study is resumed). `notes` are things the user should know (e.g. why the baseline
-    was not enqueued).
+    until the study is resumed). `failure_reasons` counts why screening trials failed or could
+    not be deployed, most common first. `confirmed_trials` are the screened trials whose
+    confirmation run completed, `confirm_failed` those whose latest one did not (a resumed
+    search runs them again), with `confirm_reasons` counted the same way. `notes` are things
+    the user should know (e.g. why the baseline was not enqueued).
     """
 
     study_name: str
@@ -57,8 +83,47 @@ class SearchOutcome:
     pareto_trials: tuple[int, ...]
     confirm_study_name: str | None = None
     confirmed_trials: tuple[int, ...] = ()
+    confirm_failed: tuple[int, ...] = ()
     stopped_by: str = "n_trials"
     notes: tuple[str, ...] = ()
+    failure_reasons: tuple[tuple[str, int], ...] = ()
+    confirm_reasons: tuple[tuple[str, int], ...] = ()
+
+    def summary(self) -> str:
+        """One line of counts: trials by outcome, the Pareto set, the confirmations."""
+        line = (f"study {self.study_name}: {self.num_complete} complete, {self.num_infeasible} "
+                f"infeasible, {self.num_failed} failed; Pareto set of {len(self.pareto_trials)}")
+        if self.confirmed_trials:
+            line += f", {len(self.confirmed_trials)} confirmed"
+        if self.confirm_failed:
+            line += f", {len(self.confirm_failed)} confirmation runs failed"
+        return line
+
+    def problem(self) -> str | None:
+        """Why the search did not finish its job, in one sentence, or None: no trial completed,
+        or a confirmation run failed (a resumed search runs it again)."""
+        if self.num_complete == 0:
+            return f"no trial completed: {reasons_text(self.failure_reasons)}"
+        if self.confirm_failed:
+            n = len(self.confirm_failed) + len(self.confirmed_trials)
+            return (f"{len(self.confirm_failed)} of {n} confirmation runs failed "
+                    f"({reasons_text(self.confirm_reasons)}); run the same command to retry them")
+        return None
+
+
+_REASONS_SHOWN = 3
+_REASON_CHARS = 160
+
+
+def reasons_text(counted: tuple[tuple[str, int], ...]) -> str:
+    """Counted reasons as one line, most common first: '5 x timed out after 3 s; 2 x ...'."""
+    if not counted:
+        return "no trial ran"
+    shown = [f"{n} x {clip(reason, _REASON_CHARS)}" for reason, n in counted[:_REASONS_SHOWN]]
+    rest = sum(n for _, n in counted[_REASONS_SHOWN:])
+    if rest:
+        shown.append(f"{rest} for other reasons")
+    return "; ".join(shown)
 
 
 # -- the study in the storage --------------------------------------------------------------------
@@ -88,17 +153,28 @@ def _open_study(storage: optuna.storages.BaseStorage, name: str, study: StudyCon
     st = optuna.create_study(storage=storage, study_name=name, sampler=sampler,
                              directions=directions, load_if_exists=True)
     objectives = [f"{o.metric} {o.direction}" for o in study.objectives]
+    digest = study_digest(study)
     if exists:
         stored = st.user_attrs.get("objectives", objectives)
         if (list(stored) != objectives
                 or [d.name.lower() for d in st.directions] != directions):
             raise ConfigError(f"study {name!r} in the storage was run with objectives {stored}, "
                               f"not {objectives}; choose another name or storage")
+        changed = changed_parts(st.user_attrs.get(DIGEST_ATTR, {}), digest)
+        if changed:
+            what = " and ".join(", ".join(changed).rsplit(", ", 1))
+            raise ConfigError(
+                f"study {name!r} in {url.split('@')[-1]} was run with another {what}: resuming "
+                f"it would put trials of both into one Pareto set; to start a new study give "
+                f"this one another `name` (or `storage`), or restore the {what} it was run with")
+        if DIGEST_ATTR not in st.user_attrs:   # stored before studies kept their digest
+            st.set_user_attr(DIGEST_ATTR, digest)
     else:
         st.set_metric_names([o.metric for o in study.objectives])
         st.set_user_attr("objectives", objectives)
         st.set_user_attr("constraints", [str(c) for c in study.constraints])
         st.set_user_attr("fidelity", stage)
+        st.set_user_attr(DIGEST_ATTR, digest)
     return st
 
 
@@ -120,6 +196,18 @@ def _interrupt(st: optuna.Study, storage: optuna.storages.BaseStorage,
 
 def _params_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
+
+
+def trial_seed(seed: int, index: int) -> int:
+    """The sampler seed of the `index`-th trial (not counting interrupted ones) of a study."""
+    return int(np.random.SeedSequence([seed % 2**64, index]).generate_state(1)[0])
+
+
+def count_reasons(trials: list[FrozenTrial]) -> tuple[tuple[str, int], ...]:
+    """Why the trials failed or could not be deployed, with how many each, most common first."""
+    reasons = Counter(t.user_attrs.get("failure_reason") or t.user_attrs.get("infeasible_reason")
+                      or "unknown" for t in trials)
+    return tuple(reasons.most_common())
 
 
 # -- the dispatch loop ---------------------------------------------------------------------------
@@ -150,6 +238,10 @@ class _Driver:
     fidelity: str
     deadline: float
     bar: Any = None
+    sampler_for: Callable[[int], optuna.samplers.BaseSampler] | None = None
+    """Makes the sampler of the trial with this many (not interrupted) trials before it."""
+    shipment: Shipment | None = None
+    """What the workers were sent; trials name its copies of the data files."""
     num_told: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {"failed": 0, "infeasible": 0})
 
@@ -160,6 +252,10 @@ class _Driver:
     # One trial ----------------------------------------------------------------------------------
 
     def ask(self) -> _Flight:
+        if self.sampler_for is not None:
+            before = sum(t.state != TrialState.WAITING and not _is_interrupted(t)
+                         for t in self.st.get_trials(deepcopy=False))
+            self.st.sampler = self.sampler_for(before)
         trial = self.st.ask()
         try:
             values = self.study.space.suggest(trial, self.study.base)
@@ -172,7 +268,10 @@ class _Driver:
         if reason is not None:
             f.outcome = TrialOutcome(status="infeasible", reason=reason)
         else:
-            f.ref = self.pool.submit(self.study.base, values, self.overrides, self.spec)
+            args = (self.study.base, values, self.overrides)
+            if self.shipment is not None:
+                args = tuple(self.shipment.localize(a) for a in args)
+            f.ref = self.pool.submit(*args, self.spec)
             f.deadline = time.monotonic() + self.study.execution.trial_timeout_s
         return f
 
@@ -237,7 +336,8 @@ class _Driver:
             pending = [f for f in pending if f.outcome is None]
             if not pending:
                 continue
-            wait_s = max(0.0, min(f.deadline for f in pending) - time.monotonic())
+            wait_s = min(_WAIT_SLICE_S,
+                         max(0.0, min(f.deadline for f in pending) - time.monotonic()))
             by_ref = {f.ref: f for f in pending}
             for ref in self.pool.wait(list(by_ref), wait_s):
                 by_ref[ref].outcome = self.pool.result(ref)
@@ -373,17 +473,30 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
     spec = EvalSpec.of(study)
     _check_overrides(study)
     check_parameters_have_effect(study)
-    check_metric_names(spec, metric_names(study.base, study.fidelity.screen,
-                                          study.cost.usd_per_gpu_hour))
+    check_base(study)
+    check_outputs(study)
     url = study.storage_url
     names = set(study.space.active(study.base))
     notes: list[str] = []
-    pool = RayPool(study.execution.workers, study.execution.ray_address)
     deadline = (time.monotonic() + study.budget.timeout_s if study.budget.timeout_s
                 else math.inf)
-    stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress)
-    with quiet_optuna():
+    with ExitStack() as cleanup, quiet_optuna():
         sampler = make_sampler(study)
+        ship = None
+        if study.execution.ray_address is not None:
+            staging = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="dse-ship-"))
+            ship = shipment(study, Path(staging))
+            if ship is not None:
+                ship.stage()
+        pool = RayPool(study.execution.workers, study.execution.ray_address,
+                       connect_timeout_s=study.execution.connect_timeout_s,
+                       runtime_env=ship.runtime_env if ship is not None else None)
+        cleanup.callback(pool.close)
+        if study.execution.ray_address is not None:
+            pool.start()           # a cluster that does not answer fails before the probe
+        check_metric_names(spec, base_metric_names(study))
+        stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress,
+                     shipment=ship)
         storage = open_storage(url)
         st = _open_study(storage, study.name, study, sampler, "screen", resume, url)
         _interrupt(st, storage, st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
@@ -397,28 +510,81 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
                 st.enqueue_trial(values, user_attrs={"baseline": True})
         finished = sum(_counts_toward_budget(t) for t in trials)
         can_ask = _grid_open(st, study) if study.sampler.kind == "grid" else (lambda: True)
-        confirm_name, confirmed = None, ()
-        try:
-            stopped_by = _run_stage(st, storage, "screen", study.fidelity.screen,
-                                    study.budget.n_trials, finished, can_ask, **stage)
-            if study.fidelity.confirm is not None and stopped_by != "timeout":
-                confirm_name = f"{study.name}/confirm"
-                confirmed = _confirm(st, storage, url, confirm_name, stage)
-        finally:
-            pool.close()
-    return _outcome(st, url, confirm_name, confirmed, stopped_by, notes)
+        stopped_by = _run_stage(st, storage, "screen", study.fidelity.screen,
+                                study.budget.n_trials, finished, can_ask,
+                                sampler_for=_sampler_for(study), **stage)
+        confirm = None
+        if study.fidelity.confirm is not None and stopped_by != "timeout":
+            confirm = _confirm(st, storage, url, f"{study.name}/confirm", stage)
+    return _outcome(st, url, confirm, stopped_by, notes)
+
+
+def _sampler_for(study: StudyConfig) -> Callable[[int], optuna.samplers.BaseSampler] | None:
+    """A sampler per trial, seeded by its place in the study (see the module docstring); None
+    for the grid sampler, whose seed fixes the order of the whole grid and must not vary."""
+    if study.sampler.kind == "grid":
+        return None
+    return lambda k: make_sampler(study, seed=trial_seed(study.sampler.seed, k))
+
+
+def check_base(study: StudyConfig) -> None:
+    """Refuse a base configuration that `dse simulate` would refuse at start-up (it does not
+    validate, or vLLM's checks fail: TP does not divide the heads, the model does not fit),
+    with `dse simulate`'s sentence under `base:`. Cheap: nothing is simulated."""
+    from simcore.setup import build_deployment
+
+    cfg = parse_config(study.base, source="base")
+    try:
+        build_deployment(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"base: {err}") from None
+
+
+def base_metric_names(study: StudyConfig) -> set[str]:
+    """The metric names of the base's result (the probe simulation, screen overrides applied).
+
+    A base the simulation refuses is refused under `base:`, as `dse simulate` words it; one
+    refused only with the screen overrides, under `fidelity.screen:`.
+    """
+    usd = study.cost.usd_per_gpu_hour
+    try:
+        return probe_metric_names(study.base, study.fidelity.screen, usd)
+    except ConfigError as err:
+        if study.fidelity.screen:
+            try:
+                probe_metric_names(study.base, {}, usd)
+            except ConfigError:
+                pass
+            else:
+                raise ConfigError(f"fidelity.screen: the base with these overrides cannot run "
+                                  f"({err})") from None
+        raise ConfigError(f"base: {err}") from None
+    except Exception:  # a simulator fault on the probe: the trials will say; names by layout
+        return static_metric_names(parse_config(trial_mapping(study.base, {},
+                                                              study.fidelity.screen)))
+
+
+def check_outputs(study: StudyConfig) -> None:
+    """Refuse a storage file or report folder that cannot be written, before anything runs."""
+    check_storage_writable(study.storage_url)
+    problem = write_problem(study.report_dir, folder=True)
+    if problem:
+        raise ConfigError(f"report.dir: cannot write the report to {study.report_dir}: {problem}")
 
 
 def _run_stage(st: optuna.Study, storage: optuna.storages.BaseStorage, fidelity: str,
                overrides: dict[str, Any], total: int, finished: int,
                can_ask: Callable[[], bool], *, study: StudyConfig, spec: EvalSpec,
-               pool: RayPool, deadline: float, progress: bool) -> str:
+               pool: RayPool, deadline: float, progress: bool, shipment: Shipment | None,
+               sampler_for: Callable[[int], optuna.samplers.BaseSampler] | None = None) -> str:
     """Run trials of `st` until `total` count toward its budget; returns what stopped it."""
     if finished >= total:
         return "n_trials"
+    pool.start()        # before the first ask, so no trial is left waiting on Ray to start
     bar = _progress_bar(progress, total, finished, st.study_name)
     driver = _Driver(st=st, storage=storage, pool=pool, study=study, spec=spec,
-                     overrides=dict(overrides), fidelity=fidelity, deadline=deadline, bar=bar)
+                     overrides=dict(overrides), fidelity=fidelity, deadline=deadline, bar=bar,
+                     sampler_for=sampler_for, shipment=shipment)
     for t in st.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
         if "infeasible_reason" in t.user_attrs:
             driver.counts["infeasible"] += 1
@@ -449,10 +615,23 @@ def _grid_open(st: optuna.Study, study: StudyConfig) -> Callable[[], bool]:
     return can_ask
 
 
+@dataclass(frozen=True)
+class _Confirmed:
+    """Where the confirmation stage stands: per screened trial it re-runs, done or not."""
+
+    study_name: str
+    complete: tuple[int, ...]
+    failed: tuple[int, ...]
+    reasons: tuple[tuple[str, int], ...]
+
+
 def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, name: str,
-             stage: dict[str, Any]) -> tuple[int, ...]:
-    """Re-run the best screened configurations with the confirm overrides into study `name`;
-    returns the screened trial numbers confirmed."""
+             stage: dict[str, Any]) -> _Confirmed:
+    """Re-run the best screened configurations with the confirm overrides into study `name`.
+
+    A configuration is re-run unless a run of it completed or is queued, so one whose
+    confirmation failed (timed out, the worker died) is tried again when the search is resumed.
+    """
     study: StudyConfig = stage["study"]
     targets = confirm_candidates(st, study.fidelity.confirm_top_k)
     cst = _open_study(storage, name, study, optuna.samplers.RandomSampler(seed=study.sampler.seed),
@@ -460,7 +639,8 @@ def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, n
     _interrupt(cst, storage, cst.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
                set(study.space.active(study.base)))
     trials = cst.get_trials(deepcopy=False)
-    present = {t.user_attrs.get("confirms_trial") for t in trials if not _is_interrupted(t)}
+    present = {t.user_attrs.get("confirms_trial") for t in trials
+               if t.state in (TrialState.COMPLETE, TrialState.WAITING)}
     for t in targets:
         if t.number not in present:
             attrs = {"confirms_trial": t.number}
@@ -477,22 +657,37 @@ def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, n
     # report can compare the best configurations by envelopes that went through the whole run.
     _run_stage(cst, storage, "confirm", study.fidelity.confirm or {}, total, finished, queued,
                **{**stage, "spec": dataclasses.replace(stage["spec"], envelope=True)})
-    return tuple(t.number for t in targets)
+    latest: dict[int, FrozenTrial] = {}
+    complete = set()
+    for t in cst.get_trials(deepcopy=False):
+        target = t.user_attrs.get("confirms_trial")
+        if _is_interrupted(t) or not t.state.is_finished():
+            continue
+        latest[target] = t
+        if t.state == TrialState.COMPLETE:
+            complete.add(target)
+    numbers = [t.number for t in targets]
+    failed = [n for n in numbers if n not in complete and n in latest]
+    return _Confirmed(study_name=name, complete=tuple(n for n in numbers if n in complete),
+                      failed=tuple(failed), reasons=count_reasons([latest[n] for n in failed]))
 
 
-def _outcome(st: optuna.Study, url: str, confirm_name: str | None, confirmed: tuple[int, ...],
-             stopped_by: str, notes: list[str]) -> SearchOutcome:
+def _outcome(st: optuna.Study, url: str, confirm: _Confirmed | None, stopped_by: str,
+             notes: list[str]) -> SearchOutcome:
     trials = st.get_trials(deepcopy=False)
-    fails = [t for t in trials if t.state == TrialState.FAIL]
-    interrupted = sum(_is_interrupted(t) for t in fails)
+    fails = [t for t in trials if t.state == TrialState.FAIL and not _is_interrupted(t)]
     infeasible = sum("infeasible_reason" in t.user_attrs for t in fails)
     return SearchOutcome(
         study_name=st.study_name, storage_url=url,
         num_complete=sum(t.state == TrialState.COMPLETE for t in trials),
-        num_failed=len(fails) - interrupted - infeasible, num_infeasible=infeasible,
-        num_interrupted=interrupted, pareto_trials=tuple(t.number for t in st.best_trials),
-        confirm_study_name=confirm_name, confirmed_trials=confirmed, stopped_by=stopped_by,
-        notes=tuple(notes))
+        num_failed=len(fails) - infeasible, num_infeasible=infeasible,
+        num_interrupted=sum(_is_interrupted(t) for t in trials),
+        pareto_trials=tuple(t.number for t in st.best_trials),
+        confirm_study_name=confirm.study_name if confirm else None,
+        confirmed_trials=confirm.complete if confirm else (),
+        confirm_failed=confirm.failed if confirm else (), stopped_by=stopped_by,
+        notes=tuple(notes), failure_reasons=count_reasons(fails),
+        confirm_reasons=confirm.reasons if confirm else ())
 
 
 def best_configs(storage: str, name: str) -> list[dict[str, Any]]:

@@ -94,6 +94,23 @@ class Execution(BaseModel):
                                    "and recorded as failed.")
     deterministic: bool = Field(True, description="Ask and tell in batches of `workers`, so the "
                                 "same seed gives the same trials whatever the timing.")
+    connect_timeout_s: float = Field(10, gt=0, description="With ray_address: how long to wait "
+                                     "for the cluster to answer before giving up.")
+    ship_to_workers: Literal["files", "files_and_packages", "none"] = Field(
+        "files", description="With ray_address, what a Ray runtime_env sends the cluster's "
+        "workers (dse/ship.py): files = simcore, dse and the data files the base, a categorical "
+        "parameter or a fidelity override names; files_and_packages = also the project's "
+        "requirements, pip-installed on each node (Ray needs virtualenv there); none = every "
+        "node has the same virtualenv and the files at the same paths.")
+
+    @model_validator(mode="after")
+    def _check_cluster_settings(self) -> "Execution":
+        if self.ray_address is None:
+            inert = sorted({"connect_timeout_s", "ship_to_workers"} & self.model_fields_set)
+            if inert:
+                raise ValueError(f"{inert[0]} has no effect without ray_address (a local Ray "
+                                 f"runs on this machine)")
+        return self
 
 
 class Report(BaseModel):

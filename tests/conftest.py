@@ -7,6 +7,11 @@ full shipped examples, validation sweeps) and finishes in a fraction of the time
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import time
+from pathlib import Path
+
 import pytest
 
 from simcore.engine.scheduler import Scheduler
@@ -33,3 +38,83 @@ def _check_blocks_conserved(s: Scheduler) -> None:
 def blocks_conserved():
     """The KV-block conservation check, called on a scheduler after any step."""
     return _check_blocks_conserved
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """One quiet local Ray (2 CPUs) for a whole test module, started in the test process;
+    drivers under test use it in-process, or join it by this address from processes of their
+    own."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             object_store_memory=256 * 2**20)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+class ProcessTable:
+    """The processes running now, read from /proc (Linux)."""
+
+    @staticmethod
+    def _read() -> dict[int, tuple[int, str, str]]:
+        out = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()      # after "pid (name) "
+            out[int(entry.name)] = (int(fields[1]), fields[0], cmd)
+        return out
+
+    def descendants(self, pid: int) -> dict[int, str]:
+        """{pid: command line} of every live descendant of process `pid`."""
+        procs = self._read()
+        out, todo = {}, [pid]
+        while todo:
+            parent = todo.pop()
+            for child, (ppid, state, cmd) in procs.items():
+                if ppid == parent and state != "Z" and child not in out:
+                    out[child] = cmd
+                    todo.append(child)
+        return out
+
+    def alive(self, pids) -> list[str]:
+        """The command lines of those of `pids` still running (zombies count as gone)."""
+        procs = self._read()
+        return [procs[p][2] for p in pids if p in procs and procs[p][1] != "Z"]
+
+
+@pytest.fixture(scope="session")
+def processes() -> ProcessTable:
+    """The process table, to find the Ray processes a test's search started."""
+    return ProcessTable()
+
+
+def _wait_for_storage(driver, db: Path, ready, timeout_s: float) -> None:
+    """Poll the sqlite storage `db` of a search running in process `driver` (a Popen) until
+    `ready(connection)` is true; fail if the driver ends first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert driver.poll() is None, f"the driver ended first: {driver.communicate()}"
+        assert time.monotonic() < deadline, f"the storage was not ready within {timeout_s:g} s"
+        try:
+            if db.exists():
+                with sqlite3.connect(db, timeout=5) as con:
+                    if ready(con):
+                        return
+        except sqlite3.OperationalError:
+            pass    # the driver is still creating the schema, or holds a write lock: look again
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def wait_for_storage():
+    """`wait_for_storage(driver, db, ready, timeout_s)`: wait until a running search's sqlite
+    storage satisfies `ready(connection)`."""
+    return _wait_for_storage

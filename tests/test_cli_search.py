@@ -8,8 +8,10 @@ import csv
 import io
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
@@ -345,3 +347,105 @@ def test_dashboard_on_a_missing_storage_is_exit_2(tmp_path):
     assert_one_line_error(p, "no file at", str(tmp_path / "run" / "study.db"))
     assert p.stdout == ""
     assert not (tmp_path / "run").exists(), "the dashboard created a storage"
+
+
+# -- refused before the search starts ------------------------------------------------------------
+
+
+UNWRITABLE = {
+    "sqlite storage under /proc": ({"storage": "sqlite:////proc/nope/study.db"},
+                                   ["storage:", "/proc/nope/study.db", "/proc"]),
+    "journal storage under a file": ({"storage": "journal:///etc/passwd/x.log"},
+                                     ["storage:", "/etc/passwd/x.log", "/etc/passwd is a file"]),
+    "report folder under /proc": ({"report": {"dir": "/proc/nope"}},
+                                  ["report.dir:", "/proc/nope", "/proc"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("update, words", UNWRITABLE.values(), ids=UNWRITABLE.keys())
+def test_an_unwritable_storage_or_report_folder_is_refused_before_the_search(tmp_path, update,
+                                                                            words):
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(study_data(13.0, **update), sort_keys=False))
+    t0 = time.monotonic()
+    p = dse("search", study_file, cwd=tmp_path)
+    line = assert_one_line_error(p, *words)
+    assert line.startswith(f"error: {study_file}: "), line
+    assert time.monotonic() - t0 < 20, "the check came after the search started"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_ray_address_where_nothing_answers_fails_in_seconds(tmp_path):
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(study_data(13.0, execution={
+        "workers": 2, "ray_address": "127.0.0.1:1", "connect_timeout_s": 2}), sort_keys=False))
+    t0 = time.monotonic()
+    p = dse("search", study_file, cwd=tmp_path)
+    assert_one_line_error(p, "execution.ray_address: no Ray cluster answers at 127.0.0.1:1")
+    assert time.monotonic() - t0 < 20
+    assert not (tmp_path / "run").exists(), "a trial was started before the cluster answered"
+
+
+# -- searches that did not do their job -----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_search_where_no_trial_completes_exits_1_with_the_reasons_counted(tmp_path):
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(study_data(
+        13.0, budget={"n_trials": 2}, fidelity={"screen": {"workload.num_prompts": 400000}},
+        execution={"workers": 2, "trial_timeout_s": 1}), sort_keys=False))
+    p = dse("search", study_file, cwd=tmp_path, timeout=120)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    assert p.stderr.splitlines() == ["error: no trial completed: 2 x timed out after 1 s"]
+    assert re.search(rf"^study {NAME}: 0 complete, 0 infeasible, 2 failed; Pareto set of 0$",
+                     p.stdout, re.M), p.stdout
+    assert report_paths(p.stdout), "the report was not written"
+
+
+# -- SIGTERM -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_search_like_ctrl_c_and_leaves_no_ray_behind(tmp_path, processes,
+                                                                       wait_for_storage):
+    # Trials of 20,000 requests take seconds: SIGTERM comes once one has completed and the
+    # next ones run.
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(study_data(
+        13.0, budget={"n_trials": 20}, fidelity={"screen": {"workload.num_prompts": 20000}}),
+        sort_keys=False))
+    db = tmp_path / "run" / "study.db"
+    driver = subprocess.Popen([sys.executable, "-m", "dse.cli", "search", str(study_file),
+                               "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    def one_done_and_more_running(con) -> bool:
+        states = {s for (s,) in con.execute("SELECT state FROM trials")}
+        return {"COMPLETE", "RUNNING"} <= states
+
+    try:
+        wait_for_storage(driver, db, one_done_and_more_running, 120)
+        ray_processes = processes.descendants(driver.pid)
+        assert any("raylet" in cmd for cmd in ray_processes.values()), ray_processes
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 2, (out, err)
+    assert err.splitlines() == ["error: interrupted: finished trials are stored and running "
+                                "ones marked interrupted; run the same command to resume"], err
+    deadline = time.monotonic() + 30
+    while processes.alive(ray_processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes.alive(ray_processes) == [], "Ray processes were left behind"
+    st = load(load_study(study_file).storage_url)
+    states = [t.state for t in st.trials]
+    assert optuna.trial.TrialState.COMPLETE in states
+    assert optuna.trial.TrialState.RUNNING not in states
+    interrupted = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert interrupted and all(t.user_attrs["failure_reason"] == "interrupted"
+                               for t in interrupted)

@@ -33,18 +33,6 @@ OBJECTIVES = [{"metric": "p99_ttft_ms", "direction": "minimize"},
               {"metric": "output_throughput_per_gpu", "direction": "maximize"}]
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    """One quiet local Ray for the whole module; the drivers under test use it."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             object_store_memory=256 * 2**20)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 def tiny(tmp_path: Path, **update):
     study = load_study(TINY)
     return study.model_copy(update={"storage": f"sqlite:///{tmp_path / 'tiny.db'}", **update})
@@ -194,17 +182,16 @@ def test_a_trial_that_raises_is_failed_with_its_message(ray_address, tmp_path):
 # -- resume --------------------------------------------------------------------------------------
 
 
-def _progress(db: Path) -> tuple[int, int]:
+def _progress(con: sqlite3.Connection) -> tuple[int, int]:
     """(completed trials, running trials with both parameters set, i.e. dispatched)."""
-    with sqlite3.connect(db, timeout=5) as con:
-        complete = con.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()
-        running = con.execute(
-            "SELECT COUNT(*) FROM trials t WHERE state = 'RUNNING' AND "
-            "(SELECT COUNT(*) FROM trial_params p WHERE p.trial_id = t.trial_id) = 2").fetchone()
+    complete = con.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()
+    running = con.execute(
+        "SELECT COUNT(*) FROM trials t WHERE state = 'RUNNING' AND "
+        "(SELECT COUNT(*) FROM trial_params p WHERE p.trial_id = t.trial_id) = 2").fetchone()
     return complete[0], running[0]
 
 
-def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
+def test_resume_after_the_driver_is_killed(ray_address, wait_for_storage, tmp_path):
     db = tmp_path / "resume.db"
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump({
@@ -217,7 +204,8 @@ def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
             "engine.max_num_batched_tokens": {"type": "categorical", "choices": [256, 512, 1024]}}},
         "objectives": OBJECTIVES, "budget": {"n_trials": 8},
         "sampler": {"kind": "tpe", "seed": 1, "n_startup_trials": 4},
-        "execution": {"workers": 2, "ray_address": ray_address},
+        # The resumed search runs in this process, whose Ray is already up: nothing to ship.
+        "execution": {"workers": 2, "ray_address": ray_address, "ship_to_workers": "none"},
         "storage": f"sqlite:///{db}",
     }))
     code = ("import sys; from dse.study import load_study; from dse.runner import run_search; "
@@ -225,19 +213,8 @@ def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     driver = subprocess.Popen([sys.executable, "-c", code, str(path)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
     try:
-        while True:
-            assert driver.poll() is None, f"the driver ended first: {driver.communicate()}"
-            assert time.monotonic() < deadline, "no trial completed within 60 s"
-            try:
-                complete, dispatched = _progress(db) if db.exists() else (0, 0)
-            except sqlite3.OperationalError:
-                # The driver is still creating the schema, or holds a write lock: look again.
-                complete = dispatched = 0
-            if complete >= 2 and dispatched >= 1:
-                break
-            time.sleep(0.05)
+        wait_for_storage(driver, db, lambda con: _progress(con) >= (2, 1), 60)
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
@@ -374,3 +351,223 @@ def test_a_relative_storage_file_resolves_against_the_study_file(tmp_path):
                                                              "high": 64}}},
             "storage": url}, tmp_path, "paths")
         assert study.storage_url == want
+
+
+# -- refusing before any trial -------------------------------------------------------------------
+
+
+def test_a_base_that_dse_simulate_refuses_is_refused_before_any_trial(tmp_path):
+    from simcore.setup import build_deployment
+
+    base = {**LLAMA_8B_ON_A100, "model": {"name": "meta-llama/Llama-3.1-70B"},
+            "workload": {"num_prompts": 10}}
+    with pytest.raises(ConfigError) as simulate_says:
+        build_deployment(parse_config(base))
+    study = study_from({
+        "base": base,
+        "space": {"parameters": {"parallelism.tensor_parallel_size": {
+            "type": "categorical", "choices": [1, 4, 8]}}}}, tmp_path, "too-big")
+    with pytest.raises(ConfigError) as search_says:
+        run_search(study, progress=False)
+    assert str(search_says.value) == f"base: {simulate_says.value}"
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_base_whose_trace_is_missing_is_refused_before_any_trial(tmp_path):
+    study = study_from({
+        "base": {**LLAMA_8B_ON_A100, "workload": {
+            "num_prompts": 10, "dataset": {"kind": "mooncake", "path": "no_such_trace.jsonl"}}},
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "int", "low": 8,
+                                                         "high": 64}}}}, tmp_path, "no-trace")
+    with pytest.raises(ConfigError, match=r"^base: .*no_such_trace\.jsonl"):
+        run_search(study, progress=False)
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_screen_overrides_that_break_the_base_are_named(tmp_path):
+    study = tiny(tmp_path, fidelity=load_study(TINY).fidelity.model_copy(update={"screen": {
+        "parallelism.tensor_parallel_size": 3}}))
+    with pytest.raises(ConfigError, match=r"^fidelity\.screen: the base with these overrides "
+                                          r"cannot run \(parallelism\.tensor_parallel_size: "):
+        run_search(study, progress=False)
+
+
+# -- a stored study is resumed only with the study it was run with -------------------------------
+
+
+def _movable_study(folder: Path, trace: str) -> Path:
+    """A study file, its base file and the trace it reads, all in `folder` (relative paths);
+    the storage is outside it."""
+    folder.mkdir(parents=True)
+    (folder / "trace.jsonl").write_text(trace)
+    (folder / "base.yaml").write_text(yaml.safe_dump({
+        **LLAMA_8B_ON_A100, "workload": {"num_prompts": 10, "dataset": {
+            "kind": "mooncake", "path": "trace.jsonl"}}}))
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "moved", "base": "base.yaml", "objectives": OBJECTIVES, "baseline": False,
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                         "choices": [8, 16]}}},
+        "sampler": {"kind": "grid"}, "budget": {"n_trials": 2},
+        "storage": f"sqlite:///{folder.parent / 'shared.db'}"}))
+    return path
+
+
+@pytest.mark.slow
+def test_a_changed_study_is_not_resumed_and_a_moved_one_is(ray_address, tmp_path):
+    trace = (DATA / "mooncake_excerpt.jsonl").read_text()
+    first = _movable_study(tmp_path / "a", trace)
+    assert run_search(load_study(first), progress=False).num_complete == 2
+    # The same study file and data in another folder: the same study, resumed (nothing new).
+    moved = _movable_study(tmp_path / "b", trace)
+    assert run_search(load_study(moved), progress=False).num_complete == 2
+    # Another space, and another trace content (the path as written is the same).
+    data = yaml.safe_load(moved.read_text())
+    data["space"]["parameters"]["engine.max_num_seqs"]["choices"] = [8, 32]
+    moved.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        run_search(load_study(moved), progress=False)
+    msg = str(err.value)
+    assert "was run with another space:" in msg and "another `name` (or `storage`)" in msg
+    lines = trace.splitlines()
+    (tmp_path / "b" / "trace.jsonl").write_text("\n".join(lines[1:] + lines[:1]) + "\n")
+    with pytest.raises(ConfigError, match="was run with another base and space:"):
+        run_search(load_study(moved), progress=False)
+    for name in ("fidelity", "constraints", "cost"):
+        changed = load_study(first).model_copy(update={name: {
+            "fidelity": load_study(first).fidelity.model_copy(
+                update={"screen": {"workload.num_prompts": 5}}),
+            "constraints": (Constraint(metric="p99_tpot_ms", op="<=", value=50),),
+            "cost": load_study(first).cost.model_copy(update={"usd_per_gpu_hour": 3.0}),
+        }[name]})
+        with pytest.raises(ConfigError, match=f"was run with another {name}:"):
+            run_search(changed, progress=False)
+    assert len(load(load_study(first)).trials) == 2          # nothing ran meanwhile
+
+
+# -- resuming reproduces -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", [{"kind": "tpe", "seed": 7, "n_startup_trials": 3},
+                                     {"kind": "random", "seed": 7}], ids=lambda s: s["kind"])
+def test_a_resumed_search_proposes_what_an_uninterrupted_one_does(ray_address, tmp_path,
+                                                                   monkeypatch, sampler):
+    from dse.runner import _Driver
+    from dse.study import Sampler
+
+    def study(db: str):
+        return tiny(tmp_path, storage=f"sqlite:///{tmp_path / db}",
+                    sampler=Sampler.model_validate(sampler),
+                    fidelity=load_study(TINY).fidelity.model_copy(update={"confirm": None}))
+
+    def trials(s) -> list:
+        return [(t.params, t.values) for t in load(s).trials
+                if t.user_attrs.get("failure_reason") != INTERRUPTED]
+
+    whole = study("whole.db")
+    run_search(whole, progress=False)
+
+    # Stop the other one (as Ctrl-C would) while its third batch is in flight, then resume it.
+    real_wait = _Driver.wait
+
+    def wait(self, flights, *, first_only):
+        if self.num_told >= 4:
+            raise KeyboardInterrupt
+        return real_wait(self, flights, first_only=first_only)
+
+    resumed = study("resumed.db")
+    monkeypatch.setattr(_Driver, "wait", wait)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(resumed, progress=False)
+    monkeypatch.undo()
+    assert sum(t.user_attrs.get("failure_reason") == INTERRUPTED
+               for t in load(resumed).trials) == 2
+    run_search(resumed, progress=False)
+    assert len(trials(whole)) == 8
+    assert trials(resumed) == trials(whole)
+
+
+# -- failures Ray reports ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_trial_whose_worker_dies_fails_with_rays_report_kept_off_the_terminal(
+        ray_address, processes, tmp_path, capfd):
+    import threading
+
+    study = tiny(tmp_path, baseline=False,
+                 budget=load_study(TINY).budget.model_copy(update={"n_trials": 1}),
+                 fidelity=load_study(TINY).fidelity.model_copy(update={
+                     "screen": {"workload.num_prompts": 100000}, "confirm": None}))
+    killed = []
+
+    def kill_the_worker() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for pid, cmd in processes.descendants(os.getpid()).items():
+                if cmd.startswith("ray::run_trial"):
+                    os.kill(pid, signal.SIGKILL)   # as the kernel's OOM killer would
+                    killed.append(pid)
+                    break
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_worker)
+    killer.start()
+    out = run_search(study, progress=False)
+    killer.join()
+    assert killed, "no worker was found running the trial"
+    assert (out.num_complete, out.num_failed) == (0, 1)
+    reason = load(study).trials[0].user_attrs["failure_reason"]
+    assert reason.startswith(f"the Ray worker (pid {killed[0]}) died, "), reason
+    assert out.problem().startswith(f"no trial completed: 1 x {reason[:120]}")
+    printed = capfd.readouterr()
+    assert "worker died" not in printed.out + printed.err, printed
+
+
+@pytest.mark.slow
+def test_failed_confirmations_are_counted_and_run_again_on_resume(ray_address, tmp_path,
+                                                                  monkeypatch):
+    from dse.evaluate import TrialOutcome
+    from dse.runner import _Driver
+
+    # Every confirmation run fails the first time (as when its worker dies).
+    died = "the Ray worker (pid 1) died, SYSTEM_ERROR"
+    real_tell = _Driver.tell
+
+    def tell(self, f):
+        if self.fidelity == "confirm":
+            f.outcome = TrialOutcome(status="failed", reason=died)
+        real_tell(self, f)
+
+    monkeypatch.setattr(_Driver, "tell", tell)
+    study = tiny(tmp_path)
+    out = run_search(study, progress=False)
+    monkeypatch.undo()
+    assert out.num_complete == 8 and out.num_failed == 0
+    assert out.confirmed_trials == () and len(out.confirm_failed) == 2
+    assert out.summary().endswith(", 2 confirmation runs failed"), out.summary()
+    assert out.problem() == (f"2 of 2 confirmation runs failed (2 x {died}); run the same "
+                             f"command to retry them")
+    cst = optuna.load_study(study_name="tiny/confirm", storage=study.storage_url)
+    assert [t.state for t in cst.trials] == [optuna.trial.TrialState.FAIL] * 2
+
+    # Resumed, the search runs those confirmations again (and no screening trial).
+    again = run_search(study, progress=False)
+    assert again.confirmed_trials == out.confirm_failed and again.confirm_failed == ()
+    assert again.problem() is None and again.summary().endswith(", 2 confirmed")
+    cst = optuna.load_study(study_name="tiny/confirm", storage=study.storage_url)
+    assert len(cst.trials) == 4 and len(load(study).trials) == 8
+    assert sorted(t.user_attrs["confirms_trial"] for t in cst.trials
+                  if t.state == optuna.trial.TrialState.COMPLETE) == sorted(out.confirm_failed)
+
+
+@pytest.mark.parametrize("path", sorted((TESTS.parent / "studies").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_study_passes_the_checks_made_before_its_search(path):
+    from dse.evaluate import EvalSpec, check_metric_names
+    from dse.runner import base_metric_names, check_base
+
+    study = load_study(path)
+    check_base(study)
+    check_metric_names(EvalSpec.of(study), base_metric_names(study))
