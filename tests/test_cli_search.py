@@ -25,6 +25,8 @@ from dse.study import load_study
 from simcore.config import parse_config
 from simcore.simulate import simulate
 
+pytestmark = pytest.mark.slow       # every test here runs `dse` in a subprocess
+
 NAME = "cli-search"
 FILES = {"html": "report.html", "md": "report.md", "csv": "trials.csv", "json": "report.json"}
 BASE = {
@@ -362,7 +364,6 @@ UNWRITABLE = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("update, words", UNWRITABLE.values(), ids=UNWRITABLE.keys())
 def test_an_unwritable_storage_or_report_folder_is_refused_before_the_search(tmp_path, update,
                                                                             words):
@@ -376,7 +377,6 @@ def test_an_unwritable_storage_or_report_folder_is_refused_before_the_search(tmp
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
 def test_a_ray_address_where_nothing_answers_fails_in_seconds(tmp_path):
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(study_data(13.0, execution={
@@ -391,7 +391,6 @@ def test_a_ray_address_where_nothing_answers_fails_in_seconds(tmp_path):
 # -- searches that did not do their job -----------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_a_search_where_no_trial_completes_exits_1_with_the_reasons_counted(tmp_path):
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(study_data(
@@ -409,7 +408,6 @@ def test_a_search_where_no_trial_completes_exits_1_with_the_reasons_counted(tmp_
 # -- SIGTERM -------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_sigterm_stops_the_search_like_ctrl_c_and_leaves_no_ray_behind(tmp_path, processes,
                                                                        wait_for_storage):
     # Trials of 20,000 requests take seconds: SIGTERM comes once one has completed and the

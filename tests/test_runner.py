@@ -61,6 +61,7 @@ def tpot_between_extremes() -> float:
 # -- a whole search ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_study_records_trials_pareto_set_and_confirmations(ray_address, tmp_path):
     slo = tpot_between_extremes()
     study = tiny(tmp_path, constraints=(Constraint(metric="p99_tpot_ms", op="<=", value=slo),))
@@ -125,6 +126,7 @@ def test_tiny_study_records_trials_pareto_set_and_confirmations(ray_address, tmp
         run_search(study, progress=False, resume=False)
 
 
+@pytest.mark.slow
 def test_infeasible_and_timed_out_trials_are_recorded_and_the_study_goes_on(ray_address,
                                                                            tmp_path):
     # Grid over TP x load, trials kept in flight asynchronously: TP 3 does not divide the 32
@@ -158,6 +160,7 @@ def test_infeasible_and_timed_out_trials_are_recorded_and_the_study_goes_on(ray_
         assert "failure_reason" not in t.user_attrs
 
 
+@pytest.mark.slow
 def test_a_trial_that_raises_is_failed_with_its_message(ray_address, tmp_path):
     # The trace file is chosen by a categorical parameter; one of them does not exist, which
     # only the simulation finds out. (The space is built directly: `check_paths` does not yet
@@ -191,6 +194,7 @@ def _progress(con: sqlite3.Connection) -> tuple[int, int]:
     return complete[0], running[0]
 
 
+@pytest.mark.slow
 def test_resume_after_the_driver_is_killed(ray_address, wait_for_storage, tmp_path):
     db = tmp_path / "resume.db"
     path = tmp_path / "resume.yaml"
@@ -258,6 +262,7 @@ def sorted_items(params: dict) -> tuple:
 # -- samplers ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_trials(ray_address, tmp_path):
     def trials(storage: str) -> list:
         study = tiny(tmp_path, storage=storage, fidelity=load_study(TINY).fidelity.model_copy(
@@ -272,6 +277,7 @@ def test_same_seed_gives_the_same_trials(ray_address, tmp_path):
     assert sqlite_run == journal_run
 
 
+@pytest.mark.slow
 def test_grid_and_random_samplers(ray_address, tmp_path):
     space = {"parameters": {
         "engine.max_num_seqs": {"type": "int", "low": 16, "high": 32, "step": 16},
@@ -320,6 +326,7 @@ def test_gp_sampler_without_torch_is_one_clear_error(tmp_path):
         run_search(study, progress=False)
 
 
+@pytest.mark.slow
 def test_the_wall_clock_limit_stops_asking_and_skips_confirmation(ray_address, tmp_path):
     # Screening at 4,000 requests a trial takes a good part of a second: a 1 s limit stops the
     # search after a batch or two, and lets the trials in flight finish.
