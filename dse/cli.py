@@ -35,10 +35,12 @@ def _fail_in(path: Path, err: ConfigError) -> None:
 
 
 def _write_json(out: Path, data: dict, what: str, **dump_kw) -> None:
-    """Write `data` as JSON to `out` (folders created) and say so; a write error fails."""
+    """Write `data` as JSON to `out` (folders created) and say so; a write error fails. The text
+    is streamed to the file: a result with a row per request is never one string in memory."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=1, **dump_kw))
+        with open(out, "w") as f:
+            json.dump(data, f, indent=1, **dump_kw)
     except OSError as e:
         _fail(f"{out}: cannot write the {what} ({e.strerror})")
     click.echo(f"{what} written to {out}")

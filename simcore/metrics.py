@@ -101,7 +101,7 @@ class _Streams:
     ttft_s: np.ndarray  # per successful request
     e2el_s: np.ndarray  # per successful request
     chunk_times_s: np.ndarray  # every distinct arrival instant of each request, request after request
-    chunk_request: np.ndarray  # index (into the per-request arrays) of each chunk's request
+    itl_s: np.ndarray  # every gap between consecutive chunks of a request, request after request
 
 
 def _pack(successes: Sequence[RequestRecord]) -> _Streams:
@@ -119,19 +119,28 @@ def _pack(successes: Sequence[RequestRecord]) -> _Streams:
     send = np.fromiter((r.send_s for r in successes), dtype=np.float64, count=n)
     last = np.cumsum(num_tokens) - 1
     first = last - num_tokens + 1
-    request = np.repeat(np.arange(n), num_tokens)
+    ttft_s, e2el_s = times[first] - send, times[last] - send
     # A token that arrives at the same instant as the previous one of its request travels in the
-    # same chunk: vLLM's client times chunks, not tokens.
-    new_chunk = np.ones(times.size, dtype=bool)
-    new_chunk[1:] = (request[1:] != request[:-1]) | (times[1:] != times[:-1])
+    # same chunk: vLLM's client times chunks, not tokens. (No per-token request index is built:
+    # a long run has hundreds of millions of tokens.)
+    new_chunk = np.empty(times.size, dtype=bool)
+    np.not_equal(times[1:], times[:-1], out=new_chunk[1:])
+    new_chunk[first] = True
+    chunk_times = times[new_chunk]
+    chunks = np.add.reduceat(new_chunk, first, dtype=np.int64) if n else num_tokens
+    del times, new_chunk
+    # The gaps between consecutive chunks, but the one before each request's first chunk.
+    gaps = np.diff(chunk_times)
+    same_request = np.ones(gaps.size, dtype=bool)
+    same_request[(np.cumsum(chunks) - chunks)[1:] - 1] = False
     return _Streams(
         send_s=send,
         prompt_len=np.fromiter((r.prompt_len for r in successes), dtype=np.int64, count=n),
         num_output_tokens=num_tokens,
-        ttft_s=times[first] - send,
-        e2el_s=times[last] - send,
-        chunk_times_s=times[new_chunk],
-        chunk_request=request[new_chunk],
+        ttft_s=ttft_s,
+        e2el_s=e2el_s,
+        chunk_times_s=chunk_times,
+        itl_s=gaps[same_request],
     )
 
 
@@ -214,8 +223,7 @@ def summarize(
     s = _pack(successes)
     tpot_mask = s.num_output_tokens > 1
     tpot_s = (s.e2el_s[tpot_mask] - s.ttft_s[tpot_mask]) / (s.num_output_tokens[tpot_mask] - 1)
-    same_request = s.chunk_request[1:] == s.chunk_request[:-1]
-    itl_s = np.diff(s.chunk_times_s)[same_request]
+    itl_s = s.itl_s
 
     duration_s = max(r.end_s for r in records) - benchmark_start_s
     completed = len(successes)

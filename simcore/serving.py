@@ -6,7 +6,7 @@ EP group step in lock-step, one process per group (see `run_serving`)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -16,6 +16,7 @@ from simcore.engine.request import BlockHashSpace, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.metrics import RequestRecord
 from simcore.router import Router
+from simcore.workload.generate import RequestStream
 from simcore.workload.spec import RequestSpec
 
 MAX_EMPTY_STEPS = 1000
@@ -91,7 +92,8 @@ class _Replica:
             self.wake.succeed()
 
 
-def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_replicas: int,
+def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: SchedulerConfig,
+                num_replicas: int,
                 step_model: StepTimeModel, router_policy: str, report_interval_s: float,
                 balance_threshold: int, max_concurrency: int | None, max_model_len: int,
                 sample_interval_s: float,
@@ -100,6 +102,9 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
                 env: simpy.Environment | None = None, cluster=None,
                 kv_paths=None, request_timeout_s: float | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
+
+    `specs` is read once, in order, as the client reaches each request (a RequestStream makes
+    them then); each request's record is made when it arrives.
 
     A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
     server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
@@ -131,14 +136,13 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
              else list(range(num_replicas)))
     prefill_of = set(entry) if len(entry) < num_replicas else set()
     router = Router(router_policy, len(entry), space=space, balance_threshold=balance_threshold)
-    records = [RequestRecord(request_id=s.request_id, prompt_len=s.prompt_len,
-                             output_len=s.output_len, arrival_s=s.arrival_s) for s in specs]
+    records: list[RequestRecord] = []
     total = len(specs)
     state = {"done": 0}
     all_done = env.event()
     if total == 0:
         all_done.succeed()
-    backlog: deque[int] = deque()       # requests held by the client's max-concurrency limit
+    backlog: deque[tuple[int, RequestSpec]] = deque()   # held by the max-concurrency limit
     in_flight = [0]
 
     def finish(idx: int) -> None:
@@ -147,12 +151,11 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
         if progress is not None:
             progress(env.now, state["done"], total)
         if backlog:
-            send(backlog.popleft())
+            send(*backlog.popleft())
         if state["done"] == total and not all_done.triggered:
             all_done.succeed()
 
-    def send(idx: int) -> None:
-        spec = specs[idx]
+    def send(idx: int, spec: RequestSpec) -> None:
         rec = records[idx]
         rec.send_s = env.now
         in_flight[0] += 1
@@ -212,7 +215,6 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
 
     def handoff(req: Request, prefill: _Replica) -> None:
         """P/D: the prompt's KV stays on the prefill instance until a decode instance loads it."""
-        spec = specs[req.index]
         rec = req.client
         rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
         rec.num_preemptions = req.num_preemptions
@@ -222,9 +224,9 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
             prefill.notify()
 
         kv_paths.prefill_done(req, prefill.index, release)
-        dreq = Request(spec.request_id, req.index, spec.prompt_len, spec.output_len,
-                       spec.block_keys, spec.priority, spec.arrival_s, req.client,
-                       remote_prefill_tokens=spec.prompt_len)
+        dreq = Request(req.request_id, req.index, req.prompt_len, rec.output_len,
+                       req.block_keys, req.priority, req.arrival, rec,
+                       remote_prefill_tokens=req.prompt_len)
         dreq.block_hashes = list(req.block_hashes)
         d.sched.add_request(dreq)
         d.notify()
@@ -240,13 +242,15 @@ def run_serving(specs: list[RequestSpec], *, sched_config: SchedulerConfig, num_
 
     def client():
         for idx, spec in enumerate(specs):
+            records.append(RequestRecord(request_id=spec.request_id, prompt_len=spec.prompt_len,
+                                         output_len=spec.output_len, arrival_s=spec.arrival_s))
             delay = spec.arrival_s - env.now
             if delay > 0:
                 yield env.timeout(delay)
             if max_concurrency is not None and in_flight[0] >= max_concurrency:
-                backlog.append(idx)
+                backlog.append((idx, spec))
             else:
-                send(idx)
+                send(idx, spec)
         state["all_sent"] = True
 
     def engine(rep: _Replica):

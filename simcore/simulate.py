@@ -16,7 +16,7 @@ from simcore.errors import ConfigError
 from simcore.metrics import engine_summary, summarize
 from simcore.serving import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
-from simcore.workload.generate import generate_requests
+from simcore.workload.generate import request_stream
 
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
     """The engine settings as the scheduler takes them, vLLM defaults filled in."""
@@ -63,9 +63,9 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     dep = build_deployment(cfg, op_scale=op_scale)
     sched_cfg = scheduler_config(cfg, dep)
     w = cfg.workload
-    specs = generate_requests(w, block_size=cfg.engine.block_size, seed=cfg.seed,
-                              base_dir=dep.base_dir, max_model_len=None)
-    if not specs:
+    specs = request_stream(w, block_size=cfg.engine.block_size, seed=cfg.seed,
+                           base_dir=dep.base_dir)
+    if not len(specs):
         raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
     interval = cfg.metrics.timeseries_interval_s
     par = cfg.parallelism

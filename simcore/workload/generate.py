@@ -15,6 +15,7 @@ Conventions shared by every dataset:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +56,36 @@ def is_refused(request: RequestSpec, max_model_len: int | None) -> bool:
     return max_model_len is not None and request.prompt_len + request.output_len > max_model_len
 
 
-def generate_workload(cfg: WorkloadConfig, *, block_size: int, seed: int, base_dir: Path,
-                      max_model_len: int | None) -> Workload:
-    """All requests of `cfg`, deterministic for `seed`; data paths are relative to `base_dir`.
+class RequestStream:
+    """The requests of a workload in send order (by arrival_s, ties in dataset order), each
+    RequestSpec made when the iteration reaches it: the workload is held as the dataset's
+    columns and one send time a request, so a run of millions of requests starts at once and
+    holds no list of them. Its length is known before any request is made; it can be iterated
+    any number of times, with the same requests each time."""
+
+    def __init__(self, samples: Sequence[Sample], times_s: np.ndarray):
+        self._samples = samples
+        self._times_s = times_s
+        # Synthetic send times are cumulative gaps, already in order; trace times may not be.
+        in_order = bool(np.all(times_s[1:] >= times_s[:-1]))
+        self._order = None if in_order else np.argsort(times_s, kind="stable")
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        samples, times_s = self._samples, self._times_s
+        for i in range(len(samples)) if self._order is None else self._order:
+            s = samples[i]
+            yield RequestSpec(request_id=s.request_id, arrival_s=float(times_s[i]),
+                              prompt_len=s.prompt_len, output_len=s.output_len,
+                              block_keys=s.block_keys)
+
+
+def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
+                   base_dir: Path) -> RequestStream:
+    """Every request of `cfg` the client sends, deterministic for `seed`; data paths are
+    relative to `base_dir`. Data files are read and checked here, before any request is sent.
 
     Raises ConfigError, naming the file and line or the field, for bad data or settings.
     """
@@ -69,12 +97,14 @@ def generate_workload(cfg: WorkloadConfig, *, block_size: int, seed: int, base_d
     samples = _samples(cfg, block_size=block_size, base_dir=Path(base_dir),
                        rng=np.random.default_rng(data_seq))
     times_s = _send_times_s(cfg, samples, np.random.default_rng(arrival_seq))
-    order = np.argsort(times_s, kind="stable")
+    return RequestStream(samples, times_s)
+
+
+def generate_workload(cfg: WorkloadConfig, *, block_size: int, seed: int, base_dir: Path,
+                      max_model_len: int | None) -> Workload:
+    """All requests of `cfg` as tuples (see `request_stream`), refused ones set apart."""
     accepted, refused = [], []
-    for i in order.tolist():
-        s = samples[i]
-        spec = RequestSpec(request_id=s.request_id, arrival_s=float(times_s[i]),
-                           prompt_len=s.prompt_len, output_len=s.output_len, block_keys=s.block_keys)
+    for spec in request_stream(cfg, block_size=block_size, seed=seed, base_dir=base_dir):
         (refused if is_refused(spec, max_model_len) else accepted).append(spec)
     return Workload(tuple(accepted), tuple(refused))
 
@@ -87,7 +117,7 @@ def generate_requests(cfg: WorkloadConfig, *, block_size: int, seed: int, base_d
 
 
 def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
-             rng: np.random.Generator) -> list[Sample]:
+             rng: np.random.Generator) -> Sequence[Sample]:
     num = cfg.resolved_num_prompts
     match cfg.dataset:
         case RandomDataset() as ds:
@@ -108,7 +138,8 @@ def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
     raise ConfigError(f"unknown workload.dataset kind {cfg.dataset!r}")
 
 
-def _send_times_s(cfg: WorkloadConfig, samples: list[Sample], rng: np.random.Generator) -> np.ndarray:
+def _send_times_s(cfg: WorkloadConfig, samples: Sequence[Sample],
+                  rng: np.random.Generator) -> np.ndarray:
     ds = cfg.dataset
     if isinstance(ds, (MooncakeDataset, AzureDataset)) and ds.use_timestamps:
         return np.array([s.timestamp_s for s in samples], dtype=float)

@@ -13,7 +13,10 @@ from simcore.workload import files
 from simcore.workload.config import CustomDataset, LengthFilter, ShareGPTDataset, TextLengthEstimate
 from simcore.workload.keys import (MAX_ROW_BLOCKS, VALUE_LIMIT, check_hash_block, hash_block_keys,
                                    max_hash_id, row_keys, user_keys)
-from simcore.workload.sample import Sample
+from simcore.workload.sample import SampleColumns
+
+_Row = tuple[int, int, tuple[int, ...]]
+"""A dataset row as sent: prompt tokens, output tokens, content keys."""
 
 
 def estimate_tokens(text: str, estimate: TextLengthEstimate) -> int:
@@ -24,7 +27,7 @@ def estimate_tokens(text: str, estimate: TextLengthEstimate) -> int:
 
 
 def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block_size: int,
-                     rng: np.random.Generator) -> list[Sample]:
+                     rng: np.random.Generator) -> SampleColumns:
     """First turns of a ShareGPT file (or rows of a lengths CSV), chosen as vLLM's sharegpt dataset does."""
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -41,16 +44,16 @@ def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block
         raise ConfigError(f"{path}: no conversation passes workload.dataset.length_filter "
                           f"({len(row_ids)} with two or more turns)")
 
-    def sample(i: int, row: int) -> Sample:
+    def sample(row: int) -> _Row:
         prompt_len = max(1, int(prompt_lens[row]))
         keys = _row_content_keys(path, int(row_ids[row]), prompt_len, block_size, ())
-        return Sample(f"r{i}", prompt_len, max(1, int(output_lens[row])), keys)
+        return prompt_len, max(1, int(output_lens[row])), keys
 
     return _build(chosen, sample)
 
 
 def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_size: int,
-                   rng: np.random.Generator) -> list[Sample]:
+                   rng: np.random.Generator) -> SampleColumns:
     """Lines of a custom JSONL file, chosen as vLLM's custom dataset does (no length filter)."""
     rows: list[tuple[int, int, tuple[int, ...]]] = []
     for row_index, (lineno, obj) in enumerate(files.iter_jsonl(path)):
@@ -66,7 +69,7 @@ def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_siz
     chosen = _choose(np.ones(len(rows), dtype=bool), num_prompts, shuffle=ds.shuffle, rng=rng)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no requests in the file")
-    return _build(chosen, lambda i, row: Sample(f"r{i}", *rows[row]))
+    return _build(chosen, lambda row: rows[row])
 
 
 def _sharegpt_json(path: Path, estimate: TextLengthEstimate
@@ -131,17 +134,17 @@ def _choose(valid: np.ndarray, num_prompts: int, *, shuffle: bool,
     return chosen
 
 
-def _build(chosen: np.ndarray, make: Callable[[int, int], Sample]) -> list[Sample]:
-    cache: dict[int, Sample] = {}
-    samples = []
-    for i, row in enumerate(chosen.tolist()):
-        first = cache.get(row)
-        if first is None:
-            first = cache[row] = make(i, row)
-            samples.append(first)
-        else:  # an oversampled copy: same prompt, same keys, its own id
-            samples.append(Sample(f"r{i}", first.prompt_len, first.output_len, first.block_keys))
-    return samples
+def _build(chosen: np.ndarray, make: Callable[[int], _Row]) -> SampleColumns:
+    """Request i sends row chosen[i] (an oversampled row is sent again with the same prompt and
+    keys, under its own id); each distinct row is made once, in order of first use."""
+    rows, first_use, row_of = np.unique(chosen, return_index=True, return_inverse=True)
+    made: list[_Row] = [(0, 0, ())] * len(rows)
+    for j in np.argsort(first_use, kind="stable").tolist():
+        made[j] = make(int(rows[j]))
+    prompt_lens = np.array([m[0] for m in made], dtype=np.int64)
+    output_lens = np.array([m[1] for m in made], dtype=np.int64)
+    return SampleColumns("r", prompt_lens[row_of], output_lens[row_of], [m[2] for m in made],
+                         row_of)
 
 
 def _row_content_keys(path: Path, row_index: int, prompt_len: int, block_size: int,

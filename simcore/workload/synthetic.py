@@ -8,11 +8,11 @@ import numpy as np
 
 from simcore.workload.config import PrefixRepetitionDataset, RandomDataset
 from simcore.workload.keys import shared_prefix_keys
-from simcore.workload.sample import Sample
+from simcore.workload.sample import SampleColumns
 
 
 def random_samples(ds: RandomDataset, num_prompts: int, *, block_size: int,
-                   rng: np.random.Generator) -> list[Sample]:
+                   rng: np.random.Generator) -> SampleColumns:
     """vLLM's `random` dataset: lengths integer-uniform around their means, one shared prefix.
 
     The random part of each prompt is unique to its request (vLLM builds it from a random offset
@@ -24,18 +24,19 @@ def random_samples(ds: RandomDataset, num_prompts: int, *, block_size: int,
     output_lens = rng.integers(max(math.floor(ds.output_len * (1 - r)), 1),
                                max(math.ceil(ds.output_len * (1 + r)), 1) + 1, size=num_prompts)
     prefix = shared_prefix_keys(0, ds.prefix_len // block_size)
-    return [Sample(f"r{i}", ds.prefix_len + int(n_in), int(n_out), prefix)
-            for i, (n_in, n_out) in enumerate(zip(input_lens.tolist(), output_lens.tolist()))]
+    return SampleColumns("r", ds.prefix_len + input_lens, output_lens, (prefix,))
 
 
 def prefix_repetition_samples(ds: PrefixRepetitionDataset, num_prompts: int, *, block_size: int,
-                              rng: np.random.Generator) -> list[Sample]:
+                              rng: np.random.Generator) -> SampleColumns:
     """vLLM's `prefix_repetition` dataset: num_prompts // num_prefixes requests per prefix, shuffled."""
     per_prefix = num_prompts // ds.num_prefixes
     prefix_index = np.repeat(np.arange(ds.num_prefixes), per_prefix)
     if ds.shuffle:
         prefix_index = rng.permutation(prefix_index)
     prefixes = [shared_prefix_keys(p, ds.prefix_len // block_size) for p in range(ds.num_prefixes)]
-    prompt_len = ds.prefix_len + ds.suffix_len
-    return [Sample(f"r{i}", prompt_len, ds.output_len, prefixes[p])
-            for i, p in enumerate(prefix_index.tolist())]
+    def same(value: int) -> np.ndarray:     # one number, read as a column
+        return np.broadcast_to(np.int64(value), prefix_index.shape)
+
+    return SampleColumns("r", same(ds.prefix_len + ds.suffix_len), same(ds.output_len),
+                         prefixes, prefix_index)
