@@ -56,7 +56,7 @@ def _bar_progress(bar):
     """A simulate() progress callback that moves a tqdm bar (requests done, virtual time)."""
 
     def progress(now_s: float, done: int, total: int) -> None:
-        if bar.total is None:
+        if bar.total != total:
             bar.total = total
         bar.n = done
         if done == total or done % 50 == 0:
@@ -92,6 +92,7 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
              envelope: str | None, quiet: bool) -> None:
     """Simulate CONFIG (YAML) and print vllm-bench-serve-style metrics with their envelope."""
     from simcore.config import load_config
+    from simcore.footprint import available_memory_bytes, check_fits
     from simcore.uncertainty import simulate_with_envelope as run
     from dse.summary import render_summary
 
@@ -108,11 +109,13 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
             _check_trace_window(config, cfg)
         _check_writable(trace_out, "trace")
         _check_writable(out, "result")
+        check_fits(cfg, available_memory_bytes())
         bar = None
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
-            bar = tqdm(total=None, unit="req", desc="simulating", leave=False)
+            bar = tqdm(total=cfg.workload.resolved_num_prompts, unit="req", desc="simulating",
+                       leave=False)
         try:
             result = run(cfg, progress=_bar_progress(bar) if bar is not None else None,
                          run_progress=_runs_progress(bar) if bar is not None else None)

@@ -100,3 +100,22 @@ def test_a_writable_output_leaves_nothing_behind_until_written(tmp_path, monkeyp
     one_error_line(invoke("simulate", TINY, "--out", tmp_path / "new" / "r.json", "--quiet"))
     one_error_line(invoke("simulate", TINY, "--out", existing, "--quiet"))
     assert seen["files"] == ["old.json"] and existing.read_text() == "keep"
+
+
+def test_a_run_too_big_for_the_memory_is_refused_before_anything_is_made(no_run, tmp_path,
+                                                                        monkeypatch):
+    import simcore.footprint
+    import simcore.workload.generate
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("requests were generated before the memory check")
+
+    monkeypatch.setattr(simcore.workload.generate, "request_stream", refuse)
+    monkeypatch.setattr(simcore.footprint, "available_memory_bytes", lambda: 16 * 2**30)
+    cfg = tmp_path / "huge.yaml"
+    cfg.write_text(TINY.read_text().replace("num_prompts: 20", "num_prompts: 100000000"))
+    msg = one_error_line(invoke("simulate", cfg, "--quiet"))
+    assert msg == (f"error: {cfg}: workload.num_prompts: 100,000,000 requests need about 246.1 "
+                   f"GiB of memory (2,640 bytes a request with 16 output tokens each), more "
+                   f"than the 16.0 GiB this machine has available; lower num_prompts or free "
+                   f"memory")
