@@ -161,6 +161,7 @@ def test_calibrated_run_reports_status_provenance_and_a_narrower_envelope():
         assert 0 < width_c < width_u, key
 
 
+@pytest.mark.slow
 def test_one_node_cluster_reproduces_the_calibrated_engine_model():
     plain = simulate(cfg())
     clustered = simulate(cfg(cluster={"num_nodes": 1, "fabric": {"backend": "analytical"}}))
@@ -174,6 +175,7 @@ def _dse(*args, cwd=None):
                           text=True, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_cli_prints_calibrated_or_uncalibrated_with_the_envelope(tmp_path):
     import yaml
 
@@ -193,6 +195,7 @@ def test_cli_prints_calibrated_or_uncalibrated_with_the_envelope(tmp_path):
     assert out["envelope"]["metrics"]["mean_tpot_ms"]["low"] < out["mean_tpot_ms"]
 
 
+@pytest.mark.slow
 def test_cli_calibrate_fits_and_reports_and_refuses_bad_input(tmp_path):
     shared = VIDUR_DIR / "profiling"
     f = shared / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"

@@ -173,6 +173,7 @@ def test_knot_curve_is_flat_below_linear_between_and_proportional_beyond():
 
 # ---- the fit -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_same_seed_same_profile_bytes_other_seed_other_split(fresh):
     again = fit_vidur_profile(VIDUR, "a40")
     assert again.to_json() == fresh["a40"].to_json()
@@ -181,6 +182,7 @@ def test_same_seed_same_profile_bytes_other_seed_other_split(fresh):
     assert other.data.curves[0].held_out_num_tokens != first.held_out_num_tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu", list(VIDUR_PROFILES))
 def test_held_out_compute_rows_are_predicted_within_5_percent(fresh, gpu):
     ops = fresh[gpu].data.errors.ops
@@ -192,6 +194,7 @@ def test_held_out_compute_rows_are_predicted_within_5_percent(fresh, gpu):
     assert ops["all"].median < 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 def test_held_out_all_reduce_rows_are_predicted_within_5_percent(fresh, gpu):
     e = fresh[gpu].data.errors
@@ -201,6 +204,7 @@ def test_held_out_all_reduce_rows_are_predicted_within_5_percent(fresh, gpu):
     assert e.alpha_beta["all_reduce"].median > e.collectives["all_reduce"].median
 
 
+@pytest.mark.slow
 def test_a40_profile_holds_its_pairwise_send_recv(fresh):
     p = fresh["a40"]
     assert p.data.node == "a40_pairwise_nvlink"
@@ -208,6 +212,7 @@ def test_a40_profile_holds_its_pairwise_send_recv(fresh):
     assert p.data.errors.collectives["send_recv"].median < 0.05
 
 
+@pytest.mark.slow
 def test_held_out_rows_are_exactly_the_recorded_ones_and_never_fitted(fresh, tmp_path):
     """The profile lists each curve's held-out token counts (rebuilt from the seed and the
     curve's label); scaling the held-out rows' times tenfold leaves the fitted curve unchanged."""
@@ -246,6 +251,7 @@ def test_layer_op_shapes_match_the_measured_sharding():
     assert gqa["attn_rope"] == {"q_features": 512, "kv_features": 128}   # KV heads replicated
 
 
+@pytest.mark.slow
 def test_every_curve_is_monotone_inside_and_beyond_its_knots(fresh):
     tokens = np.arange(1, 70000, 7)
     sizes = np.geomspace(512, 2**31, 400)
@@ -259,6 +265,7 @@ def test_every_curve_is_monotone_inside_and_beyond_its_knots(fresh):
             assert (np.diff(t) >= 0).all(), group
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu", list(VIDUR_PROFILES))
 def test_generic_gemm_error_on_held_out_models_is_reported_and_bounded(fresh, gpu):
     """Leave one model out: each model's GEMMs predicted from the other models' shapes only.
@@ -274,6 +281,7 @@ def test_generic_gemm_error_on_held_out_models_is_reported_and_bounded(fresh, gp
     assert p.relative_error("gemm", "generic") == s.p90
 
 
+@pytest.mark.slow
 def test_gemm_lookup_says_where_the_time_comes_from(fresh):
     p = fresh["a100"]
     t, source = p.gemm_time_s(4096, 12288, 512)
@@ -289,6 +297,7 @@ def test_gemm_lookup_says_where_the_time_comes_from(fresh):
                                                              rel=0.1)
 
 
+@pytest.mark.slow
 def test_elementwise_lookup_falls_back_by_elements(fresh):
     p = fresh["h100"]
     assert p.elementwise_time_s("input_layernorm", 256, hidden=4096)[1] == "measured"
@@ -300,6 +309,7 @@ def test_elementwise_lookup_falls_back_by_elements(fresh):
     assert p.relative_error("input_layernorm", "generic") > p.relative_error("input_layernorm")
 
 
+@pytest.mark.slow
 def test_lookups_name_unknown_ops_and_missing_fields(fresh):
     p = fresh["a40"]
     with pytest.raises(ConfigError, match="unknown op 'attention'"):
@@ -310,6 +320,7 @@ def test_lookups_name_unknown_ops_and_missing_fields(fresh):
         p.elementwise_time_s("mlp_down_proj", 10, in_features=1, out_features=2)
 
 
+@pytest.mark.slow
 def test_collective_lookup_defaults_to_one_node(fresh):
     p = fresh["a100"]
     rows = read_collective_csv(PROFILING / "network/a100_dgx/all_reduce.csv")
@@ -324,6 +335,7 @@ def test_collective_lookup_defaults_to_one_node(fresh):
     assert 1e-6 < alpha_s < 2e-4 and 2e10 < bw < 6e11
 
 
+@pytest.mark.slow
 def test_valid_ranges_cover_the_measurements(fresh):
     p = fresh["a100"]
     assert p.data.valid_range.num_tokens_min == 1 and p.data.valid_range.num_tokens_max == 32768
@@ -336,6 +348,7 @@ def test_valid_ranges_cover_the_measurements(fresh):
 
 # ---- the profile file ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_profile_round_trips_through_its_file(fresh, tmp_path):
     path = tmp_path / "sub" / "p.json"
     fresh["a40"].save(path)
@@ -388,6 +401,7 @@ def test_shipped_profiles_name_catalog_gpus_and_their_source():
         assert size < 300_000
 
 
+@pytest.mark.slow
 def test_shipped_profiles_equal_a_fresh_fit(fresh):
     for gpu, p in fresh.items():
         shipped = shipped_profile(f"{gpu}-vidur").data

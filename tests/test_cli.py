@@ -66,6 +66,7 @@ def test_simulate_prints_the_summary_and_writes_json(tiny_run):
     assert line.split()[-1] == "20"
 
 
+@pytest.mark.slow
 def test_simulate_seed_override_changes_the_result(tiny_run, tmp_path):
     _, out = tiny_run
     other = tmp_path / "seed4.json"
@@ -76,6 +77,7 @@ def test_simulate_seed_override_changes_the_result(tiny_run, tmp_path):
     assert a["mean_ttft_ms"] != b["mean_ttft_ms"]
 
 
+@pytest.mark.slow
 def test_simulate_resolves_trace_paths_from_the_config_directory(tmp_path):
     out = tmp_path / "m.json"
     p = dse("simulate", CONFIGS / "mooncake.yaml", "--out", out, "--quiet", cwd=tmp_path)
@@ -91,12 +93,14 @@ def test_simulate_resolves_trace_paths_from_the_config_directory(tmp_path):
     ("missing_trace.yaml", ["no_such_trace.jsonl", "no such file", "workload.dataset.path"]),
     ("does_not_exist.yaml", ["does_not_exist.yaml", "no such file"]),
 ])
+@pytest.mark.slow
 def test_simulate_bad_input_is_one_error_line(name, words):
     p = dse("simulate", CONFIGS / name)
     assert_one_line_error(p, *words)
     assert p.stdout == ""
 
 
+@pytest.mark.slow
 def test_simulate_directory_as_config_is_one_error_line(tmp_path):
     p = dse("simulate", tmp_path)
     assert p.returncode == 2
@@ -105,6 +109,7 @@ def test_simulate_directory_as_config_is_one_error_line(tmp_path):
         f"'error:' line (dse/cli.py, click.Path(dir_okay=False)); got {p.stderr!r}")
 
 
+@pytest.mark.slow
 def test_simulate_is_deterministic_across_processes(tmp_path):
     # Different hash seeds in different processes (as in different workers): same bytes.
     outs = []
@@ -121,6 +126,7 @@ def test_simulate_is_deterministic_across_processes(tmp_path):
     assert r["num_routed_by_prefix"] > 0 and r["prefix_cache_hit_rate"] > 0
 
 
+@pytest.mark.slow
 def test_simulate_unwritable_out_is_one_error_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -128,6 +134,7 @@ def test_simulate_unwritable_out_is_one_error_line(tmp_path):
     assert_one_line_error(p, "cannot write the result")
 
 
+@pytest.mark.slow
 def test_simulate_does_not_import_search_or_plotting_libraries():
     code = (
         "import sys\n"
@@ -145,6 +152,7 @@ def test_simulate_does_not_import_search_or_plotting_libraries():
 # -- dse conformance -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_conformance_matches_the_golden_log(tmp_path):
     out = tmp_path / "basic.jsonl"
     p = dse("conformance", BASIC, "--out", out, "--golden", BASIC_GOLDEN)
@@ -158,6 +166,7 @@ def test_conformance_matches_the_golden_log(tmp_path):
         assert a == b, a["step"]
 
 
+@pytest.mark.slow
 def test_conformance_without_golden_only_writes(tmp_path):
     out = tmp_path / "o.jsonl"
     p = dse("conformance", BASIC, "--out", out)
@@ -173,6 +182,7 @@ def _write_golden(path: Path, steps: list[dict]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_conformance_names_the_first_differing_step(tmp_path):
     steps = read_steps(BASIC_GOLDEN)
     steps[7]["free_blocks"] += 1
@@ -186,6 +196,7 @@ def test_conformance_names_the_first_differing_step(tmp_path):
             f"vLLM {expected}") in p.stdout
 
 
+@pytest.mark.slow
 def test_conformance_names_a_step_count_difference(tmp_path):
     steps = read_steps(BASIC_GOLDEN)[:-3]
     golden = _write_golden(tmp_path / "short.jsonl.gz", steps)
@@ -195,6 +206,7 @@ def test_conformance_names_a_step_count_difference(tmp_path):
     assert f"step count differs: ours {n}, vLLM {len(steps)}" in p.stdout
 
 
+@pytest.mark.slow
 def test_conformance_bad_input_is_one_error_line(tmp_path):
     assert_one_line_error(dse("conformance", tmp_path / "none.json", "--out", tmp_path / "o"),
                           "none.json", "no such scenario file")

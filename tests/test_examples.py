@@ -8,6 +8,8 @@ import pytest
 from simcore.config import load_config
 from simcore.simulate import simulate
 
+pytestmark = pytest.mark.slow  # runs every shipped example
+
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 VLLM_KEYS = ["duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
              "request_throughput", "request_goodput", "output_throughput",

@@ -251,6 +251,7 @@ def test_simulate_summary_prints_explanation_and_assumptions():
     assert "- uncalibrated reference profile (+/-35%)" in out
 
 
+@pytest.mark.slow
 def test_explain_imports_no_heavy_library():
     code = ("import sys, dse.explain; "
             "heavy = [m for m in ('ray', 'optuna', 'plotly', 'simpy') if m in sys.modules]; "

@@ -20,6 +20,7 @@ def test_scenarios_are_shipped():
     assert len(SCENARIOS) >= 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_shipped_scenario_runs_on_the_flow_backend(path):
     from simcore.fabric.run import run_scenario
@@ -29,6 +30,7 @@ def test_every_shipped_scenario_runs_on_the_flow_backend(path):
     json.dumps(result, allow_nan=False)
 
 
+@pytest.mark.slow
 def test_cli_prints_and_writes_the_measurements(tmp_path):
     out = tmp_path / "stats.json"
     p = dse("fabric", ROOT / "examples/fabric/dumbbell_two_senders.yaml", "--backend", "packet",
@@ -40,6 +42,7 @@ def test_cli_prints_and_writes_the_measurements(tmp_path):
     assert stats["losses"]["drops"] == 0
 
 
+@pytest.mark.slow
 def test_bad_scenario_is_one_error_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("topology: {kind: star, num_hosts: 2, rate_gbps: 10, delay_s: 1.0e-6}\n"

@@ -9,8 +9,10 @@ import pytest
 
 from dse.validate import SUITES, Row, render_table, run_suite
 from dse.validate_calibration import _held_out_compute, _vidur_root
-from simcore.reference_data import VIDUR_DIR
 from simcore.calibration.profile import CalibrationProfile, shipped_profile
+from simcore.reference_data import VIDUR_DIR
+
+pytestmark = pytest.mark.slow  # the validation sweeps against every reference
 
 
 @pytest.fixture(scope="module")
