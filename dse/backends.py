@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 
 from dse.evaluate import TrialOutcome, clip, one_line, run_trial
+from dse.reaper import Reaper, children_of
 from dse.study import StudyConfig
 from simcore.errors import ConfigError
 
@@ -300,7 +301,8 @@ class RayPool:
     `start()` (or the first `submit`) starts or joins Ray: the Ray already running in this
     process, the cluster at `address` (asked first whether it answers, within
     `connect_timeout_s`), or a local one with `workers` CPUs (quiet: no dashboard, worker logs
-    not forwarded). A cluster joined here runs the tasks in `runtime_env` when one is given
+    not forwarded; a `dse.reaper` watchdog stops its processes should this process be killed
+    before it shuts them down). A cluster joined here runs the tasks in `runtime_env` when one is given
     (see `dse.ship`). Ray's worker-death reports become the failure reason of the trial whose
     worker died (`RayConsole`). Starting Ray leaves this process's SIGTERM handler as it was
     (ray.init replaces it with one that exits at once, after a stack dump). `close()` shuts
@@ -318,6 +320,7 @@ class RayPool:
         self._owned = False
         self._console: RayConsole | None = None
         self._submitted_at: dict[Any, float] = {}
+        self._reaper: Reaper | None = None
 
     def start(self) -> None:
         if self._ray is not None:
@@ -342,8 +345,11 @@ class RayPool:
                 if self.address:
                     ray.init(address=self.address, runtime_env=self.runtime_env, **quiet)
                 else:
+                    before = children_of(os.getpid())
                     ray.init(num_cpus=self.workers, include_dashboard=False,
                              object_store_memory=_OBJECT_STORE_BYTES, **quiet)
+                    # Stops what Ray started here even if this process is killed outright.
+                    self._reaper = Reaper.start(children_of(os.getpid()) - before)
             except BaseException as err:
                 ray.shutdown()      # whatever it had started
                 if isinstance(err, SystemExit):   # ray.init's own SIGTERM handler, meanwhile
@@ -390,6 +396,9 @@ class RayPool:
             if self._owned:
                 self._ray.shutdown()
         finally:
+            if self._reaper is not None:
+                self._reaper.close()
+                self._reaper = None
             if self._console is not None:
                 self._console.remove()
             self._ray = self._remote = self._console = None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dse.reaper import descendants, process_table
 from simcore.engine.scheduler import Scheduler
 
 
@@ -57,37 +58,15 @@ def ray_address():
 class ProcessTable:
     """The processes running now, read from /proc (Linux)."""
 
-    @staticmethod
-    def _read() -> dict[int, tuple[int, str, str]]:
-        out = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()      # after "pid (name) "
-            out[int(entry.name)] = (int(fields[1]), fields[0], cmd)
-        return out
-
     def descendants(self, pid: int) -> dict[int, str]:
         """{pid: command line} of every live descendant of process `pid`."""
-        procs = self._read()
-        out, todo = {}, [pid]
-        while todo:
-            parent = todo.pop()
-            for child, (ppid, state, cmd) in procs.items():
-                if ppid == parent and state != "Z" and child not in out:
-                    out[child] = cmd
-                    todo.append(child)
-        return out
+        table = process_table()
+        return {p: table[p][3] for p in descendants(table, {pid}) if p != pid}
 
     def alive(self, pids) -> list[str]:
         """The command lines of those of `pids` still running (zombies count as gone)."""
-        procs = self._read()
-        return [procs[p][2] for p in pids if p in procs and procs[p][1] != "Z"]
+        table = process_table()
+        return [table[p][3] for p in pids if p in table and table[p][1] != "Z"]
 
 
 @pytest.fixture(scope="session")

@@ -447,3 +447,32 @@ def test_sigterm_stops_the_search_like_ctrl_c_and_leaves_no_ray_behind(tmp_path,
     interrupted = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
     assert interrupted and all(t.user_attrs["failure_reason"] == "interrupted"
                                for t in interrupted)
+
+
+
+def test_a_driver_killed_outright_leaves_no_ray_behind(tmp_path, processes, wait_for_storage):
+    """SIGKILL cannot be handled: the watchdog started beside Ray stops Ray's processes."""
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(study_data(
+        13.0, budget={"n_trials": 20}, fidelity={"screen": {"workload.num_prompts": 20000}}),
+        sort_keys=False))
+    db = tmp_path / "run" / "study.db"
+    driver = subprocess.Popen([sys.executable, "-m", "dse.cli", "search", str(study_file),
+                               "--quiet"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_for_storage(driver, db, lambda con: con.execute(
+            "SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0] > 0, 120)
+        time.sleep(1.0)          # the watchdog has seen the workers running the trials
+        ray_processes = processes.descendants(driver.pid)
+        assert any("raylet" in cmd for cmd in ray_processes.values()), ray_processes
+        assert any("Agent" in cmd for cmd in ray_processes.values()), ray_processes
+        driver.kill()
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    deadline = time.monotonic() + 30
+    while processes.alive(ray_processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes.alive(ray_processes) == [], "Ray processes were left behind"
