@@ -405,21 +405,26 @@ def test_a_search_where_no_trial_completes_exits_1_with_the_reasons_counted(tmp_
     assert report_paths(p.stdout), "the report was not written"
 
 
-# -- SIGTERM -------------------------------------------------------------------------------------
+# -- SIGTERM and SIGKILL -------------------------------------------------------------------------
 
 
-def test_sigterm_stops_the_search_like_ctrl_c_and_leaves_no_ray_behind(tmp_path, processes,
-                                                                       wait_for_storage):
-    # Trials of 20,000 requests take seconds: SIGTERM comes once one has completed and the
-    # next ones run.
+def _start_long_search(tmp_path, **popen_kw) -> tuple[Path, Path, subprocess.Popen]:
+    """A search of 20 trials of 20,000 requests each (seconds a trial) started as a process of
+    its own: (study file, its sqlite storage, the driver)."""
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(study_data(
         13.0, budget={"n_trials": 20}, fidelity={"screen": {"workload.num_prompts": 20000}}),
         sort_keys=False))
-    db = tmp_path / "run" / "study.db"
     driver = subprocess.Popen([sys.executable, "-m", "dse.cli", "search", str(study_file),
-                               "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                               "--quiet"], cwd=tmp_path, **popen_kw)
+    return study_file, tmp_path / "run" / "study.db", driver
+
+
+def test_sigterm_stops_the_search_like_ctrl_c_and_leaves_no_ray_behind(tmp_path, processes,
+                                                                       wait_for_storage):
+    # SIGTERM comes once one trial has completed and the next ones run.
+    study_file, db, driver = _start_long_search(tmp_path, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True)
     def one_done_and_more_running(con) -> bool:
         states = {s for (s,) in con.execute("SELECT state FROM trials")}
         return {"COMPLETE", "RUNNING"} <= states
@@ -452,14 +457,8 @@ def test_sigterm_stops_the_search_like_ctrl_c_and_leaves_no_ray_behind(tmp_path,
 
 def test_a_driver_killed_outright_leaves_no_ray_behind(tmp_path, processes, wait_for_storage):
     """SIGKILL cannot be handled: the watchdog started beside Ray stops Ray's processes."""
-    study_file = tmp_path / "study.yaml"
-    study_file.write_text(yaml.safe_dump(study_data(
-        13.0, budget={"n_trials": 20}, fidelity={"screen": {"workload.num_prompts": 20000}}),
-        sort_keys=False))
-    db = tmp_path / "run" / "study.db"
-    driver = subprocess.Popen([sys.executable, "-m", "dse.cli", "search", str(study_file),
-                               "--quiet"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    _, db, driver = _start_long_search(tmp_path, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
     try:
         wait_for_storage(driver, db, lambda con: con.execute(
             "SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0] > 0, 120)
