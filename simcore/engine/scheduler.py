@@ -1,15 +1,15 @@
 """vLLM V1's scheduler (sync mode) as a pure object: `schedule()` plans a step, `update()` applies its outputs.
 
-The decision rules follow vLLM 0.33's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`): one token
-budget shared by running and waiting requests (the smaller of `max_num_scheduled_tokens` and
-`max_num_batched_tokens`), running requests first, chunked prefill,
-`long_prefill_token_threshold`, full-prompt admission, the free-block watermark, prefix caching
-with same-step hits, preemption of the last-admitted (or lowest-priority) running request with
-recompute, aborts (`finish_requests`), and external KV through a KV connector (asynchronous loads
-in WAITING_FOR_REMOTE_KVS). Three policies of an earlier simulator
-design are options beside the default: least-work-done preemption, a persistent batch, and a cap on
-requests holding blocks for external loads. No clock lives here: the caller decides when a step
-starts and how long it takes, and when an external load ends.
+The decision rules follow vLLM 0.33's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`):
+one token budget shared by running and waiting requests (the smaller of
+`max_num_scheduled_tokens` and `max_num_batched_tokens`), running requests first, chunked
+prefill, `long_prefill_token_threshold`, full-prompt admission, the free-block watermark, prefix
+caching with same-step hits, preemption of the last-admitted (or lowest-priority) running request
+with recompute, aborts (`finish_requests`), and external KV through a KV connector (asynchronous
+loads in WAITING_FOR_REMOTE_KVS). Three policies of an earlier simulator design are options beside
+the default: least-work-done preemption, a persistent batch, and a cap on requests holding
+blocks for external loads. No clock lives here: the caller decides when a step starts and how long
+it takes, and when an external load ends.
 """
 
 from __future__ import annotations
@@ -137,9 +137,10 @@ class Scheduler:
     """Continuous batching over one KV block pool.
 
     Lifecycle per step: `schedule()` -> run the step (caller) -> `update(output)`. Between steps
-    the caller may `add_request`, `finish_requests` (aborts) and `finish_remote_load`. Invariants: every running request holds
-    blocks for all of its computed tokens; a request is in exactly one of waiting, running, or
-    finished; a request in WAITING_FOR_REMOTE_KVS is in the waiting queue and in
+    the caller may `add_request`, `finish_requests` (aborts) and `finish_remote_load`.
+    Invariants: every running request holds blocks for all of its computed tokens; a request is
+    in exactly one of waiting, running, or finished; a request in WAITING_FOR_REMOTE_KVS is in the
+    waiting queue and in
     `waiting_for_remote`, holds blocks for its local hit plus its external tokens, and is never
     preempted (it is not running).
 
