@@ -18,7 +18,8 @@ import yaml
 
 import dse
 import simcore
-from dse.backends import open_storage, probe_ray_address
+from dse.backends import open_storage
+from dse.ray_connect import probe_ray_address
 from dse.ship import requirements, shipment
 from dse.study import load_study, parse_study
 from simcore.errors import ConfigError

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dse.backends import _last_ray_complaint, _stderr_kept, probe_ray_address
+from dse.ray_connect import last_ray_complaint, probe_ray_address, stderr_kept
 from simcore.errors import ConfigError
 
 SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
@@ -99,9 +99,9 @@ def test_a_real_gcs_passes(ray_address):
 
 def test_what_ray_core_writes_to_stderr_is_kept_and_its_last_complaint_read():
     kept: list[str] = []
-    with _stderr_kept(kept):
+    with stderr_kept(kept):
         os.write(2, b"[2026-12-02 00:41:42,103 W 20075 20075] gcs_client.cc:210: Failed to get "
                     b"cluster ID from GCS server: RpcError: 404\n")
     assert len(kept) == 1
-    assert _last_ray_complaint(kept) == "Failed to get cluster ID from GCS server: RpcError: 404"
-    assert _last_ray_complaint(["plain text"]) == ""
+    assert last_ray_complaint(kept) == "Failed to get cluster ID from GCS server: RpcError: 404"
+    assert last_ray_complaint(["plain text"]) == ""
