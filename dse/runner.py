@@ -36,17 +36,14 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.backends import (RayPool, check_storage_writable, make_sampler, open_storage,
-                          quiet_optuna, write_problem)
-from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names,
-                          clip, one_line, precheck, probe_metric_names, static_metric_names,
-                          trial_mapping)
-from dse.fidelity import check_parameters_have_effect
+from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
+from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names, clip,
+                          one_line, precheck)
+from dse.search_checks import base_metric_names, check_before_search
 from dse.fingerprint import changed_parts, study_digest
 from dse.pareto import pareto_ranks
 from dse.ship import Shipment, shipment
 from dse.study import StudyConfig
-from simcore.config import parse_config
 from simcore.errors import ConfigError
 
 INTERRUPTED = "interrupted"
@@ -439,17 +436,6 @@ def confirm_candidates(st: optuna.Study, k: int) -> list[FrozenTrial]:
 # -- the search ----------------------------------------------------------------------------------
 
 
-def _check_overrides(study: StudyConfig) -> None:
-    params = list(study.space.parameters)
-    stages = [("screen", study.fidelity.screen), ("confirm", study.fidelity.confirm or {})]
-    for stage, overrides in stages:
-        for path in overrides:
-            for p in params:
-                if path == p or path.startswith(p + ".") or p.startswith(path + "."):
-                    raise ConfigError(f"fidelity.{stage}: {path} is also a search parameter "
-                                      f"({p}); a fidelity override would hide its value")
-
-
 def _progress_bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
     if not (enabled and sys.stderr.isatty()):
         return None
@@ -471,10 +457,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
     A progress bar goes to stderr when `progress` and stderr is a terminal.
     """
     spec = EvalSpec.of(study)
-    _check_overrides(study)
-    check_parameters_have_effect(study)
-    check_base(study)
-    check_outputs(study)
+    check_before_search(study)
     url = study.storage_url
     names = set(study.space.active(study.base))
     notes: list[str] = []
@@ -525,51 +508,6 @@ def _sampler_for(study: StudyConfig) -> Callable[[int], optuna.samplers.BaseSamp
     if study.sampler.kind == "grid":
         return None
     return lambda k: make_sampler(study, seed=trial_seed(study.sampler.seed, k))
-
-
-def check_base(study: StudyConfig) -> None:
-    """Refuse a base configuration that `dse simulate` would refuse at start-up (it does not
-    validate, or vLLM's checks fail: TP does not divide the heads, the model does not fit),
-    with `dse simulate`'s sentence under `base:`. Cheap: nothing is simulated."""
-    from simcore.setup import build_deployment
-
-    cfg = parse_config(study.base, source="base")
-    try:
-        build_deployment(cfg)
-    except ConfigError as err:
-        raise ConfigError(f"base: {err}") from None
-
-
-def base_metric_names(study: StudyConfig) -> set[str]:
-    """The metric names of the base's result (the probe simulation, screen overrides applied).
-
-    A base the simulation refuses is refused under `base:`, as `dse simulate` words it; one
-    refused only with the screen overrides, under `fidelity.screen:`.
-    """
-    usd = study.cost.usd_per_gpu_hour
-    try:
-        return probe_metric_names(study.base, study.fidelity.screen, usd)
-    except ConfigError as err:
-        if study.fidelity.screen:
-            try:
-                probe_metric_names(study.base, {}, usd)
-            except ConfigError:
-                pass
-            else:
-                raise ConfigError(f"fidelity.screen: the base with these overrides cannot run "
-                                  f"({err})") from None
-        raise ConfigError(f"base: {err}") from None
-    except Exception:  # a simulator fault on the probe: the trials will say; names by layout
-        return static_metric_names(parse_config(trial_mapping(study.base, {},
-                                                              study.fidelity.screen)))
-
-
-def check_outputs(study: StudyConfig) -> None:
-    """Refuse a storage file or report folder that cannot be written, before anything runs."""
-    check_storage_writable(study.storage_url)
-    problem = write_problem(study.report_dir, folder=True)
-    if problem:
-        raise ConfigError(f"report.dir: cannot write the report to {study.report_dir}: {problem}")
 
 
 def _run_stage(st: optuna.Study, storage: optuna.storages.BaseStorage, fidelity: str,

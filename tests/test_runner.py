@@ -573,7 +573,7 @@ def test_failed_confirmations_are_counted_and_run_again_on_resume(ray_address, t
                          ids=lambda p: p.stem)
 def test_every_shipped_study_passes_the_checks_made_before_its_search(path):
     from dse.evaluate import EvalSpec, check_metric_names
-    from dse.runner import base_metric_names, check_base
+    from dse.search_checks import base_metric_names, check_base
 
     study = load_study(path)
     check_base(study)

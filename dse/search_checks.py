@@ -1,0 +1,77 @@
+"""What a search checks before any trial runs, so that bad input is one sentence and never a
+half-run study: fidelity overrides that would hide a searched value, searched parameters no stage
+reads, a base configuration `dse simulate` would refuse, and outputs that cannot be written."""
+
+from __future__ import annotations
+
+from dse.backends import check_storage_writable, write_problem
+from dse.evaluate import probe_metric_names, static_metric_names, trial_mapping
+from dse.fidelity import check_parameters_have_effect
+from dse.study import StudyConfig
+from simcore.config import parse_config
+from simcore.errors import ConfigError
+
+
+def check_before_search(study: StudyConfig) -> None:
+    """Every check that needs no simulation and no Ray, in the order a user would fix them."""
+    check_overrides(study)
+    check_parameters_have_effect(study)
+    check_base(study)
+    check_outputs(study)
+
+
+def check_overrides(study: StudyConfig) -> None:
+    """Refuse a fidelity override of a path the space searches (it would hide the value)."""
+    params = list(study.space.parameters)
+    stages = [("screen", study.fidelity.screen), ("confirm", study.fidelity.confirm or {})]
+    for stage, overrides in stages:
+        for path in overrides:
+            for p in params:
+                if path == p or path.startswith(p + ".") or p.startswith(path + "."):
+                    raise ConfigError(f"fidelity.{stage}: {path} is also a search parameter "
+                                      f"({p}); a fidelity override would hide its value")
+
+
+def check_base(study: StudyConfig) -> None:
+    """Refuse a base configuration that `dse simulate` would refuse at start-up (it does not
+    validate, or vLLM's checks fail: TP does not divide the heads, the model does not fit),
+    with `dse simulate`'s sentence under `base:`. Cheap: nothing is simulated."""
+    from simcore.setup import build_deployment
+
+    cfg = parse_config(study.base, source="base")
+    try:
+        build_deployment(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"base: {err}") from None
+
+
+def base_metric_names(study: StudyConfig) -> set[str]:
+    """The metric names of the base's result (the probe simulation, screen overrides applied).
+
+    A base the simulation refuses is refused under `base:`, as `dse simulate` words it; one
+    refused only with the screen overrides, under `fidelity.screen:`.
+    """
+    usd = study.cost.usd_per_gpu_hour
+    try:
+        return probe_metric_names(study.base, study.fidelity.screen, usd)
+    except ConfigError as err:
+        if study.fidelity.screen:
+            try:
+                probe_metric_names(study.base, {}, usd)
+            except ConfigError:
+                pass
+            else:
+                raise ConfigError(f"fidelity.screen: the base with these overrides cannot run "
+                                  f"({err})") from None
+        raise ConfigError(f"base: {err}") from None
+    except Exception:  # a simulator fault on the probe: the trials will say; names by layout
+        return static_metric_names(parse_config(trial_mapping(study.base, {},
+                                                              study.fidelity.screen)))
+
+
+def check_outputs(study: StudyConfig) -> None:
+    """Refuse a storage file or report folder that cannot be written, before anything runs."""
+    check_storage_writable(study.storage_url)
+    problem = write_problem(study.report_dir, folder=True)
+    if problem:
+        raise ConfigError(f"report.dir: cannot write the report to {study.report_dir}: {problem}")
