@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -21,6 +20,7 @@ from typing import Any
 import optuna
 
 from dse.evaluate import TrialOutcome, clip, one_line, run_trial
+from dse.outputs import write_problem
 from dse.ray_connect import last_ray_complaint, probe_ray_address, stderr_kept
 from dse.reaper import Reaper, children_of
 from dse.study import StudyConfig
@@ -37,37 +37,6 @@ def storage_file(url: str) -> Path | None:
         if url.startswith(scheme):
             path = url[len(scheme):]
             return Path(path) if path and path != ":memory:" else None
-    return None
-
-
-def write_problem(path: Path, *, folder: bool) -> str | None:
-    """Why `path` (a file, or a folder when `folder`) cannot be created or written, or None.
-
-    Nothing is left behind: an existing file is opened for appending and closed, and a probe
-    file is created and removed in the nearest folder that exists.
-    """
-    path = Path(os.path.abspath(path))
-    try:
-        if path.exists():
-            if folder != path.is_dir():
-                return f"{path} is {'a file' if folder else 'a folder'}"
-            if not folder:
-                with open(path, "ab"):
-                    pass
-            parent = path if folder else path.parent
-        else:
-            parent = path.parent
-            while not parent.exists():
-                parent = parent.parent
-            if not parent.is_dir():
-                return f"{parent} is a file, not a folder"
-    except OSError as err:
-        return f"{err.filename or path} cannot be written ({err.strerror or one_line(err)})"
-    try:
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as err:
-        return f"no file can be created in {parent} ({err.strerror or one_line(err)})"
     return None
 
 

@@ -6,11 +6,9 @@ Heavy libraries (Ray, Optuna, plotting) are imported inside the commands that ne
 
 from __future__ import annotations
 
-import errno
 import json
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -138,23 +136,11 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
 def _check_writable(out: Path | None, what: str) -> None:
     """Fail now, before a long run, if `out` could not be written after it; leaves nothing
     behind (the folders are made when the file is written)."""
-    if out is None:
-        return
-    try:
-        if out.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "it is a folder")
-        if out.exists():
-            with open(out, "r+b"):          # opened for writing, not truncated
-                return
-        folder = out.parent
-        while not folder.exists():
-            folder = folder.parent
-        if not folder.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file, not a folder")
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        _fail(f"{out}: cannot write the {what} ({e.strerror})")
+    from dse.outputs import write_problem
+
+    problem = write_problem(out, folder=False) if out is not None else None
+    if problem:
+        _fail(f"{out}: cannot write the {what} ({problem})")
 
 
 def _check_trace_window(config: Path, cfg: SimConfig) -> None:

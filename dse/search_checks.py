@@ -4,9 +4,10 @@ reads, a base configuration `dse simulate` would refuse, and outputs that cannot
 
 from __future__ import annotations
 
-from dse.backends import check_storage_writable, write_problem
+from dse.backends import check_storage_writable
 from dse.evaluate import probe_metric_names, static_metric_names, trial_mapping
 from dse.fidelity import check_parameters_have_effect
+from dse.outputs import write_problem
 from dse.study import StudyConfig
 from simcore.config import parse_config
 from simcore.errors import ConfigError
