@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simcore.loading import file_sha256
+
 if TYPE_CHECKING:
     from dse.study import StudyConfig
 
@@ -56,14 +58,6 @@ def referenced_files(node: Any, base_dir: Path) -> dict[str, Path]:
         if path is not None:
             out[text] = path
     return out
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _with_file_contents(node: Any, files: Mapping[str, Path]) -> Any:

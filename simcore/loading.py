@@ -3,12 +3,14 @@ duplicate keys refused, JSON parsed; every failure is one ConfigError naming the
 
 Every YAML file the project reads (simulate configs, studies, search spaces, fabric scenarios,
 the GPU catalog) goes through `load_yaml` or `parse_yaml`; JSON inputs through `load_json`, and
-streamed readers report a decoding error through `not_utf8`.
+streamed readers report a decoding error through `not_utf8`. `file_sha256` is the digest by which
+calibration profiles and stored studies record the files they were made from.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -122,3 +124,12 @@ def load_json(path: str | Path) -> Any:
         return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -20,7 +20,6 @@ gated MLPs (2 x n_expanded_embd outputs before sharding), which its times confir
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pandas as pd
 
 from simcore.calibration.ops import COLLECTIVES, COMPUTE_OPS
 from simcore.errors import ConfigError
-from simcore.loading import not_utf8
+from simcore.loading import file_sha256, not_utf8
 from simcore.units import MS
 
 COMPUTE_COLUMNS = ("gpu", "model", "op", "num_tokens", "tp", "hidden", "vocab_per_gpu",
@@ -77,11 +76,6 @@ class Measurements:
     """Collective rows, columns `COLLECTIVE_COLUMNS`."""
     files: tuple[SourceFile, ...]
     """The files read, sorted by label."""
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
