@@ -177,11 +177,7 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def scheduler_config(cfg: dict) -> SchedulerConfig:
     """The Scheduler's settings for a checked scenario config (scenario keys, vLLM's names)."""
-    names = {"num_blocks", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-             "enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold",
-             "policy", "preemption", "persistent_batch", "reserve_full_isl", "watermark",
-             "max_num_scheduled_tokens"}
-    kw = {k: v for k, v in cfg.items() if k in names}
+    kw = {k: v for k, v in cfg.items() if k in CONFIG_KEYS}
     if kw.get("long_prefill_token_threshold") is None:
         kw["long_prefill_token_threshold"] = 0
     return SchedulerConfig(**kw)
