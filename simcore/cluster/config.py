@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.cluster.network import NetworkConfig
-from simcore.fabric.fidelity import (BACKENDS, backends_ignoring, changed_settings,
-                                     unread_settings, unread_topology)
+from simcore.fabric.fidelity import (BACKENDS, PACKET_ONLY_TOPOLOGY, backends_ignoring,
+                                     changed_settings, unread_settings, unread_topology)
 from simcore.fabric.settings import FabricSettings
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
@@ -240,7 +240,7 @@ def backends_ignoring_path(path: str) -> tuple[str, ...]:
             return BACKENDS
         return backends_ignoring(rest)
     topology = "cluster.network.topology."
-    if path in (topology + "buffer_bytes", topology + "buffer_packets"):
+    if path.startswith(topology) and path[len(topology):] in PACKET_ONLY_TOPOLOGY:
         return ("flow", "analytical")
     if path == "cluster.tenant_traffic" or path.startswith("cluster.tenant_traffic."):
         return ("analytical",)
