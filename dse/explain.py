@@ -258,14 +258,15 @@ def assumptions(result: Mapping, attribution: Attribution | None = None) -> list
     return out
 
 
-def explain(result: Mapping) -> dict:
+def explain(result: Mapping, attribution: Attribution | None = None) -> dict:
     """Why `result` (a `simulate()` result dict) performs as it does, in one or two sentences.
 
     Returns `bottleneck` (the top factor's key, None when no request completed), `label` (its
     plain-word name), `sentences` (one or two, with the numbers behind them), `factors` (every
     factor ranked, as dicts with key, label, score and numbers) and `assumptions`.
+    `attribution` is `attribute(result)` when the caller has it already.
     """
-    a = attribute(result)
+    a = attribution if attribution is not None else attribute(result)
     factors = [f.as_dict() for f in a.factors]
     if not result.get("completed", 0):
         failed = result.get("failed", 0)

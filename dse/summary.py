@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from dse.explain import engine_load_text, explain
-from simcore.attribution import attribute
+from simcore.attribution import Attribution, attribute
 
 _LINE = 60
 _TOP_FACTORS = 3
@@ -35,9 +35,10 @@ def _wrap(text: str, first: str = "", rest: str = "") -> list[str]:
     return textwrap.wrap(text, _LINE, initial_indent=first, subsequent_indent=rest)
 
 
-def render_explanation(r: dict) -> list[str]:
-    """The "Explanation" and "Assumptions" sections: what limits the run, and what it rests on."""
-    e = explain(r)
+def render_explanation(r: dict, attribution: Attribution | None = None) -> list[str]:
+    """The "Explanation" and "Assumptions" sections: what limits the run, and what it rests on
+    (`attribution`: `attribute(r)`, when the caller has it already)."""
+    e = explain(r, attribution)
     lines = [_title(" Explanation ", "-")]
     for sentence in e["sentences"]:
         lines += _wrap(sentence)
@@ -160,11 +161,12 @@ def render_summary(r: dict) -> str:
         _row("Mean queueing delay (ms):", r["mean_queue_ms"]),
         _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
     ]
+    attribution = attribute(r)
     if r.get("completed"):
-        lines += _wrap(f"Engine load: {engine_load_text(attribute(r).signals)}.")
+        lines += _wrap(f"Engine load: {engine_load_text(attribution.signals)}.")
     if r.get("envelope"):
         lines += render_envelope(r)
-    lines += render_explanation(r)
+    lines += render_explanation(r, attribution)
     lines.append(_title(" Provenance ", "-"))
     unc = p["step_time_relative_uncertainty"]
     version = p.get("profile_version")
