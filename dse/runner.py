@@ -39,9 +39,9 @@ from optuna.trial import FrozenTrial, TrialState
 from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
 from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names, clip,
                           one_line, precheck)
-from dse.search_checks import base_metric_names, check_before_search
 from dse.fingerprint import changed_parts, study_digest
 from dse.pareto import pareto_ranks
+from dse.search_checks import base_metric_names, check_before_search
 from dse.ship import Shipment, shipment
 from dse.study import StudyConfig
 from simcore.errors import ConfigError
