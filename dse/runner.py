@@ -40,6 +40,7 @@ from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
 from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names, clip,
                           one_line, precheck)
 from dse.fingerprint import changed_parts, study_digest
+from dse.interrupts import search_signals, storage_writes
 from dse.pareto import pareto_ranks
 from dse.search_checks import base_metric_names, check_before_search
 from dse.ship import Shipment, shipment
@@ -142,6 +143,13 @@ def _open_study(storage: optuna.storages.BaseStorage, name: str, study: StudyCon
                 sampler: optuna.samplers.BaseSampler, stage: str, resume: bool,
                 url: str) -> optuna.Study:
     """Create the study, or load it to resume; a stored study must have the same objectives."""
+    with storage_writes():
+        return _create_or_load(storage, name, study, sampler, stage, resume, url)
+
+
+def _create_or_load(storage: optuna.storages.BaseStorage, name: str, study: StudyConfig,
+                    sampler: optuna.samplers.BaseSampler, stage: str, resume: bool,
+                    url: str) -> optuna.Study:
     exists = name in _stored_study_names(storage)
     if exists and not resume:
         raise ConfigError(f"study {name!r} already exists in {url.split('@')[-1]}; resume it, "
@@ -180,15 +188,16 @@ def _interrupt(st: optuna.Study, storage: optuna.storages.BaseStorage,
     """Fail trials whose driver is gone ("interrupted"); enqueue again the parameters of those
     that had all of `names` (were dispatched). A trial stopped while its parameters were being
     suggested never ran: the sampler proposes afresh instead."""
-    study_id = storage.get_study_id_from_name(st.study_name)
-    for t in trials:
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-        storage.set_trial_user_attr(trial_id, "failure_reason", INTERRUPTED)
-        st.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        if set(t.params) == names:
-            keep = {k: t.user_attrs[k] for k in ("baseline", "confirms_trial")
-                    if k in t.user_attrs}
-            st.enqueue_trial(dict(t.params), user_attrs=keep or None)
+    with storage_writes():
+        study_id = storage.get_study_id_from_name(st.study_name)
+        for t in trials:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_user_attr(trial_id, "failure_reason", INTERRUPTED)
+            st.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            if set(t.params) == names:
+                keep = {k: t.user_attrs[k] for k in ("baseline", "confirms_trial")
+                        if k in t.user_attrs}
+                st.enqueue_trial(dict(t.params), user_attrs=keep or None)
 
 
 def _params_key(params: dict[str, Any]) -> str:
@@ -219,7 +228,6 @@ class _Flight:
     ref: Any = None
     deadline: float = math.inf
     outcome: TrialOutcome | None = None
-    told: bool = False
 
 
 @dataclass
@@ -241,6 +249,9 @@ class _Driver:
     """What the workers were sent; trials name its copies of the data files."""
     num_told: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {"failed": 0, "infeasible": 0})
+    untold: set[int] = field(default_factory=set)
+    """Numbers of the trials asked and not yet told, noted in the same storage-write block as
+    the ask, so that however the driver stops none is left RUNNING."""
 
     @property
     def names(self) -> set[str]:
@@ -253,13 +264,16 @@ class _Driver:
             before = sum(t.state != TrialState.WAITING and not _is_interrupted(t)
                          for t in self.st.get_trials(deepcopy=False))
             self.st.sampler = self.sampler_for(before)
-        trial = self.st.ask()
-        try:
-            values = self.study.space.suggest(trial, self.study.base)
-        except Exception as err:
-            trial.set_user_attr("failure_reason", one_line(err))
-            self.st.tell(trial, state=TrialState.FAIL)
-            raise
+        with storage_writes():
+            trial = self.st.ask()
+            self.untold.add(trial.number)
+            try:
+                values = self.study.space.suggest(trial, self.study.base)
+            except Exception as err:
+                trial.set_user_attr("failure_reason", one_line(err))
+                self.st.tell(trial, state=TrialState.FAIL)
+                self.untold.discard(trial.number)
+                raise
         f = _Flight(trial=trial, values=values)
         reason = precheck(self.study.base, values, self.overrides, self.spec)
         if reason is not None:
@@ -273,6 +287,15 @@ class _Driver:
         return f
 
     def tell(self, f: _Flight) -> None:
+        with storage_writes():
+            self._tell(f)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(failed=self.counts["failed"],
+                                 infeasible=self.counts["infeasible"],
+                                 pareto=len(self.st.best_trials))
+
+    def _tell(self, f: _Flight) -> None:
         t, o = f.trial, f.outcome
         assert o is not None
         t.set_user_attr("fidelity", self.fidelity)
@@ -300,13 +323,8 @@ class _Driver:
             t.set_user_attr(key, o.reason or "unknown")
             self.st.tell(t, state=TrialState.FAIL)
             self.counts[o.status] += 1
-        f.told = True
+        self.untold.discard(t.number)
         self.num_told += 1
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(failed=self.counts["failed"],
-                                 infeasible=self.counts["infeasible"],
-                                 pareto=len(self.st.best_trials))
 
     # Waiting ------------------------------------------------------------------------------------
 
@@ -344,10 +362,9 @@ class _Driver:
         for f in flights:
             if f.ref is not None and f.outcome is None:
                 self.pool.cancel(f.ref)
-        untold = {f.trial.number for f in flights if not f.told}
-        if untold:
+        if self.untold:
             stuck = [t for t in self.st.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                     if t.number in untold]
+                     if t.number in self.untold]
             _interrupt(self.st, self.storage, stuck, self.names)
 
     # A stage ------------------------------------------------------------------------------------
@@ -463,7 +480,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
     notes: list[str] = []
     deadline = (time.monotonic() + study.budget.timeout_s if study.budget.timeout_s
                 else math.inf)
-    with ExitStack() as cleanup, quiet_optuna():
+    with ExitStack() as cleanup, quiet_optuna(), search_signals():
         sampler = make_sampler(study)
         ship = None
         if study.execution.ray_address is not None:
@@ -490,7 +507,8 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
             if values is None:
                 notes.append(f"baseline not enqueued: {why}")
             else:
-                st.enqueue_trial(values, user_attrs={"baseline": True})
+                with storage_writes():
+                    st.enqueue_trial(values, user_attrs={"baseline": True})
         finished = sum(_counts_toward_budget(t) for t in trials)
         can_ask = _grid_open(st, study) if study.sampler.kind == "grid" else (lambda: True)
         stopped_by = _run_stage(st, storage, "screen", study.fidelity.screen,
@@ -579,12 +597,13 @@ def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, n
     trials = cst.get_trials(deepcopy=False)
     present = {t.user_attrs.get("confirms_trial") for t in trials
                if t.state in (TrialState.COMPLETE, TrialState.WAITING)}
-    for t in targets:
-        if t.number not in present:
-            attrs = {"confirms_trial": t.number}
-            if t.user_attrs.get("baseline"):
-                attrs["baseline"] = True
-            cst.enqueue_trial(dict(t.params), user_attrs=attrs)
+    with storage_writes():
+        for t in targets:
+            if t.number not in present:
+                attrs = {"confirms_trial": t.number}
+                if t.user_attrs.get("baseline"):
+                    attrs["baseline"] = True
+                cst.enqueue_trial(dict(t.params), user_attrs=attrs)
 
     def queued() -> bool:
         return bool(cst.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
