@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from simcore.calibration.fit import FitOptions, fit_paths
@@ -89,3 +90,85 @@ def run_calibrate(paths: list[str], out: str, gpu: str | None = None, holdout: f
     path = Path(out)
     profile.save(path)
     return CalibrationReport(profile=profile, out=path)
+
+
+# ---- kernel profiles (AIConfigurator) --------------------------------------------------------
+
+KERNEL_ERROR_COLUMNS = ("table", "n_train", "n_held_out", "median", "p90", "p99", "max")
+"""Columns of `kernel_error_table`: the table family ('gemm/<dtype>', 'attention/<phase>/<kv
+dtype>', 'moe/<dtype>', 'all_reduce/<mode>'), grid cells fitted, measured cells at held-out axis
+values predicted, and the relative-error distribution over them."""
+
+
+def kernel_error_table(profile) -> pd.DataFrame:
+    """A kernel profile's held-out errors, one row per table family."""
+    rows = [{"table": k, "n_train": s.n_train, "n_held_out": s.n, "median": s.median,
+             "p90": s.p90, "p99": s.p99, "max": s.max}
+            for k, s in profile.data.errors.items()]
+    return pd.DataFrame(rows, columns=list(KERNEL_ERROR_COLUMNS))
+
+
+def render_kernel_errors(profile) -> str:
+    """`kernel_error_table` as text, headed by the profile's source."""
+    prov = profile.data.provenance
+    head = (f"{'table':<30}{'n train':>9}{'n held out':>12}{'median':>9}{'p90':>9}{'p99':>9}"
+            f"{'max':>9}")
+    lines = [f"{profile.profile_id} ({profile.gpu}): {prov.package} {prov.package_version}, "
+             f"system {prov.system}, vLLM {', '.join(sorted({f.framework_version for f in prov.files}))}",
+             "", "measured kernels, cells at held-out axis values predicted from the rest", head,
+             "-" * len(head)]
+    for r in kernel_error_table(profile).itertuples():
+        lines.append(f"{r.table:<30}{r.n_train:>9}{r.n_held_out:>12}{_pct(r.median):>9}"
+                     f"{_pct(r.p90):>9}{_pct(r.p99):>9}{_pct(r.max):>9}")
+    return "\n".join(lines)
+
+
+def source_disagreement(kernel_profile, calibration_profile) -> pd.DataFrame:
+    """Where Vidur's measurements (a calibration profile) and the kernel database time the same
+    op on the same GPU: per GEMM shape Vidur measured, the kernel profile's bf16 time over
+    Vidur's at each of Vidur's knots with at least 16 tokens, as ratios (1.0 = agreement).
+    Columns: op, shape, n, median ratio, p10 and p90 ratio."""
+    rows = []
+    for c in calibration_profile.data.curves:
+        if c.op != "gemm":
+            continue
+        k, n = c.key["in_features"], c.key["out_features"]
+        ratios = []
+        for m, t_us in zip(c.num_tokens, c.time_us):
+            if m < 16:
+                continue
+            t = kernel_profile.gemm_time_s("bf16", m, n, k)
+            if t is not None:
+                ratios.append(t / (t_us / 1e6))
+        if ratios:
+            r = np.asarray(ratios)
+            rows.append({"op": "gemm", "shape": f"{k}->{n}", "n": len(r),
+                         "median_ratio": float(np.median(r)), "p10_ratio": float(np.quantile(r, 0.1)),
+                         "p90_ratio": float(np.quantile(r, 0.9))})
+    return pd.DataFrame(rows, columns=["op", "shape", "n", "median_ratio", "p10_ratio",
+                                       "p90_ratio"])
+
+
+def render_disagreement(kernel_profile, calibration_profile) -> str:
+    """`source_disagreement` summed up: the median over shapes and the spread, in one block."""
+    t = source_disagreement(kernel_profile, calibration_profile)
+    if t.empty:
+        return ""
+    med = float(np.median(t["median_ratio"]))
+    lines = [f"sources disagree on {kernel_profile.gpu}: {kernel_profile.profile_id} / "
+             f"{calibration_profile.profile_id} GEMM time, {len(t)} shapes measured by both "
+             f"(>= 16 tokens): median ratio {med:.2f}, shapes' medians from "
+             f"{t['median_ratio'].min():.2f} to {t['median_ratio'].max():.2f}"]
+    return "\n".join(lines)
+
+
+def run_calibrate_aiconfigurator(system: str, out: str, *, seed: int = 0,
+                                 gpu: str | None = None,
+                                 profile_id: str | None = None):
+    """Fit the kernel profile of an AIConfigurator system from the installed package, write it
+    (gzipped when `out` ends in .gz) and return it."""
+    from simcore.calibration.aiconfigurator import fit_system
+
+    profile = fit_system(system, seed=seed, gpu=gpu, profile_id=profile_id)
+    profile.save(out)
+    return profile

@@ -473,21 +473,32 @@ def validate(suites: tuple[str, ...], out: Path | None, vidur_dir: Path | None,
 @click.option("--id", "profile_id", default=None, help="Profile id (default: from the GPU).")
 @click.option("--list", "list_profiles", is_flag=True,
               help="List the shipped profiles and their held-out errors instead of fitting.")
+@click.option("--from-aiconfigurator", "aiconfigurator", default=None, metavar="SYSTEM",
+              help="Fit a kernel profile from the installed aiconfigurator-core's vLLM kernel "
+                   "measurements of SYSTEM (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...).")
 def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
               node: str | None, holdout: float, seed: int, profile_id: str | None,
-              list_profiles: bool) -> None:
-    """Fit a calibration profile from MEASUREMENTS (files or directories in vidur's layout),
-    write it, and print the error distribution per op on the rows held out of the fit."""
+              list_profiles: bool, aiconfigurator: str | None) -> None:
+    """Fit a calibration profile from MEASUREMENTS (files or directories in vidur's layout), or
+    a kernel profile from AIConfigurator's database (--from-aiconfigurator), write it, and print
+    the error distribution on what was held out of the fit."""
     try:
         if list_profiles:
-            from dse.calibrate import error_table, render_error_table
-            from simcore.calibration.profile import shipped_profile, shipped_profile_ids
+            _list_profiles()
+            return
+        if aiconfigurator is not None:
+            if measurements:
+                _fail("calibrate: give measurement files or --from-aiconfigurator, not both")
+            if out is None:
+                _fail("calibrate: --out is required (where to write the profile; .json.gz "
+                      "writes it gzipped)")
+            from dse.calibrate import render_kernel_errors, run_calibrate_aiconfigurator
 
-            for pid in shipped_profile_ids():
-                p = shipped_profile(pid)
-                click.echo(render_error_table(error_table(p),
-                                              title=f"{pid} ({p.gpu}): relative errors"))
-                click.echo("")
+            _check_writable(out, "kernel profile")
+            kp = run_calibrate_aiconfigurator(aiconfigurator, str(out), seed=seed, gpu=gpu,
+                                              profile_id=profile_id)
+            click.echo(render_kernel_errors(kp))
+            click.echo(f"\nkernel profile {kp.profile_id} ({kp.gpu}) written to {out}")
             return
         if not measurements:
             _fail("calibrate: give measurement files or directories (or --list)")
@@ -503,6 +514,27 @@ def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
     click.echo(report.table())
     click.echo(f"\nprofile {report.profile.profile_id} ({report.profile.gpu}) written to "
                f"{report.out}")
+
+
+def _list_profiles() -> None:
+    """Every shipped profile with its held-out errors; for a GPU both sources measured, how far
+    they disagree."""
+    from dse.calibrate import (
+        error_table, render_disagreement, render_error_table, render_kernel_errors)
+    from simcore.calibration.kernels import shipped_kernel_profile, shipped_kernel_profile_ids
+    from simcore.calibration.profile import shipped_profile, shipped_profile_ids
+
+    vidur = {shipped_profile(pid).gpu: shipped_profile(pid) for pid in shipped_profile_ids()}
+    for pid in shipped_kernel_profile_ids():
+        kp = shipped_kernel_profile(pid)
+        click.echo(render_kernel_errors(kp))
+        if kp.gpu in vidur:
+            click.echo(render_disagreement(kp, vidur[kp.gpu]))
+        click.echo("")
+    for pid in shipped_profile_ids():
+        p = shipped_profile(pid)
+        click.echo(render_error_table(error_table(p), title=f"{pid} ({p.gpu}): relative errors"))
+        click.echo("")
 
 
 if __name__ == "__main__":

@@ -160,9 +160,13 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
               assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
               op_scale=op_scale)
     if c.kind == "calibrated":
+        from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
+        from simcore.compute.kernel_model import KernelModel
         profile = resolve_profile(c.profile, gpu, base_dir=Path(cfg.base_dir))
-        rank: StepTimeModel = CalibratedModel(arch, gpu, profile=profile, **kw)
+        rank: StepTimeModel = (KernelModel(arch, gpu, profile=profile, **kw)
+                               if isinstance(profile, KernelProfile)
+                               else CalibratedModel(arch, gpu, profile=profile, **kw))
     else:
         rank = RooflineModel(arch, gpu, **kw)
     if not par.enable_expert_parallel:

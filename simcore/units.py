@@ -36,5 +36,7 @@ def flops_from_tflops(tflops: float) -> float:
 
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
-               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "int4": 0.5}
-"""Bytes per element by dtype name."""
+               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_block": 1, "int8": 1, "int4": 0.5,
+               "nvfp4": 0.5625}
+"""Bytes per element by dtype name (block and group scales of quantized formats are a few
+percent and left out, except nvfp4's fp8 scale per 16 elements)."""

@@ -31,7 +31,7 @@ SHAPES = [StepShape.from_requests([(1, 700)] * 48), StepShape.from_requests([(15
 BASE = {
     "name": "calibrated", "seed": 5,
     "model": {"name": "meta-llama/Llama-3.1-8B"}, "hardware": {"gpu": "A100-80GB"},
-    "compute": {"kind": "calibrated"},
+    "compute": {"kind": "calibrated", "profile": "a100-vidur"},
     "workload": {"num_prompts": 80, "request_rate": 12,
                  "dataset": {"kind": "random", "input_len": 600, "output_len": 60,
                              "range_ratio": 0.3}},
@@ -117,7 +117,8 @@ def test_expert_parallel_group_over_a_calibrated_rank_model():
 
 
 @pytest.mark.parametrize("sections,msg", [
-    ({"hardware": {"gpu": "H200"}}, "no shipped calibration profile for H200"),
+    ({"hardware": {"gpu": "MI300X"}, "compute": {"kind": "calibrated"}},
+     "no shipped calibration profile for MI300X"),
     ({"compute": {"kind": "calibrated", "profile": "h100-vidur"}},
      "measured on H100-SXM, not on the configured A100-80GB"),
     ({"compute": {"kind": "calibrated", "profile": "b200-nothing"}},

@@ -265,15 +265,35 @@ class ProfileData(BaseModel):
     collectives: list[CollectiveCurve] = Field(description="Collective curves.")
 
 
-def _first_error(err: ValidationError) -> str:
+def _first_error(err: ValidationError, what: str = "version-1 profile") -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
-        msg = "is not a field of a version-1 profile"
+        msg = f"is not a field of a {what}"
     elif e["type"] == "missing":
         msg = "is required"
     return f"field {loc!r}: {msg}" if loc else msg
+
+
+def validate_profile(raw: Any, model: type[BaseModel], *, source: str, fmt: str, version: int,
+                     what: str) -> BaseModel:
+    """The parsed contents of a profile file of format `fmt` validated as `model`: one
+    ConfigError naming the source and the first bad field otherwise. `what` names the kind in
+    messages ("profile", "kernel profile")."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a profile must be a JSON object")
+    if raw.get("format") != fmt:
+        raise ConfigError(f"{source}: field 'format' is {raw.get('format')!r}, "
+                          f"expected {fmt!r}")
+    if raw.get("version") != version:
+        raise ConfigError(f"{source}: field 'version' is {raw.get('version')!r}; this "
+                          f"simcore reads version {version} {what}s")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_first_error(err, f'version-{version} {what}')}") \
+            from None
 
 
 def _shape_key(op: str, shape: dict[str, Any]) -> tuple[int, ...]:
@@ -333,18 +353,8 @@ class CalibrationProfile:
     @classmethod
     def from_dict(cls, raw: Any, *, source: str = "profile") -> "CalibrationProfile":
         """Validate the parsed contents of a profile file."""
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: a profile must be a JSON object")
-        if raw.get("format") != FORMAT:
-            raise ConfigError(f"{source}: field 'format' is {raw.get('format')!r}, "
-                              f"expected {FORMAT!r}")
-        if raw.get("version") != VERSION:
-            raise ConfigError(f"{source}: field 'version' is {raw.get('version')!r}; this "
-                              f"simcore reads version {VERSION} profiles")
-        try:
-            data = ProfileData.model_validate(raw)
-        except ValidationError as err:
-            raise ConfigError(f"{source}: {_first_error(err)}") from None
+        data = validate_profile(raw, ProfileData, source=source, fmt=FORMAT, version=VERSION,
+                                what="profile")
         return cls(data, source=source)
 
     def to_json(self) -> str:

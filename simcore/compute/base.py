@@ -41,6 +41,7 @@ class StepShape:
       attn_qk_pairs   = sum(new_i * ctx_i + new_i * (new_i + 1) / 2)   (causal query-key pairs)
       kv_tokens_read  = sum(ctx_i + new_i)                              (KV entries attention reads)
       num_prefill_tokens = num_tokens - num_decode_seqs
+      decode_kv_tokens = sum(ctx_i + 1) over the decode requests (their share of kv_tokens_read)
     """
 
     num_tokens: int
@@ -48,6 +49,7 @@ class StepShape:
     num_decode_seqs: int
     attn_qk_pairs: float
     kv_tokens_read: int
+    decode_kv_tokens: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -61,7 +63,7 @@ class StepShape:
     @staticmethod
     def from_scheduled(scheduled: list[tuple[object, int, int]]) -> "StepShape":
         """Build from (request, new_tokens, context_tokens) triples, a scheduler's plan as it is."""
-        num_tokens = num_decode = kv = 0
+        num_tokens = num_decode = kv = decode_kv = 0
         pairs = 0.0
         for _, new, ctx in scheduled:
             num_tokens += new
@@ -69,10 +71,11 @@ class StepShape:
             if new == 1:        # the general sum below, ctx + 1, exact in a float
                 if ctx > 0:
                     num_decode += 1
+                    decode_kv += ctx + 1
                 pairs += ctx + 1
             else:
                 pairs += new * ctx + new * (new + 1) / 2
-        return StepShape(num_tokens, len(scheduled), num_decode, pairs, kv)
+        return StepShape(num_tokens, len(scheduled), num_decode, pairs, kv, decode_kv)
 
     @staticmethod
     def dummy() -> "StepShape":

@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from simcore.calibration.ops import layer_op_shapes
+from simcore.calibration.kernels import (
+    KernelProfile, is_kernel_profile_file, shipped_kernel_profile, shipped_kernel_profile_ids)
 from simcore.calibration.profile import CalibrationProfile, shipped_profile, shipped_profile_ids
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.roofline import RooflineModel
@@ -51,31 +53,42 @@ def profile_version(profile: CalibrationProfile) -> str:
     return f"v{profile.data.version}+sha256:{_digest(profile.to_json())}"
 
 
-def resolve_profile(name: str | None, gpu: GpuSpec, *, base_dir: Path) -> CalibrationProfile:
-    """The profile `compute.profile` names (a shipped id or a file path), or the shipped profile
-    of `gpu` when it names none; ConfigError naming the field when there is none."""
+def resolve_profile(name: str | None, gpu: GpuSpec, *,
+                    base_dir: Path) -> CalibrationProfile | KernelProfile:
+    """The profile `compute.profile` names (a shipped id or a file path, a calibration or a
+    kernel profile), or when it names none the shipped profile of `gpu`: its kernel profile
+    (measured vLLM kernels, every op class) where one is shipped, else its calibration profile;
+    ConfigError naming the field when there is none."""
     if name is None:
+        kernel_id = f"{gpu.name.lower()}-aiconfigurator"
+        if kernel_id in shipped_kernel_profile_ids():
+            return shipped_kernel_profile(kernel_id)
         for pid in shipped_profile_ids():
             p = shipped_profile(pid)
             if p.gpu == gpu.name:
                 return p
+        shipped = [f"{i} ({shipped_profile(i).gpu})" for i in shipped_profile_ids()]
+        shipped += shipped_kernel_profile_ids()
         raise ConfigError(f"compute.kind: calibrated: no shipped calibration profile for "
-                          f"{gpu.name} (shipped: "
-                          f"{', '.join(f'{i} ({shipped_profile(i).gpu})' for i in shipped_profile_ids())}); "
-                          "name one in compute.profile, fit one with `dse calibrate`, or use "
-                          "kind: roofline")
-    if name.endswith(".json") or "/" in name:
+                          f"{gpu.name} (shipped: {', '.join(shipped)}); name one in "
+                          "compute.profile, fit one with `dse calibrate`, or use kind: roofline")
+    if name.endswith((".json", ".json.gz")) or "/" in name:
         path = Path(name)
         if not path.is_absolute():
             path = base_dir / path
         try:
+            if path.is_file() and is_kernel_profile_file(path):
+                return KernelProfile.load(path)
             return CalibrationProfile.load(path)
         except ConfigError as e:
             raise ConfigError(f"compute.profile: {e}") from None
     try:
+        if name in shipped_kernel_profile_ids():
+            return shipped_kernel_profile(name)
         return shipped_profile(name)
     except ConfigError as e:
-        raise ConfigError(f"compute.profile: {e}") from None
+        raise ConfigError(f"compute.profile: {e}; kernel profiles: "
+                          f"{', '.join(shipped_kernel_profile_ids())}") from None
 
 
 def _memo(fn):
@@ -92,10 +105,103 @@ def _memo(fn):
     return f
 
 
-class CalibratedModel(RooflineModel):
-    """StepTimeModel with a calibration profile's per-op times over the roofline reference."""
+class MeasuredModel(RooflineModel):
+    """A roofline whose measured ops a subclass replaced: the figures both kinds of profile
+    report (what share of a step is measured, each op class's bound, the fallbacks).
+
+    A subclass sets, in its __init__, `profile`, `_sources` (per op class, the set of where its
+    times come from: "measured", "generic", "roofline"), `_fallbacks` (the parts timed by the
+    roofline or a generic model, in words) and `_class_bounds` (per op class, its relative
+    error bound), then calls `_set_reference_figures()`."""
 
     __slots__ = ("profile", "_sources", "_fallbacks", "_class_bounds", "_measured_share")
+
+    def _communication_fallbacks(self, tp: int, pp: int, all_reduce_measured: bool,
+                                 multi_node_tp: bool, sequence_parallel_moe: bool,
+                                 unmeasured: str) -> None:
+        """Record the communication a profile does not time: TP collectives when its all-reduce
+        is not used (`unmeasured` says why when the profile lacks it), the logits gather, PP
+        hops."""
+        if tp > 1:
+            if not all_reduce_measured:
+                why = ("a cluster run: the step DAG lowers collectives onto NVLink and the "
+                       "fabric" if multi_node_tp else "sequence-parallel MoE"
+                       if sequence_parallel_moe else unmeasured)
+                self._sources["communication"].add("roofline")
+                self._fallbacks.append(f"TP collectives over {tp} GPUs: roofline formulas "
+                                       f"({why})")
+            self._fallbacks.append("logits all-gather: roofline ring formula")
+        if pp > 1:
+            self._sources["communication"].add("roofline")
+            self._fallbacks.append("PP hops: roofline")
+
+    @staticmethod
+    def _check_gpu(profile, gpu: GpuSpec) -> None:
+        """ConfigError naming compute.profile when `profile` was measured on another GPU."""
+        if profile.gpu != gpu.name:
+            raise ConfigError(f"compute.profile: {profile.profile_id} was measured on "
+                              f"{profile.gpu}, not on the configured {gpu.name}")
+
+    def _reference_parts(self) -> list[dict[str, float]]:
+        """Seconds per op class of two reference steps: 64 decodes at 1k context, and a
+        2048-token prefill chunk."""
+        out = []
+        for shape in (StepShape.from_requests([(1, 1024)] * 64),
+                      StepShape.from_requests([(2048, 0)])):
+            by_op: dict[str, float] = {}
+            self.op_bounds(shape, by_op=by_op)
+            parts = {"gemm": by_op.get("mlp", 0.0), "attention": by_op.get("attention", 0.0),
+                     "moe": by_op.get("moe", 0.0), "elementwise": by_op.get("elementwise", 0.0),
+                     "lm_head": by_op.get("lm_head", 0.0),
+                     "communication": self.comm_s(shape),
+                     "overhead": self._step_overhead_s}
+            # The attention op holds the projections (gemm) and the kernel (attention).
+            if "attn" in self._token_gemm_groups:
+                proj = self._token_gemm_meas[self._token_gemm_groups.index("attn")]
+                if proj is not None:
+                    p = proj(shape.num_tokens)
+                    parts["gemm"] += p
+                    parts["attention"] -= p
+            out.append(parts)
+        return out
+
+    def _set_reference_figures(self) -> None:
+        """From the reference steps: `relative_uncertainty`, the class bounds weighted by each
+        class's share of a step (the larger of the two steps), and the share of a step's time
+        that comes from the profile's curves (the smaller of the two)."""
+        worst, shares = 0.0, []
+        for parts in self._reference_parts():
+            total = sum(parts.values())
+            if total <= 0:
+                shares.append(0.0)
+                continue
+            worst = max(worst, sum(parts[c] * self._class_bounds[c] for c in parts) / total)
+            measured = sum(v for c, v in parts.items()
+                           if self._sources[c] and "roofline" not in self._sources[c])
+            shares.append(measured / total)
+        self.relative_uncertainty = worst
+        self._measured_share = min(shares)
+
+    def measured_share(self) -> float:
+        """The share of a reference step's time that comes from the profile's curves: what
+        "calibrated" covers in this deployment."""
+        return self._measured_share
+
+    def op_error_bounds(self) -> dict[str, float]:
+        """Per op class: the held-out p90 error of the profile's curves it uses, the roofline's
+        declared bound where any part of it is timed by the roofline."""
+        return dict(self._class_bounds)
+
+    def fallbacks(self) -> list[str]:
+        """The parts of a step timed by the roofline or a generic fallback."""
+        return list(self._fallbacks)
+
+
+
+class CalibratedModel(MeasuredModel):
+    """StepTimeModel with a calibration profile's per-op times over the roofline reference."""
+
+    __slots__ = ()
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, profile: CalibrationProfile,
                  tp: int = 1, pp: int = 1, weight_dtype: str = "bf16",
@@ -106,9 +212,7 @@ class CalibratedModel(RooflineModel):
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
                          multi_node_tp=multi_node_tp, op_scale=op_scale)
-        if profile.gpu != gpu.name:
-            raise ConfigError(f"compute.profile: {profile.profile_id} was measured on "
-                              f"{profile.gpu}, not on the configured {gpu.name}")
+        self._check_gpu(profile, gpu)
         if weight_dtype not in ("bf16", "fp16"):
             raise ConfigError(f"compute.profile: {profile.profile_id} measured 16-bit GEMMs; "
                               f"model.dtype {weight_dtype} would time every GEMM by the "
@@ -222,17 +326,8 @@ class CalibratedModel(RooflineModel):
                                  fc * n * p.collective_time_s("all_reduce", t * hb, tp, tp))
                 comm_error = profile.relative_error("all_reduce") or 0.0
                 self._sources["communication"].add("measured")
-            else:
-                why = ("a cluster run: the step DAG lowers collectives onto NVLink and the "
-                       "fabric" if multi_node_tp else "sequence-parallel MoE"
-                       if sequence_parallel_moe else "no NCCL table of that group")
-                self._sources["communication"].add(rough)
-                self._fallbacks.append(f"TP collectives over {tp} GPUs: roofline formulas "
-                                       f"({why})")
-            self._fallbacks.append("logits all-gather: roofline ring formula")
-        if pp > 1:
-            self._sources["communication"].add(rough)
-            self._fallbacks.append("PP hops: roofline")
+        self._communication_fallbacks(tp, pp, self._ar_meas is not None, multi_node_tp,
+                                      sequence_parallel_moe, "no NCCL table of that group")
         self._fallbacks += ["attention kernel: roofline (no attention measurements)",
                             "LM head and sampler: roofline"]
         if arch.is_moe:
@@ -249,60 +344,6 @@ class CalibratedModel(RooflineModel):
             bounds["communication"] = comm_error
         self._class_bounds = bounds
         self._set_reference_figures()
-
-    def _reference_parts(self) -> list[dict[str, float]]:
-        """Seconds per op class of two reference steps: 64 decodes at 1k context, and a
-        2048-token prefill chunk."""
-        out = []
-        for shape in (StepShape.from_requests([(1, 1024)] * 64),
-                      StepShape.from_requests([(2048, 0)])):
-            by_op: dict[str, float] = {}
-            self.op_bounds(shape, by_op=by_op)
-            parts = {"gemm": by_op.get("mlp", 0.0), "attention": by_op.get("attention", 0.0),
-                     "moe": by_op.get("moe", 0.0), "elementwise": by_op.get("elementwise", 0.0),
-                     "lm_head": by_op.get("lm_head", 0.0),
-                     "communication": self.comm_s(shape),
-                     "overhead": self._step_overhead_s}
-            # The attention op holds the projections (gemm) and the kernel (attention).
-            if "attn" in self._token_gemm_groups:
-                proj = self._token_gemm_meas[self._token_gemm_groups.index("attn")]
-                if proj is not None:
-                    p = proj(shape.num_tokens)
-                    parts["gemm"] += p
-                    parts["attention"] -= p
-            out.append(parts)
-        return out
-
-    def _set_reference_figures(self) -> None:
-        """From the reference steps: `relative_uncertainty`, the class bounds weighted by each
-        class's share of a step (the larger of the two steps), and the share of a step's time
-        that comes from the profile's curves (the smaller of the two)."""
-        worst, shares = 0.0, []
-        for parts in self._reference_parts():
-            total = sum(parts.values())
-            if total <= 0:
-                shares.append(0.0)
-                continue
-            worst = max(worst, sum(parts[c] * self._class_bounds[c] for c in parts) / total)
-            measured = sum(v for c, v in parts.items()
-                           if self._sources[c] and "roofline" not in self._sources[c])
-            shares.append(measured / total)
-        self.relative_uncertainty = worst
-        self._measured_share = min(shares)
-
-    def measured_share(self) -> float:
-        """The share of a reference step's time that comes from the profile's curves: what
-        "calibrated" covers in this deployment."""
-        return self._measured_share
-
-    def op_error_bounds(self) -> dict[str, float]:
-        """Per op class: the held-out p90 error of the profile's curves it uses, the roofline's
-        declared bound where any part of it is timed by the roofline."""
-        return dict(self._class_bounds)
-
-    def fallbacks(self) -> list[str]:
-        """The parts of a step timed by the roofline or a generic fallback."""
-        return list(self._fallbacks)
 
     def assumption_lines(self) -> list[str]:
         src = self.profile.data.provenance.source

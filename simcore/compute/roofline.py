@@ -131,7 +131,8 @@ class RooflineModel:
         "profile_id", "profile_version", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
         "weight_dtype", "kv_cache_dtype", "assumptions",
         "_token_gemms", "_token_gemm_ops", "_token_gemm_groups", "_token_gemm_meas",
-        "_ew_meas", "_ar_meas", "_e_num", "_e_ln_miss", "_e_flop_s_per_token", "_e_byte_s_per_expert",
+        "_ew_meas", "_ar_meas", "_attn_meas", "_moe_meas", "_lm_meas", "_e_num", "_e_ln_miss",
+        "_e_flop_s_per_token", "_e_byte_s_per_expert",
         "_e_byte_s_per_token", "_e_floor_s",
         "_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row", "_kvb_floor_s",
         "_mla", "_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair", "_attn_byte_s_per_kv",
@@ -217,6 +218,12 @@ class RooflineModel:
         self._token_gemm_meas: tuple = (None,) * len(groups)
         self._ew_meas = None
         self._ar_meas = None
+        # Measured kernels (a kernel profile, see KernelModel): the attention kernel of a step
+        # (a function of its shape), the routed experts and the LM head GEMM (of its tokens and
+        # of its sequences); each over all layers, None where the roofline times it.
+        self._attn_meas = None
+        self._moe_meas = None
+        self._lm_meas = None
 
         # Routed experts.
         experts = tuple(g for g in moe_mlp if g.group == "expert")
@@ -421,7 +428,13 @@ class RooflineModel:
             active = self._e_num * (1.0 - math.exp(t * self._e_ln_miss))
             c = t * self._e_flop_s_per_token
             m = active * self._e_byte_s_per_expert + t * self._e_byte_s_per_token
-            if c >= m and c >= self._e_floor_s:
+            if self._moe_meas is not None:
+                x = self._moe_meas(t)
+                if c >= m:
+                    compute_bound += x
+                else:
+                    memory_bound += x
+            elif c >= m and c >= self._e_floor_s:
                 x = c
                 compute_bound += c
             else:
@@ -450,7 +463,14 @@ class RooflineModel:
             else:
                 c = pairs * self._attn_flop_s_per_pair
             m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
-            if c >= m and c >= self._attn_floor_s:
+            if self._attn_meas is not None:   # measured, on the bound the roofline names
+                bound_is_compute = c >= m
+                c = self._attn_meas(shape)
+                if bound_is_compute:
+                    compute_bound += c
+                else:
+                    memory_bound += c
+            elif c >= m and c >= self._attn_floor_s:
                 compute_bound += c
             else:
                 c = m if m > self._attn_floor_s else self._attn_floor_s
@@ -470,7 +490,13 @@ class RooflineModel:
         if s:
             c = s * self._lm_flop_s_per_row
             m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
-            if c >= m and c >= self._lm_floor_s:
+            if self._lm_meas is not None:
+                x = self._lm_meas(s)
+                if c >= m:
+                    compute_bound += x
+                else:
+                    memory_bound += x
+            elif c >= m and c >= self._lm_floor_s:
                 compute_bound += c
                 x = c
             else:

@@ -28,13 +28,17 @@ class ModelConfig(BaseModel):
         description="Path to a Hugging Face config.json (or its directory); a relative path is "
                     "resolved against the directory of the file that declares it. Exactly one of "
                     "name and hf_config.")
-    dtype: Literal["bf16", "fp16", "fp8"] = Field(
+    dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "nvfp4"] = Field(
         default="bf16",
-        description="Weight dtype. fp8 quantizes the linear layers only; embeddings, LM head, "
-                    "norms and MoE routers stay in bf16.")
+        description="Weight dtype of the linear layers (embeddings, LM head, norms and MoE "
+                    "routers stay in bf16): fp8 with per-tensor or per-channel scales (W8A8, "
+                    "e.g. compressed-tensors FP8 checkpoints), fp8_block with 128x128 block "
+                    "scales (DeepSeek-V3 and Qwen3 FP8 checkpoints), int4 weight-only with "
+                    "group scales (AWQ/GPTQ, W4A16), nvfp4 (4-bit weights and activations with "
+                    "fp8 scales per 16 elements, Blackwell).")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto",
-        description="KV-cache dtype; 'auto' means the activation dtype (bf16 for fp8 weights, "
+        description="KV-cache dtype; 'auto' means the activation dtype (bf16 for quantized weights, "
                     "else the weight dtype), as vLLM's --kv-cache-dtype auto.")
     max_model_len: int | None = Field(
         default=None, gt=0,
@@ -60,7 +64,7 @@ class ModelConfig(BaseModel):
     def resolved_kv_cache_dtype(self) -> str:
         """The KV-cache dtype with 'auto' replaced by the activation dtype."""
         if self.kv_cache_dtype == "auto":
-            return "bf16" if self.dtype == "fp8" else self.dtype
+            return self.dtype if self.dtype in ("bf16", "fp16") else "bf16"
         return self.kv_cache_dtype
 
     def resolve(self, base_dir: str | Path | None = None) -> ModelArch:

@@ -1,0 +1,149 @@
+"""Measured kernel times on a grid of shapes, and their interpolation in log-log space.
+
+A kernel's time against its shape parameters (a GEMM's m, n, k; an attention kernel's batch and
+sequence length; a fused-MoE kernel's tokens) is close to a power law in each parameter over
+long stretches: flat while a fixed cost dominates, proportional to the work once it does.
+`LogGrid` holds a table of measured times on the product of positive axis values and predicts a
+point by multilinear interpolation of log time in log axis values, which is exact for any power
+law. Cells the measurements lack are missing (NaN): a prediction uses the cell corners that
+were measured, their weights renormalised, and is None when none was.
+
+Outside an axis's range: below its first value the time is that of the first value (kernels do
+not get faster for less work than the smallest measured); above its last value the time grows
+with the axis's log-log slope over the last measured segment, clamped to [floor, cap] per axis
+(cap 1 for work that grows linearly, e.g. GEMM rows; 2 for causal attention's query-key pairs
+against sequence length; floor = cap = 1 for a GEMM's n and k, whose weights grow with them
+whatever the noise of the last measured segment).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+
+class LogGrid:
+    """A table of positive times on positive axes; immutable after construction.
+
+    `axes`: the axis values, each strictly increasing and positive; `values`: an array of shape
+    (len(axis) for axis in axes), seconds, NaN where not measured; `caps`: per axis, the largest
+    log-log slope used above its last value.
+    """
+
+    __slots__ = ("axes", "values", "caps", "floors", "_log_axes", "_log_values", "_axes_lists")
+
+    def __init__(self, axes: list, values: np.ndarray, caps: tuple[float, ...],
+                 floors: tuple[float, ...] | None = None):
+        self.axes = [np.asarray(a, dtype=float) for a in axes]
+        self.values = np.asarray(values, dtype=float)
+        if self.values.shape != tuple(len(a) for a in self.axes):
+            raise ValueError(f"values of shape {self.values.shape} on axes of lengths "
+                             f"{[len(a) for a in self.axes]}")
+        if len(caps) != len(self.axes):
+            raise ValueError("one slope cap per axis")
+        for a in self.axes:
+            if len(a) == 0 or a[0] <= 0 or np.any(np.diff(a) <= 0):
+                raise ValueError("axis values must be positive and strictly increasing")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self._log_values = np.log(np.where(self.values > 0, self.values, np.nan))
+        self.caps = tuple(float(c) for c in caps)
+        self.floors = tuple(float(f) for f in floors) if floors else (0.0,) * len(self.caps)
+        self._log_axes = [np.log(a) for a in self.axes]
+        self._axes_lists = [la.tolist() for la in self._log_axes]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.axes)
+
+    def _inside_log(self, lx: list[float]) -> float | None:
+        """Log time at a point inside every axis's range (multilinear over measured corners)."""
+        idx: list[tuple[int, float]] = []
+        for ax, x in zip(self._axes_lists, lx):
+            n = len(ax)
+            if n == 1:
+                idx.append((0, 0.0))
+                continue
+            i = bisect.bisect_right(ax, x) - 1
+            i = min(max(i, 0), n - 2)
+            f = (x - ax[i]) / (ax[i + 1] - ax[i])
+            idx.append((i, min(max(f, 0.0), 1.0)))
+        total_w = 0.0
+        acc = 0.0
+        v = self._log_values
+        nd = len(idx)
+        for corner in range(1 << nd):
+            w = 1.0
+            pos = []
+            for d, (i, f) in enumerate(idx):
+                if (corner >> d) & 1:
+                    if f == 0.0 or len(self._axes_lists[d]) == 1:
+                        w = 0.0
+                        break
+                    w *= f
+                    pos.append(i + 1)
+                else:
+                    if f == 1.0:
+                        w = 0.0
+                        break
+                    w *= 1.0 - f
+                    pos.append(i)
+            if w == 0.0:
+                continue
+            y = v[tuple(pos)]
+            if y != y:        # NaN: not measured
+                continue
+            acc += w * y
+            total_w += w
+        if total_w <= 0.0:
+            return None
+        return acc / total_w
+
+    def __call__(self, *point: float) -> float | None:
+        """Seconds at `point` (one value per axis); None when no corner of its cell was
+        measured."""
+        lx = []
+        above: list[tuple[int, float]] = []
+        for d, (ax, x) in enumerate(zip(self._axes_lists, point)):
+            l = math.log(x) if x > 0 else -math.inf
+            if l < ax[0]:
+                l = ax[0]
+            elif l > ax[-1]:
+                above.append((d, l - ax[-1]))
+                l = ax[-1]
+            lx.append(l)
+        y = self._inside_log(lx)
+        if y is None:
+            return None
+        for d, excess in above:
+            ax = self._axes_lists[d]
+            if len(ax) < 2:
+                slope = self.caps[d]
+            else:
+                prev = list(lx)
+                prev[d] = ax[-2]
+                y0 = self._inside_log(prev)
+                slope = self.caps[d] if y0 is None else (y - y0) / (ax[-1] - ax[-2])
+            y += min(max(slope, self.floors[d]), self.caps[d]) * excess
+        return math.exp(y)
+
+
+def fill_along(values: np.ndarray, axis_values: np.ndarray, axis: int, cap: float) -> np.ndarray:
+    """`values` with the missing cells beyond the last measured one of each line along `axis`
+    extrapolated in log-log space with the slope of the line's last measured segment, clamped to
+    [0, cap]. Lines with fewer than two measured cells, and gaps between measured cells, are left
+    as they are (interpolation handles gaps)."""
+    v = np.moveaxis(np.array(values, dtype=float), axis, -1)
+    la = np.log(np.asarray(axis_values, dtype=float))
+    flat = v.reshape(-1, v.shape[-1])
+    for row in flat:
+        ok = np.flatnonzero(row > 0)
+        if len(ok) < 2:
+            continue
+        a, b = ok[-2], ok[-1]
+        slope = (math.log(row[b]) - math.log(row[a])) / (la[b] - la[a])
+        slope = min(max(slope, 0.0), cap)
+        for j in range(b + 1, len(row)):
+            row[j] = math.exp(math.log(row[b]) + slope * (la[j] - la[b]))
+    return np.moveaxis(flat.reshape(v.shape), -1, axis)

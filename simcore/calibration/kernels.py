@@ -1,0 +1,391 @@
+"""Kernel profiles: measured times of vLLM's own kernels on one GPU (GEMMs by dtype, context and
+decode attention, fused MoE, all-reduce), stored as grids of shapes, and their lookups.
+
+A kernel profile is JSON (gzipped when shipped), `{"format": "simcore-kernel-profile",
+"version": 1, ...}` (`KernelProfileData`). Beside the per-op curves of a calibration profile
+(`simcore.calibration.profile`, fitted on Vidur's measurements), it covers every op of a dense or
+MoE transformer's step that a GPU runs as a measured kernel:
+
+- `gemm`: per weight dtype (bf16, fp8 per-tensor, fp8 block-scaled, nvfp4, ...) one grid of
+  times over (m rows, n output features, k input features); a linear layer of any shape is
+  interpolated in log-log space (`simcore.calibration.grid.LogGrid`), beyond the largest n or k
+  in proportion to it.
+- `attention`: per phase (context: prompts of `seq` tokens, no cached prefix; generation: one
+  query token over `seq` cached tokens), KV-cache dtype and per-GPU head shape (query heads, KV
+  heads, head dim), a grid of times over (batch, seq).
+- `moe`: per dtype and MoE shape (hidden, intermediate, top-k, experts, TP and EP of the experts)
+  the fused-MoE layer's time against the tokens entering it, tokens routed uniformly.
+- `all_reduce`: per group size and mode (inside a CUDA graph, or eager) the time against the
+  number of 16-bit elements reduced.
+
+Every grid was fitted without some of its axis values (the `held_out` lists), and `errors` holds
+the relative error of predicting the measured times at those values from the rest: the error of
+interpolating across a gap twice the measured spacing, an upper estimate of interpolating inside
+the shipped grid.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simcore.calibration.curves import KnotCurve
+from simcore.calibration.grid import LogGrid
+from simcore.calibration.profile import ErrorStats, US_PER_S, dumps_profile, validate_profile
+from simcore.errors import ConfigError
+
+FORMAT = "simcore-kernel-profile"
+"""The `format` field every kernel profile carries."""
+
+VERSION = 1
+"""The kernel profile format version this module reads and writes."""
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+GEMM_CAPS = (1.0, 1.0, 1.0)
+"""Log-log slope caps of the GEMM grid above its last m, n and k: time grows at most linearly."""
+
+GEMM_FLOORS = (0.0, 1.0, 1.0)
+"""And the floors: above the last n or k measured, time grows with the weights, linearly."""
+
+DECODE_CAPS = (1.0, 1.0)
+"""Generation attention above its last batch and sequence length: linear (memory-bound)."""
+
+CONTEXT_CAPS = (1.0, 2.0)
+"""Context attention above its last batch (linear) and prompt length (causal pairs: quadratic)."""
+
+
+def _grid_values(flat: list, shape: tuple[int, ...]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in flat], dtype=float).reshape(shape) \
+        / US_PER_S
+
+
+def _check_axis(name: str, axis: list) -> None:
+    if not axis or axis[0] <= 0 or any(b <= a for a, b in zip(axis, axis[1:])):
+        raise ValueError(f"{name} must be positive and strictly increasing")
+
+
+class GemmTable(BaseModel):
+    """One GEMM kernel's times over (m, n, k), C-order, microseconds; null where not measured."""
+
+    model_config = _FROZEN
+
+    dtype: str = Field(description="Weight dtype of the GEMM: bf16, fp8 (per-tensor scales), "
+                       "fp8_block (128x128 block scales), nvfp4, int4_wo, ...")
+    kernel: str = Field(description="The kernel vLLM ran, as the measurements name it.")
+    m: list[int] = Field(description="Rows (tokens) measured.")
+    n: list[int] = Field(description="Output features measured.")
+    k: list[int] = Field(description="Input features measured.")
+    time_us: list[float | None] = Field(description="len(m) x len(n) x len(k) times, C-order.")
+    held_out: dict[str, list[int]] = Field(description="Axis values left out of this grid: "
+                                           "{'m': [...], 'n': [...], 'k': [...]}.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "GemmTable":
+        for a in ("m", "n", "k"):
+            _check_axis(a, getattr(self, a))
+        if len(self.time_us) != len(self.m) * len(self.n) * len(self.k):
+            raise ValueError("time_us must hold len(m) x len(n) x len(k) values")
+        return self
+
+
+class AttentionTable(BaseModel):
+    """One attention kernel at one per-GPU head shape: times over (batch, seq), microseconds."""
+
+    model_config = _FROZEN
+
+    phase: Literal["context", "generation"] = Field(
+        description="context: each sequence a prompt of `seq` tokens with no cached prefix; "
+        "generation: one new token per sequence attending to `seq` tokens in the KV cache.")
+    kv_cache_dtype: str = Field(description="KV-cache dtype: bf16 or fp8.")
+    kernel: str = Field(description="The attention backend vLLM ran.")
+    num_heads: int = Field(ge=1, description="Query heads per GPU.")
+    num_kv_heads: int = Field(ge=1, description="Key-value heads per GPU.")
+    head_dim: int = Field(ge=1, description="Head dimension.")
+    batch: list[int] = Field(description="Sequences per call measured.")
+    seq: list[int] = Field(description="Tokens per sequence measured (prompt length, or KV "
+                           "length including the new token).")
+    time_us: list[float | None] = Field(description="len(batch) x len(seq) times, C-order.")
+    held_out: dict[str, list[int]] = Field(description="Axis values left out: {'batch': [...], "
+                                           "'seq': [...]}.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "AttentionTable":
+        _check_axis("batch", self.batch)
+        _check_axis("seq", self.seq)
+        if len(self.time_us) != len(self.batch) * len(self.seq):
+            raise ValueError("time_us must hold len(batch) x len(seq) values")
+        return self
+
+
+class MoeCurve(BaseModel):
+    """One fused-MoE layer (router excluded) at one shape: time against tokens, microseconds."""
+
+    model_config = _FROZEN
+
+    dtype: str = Field(description="Expert weight dtype.")
+    kernel: str = Field(description="The fused-MoE kernel vLLM ran.")
+    hidden: int = Field(ge=1, description="Model width.")
+    inter: int = Field(ge=1, description="Expert intermediate width (whole, before TP).")
+    topk: int = Field(ge=1, description="Experts per token.")
+    num_experts: int = Field(ge=1, description="Routed experts in the layer (whole model).")
+    tp: int = Field(ge=1, description="Tensor parallelism of the experts.")
+    ep: int = Field(ge=1, description="Expert parallelism.")
+    num_tokens: list[int] = Field(description="Tokens entering the layer on one GPU.")
+    time_us: list[float] = Field(description="Time at each token count, microseconds.")
+    held_out_num_tokens: list[int] = Field(description="Token counts left out.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoeCurve":
+        _check_axis("num_tokens", self.num_tokens)
+        if len(self.time_us) != len(self.num_tokens) or min(self.time_us) <= 0:
+            raise ValueError("time_us must hold one positive time per token count")
+        return self
+
+
+class CommCurve(BaseModel):
+    """vLLM's all-reduce over one group of GPUs in one node: time against elements."""
+
+    model_config = _FROZEN
+
+    collective: Literal["all_reduce"] = Field(description="The collective.")
+    mode: Literal["graph", "eager"] = Field(description="Inside a captured CUDA graph, or "
+                                            "launched eagerly.")
+    num_gpus: int = Field(ge=2, description="GPUs in the group.")
+    elements: list[int] = Field(description="16-bit elements reduced.")
+    time_us: list[float] = Field(description="Time at each size, microseconds.")
+    held_out_elements: list[int] = Field(description="Sizes left out.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CommCurve":
+        _check_axis("elements", self.elements)
+        if len(self.time_us) != len(self.elements) or min(self.time_us) <= 0:
+            raise ValueError("time_us must hold one positive time per size")
+        return self
+
+
+class KernelSource(BaseModel):
+    """One measurement file read."""
+
+    model_config = _FROZEN
+
+    path: str = Field(description="Path inside the source package's data folder.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the file's bytes.")
+    rows: int = Field(ge=0, description="Rows read.")
+    framework_version: str = Field(description="vLLM (or NCCL) version it was measured with.")
+
+
+class KernelProvenance(BaseModel):
+    """Where the numbers come from and how they were fitted."""
+
+    model_config = _FROZEN
+
+    source: str = Field(description="The measurements: origin, package version, licence.")
+    package: str = Field(description="Package the data was read from.")
+    package_version: str = Field(description="Its version.")
+    system: str = Field(description="The measurement system's name in the package.")
+    device: str = Field(description="The GPU as the measurements name it.")
+    files: list[KernelSource] = Field(description="Every file read, with its sha256.")
+    holdout: str = Field(description="The hold-out rule in words.")
+    seed: int = Field(ge=0, description="Seed of the hold-out draw.")
+    method: str = Field(description="The fitting method in words.")
+
+
+class KernelProfileData(BaseModel):
+    """The contents of a kernel profile file (format version 1)."""
+
+    model_config = _FROZEN
+
+    format: Literal["simcore-kernel-profile"] = Field(description="File kind marker.")
+    version: Literal[1] = Field(description="Format version.")
+    profile_id: str = Field(min_length=1, description="Name of this profile.")
+    gpu: str = Field(description="GPU name in the catalog (simcore/data/gpus.yaml).")
+    provenance: KernelProvenance = Field(description="Measurements and fitting.")
+    gemm: list[GemmTable] = Field(description="GEMM grids, one per dtype.")
+    attention: list[AttentionTable] = Field(description="Attention grids.")
+    moe: list[MoeCurve] = Field(description="Fused-MoE curves.")
+    all_reduce: list[CommCurve] = Field(description="All-reduce curves.")
+    errors: dict[str, ErrorStats] = Field(description="Held-out relative errors per table "
+                                          "family: 'gemm/<dtype>', 'attention/<phase>/<kv "
+                                          "dtype>', 'moe/<dtype>', 'all_reduce/<mode>'.")
+
+
+class KernelProfile:
+    """A validated kernel profile with its grids built for lookups; immutable.
+
+    Lookups return None where the profile has nothing for the asked kernel, shape or dtype: the
+    caller times that op otherwise and says so."""
+
+    def __init__(self, data: KernelProfileData, *, source: str = "profile"):
+        self.data = data
+        self.source = source
+        self._digest: str | None = None
+        self._gemm = {t.dtype: LogGrid([t.m, t.n, t.k],
+                                       _grid_values(t.time_us, (len(t.m), len(t.n), len(t.k))),
+                                       GEMM_CAPS, GEMM_FLOORS)
+                      for t in data.gemm}
+        self._gemm_m = {t.dtype: t.m for t in data.gemm}
+        self._attn: dict[tuple, LogGrid] = {}
+        for t in data.attention:
+            caps = CONTEXT_CAPS if t.phase == "context" else DECODE_CAPS
+            self._attn[(t.phase, t.kv_cache_dtype, t.num_heads, t.num_kv_heads, t.head_dim)] = \
+                LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))),
+                        caps)
+        self._moe = {(c.dtype, c.hidden, c.inter, c.topk, c.num_experts, c.tp, c.ep):
+                     KnotCurve(c.num_tokens, np.asarray(c.time_us) / US_PER_S, log_log=True)
+                     for c in data.moe}
+        self._ar = {(c.mode, c.num_gpus): KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S,
+                                                    log_log=True)
+                    for c in data.all_reduce}
+
+    # ---- files ------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path) -> "KernelProfile":
+        """Read and validate a kernel profile file (.json or .json.gz)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such profile file")
+        try:
+            raw = path.read_bytes()
+            if path.name.endswith(".gz"):
+                raw = gzip.decompress(raw)
+            parsed = json.loads(raw.decode("utf-8"))
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise ConfigError(f"{path}: cannot be read ({e})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+        return cls.from_dict(parsed, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, source: str = "profile") -> "KernelProfile":
+        """Validate the parsed contents of a kernel profile file."""
+        data = validate_profile(raw, KernelProfileData, source=source, fmt=FORMAT,
+                                version=VERSION, what="kernel profile")
+        return cls(data, source=source)
+
+    def to_json(self) -> str:
+        """The profile's JSON text (deterministic)."""
+        return dumps_profile(self.data.model_dump(mode="json"))
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile (gzipped, with no timestamp, when the name ends in .gz)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = self.to_json().encode()
+        if path.name.endswith(".gz"):
+            text = gzip.compress(text, compresslevel=9, mtime=0)
+        path.write_bytes(text)
+
+    # ---- lookups ----------------------------------------------------------------------------
+
+    @property
+    def profile_id(self) -> str:
+        return self.data.profile_id
+
+    @property
+    def digest(self) -> str:
+        """The first 16 hex digits of the sha256 of the profile's JSON text (computed once)."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        return self._digest
+
+    @property
+    def gpu(self) -> str:
+        return self.data.gpu
+
+    def gemm_dtypes(self) -> list[str]:
+        """Weight dtypes with a GEMM grid."""
+        return sorted(self._gemm)
+
+    def gemm_time_s(self, dtype: str, m: float, n: int, k: int) -> float | None:
+        """Time of an (m x k) @ (k x n) GEMM with weights in `dtype`, seconds."""
+        g = self._gemm.get(dtype)
+        return None if g is None else g(m, n, k)
+
+    def gemm_curve(self, dtype: str, n: int, k: int) -> KnotCurve | None:
+        """The GEMM of per-GPU shape (k -> n) as a curve over rows m (the grid's m values,
+        interpolated in n and k once): what a step-time model keeps for one linear layer."""
+        g = self._gemm.get(dtype)
+        if g is None:
+            return None
+        ms = self._gemm_m[dtype]
+        ts = [g(m, n, k) for m in ms]
+        if any(t is None for t in ts):
+            return None
+        return KnotCurve(ms, ts, log_log=True)
+
+    def attention_grid(self, phase: str, kv_cache_dtype: str, num_heads: int,
+                       num_kv_heads: int, head_dim: int) -> LogGrid | None:
+        """The measured (batch, seq) grid of attention at this per-GPU head shape, or None."""
+        return self._attn.get((phase, kv_cache_dtype, num_heads, num_kv_heads, head_dim))
+
+    def attention_shapes(self, phase: str, kv_cache_dtype: str) -> list[tuple[int, int, int]]:
+        """(num_heads, num_kv_heads, head_dim) measured for `phase` and KV dtype."""
+        return sorted(k[2:] for k in self._attn if k[0] == phase and k[1] == kv_cache_dtype)
+
+    def moe_curve(self, dtype: str, hidden: int, inter: int, topk: int, num_experts: int,
+                  tp: int, ep: int) -> KnotCurve | None:
+        """The fused-MoE layer's time against tokens at this shape, or None."""
+        return self._moe.get((dtype, hidden, inter, topk, num_experts, tp, ep))
+
+    def all_reduce_curve(self, num_gpus: int, mode: str = "graph") -> KnotCurve | None:
+        """All-reduce time against 16-bit elements over `num_gpus` GPUs of a node, or None."""
+        return self._ar.get((mode, num_gpus))
+
+    def error_bound(self, family: str) -> float | None:
+        """The 90th-percentile held-out relative error of a table family ('gemm/bf16',
+        'attention/generation/bf16', 'moe/fp8', 'all_reduce/graph'), or None."""
+        s = self.data.errors.get(family)
+        return None if s is None else s.p90
+
+
+def is_kernel_profile_file(path: Path) -> bool:
+    """Whether a profile file is a kernel profile (by name: *.json.gz, or a JSON file whose
+    format field says so)."""
+    if path.name.endswith(".json.gz"):
+        return True
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace")[:200]
+    except OSError:
+        return False
+    return f'"{FORMAT}"' in head
+
+
+_FOLDER = ("data", "profiles")
+
+
+def shipped_kernel_profile_ids() -> list[str]:
+    """Ids of the kernel profiles shipped in simcore/data/profiles (*.json.gz)."""
+    folder = resources.files("simcore").joinpath(*_FOLDER)
+    return sorted(p.name.removesuffix(".json.gz") for p in folder.iterdir()
+                  if p.name.endswith(".json.gz"))
+
+
+@lru_cache(maxsize=None)
+def shipped_kernel_profile(profile_id: str) -> KernelProfile:
+    """A kernel profile shipped in simcore/data/profiles, e.g. "h100-aiconfigurator" (read
+    once)."""
+    known = shipped_kernel_profile_ids()
+    if profile_id not in known:
+        raise ConfigError(f"unknown kernel profile {profile_id!r}; shipped: {', '.join(known)}")
+    raw = (resources.files("simcore").joinpath(*_FOLDER, f"{profile_id}.json.gz")).read_bytes()
+    return KernelProfile.from_dict(json.loads(gzip.decompress(raw)),
+                                   source=f"{profile_id}.json.gz")
+
+
+def relative_errors(predicted: list[float | None], measured: list[float]) -> list[float]:
+    """|p - m| / m for each pair with a prediction (None predictions are skipped)."""
+    return [abs(p - m) / m for p, m in zip(predicted, measured)
+            if p is not None and m > 0 and math.isfinite(p)]

@@ -1,0 +1,294 @@
+"""Kernel profiles fitted from AIConfigurator's vLLM kernel measurements: the log-log grid, the
+profile format, the shipped profiles (re-fitted byte for byte from the installed package), and
+the step-time model that uses them."""
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simcore.calibration.grid import LogGrid, fill_along
+from simcore.calibration.kernels import (
+    KernelProfile, shipped_kernel_profile, shipped_kernel_profile_ids)
+from simcore.compute.base import StepShape
+from simcore.compute.kernel_model import KernelModel, _prompt_len
+from simcore.compute.roofline import RooflineModel
+from simcore.config import SimConfig
+from simcore.errors import ConfigError
+from simcore.hardware import get_gpu
+from simcore.model.presets import load_preset
+from simcore.simulate import simulate
+
+SHIPPED = {"h100-sxm-aiconfigurator": "H100-SXM", "h200-aiconfigurator": "H200",
+           "b200-aiconfigurator": "B200", "a100-80gb-aiconfigurator": "A100-80GB",
+           "l40s-aiconfigurator": "L40S", "b300-aiconfigurator": "B300",
+           "gb200-aiconfigurator": "GB200"}
+SYSTEMS = {"h100-sxm-aiconfigurator": "h100_sxm", "h200-aiconfigurator": "h200_sxm",
+           "b200-aiconfigurator": "b200_sxm", "a100-80gb-aiconfigurator": "a100_sxm",
+           "l40s-aiconfigurator": "l40s", "b300-aiconfigurator": "b300_sxm",
+           "gb200-aiconfigurator": "gb200"}
+
+
+# ---- the grid ------------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.floats(-1.5, 1.5), b=st.floats(0, 2), c=st.floats(1e-6, 1e-2),
+       x=st.floats(1, 1000), y=st.floats(1, 1000))
+def test_grid_is_exact_for_power_laws_inside(a, b, c, x, y):
+    xs, ys = [1, 3, 10, 100, 1000], [1, 7, 50, 1000]
+    vals = np.array([[c * u ** a * v ** b for v in ys] for u in xs])
+    g = LogGrid([xs, ys], vals, (2.0, 2.0))
+    assert g(x, y) == pytest.approx(c * x ** a * y ** b, rel=1e-9)
+
+
+def test_grid_is_flat_below_and_capped_above():
+    xs = [1, 10, 100]
+    g = LogGrid([xs], np.array([1.0, 4.0, 64.0]), (1.0,))   # last slope log(16)/log(10) > 1
+    assert g(0.5) == 1.0
+    assert g(1000) == pytest.approx(64.0 * 10)               # capped at linear
+    g2 = LogGrid([xs], np.array([1.0, 1.0, 2.0]), (1.0,))
+    assert g2(1000) == pytest.approx(2.0 * 10 ** math.log10(2))   # its own slope below the cap
+
+
+def test_grid_uses_measured_corners_and_none_without_any():
+    vals = np.array([[1.0, np.nan], [np.nan, np.nan]])
+    g = LogGrid([[1, 2], [1, 2]], vals, (1.0, 1.0))
+    assert g(1.5, 1.5) == pytest.approx(1.0)
+    g = LogGrid([[1, 2], [1, 2]], np.full((2, 2), np.nan), (1.0, 1.0))
+    assert g(1.5, 1.5) is None
+
+
+def test_fill_extends_each_line_with_its_last_slope():
+    vals = np.array([[1.0, 2.0, np.nan, np.nan], [1.0, 1.0, 1.0, np.nan]])
+    out = fill_along(vals, np.array([1, 2, 4, 8]), 1, cap=1.0)
+    assert out[0].tolist() == pytest.approx([1, 2, 4, 8])
+    assert out[1, 3] == pytest.approx(1.0)
+
+
+def test_prompt_len_inverts_causal_pairs():
+    for n in (1, 7, 512, 4096):
+        assert _prompt_len(n * (n + 1) / 2) == pytest.approx(n)
+
+
+# ---- shipped profiles ----------------------------------------------------------------------
+
+def test_shipped_kernel_profiles_are_listed_with_their_gpus():
+    assert set(shipped_kernel_profile_ids()) == set(SHIPPED)
+    for pid, gpu in SHIPPED.items():
+        p = shipped_kernel_profile(pid)
+        assert p.gpu == gpu and get_gpu(gpu).name == gpu
+        prov = p.data.provenance
+        assert prov.package == "aiconfigurator-core" and prov.files
+        assert all(len(f.sha256) == 64 and f.rows > 0 for f in prov.files)
+        assert "gemm/bf16" in p.data.errors and "attention/generation/bf16" in p.data.errors
+
+
+@pytest.mark.parametrize("pid", ["h100-sxm-aiconfigurator", "h200-aiconfigurator",
+                                 "b200-aiconfigurator"])
+def test_attention_and_moe_are_measured_on_hopper_and_blackwell(pid):
+    p = shipped_kernel_profile(pid)
+    assert p.attention_grid("generation", "bf16", 32, 8, 128) is not None
+    assert p.attention_grid("context", "fp8", 64, 8, 128) is not None
+    assert p.moe_curve("bf16", 4096, 1536, 8, 128, 4, 1) is not None     # Qwen3-235B, TP4
+    assert p.moe_curve("fp8_block", 7168, 2048, 8, 256, 8, 1) is not None  # DeepSeek-V3, TP8
+    for family, stats in p.data.errors.items():
+        assert stats.n > 0 and stats.median < 0.1, family
+
+
+def test_held_out_values_are_not_in_the_grid():
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    g = p.data.gemm[0]
+    for axis in ("m", "n", "k"):
+        held = set(g.held_out[axis])
+        assert held and not held & set(getattr(g, axis))
+    a = p.data.attention[0]
+    assert set(a.held_out["seq"]) and not set(a.held_out["seq"]) & set(a.seq)
+
+
+def test_gemm_lookup_matches_measured_cells_and_scales_beyond():
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    g = next(t for t in p.data.gemm if t.dtype == "bf16")
+    i, j, k = len(g.m) - 1, g.n.index(4096), g.k.index(4096)
+    cell = g.time_us[(i * len(g.n) + j) * len(g.k) + k] / 1e6
+    assert p.gemm_time_s("bf16", g.m[-1], 4096, 4096) == pytest.approx(cell, rel=1e-9)
+    assert p.gemm_time_s("bf16", 2 * g.m[-1], 4096, 4096) == pytest.approx(2 * cell, rel=0.05)
+    # A 128k-vocabulary LM head is wider than any measured n: time in proportion to n.
+    wide = p.gemm_time_s("bf16", 64, 2 * g.n[-1], 4096)
+    assert wide == pytest.approx(2 * p.gemm_time_s("bf16", 64, g.n[-1], 4096), rel=0.05)
+    assert p.gemm_time_s("int4_wo", 64, 4096, 4096) is None
+
+
+def test_profile_round_trips_and_bad_files_name_the_problem(tmp_path):
+    p = shipped_kernel_profile("a100-80gb-aiconfigurator")
+    p.save(tmp_path / "p.json.gz")
+    p.save(tmp_path / "p.json")
+    assert KernelProfile.load(tmp_path / "p.json.gz").to_json() == p.to_json()
+    assert KernelProfile.load(tmp_path / "p.json").to_json() == p.to_json()
+    raw = json.loads(p.to_json())
+    raw["gemm"][0]["time_us"] = raw["gemm"][0]["time_us"][:-1]
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"bad.json: field 'gemm.0': .*len\(m\)"):
+        KernelProfile.load(tmp_path / "bad.json")
+    (tmp_path / "v.json").write_text(json.dumps({**raw, "version": 9}))
+    with pytest.raises(ConfigError, match="reads version 1 kernel profiles"):
+        KernelProfile.load(tmp_path / "v.json")
+    (tmp_path / "x.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ConfigError, match="x.json.gz: cannot be read"):
+        KernelProfile.load(tmp_path / "x.json.gz")
+
+
+def _refit_params():
+    return [pytest.param(pid, marks=pytest.mark.slow) if pid != "a100-80gb-aiconfigurator"
+            else pid for pid in SHIPPED]
+
+
+@pytest.mark.parametrize("pid", _refit_params())
+def test_shipped_profiles_equal_a_fresh_fit_from_the_installed_package(pid):
+    aic = pytest.importorskip("simcore.calibration.aiconfigurator")
+    try:
+        aic.data_root()
+    except ConfigError:
+        pytest.skip("aiconfigurator-core is not installed")
+    fresh = aic.fit_system(SYSTEMS[pid])
+    assert fresh.data.provenance.package_version == \
+        shipped_kernel_profile(pid).data.provenance.package_version
+    assert fresh.to_json() == shipped_kernel_profile(pid).to_json()
+
+
+# ---- the step-time model -------------------------------------------------------------------
+
+NAMED = ["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b", "mixtral-8x7b", "qwen3-235b-a22b"]
+JUSTIFIED = ("sampler:", "elementwise passes", "per-step CPU overhead", "logits all-gather")
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "H200"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp8_block"])
+@pytest.mark.parametrize("name", NAMED)
+def test_named_models_have_only_justified_fallbacks(name, dtype, gpu):
+    arch = load_preset(name)
+    tp = 4 if arch.is_moe and arch.num_experts > 8 else 2   # block-fp8 experts need 128 | inter/tp
+    prof = shipped_kernel_profile(f"{gpu.lower()}-aiconfigurator")
+    m = KernelModel(arch, get_gpu(gpu), profile=prof, tp=tp, weight_dtype=dtype)
+    assert [f for f in m.fallbacks() if not f.startswith(JUSTIFIED)] == []
+    bounds = m.op_error_bounds()
+    for cls in ("gemm", "attention", "communication") + (("moe",) if arch.is_moe else ()):
+        assert bounds[cls] < m.assumptions.relative_uncertainty, cls
+
+
+def test_step_time_is_the_measured_kernels_summed_over_layers():
+    arch = load_preset("llama-3.1-8b")
+    gpu = get_gpu("H100-SXM")
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    m = KernelModel(arch, gpu, profile=p)
+    shape = StepShape.from_requests([(1, 999)] * 32)      # 32 decodes over 1000 KV tokens
+    by_op: dict[str, float] = {}
+    m.op_bounds(shape, by_op=by_op)
+    L = arch.num_layers
+    q, kv, h, f = 32 * 128, 8 * 128, 4096, 14336
+    proj = L * (p.gemm_time_s("bf16", 32, q + 2 * kv, h) + p.gemm_time_s("bf16", 32, h, q))
+    kernel = L * p.attention_grid("generation", "bf16", 32, 8, 128)(32, 1000)
+    assert by_op["attention"] == pytest.approx(proj + kernel, rel=2e-3)
+    mlp = L * (p.gemm_time_s("bf16", 32, 2 * f, h) + p.gemm_time_s("bf16", 32, h, f))
+    assert by_op["mlp"] == pytest.approx(mlp, rel=2e-3)
+    lm = p.gemm_time_s("bf16", 32, arch.vocab_size, h)
+    assert by_op["lm_head"] > lm and by_op["lm_head"] == pytest.approx(
+        lm + RooflineModel(arch, gpu)._smp_byte_s_per_row * 32, rel=2e-3)
+
+
+def test_prefill_chunk_over_a_prefix_costs_its_causal_pairs():
+    arch = load_preset("llama-3.1-8b")
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    m = KernelModel(arch, get_gpu("H100-SXM"), profile=p)
+    first = m._attn_meas(StepShape.from_requests([(2048, 0)]))
+    later = m._attn_meas(StepShape.from_requests([(2048, 6144)]))
+    assert later > 3 * first      # 2048 x (6144 + 1024) pairs against 2048 x 1024
+
+
+def test_op_scale_scales_every_measured_class():
+    arch = load_preset("qwen3-235b-a22b")
+    gpu = get_gpu("H200")
+    p = shipped_kernel_profile("h200-aiconfigurator")
+    base = KernelModel(arch, gpu, profile=p, tp=4)
+    scaled = KernelModel(arch, gpu, profile=p, tp=4, op_scale={
+        "gemm": 1.3, "attention": 1.3, "moe": 1.3, "elementwise": 1.3, "lm_head": 1.3,
+        "communication": 1.3, "overhead": 1.3})
+    for shape in (StepShape.from_requests([(1, 500)] * 16), StepShape.from_requests([(900, 0)])):
+        assert scaled.step_time(shape).total_s == pytest.approx(
+            1.3 * base.step_time(shape).total_s, rel=1e-9)
+
+
+def _config(**over):
+    d = {"name": "k", "seed": 1, "model": {"name": "meta-llama/Llama-3.1-8B"},
+         "hardware": {"gpu": "H100-SXM"}, "compute": {"kind": "calibrated"},
+         "uncertainty": {"method": "first_order"},
+         "workload": {"num_prompts": 60, "request_rate": "inf", "max_concurrency": 16,
+                      "dataset": {"kind": "random", "input_len": 256, "output_len": 32}}}
+    d.update(over)
+    return SimConfig.model_validate(d)
+
+
+def test_calibrated_default_on_h100_is_the_kernel_profile():
+    r = simulate(_config())
+    prov = r["provenance"]
+    assert prov["compute_profile"] == "h100-sxm-aiconfigurator"
+    assert prov["profile_version"].startswith("kernels-v1+sha256:")
+    assert not any("attention kernel" in f for f in prov["reference_fallbacks"])
+    assert prov["measured_share_of_step_time"] > 0.7
+
+
+def test_a_kernel_profile_for_another_gpu_is_refused():
+    with pytest.raises(ConfigError, match="measured on H200, not on the configured H100-SXM"):
+        simulate(_config(compute={"kind": "calibrated", "profile": "h200-aiconfigurator"}))
+
+
+def test_a_kernel_profile_file_resolves_by_its_format(tmp_path):
+    shipped_kernel_profile("h100-sxm-aiconfigurator").save(tmp_path / "mine.json")
+    r = simulate(_config(compute={"kind": "calibrated", "profile": str(tmp_path / "mine.json")}))
+    assert r["provenance"]["compute_profile"] == "h100-sxm-aiconfigurator"
+
+
+def test_gzip_profile_is_byte_stable(tmp_path):
+    p = shipped_kernel_profile("a100-80gb-aiconfigurator")
+    p.save(tmp_path / "a.json.gz")
+    p.save(tmp_path / "b.json.gz")
+    assert (tmp_path / "a.json.gz").read_bytes() == (tmp_path / "b.json.gz").read_bytes()
+    assert json.loads(gzip.decompress((tmp_path / "a.json.gz").read_bytes()))["format"] == \
+        "simcore-kernel-profile"
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+def test_calibrate_list_shows_kernel_profiles_and_source_disagreement():
+    from click.testing import CliRunner
+
+    from dse.cli import main
+
+    r = CliRunner().invoke(main, ["calibrate", "--list"])
+    assert r.exit_code == 0, r.output
+    assert "h100-sxm-aiconfigurator (H100-SXM): aiconfigurator-core 0.12.0" in r.output
+    assert "attention/generation/bf16" in r.output and "moe/fp8_block" in r.output
+    assert "sources disagree on H100-SXM: h100-sxm-aiconfigurator / h100-vidur" in r.output
+    assert "a100-vidur (A100-80GB): relative errors" in r.output
+
+
+def test_calibrate_from_aiconfigurator_writes_the_profile_or_names_the_problem(tmp_path):
+    from click.testing import CliRunner
+
+    from dse.cli import main
+
+    runner = CliRunner()
+    r = runner.invoke(main, ["calibrate", "--from-aiconfigurator", "nope",
+                             "--out", str(tmp_path / "x.json.gz")])
+    assert r.exit_code == 2 and "no system 'nope'" in r.output
+    r = runner.invoke(main, ["calibrate", "--from-aiconfigurator", "a100_sxm"])
+    assert r.exit_code == 2 and "--out is required" in r.output
+    r = runner.invoke(main, ["calibrate", "--from-aiconfigurator", "a100_sxm",
+                             "--out", str(tmp_path / "a100.json.gz")])
+    assert r.exit_code == 0, r.output
+    assert "kernel profile a100-80gb-aiconfigurator (A100-80GB) written" in r.output
+    assert KernelProfile.load(tmp_path / "a100.json.gz").to_json() == \
+        shipped_kernel_profile("a100-80gb-aiconfigurator").to_json()
