@@ -11,6 +11,8 @@ PUBLISHED = [
     ("meta-llama/Llama-3.1-8B", 8.03e9, 8.03e9),
     ("meta-llama/Llama-3.1-70B", 70.6e9, 70.6e9),
     ("meta-llama/Llama-3.1-405B", 405.9e9, 405.9e9),
+    ("Qwen/Qwen3-8B", 8.2e9, 8.2e9),
+    ("Qwen/Qwen3-14B", 14.8e9, 14.8e9),
     ("Qwen/Qwen3-32B", 32.8e9, 32.8e9),
     ("mistralai/Mixtral-8x7B-v0.1", 46.7e9, 12.9e9),
     ("Qwen/Qwen3-235B-A22B", 235e9, 22e9),
