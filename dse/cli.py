@@ -81,7 +81,7 @@ def _runs_progress(bar):
               default=None, help="Write the Perfetto trace of the config's cluster.trace window "
                                  "here (and leave it out of --out).")
 @click.option("--seed", type=int, default=None, help="Override the config's seed.")
-@click.option("--envelope", type=click.Choice(["bounds", "samples", "first_order"]),
+@click.option("--envelope", type=click.Choice(["bounds", "samples", "first_order", "calibrated"]),
               default=None, help="Override uncertainty.method: how the metrics' envelope is "
                                  "computed (bounds: 2 extra runs; samples: uncertainty.samples "
                                  "extra runs; first_order: none).")

@@ -181,14 +181,15 @@ def _sweep_config(concurrency: int):
 
 
 def end_to_end_rows() -> list[Row]:
-    """Published end-to-end measurements; the reference profile's declared bound is the
-    tolerance (these GPUs and models have no calibrated profile of their own)."""
+    """Published end-to-end measurements: the A100 sweep's two figures (the reference profile's
+    declared bound is their tolerance), then every held-out case of the end-to-end validation set
+    (`dse.validate_e2e`) with its envelope, and per metric family the statistics over them."""
     from simcore.simulate import simulate
 
     c1 = simulate(_sweep_config(1))
     c8 = simulate(_sweep_config(8))
     tol = float(c1["provenance"]["step_time_relative_uncertainty"])
-    return [
+    rows = [
         Row("end_to_end", "A100-40GB Llama-3.1-8B, concurrency 1: decode tok/s",
             1000.0 / c1["mean_tpot_ms"], 75.0, "tok/s", tol,
             f"{_MUSGRAVE}: 'decode at one request per time runs at about 75 tokens/sec'"),
@@ -196,6 +197,49 @@ def end_to_end_rows() -> list[Row]:
             c8["output_throughput"] / c1["output_throughput"], 6.6, "x", tol,
             f"{_MUSGRAVE}: 'a 6.6x gain' in throughput from concurrency 1 to 8"),
     ]
+    return rows + held_out_rows()
+
+
+def held_out_rows() -> list[Row]:
+    """One row per held-out case and family (informational: its envelope in the note), then the
+    statistics per family with their regression bounds (`dse.validate_e2e.GUARDS`); each note
+    says the issue's target and whether it is met."""
+    from dse.validate_e2e import (
+        COVERAGE_TARGET, GUARDS, SIGNED_TARGET, TARGETS, evaluate, load_cases, summarize)
+
+    cases, _ = load_cases()
+    outcomes = [evaluate(c) for c in cases if c.split == "held_out"]
+    rows = []
+    units = {"throughput": "tok/s", "ttft": "ms", "tpot": "ms", "e2e": "s"}
+    for o in outcomes:
+        for fam, m in o.case.measured.items():
+            unit = "req/s" if o.case.keys[fam] == "request_throughput" else units[fam]
+            if o.case.keys[fam] == "mean_e2el_ms":
+                unit = "ms"
+            inside = "inside" if o.covered(fam) else "OUTSIDE"
+            rows.append(Row("end_to_end", f"{o.case.id} {fam}", o.predicted[fam], m, unit,
+                            math.inf, o.case.source,
+                            note=f"envelope [{o.low[fam]:.4g}, {o.high[fam]:.4g}] ({inside}); "
+                                 + "; ".join(o.case.notes)))
+    urls = sorted({o.case.source for o in outcomes})
+    src = ("end-to-end validation set, held-out cases (simcore/data/validation, each row's "
+           "source quoted there): " + ", ".join(urls))
+    for fam, st in summarize(outcomes).items():
+        g = GUARDS[fam]
+        rows.append(Row("end_to_end", f"held-out {fam}: median |error|", st["median_abs"],
+                        st["n"], "cases", g["median_abs"], src, "statistic",
+                        note=f"target <= {TARGETS[fam]:.0%}: "
+                             f"{'met' if st['median_abs'] <= TARGETS[fam] else 'not met'}"))
+        rows.append(Row("end_to_end", f"held-out {fam}: |median signed error|",
+                        abs(st["median_signed"]), st["n"], "cases", g["median_signed"], src,
+                        "statistic", note=f"median signed {st['median_signed']:+.1%}; target "
+                        f"within +/-{SIGNED_TARGET:.0%}: "
+                        f"{'met' if abs(st['median_signed']) <= SIGNED_TARGET else 'not met'}"))
+        rows.append(Row("end_to_end", f"held-out {fam}: outside the envelope",
+                        1.0 - st["coverage"], st["n"], "cases", g["outside"], src, "statistic",
+                        note=f"coverage {st['coverage']:.0%}; target >= {COVERAGE_TARGET:.0%}: "
+                             f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}"))
+    return rows
 
 
 # ---- the suite ------------------------------------------------------------------------------
@@ -231,6 +275,8 @@ def run_suite(suites: tuple[str, ...] = SUITES, *, vidur_dir: Path | None = None
 
 
 def _pct(x: float, kind: str) -> str:
+    if math.isinf(x):
+        return "-"
     if kind == "absolute":
         return f"{x:.3g}"
     return f"{x:.0e}" if 0 < x < 1e-4 else f"{x:.2%}"

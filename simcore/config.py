@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
 from simcore.errors import NOT_MODELLED, ConfigError, format_validation_error
+from simcore.host import HostConfig
 from simcore.hardware import HardwareConfig
 from simcore.loading import load_yaml
 from simcore.model.config import ModelConfig
@@ -133,9 +134,10 @@ class EngineConfig(BaseModel):
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of the KV blocks kept free "
                              "when admitting a waiting or preempted request while others run "
                              "(vLLM --watermark); admission with nothing running ignores it.")
-    async_scheduling: bool = Field(False, description="vLLM's one-step-ahead scheduling. Not "
-                                   "modelled: must be false (the engine runs vLLM's sync mode).",
-                                   json_schema_extra={NOT_MODELLED: "async scheduling"})
+    async_scheduling: bool = Field(False, description="vLLM's one-step-ahead scheduling "
+                                   "(--async-scheduling): the engine core's CPU time of a step "
+                                   "overlaps the GPU's (host.model vllm) instead of adding to "
+                                   "it. The scheduler's decisions are those of sync mode.")
     speculative_config: dict | None = Field(None, description="Speculative decoding. Not "
                                             "modelled: must be absent.",
                                             json_schema_extra={NOT_MODELLED:
@@ -229,12 +231,15 @@ class UncertaintyConfig(BaseModel):
 
     model_config = _FROZEN
 
-    method: Literal["bounds", "samples", "first_order"] = Field(
+    method: Literal["bounds", "samples", "first_order", "calibrated"] = Field(
         "bounds", description="bounds: two extra runs with every op class at the low and at "
         "the high end of its error bound (the envelope spans the three runs). samples: "
         "`samples` extra runs with each op class's duration scaled by a seeded random factor "
         "within its error model; the envelope is the `percentiles` of the runs. first_order: "
-        "no extra run, each metric scaled by the step-time bound (cheap, ignores queueing).")
+        "no extra run, each metric scaled by the step-time bound (cheap, ignores queueing). "
+        "calibrated: no extra run, each metric family scaled by the 10th-90th percentiles of "
+        "measured / predicted on the end-to-end validation set's fit part (calibrated "
+        "compute only; else first_order).")
     samples: int = Field(10, ge=2, le=1000, description="Perturbed runs of method samples.")
     percentiles: tuple[float, float] = Field(
         (5.0, 95.0), description="Low and high percentile of the samples' envelope.")
@@ -273,6 +278,9 @@ class SimConfig(BaseModel):
     workload: WorkloadConfig = Field(description="What the benchmark client sends.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Summary options.")
     compute: ComputeConfig = Field(default_factory=ComputeConfig, description="Step-time model.")
+    host: HostConfig = Field(default_factory=HostConfig, description="The CPU side of the "
+                             "server: vLLM's engine core per step, the API server per token "
+                             "and per request.")
     uncertainty: UncertaintyConfig = Field(default_factory=UncertaintyConfig,
                                            description="How the envelope of the metrics is "
                                            "computed.")

@@ -46,6 +46,9 @@ class RequestRecord:
     finished_s: float | None = None
     """When the client saw the response end (last token or error); None: derive it."""
     first_scheduled_s: float | None = None
+    server_s: float = 0.0
+    """Time on the API server's path between the send and the engine (host.request_overhead_s):
+    part of TTFT, not of the engine's queue."""
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
     num_external_prompt_tokens: int = 0
@@ -297,7 +300,8 @@ def engine_summary(
     percentiles = [float(p) for p in selected_percentiles]
     scheduled = [r for r in records if r.first_scheduled_s is not None and r.send_s is not None]
     queue_s = np.fromiter(
-        (r.first_scheduled_s - r.send_s for r in scheduled), dtype=np.float64, count=len(scheduled)
+        (max(0.0, r.first_scheduled_s - r.send_s - r.server_s) for r in scheduled),
+        dtype=np.float64, count=len(scheduled)
     )
     prompt_tokens = sum(r.prompt_len for r in scheduled)
     cached_tokens = sum(r.num_cached_prompt_tokens for r in scheduled)

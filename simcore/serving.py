@@ -100,7 +100,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
                 progress: Callable[[float, int, int], None] | None = None,
                 lockstep_groups: list[tuple[int, ...]] | None = None,
                 env: simpy.Environment | None = None, cluster=None,
-                kv_paths=None, request_timeout_s: float | None = None) -> ServingRun:
+                kv_paths=None, request_timeout_s: float | None = None,
+                request_overhead_s: float = 0.0) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     `specs` is read once, in order, as the client reaches each request (a RequestStream makes
@@ -110,6 +111,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
     server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
     that long after its send is given up by the client: aborted in the engine
     (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
+    `request_overhead_s` (the API server's path) passes between a request's send and its arrival
+    in the scheduler.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -144,6 +147,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
         all_done.succeed()
     backlog: deque[tuple[int, RequestSpec]] = deque()   # held by the max-concurrency limit
     in_flight = [0]
+    in_server = [0]       # sent, still on the API server's path to an engine
 
     def finish(idx: int) -> None:
         state["done"] += 1
@@ -175,8 +179,20 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
         if router.last_hashes is not None:
             # The router already chained this prompt's keyed blocks in the shared hash space.
             req.block_hashes = router.last_hashes
-        rep.sched.add_request(req)
-        rep.notify()
+        if request_overhead_s > 0:
+            # The API server's path (HTTP, tokenization) before the engine sees the request.
+            in_server[0] += 1
+            rec.server_s = request_overhead_s
+
+            def arrive(_, rep=rep, req=req) -> None:
+                in_server[0] -= 1
+                rep.sched.add_request(req)
+                rep.notify()
+
+            env.timeout(request_overhead_s).callbacks.append(arrive)
+        else:
+            rep.sched.add_request(req)
+            rep.notify()
         if request_timeout_s is not None:
             env.timeout(request_timeout_s).callbacks.append(
                 lambda _: give_up(idx, rec, rep.sched, req))
@@ -420,8 +436,9 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
 
     def sampler():
         while True:
-            if state.get("all_sent") and not backlog and not all_done.triggered and not any(
-                    rep.sched.has_requests for rep in replicas):
+            if state.get("all_sent") and not backlog and not in_server[0] \
+                    and not all_done.triggered and not any(
+                        rep.sched.has_requests for rep in replicas):
                 raise RuntimeError(f"{total - state['done']} requests were lost: every engine is "
                                    f"idle but they never completed")
             series.t_s.append(env.now)

@@ -54,7 +54,8 @@ class Deployment:
     def assumptions(self) -> list[str]:
         """The modelling assumptions a result from this deployment rests on, in plain words."""
         a = self.step_model.assumption_lines() + [
-            "vLLM V1 scheduler in sync mode (no async scheduling overlap)",
+            "vLLM V1 scheduler's sync-mode decisions (async scheduling, where set, overlaps only "
+            "the CPU side)",
             "every request generates exactly its output length (ignore_eos)",
             "tokens reach the client when the step that sampled them ends",
         ]
@@ -156,9 +157,11 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
     tp, pp, dp = par.tensor_parallel_size, par.pipeline_parallel_size, par.data_parallel_size
     multi_node = cfg.cluster is not None
     seq_moe = par.enable_expert_parallel and dp > 1
+    host = ((cfg.host, cfg.engine.async_scheduling)
+            if cfg.host.model == "vllm" and not multi_node else None)
     kw = dict(tp=tp, pp=pp, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
               assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
-              op_scale=op_scale)
+              op_scale=op_scale, host=host)
     if c.kind == "calibrated":
         from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile

@@ -18,6 +18,17 @@ from simcore.serving import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
 from simcore.workload.generate import request_stream
 
+def request_overhead_s(cfg: SimConfig) -> float:
+    """The API server's time before a request reaches the scheduler (host.model vllm; cluster
+    runs keep the declared per-step overhead and no API server)."""
+    if cfg.host.model != "vllm" or cfg.cluster is not None:
+        return 0.0
+    from simcore.host import fitted_parameters
+
+    v = cfg.host.request_overhead_s
+    return fitted_parameters()["request_overhead_s"] if v is None else float(v)
+
+
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
     """The engine settings as the scheduler takes them, vLLM defaults filled in."""
     e = cfg.engine
@@ -109,7 +120,8 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         balance_threshold=cfg.router.balance_threshold, max_concurrency=w.max_concurrency,
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
-        request_timeout_s=w.request_timeout_s)
+        request_timeout_s=w.request_timeout_s,
+        request_overhead_s=request_overhead_s(cfg))
     result = assemble_result(cfg, dep, run)
     if cluster is not None:
         result["cluster"] = cluster_result(cluster, run, kv_paths)
@@ -250,7 +262,7 @@ def _request_row(r) -> dict:
             gaps = np.diff(np.asarray(t))
             row["mean_itl_ms"] = float(gaps.mean()) * 1e3
             row["max_itl_ms"] = float(gaps.max()) * 1e3
-    row["queue_ms"] = ((r.first_scheduled_s - r.send_s) * 1e3
+    row["queue_ms"] = (max(0.0, r.first_scheduled_s - r.send_s - r.server_s) * 1e3
                        if r.first_scheduled_s is not None and r.send_s is not None else None)
     row["num_preemptions"] = r.num_preemptions
     row["num_cached_prompt_tokens"] = r.num_cached_prompt_tokens
@@ -263,7 +275,9 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
     share = m.measured_share()
     return {
         "simulator": "simcore", "simulator_version": __version__,
-        "engine_semantics": "vLLM 0.33 V1 scheduler, sync mode",
+        "engine_semantics": "vLLM 0.33 V1 scheduler, sync-mode decisions"
+                            + (", async scheduling's overlap" if cfg.engine.async_scheduling
+                               else ""),
         "seed": cfg.seed,
         "seeds": {"workload": cfg.seed,
                   **({"envelope": cfg.seed} if cfg.uncertainty.method == "samples" else {}),
@@ -282,6 +296,20 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
         "fidelity": "engine + analytical step model (no fabric)",
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "assumptions": dep.assumptions(),
+        "assumptions": dep.assumptions() + _host_lines(cfg, m),
     }
+
+
+def _host_lines(cfg: SimConfig, model) -> list[str]:
+    """The CPU side's assumptions in words."""
+    host = getattr(model, "host", None) or getattr(getattr(model, "rank_model", None), "host",
+                                                   None)
+    if host is not None:
+        return host.assumption_lines()
+    if cfg.host.model == "vllm" and cfg.cluster is not None:
+        return ["CPU side: cluster steps take the declared compute.roofline.step_overhead_s; "
+                "vLLM's measured CPU costs and the API server (host) are not modelled in "
+                "cluster runs yet"]
+    return ["CPU side: the declared compute.roofline.step_overhead_s per step (host.model "
+            "constant)"]
 

@@ -14,6 +14,15 @@ propagates it through batching and queueing, which a first-order scaling cannot:
   percentiles of the runs, optionally with a fresh workload draw per run.
 - `first_order`: no extra run; latencies scaled by 1 -/+ u, throughputs by 1 / (1 +/- u), u the
   step-time bound. Near saturation queueing amplifies latency beyond this.
+- `calibrated`: no extra run; a split-conformal interval per metric family (throughput, TTFT,
+  TPOT/ITL, E2E latency) from the residuals r = log(measured / predicted) of the fit part of the
+  end-to-end validation set (`simcore/data/cpu_costs/fitted.json`): centre c = median(r), half
+  width w = the ceil((n + 1) x 0.8)-th smallest |r - c| (the largest when that exceeds n), so
+  that a new case like those has at least an 80% chance to fall inside; the envelope is nominal
+  x exp(c -/+ w) and its `median` nominal x exp(c): width and centre from measured errors. Where
+  the step model has roofline parts (its op bounds wider than the validated profiles'), the
+  first-order range is taken where it is wider. Its coverage is measured on the held-out part
+  (`dse validate --suite end_to_end`).
 
 All draws are seeded from the config's seed; nothing reads the clock.
 """
@@ -29,6 +38,10 @@ from simcore.config import SimConfig
 
 _Z90 = 1.6448536269514722
 """Standard normal quantile of 0.95: (1 - b, 1 + b) is the central 90% of the samples."""
+
+_VALIDATED_BOUND = 0.25
+"""Step-time bounds up to this are those of the kernel profiles the end-to-end residuals were
+measured with (their largest on the validated configurations): inside the residuals already."""
 
 _NOT_ENVELOPED = {"num_requests", "completed", "failed", "num_prompts", "seed",
                   "step_time_relative_uncertainty", "total_input_tokens", "total_output_tokens",
@@ -66,6 +79,49 @@ def headline_metrics(result: dict) -> dict[str, float]:
     return {k: float(v) for k, v in result.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
             and k not in _NOT_ENVELOPED and math.isfinite(float(v))}
+
+
+def metric_family(metric: str) -> str | None:
+    """The end-to-end family of a headline metric: throughput, ttft, tpot (ITL too), e2e."""
+    if "throughput" in metric or "goodput" in metric:
+        return "throughput"
+    if "ttft" in metric:
+        return "ttft"
+    if "tpot" in metric or "itl" in metric:
+        return "tpot"
+    if "e2el" in metric or metric == "duration":
+        return "e2e"
+    return None
+
+
+COVERAGE = 0.8
+"""The coverage the calibrated envelope is built for."""
+
+
+def conformal(residuals: list[float], coverage: float = COVERAGE) -> tuple[float, float]:
+    """(centre, half width) of a split-conformal interval over `residuals`: the median, and the
+    ceil((n + 1) x coverage)-th smallest distance from it (the largest when n is too small)."""
+    r = np.sort(np.asarray(residuals, dtype=float))
+    c = float(np.median(r))
+    d = np.sort(np.abs(r - c))
+    k = math.ceil((len(d) + 1) * coverage)
+    return c, float(d[min(k, len(d)) - 1])
+
+
+def calibrated_range(metric: str, value: float, residuals: dict,
+                     relative_uncertainty: float | None) -> dict[str, float] | None:
+    """low / median / high of `metric` from the end-to-end residual quantiles of its family,
+    widened to the first-order range where that is wider; None for metrics without a family."""
+    fam = metric_family(metric)
+    q = residuals.get(fam) if fam else None
+    if q is None or not math.isfinite(value):
+        return None
+    c, w = conformal(q["values"])
+    lo, mid, hi = value * math.exp(c - w), value * math.exp(c), value * math.exp(c + w)
+    fo = first_order(metric, value, relative_uncertainty)
+    if fo is not None:
+        lo, hi = min(lo, fo[0]), max(hi, fo[1])
+    return {"nominal": value, "low": min(lo, mid), "median": mid, "high": max(hi, mid)}
 
 
 def perturbations(bounds: dict[str, float], method: str, samples: int,
@@ -118,6 +174,25 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
     env: dict = {"method": u.method, "calibrated": prov["calibrated"],
                  "op_error_bounds": bounds,
                  "step_time_relative_uncertainty": prov["step_time_relative_uncertainty"]}
+    if u.method == "calibrated":
+        from simcore.host import fitted_residuals
+
+        residuals = fitted_residuals()
+        # The validated profiles' step-time bound is inside the residuals; a model with a wider
+        # bound (roofline parts) widens by the excess.
+        rel = max(0.0, prov["step_time_relative_uncertainty"] - _VALIDATED_BOUND)
+        env["runs"] = 1
+        env["residual_quantiles"] = residuals
+        env["metrics"] = {}
+        for k, v in metrics.items():
+            r = calibrated_range(k, v, residuals, rel) if prov["calibrated"] else None
+            if r is None:
+                fo = first_order(k, v, prov["step_time_relative_uncertainty"])
+                r = None if fo is None else {"nominal": v, "low": fo[0], "high": fo[1]}
+            if r is not None:
+                env["metrics"][k] = r
+        result["envelope"] = env
+        return result
     if u.method == "first_order":
         rel = prov["step_time_relative_uncertainty"]
         env["runs"] = 1

@@ -96,8 +96,10 @@ SINGLE_NODE_CASES = {
 @pytest.mark.parametrize("case", SINGLE_NODE_CASES)
 def test_one_node_on_the_analytical_fabric_reproduces_the_engine_model(case):
     sections, parallelism = SINGLE_NODE_CASES[case]
-    plain = simulate(config(**sections, parallelism=parallelism))
-    clustered = simulate(config(**sections, parallelism=parallelism,
+    # Cluster steps keep the declared per-step CPU overhead: compare with the engine's.
+    constant = {"model": "constant"}
+    plain = simulate(config(**sections, parallelism=parallelism, host=constant))
+    clustered = simulate(config(**sections, parallelism=parallelism, host=constant,
                                 cluster={"num_nodes": 1, "fabric": {"backend": "analytical"}}))
     for key in REQUEST_METRICS:
         assert clustered[key] == pytest.approx(plain[key], rel=1e-9), key

@@ -207,11 +207,11 @@ class CalibratedModel(MeasuredModel):
                  tp: int = 1, pp: int = 1, weight_dtype: str = "bf16",
                  kv_cache_dtype: str = "bf16", assumptions=None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
-                 op_scale: dict[str, float] | None = None) -> None:
+                 op_scale: dict[str, float] | None = None, host=None) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
-                         multi_node_tp=multi_node_tp, op_scale=op_scale)
+                         multi_node_tp=multi_node_tp, op_scale=op_scale, host=host)
         self._check_gpu(profile, gpu)
         if weight_dtype not in ("bf16", "fp16"):
             raise ConfigError(f"compute.profile: {profile.profile_id} measured 16-bit GEMMs; "

@@ -72,11 +72,12 @@ class KernelModel(MeasuredModel):
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, profile: KernelProfile, tp: int = 1,
                  pp: int = 1, weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions=None, sequence_parallel_moe: bool = False,
-                 multi_node_tp: bool = False, op_scale: dict[str, float] | None = None) -> None:
+                 multi_node_tp: bool = False, op_scale: dict[str, float] | None = None,
+                 host=None) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
-                         multi_node_tp=multi_node_tp, op_scale=op_scale)
+                         multi_node_tp=multi_node_tp, op_scale=op_scale, host=host)
         self._check_gpu(profile, gpu)
         self.profile = profile
         self.calibrated = True

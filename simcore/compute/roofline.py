@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simcore.compute.base import OP_CLASSES, StepShape, StepTime, check_op_scale
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
+from simcore.host import HostOverheads
 from simcore.model.arch import Gemm, ModelArch, dtype_bytes
 
 _LOGIT_BYTES = 4
@@ -142,14 +143,14 @@ class RooflineModel:
         "_smp_byte_s_per_row", "_smp_floor_s",
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
         "_pp_s_per_token", "_pp_latency_s",
-        "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale",
+        "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions: RooflineAssumptions | None = None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
-                 op_scale: dict[str, float] | None = None) -> None:
+                 op_scale: dict[str, float] | None = None, host=None) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
         if tp > gpu.gpus_per_node and not multi_node_tp:
@@ -339,6 +340,10 @@ class RooflineModel:
         self.op_scale = check_op_scale(op_scale)
         if any(v != 1.0 for v in self.op_scale.values()):
             self._apply_scale(self.op_scale)
+        # The CPU side (`simcore.host.HostConfig`): vLLM's engine and API server costs per step,
+        # in place of the declared step_overhead_s; None keeps the declared constant.
+        self.host = None if host is None else HostOverheads(
+            host[0], async_scheduling=host[1], scale=self.op_scale["overhead"])
 
     def _apply_scale(self, f: dict[str, float]) -> None:
         """Multiply every coefficient of each op class by its factor, so that each op's time
@@ -386,7 +391,8 @@ class RooflineModel:
             return StepTime(0.0, 0.0, 0.0, "compute")
         compute_bound, memory_bound = self.op_bounds(shape)
         full_graph = shape.num_decode_seqs == t and t <= self._graph_max_tokens
-        return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph)
+        return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph,
+                             shape=shape)
 
     def op_bounds(self, shape: StepShape, *, routed_experts: bool = True,
                   by_op: dict[str, float] | None = None) -> tuple[float, float]:
@@ -524,13 +530,19 @@ class RooflineModel:
         return self._graph_max_tokens
 
     def assemble(self, compute_bound: float, memory_bound: float, comm: float,
-                 full_graph: bool, all_to_all_s: float = 0.0) -> StepTime:
+                 full_graph: bool, all_to_all_s: float = 0.0,
+                 shape: StepShape | None = None) -> StepTime:
         """A StepTime from the op sums: launch time shows when longer than the GPU work outside
-        full CUDA graphs; the per-step CPU overhead is added; the largest sum names the bound."""
+        full CUDA graphs; the CPU side is added (the host model's, given the step's `shape`, or
+        the declared per-step overhead); the largest sum names the bound."""
         compute = compute_bound + memory_bound
         gpu = compute + comm
         busy = gpu if full_graph or gpu >= self._eager_launch_s else self._eager_launch_s
-        total = busy + self._step_overhead_s
+        if self.host is not None and shape is not None:
+            total = self.host.step_total_s(busy, shape.num_seqs, shape.num_tokens,
+                                           shape.num_decode_seqs)[0]
+        else:
+            total = busy + self._step_overhead_s
         if comm > compute_bound and comm > memory_bound:
             bound = "communication"
         elif compute_bound >= memory_bound:

@@ -1,0 +1,365 @@
+"""The end-to-end validation set: published real-hardware vLLM benchmark runs, re-simulated.
+
+`simcore/data/validation/*.yaml` holds the measurements (each row with its source, the command
+line quoted, and the metrics as printed). `load_cases` turns every row the simulator can
+represent into a `Case`: a `dse simulate` configuration of the same GPU, model, weight dtype,
+parallelism, engine limits and load, and the measured value of each metric family:
+
+- `throughput`: output token throughput (tok/s), else request throughput (req/s);
+- `ttft`: mean TTFT (ms), else median;
+- `tpot`: mean TPOT (ms), else mean ITL, else median TPOT;
+- `e2e`: `benchmark_latency`'s mean latency of one batch (s), compared with the simulated
+  duration of that batch, else mean E2E latency (ms).
+
+How a load is rebuilt: `benchmark_latency` is one batch of `batch` requests of fixed lengths sent
+at once; `benchmark_throughput` is all prompts at once with `vllm`'s offline (LLM class) batch
+limits; `vllm bench serve` / `benchmark_serving.py` keep their request rate and concurrency. Where
+the output printed its token totals, prompts and outputs take the measured mean lengths (runs
+without --ignore-eos stop early); ShareGPT loads draw lengths from the shape of ShareGPT's length
+distribution (`sharegpt_shape.csv`, Vidur's token counts) scaled to those means. Rows the
+simulator cannot represent (models it has no architecture for, MXFP4 checkpoints, GPUs without a
+kernel profile, expert parallelism, ShareGPT loads without token totals) are returned with the
+reason, never silently dropped.
+
+The split is declared, not chosen: a row is in the `fit` part when the first 8 hex digits of the
+sha256 of its id are even, else `held_out`. Free parameters may be fitted on `fit` rows only;
+errors and envelope coverage are reported on `held_out` rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from simcore.loading import parse_yaml, read_text
+from simcore.reference_data import DATA_DIR
+
+VALIDATION_DIR = DATA_DIR / "validation"
+FAMILIES = ("throughput", "ttft", "tpot", "e2e")
+
+_GPUS = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "A100-80GB": "A100-80GB",
+         "B200": "B200", "L40S": "L40S"}
+"""GPU names in the rows -> catalog names, for GPUs with a shipped kernel profile ("H100" in
+vLLM's CI is its 8xH100 SXM machine)."""
+
+_BLOCK_FP8 = ("qwen/qwen3", "deepseek-ai/")
+"""FP8 checkpoints of these families use 128x128 block scales (fp8_block)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run and the configuration that re-simulates it."""
+
+    id: str
+    split: str                        # "fit" or "held_out"
+    config: dict                      # a `dse simulate` configuration (mapping)
+    measured: dict[str, float]        # family -> measured value
+    keys: dict[str, str]              # family -> the result key compared
+    source: str                       # URL
+    lengths: tuple | None = None      # (prompt lens, output lens) of a ShareGPT-shaped load
+    notes: list[str] = field(default_factory=list)
+
+
+def split_of(row_id: str) -> str:
+    """The declared split of a row: 'fit' or 'held_out'."""
+    return "fit" if int(hashlib.sha256(row_id.encode()).hexdigest()[:8], 16) % 2 == 0 \
+        else "held_out"
+
+
+def load_rows(folder: Path = VALIDATION_DIR) -> list[dict]:
+    """Every row of every measurement file in `folder`."""
+    rows = []
+    for path in sorted(folder.glob("*.yaml")):
+        data = parse_yaml(read_text(path), source=str(path))
+        rows += data.get("rows") or []
+    return rows
+
+
+def _num(x):
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return math.inf if x.strip().lower() == "inf" else float(x)
+    return float(x)
+
+
+def _sharegpt_shape() -> tuple[np.ndarray, np.ndarray]:
+    with open(VALIDATION_DIR / "sharegpt_shape.csv", encoding="utf-8") as f:
+        r = list(csv.DictReader(f))
+    return (np.array([int(x["prompt_len"]) for x in r], dtype=float),
+            np.array([int(x["output_len"]) for x in r], dtype=float))
+
+
+def _scaled_lengths(n: int, mean_in: float, mean_out: float, seed: int):
+    """n (prompt, output) lengths with ShareGPT's shape and the given means."""
+    p, o = _sharegpt_shape()
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(p), size=n, replace=len(p) < n)
+    pi = np.maximum(1, np.rint(p[idx] * mean_in / p[idx].mean())).astype(int)
+    oi = np.maximum(1, np.rint(o[idx] * mean_out / o[idx].mean())).astype(int)
+    return pi.tolist(), oi.tolist()
+
+
+def _settings(text: str) -> dict[str, str]:
+    """`key=value` pairs of a row's engine.other text ("max_model_len=32768; ...")."""
+    out = {}
+    for part in text.replace(",", ";").split(";"):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _measured(row: dict, tool: str) -> tuple[dict[str, float], dict[str, str]]:
+    m = row.get("metrics") or {}
+    measured, keys = {}, {}
+
+    def take(family, *names):
+        for n in names:
+            v = m.get(n)
+            if v is not None:
+                measured[family], keys[family] = float(v), n
+                return
+
+    take("throughput", "output_throughput", "request_throughput")
+    take("ttft", "mean_ttft_ms", "median_ttft_ms")
+    take("tpot", "mean_tpot_ms", "mean_itl_ms", "median_tpot_ms")
+    if "latency" in tool and m.get("latency_s") is not None:
+        measured["e2e"], keys["e2e"] = float(m["latency_s"]), "duration"
+    else:
+        take("e2e", "mean_e2el_ms")
+    return measured, keys
+
+
+def row_case(row: dict) -> Case | str:
+    """The case of one row, or the reason the simulator cannot represent it."""
+    from simcore.model.presets import is_preset
+
+    rid = row["id"]
+    hw, model, par = row.get("hardware") or {}, row.get("model") or {}, row.get("parallelism") or {}
+    bench, eng = row.get("benchmark") or {}, row.get("engine") or {}
+    gpu = _GPUS.get(str(hw.get("gpu")))
+    if gpu is None:
+        return f"GPU {hw.get('gpu')!r} has no kernel profile"
+    name = str(model.get("name"))
+    if not is_preset(name):
+        return f"no architecture for {name}"
+    dtype = str(model.get("dtype") or "")
+    if dtype in ("bf16", "fp16"):
+        wdt = "bf16"
+    elif dtype == "fp8":
+        wdt = "fp8_block" if name.lower().startswith(_BLOCK_FP8) else "fp8"
+    else:
+        return f"weight dtype {dtype or 'unknown'!r} is not modelled"
+    tp = par.get("tp")
+    if tp is None:
+        return "tensor-parallel size not stated"
+    if "expert-parallel" in (row.get("notes") or "") or "-ep-" in rid:
+        return "expert parallelism: the group model is not validated here"
+    tool = str(bench.get("tool") or "")
+    measured, keys = _measured(row, tool)
+    if not measured:
+        return "no metric the simulator reports"
+    extra = (row.get("metrics") or {}).get("extra") or {}
+    done = extra.get("successful_requests")
+    n = int(bench.get("num_prompts") or bench.get("max_concurrency") or 0)
+    mean_in = mean_out = None
+    if extra.get("total_input_tokens") and extra.get("total_generated_tokens") and done:
+        mean_in = extra["total_input_tokens"] / done
+        mean_out = extra["total_generated_tokens"] / done
+    kv = model.get("kv_cache_dtype") or "auto"
+    cfg = {"name": rid, "seed": 0, "model": {"name": name, "dtype": wdt},
+           "hardware": {"gpu": gpu},
+           "parallelism": {"tensor_parallel_size": int(tp),
+                           "pipeline_parallel_size": int(par.get("pp") or 1)},
+           "compute": {"kind": "calibrated"}, "uncertainty": {"method": "first_order"},
+           "metrics": {"percentiles": [50, 99]}}
+    if kv not in (None, "auto"):
+        cfg["model"]["kv_cache_dtype"] = "fp8" if str(kv).startswith("fp8") else str(kv)
+    engine = {k: eng[k] for k in ("max_num_seqs", "max_num_batched_tokens") if eng.get(k)}
+    if eng.get("enable_prefix_caching") is not None:
+        engine["enable_prefix_caching"] = bool(eng["enable_prefix_caching"])
+    other = _settings(str(eng.get("other") or ""))
+    if "max_model_len" in other:
+        cfg["model"]["max_model_len"] = int(other["max_model_len"])
+    if other.get("async_scheduling", "").lower() == "true":
+        engine["async_scheduling"] = True
+    if "gpu_memory_utilization" in other:
+        engine["gpu_memory_utilization"] = float(other["gpu_memory_utilization"])
+    notes = []
+    dataset = str(bench.get("dataset") or "")
+    lengths = None
+    workload: dict = {"num_prompts": n}
+    if "latency" in tool:
+        workload.update(request_rate="inf", dataset={
+            "kind": "random", "input_len": int(bench["input_len"]),
+            "output_len": int(bench["output_len"])})
+    elif "sharegpt" in dataset:
+        if mean_in is None:
+            return "ShareGPT load without token totals (its lengths cannot be rebuilt)"
+        lengths = _scaled_lengths(n, mean_in, mean_out, seed=0)
+        notes.append(f"ShareGPT lengths scaled to the measured means {mean_in:.0f} / "
+                     f"{mean_out:.0f} tokens")
+    elif dataset == "random":
+        li = mean_in if mean_in is not None else bench.get("input_len")
+        lo = mean_out if mean_out is not None else bench.get("output_len")
+        if li is None or lo is None:
+            return "random load without lengths"
+        workload["dataset"] = {"kind": "random", "input_len": int(round(li)),
+                               "output_len": max(1, int(round(lo)))}
+        if mean_out is not None:
+            notes.append(f"mean lengths as measured: {li:.0f} / {lo:.1f} tokens")
+    else:
+        return f"dataset {dataset!r} is not rebuilt"
+    if "throughput" in tool and "serve" not in tool:
+        workload["request_rate"] = "inf"
+        big = gpu != "A100-80GB"      # vLLM's LLM-class defaults (>= 70 GiB and not A100)
+        engine.setdefault("max_num_seqs", 1024 if big else 256)
+        engine.setdefault("max_num_batched_tokens", 16384 if big else 8192)
+    elif "latency" not in tool:
+        workload["request_rate"] = bench.get("request_rate") or "inf"
+        if bench.get("max_concurrency"):
+            workload["max_concurrency"] = int(bench["max_concurrency"])
+    if engine:
+        cfg["engine"] = engine
+    cfg["workload"] = workload
+    return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
+                source=str((row.get("source") or {}).get("url")), lengths=lengths, notes=notes)
+
+
+def load_cases(folder: Path = VALIDATION_DIR) -> tuple[list[Case], list[tuple[str, str]]]:
+    """(the cases, [(row id, why it is left out)]): a row whose configuration `dse simulate`
+    refuses (e.g. its memory model leaves less KV cache than one max_model_len request needs,
+    where vLLM started) is left out with that sentence."""
+    from simcore.errors import ConfigError
+    from simcore.setup import build_deployment
+
+    cases, skipped = [], []
+    for row in load_rows(folder):
+        c = row_case(row)
+        if isinstance(c, Case):
+            try:
+                with tempfile.TemporaryDirectory() as d:
+                    build_deployment(case_config(c, Path(d)))
+            except ConfigError as e:
+                skipped.append((row["id"], f"refused by the simulator: {e}"))
+                continue
+            cases.append(c)
+        else:
+            skipped.append((row["id"], c))
+    return cases, skipped
+
+
+def case_config(case: Case, workdir: Path, compute: dict | None = None, **overrides):
+    """The SimConfig of a case (a ShareGPT-shaped load written as a custom JSONL in
+    `workdir`); `compute` replaces the compute section, `overrides` top-level sections."""
+    from simcore.config import parse_config
+
+    cfg = json.loads(json.dumps(case.config))
+    if case.lengths is not None:
+        path = workdir / f"{case.id}.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for p, o in zip(*case.lengths):
+                f.write(json.dumps({"prompt_len": p, "output_len": o}) + "\n")
+        cfg["workload"]["dataset"] = {"kind": "custom", "path": str(path), "shuffle": False}
+    if compute is not None:
+        cfg["compute"] = compute
+    cfg.update(overrides)
+    return parse_config(cfg, source=case.id, base_dir=workdir)
+
+
+def predicted(case: Case, result: dict) -> dict[str, float]:
+    """The simulated value of each measured family, in the measured unit."""
+    out = {}
+    for fam, key in case.keys.items():
+        if key == "duration":
+            out[fam] = float(result["duration"])
+        else:
+            out[fam] = float(result[key])
+    return out
+
+
+def run_case(case: Case, compute: dict | None = None, **overrides) -> tuple[dict, dict]:
+    """(predictions by family, the full result) of one case."""
+    from simcore.simulate import simulate
+
+    with tempfile.TemporaryDirectory() as d:
+        result = simulate(case_config(case, Path(d), compute, **overrides))
+    return predicted(case, result), result
+
+
+# ---- evaluation ------------------------------------------------------------------------------
+
+TARGETS = {"throughput": 0.10, "tpot": 0.10, "ttft": 0.15, "e2e": 0.15}
+"""The median |relative error| each family should reach on the held-out cases."""
+SIGNED_TARGET = 0.05
+"""The median signed relative error (no systematic optimism or pessimism)."""
+COVERAGE_TARGET = 0.80
+"""The share of held-out measurements inside the stated envelope."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One case simulated: per family the prediction, the measurement and the envelope."""
+
+    case: Case
+    predicted: dict[str, float]
+    low: dict[str, float]
+    high: dict[str, float]
+
+    def error(self, family: str) -> float:
+        """(predicted - measured) / measured."""
+        m = self.case.measured[family]
+        return (self.predicted[family] - m) / m
+
+    def covered(self, family: str) -> bool:
+        return self.low[family] <= self.case.measured[family] <= self.high[family]
+
+
+def evaluate(case: Case, compute: dict | None = None) -> Outcome:
+    """Simulate a case with the calibrated envelope and compare it with its measurements."""
+    from simcore.uncertainty import simulate_with_envelope
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = case_config(case, Path(d), compute, uncertainty={"method": "calibrated"})
+        result = simulate_with_envelope(cfg)
+    pred = predicted(case, result)
+    env = result["envelope"]["metrics"]
+    low, high = {}, {}
+    for fam, key in case.keys.items():
+        e = env.get(key, {"low": pred[fam], "high": pred[fam]})
+        low[fam], high[fam] = e["low"], e["high"]
+    return Outcome(case, pred, low, high)
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
+    """Per family: n, median |error|, median signed error, envelope coverage."""
+    out = {}
+    for fam in FAMILIES:
+        errs = [o.error(fam) for o in outcomes if fam in o.case.measured]
+        if not errs:
+            continue
+        cov = [o.covered(fam) for o in outcomes if fam in o.case.measured]
+        out[fam] = {"n": len(errs), "median_abs": float(np.median(np.abs(errs))),
+                    "median_signed": float(np.median(errs)),
+                    "coverage": float(np.mean(cov))}
+    return out
+
+GUARDS = {
+    "throughput": {"median_abs": 0.20, "median_signed": 0.18, "outside": 0.20},
+    "ttft": {"median_abs": 0.25, "median_signed": 0.25, "outside": 0.20},
+    "tpot": {"median_abs": 0.13, "median_signed": 0.10, "outside": 0.20},
+    "e2e": {"median_abs": 0.14, "median_signed": 0.14, "outside": 0.20},
+}
+"""Regression bounds of the held-out statistics: the figures measured when the CPU-side
+parameters were fitted (throughput 15.8% / +13.9%, TTFT 19.3% / -19.3%, TPOT 9.6% / +6.4%, E2E
+10.3% / +10.3% median |error| / median signed error; envelope coverage 100%, 100%, 100%, 80%
+over 10 held-out cases) with a margin; the envelope's bound is the coverage target itself. The
+issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""

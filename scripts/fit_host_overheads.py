@@ -1,0 +1,120 @@
+"""Fit the CPU-side parameters that could not be measured (`simcore.host`) on the `fit` part of
+the end-to-end validation set, and write them to simcore/data/cpu_costs/fitted.json.
+
+The parameters: the model runner's CPU time per step and per scheduled sequence, the API
+server's per streamed token and per request. The objective: the mean over the fit cases and their
+metric families of |log(predicted / measured)|; with the result, the quantiles of the fit cases'
+residuals log(measured / predicted) per metric family, which calibrated envelopes use. The search: coordinate descent over log-spaced
+grids (each parameter in turn, all others fixed), two rounds, then a finer grid around the best;
+the held-out cases are never simulated here.
+
+    python scripts/fit_host_overheads.py [--workers 2] [--out simcore/data/cpu_costs/fitted.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dse.validate_e2e import load_cases, run_case  # noqa: E402
+from simcore.host import FITTED, FITTED_KEYS  # noqa: E402
+
+GRIDS = {
+    "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
+    "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
+    "api_server_per_token_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
+    "request_overhead_s": [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08],
+}
+
+
+def _one(args):
+    case, params = args
+    pred, _ = run_case(case, host={"model": "vllm", **params})
+    return [abs(math.log(pred[f] / case.measured[f])) for f in case.measured]
+
+
+def _residuals(args):
+    case, params = args
+    pred, _ = run_case(case, host={"model": "vllm", **params})
+    return {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
+
+
+def residual_quantiles(cases, params, pool) -> dict:
+    """Per metric family, quantiles of log(measured / predicted) over `cases`."""
+    by: dict[str, list[float]] = {}
+    for r in pool.map(_residuals, [(c, params) for c in cases]):
+        for f, v in r.items():
+            by.setdefault(f, []).append(v)
+    return {f: {"n": len(v), "p10": float(np.quantile(v, 0.1)),
+                "p50": float(np.quantile(v, 0.5)), "p90": float(np.quantile(v, 0.9)),
+                "values": sorted(round(float(x), 6) for x in v)}
+            for f, v in sorted(by.items())}
+
+
+def objective(cases, params, pool) -> float:
+    errs = []
+    for e in pool.map(_one, [(c, params) for c in cases]):
+        errs += e
+    return float(np.mean(errs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=FITTED)
+    ap.add_argument("--residuals-only", action="store_true",
+                    help="Keep the parameters of --out; recompute its residual quantiles.")
+    args = ap.parse_args()
+    cases, _ = load_cases()
+    fit = [c for c in cases if c.split == "fit"]
+    if args.residuals_only:
+        out = json.loads(args.out.read_text(encoding="utf-8"))
+        with ProcessPoolExecutor(args.workers) as pool:
+            out["residuals"] = residual_quantiles(fit, out["parameters"], pool)
+        args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        print(json.dumps(out["residuals"], indent=1))
+        return
+    params = dict.fromkeys(FITTED_KEYS, 0.0)
+    with ProcessPoolExecutor(args.workers) as pool:
+        best = objective(fit, params, pool)
+        print(f"start {best:.4f}", flush=True)
+        for rnd in range(3):
+            for key in FITTED_KEYS:
+                grid = GRIDS[key]
+                if rnd == 2:      # refine around the current value
+                    v = params[key]
+                    grid = sorted({max(0.0, v * f) for f in (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)}
+                                  | {v})
+                for v in grid:
+                    if v == params[key]:
+                        continue
+                    trial = {**params, key: v}
+                    score = objective(fit, trial, pool)
+                    if score < best:
+                        best, params = score, trial
+                print(f"round {rnd} {key} = {params[key]:.3g}  objective {best:.4f}",
+                      flush=True)
+        residuals = residual_quantiles(fit, params, pool)
+    out = {"format": "simcore-host-fit", "version": 1,
+           "parameters": params,
+           "objective": "mean |log(predicted / measured)| over the fit cases' metric families",
+           "objective_value": best,
+           "fit_cases": sorted(c.id for c in fit),
+           "residuals": residuals,
+           "method": "coordinate descent over log-spaced grids, 2 rounds, then a refinement "
+                     "round around the best (scripts/fit_host_overheads.py)"}
+    args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(params, indent=1))
+
+
+if __name__ == "__main__":
+    main()

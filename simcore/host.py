@@ -1,0 +1,182 @@
+"""What vLLM V1 spends off the GPU: the engine core's CPU time per step, the API server's per
+token and per request, and whether async scheduling hides the engine's part behind the GPU.
+
+Per engine step (`HostOverheads.engine_s`), on the engine core's critical path:
+- vLLM's own scheduler: `Scheduler.schedule()` and `update_from_output()`, measured by running
+  vLLM's code on a CPU (`simcore/data/cpu_costs/`, `scripts/vllm_cpu_costs/measure.py`): fits
+  of a + b x sequences + c x tokens, separately for decoding and prefilling sequences; times the
+  `host_speed` of the deployment's CPU relative to the measuring one (declared);
+- the model runner's input preparation, sampling bookkeeping and launches (not measurable
+  without a GPU runner): `model_runner_step_s` + `model_runner_per_seq_s` x sequences.
+Sync scheduling (vLLM's default before 0.12) adds the engine's time to the GPU's; async
+scheduling prepares step n+1 while step n runs, so a step takes the longer of the two.
+
+Per step, in the API server process, concurrently with the engine (`frontend_s`): the output
+processor (detokenizing and queueing each sampled token, measured as above) and the HTTP
+streaming of each token (`api_server_per_token_s`). When the server needs longer than the
+engine's step, clients receive tokens at the server's pace: the step period is the longer one.
+
+Per request (`request_overhead_s`): the API server's path before the engine sees it (HTTP,
+chat template, tokenization, the request's hand-off), a delay between the client's send and the
+request's arrival in the scheduler.
+
+The four parameters that were not measurable here are fitted on the declared `fit` part of the
+end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
+fitted.json`); their defaults are those fitted values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simcore.errors import ConfigError
+from simcore.reference_data import DATA_DIR
+
+CPU_COSTS_DIR = DATA_DIR / "cpu_costs"
+DEFAULT_CPU_COSTS = "vllm-0.33-cpu-amd-epyc-zen3-2vcpu"
+FITTED = CPU_COSTS_DIR / "fitted.json"
+FITTED_KEYS = ("model_runner_step_s", "model_runner_per_seq_s", "api_server_per_token_s",
+               "request_overhead_s")
+
+
+class HostConfig(BaseModel):
+    """The `host:` section: the CPU side of a vLLM server (engine core and API server)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Literal["vllm", "constant"] = Field(
+        "vllm", description="vllm: the engine core's and API server's CPU time from vLLM's "
+        "measured costs and the fitted parameters below. constant: only the roofline's declared "
+        "compute.roofline.step_overhead_s per step, no API server (the model before CPU costs "
+        "were measured).")
+    cpu_costs: str = Field(DEFAULT_CPU_COSTS, description="Measured vLLM CPU costs, a file in "
+                           "simcore/data/cpu_costs (without .json).")
+    host_speed: float = Field(0.4, gt=0, description="CPU time on the deployment's host per "
+                              "second of the measuring CPU (a 2-vCPU cloud guest about 2.5x "
+                              "slower at Python than a current server core: declared).")
+    model_runner_step_s: float | None = Field(None, ge=0, description="Model-runner CPU time per "
+                                              "step (input preparation, launches), s. Null: "
+                                              "the fitted value.")
+    model_runner_per_seq_s: float | None = Field(None, ge=0, description="Model-runner CPU time "
+                                                 "per scheduled sequence, s. Null: fitted.")
+    api_server_per_token_s: float | None = Field(None, ge=0, description="API server time per "
+                                                 "streamed token (HTTP, SSE), s. Null: fitted.")
+    request_overhead_s: float | None = Field(None, ge=0, description="API server time between a "
+                                             "client's send and the request reaching the "
+                                             "scheduler, s. Null: fitted.")
+
+
+@lru_cache(maxsize=4)
+def _cpu_costs(name: str) -> dict:
+    path = CPU_COSTS_DIR / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in CPU_COSTS_DIR.glob("vllm-*.json"))
+        raise ConfigError(f"host.cpu_costs: no measured CPU costs {name!r} (shipped: "
+                          f"{', '.join(known)})")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def fitted_parameters() -> dict[str, float]:
+    """The four fitted parameters (zero where no fit has been written)."""
+    if not FITTED.is_file():
+        return dict.fromkeys(FITTED_KEYS, 0.0)
+    data = json.loads(FITTED.read_text(encoding="utf-8"))
+    return {k: float(data["parameters"][k]) for k in FITTED_KEYS}
+
+
+@lru_cache(maxsize=1)
+def fitted_residuals() -> dict[str, dict[str, float]]:
+    """Per metric family, the quantiles (p10, p50, p90) of log(measured / predicted) over the fit
+    cases at the fitted parameters; empty when none were written."""
+    if not FITTED.is_file():
+        return {}
+    return json.loads(FITTED.read_text(encoding="utf-8")).get("residuals", {})
+
+
+@dataclass(frozen=True)
+class _Linear:
+    a: float
+    b: float
+    c: float = 0.0
+
+    @staticmethod
+    def of(fit: dict, scale: float) -> "_Linear":
+        return _Linear(scale * fit["a"], scale * fit["b_per_seq"], scale * fit["c_per_token"])
+
+
+class HostOverheads:
+    """The CPU costs of one engine and its API server; immutable."""
+
+    __slots__ = ("async_scheduling", "request_overhead_s", "_sched_decode", "_sched_prefill",
+                 "_upd_decode", "_upd_prefill", "_out", "_mr_step", "_mr_seq", "_api_tok",
+                 "scale", "host_speed")
+
+    def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
+        costs = _cpu_costs(cfg.cpu_costs)
+        fits = costs["fits"]
+        fitted = fitted_parameters()
+
+        def param(name: str) -> float:
+            v = getattr(cfg, name)
+            return fitted[name] if v is None else float(v)
+
+        s = cfg.host_speed * scale
+        self.scale = scale
+        self.host_speed = cfg.host_speed
+        self.async_scheduling = async_scheduling
+        self._sched_decode = _Linear.of(fits["schedule_decode"], s)
+        self._sched_prefill = _Linear.of(fits["schedule_prefill"], s)
+        self._upd_decode = _Linear.of(fits["update_decode"], s)
+        self._upd_prefill = _Linear.of(fits["update_prefill"], s)
+        out = fits["output_processor_decode"]
+        ipc_e, ipc_d = fits["ipc_outputs_encode"], fits["ipc_outputs_decode"]
+        self._out = _Linear(s * (out["a"] + ipc_d["a"]), s * (out["b_per_seq"] + ipc_d["b_per_seq"]))
+        # The engine core also encodes the step's outputs for the API server.
+        self._sched_decode = _Linear(self._sched_decode.a + s * ipc_e["a"],
+                                     self._sched_decode.b + s * ipc_e["b_per_seq"])
+        self._mr_step = scale * param("model_runner_step_s")
+        self._mr_seq = scale * param("model_runner_per_seq_s")
+        self._api_tok = scale * param("api_server_per_token_s")
+        self.request_overhead_s = scale * param("request_overhead_s")
+
+    def engine_s(self, num_seqs: int, num_tokens: int, num_decode: int) -> float:
+        """The engine core's CPU time of one step, s."""
+        p = num_seqs - num_decode
+        pt = num_tokens - num_decode
+        x = self._mr_step + self._mr_seq * num_seqs
+        x += self._sched_decode.a + self._sched_decode.b * num_decode
+        x += self._upd_decode.a + self._upd_decode.b * num_decode
+        if p > 0:
+            x += self._sched_prefill.b * p + self._sched_prefill.c * pt
+            x += self._upd_prefill.b * p + self._upd_prefill.c * pt
+        return x
+
+    def frontend_s(self, num_sampled: int) -> float:
+        """The API server's time for one step's sampled tokens, s."""
+        if num_sampled <= 0:
+            return 0.0
+        return self._out.a + (self._out.b + self._api_tok) * num_sampled
+
+    def step_total_s(self, gpu_s: float, num_seqs: int, num_tokens: int,
+                     num_decode: int) -> tuple[float, float]:
+        """(the step's period, its CPU part on the critical path) given the GPU's busy time."""
+        cpu = self.engine_s(num_seqs, num_tokens, num_decode)
+        engine = max(gpu_s, cpu) if self.async_scheduling else gpu_s + cpu
+        period = max(engine, self.frontend_s(num_decode))
+        return period, period - gpu_s
+
+    def assumption_lines(self) -> list[str]:
+        return [f"CPU side: vLLM's scheduler and output processor as measured, x "
+                f"{self.host_speed:g} for the host's CPU speed (declared), model runner "
+                f"{self._mr_step * 1e6:.0f} us + {self._mr_seq * 1e6:.1f} us/sequence per step, "
+                f"API server {self._api_tok * 1e6:.1f} us/token and "
+                f"{self.request_overhead_s * 1e3:.1f} ms/request (fitted on the end-to-end "
+                "set); " + ("async scheduling: the engine's CPU time overlaps the GPU's"
+                            if self.async_scheduling else
+                            "sync scheduling: the engine's CPU time adds to the GPU's")]

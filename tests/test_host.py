@@ -1,0 +1,141 @@
+"""The CPU side of a vLLM server (simcore.host): the engine core's time per step from vLLM's
+measured scheduler costs and the fitted model-runner terms, async scheduling's overlap, the API
+server's pace and per-request delay, and the calibrated envelope built on the end-to-end
+residuals."""
+
+import math
+
+import pytest
+
+from simcore.compute.base import StepShape
+from simcore.compute.roofline import RooflineModel
+from simcore.config import parse_config
+from simcore.hardware import get_gpu
+from simcore.host import HostConfig, HostOverheads, _cpu_costs, fitted_parameters
+from simcore.model.presets import load_preset
+from simcore.simulate import simulate
+from simcore.uncertainty import (
+    calibrated_range, conformal, metric_family, simulate_with_envelope)
+
+EXPLICIT = dict(model_runner_step_s=1e-3, model_runner_per_seq_s=2e-5,
+                api_server_per_token_s=3e-5, request_overhead_s=0.04)
+
+
+def test_engine_time_is_the_measured_scheduler_scaled_plus_the_model_runner():
+    cfg = HostConfig(host_speed=0.5, **EXPLICIT)
+    h = HostOverheads(cfg)
+    fits = _cpu_costs(cfg.cpu_costs)["fits"]
+    n = 64
+    sched = fits["schedule_decode"]["a"] + fits["schedule_decode"]["b_per_seq"] * n
+    upd = fits["update_decode"]["a"] + fits["update_decode"]["b_per_seq"] * n
+    enc = fits["ipc_outputs_encode"]["a"] + fits["ipc_outputs_encode"]["b_per_seq"] * n
+    expected = 0.5 * (sched + upd + enc) + 1e-3 + 2e-5 * n
+    assert h.engine_s(n, n, n) == pytest.approx(expected, rel=1e-12)
+    # A prefill chunk adds its per-sequence and per-token costs.
+    assert h.engine_s(n + 1, n + 2048, n) > h.engine_s(n, n, n)
+
+
+def test_sync_adds_async_overlaps_and_the_api_server_sets_the_pace():
+    sync = HostOverheads(HostConfig(**EXPLICIT))
+    asyn = HostOverheads(HostConfig(**EXPLICIT), async_scheduling=True)
+    n, gpu = 32, 0.02
+    cpu = sync.engine_s(n, n, n)
+    assert sync.step_total_s(gpu, n, n, n)[0] == pytest.approx(gpu + cpu)
+    assert asyn.step_total_s(gpu, n, n, n)[0] == pytest.approx(max(gpu, cpu))
+    # 4096 streams at 30 us a token take longer than the engine's step: the server's pace.
+    big = 4096
+    front = sync.frontend_s(big)
+    assert front > 0.1
+    assert asyn.step_total_s(0.01, big, big, big)[0] == pytest.approx(
+        max(front, asyn.engine_s(big, big, big)))
+
+
+def test_overhead_scale_scales_every_cpu_term():
+    a = HostOverheads(HostConfig(**EXPLICIT))
+    b = HostOverheads(HostConfig(**EXPLICIT), scale=1.5)
+    assert b.engine_s(10, 10, 10) == pytest.approx(1.5 * a.engine_s(10, 10, 10))
+    assert b.frontend_s(10) == pytest.approx(1.5 * a.frontend_s(10))
+    assert b.request_overhead_s == pytest.approx(1.5 * a.request_overhead_s)
+
+
+def test_the_step_model_takes_the_host_in_place_of_the_declared_overhead():
+    arch, gpu = load_preset("llama-3.1-8b"), get_gpu("H100-SXM")
+    plain = RooflineModel(arch, gpu)
+    hosted = RooflineModel(arch, gpu, host=(HostConfig(**EXPLICIT), False))
+    shape = StepShape.from_requests([(1, 500)] * 16)
+    p, h = plain.step_time(shape), hosted.step_time(shape)
+    gpu_s = p.total_s - plain.assumptions.step_overhead_s
+    assert h.total_s == pytest.approx(gpu_s + hosted.host.engine_s(16, 16, 16), rel=1e-9)
+    assert h.overhead_s == pytest.approx(h.total_s - h.compute_s - h.comm_s)
+
+
+def _cfg(**over):
+    d = {"name": "h", "seed": 3, "model": {"name": "meta-llama/Llama-3.1-8B"},
+         "hardware": {"gpu": "H100-SXM"}, "uncertainty": {"method": "first_order"},
+         "workload": {"num_prompts": 1, "request_rate": "inf",
+                      "dataset": {"kind": "random", "input_len": 256, "output_len": 16}}}
+    d.update(over)
+    return parse_config(d)
+
+
+def test_request_overhead_delays_the_first_token_by_exactly_its_time():
+    base = simulate(_cfg(host={**EXPLICIT, "request_overhead_s": 0.0}))
+    late = simulate(_cfg(host={**EXPLICIT, "request_overhead_s": 0.05}))
+    assert late["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(50.0, abs=1e-6)
+    assert late["mean_tpot_ms"] == pytest.approx(base["mean_tpot_ms"], rel=1e-12)
+
+
+def test_async_scheduling_is_modelled_and_never_slower():
+    w = {"num_prompts": 64, "request_rate": "inf",
+         "dataset": {"kind": "random", "input_len": 128, "output_len": 64}}
+    sync = simulate(_cfg(host=EXPLICIT, workload=w))
+    asyn = simulate(_cfg(host=EXPLICIT, workload=w, engine={"async_scheduling": True}))
+    assert asyn["mean_tpot_ms"] < sync["mean_tpot_ms"]
+    assert "async scheduling" in asyn["provenance"]["engine_semantics"]
+    assert any("async scheduling: the engine's CPU time overlaps" in a
+               for a in asyn["provenance"]["assumptions"])
+
+
+def test_constant_host_keeps_the_declared_overhead_and_no_request_delay():
+    r = simulate(_cfg(host={"model": "constant"}))
+    assert any("declared compute.roofline.step_overhead_s" in a
+               for a in r["provenance"]["assumptions"])
+    p = simulate(_cfg(host={"model": "constant"}, compute={"roofline": {"step_overhead_s": 0.0}}))
+    assert r["mean_tpot_ms"] - p["mean_tpot_ms"] == pytest.approx(0.5, rel=1e-6)
+
+
+def test_fitted_parameters_are_shipped_and_non_negative():
+    params = fitted_parameters()
+    assert set(params) == {"model_runner_step_s", "model_runner_per_seq_s",
+                           "api_server_per_token_s", "request_overhead_s"}
+    assert all(v >= 0 and math.isfinite(v) for v in params.values())
+
+
+def test_metric_families_and_the_calibrated_range():
+    assert metric_family("output_throughput") == "throughput"
+    assert metric_family("p99_ttft_ms") == "ttft"
+    assert metric_family("mean_itl_ms") == "tpot"
+    assert metric_family("duration") == "e2e"
+    assert metric_family("mean_kv_cache_usage") is None
+    q = {"ttft": {"values": [-0.2, 0.0, 0.1, 0.3, 0.5]}}
+    # Centre 0.1; distances 0, 0.1, 0.2, 0.3, 0.4; the ceil(6 x 0.8) = 5th is 0.4.
+    assert conformal(q["ttft"]["values"]) == pytest.approx((0.1, 0.4))
+    r = calibrated_range("mean_ttft_ms", 100.0, q, None)
+    assert r == pytest.approx({"nominal": 100.0, "low": 100 * math.exp(-0.3),
+                               "median": 100 * math.exp(0.1), "high": 100 * math.exp(0.5)})
+    assert calibrated_range("mean_kv_cache_usage", 0.5, q, None) is None
+    # More residuals: the 80% interval leaves the widest 20% out.
+    c, w = conformal([0.01 * i for i in range(-50, 51)])
+    assert c == pytest.approx(0.0) and w == pytest.approx(0.41)
+
+
+def test_calibrated_envelope_of_a_kernel_profile_run():
+    cfg = _cfg(compute={"kind": "calibrated"}, uncertainty={"method": "calibrated"},
+               workload={"num_prompts": 20, "request_rate": 5,
+                         "dataset": {"kind": "random", "input_len": 256, "output_len": 32}})
+    r = simulate_with_envelope(cfg)
+    env = r["envelope"]
+    assert env["method"] == "calibrated" and env["runs"] == 1
+    for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms"):
+        e = env["metrics"][key]
+        assert e["low"] <= e["nominal"] <= e["high"] or e["low"] <= e["median"] <= e["high"]
