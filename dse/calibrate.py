@@ -154,12 +154,10 @@ def render_disagreement(kernel_profile, calibration_profile) -> str:
     t = source_disagreement(kernel_profile, calibration_profile)
     if t.empty:
         return ""
-    med = float(np.median(t["median_ratio"]))
-    lines = [f"sources disagree on {kernel_profile.gpu}: {kernel_profile.profile_id} / "
-             f"{calibration_profile.profile_id} GEMM time, {len(t)} shapes measured by both "
-             f"(>= 16 tokens): median ratio {med:.2f}, shapes' medians from "
-             f"{t['median_ratio'].min():.2f} to {t['median_ratio'].max():.2f}"]
-    return "\n".join(lines)
+    return (f"sources disagree on {kernel_profile.gpu}: {kernel_profile.profile_id} / "
+            f"{calibration_profile.profile_id} GEMM time, {len(t)} shapes measured by both "
+            f"(>= 16 tokens): median ratio {float(np.median(t['median_ratio'])):.2f}, shapes' "
+            f"medians from {t['median_ratio'].min():.2f} to {t['median_ratio'].max():.2f}")
 
 
 def run_calibrate_aiconfigurator(system: str, out: str, *, seed: int = 0,

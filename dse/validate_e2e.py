@@ -286,12 +286,16 @@ def predicted(case: Case, result: dict) -> dict[str, float]:
     return out
 
 
-def run_case(case: Case, compute: dict | None = None, **overrides) -> tuple[dict, dict]:
-    """(predictions by family, the full result) of one case."""
+def run_case(case: Case, compute: dict | None = None, *, envelope: bool = False,
+             **overrides) -> tuple[dict, dict]:
+    """(predictions by family, the full result) of one case; with `envelope`, the result of
+    `simulate_with_envelope` (its config's uncertainty method)."""
     from simcore.simulate import simulate
+    from simcore.uncertainty import simulate_with_envelope
 
+    run = simulate_with_envelope if envelope else simulate
     with tempfile.TemporaryDirectory() as d:
-        result = simulate(case_config(case, Path(d), compute, **overrides))
+        result = run(case_config(case, Path(d), compute, **overrides))
     return predicted(case, result), result
 
 
@@ -325,12 +329,8 @@ class Outcome:
 
 def evaluate(case: Case, compute: dict | None = None) -> Outcome:
     """Simulate a case with the calibrated envelope and compare it with its measurements."""
-    from simcore.uncertainty import simulate_with_envelope
-
-    with tempfile.TemporaryDirectory() as d:
-        cfg = case_config(case, Path(d), compute, uncertainty={"method": "calibrated"})
-        result = simulate_with_envelope(cfg)
-    pred = predicted(case, result)
+    pred, result = run_case(case, compute, envelope=True,
+                            uncertainty={"method": "calibrated"})
     env = result["envelope"]["metrics"]
     low, high = {}, {}
     for fam, key in case.keys.items():

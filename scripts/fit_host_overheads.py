@@ -36,12 +36,6 @@ GRIDS = {
 }
 
 
-def _one(args):
-    case, params = args
-    pred, _ = run_case(case, host={"model": "vllm", **params})
-    return [abs(math.log(pred[f] / case.measured[f])) for f in case.measured]
-
-
 def _residuals(args):
     case, params = args
     pred, _ = run_case(case, host={"model": "vllm", **params})
@@ -62,8 +56,8 @@ def residual_quantiles(cases, params, pool) -> dict:
 
 def objective(cases, params, pool) -> float:
     errs = []
-    for e in pool.map(_one, [(c, params) for c in cases]):
-        errs += e
+    for r in pool.map(_residuals, [(c, params) for c in cases]):
+        errs += [abs(v) for v in r.values()]
     return float(np.mean(errs))
 
 

@@ -28,7 +28,6 @@ fitted.json`); their defaults are those fitted values.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
@@ -82,94 +81,83 @@ def _cpu_costs(name: str) -> dict:
 
 
 @lru_cache(maxsize=1)
-def fitted_parameters() -> dict[str, float]:
-    """The four fitted parameters (zero where no fit has been written)."""
-    if not FITTED.is_file():
-        return dict.fromkeys(FITTED_KEYS, 0.0)
-    data = json.loads(FITTED.read_text(encoding="utf-8"))
-    return {k: float(data["parameters"][k]) for k in FITTED_KEYS}
-
-
-@lru_cache(maxsize=1)
-def fitted_residuals() -> dict[str, dict[str, float]]:
-    """Per metric family, the quantiles (p10, p50, p90) of log(measured / predicted) over the fit
-    cases at the fitted parameters; empty when none were written."""
+def _fitted() -> dict:
+    """fitted.json's contents (empty when no fit has been written), read once."""
     if not FITTED.is_file():
         return {}
-    return json.loads(FITTED.read_text(encoding="utf-8")).get("residuals", {})
+    return json.loads(FITTED.read_text(encoding="utf-8"))
 
 
-@dataclass(frozen=True)
-class _Linear:
-    a: float
-    b: float
-    c: float = 0.0
+def fitted_parameters() -> dict[str, float]:
+    """The four fitted parameters (zero where no fit has been written)."""
+    params = _fitted().get("parameters", {})
+    return {k: float(params.get(k, 0.0)) for k in FITTED_KEYS}
 
-    @staticmethod
-    def of(fit: dict, scale: float) -> "_Linear":
-        return _Linear(scale * fit["a"], scale * fit["b_per_seq"], scale * fit["c_per_token"])
+
+def fitted_residuals() -> dict[str, dict]:
+    """Per metric family, the residuals log(measured / predicted) of the fit cases at the fitted
+    parameters (`values`) and their quantiles; empty when none were written."""
+    return _fitted().get("residuals", {})
+
+
+def host_parameter(cfg: HostConfig, name: str) -> float:
+    """One of `FITTED_KEYS` as the config sets it, or its fitted value when it leaves it null."""
+    v = getattr(cfg, name)
+    return fitted_parameters()[name] if v is None else float(v)
 
 
 class HostOverheads:
-    """The CPU costs of one engine and its API server; immutable."""
+    """The CPU costs of one engine and its API server; immutable.
 
-    __slots__ = ("async_scheduling", "request_overhead_s", "_sched_decode", "_sched_prefill",
-                 "_upd_decode", "_upd_prefill", "_out", "_mr_step", "_mr_seq", "_api_tok",
-                 "scale", "host_speed")
+    Per step, the engine core's time is a + b_decode x decoding sequences + b_prefill x
+    prefilling sequences + c_prefill x their tokens (the measured scheduler's schedule, update
+    and output encoding, scaled by the host speed, plus the model runner's terms); the API
+    server's is out_a + (out_b + api_server_per_token_s) x sampled tokens."""
+
+    __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "_a", "_b_decode",
+                 "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
+                 "_api_tok")
 
     def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
-        costs = _cpu_costs(cfg.cpu_costs)
-        fits = costs["fits"]
-        fitted = fitted_parameters()
-
-        def param(name: str) -> float:
-            v = getattr(cfg, name)
-            return fitted[name] if v is None else float(v)
-
+        fits = _cpu_costs(cfg.cpu_costs)["fits"]
+        sd, sp = fits["schedule_decode"], fits["schedule_prefill"]
+        ud, up = fits["update_decode"], fits["update_prefill"]
+        enc, dec = fits["ipc_outputs_encode"], fits["ipc_outputs_decode"]
+        out = fits["output_processor_decode"]
         s = cfg.host_speed * scale
-        self.scale = scale
         self.host_speed = cfg.host_speed
         self.async_scheduling = async_scheduling
-        self._sched_decode = _Linear.of(fits["schedule_decode"], s)
-        self._sched_prefill = _Linear.of(fits["schedule_prefill"], s)
-        self._upd_decode = _Linear.of(fits["update_decode"], s)
-        self._upd_prefill = _Linear.of(fits["update_prefill"], s)
-        out = fits["output_processor_decode"]
-        ipc_e, ipc_d = fits["ipc_outputs_encode"], fits["ipc_outputs_decode"]
-        self._out = _Linear(s * (out["a"] + ipc_d["a"]), s * (out["b_per_seq"] + ipc_d["b_per_seq"]))
-        # The engine core also encodes the step's outputs for the API server.
-        self._sched_decode = _Linear(self._sched_decode.a + s * ipc_e["a"],
-                                     self._sched_decode.b + s * ipc_e["b_per_seq"])
-        self._mr_step = scale * param("model_runner_step_s")
-        self._mr_seq = scale * param("model_runner_per_seq_s")
-        self._api_tok = scale * param("api_server_per_token_s")
-        self.request_overhead_s = scale * param("request_overhead_s")
+        self._mr_step = scale * host_parameter(cfg, "model_runner_step_s")
+        self._mr_seq = scale * host_parameter(cfg, "model_runner_per_seq_s")
+        self._api_tok = scale * host_parameter(cfg, "api_server_per_token_s")
+        self.request_overhead_s = scale * host_parameter(cfg, "request_overhead_s")
+        # The engine core also encodes each step's outputs for the API server.
+        self._a = self._mr_step + s * (sd["a"] + ud["a"] + enc["a"])
+        self._b_decode = self._mr_seq + s * (sd["b_per_seq"] + ud["b_per_seq"]
+                                             + enc["b_per_seq"])
+        self._b_prefill = self._mr_seq + s * (sp["b_per_seq"] + up["b_per_seq"])
+        self._c_prefill = s * (sp["c_per_token"] + up["c_per_token"])
+        self._out_a = s * (out["a"] + dec["a"])
+        self._out_b = s * (out["b_per_seq"] + dec["b_per_seq"]) + self._api_tok
 
     def engine_s(self, num_seqs: int, num_tokens: int, num_decode: int) -> float:
         """The engine core's CPU time of one step, s."""
-        p = num_seqs - num_decode
-        pt = num_tokens - num_decode
-        x = self._mr_step + self._mr_seq * num_seqs
-        x += self._sched_decode.a + self._sched_decode.b * num_decode
-        x += self._upd_decode.a + self._upd_decode.b * num_decode
-        if p > 0:
-            x += self._sched_prefill.b * p + self._sched_prefill.c * pt
-            x += self._upd_prefill.b * p + self._upd_prefill.c * pt
-        return x
+        return (self._a + self._b_decode * num_decode
+                + self._b_prefill * (num_seqs - num_decode)
+                + self._c_prefill * (num_tokens - num_decode))
 
     def frontend_s(self, num_sampled: int) -> float:
         """The API server's time for one step's sampled tokens, s."""
         if num_sampled <= 0:
             return 0.0
-        return self._out.a + (self._out.b + self._api_tok) * num_sampled
+        return self._out_a + self._out_b * num_sampled
 
     def step_total_s(self, gpu_s: float, num_seqs: int, num_tokens: int,
-                     num_decode: int) -> tuple[float, float]:
-        """(the step's period, its CPU part on the critical path) given the GPU's busy time."""
+                     num_decode: int) -> float:
+        """The step's period given the GPU's busy time, s."""
         cpu = self.engine_s(num_seqs, num_tokens, num_decode)
         engine = max(gpu_s, cpu) if self.async_scheduling else gpu_s + cpu
-        period = max(engine, self.frontend_s(num_decode))
-        return period, period - gpu_s
+        return max(engine, self.frontend_s(num_decode))
 
     def assumption_lines(self) -> list[str]:
         return [f"CPU side: vLLM's scheduler and output processor as measured, x "

@@ -23,10 +23,9 @@ def request_overhead_s(cfg: SimConfig) -> float:
     runs keep the declared per-step overhead and no API server)."""
     if cfg.host.model != "vllm" or cfg.cluster is not None:
         return 0.0
-    from simcore.host import fitted_parameters
+    from simcore.host import host_parameter
 
-    v = cfg.host.request_overhead_s
-    return fitted_parameters()["request_overhead_s"] if v is None else float(v)
+    return host_parameter(cfg.host, "request_overhead_s")
 
 
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:

@@ -110,6 +110,7 @@ class _Reader:
 
     def __post_init__(self):
         self.files: list[dict] = []
+        self.device = "unknown"     # the GPU as the first table read names it
 
     def table(self, op: str, name: str):
         """The newest vLLM version's `name` table of `op`, or None."""
@@ -130,6 +131,8 @@ class _Reader:
                 from None
         self.files.append({"path": str(path.relative_to(self.root)), "sha256": file_sha256(path),
                            "rows": int(len(df)), "framework_version": versions[-1].name})
+        if len(self.files) == 1 and "device" in df.columns and len(df):
+            self.device = str(df["device"].iloc[0])
         return df
 
 
@@ -343,11 +346,6 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
     attention = _attention(reader, rng, errors)
     moe = _moe(reader, rng, errors)
     ar = _all_reduce(reader, rng, errors)
-    device = "unknown"
-    for op in ("gemm",):
-        df = reader.table(op, "gemm_perf.parquet")
-        device = str(df["device"].iloc[0])
-        reader.files.pop()
     version = package_version()
     data = {
         "format": FORMAT, "version": VERSION,
@@ -357,7 +355,7 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
             "source": f"NVIDIA AIConfigurator's kernel database ({PACKAGE} {version}, "
                       "Apache-2.0): kernels measured inside vLLM's own backends",
             "package": PACKAGE, "package_version": version, "system": system,
-            "device": device, "files": reader.files,
+            "device": reader.device, "files": reader.files,
             "holdout": f"{HOLDOUT_FRACTION:.0%} of each axis's interior values (never its "
                        "ends), drawn once per table family, left out of the grid; errors are "
                        "on the measured cells at those values",

@@ -540,7 +540,7 @@ class RooflineModel:
         busy = gpu if full_graph or gpu >= self._eager_launch_s else self._eager_launch_s
         if self.host is not None and shape is not None:
             total = self.host.step_total_s(busy, shape.num_seqs, shape.num_tokens,
-                                           shape.num_decode_seqs)[0]
+                                           shape.num_decode_seqs)
         else:
             total = busy + self._step_overhead_s
         if comm > compute_bound and comm > memory_bound:
