@@ -96,7 +96,7 @@ def run_calibrate(paths: list[str], out: str, gpu: str | None = None, holdout: f
 
 KERNEL_ERROR_COLUMNS = ("table", "n_train", "n_held_out", "median", "p90", "p99", "max")
 """Columns of `kernel_error_table`: the table family ('gemm/<dtype>', 'attention/<phase>/<kv
-dtype>', 'moe/<dtype>', 'all_reduce/<mode>'), grid cells fitted, measured cells at held-out axis
+dtype>', 'moe/<dtype>', 'all_reduce/<mode>', 'all_gather/nccl', 'memory/<kernel>'), grid cells fitted, measured cells at held-out axis
 values predicted, and the relative-error distribution over them."""
 
 
@@ -108,13 +108,23 @@ def kernel_error_table(profile) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(KERNEL_ERROR_COLUMNS))
 
 
+def _versions(files) -> str:
+    """'vLLM 0.24.0, NCCL 2.29.2': the versions the profile's tables were measured with."""
+    out = []
+    for name, folder in (("vLLM", "/vllm/"), ("NCCL", "/nccl/")):
+        v = sorted({f.framework_version for f in files if folder in f.path})
+        if v:
+            out.append(f"{name} {', '.join(v)}")
+    return "; ".join(out)
+
+
 def render_kernel_errors(profile) -> str:
     """`kernel_error_table` as text, headed by the profile's source."""
     prov = profile.data.provenance
     head = (f"{'table':<30}{'n train':>9}{'n held out':>12}{'median':>9}{'p90':>9}{'p99':>9}"
             f"{'max':>9}")
     lines = [f"{profile.profile_id} ({profile.gpu}): {prov.package} {prov.package_version}, "
-             f"system {prov.system}, vLLM {', '.join(sorted({f.framework_version for f in prov.files}))}",
+             f"system {prov.system}, {_versions(prov.files)}",
              "", "measured kernels, cells at held-out axis values predicted from the rest", head,
              "-" * len(head)]
     for r in kernel_error_table(profile).itertuples():
@@ -123,12 +133,37 @@ def render_kernel_errors(profile) -> str:
     return "\n".join(lines)
 
 
+_VIDUR_PASS_BYTES = {"add": 6.0, "input_layernorm": 4.0, "post_attention_layernorm": 4.0,
+                     "attn_rope": 4.0, "emb": 4.0}
+"""Bytes a pass Vidur measured moves per element it counts (16-bit): a residual add reads two
+operands and writes one; a norm, the rotary embedding and the embedding gather read and write
+each element once. The activation: a gated one reads 2f and writes f per 2f counted (3), a plain
+one reads and writes each (4)."""
+
+
+def _vidur_pass_bytes(op: str, gated) -> float:
+    if op == "mlp_act":
+        return 3.0 if gated else 4.0
+    return _VIDUR_PASS_BYTES[op]
+
+
 def source_disagreement(kernel_profile, calibration_profile) -> pd.DataFrame:
     """Where Vidur's measurements (a calibration profile) and the kernel database time the same
-    op on the same GPU: per GEMM shape Vidur measured, the kernel profile's bf16 time over
-    Vidur's at each of Vidur's knots with at least 16 tokens, as ratios (1.0 = agreement).
+    kind of op on the same GPU, as ratios of the kernel profile's time over Vidur's (1.0 =
+    agreement): per GEMM shape Vidur measured, the bf16 GEMM at each of Vidur's knots with at
+    least 16 tokens; per elementwise pass Vidur measured (norms, residual add, rotary,
+    activation, embedding), the kernel profile's memory-bound kernel at the bytes the pass moves.
     Columns: op, shape, n, median ratio, p10 and p90 ratio."""
     rows = []
+
+    def add(op, shape, ratios):
+        if ratios:
+            r = np.asarray(ratios)
+            rows.append({"op": op, "shape": shape, "n": len(r),
+                         "median_ratio": float(np.median(r)),
+                         "p10_ratio": float(np.quantile(r, 0.1)),
+                         "p90_ratio": float(np.quantile(r, 0.9))})
+
     for c in calibration_profile.data.curves:
         if c.op != "gemm":
             continue
@@ -140,24 +175,41 @@ def source_disagreement(kernel_profile, calibration_profile) -> pd.DataFrame:
             t = kernel_profile.gemm_time_s("bf16", m, n, k)
             if t is not None:
                 ratios.append(t / (t_us / 1e6))
-        if ratios:
-            r = np.asarray(ratios)
-            rows.append({"op": "gemm", "shape": f"{k}->{n}", "n": len(r),
-                         "median_ratio": float(np.median(r)), "p10_ratio": float(np.quantile(r, 0.1)),
-                         "p90_ratio": float(np.quantile(r, 0.9))})
+        add("gemm", f"{k}->{n}", ratios)
+    memory = kernel_profile.memory_curve()
+    if memory is not None:
+        _, mem = memory
+        for e in calibration_profile.data.generic_elementwise:
+            b = _vidur_pass_bytes(e.op, e.gated)
+            add(e.op if e.gated is None else f"{e.op}({'gated' if e.gated else 'plain'})",
+                "all shapes",
+                [mem(x * b) / (t_us / 1e6) for x, t_us in zip(e.elements, e.time_us)])
     return pd.DataFrame(rows, columns=["op", "shape", "n", "median_ratio", "p10_ratio",
                                        "p90_ratio"])
 
 
 def render_disagreement(kernel_profile, calibration_profile) -> str:
-    """`source_disagreement` summed up: the median over shapes and the spread, in one block."""
+    """`source_disagreement` summed up: for GEMMs the median over shapes and the spread; for the
+    elementwise passes, each pass's median ratio."""
     t = source_disagreement(kernel_profile, calibration_profile)
     if t.empty:
         return ""
-    return (f"sources disagree on {kernel_profile.gpu}: {kernel_profile.profile_id} / "
-            f"{calibration_profile.profile_id} GEMM time, {len(t)} shapes measured by both "
-            f"(>= 16 tokens): median ratio {float(np.median(t['median_ratio'])):.2f}, shapes' "
-            f"medians from {t['median_ratio'].min():.2f} to {t['median_ratio'].max():.2f}")
+    g = t[t["op"] == "gemm"]
+    lines = []
+    if not g.empty:
+        lines.append(
+            f"sources disagree on {kernel_profile.gpu}: {kernel_profile.profile_id} / "
+            f"{calibration_profile.profile_id} GEMM time, {len(g)} shapes measured by both "
+            f"(>= 16 tokens): median ratio {float(np.median(g['median_ratio'])):.2f}, shapes' "
+            f"medians from {g['median_ratio'].min():.2f} to {g['median_ratio'].max():.2f}")
+    e = t[t["op"] != "gemm"]
+    if not e.empty:
+        kernel = kernel_profile.memory_curve()[0]
+        lines.append(
+            f"elementwise passes timed by {kernel} at their bytes / Vidur's measured passes: "
+            + ", ".join(f"{r.op} {r.median_ratio:.2f} ({r.p10_ratio:.2f}-{r.p90_ratio:.2f})"
+                        for r in e.itertuples()))
+    return "\n".join(lines)
 
 
 def run_calibrate_aiconfigurator(system: str, out: str, *, seed: int = 0,

@@ -175,6 +175,8 @@ def render_summary(r: dict) -> str:
                  f"(step times +/-{unc:.0%})")
     if p.get("calibrated") and p.get("reference_fallbacks"):
         lines += _wrap("Not from the profile: " + "; ".join(p["reference_fallbacks"]) + ".")
+    if p.get("calibrated") and p.get("assumed_parts"):
+        lines += _wrap("Derived or declared: " + "; ".join(p["assumed_parts"]) + ".")
     lines.append(f"seed {p['seed']}, {p['engine_semantics']}, simcore {p['simulator_version']}")
     lines.append("=" * _LINE)
     return "\n".join(lines)

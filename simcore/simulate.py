@@ -286,6 +286,7 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
         "profile_version": m.profile_version,
         "calibrated": m.calibrated,
         "reference_fallbacks": m.fallbacks(),
+        "assumed_parts": m.assumed_parts(),
         "measured_share_of_step_time": round(share, 3),
         "profile_label": (f"calibrated profile ({share:.0%} of a reference step measured)"
                           if m.calibrated else "uncalibrated reference profile"),

@@ -5,8 +5,11 @@ latencies measured inside vLLM's own backends:
 `aiconfigurator_core/systems/data/<system>/<op>/vllm/<version>/*.parquet`. Only those tables are
 read here (never the package's estimator code): GEMMs (`gemm_perf`), context and generation
 attention (`context_attention_perf`, `generation_attention_perf`), fused MoE (`moe_perf`) and
-vLLM's all-reduce (`custom_allreduce_perf`). Latencies there are milliseconds per call (one
-layer); all-reduce sizes are 16-bit elements.
+vLLM's all-reduce (`custom_allreduce_perf`), vLLM's fp8 activation quantization
+(`quantize/.../scale_matrix_perf`: one memory-bound pass, bf16 read and fp8 written) and, from
+the NCCL tables measured beside them (`comm/nccl/<version>/nccl_perf`), NCCL's all-gather in
+16-bit elements. Latencies there are milliseconds per call (one layer); collective sizes are
+16-bit elements (an all-gather's, the whole output).
 
 Per table, of the newest vLLM version measured on the system:
 - one kernel per dtype (or per dtype and MoE shape): the one with the most rows, the kernel vLLM
@@ -112,11 +115,12 @@ class _Reader:
         self.files: list[dict] = []
         self.device = "unknown"     # the GPU as the first table read names it
 
-    def table(self, op: str, name: str):
-        """The newest vLLM version's `name` table of `op`, or None."""
+    def table(self, op: str, name: str, framework: str = "vllm"):
+        """The newest version's `name` table of `op` measured with `framework` (vLLM, or NCCL
+        for its own collectives), or None."""
         import pandas as pd
 
-        base = self.root / self.system / op / "vllm"
+        base = self.root / self.system / op / framework
         if not base.is_dir():
             return None
         versions = sorted((p for p in base.iterdir() if (p / name).is_file()),
@@ -324,6 +328,54 @@ def _all_reduce(reader: _Reader, rng, errors) -> list[dict]:
     return out
 
 
+def _all_gather(reader: _Reader, rng, errors) -> list[dict]:
+    df = reader.table("comm", "nccl_perf.parquet", framework="nccl")
+    if df is None:
+        return []
+    df = df[(df["op_name"] == "all_gather") & (df["nccl_dtype"] == "half")]
+    out, errs, n_train = [], [], 0
+    for n, grp in sorted(df.groupby("num_gpus")):
+        med = grp.groupby("message_size")["latency"].median()
+        x = [int(v) for v in med.index]
+        t = [float(v) / 1e3 for v in med.values]
+        if len(x) < 3 or min(t) <= 0:
+            continue
+        tx, ty, held, e = _curve_fit(x, t, rng)
+        errs.extend(e)
+        n_train += len(tx)
+        out.append({"collective": "all_gather", "mode": "nccl", "num_gpus": int(n),
+                    "elements": tx, "time_us": [_round(v * 1e6) for v in ty],
+                    "held_out_elements": held})
+    if out:
+        errors["all_gather/nccl"] = _stats(errs, n_train)
+    return out
+
+
+MEMORY_BINS_PER_OCTAVE = 4
+"""Sizes of the memory-bound kernel's measured shapes are pooled in bins of a quarter octave."""
+
+
+def _memory(reader: _Reader, rng, errors) -> list[dict]:
+    """vLLM's static fp8 quantization (read m x k bf16, write m x k fp8: 3 bytes per element) as
+    time against bytes moved: per quarter-octave bin of sizes the median size and the median
+    latency, made non-decreasing (a larger pass never takes less time)."""
+    df = reader.table("quantize", "scale_matrix_perf.parquet")
+    if df is None or df.empty:
+        return []
+    counts = df["kernel_source"].value_counts()
+    kernel = str(min(k for k, c in counts.items() if c == counts.max()))
+    df = df[df["kernel_source"] == kernel]
+    size = 3.0 * df["m"].astype(float) * df["k"].astype(float)
+    bins = np.round(np.log2(size) * MEMORY_BINS_PER_OCTAVE)
+    g = df.assign(bytes=size, bin=bins).groupby("bin")
+    x = [int(round(v)) for v in g["bytes"].median().values]
+    t = np.maximum.accumulate(g["latency"].median().values / 1e3).tolist()
+    tx, ty, held, e = _curve_fit(x, t, rng)
+    errors[f"memory/{kernel}"] = _stats(e, len(tx))
+    return [{"kernel": kernel, "bytes_per_element": 3.0, "bytes": tx,
+             "time_us": [_round(v * 1e6) for v in ty], "held_out_bytes": held}]
+
+
 def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = None,
                gpu: str | None = None, profile_id: str | None = None) -> KernelProfile:
     """The kernel profile of one AIConfigurator system (e.g. "h100_sxm"), fitted from the
@@ -346,6 +398,8 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
     attention = _attention(reader, rng, errors)
     moe = _moe(reader, rng, errors)
     ar = _all_reduce(reader, rng, errors)
+    ag = _all_gather(reader, rng, errors)
+    memory = _memory(reader, rng, errors)
     version = package_version()
     data = {
         "format": FORMAT, "version": VERSION,
@@ -365,6 +419,7 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
                       "with its last log-log slope (capped: linear in rows, batch and KV "
                       "length, quadratic in prompt length)"},
         "gemm": gemm, "attention": attention, "moe": moe, "all_reduce": ar,
+        "all_gather": ag, "memory": memory,
         "errors": {k: v.model_dump() for k, v in sorted(errors.items())},
     }
     return KernelProfile(KernelProfileData.model_validate(data), source=f"{system} (fitted)")

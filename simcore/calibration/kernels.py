@@ -17,6 +17,11 @@ MoE transformer's step that a GPU runs as a measured kernel:
   the fused-MoE layer's time against the tokens entering it, tokens routed uniformly.
 - `all_reduce`: per group size and mode (inside a CUDA graph, or eager) the time against the
   number of 16-bit elements reduced.
+- `all_gather`: NCCL's all-gather per group size, the time against the 16-bit elements gathered
+  (the whole output).
+- `memory`: a memory-bound vLLM kernel (one pass reading and writing activations) as time
+  against the bytes it moves: what a step-time model times the passes the database never
+  measured (norms, rotary, activations, the sampler's passes over the logits) by.
 
 Every grid was fitted without some of its axis values (the `held_out` lists), and `errors` holds
 the relative error of predicting the measured times at those values from the rest: the error of
@@ -153,15 +158,17 @@ class MoeCurve(BaseModel):
 
 
 class CommCurve(BaseModel):
-    """vLLM's all-reduce over one group of GPUs in one node: time against elements."""
+    """A collective over one group of GPUs in one node: time against elements."""
 
     model_config = _FROZEN
 
-    collective: Literal["all_reduce"] = Field(description="The collective.")
-    mode: Literal["graph", "eager"] = Field(description="Inside a captured CUDA graph, or "
-                                            "launched eagerly.")
+    collective: Literal["all_reduce", "all_gather"] = Field(description="The collective.")
+    mode: Literal["graph", "eager", "nccl"] = Field(
+        description="vLLM's all-reduce inside a captured CUDA graph or launched eagerly, or "
+                    "NCCL's own collective.")
     num_gpus: int = Field(ge=2, description="GPUs in the group.")
-    elements: list[int] = Field(description="16-bit elements reduced.")
+    elements: list[int] = Field(description="16-bit elements reduced, or gathered (the whole "
+                                "output of an all-gather).")
     time_us: list[float] = Field(description="Time at each size, microseconds.")
     held_out_elements: list[int] = Field(description="Sizes left out.")
 
@@ -169,6 +176,26 @@ class CommCurve(BaseModel):
     def _check(self) -> "CommCurve":
         _check_axis("elements", self.elements)
         if len(self.time_us) != len(self.elements) or min(self.time_us) <= 0:
+            raise ValueError("time_us must hold one positive time per size")
+        return self
+
+
+class MemoryCurve(BaseModel):
+    """A memory-bound kernel: time against the bytes it reads and writes, microseconds."""
+
+    model_config = _FROZEN
+
+    kernel: str = Field(description="The kernel measured.")
+    bytes_per_element: float = Field(gt=0, description="Bytes it moves per element of its "
+                                     "input (read and written).")
+    bytes: list[int] = Field(description="Bytes moved (bin medians of the measured shapes).")
+    time_us: list[float] = Field(description="Median time at each size, microseconds.")
+    held_out_bytes: list[int] = Field(description="Sizes left out.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MemoryCurve":
+        _check_axis("bytes", self.bytes)
+        if len(self.time_us) != len(self.bytes) or min(self.time_us) <= 0:
             raise ValueError("time_us must hold one positive time per size")
         return self
 
@@ -214,9 +241,14 @@ class KernelProfileData(BaseModel):
     attention: list[AttentionTable] = Field(description="Attention grids.")
     moe: list[MoeCurve] = Field(description="Fused-MoE curves.")
     all_reduce: list[CommCurve] = Field(description="All-reduce curves.")
+    all_gather: list[CommCurve] = Field(default_factory=list,
+                                        description="NCCL all-gather curves.")
+    memory: list[MemoryCurve] = Field(default_factory=list,
+                                      description="Memory-bound kernel curves.")
     errors: dict[str, ErrorStats] = Field(description="Held-out relative errors per table "
                                           "family: 'gemm/<dtype>', 'attention/<phase>/<kv "
-                                          "dtype>', 'moe/<dtype>', 'all_reduce/<mode>'.")
+                                          "dtype>', 'moe/<dtype>', 'all_reduce/<mode>', "
+                                          "'all_gather/nccl', 'memory/<kernel>'.")
 
 
 class KernelProfile:
@@ -246,6 +278,11 @@ class KernelProfile:
         self._ar = {(c.mode, c.num_gpus): KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S,
                                                     log_log=True)
                     for c in data.all_reduce}
+        self._ag = {c.num_gpus: KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S,
+                                          log_log=True)
+                    for c in data.all_gather}
+        self._mem = [(c.kernel, KnotCurve(c.bytes, np.asarray(c.time_us) / US_PER_S,
+                                          log_log=True)) for c in data.memory]
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -343,6 +380,16 @@ class KernelProfile:
     def all_reduce_curve(self, num_gpus: int, mode: str = "graph") -> KnotCurve | None:
         """All-reduce time against 16-bit elements over `num_gpus` GPUs of a node, or None."""
         return self._ar.get((mode, num_gpus))
+
+    def all_gather_curve(self, num_gpus: int) -> KnotCurve | None:
+        """NCCL all-gather time against the 16-bit elements gathered over `num_gpus` GPUs of a
+        node, or None."""
+        return self._ag.get(num_gpus)
+
+    def memory_curve(self) -> tuple[str, KnotCurve] | None:
+        """(kernel name, time against bytes moved) of the profile's memory-bound kernel, or
+        None."""
+        return self._mem[0] if self._mem else None
 
     def error_bound(self, family: str) -> float | None:
         """The 90th-percentile held-out relative error of a table family ('gemm/bf16',

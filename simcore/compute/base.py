@@ -117,6 +117,8 @@ class StepTimeModel(Protocol):
 
     def fallbacks(self) -> list[str]: ...                # parts timed by reference assumptions
 
+    def assumed_parts(self) -> list[str]: ...            # derived, declared or fitted parts
+
     def measured_share(self) -> float: ...               # share of a step from measurements
 
     def assumption_lines(self) -> list[str]: ...         # where the step times come from

@@ -114,11 +114,12 @@ class MeasuredModel(RooflineModel):
     roofline or a generic model, in words) and `_class_bounds` (per op class, its relative
     error bound), then calls `_set_reference_figures()`."""
 
-    __slots__ = ("profile", "_sources", "_fallbacks", "_class_bounds", "_measured_share")
+    __slots__ = ("profile", "_sources", "_fallbacks", "_derived", "_class_bounds",
+                 "_measured_share")
 
     def _communication_fallbacks(self, tp: int, pp: int, all_reduce_measured: bool,
                                  multi_node_tp: bool, sequence_parallel_moe: bool,
-                                 unmeasured: str) -> None:
+                                 unmeasured: str, gather_measured: bool = False) -> None:
         """Record the communication a profile does not time: TP collectives when its all-reduce
         is not used (`unmeasured` says why when the profile lacks it), the logits gather, PP
         hops."""
@@ -130,10 +131,29 @@ class MeasuredModel(RooflineModel):
                 self._sources["communication"].add("roofline")
                 self._fallbacks.append(f"TP collectives over {tp} GPUs: roofline formulas "
                                        f"({why})")
-            self._fallbacks.append("logits all-gather: roofline ring formula")
+            if not gather_measured:
+                self._fallbacks.append("logits all-gather: roofline ring formula")
         if pp > 1:
             self._sources["communication"].add("roofline")
             self._fallbacks.append("PP hops: roofline")
+
+    def _cpu_side_parts(self) -> None:
+        """Record where the step's CPU side and launch time come from (declared or fitted
+        assumptions, not measured kernels)."""
+        if self.host is None:
+            self._derived.append("per-step CPU time: compute.roofline.step_overhead_s "
+                                 "(declared)")
+        else:
+            self._derived.append("CPU side: vLLM's measured engine costs and the host "
+                                 "section's parameters (fitted on the end-to-end set)")
+        self._derived.append("kernel launches of steps outside full CUDA graphs: "
+                             "compute.roofline.eager_launch_s_per_layer (declared), where "
+                             "longer than the GPU work")
+
+    def assumed_parts(self) -> list[str]:
+        """The parts of a step neither a measured kernel nor the roofline times: derived from
+        another kernel's measurements, or declared or fitted constants."""
+        return list(self._derived)
 
     @staticmethod
     def _check_gpu(profile, gpu: GpuSpec) -> None:
@@ -176,8 +196,8 @@ class MeasuredModel(RooflineModel):
                 shares.append(0.0)
                 continue
             worst = max(worst, sum(parts[c] * self._class_bounds[c] for c in parts) / total)
-            measured = sum(v for c, v in parts.items()
-                           if self._sources[c] and "roofline" not in self._sources[c])
+            measured = sum(v for c, v in parts.items() if self._sources[c]
+                           and not self._sources[c] & {"roofline", "derived"})
             shares.append(measured / total)
         self.relative_uncertainty = worst
         self._measured_share = min(shares)
@@ -224,6 +244,7 @@ class CalibratedModel(MeasuredModel):
         f = self.op_scale
         self._sources: dict[str, set[str]] = {c: set() for c in OP_CLASSES}
         self._fallbacks: list[str] = []
+        self._derived: list[str] = []
         rough = "roofline"
 
         shapes = layer_op_shapes(hidden=arch.hidden_size,
@@ -332,7 +353,7 @@ class CalibratedModel(MeasuredModel):
                             "LM head and sampler: roofline"]
         if arch.is_moe:
             self._fallbacks.append("MoE router, shared and routed experts: roofline")
-        self._fallbacks.append("per-step CPU overhead and launch time: declared assumptions")
+        self._cpu_side_parts()
 
         ref = self.assumptions.relative_uncertainty
         bounds = dict.fromkeys(OP_CLASSES, ref)

@@ -160,6 +160,9 @@ class ExpertParallelRoofline:
     def fallbacks(self) -> list[str]:
         return self.rank_model.fallbacks()
 
+    def assumed_parts(self) -> list[str]:
+        return self.rank_model.assumed_parts()
+
     def measured_share(self) -> float:
         return self.rank_model.measured_share()
 

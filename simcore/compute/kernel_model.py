@@ -12,13 +12,20 @@ that have the op:
   chunk over a cached prefix costs the pairs it computes);
 - routed experts from the fused-MoE curve of the model's MoE shape, experts split by TP;
 - TP all-reduces (2 per layer + 1) from vLLM's all-reduce curve of the TP group, in CUDA-graph
-  mode for steps up to the graph capture size, eager beyond.
+  mode for steps up to the graph capture size, eager beyond; the logits all-gather before
+  sampling from NCCL's all-gather curve (the whole vocabulary of every sequence).
 
-From the roofline, named in `fallbacks()`: the elementwise passes (norms, rotary, activation,
-residual adds, embedding: the kernel database measures none of them; vLLM fuses most into a few
-memory-bound kernels), the sampler, PP hops and the logits gather, MLA's projections and
-attention, routed experts under expert parallelism (timed over the whole group), anything whose
-shape or dtype the profile did not measure, and the CPU-side overheads.
+Derived from a measured kernel, named in `assumed_parts()`: the passes the database never
+measured (norms, rotary, activation, residual adds, embedding, MoE top-k routing; the sampler's
+fp32 cast and sampling passes over the logits) as separate memory-bound kernels, each timed by
+the GPU's measured memory-bound kernel (vLLM's static fp8 quantization, a single read-and-write
+pass) at the bytes it moves. With them the step's CPU side (the host model, or the declared
+per-step overhead) and the declared launch time of steps outside full CUDA graphs.
+
+From the roofline, named in `fallbacks()`: PP hops, MLA's projections and attention, routed
+experts under expert parallelism (timed over the whole group), anything whose shape or dtype the
+profile did not measure (e.g. a GPU without a memory-bound kernel measurement times the passes
+above by the roofline).
 
 Each op class's error bound is the 90th-percentile held-out error of the tables it uses (the
 roofline's declared bound for a class with any roofline part).
@@ -59,6 +66,50 @@ def _fuse_qkv(gemms: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
     return (fused,) + tuple(g for g in gemms if g not in qkv)
 
 
+_CAST_BYTES_PER_LOGIT = 6.0
+"""The sampler's first pass: the logits cast to fp32 (16-bit read, 32-bit written)."""
+
+_KERNEL_TRANSFER_ERROR = 0.35
+"""Error bound of timing a pass by another memory-bound kernel's measured time at the same
+bytes: the roofline's declared bound (vLLM's norm, rotary and activation kernels were not measured
+on these GPUs; older vLLM's, measured on H100 by Vidur, took from 0.9x to 5x the quantization
+kernel's time at the same bytes: `dse calibrate --list`)."""
+
+
+def elementwise_passes(arch: ModelArch, tp: int, *, routed_experts: bool,
+                       act_bytes: float = 2.0) -> list[tuple[int, float]]:
+    """The memory-bound kernels of one step outside the GEMMs, attention and (unless
+    `routed_experts`) the fused-MoE layer, as (kernels per step, bytes each moves per token):
+    embedding gather, per layer two fused residual-add + RMSNorms (read x and residual, write
+    both) and the rotary embedding on q and k, the gated activation of each dense MLP (and of
+    shared experts), MoE top-k routing, MLA's latent norms, the final norm."""
+    h = arch.hidden_size
+    layers, moe = arch.num_layers, arch.num_moe_layers()
+    dense = layers - moe
+    if arch.is_mla:
+        heads = arch.num_attention_heads // tp
+        rope = heads * arch.qk_rope_head_dim + arch.qk_rope_head_dim
+    else:
+        rope = (arch.num_attention_heads // tp + arch.kv_heads_per_gpu(tp)) * arch.head_dim
+    out = [(1, 2 * h * act_bytes), (2 * layers, 4 * h * act_bytes),
+           (layers, 2 * rope * act_bytes), (1, 3 * h * act_bytes)]
+    if dense:
+        out.append((dense, 3 * (arch.intermediate_size // tp) * act_bytes))
+    if arch.is_mla:
+        out += [(layers, 2 * arch.q_lora_rank * act_bytes),
+                (layers, 2 * arch.kv_lora_rank * act_bytes)]
+    if moe:
+        k = arch.num_experts_per_tok
+        out.append((moe, arch.num_experts * (act_bytes + 4) + 8 * k))   # top-k softmax
+        shared = arch.num_shared_experts * arch.shared_expert_intermediate_size // tp
+        if shared:
+            out.append((moe, 3 * shared * act_bytes))
+        if routed_experts:      # inside the fused-MoE measurement otherwise
+            out += [(moe, 3 * k * (arch.moe_intermediate_size // tp) * act_bytes),
+                    (moe, (k + 1) * h * act_bytes)]
+    return out
+
+
 def _prompt_len(pairs_per_seq: float) -> float:
     """The prompt length whose causal query-key pairs, L (L + 1) / 2, are `pairs_per_seq`."""
     return (math.sqrt(1.0 + 8.0 * pairs_per_seq) - 1.0) / 2.0
@@ -86,6 +137,7 @@ class KernelModel(MeasuredModel):
         f = self.op_scale
         self._sources = {c: set() for c in OP_CLASSES}
         self._fallbacks = []
+        self._derived = []
         bounds = dict.fromkeys(OP_CLASSES, self.assumptions.relative_uncertainty)
         rough = "roofline"
         wdt = gemm_dtype(weight_dtype)
@@ -182,17 +234,17 @@ class KernelModel(MeasuredModel):
                                                     else f"no {wdt} fused-MoE measurement of "
                                                     f"this shape at TP {tp}") + ")")
 
-        # LM head (16-bit) from the GEMM grid; the sampler stays on the roofline.
+        # LM head (16-bit) from the GEMM grid.
         lm = profile.gemm_curve("bf16", arch.vocab_size // tp, arch.hidden_size)
         if lm is not None:
             fl = f["lm_head"]
             self._lm_meas = _memo(lambda s, c=lm, fl=fl: fl * c(s))
-            self._sources["lm_head"].update({"measured", rough})
+            self._sources["lm_head"].add("measured")
         else:
             self._sources["lm_head"].add(rough)
-        self._fallbacks.append("sampler: roofline (no sampler measurements)")
+            self._fallbacks.append("LM head: roofline (no bf16 GEMM measurements)")
 
-        # TP all-reduces.
+        # TP all-reduces, and the logits all-gather before sampling (NCCL).
         if tp > 1:
             graph = profile.all_reduce_curve(tp, "graph")
             eager = profile.all_reduce_curve(tp, "eager")
@@ -207,13 +259,47 @@ class KernelModel(MeasuredModel):
                 self._sources["communication"].add("measured")
                 bounds["communication"] = max(profile.error_bound("all_reduce/graph") or 0.0,
                                               profile.error_bound("all_reduce/eager") or 0.0)
+            gather = None if multi_node_tp else profile.all_gather_curve(tp)
+            if gather is not None:
+                fc, vocab = f["communication"], arch.vocab_size
+                self._gather_meas = _memo(lambda s, c=gather, fc=fc, v=vocab: fc * c(s * v))
+                bounds["communication"] = max(bounds["communication"]
+                                              if self._ar_meas is not None else 0.0,
+                                              profile.error_bound("all_gather/nccl") or 0.0)
         self._communication_fallbacks(tp, pp, self._ar_meas is not None, multi_node_tp,
                                       sequence_parallel_moe,
-                                      f"no all-reduce measured over {tp} GPUs")
-        self._sources["elementwise"].add(rough)
-        self._fallbacks.append("elementwise passes (norms, rotary, activation, residual, "
-                               "embedding): roofline (the kernel database measures none)")
-        self._fallbacks.append("per-step CPU overhead and launch time: declared assumptions")
+                                      f"no all-reduce measured over {tp} GPUs",
+                                      gather_measured=self._gather_meas is not None)
+
+        # The passes the database never measured (norms, rotary, activations, embedding; the
+        # sampler's passes over the logits): each kernel's bytes timed by the measured
+        # memory-bound kernel of this GPU.
+        memory = profile.memory_curve()
+        if memory is not None:
+            kernel, mem = memory
+            passes = elementwise_passes(arch, tp, routed_experts=self._moe_meas is None)
+            fe = f["elementwise"]
+            self._ew_meas = _memo(lambda t, m=mem, ps=passes, fe=fe:
+                                  fe * sum(n * m(t * b) for n, b in ps))
+            bpl = self.assumptions.sampler_hbm_bytes_per_logit
+            cast = min(_CAST_BYTES_PER_LOGIT, bpl)
+            vocab, fl = arch.vocab_size, f["lm_head"]
+            self._smp_meas = _memo(lambda s, m=mem, v=vocab, c=cast, r=bpl - cast, fl=fl:
+                                   fl * (m(s * v * c) + (m(s * v * r) if r > 0 else 0.0)))
+            self._sources["elementwise"].add("derived")
+            self._sources["lm_head"].add("derived")
+            err = profile.error_bound(f"memory/{kernel}") or 0.0
+            bounds["elementwise"] = max(err, _KERNEL_TRANSFER_ERROR)
+            self._derived.append(
+                f"elementwise passes (norms, rotary, activation, residual, embedding) and the "
+                f"sampler: bytes each kernel moves, timed by vLLM's measured {kernel} on this "
+                f"GPU (a memory-bound pass; the sampler moves "
+                f"compute.roofline.sampler_hbm_bytes_per_logit = {bpl:g} bytes per logit)")
+        else:
+            self._sources["elementwise"].add(rough)
+            self._fallbacks.append("elementwise passes and sampler: roofline (no memory-bound "
+                                   "kernel measured on this GPU)")
+        self._cpu_side_parts()
         self._class_bounds = bounds
         self._set_reference_figures()
 

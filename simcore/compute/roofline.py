@@ -132,7 +132,7 @@ class RooflineModel:
         "profile_id", "profile_version", "calibrated", "relative_uncertainty", "arch", "gpu", "tp", "pp",
         "weight_dtype", "kv_cache_dtype", "assumptions",
         "_token_gemms", "_token_gemm_ops", "_token_gemm_groups", "_token_gemm_meas",
-        "_ew_meas", "_ar_meas", "_attn_meas", "_moe_meas", "_lm_meas", "_e_num", "_e_ln_miss",
+        "_ew_meas", "_ar_meas", "_gather_meas", "_smp_meas", "_attn_meas", "_moe_meas", "_lm_meas", "_e_num", "_e_ln_miss",
         "_e_flop_s_per_token", "_e_byte_s_per_expert",
         "_e_byte_s_per_token", "_e_floor_s",
         "_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row", "_kvb_floor_s",
@@ -219,12 +219,14 @@ class RooflineModel:
         self._token_gemm_meas: tuple = (None,) * len(groups)
         self._ew_meas = None
         self._ar_meas = None
+        self._gather_meas = None    # the logits all-gather, of the step's sequences
         # Measured kernels (a kernel profile, see KernelModel): the attention kernel of a step
         # (a function of its shape), the routed experts and the LM head GEMM (of its tokens and
         # of its sequences); each over all layers, None where the roofline times it.
         self._attn_meas = None
         self._moe_meas = None
         self._lm_meas = None
+        self._smp_meas = None       # the sampler, of the step's sequences
 
         # Routed experts.
         experts = tuple(g for g in moe_mlp if g.group == "expert")
@@ -379,6 +381,10 @@ class RooflineModel:
         """The parts of a step timed by reference assumptions rather than measurements."""
         return ["every op and collective: roofline reference (no calibration profile)"]
 
+    def assumed_parts(self) -> list[str]:
+        """Parts neither measured nor timed by the roofline: none (the roofline times all)."""
+        return []
+
     def op_error_bounds(self) -> dict[str, float]:
         """Relative error bound of each op class (`OP_CLASSES`): the declared roofline bound for
         all of them."""
@@ -508,8 +514,11 @@ class RooflineModel:
             else:
                 x = m if m > self._lm_floor_s else self._lm_floor_s
                 memory_bound += x
-            m = s * self._smp_byte_s_per_row
-            m = m if m > self._smp_floor_s else self._smp_floor_s
+            if self._smp_meas is not None:
+                m = self._smp_meas(s)
+            else:
+                m = s * self._smp_byte_s_per_row
+                m = m if m > self._smp_floor_s else self._smp_floor_s
             memory_bound += m
             if by_op is not None:
                 by_op["lm_head"] = by_op.get("lm_head", 0.0) + x + m
@@ -521,7 +530,9 @@ class RooflineModel:
         s = shape.num_seqs
         ar = (self._ar_meas(t) if self._ar_meas is not None
               else t * self._ar_s_per_token + self._ar_latency_s)
-        return (ar + s * self._gather_s_per_row + self._gather_latency_s
+        gather = (self._gather_meas(s) if self._gather_meas is not None and s
+                  else s * self._gather_s_per_row + self._gather_latency_s)
+        return (ar + gather
                 + t * self._pp_s_per_token + self._pp_latency_s)
 
     @property
