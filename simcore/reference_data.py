@@ -1,5 +1,5 @@
-"""Where the reference data shipped inside the package lives: vLLM's recorded scheduler decisions
-and Vidur's GPU measurements (each folder's README names its source and licence)."""
+"""Where the reference data shipped inside the package lives: vLLM's recorded scheduler decisions,
+Vidur's GPU measurements and dataset lengths (each folder's README names its source and licence)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,8 @@ step by step (`golden/*.jsonl.gz`)."""
 
 VIDUR_DIR = DATA_DIR / "measurements" / "vidur"
 """Vidur's per-op compute and NCCL measurements (`profiling/compute`, `profiling/network`; MIT)."""
+
+SHAREGPT_FIRST_TURN = DATA_DIR / "datasets" / "sharegpt_v3_first_turn_llama3.csv"
+"""The first-turn prompt and reply lengths of ShareGPT's conversations with two or more turns, as
+`vllm bench serve --dataset-name sharegpt` takes them, Llama-3 tokens with BOS, unfiltered, in
+file order (num_prefill_tokens, num_decode_tokens): `dataset: {kind: sharegpt}` without a path."""

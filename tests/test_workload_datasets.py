@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from simcore.workload import WorkloadConfig, generate_requests, generate_workload
-from simcore.reference_data import CONFORMANCE_DIR
+from simcore.reference_data import CONFORMANCE_DIR, SHAREGPT_FIRST_TURN
+from simcore.workload.config import LengthFilter
+from simcore.workload.sampled import passes_length_filter, read_lengths_csv
 from simcore.workload.keys import NAMESPACE_SHIFT, ROW, SHARED_PREFIX, USER
 
 DATA = Path(__file__).parent / "data"
@@ -147,6 +149,75 @@ def test_sharegpt_lengths_csv_applies_vllm_filter():
                r.prompt_len + r.output_len <= 2048 for r in reqs)
 
 
+# --- sharegpt without a path: the shipped first-turn lengths ---------------------------------
+
+SHIPPED_README = SHAREGPT_FIRST_TURN.parent / "README.md"
+SHIPPED_ROWS, SHIPPED_VALID = 17_400, 15_822
+SHIPPED_MEANS = {"prompt": 221.1, "output": 198.9}
+"""The row counts and the valid rows' mean lengths as simcore/data/datasets/README.md states them."""
+
+
+def test_the_shipped_first_turn_lengths_match_their_readme():
+    text = SHIPPED_README.read_text(encoding="utf-8")
+    for figure in ("17,400", "15,822", "221.1", "198.9"):
+        assert figure in text
+    prompts, outputs = read_lengths_csv(SHAREGPT_FIRST_TURN)
+    assert len(prompts) == len(outputs) == SHIPPED_ROWS
+    valid = passes_length_filter(LengthFilter(), prompts, outputs)
+    assert int(valid.sum()) == SHIPPED_VALID
+    assert prompts[valid].mean() == pytest.approx(SHIPPED_MEANS["prompt"], rel=0.01)
+    assert outputs[valid].mean() == pytest.approx(SHIPPED_MEANS["output"], rel=0.01)
+    # unfiltered: the rows vLLM drops are in the file, for the workload's filter to drop
+    assert prompts.max() > 1024 and outputs.min() < 4
+
+
+def test_the_shipped_lengths_are_package_data():
+    import tomllib
+    from fnmatch import fnmatch
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["simcore"]
+    for shipped in (SHAREGPT_FIRST_TURN, SHIPPED_README):
+        rel = shipped.relative_to(root / "simcore").as_posix()
+        assert any(fnmatch(rel, g) for g in globs), rel
+
+
+@pytest.mark.parametrize("dataset", [{"kind": "sharegpt"}, {"kind": "sharegpt", "path": None}])
+def test_sharegpt_without_a_path_sends_the_shipped_first_turns(dataset, tmp_path):
+    cfg = WorkloadConfig.model_validate({"num_prompts": 1000, "dataset": dataset})
+    reqs = generate_requests(cfg, block_size=16, seed=0, base_dir=tmp_path, max_model_len=None)
+    prompts, outputs = read_lengths_csv(SHAREGPT_FIRST_TURN)
+    rows = set(zip(prompts.tolist(), outputs.tolist()))
+    assert len(reqs) == 1000
+    assert all((r.prompt_len, r.output_len) in rows for r in reqs)
+    assert all(4 <= r.prompt_len <= 1024 and r.output_len >= 4 and
+               r.prompt_len + r.output_len <= 2048 for r in reqs)
+    # 1,000 of 15,822 rows: the sample means are within a few standard errors (7 tokens)
+    assert np.mean([r.prompt_len for r in reqs]) == pytest.approx(SHIPPED_MEANS["prompt"], rel=0.1)
+    assert np.mean([r.output_len for r in reqs]) == pytest.approx(SHIPPED_MEANS["output"], rel=0.1)
+
+
+def test_sharegpt_without_a_path_keeps_the_filter_setting():
+    reqs = generate({"num_prompts": 2000, "dataset": {"kind": "sharegpt", "length_filter": None}})
+    assert max(r.prompt_len for r in reqs) > 1024
+
+
+def test_sharegpt_without_a_path_simulates(tmp_path):
+    from simcore.config import parse_config
+    from simcore.simulate import simulate
+
+    cfg = parse_config({"name": "sharegpt-default", "seed": 0,
+                        "model": {"name": "meta-llama/Llama-3.1-8B"},
+                        "hardware": {"gpu": "A100-80GB"},
+                        "workload": {"num_prompts": 40, "request_rate": 10,
+                                     "dataset": {"kind": "sharegpt"}},
+                        "host": {"model": "constant"}}, base_dir=tmp_path)
+    result = simulate(cfg)
+    assert result["completed"] == 40 and result["failed"] == 0
+    assert 4 * 40 <= result["total_input_tokens"] <= 1024 * 40
+
+
 # --- custom -----------------------------------------------------------------------------------
 
 def test_custom_lines_lengths_and_keys():
@@ -266,6 +337,7 @@ ALL_KINDS = [
                                                           "prefix_len": 40}},
     {"request_rate": 5.0, "dataset": {"kind": "prefix_repetition"}},
     {"request_rate": 5.0, "dataset": {"kind": "sharegpt", "path": SHAREGPT_CSV.name}},
+    {"request_rate": 5.0, "dataset": {"kind": "sharegpt"}},
     {"request_rate": 5.0, "num_prompts": 10, "dataset": {"kind": "custom", "path": "custom.jsonl"}},
     {"dataset": {"kind": "mooncake", "path": MOONCAKE.name}},
     {"dataset": {"kind": "azure", "path": AZURE.name}},
@@ -283,7 +355,7 @@ def test_deterministic_sorted_and_well_formed(fields):
     assert all(len(r.block_keys) <= r.prompt_len // 16 for r in a)
 
 
-@pytest.mark.parametrize("fields", ALL_KINDS[:4], ids=lambda f: f["dataset"]["kind"])
+@pytest.mark.parametrize("fields", ALL_KINDS[:5], ids=lambda f: f["dataset"]["kind"])
 def test_different_seed_different_workload(fields):
     assert generate(fields, seed=1) != generate(fields, seed=2)
 

@@ -33,6 +33,13 @@ def test_missing_file_names_the_path(tmp_path, kind, name):
         run(tmp_path, {"kind": kind, "path": name})
 
 
+@pytest.mark.parametrize("path", ["", "sub", "none.csv"])
+def test_a_bad_sharegpt_path_is_still_named_when_the_path_is_optional(tmp_path, path):
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ConfigError, match=r"no such file \(workload\.dataset\.path: "):
+        run(tmp_path, {"kind": "sharegpt", "path": path})
+
+
 @pytest.mark.parametrize("bad_line, message", [
     ('{"timestamp": 0, "input_length": 100,', "line 3: invalid JSON"),
     ('[1, 2, 3]', "line 3: expected a JSON object"),

@@ -103,14 +103,20 @@ class ShareGPTDataset(_Frozen):
     `path` is either a ShareGPT JSON file (a list of {"conversations": [{"value": prompt},
     {"value": answer}, ...]}; lengths estimated by `text_estimate`) or a CSV of token lengths with
     columns num_prefill_tokens, num_decode_tokens (e.g. Vidur's sharegpt_8k_lengths.csv), told
-    apart by the suffix (.json / .csv). Entries with fewer than two turns are skipped; the rest are
-    shuffled (unless `shuffle` is false), filtered by `length_filter`, and the first num_prompts
-    kept; if fewer pass, samples are drawn again with replacement (vLLM's oversampling).
+    apart by the suffix (.json / .csv). Without a `path`, the lengths shipped with the simulator
+    are used: the first turn and first reply of the 17,400 conversations with two or more turns of
+    a copy of ShareGPT_V3_unfiltered_cleaned_split.json, counted with the Llama-3 tokenizer
+    (simcore/data/datasets/README.md), i.e. what `vllm bench serve --dataset-name sharegpt` sends
+    to a Llama-3 model. Entries with fewer than two turns are skipped; the rest are shuffled
+    (unless `shuffle` is false), filtered by `length_filter`, and the first num_prompts kept; if
+    fewer pass, samples are drawn again with replacement (vLLM's oversampling).
     """
 
     kind: Literal["sharegpt"] = Field("sharegpt", description="Dataset variant tag.")
-    path: str = Field(description="ShareGPT JSON (.json) or lengths CSV (.csv), relative to the "
-                      "configuration's directory.")
+    path: str | None = Field(None, description="ShareGPT JSON (.json) or lengths CSV (.csv), "
+                             "relative to the configuration's directory; null (the default): the "
+                             "shipped first-turn lengths of ShareGPT V3 in Llama-3 tokens "
+                             "(simcore/data/datasets/sharegpt_v3_first_turn_llama3.csv).")
     output_len: int | None = Field(None, ge=1, description="Output tokens of every request, instead "
                                    "of each answer's length (vLLM --sharegpt-output-len).")
     shuffle: bool = Field(True, description="Shuffle the entries with the seed before taking them "

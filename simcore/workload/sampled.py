@@ -38,7 +38,8 @@ def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block
         raise ConfigError(f"{path}: a sharegpt dataset is a .json ShareGPT file or a .csv of "
                           "num_prefill_tokens,num_decode_tokens")
     output_lens = answer_lens if ds.output_len is None else np.full(len(row_ids), ds.output_len)
-    valid = _passes(ds.length_filter, prompt_lens, output_lens, check_output=ds.output_len is None)
+    valid = passes_length_filter(ds.length_filter, prompt_lens, output_lens,
+                                 check_output=ds.output_len is None)
     chosen = _choose(valid, num_prompts, shuffle=ds.shuffle, rng=rng)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no conversation passes workload.dataset.length_filter "
@@ -98,18 +99,25 @@ def _sharegpt_json(path: Path, estimate: TextLengthEstimate
     return np.array(row_ids, dtype=np.int64), np.array(prompt_lens), np.array(answer_lens)
 
 
-def _lengths_csv(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_lengths_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, answer lengths) of a CSV with columns num_prefill_tokens,
+    num_decode_tokens, in file order."""
     prompt_lens, answer_lens = [], []
     for lineno, row in files.iter_csv(path, ("num_prefill_tokens", "num_decode_tokens")):
         where = f"{path}: line {lineno}"
         prompt_lens.append(files.count_field(row, "num_prefill_tokens", where, 1))
         answer_lens.append(files.count_field(row, "num_decode_tokens", where))
-    return np.arange(len(prompt_lens)), np.array(prompt_lens), np.array(answer_lens)
+    return np.array(prompt_lens, dtype=np.int64), np.array(answer_lens, dtype=np.int64)
 
 
-def _passes(flt: LengthFilter | None, prompt_lens: np.ndarray, output_lens: np.ndarray, *,
-            check_output: bool) -> np.ndarray:
-    """vLLM's is_valid_sequence, vectorised."""
+def _lengths_csv(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    prompt_lens, answer_lens = read_lengths_csv(path)
+    return np.arange(len(prompt_lens)), prompt_lens, answer_lens
+
+
+def passes_length_filter(flt: LengthFilter | None, prompt_lens: np.ndarray,
+                         output_lens: np.ndarray, *, check_output: bool = True) -> np.ndarray:
+    """vLLM's is_valid_sequence, vectorised: which samples `flt` keeps (all when it is None)."""
     valid = np.ones(len(prompt_lens), dtype=bool)
     if flt is None:
         return valid
