@@ -13,13 +13,19 @@ parallelism, engine limits and load, and the measured value of each metric famil
 
 How a load is rebuilt: `benchmark_latency` is one batch of `batch` requests of fixed lengths sent
 at once; `benchmark_throughput` is all prompts at once with `vllm`'s offline (LLM class) batch
-limits; `vllm bench serve` / `benchmark_serving.py` keep their request rate and concurrency. Where
-the output printed its token totals, prompts and outputs take the measured mean lengths (runs
-without --ignore-eos stop early); ShareGPT loads draw lengths from the shape of ShareGPT's length
-distribution (`sharegpt_shape.csv`, Vidur's token counts) scaled to those means. Rows the
-simulator cannot represent (models it has no architecture for, MXFP4 checkpoints, GPUs without a
-kernel profile, expert parallelism, ShareGPT loads without token totals) are returned with the
-reason, never silently dropped.
+limits; `vllm bench serve` / `benchmark_serving.py` keep their request rate and concurrency.
+Random loads take the measured mean lengths where the output printed its token totals (runs
+without --ignore-eos stop early), else the lengths on the command line. ShareGPT loads draw their
+requests as vLLM's sharegpt sampler does, from the shipped first-turn lengths
+(`simcore/data/datasets/sharegpt_v3_first_turn_llama3.csv`: the first human turn and first reply
+of each conversation, Llama-3 tokens): `random.seed(0)`, shuffle, the first n rows that pass
+vLLM's `is_valid_sequence`. Where the output printed its token totals, those prompt and output
+lengths are scaled to the measured means (the model's own tokenizer and chat template, and early
+stops, are in the totals); where it did not, they are used as they are, and the case's notes say
+that the lengths are Llama-3 token counts (and, for other models, that the model's tokenizer
+differs). Rows the simulator cannot represent (models it has no architecture for, MXFP4
+checkpoints, GPUs without a kernel profile, expert parallelism) are returned with the reason,
+never silently dropped.
 
 The split is declared, not chosen: a row is in the `fit` part when the first 8 hex digits of the
 sha256 of its id are even, else `held_out`. Free parameters may be fitted on `fit` rows only;
@@ -28,10 +34,12 @@ errors and envelope coverage are reported on `held_out` rows.
 
 from __future__ import annotations
 
-import csv
+import functools
 import hashlib
 import json
 import math
+import random
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +60,9 @@ vLLM's CI is its 8xH100 SXM machine)."""
 _BLOCK_FP8 = ("qwen/qwen3", "deepseek-ai/")
 """FP8 checkpoints of these families use 128x128 block scales (fp8_block)."""
 
+_LLAMA3 = re.compile(r"llama-3", re.IGNORECASE)
+"""Models that use the Llama-3 tokenizer the shipped ShareGPT lengths were counted with."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -63,7 +74,7 @@ class Case:
     measured: dict[str, float]        # family -> measured value
     keys: dict[str, str]              # family -> the result key compared
     source: str                       # URL
-    lengths: tuple | None = None      # (prompt lens, output lens) of a ShareGPT-shaped load
+    lengths: tuple | None = None      # (prompt lens, output lens) of a ShareGPT load
     notes: list[str] = field(default_factory=list)
 
 
@@ -90,21 +101,35 @@ def _num(x):
     return float(x)
 
 
-def _sharegpt_shape() -> tuple[np.ndarray, np.ndarray]:
-    with open(VALIDATION_DIR / "sharegpt_shape.csv", encoding="utf-8") as f:
-        r = list(csv.DictReader(f))
-    return (np.array([int(x["prompt_len"]) for x in r], dtype=float),
-            np.array([int(x["output_len"]) for x in r], dtype=float))
+@functools.cache
+def _shipped_first_turns() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shipped first-turn lengths (prompts, outputs) and which rows vLLM keeps."""
+    from simcore.reference_data import SHAREGPT_FIRST_TURN
+    from simcore.workload.config import LengthFilter
+    from simcore.workload.sampled import passes_length_filter, read_lengths_csv
+
+    prompts, outputs = read_lengths_csv(SHAREGPT_FIRST_TURN)
+    return prompts, outputs, passes_length_filter(LengthFilter(), prompts, outputs)
 
 
-def _scaled_lengths(n: int, mean_in: float, mean_out: float, seed: int):
-    """n (prompt, output) lengths with ShareGPT's shape and the given means."""
-    p, o = _sharegpt_shape()
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(p), size=n, replace=len(p) < n)
-    pi = np.maximum(1, np.rint(p[idx] * mean_in / p[idx].mean())).astype(int)
-    oi = np.maximum(1, np.rint(o[idx] * mean_out / o[idx].mean())).astype(int)
-    return pi.tolist(), oi.tolist()
+def sharegpt_first_turns(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, output lengths) of the n requests vLLM's sharegpt sampler sends, drawn
+    from the shipped first-turn lengths (Llama-3 tokens): the rows shuffled as
+    `random.seed(seed); random.shuffle(rows)` does, then the first n that pass vLLM's
+    `is_valid_sequence` (the workload's default `length_filter`), topped up with
+    `random.choice` if fewer pass."""
+    prompts, outputs, valid = _shipped_first_turns()
+    rand = random.Random(seed)
+    order = list(range(len(prompts)))
+    rand.shuffle(order)
+    chosen = [i for i in order if valid[i]][:n]
+    chosen += [rand.choice(chosen) for _ in range(n - len(chosen))]
+    return prompts[chosen], outputs[chosen]
+
+
+def _scaled(lengths: np.ndarray, mean: float) -> list[int]:
+    """`lengths` scaled to the mean `mean` (each at least 1 token)."""
+    return np.maximum(1, np.rint(lengths * mean / lengths.mean())).astype(int).tolist()
 
 
 def _settings(text: str) -> dict[str, str]:
@@ -202,11 +227,18 @@ def row_case(row: dict) -> Case | str:
             "kind": "random", "input_len": int(bench["input_len"]),
             "output_len": int(bench["output_len"])})
     elif "sharegpt" in dataset:
-        if mean_in is None:
-            return "ShareGPT load without token totals (its lengths cannot be rebuilt)"
-        lengths = _scaled_lengths(n, mean_in, mean_out, seed=0)
-        notes.append(f"ShareGPT lengths scaled to the measured means {mean_in:.0f} / "
-                     f"{mean_out:.0f} tokens")
+        prompts, outputs = sharegpt_first_turns(n, seed=0)
+        if mean_in is not None:
+            lengths = (_scaled(prompts, mean_in), _scaled(outputs, mean_out))
+            notes.append(f"ShareGPT first turns scaled to the measured means {mean_in:.0f} / "
+                         f"{mean_out:.0f} tokens")
+        else:
+            lengths = (prompts.tolist(), outputs.tolist())
+            note = (f"ShareGPT first turns, Llama-3 tokenizer (means {prompts.mean():.0f} / "
+                    f"{outputs.mean():.0f} tokens; no token totals printed)")
+            if not _LLAMA3.search(name):
+                note += f"; {name}'s tokenizer differs"
+            notes.append(note)
     elif dataset == "random":
         li = mean_in if mean_in is not None else bench.get("input_len")
         lo = mean_out if mean_out is not None else bench.get("output_len")
@@ -227,6 +259,8 @@ def row_case(row: dict) -> Case | str:
         workload["request_rate"] = bench.get("request_rate") or "inf"
         if bench.get("max_concurrency"):
             workload["max_concurrency"] = int(bench["max_concurrency"])
+    if "serve" not in tool:        # benchmark_latency / _throughput: vLLM's LLM class
+        cfg["host"] = {"entrypoint": "offline"}
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload
@@ -258,8 +292,9 @@ def load_cases(folder: Path = VALIDATION_DIR) -> tuple[list[Case], list[tuple[st
 
 
 def case_config(case: Case, workdir: Path, compute: dict | None = None, **overrides):
-    """The SimConfig of a case (a ShareGPT-shaped load written as a custom JSONL in
-    `workdir`); `compute` replaces the compute section, `overrides` top-level sections."""
+    """The SimConfig of a case (a ShareGPT load written as a custom JSONL in `workdir`, sent
+    in the drawn order); `compute` replaces the compute section, `overrides` top-level
+    sections."""
     from simcore.config import parse_config
 
     cfg = json.loads(json.dumps(case.config))
@@ -271,6 +306,8 @@ def case_config(case: Case, workdir: Path, compute: dict | None = None, **overri
         cfg["workload"]["dataset"] = {"kind": "custom", "path": str(path), "shuffle": False}
     if compute is not None:
         cfg["compute"] = compute
+    if "host" in overrides:         # host settings add to the case's own (its entrypoint)
+        overrides = {**overrides, "host": {**cfg.get("host", {}), **overrides["host"]}}
     cfg.update(overrides)
     return parse_config(cfg, source=case.id, base_dir=workdir)
 
@@ -353,13 +390,14 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
     return out
 
 GUARDS = {
-    "throughput": {"median_abs": 0.20, "median_signed": 0.18, "outside": 0.20},
-    "ttft": {"median_abs": 0.25, "median_signed": 0.25, "outside": 0.20},
-    "tpot": {"median_abs": 0.13, "median_signed": 0.10, "outside": 0.20},
-    "e2e": {"median_abs": 0.14, "median_signed": 0.14, "outside": 0.20},
+    "throughput": {"median_abs": 0.20, "median_signed": 0.14, "outside": 0.20},
+    "ttft": {"median_abs": 0.28, "median_signed": 0.28, "outside": 0.20},
+    "tpot": {"median_abs": 0.10, "median_signed": 0.08, "outside": 0.20},
+    "e2e": {"median_abs": 0.11, "median_signed": 0.08, "outside": 0.20},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
-parameters were fitted (throughput 15.8% / +13.9%, TTFT 19.3% / -19.3%, TPOT 9.6% / +6.4%, E2E
-10.3% / +10.3% median |error| / median signed error; envelope coverage 100%, 100%, 100%, 80%
-over 10 held-out cases) with a margin; the envelope's bound is the coverage target itself. The
-issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""
+parameters were last fitted (18 held-out cases, 13 with a throughput figure: throughput 16.0% /
+-9.3%, TTFT 23.9% / -23.9%, TPOT 6.3% / +4.4%, E2E 7.3% / +4.3% median |error| / median signed
+error; envelope coverage 92%, 100%, 80%, 80%) with a margin; the envelope's bound is the
+coverage target itself. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are
+reported beside them."""

@@ -31,7 +31,8 @@ from simcore.host import FITTED, FITTED_KEYS  # noqa: E402
 GRIDS = {
     "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
     "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
-    "api_server_per_token_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
+    "api_server_per_token_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4, 3.5e-4,
+                               5e-4],
     "request_overhead_s": [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08],
 }
 

@@ -31,7 +31,7 @@ import json
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.errors import ConfigError
 from simcore.reference_data import DATA_DIR
@@ -53,6 +53,13 @@ class HostConfig(BaseModel):
         "measured costs and the fitted parameters below. constant: only the roofline's declared "
         "compute.roofline.step_overhead_s per step, no API server (the model before CPU costs "
         "were measured).")
+    entrypoint: Literal["api_server", "offline"] = Field(
+        "api_server", description="How requests reach the engine. api_server: vLLM's OpenAI "
+        "server (vllm serve, vllm bench serve): the per-request path and the per-token "
+        "streaming below apply. offline: vLLM's LLM class (LLM.generate, the throughput and "
+        "latency benchmarks): no HTTP server, so neither applies; the output processor's "
+        "measured costs remain (LLM.generate's up-front tokenization, ~0.5 ms a request as "
+        "measured, is not counted).")
     cpu_costs: str = Field(DEFAULT_CPU_COSTS, description="Measured vLLM CPU costs, a file in "
                            "simcore/data/cpu_costs (without .json).")
     host_speed: float = Field(0.4, gt=0, description="CPU time on the deployment's host per "
@@ -68,6 +75,13 @@ class HostConfig(BaseModel):
     request_overhead_s: float | None = Field(None, ge=0, description="API server time between a "
                                              "client's send and the request reaching the "
                                              "scheduler, s. Null: fitted.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "HostConfig":
+        if self.model == "constant" and self.entrypoint == "offline":
+            raise ValueError("entrypoint: offline has no effect with model: constant, which "
+                             "models no API server (use model: vllm)")
+        return self
 
 
 @lru_cache(maxsize=4)
@@ -114,7 +128,7 @@ class HostOverheads:
     and output encoding, scaled by the host speed, plus the model runner's terms); the API
     server's is out_a + (out_b + api_server_per_token_s) x sampled tokens."""
 
-    __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "_a", "_b_decode",
+    __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
                  "_api_tok")
 
@@ -129,8 +143,11 @@ class HostOverheads:
         self.async_scheduling = async_scheduling
         self._mr_step = scale * host_parameter(cfg, "model_runner_step_s")
         self._mr_seq = scale * host_parameter(cfg, "model_runner_per_seq_s")
-        self._api_tok = scale * host_parameter(cfg, "api_server_per_token_s")
-        self.request_overhead_s = scale * host_parameter(cfg, "request_overhead_s")
+        server = cfg.entrypoint == "api_server"
+        self.entrypoint = cfg.entrypoint
+        self._api_tok = scale * host_parameter(cfg, "api_server_per_token_s") if server else 0.0
+        self.request_overhead_s = (scale * host_parameter(cfg, "request_overhead_s") if server
+                                   else 0.0)
         # The engine core also encodes each step's outputs for the API server.
         self._a = self._mr_step + s * (sd["a"] + ud["a"] + enc["a"])
         self._b_decode = self._mr_seq + s * (sd["b_per_seq"] + ud["b_per_seq"]
@@ -163,8 +180,10 @@ class HostOverheads:
         return [f"CPU side: vLLM's scheduler and output processor as measured, x "
                 f"{self.host_speed:g} for the host's CPU speed (declared), model runner "
                 f"{self._mr_step * 1e6:.0f} us + {self._mr_seq * 1e6:.1f} us/sequence per step, "
-                f"API server {self._api_tok * 1e6:.1f} us/token and "
-                f"{self.request_overhead_s * 1e3:.1f} ms/request (fitted on the end-to-end "
-                "set); " + ("async scheduling: the engine's CPU time overlaps the GPU's"
-                            if self.async_scheduling else
-                            "sync scheduling: the engine's CPU time adds to the GPU's")]
+                + (f"API server {self._api_tok * 1e6:.1f} us/token and "
+                   f"{self.request_overhead_s * 1e3:.1f} ms/request (fitted on the end-to-end "
+                   "set); " if self.entrypoint == "api_server" else
+                   "offline (LLM class): no API server; ")
+                + ("async scheduling: the engine's CPU time overlaps the GPU's"
+                   if self.async_scheduling else
+                   "sync scheduling: the engine's CPU time adds to the GPU's")]

@@ -96,6 +96,25 @@ def test_async_scheduling_is_modelled_and_never_slower():
                for a in asyn["provenance"]["assumptions"])
 
 
+def test_offline_entrypoint_has_no_api_server_pace_or_request_delay():
+    served = HostOverheads(HostConfig(**EXPLICIT))
+    offline = HostOverheads(HostConfig(entrypoint="offline", **EXPLICIT))
+    assert offline.request_overhead_s == 0.0
+    assert offline.engine_s(64, 64, 64) == served.engine_s(64, 64, 64)
+    # The output processor's measured cost stays; the per-token streaming goes.
+    assert 0 < offline.frontend_s(64) == pytest.approx(served.frontend_s(64) - 64 * 3e-5)
+    base = simulate(_cfg(host={**EXPLICIT, "request_overhead_s": 0.0}))
+    off = simulate(_cfg(host={**EXPLICIT, "entrypoint": "offline"}))
+    assert off["mean_ttft_ms"] == pytest.approx(base["mean_ttft_ms"], rel=1e-9)
+    assert any("offline (LLM class): no API server" in a
+               for a in off["provenance"]["assumptions"])
+
+
+def test_offline_entrypoint_with_a_constant_host_is_refused():
+    with pytest.raises(Exception, match="entrypoint: offline has no effect"):
+        _cfg(host={"model": "constant", "entrypoint": "offline"})
+
+
 def test_constant_host_keeps_the_declared_overhead_and_no_request_delay():
     r = simulate(_cfg(host={"model": "constant"}))
     assert any("declared compute.roofline.step_overhead_s" in a

@@ -3,10 +3,12 @@ and the held-out statistics `dse validate --suite end_to_end` reports."""
 
 import json
 
+import numpy as np
 import pytest
 
 from dse.validate_e2e import (
-    FAMILIES, GUARDS, case_config, load_cases, load_rows, row_case, split_of, summarize, evaluate)
+    FAMILIES, GUARDS, case_config, load_cases, load_rows, row_case, sharegpt_first_turns,
+    split_of, summarize, evaluate)
 from simcore.host import FITTED
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
@@ -32,7 +34,7 @@ def test_every_row_cites_a_source_and_none_is_reserved():
 def test_cases_and_skips_cover_every_row(cases):
     ok, skipped = cases
     assert len(ok) + len(skipped) == len(load_rows())
-    assert len(ok) >= 25
+    assert len(ok) >= 40
     assert all(reason for _, reason in skipped)
     fams = {f for c in ok for f in c.measured}
     assert fams == set(FAMILIES)
@@ -73,10 +75,59 @@ def test_a_serving_row_takes_the_measured_mean_lengths(tmp_path):
     prompts, outputs = s.lengths
     extra = share["metrics"]["extra"]
     done = extra["successful_requests"]
+    assert len(prompts) == len(outputs) == 100
     assert sum(prompts) / len(prompts) == pytest.approx(extra["total_input_tokens"] / done,
                                                          rel=0.02)
+    assert sum(outputs) / len(outputs) == pytest.approx(extra["total_generated_tokens"] / done,
+                                                        rel=0.02)
+    assert any("scaled to the measured means" in n for n in s.notes)
+    # the shape is the first turns vLLM's sampler draws, scaled by one factor per column
+    drawn_p, drawn_o = sharegpt_first_turns(100)
+    assert np.corrcoef(prompts, drawn_p)[0, 1] > 0.999
+    assert np.corrcoef(outputs, drawn_o)[0, 1] > 0.999
     cfg = case_config(s, tmp_path)
     assert cfg.workload.dataset.kind == "custom" and cfg.workload.max_concurrency == 4
+    assert not cfg.workload.dataset.shuffle
+
+
+def test_sharegpt_first_turns_follow_vllms_sampler():
+    """random.seed(0); random.shuffle; the first n valid rows: on the shipped rows, the totals
+    scripts/sharegpt_first_turn/derive.py --shuffle-seed 0 printed for the first 1,000."""
+    prompts, outputs = sharegpt_first_turns(1000)
+    assert (int(prompts.sum()), int(outputs.sum())) == (231_196, 188_987)
+    assert all(4 <= p <= 1024 and o >= 4 and p + o <= 2048 for p, o in zip(prompts, outputs))
+    p200, o200 = sharegpt_first_turns(200)
+    assert (p200 == prompts[:200]).all() and (o200 == outputs[:200]).all()
+
+
+def test_sharegpt_rows_without_token_totals_use_the_first_turns_as_they_are(cases, tmp_path):
+    ok, skipped = cases
+    assert not [r for _, r in skipped if "token totals" in r]
+    by_id = {c.id: c for c in ok}
+    llama = by_id["bk9555-throughput-llama8B_tp1-h100"]
+    mixtral = by_id["bk9555-throughput-mixtral8x7B_tp2-h100"]
+    serving = by_id["bk9555-serving-llama70B_tp4-sharegpt-qps1-h100"]
+    drawn = [a.tolist() for a in sharegpt_first_turns(200)]
+    for c in (llama, mixtral, serving):
+        assert [list(x) for x in c.lengths] == drawn
+        assert any(n.startswith("ShareGPT first turns, Llama-3 tokenizer") for n in c.notes)
+    assert not any("tokenizer differs" in n for n in llama.notes + serving.notes)
+    assert any("Mixtral-8x7B-Instruct-v0.1's tokenizer differs" in n for n in mixtral.notes)
+    assert llama.keys == {"throughput": "request_throughput"}
+    assert llama.config["workload"]["request_rate"] == "inf"
+    assert serving.config["workload"]["request_rate"] == 1
+    cfg = case_config(serving, tmp_path)
+    assert cfg.workload.num_prompts == 200 and cfg.workload.dataset.kind == "custom"
+
+
+def test_every_sharegpt_row_is_represented_unless_its_model_or_gpu_is_not(cases):
+    ok, skipped = cases
+    represented, reasons = {c.id for c in ok}, dict(skipped)
+    for row in load_rows():
+        dataset = str((row.get("benchmark") or {}).get("dataset") or "")
+        if "sharegpt" in dataset and row["id"] not in represented:
+            assert "token totals" not in reasons[row["id"]], row["id"]
+            assert "lengths" not in reasons[row["id"]], row["id"]
 
 
 def test_rows_the_simulator_cannot_represent_say_why(cases):
