@@ -220,11 +220,26 @@ def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     return [first, second]
 
 
+def _api_server(s: Mapping, f: Factor, a: Attribution) -> list[str]:
+    span = s["arrival_span_s"]
+    arrived = (f"all {s['num_requests']} requests arrived at once" if not span
+               else f"{s['num_requests']} requests arrived over {span:.1f} s")
+    first = (f"The API server limits TTFT: {pct(s['api_server_wait_fraction_of_ttft'])} of it "
+             f"(mean {s['mean_api_server_wait_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms) is "
+             f"waiting for a free API server process before the engine sees the request "
+             f"({arrived}; a process handles one request's path at a time, "
+             f"{s['mean_api_server_ms'] - s['mean_api_server_wait_ms']:.0f} ms each).")
+    second = ("More API server processes (vllm serve --api-server-count, "
+              "host.api_server_count) would cut it; a faster engine would not.")
+    return [first, second]
+
+
 _SENTENCES = {
     "underloaded": _underloaded, "decode_compute": _decode, "prefill_compute": _prefill,
     "kv_cache_capacity": _kv, "scheduler_max_num_seqs": _max_num_seqs,
     "scheduler_token_budget": _token_budget, "communication": _communication,
     "fabric_communication": _fabric, "network_congestion": _congestion, "queueing": _queueing,
+    "api_server": _api_server,
 }
 
 _BASIS_NOTE = {

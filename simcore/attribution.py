@@ -60,6 +60,10 @@ Scores:
 - `scheduler_token_budget` = f_budget_mem.
 - `queueing` = max(q, o) * free: waiting that no engine limit explains, i.e. arrivals beyond
   the compute capacity (or bursts).
+- `api_server` = `mean_api_server_wait_ms / mean_ttft_ms`: the share of TTFT spent waiting for
+  a free API server process before the engine sees a request (a burst whose paths run one at
+  a time; `host.request_overhead_s`, `host.api_server_count`). The path's own handling time
+  is a fixed latency, not a limit that load reaches.
 
 The GPU-time factors and queueing are scaled by `free` because while an engine limit keeps
 requests waiting, the time the GPU spends is a consequence of that limit, not its cause.
@@ -74,7 +78,7 @@ from dataclasses import dataclass
 FACTOR_KEYS = (
     "kv_cache_capacity", "scheduler_max_num_seqs", "scheduler_token_budget",
     "prefill_compute", "decode_compute", "communication", "fabric_communication",
-    "network_congestion", "queueing", "underloaded",
+    "network_congestion", "api_server", "queueing", "underloaded",
 )
 """Every factor, in tie-break order (engine limits first: they are the causes to act on)."""
 
@@ -87,6 +91,7 @@ LABELS = {
     "communication": "communication (TP all-reduce)",
     "fabric_communication": "communication across nodes (fabric)",
     "network_congestion": "network congestion (shared fabric links)",
+    "api_server": "API server (each request's path before the engine)",
     "queueing": "queueing",
     "underloaded": "offered load (underloaded)",
 }
@@ -131,6 +136,9 @@ _NUMBERS = {
                              "network_share_of_request_latency", "gpu_busy_fraction"),
     "network_congestion": ("fabric_fraction_of_comm", "congestion_fraction_of_fabric",
                            "dcqcn_rate_cuts", "pfc_pause_frames", "fabric_drops"),
+    "api_server": ("api_server_wait_fraction_of_ttft", "mean_api_server_wait_ms",
+                   "mean_api_server_ms", "mean_ttft_ms", "arrival_span_s",
+                   "offered_request_rate"),
     "queueing": ("queue_fraction_of_ttft", "overload_fraction", "mean_queue_ms", "mean_ttft_ms",
                  "arrival_span_s", "serve_span_s", "offered_request_rate",
                  "served_request_rate", "max_num_waiting", "gpu_busy_fraction"),
@@ -299,6 +307,8 @@ def signals(result: Mapping) -> dict:
     # Queueing and overload.
     ttft = result.get("mean_ttft_ms", 0.0) or 0.0
     queue = result.get("mean_queue_ms", 0.0) or 0.0
+    server = result.get("mean_api_server_ms", 0.0) or 0.0
+    server_wait = result.get("mean_api_server_wait_ms", 0.0) or 0.0
     q = _clip(_ratio(queue, ttft))
     duration = result.get("duration", 0.0) or 0.0
     arrivals = [row["arrival_s"] for row in rows if row.get("arrival_s") is not None]
@@ -365,6 +375,9 @@ def signals(result: Mapping) -> dict:
         "token_budget_fill_fraction": token_fill,
         "engine_load": engine_load(b, saturated, fill, token_fill),
         "queue_fraction_of_ttft": q,
+        "api_server_wait_fraction_of_ttft": _clip(_ratio(server_wait, ttft)),
+        "mean_api_server_ms": server,
+        "mean_api_server_wait_ms": server_wait,
         "overload_fraction": o,
         "mean_queue_ms": queue,
         "mean_ttft_ms": ttft,
@@ -421,6 +434,7 @@ def scores(s: Mapping) -> dict[str, float]:
         "communication": comm * (1.0 - fabric),
         "fabric_communication": comm * fabric * (1.0 - congestion),
         "network_congestion": comm * fabric * congestion,
+        "api_server": s["api_server_wait_fraction_of_ttft"],
         "queueing": max(s["queue_fraction_of_ttft"], s["overload_fraction"]) * free,
         "underloaded": s["idle_fraction"],
     }

@@ -294,6 +294,10 @@ def engine_summary(
       requests the engine scheduled (0 when none was); the local prefix cache only.
     - `external_kv_hit_rate`: prompt tokens loaded from outside the engine (KV-tier fetches,
       P/D handoffs) / prompt tokens.
+    - `mean_api_server_ms`: the mean time a scheduled request spent on the API server's path
+      before the engine saw it (its own handling and the wait for a free server process);
+      `mean_api_server_wait_ms`, the wait alone (the mean beyond the shortest path: every path
+      takes the same handling time).
     - `num_requests`, `num_completed`, `num_failed`, and `num_failed_by_error` (error text ->
       count; a failure without text counts under "unknown").
     """
@@ -303,6 +307,8 @@ def engine_summary(
         (max(0.0, r.first_scheduled_s - r.send_s - r.server_s) for r in scheduled),
         dtype=np.float64, count=len(scheduled)
     )
+    server_s = np.fromiter((r.server_s for r in scheduled), dtype=np.float64,
+                           count=len(scheduled))
     prompt_tokens = sum(r.prompt_len for r in scheduled)
     cached_tokens = sum(r.num_cached_prompt_tokens for r in scheduled)
     external_tokens = sum(r.num_external_prompt_tokens for r in scheduled)
@@ -324,6 +330,9 @@ def engine_summary(
         "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         "num_external_prompt_tokens": external_tokens,
         "external_kv_hit_rate": external_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "mean_api_server_ms": 1e3 * float(server_s.mean()) if len(scheduled) else 0.0,
+        "mean_api_server_wait_ms": (1e3 * float(server_s.mean() - server_s.min())
+                                    if len(scheduled) else 0.0),
     }
     summary |= latency_stats(queue_s, "queue", percentiles)
     return summary

@@ -51,7 +51,12 @@ SCENARIOS = {
     "tp8_long_prompts": {"hardware": {"gpu": "H100-SXM"},
                          "parallelism": {"tensor_parallel_size": 8},
                          "workload": _workload(60, 30, 8000, 8)},
-    "flood": {"workload": _workload(200, 2000, 512, 64)},
+    # Engine queueing: the API server's path is taken as free, so the engine is what waits.
+    "flood": {"workload": _workload(200, 2000, 512, 64), "host": {"request_overhead_s": 0.0}},
+    # 200 requests at once through one API server process at 100 ms a request: 10 req/s, below
+    # what the engine serves.
+    "flood_api": {"workload": _workload(200, "inf", 512, 64),
+                  "host": {"request_overhead_s": 0.1}},
 }
 
 
@@ -164,6 +169,27 @@ def test_flood_of_arrivals_is_queueing_and_names_the_capacity_limit():
     runner_up = e["factors"][1]
     assert f"Service capacity is set by {runner_up['label']}" in text(e)
     assert runner_up["key"] == "prefill_compute"
+
+
+def test_a_burst_through_one_api_server_process_is_blamed_on_the_api_server():
+    r = result("flood_api")
+    e = explain(r)
+    assert e["bottleneck"] == "api_server"
+    # 200 paths of 100 ms one after another: the k-th ends after k x 100 ms, 10 s on average.
+    assert r["mean_api_server_ms"] == pytest.approx(100.0 * 201 / 2, rel=1e-9)
+    assert r["mean_api_server_wait_ms"] == pytest.approx(100.0 * 199 / 2, rel=1e-9)
+    share = r["mean_api_server_wait_ms"] / r["mean_ttft_ms"]
+    assert share > 0.8
+    assert f"The API server limits TTFT: {pct(share)} of it" in text(e)
+    assert "100 ms each" in text(e)
+    assert "--api-server-count" in text(e)
+    # Four processes cut the path's share of TTFT: the intervention the sentence names.
+    d = copy.deepcopy(BASE)
+    d.update(copy.deepcopy(SCENARIOS["flood_api"]))
+    d["host"]["api_server_count"] = 4
+    four = simulate(parse_config(d))
+    assert four["mean_api_server_ms"] < r["mean_api_server_ms"] / 3
+    assert four["mean_ttft_ms"] < r["mean_ttft_ms"]
 
 
 def flat(out: str) -> str:
