@@ -93,6 +93,12 @@ def load_rows(folder: Path = VALIDATION_DIR) -> list[dict]:
     return rows
 
 
+OFFLINE_TOOLS = ("benchmark_latency.py", "benchmark_throughput.py", "vllm bench latency",
+                 "vllm bench throughput")
+"""The benchmarks that drive vLLM's LLM class in-process (simulated with host.entrypoint
+offline); `benchmark_serving.py` and `vllm bench serve` go through the API server."""
+
+
 def _num(x):
     if x is None:
         return None
@@ -259,7 +265,7 @@ def row_case(row: dict) -> Case | str:
         workload["request_rate"] = bench.get("request_rate") or "inf"
         if bench.get("max_concurrency"):
             workload["max_concurrency"] = int(bench["max_concurrency"])
-    if "serve" not in tool:        # benchmark_latency / _throughput: vLLM's LLM class
+    if tool in OFFLINE_TOOLS:        # vLLM's LLM class, no API server
         cfg["host"] = {"entrypoint": "offline"}
     if engine:
         cfg["engine"] = engine
@@ -390,14 +396,14 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
     return out
 
 GUARDS = {
-    "throughput": {"median_abs": 0.20, "median_signed": 0.14, "outside": 0.20},
-    "ttft": {"median_abs": 0.28, "median_signed": 0.28, "outside": 0.20},
+    "throughput": {"median_abs": 0.20, "median_signed": 0.19, "outside": 0.20},
+    "ttft": {"median_abs": 0.26, "median_signed": 0.26, "outside": 0.20},
     "tpot": {"median_abs": 0.10, "median_signed": 0.08, "outside": 0.20},
-    "e2e": {"median_abs": 0.11, "median_signed": 0.08, "outside": 0.20},
+    "e2e": {"median_abs": 0.11, "median_signed": 0.10, "outside": 0.20},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
-parameters were last fitted (18 held-out cases, 13 with a throughput figure: throughput 16.0% /
--9.3%, TTFT 23.9% / -23.9%, TPOT 6.3% / +4.4%, E2E 7.3% / +4.3% median |error| / median signed
+parameters were last fitted (18 held-out cases, 13 with a throughput figure: throughput 16.7% /
+-15.4%, TTFT 21.9% / -21.9%, TPOT 6.8% / +4.4%, E2E 8.0% / +7.4% median |error| / median signed
 error; envelope coverage 92%, 100%, 80%, 80%) with a margin; the envelope's bound is the
 coverage target itself. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are
 reported beside them."""

@@ -33,7 +33,7 @@ GRIDS = {
     "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
     "api_server_per_token_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4, 3.5e-4,
                                5e-4],
-    "request_overhead_s": [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08],
+    "request_overhead_s": [0.0, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 0.015, 0.03, 0.05],
 }
 
 

@@ -17,8 +17,10 @@ streaming of each token (`api_server_per_token_s`). When the server needs longer
 engine's step, clients receive tokens at the server's pace: the step period is the longer one.
 
 Per request (`request_overhead_s`): the API server's path before the engine sees it (HTTP,
-chat template, tokenization, the request's hand-off), a delay between the client's send and the
-request's arrival in the scheduler.
+chat template, tokenization, the request's hand-off), between the client's send and the
+request's arrival in the scheduler. The server is one Python process (or `api_server_count` of
+them) whose work holds it, so the paths of a burst run one after another: 1,000 requests sent
+at once reach the engine over 1,000 x request_overhead_s.
 
 The four parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
@@ -72,15 +74,24 @@ class HostConfig(BaseModel):
                                                  "per scheduled sequence, s. Null: fitted.")
     api_server_per_token_s: float | None = Field(None, ge=0, description="API server time per "
                                                  "streamed token (HTTP, SSE), s. Null: fitted.")
-    request_overhead_s: float | None = Field(None, ge=0, description="API server time between a "
-                                             "client's send and the request reaching the "
-                                             "scheduler, s. Null: fitted.")
+    request_overhead_s: float | None = Field(None, ge=0, description="API server time of one "
+                                             "request's path from the client's send to the "
+                                             "scheduler (HTTP, chat template, tokenization), "
+                                             "s; a server process handles one at a time. "
+                                             "Null: fitted.")
+    api_server_count: int = Field(1, ge=1, description="API server processes (vLLM "
+                                  "--api-server-count): requests arriving faster than they "
+                                  "handle their paths queue before the engine.")
 
     @model_validator(mode="after")
     def _check(self) -> "HostConfig":
         if self.model == "constant" and self.entrypoint == "offline":
             raise ValueError("entrypoint: offline has no effect with model: constant, which "
                              "models no API server (use model: vllm)")
+        if self.api_server_count != 1 and (self.model == "constant"
+                                           or self.entrypoint == "offline"):
+            raise ValueError("api_server_count has no effect without an API server (model: "
+                             "constant or entrypoint: offline)")
         return self
 
 
@@ -128,7 +139,8 @@ class HostOverheads:
     and output encoding, scaled by the host speed, plus the model runner's terms); the API
     server's is out_a + (out_b + api_server_per_token_s) x sampled tokens."""
 
-    __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint", "_a", "_b_decode",
+    __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
+                 "api_server_count", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
                  "_api_tok")
 
@@ -145,6 +157,7 @@ class HostOverheads:
         self._mr_seq = scale * host_parameter(cfg, "model_runner_per_seq_s")
         server = cfg.entrypoint == "api_server"
         self.entrypoint = cfg.entrypoint
+        self.api_server_count = cfg.api_server_count
         self._api_tok = scale * host_parameter(cfg, "api_server_per_token_s") if server else 0.0
         self.request_overhead_s = (scale * host_parameter(cfg, "request_overhead_s") if server
                                    else 0.0)
@@ -181,7 +194,9 @@ class HostOverheads:
                 f"{self.host_speed:g} for the host's CPU speed (declared), model runner "
                 f"{self._mr_step * 1e6:.0f} us + {self._mr_seq * 1e6:.1f} us/sequence per step, "
                 + (f"API server {self._api_tok * 1e6:.1f} us/token and "
-                   f"{self.request_overhead_s * 1e3:.1f} ms/request (fitted on the end-to-end "
+                   f"{self.request_overhead_s * 1e3:.1f} ms/request, one at a time on "
+                   f"{self.api_server_count} server process"
+                   f"{'es' if self.api_server_count > 1 else ''} (fitted on the end-to-end "
                    "set); " if self.entrypoint == "api_server" else
                    "offline (LLM class): no API server; ")
                 + ("async scheduling: the engine's CPU time overlaps the GPU's"

@@ -5,6 +5,7 @@ EP group step in lock-step, one process per group (see `run_serving`)."""
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -101,7 +102,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
                 lockstep_groups: list[tuple[int, ...]] | None = None,
                 env: simpy.Environment | None = None, cluster=None,
                 kv_paths=None, request_timeout_s: float | None = None,
-                request_overhead_s: float = 0.0) -> ServingRun:
+                request_overhead_s: float = 0.0, api_servers: int = 1) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     `specs` is read once, in order, as the client reaches each request (a RequestStream makes
@@ -111,8 +112,10 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
     server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
     that long after its send is given up by the client: aborted in the engine
     (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
-    `request_overhead_s` (the API server's path) passes between a request's send and its arrival
-    in the scheduler.
+    `request_overhead_s` (the API server's path: HTTP, chat template, tokenization) passes
+    between a request's send and its arrival in the scheduler, on one of `api_servers` server
+    processes, each handling one request's path at a time (Python's work holds the process), in
+    send order: a burst of requests queues there before the engine sees it.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -148,6 +151,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
     backlog: deque[tuple[int, RequestSpec]] = deque()   # held by the max-concurrency limit
     in_flight = [0]
     in_server = [0]       # sent, still on the API server's path to an engine
+    server_free = [0.0] * api_servers     # when each API server process is next free (a heap)
 
     def finish(idx: int) -> None:
         state["done"] += 1
@@ -180,16 +184,20 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
             # The router already chained this prompt's keyed blocks in the shared hash space.
             req.block_hashes = router.last_hashes
         if request_overhead_s > 0:
-            # The API server's path (HTTP, tokenization) before the engine sees the request.
+            # The API server's path (HTTP, tokenization) before the engine sees the request, on
+            # the first free server process.
             in_server[0] += 1
-            rec.server_s = request_overhead_s
+            free = heapq.heappop(server_free)
+            done = (free if free > env.now else env.now) + request_overhead_s
+            heapq.heappush(server_free, done)
+            rec.server_s = done - env.now
 
             def arrive(_, rep=rep, req=req) -> None:
                 in_server[0] -= 1
                 rep.sched.add_request(req)
                 rep.notify()
 
-            env.timeout(request_overhead_s).callbacks.append(arrive)
+            env.timeout(rec.server_s).callbacks.append(arrive)
         else:
             rep.sched.add_request(req)
             rep.notify()

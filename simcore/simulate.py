@@ -120,7 +120,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
         request_timeout_s=w.request_timeout_s,
-        request_overhead_s=request_overhead_s(cfg))
+        request_overhead_s=request_overhead_s(cfg), api_servers=cfg.host.api_server_count)
     result = assemble_result(cfg, dep, run)
     if cluster is not None:
         result["cluster"] = cluster_result(cluster, run, kv_paths)

@@ -85,6 +85,26 @@ def test_request_overhead_delays_the_first_token_by_exactly_its_time():
     assert late["mean_tpot_ms"] == pytest.approx(base["mean_tpot_ms"], rel=1e-12)
 
 
+def test_a_burst_queues_on_the_api_server_one_request_path_at_a_time():
+    w = {"num_prompts": 8, "request_rate": "inf",
+         "dataset": {"kind": "random", "input_len": 64, "output_len": 4}}
+    host = {**EXPLICIT, "request_overhead_s": 0.01}
+    one = simulate(_cfg(host=host, workload=w))
+    eight = simulate(_cfg(host={**host, "api_server_count": 8}, workload=w))
+    none = simulate(_cfg(host={**host, "request_overhead_s": 0.0}, workload=w))
+    # With a process per request the eight paths overlap: every first token 10 ms later.
+    assert eight["mean_ttft_ms"] - none["mean_ttft_ms"] == pytest.approx(10.0, abs=1e-6)
+    # On one process the k-th request's path ends after k x 10 ms (45 ms on average); the
+    # engine starts on fewer requests, so TTFT grows by less than the extra 35 ms of waiting.
+    extra = one["mean_ttft_ms"] - eight["mean_ttft_ms"]
+    assert 15.0 < extra <= 35.0 + 1e-6
+
+
+def test_api_server_count_without_an_api_server_is_refused():
+    with pytest.raises(Exception, match="api_server_count has no effect"):
+        _cfg(host={"entrypoint": "offline", "api_server_count": 2})
+
+
 def test_async_scheduling_is_modelled_and_never_slower():
     w = {"num_prompts": 64, "request_rate": "inf",
          "dataset": {"kind": "random", "input_len": 128, "output_len": 64}}

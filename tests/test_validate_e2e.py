@@ -148,3 +148,13 @@ def test_held_out_statistics_stay_within_their_regression_bounds(cases):
         assert st["median_abs"] <= g["median_abs"], (fam, st)
         assert abs(st["median_signed"]) <= g["median_signed"], (fam, st)
         assert 1 - st["coverage"] <= g["outside"], (fam, st)
+
+
+def test_offline_benchmarks_run_without_an_api_server_and_serving_ones_with_it(cases):
+    ok, _ = cases
+    tools = {r["id"]: r["benchmark"]["tool"] for r in load_rows()}
+    for c in ok:
+        offline = (c.config.get("host") or {}).get("entrypoint") == "offline"
+        assert offline == (tools[c.id] in ("benchmark_latency.py", "benchmark_throughput.py")), \
+            c.id
+    assert any(tools[c.id] == "benchmark_serving.py" for c in ok)
