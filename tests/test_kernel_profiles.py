@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from simcore.calibration.grid import LogGrid, fill_along
 from simcore.calibration.kernels import (
-    KernelProfile, shipped_kernel_profile, shipped_kernel_profile_ids)
+    HOST_BOUND_RATIO, KernelProfile, shipped_kernel_profile, shipped_kernel_profile_ids)
 from simcore.compute.base import StepShape
 from simcore.compute.kernel_model import KernelModel, _prompt_len
 from simcore.compute.roofline import RooflineModel
@@ -327,3 +327,23 @@ def test_calibrate_from_aiconfigurator_writes_the_profile_or_names_the_problem(t
     assert "kernel profile a100-80gb-aiconfigurator (A100-80GB) written" in r.output
     assert KernelProfile.load(tmp_path / "a100.json.gz").to_json() == \
         shipped_kernel_profile("a100-80gb-aiconfigurator").to_json()
+
+
+@pytest.mark.parametrize("pid", ["h100-sxm-aiconfigurator", "h200-aiconfigurator",
+                                 "b200-aiconfigurator"])
+def test_block_fp8_linear_layers_take_the_fp8_gemms_where_the_table_timed_the_host(pid):
+    p = shipped_kernel_profile(pid)
+    # The block-scaled table is flat at small m, far above bf16; per-tensor fp8 is not.
+    assert p.host_bound_ratio("fp8_block") > HOST_BOUND_RATIO > p.host_bound_ratio("fp8")
+    arch = load_preset("qwen3-32b")
+    gpu = get_gpu(p.gpu)
+    block = KernelModel(arch, gpu, profile=p, tp=2, weight_dtype="fp8_block")
+    fp8 = KernelModel(arch, gpu, profile=p, tp=2, weight_dtype="fp8")
+    shape = StepShape.from_requests([(1, 999)] * 32)
+    a, b = {}, {}
+    block.op_bounds(shape, by_op=a)
+    fp8.op_bounds(shape, by_op=b)
+    assert a["mlp"] == pytest.approx(b["mlp"], rel=1e-12)
+    assert any(x.startswith("fp8_block linear layers: the per-tensor fp8 GEMM measurements")
+               for x in block.assumed_parts())
+    assert not any("linear layers" in x for x in fp8.assumed_parts())

@@ -65,6 +65,12 @@ GEMM_FLOORS = (0.0, 1.0, 1.0)
 DECODE_CAPS = (1.0, 1.0)
 """Generation attention above its last batch and sequence length: linear (memory-bound)."""
 
+HOST_BOUND_RATIO = 3.0
+"""A GEMM table whose times at small m exceed bf16's by this factor (in median over its shapes)
+measured the host's launch path, not the kernel: AIConfigurator's fp8 block-scaled GEMMs
+take a flat ~90 us (H100, H200) or ~180 us (B200) from m = 1 to m = 4096, 6-20x bf16's, where
+vLLM runs them inside CUDA graphs."""
+
 CONTEXT_CAPS = (1.0, 2.0)
 """Context attention above its last batch (linear) and prompt length (causal pairs: quadratic)."""
 
@@ -266,6 +272,7 @@ class KernelProfile:
                                        GEMM_CAPS, GEMM_FLOORS)
                       for t in data.gemm}
         self._gemm_m = {t.dtype: t.m for t in data.gemm}
+        self._host_ratio: dict[str, float | None] = {}
         self._attn: dict[tuple, LogGrid] = {}
         for t in data.attention:
             caps = CONTEXT_CAPS if t.phase == "context" else DECODE_CAPS
@@ -350,6 +357,23 @@ class KernelProfile:
         """Time of an (m x k) @ (k x n) GEMM with weights in `dtype`, seconds."""
         g = self._gemm.get(dtype)
         return None if g is None else g(m, n, k)
+
+    def host_bound_ratio(self, dtype: str) -> float | None:
+        """How many times bf16's time a `dtype` GEMM takes at small m (up to 64 rows), in median
+        over the shapes both measured; None without both tables. A ratio far above 1 means the
+        small-m times are the host's launch path measured outside a CUDA graph, not the kernel
+        (`HOST_BOUND_RATIO`)."""
+        if dtype not in self._host_ratio:
+            mine = next((t for t in self.data.gemm if t.dtype == dtype), None)
+            ref = self._gemm.get("bf16")
+            ratio = None
+            if mine is not None and ref is not None and dtype != "bf16":
+                pairs = [(self._gemm[dtype](m, n, k), ref(m, n, k))
+                         for m in mine.m if m <= 64 for n in mine.n for k in mine.k]
+                ratios = [a / b for a, b in pairs if a is not None and b]
+                ratio = float(np.median(ratios)) if ratios else None
+            self._host_ratio[dtype] = ratio
+        return self._host_ratio[dtype]
 
     def gemm_curve(self, dtype: str, n: int, k: int) -> KnotCurve | None:
         """The GEMM of per-GPU shape (k -> n) as a curve over rows m (the grid's m values,

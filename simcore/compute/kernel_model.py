@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from simcore.calibration.kernels import KernelProfile
+from simcore.calibration.kernels import HOST_BOUND_RATIO, KernelProfile
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.errors import ConfigError
@@ -141,6 +141,17 @@ class KernelModel(MeasuredModel):
         bounds = dict.fromkeys(OP_CLASSES, self.assumptions.relative_uncertainty)
         rough = "roofline"
         wdt = gemm_dtype(weight_dtype)
+        # Linear layers whose table measured the host's launch path (fp8 block-scaled) are timed
+        # by the per-tensor fp8 GEMMs: the same tensor-core GEMM, per-block scales aside.
+        lin = wdt
+        ratio = profile.host_bound_ratio(wdt)
+        if ratio is not None and ratio > HOST_BOUND_RATIO and wdt == "fp8_block" \
+                and "fp8" in profile.gemm_dtypes():
+            lin = "fp8"
+            self._derived.append(
+                f"{wdt} linear layers: the per-tensor fp8 GEMM measurements (the {wdt} table's "
+                f"times up to 64 rows are {ratio:.1f}x bf16's, flat in rows: the host's launch "
+                "path measured outside a CUDA graph)")
         num_layers = arch.num_layers
         num_moe = arch.num_moe_layers()
         num_dense = num_layers - num_moe
@@ -158,10 +169,10 @@ class KernelModel(MeasuredModel):
         moe_idx = next((i for i in range(num_layers) if arch.is_moe_layer(i)), None)
         dense_mlp = arch.mlp_gemms(dense_idx, tp) if dense_idx is not None else ()
         moe_mlp = arch.mlp_gemms(moe_idx, tp) if moe_idx is not None else ()
-        members = {"attn": ([g for g in attn if g.group == "attn"], num_layers, wdt),
-                   "mlp": (list(dense_mlp), num_dense, wdt),
+        members = {"attn": ([g for g in attn if g.group == "attn"], num_layers, lin),
+                   "mlp": (list(dense_mlp), num_dense, lin),
                    "shared_expert": ([g for g in moe_mlp if g.group == "shared_expert"],
-                                     num_moe, wdt),
+                                     num_moe, lin),
                    "router": ([g for g in moe_mlp if g.group == "router"], num_moe, "bf16")}
         meas = []
         gemm_errors = []
