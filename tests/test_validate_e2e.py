@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dse.validate_e2e import (
-    FAMILIES, GUARDS, case_config, load_cases, load_rows, row_case, sharegpt_first_turns,
+    FAMILIES, GUARDS, OFFLINE_TOOLS, case_config, load_cases, load_rows, row_case, sharegpt_first_turns,
     split_of, summarize, evaluate)
 from simcore.host import FITTED
 
@@ -155,6 +155,7 @@ def test_offline_benchmarks_run_without_an_api_server_and_serving_ones_with_it(c
     tools = {r["id"]: r["benchmark"]["tool"] for r in load_rows()}
     for c in ok:
         offline = (c.config.get("host") or {}).get("entrypoint") == "offline"
-        assert offline == (tools[c.id] in ("benchmark_latency.py", "benchmark_throughput.py")), \
-            c.id
+        assert offline == (tools[c.id] in OFFLINE_TOOLS), c.id
+        assert offline == (tools[c.id] in ("benchmark_latency.py", "benchmark_throughput.py",
+                                           "vllm bench latency", "vllm bench throughput")), c.id
     assert any(tools[c.id] == "benchmark_serving.py" for c in ok)
