@@ -328,16 +328,17 @@ def test_gp_sampler_without_torch_is_one_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_the_wall_clock_limit_stops_asking_and_skips_confirmation(ray_address, tmp_path):
-    # Screening at 4,000 requests a trial takes a good part of a second: a 1 s limit stops the
-    # search after a batch or two, and lets the trials in flight finish.
+    # Screening at 30,000 requests a trial takes about 10 s: a 10 s limit (which Ray's
+    # start-up counts toward) stops the search after a batch or two, and lets the trials in
+    # flight finish.
     study = tiny(tmp_path, budget=load_study(TINY).budget.model_copy(
-        update={"n_trials": 40, "timeout_s": 1.0}), fidelity=load_study(TINY).fidelity.model_copy(
-        update={"screen": {"workload.num_prompts": 4000}}))
+        update={"n_trials": 40, "timeout_s": 10.0}), fidelity=load_study(TINY).fidelity.model_copy(
+        update={"screen": {"workload.num_prompts": 30000}}))
     out = run_search(study, progress=False)
     assert out.stopped_by == "timeout" and out.confirm_study_name is None
     trials = load(study).trials
     assert 0 < out.num_complete == len(trials) < 40
-    assert all(t.user_attrs["metrics"]["num_prompts"] == 4000 for t in trials)
+    assert all(t.user_attrs["metrics"]["num_prompts"] == 30000 for t in trials)
 
 
 def test_pareto_ranks_peel_fronts():
