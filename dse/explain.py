@@ -196,15 +196,18 @@ def _congestion(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     return [first, second]
 
 
+def _arrived(s: Mapping) -> str:
+    """How the run's requests arrived: all at once, or over how long."""
+    n, span = s["num_requests"], s["arrival_span_s"]
+    return (f"all {n} requests arrived at once" if not span
+            else f"{n} requests arrived over {span:.1f} s")
+
+
 def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     q = pct(s["queue_fraction_of_ttft"])
     wait = f"mean {s['mean_queue_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms"
     if s["overload_fraction"] >= 0.2 and s["serve_span_s"] is not None:
-        n = s["num_requests"]
-        span = s["arrival_span_s"]
-        arrived = (f"all {n} requests arrived at once" if not span
-                   else f"{n} requests arrived over {span:.1f} s")
-        first = (f"Queueing limits it: arrivals outpace service ({arrived} but took "
+        first = (f"Queueing limits it: arrivals outpace service ({_arrived(s)} but took "
                  f"{s['serve_span_s']:.1f} s to serve) and {q} of TTFT is spent waiting ({wait}).")
     else:
         first = (f"Queueing limits it: {q} of TTFT is spent waiting to be scheduled ({wait}) "
@@ -221,13 +224,10 @@ def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
 
 
 def _api_server(s: Mapping, f: Factor, a: Attribution) -> list[str]:
-    span = s["arrival_span_s"]
-    arrived = (f"all {s['num_requests']} requests arrived at once" if not span
-               else f"{s['num_requests']} requests arrived over {span:.1f} s")
     first = (f"The API server limits TTFT: {pct(s['api_server_wait_fraction_of_ttft'])} of it "
              f"(mean {s['mean_api_server_wait_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms) is "
              f"waiting for a free API server process before the engine sees the request "
-             f"({arrived}; a process handles one request's path at a time, "
+             f"({_arrived(s)}; a process handles one request's path at a time, "
              f"{s['mean_api_server_ms'] - s['mean_api_server_wait_ms']:.0f} ms each).")
     second = ("More API server processes (vllm serve --api-server-count, "
               "host.api_server_count) would cut it; a faster engine would not.")

@@ -83,13 +83,18 @@ class HostConfig(BaseModel):
                                   "--api-server-count): requests arriving faster than they "
                                   "handle their paths queue before the engine.")
 
+    @property
+    def api_server(self) -> bool:
+        """Whether requests pass through vLLM's API server (its per-token streaming and
+        per-request path modelled)."""
+        return self.model == "vllm" and self.entrypoint == "api_server"
+
     @model_validator(mode="after")
     def _check(self) -> "HostConfig":
         if self.model == "constant" and self.entrypoint == "offline":
             raise ValueError("entrypoint: offline has no effect with model: constant, which "
                              "models no API server (use model: vllm)")
-        if self.api_server_count != 1 and (self.model == "constant"
-                                           or self.entrypoint == "offline"):
+        if self.api_server_count != 1 and not self.api_server:
             raise ValueError("api_server_count has no effect without an API server (model: "
                              "constant or entrypoint: offline)")
         return self
@@ -155,7 +160,7 @@ class HostOverheads:
         self.async_scheduling = async_scheduling
         self._mr_step = scale * host_parameter(cfg, "model_runner_step_s")
         self._mr_seq = scale * host_parameter(cfg, "model_runner_per_seq_s")
-        server = cfg.entrypoint == "api_server"
+        server = cfg.api_server
         self.entrypoint = cfg.entrypoint
         self.api_server_count = cfg.api_server_count
         self._api_tok = scale * host_parameter(cfg, "api_server_per_token_s") if server else 0.0

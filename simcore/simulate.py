@@ -21,7 +21,7 @@ from simcore.workload.generate import request_stream
 def request_overhead_s(cfg: SimConfig) -> float:
     """The API server's time before a request reaches the scheduler (host.model vllm; cluster
     runs keep the declared per-step overhead and no API server)."""
-    if cfg.host.model != "vllm" or cfg.cluster is not None or cfg.host.entrypoint == "offline":
+    if not cfg.host.api_server or cfg.cluster is not None:
         return 0.0
     from simcore.host import host_parameter
 

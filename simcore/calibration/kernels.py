@@ -75,6 +75,13 @@ CONTEXT_CAPS = (1.0, 2.0)
 """Context attention above its last batch (linear) and prompt length (causal pairs: quadratic)."""
 
 
+def _check_curve(axis_name: str, axis: list, time_us: list, what: str) -> None:
+    """A 1-D curve's axis increases and holds one positive time per `what`."""
+    _check_axis(axis_name, axis)
+    if len(time_us) != len(axis) or min(time_us) <= 0:
+        raise ValueError(f"time_us must hold one positive time per {what}")
+
+
 def _grid_values(flat: list, shape: tuple[int, ...]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in flat], dtype=float).reshape(shape) \
         / US_PER_S
@@ -157,9 +164,7 @@ class MoeCurve(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "MoeCurve":
-        _check_axis("num_tokens", self.num_tokens)
-        if len(self.time_us) != len(self.num_tokens) or min(self.time_us) <= 0:
-            raise ValueError("time_us must hold one positive time per token count")
+        _check_curve("num_tokens", self.num_tokens, self.time_us, "token count")
         return self
 
 
@@ -180,9 +185,7 @@ class CommCurve(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "CommCurve":
-        _check_axis("elements", self.elements)
-        if len(self.time_us) != len(self.elements) or min(self.time_us) <= 0:
-            raise ValueError("time_us must hold one positive time per size")
+        _check_curve("elements", self.elements, self.time_us, "size")
         return self
 
 
@@ -200,9 +203,7 @@ class MemoryCurve(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "MemoryCurve":
-        _check_axis("bytes", self.bytes)
-        if len(self.time_us) != len(self.bytes) or min(self.time_us) <= 0:
-            raise ValueError("time_us must hold one positive time per size")
+        _check_curve("bytes", self.bytes, self.time_us, "size")
         return self
 
 
