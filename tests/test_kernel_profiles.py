@@ -347,3 +347,18 @@ def test_block_fp8_linear_layers_take_the_fp8_gemms_where_the_table_timed_the_ho
     assert any(x.startswith("fp8_block linear layers: the per-tensor fp8 GEMM measurements")
                for x in block.assumed_parts())
     assert not any("linear layers" in x for x in fp8.assumed_parts())
+
+
+def test_communication_bound_is_the_declared_one_while_any_collective_is_on_the_roofline():
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    arch, gpu = load_preset("llama-3.1-70b"), get_gpu("H100-SXM")
+    measured = KernelModel(arch, gpu, profile=p, tp=4)
+    declared = measured.assumptions.relative_uncertainty
+    assert measured.op_error_bounds()["communication"] == max(
+        p.error_bound("all_reduce/graph"), p.error_bound("all_reduce/eager"),
+        p.error_bound("all_gather/nccl")) < declared
+    # The all-gather is measured but the all-reduces (sequence-parallel MoE) or the PP hops
+    # are not: the class keeps the roofline's bound.
+    for kw in ({"sequence_parallel_moe": True}, {"pp": 2}):
+        m = KernelModel(arch, gpu, profile=p, tp=4, **kw)
+        assert m.op_error_bounds()["communication"] == declared, kw

@@ -256,6 +256,7 @@ class KernelModel(MeasuredModel):
             self._fallbacks.append("LM head: roofline (no bf16 GEMM measurements)")
 
         # TP all-reduces, and the logits all-gather before sampling (NCCL).
+        comm_errors = []
         if tp > 1:
             graph = profile.all_reduce_curve(tp, "graph")
             eager = profile.all_reduce_curve(tp, "eager")
@@ -268,19 +269,20 @@ class KernelModel(MeasuredModel):
                 self._ar_meas = (lambda t, g=graph, e=eager, n=num_ar, h=h, fc=fc, lim=limit:
                                  fc * n * (g if t <= lim else e)(t * h))
                 self._sources["communication"].add("measured")
-                bounds["communication"] = max(profile.error_bound("all_reduce/graph") or 0.0,
-                                              profile.error_bound("all_reduce/eager") or 0.0)
+                comm_errors += [profile.error_bound("all_reduce/graph") or 0.0,
+                                profile.error_bound("all_reduce/eager") or 0.0]
             gather = None if multi_node_tp else profile.all_gather_curve(tp)
             if gather is not None:
                 fc, vocab = f["communication"], arch.vocab_size
                 self._gather_meas = _memo(lambda s, c=gather, fc=fc, v=vocab: fc * c(s * v))
-                bounds["communication"] = max(bounds["communication"]
-                                              if self._ar_meas is not None else 0.0,
-                                              profile.error_bound("all_gather/nccl") or 0.0)
+                self._sources["communication"].add("measured")
+                comm_errors.append(profile.error_bound("all_gather/nccl") or 0.0)
         self._communication_fallbacks(tp, pp, self._ar_meas is not None, multi_node_tp,
                                       sequence_parallel_moe,
                                       f"no all-reduce measured over {tp} GPUs",
                                       gather_measured=self._gather_meas is not None)
+        if comm_errors and rough not in self._sources["communication"]:
+            bounds["communication"] = max(comm_errors)
 
         # The passes the database never measured (norms, rotary, activations, embedding; the
         # sampler's passes over the logits): each kernel's bytes timed by the measured
