@@ -15,33 +15,11 @@ from typing import TYPE_CHECKING
 
 import click
 
+from dse.cli_common import _check_writable, _fail, _fail_in, _write_json
 from simcore.errors import ConfigError
 
 if TYPE_CHECKING:
     from simcore.config import SimConfig
-
-
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
-
-
-def _fail_in(path: Path, err: ConfigError) -> None:
-    """Fail with the error, prefixed by the input file unless it already names it."""
-    msg = str(err)
-    _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}")
-
-
-def _write_json(out: Path, data: dict, what: str, **dump_kw) -> None:
-    """Write `data` as JSON to `out` (folders created) and say so; a write error fails. The text
-    is streamed to the file: a result with a row per request is never one string in memory."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(data, f, indent=1, **dump_kw)
-    except OSError as e:
-        _fail(f"{out}: cannot write the {what} ({e.strerror})")
-    click.echo(f"{what} written to {out}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -131,16 +109,6 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
         _write_json(trace_out, trace, "trace")
     if out is not None:
         _write_json(out, result, "result")
-
-
-def _check_writable(out: Path | None, what: str) -> None:
-    """Fail now, before a long run, if `out` could not be written after it; leaves nothing
-    behind (the folders are made when the file is written)."""
-    from dse.outputs import write_problem
-
-    problem = write_problem(out, folder=False) if out is not None else None
-    if problem:
-        _fail(f"{out}: cannot write the {what} ({problem})")
 
 
 def _check_trace_window(config: Path, cfg: SimConfig) -> None:
@@ -536,6 +504,10 @@ def _list_profiles() -> None:
         click.echo(render_error_table(error_table(p), title=f"{pid} ({p.gpu}): relative errors"))
         click.echo("")
 
+
+from dse.cli_capacity import capacity  # noqa: E402  (registers `dse capacity`)
+
+main.add_command(capacity)
 
 if __name__ == "__main__":
     main()

@@ -14,6 +14,7 @@ from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
 from simcore.metrics import engine_summary, summarize
+from simcore.saturation import load_trend
 from simcore.serving import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
 from simcore.workload.generate import request_stream
@@ -62,7 +63,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     `batch_fill_fraction` (that over max_num_seqs), `mean_batch_tokens` and
     `token_budget_fill_fraction` (tokens per step over max_num_batched_tokens), and
     `saturated_fraction`, the fraction of wall time a step ran while requests waited at an
-    engine limit (max_num_seqs, the token budget, or KV blocks). `progress(now_s, done,
+    engine limit (max_num_seqs, the token budget, or KV blocks). Whether the run kept up with
+    its arrivals: `offered_request_rate`, `served_request_rate`, `queue_growth_rps` and
+    `over_capacity`, over the second half of the arrival window (`simcore.saturation`; absent
+    when every request arrives at once or there are too few). `progress(now_s, done,
     total)` is called as requests complete. With expert parallelism the result also has `ep_size`,
     `dummy_busy_fraction` (share of GPU-busy time spent in dummy batches, which busy time
     includes: an idle rank of a lock-step group is still occupied),
@@ -191,6 +195,10 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
                                    if real_steps else 0.0)
     result["token_budget_fill_fraction"] = (result["mean_batch_tokens"]
                                             / dep.max_num_batched_tokens)
+    trend = load_trend(np.fromiter((r.arrival_s for r in run.records), dtype=float),
+                       np.fromiter((r.end_s for r in run.records), dtype=float))
+    if trend is not None:
+        result.update(trend.as_dict())
     result["output_throughput_per_gpu"] = result["output_throughput"] / n_gpu
     result["total_token_throughput_per_gpu"] = result["total_token_throughput"] / n_gpu
     usage = np.asarray(run.timeseries.kv_usage, dtype=float)

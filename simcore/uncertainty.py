@@ -45,7 +45,7 @@ measured with (their largest on the validated configurations): inside the residu
 
 _NOT_ENVELOPED = {"num_requests", "completed", "failed", "num_prompts", "seed",
                   "step_time_relative_uncertainty", "total_input_tokens", "total_output_tokens",
-                  "max_concurrency", "request_rate"}
+                  "max_concurrency", "request_rate", "offered_request_rate"}
 """Top-level numbers that are inputs or counts, not predictions."""
 
 

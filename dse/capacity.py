@@ -1,0 +1,377 @@
+"""Capacity: the highest request rate a configuration sustains within its SLOs.
+
+`find_capacity(cfg, slos)` runs the configuration's workload shape (its dataset, burstiness and
+engine, everything but the rate and the number of requests) at a sequence of rates:
+
+1. A burst run (every request at time 0) measures the most the engine serves with all work
+   queued; its request throughput, less 10%, is the first rate tried.
+2. Bracketing: from there, up by x1.25 while the rate meets the SLOs, down by x0.8 while it does
+   not, until one rate meets and the next fails (or the rate falls below 1/64 of the burst
+   throughput: then no rate meets, and the capacity is 0).
+3. Bisection in log space until the failing rate is within `tolerance` of the meeting one.
+4. The neighbours: runs at 0.9x and 1.1x the capacity, in the result so that a reader sees the
+   SLOs met just below and missed just above; when they contradict the bracket (noise near the
+   edge), a note says so.
+
+A rate *meets* when every SLO holds on the run's own metrics (what `vllm bench serve` would
+print at that rate), no request failed, and the run is stationary: a queue that keeps growing
+(`simcore.saturation`) is over capacity whatever the percentiles of a finite run say. Each run
+sends `window_s` seconds of arrivals (at least `min_prompts`, at most `max_prompts` requests),
+so its second half, where the trend is measured, is past the warm-up. Every run uses the
+config's seed: the arrival gaps are the same draws scaled by the rate (common random numbers),
+so neighbouring rates differ by the rate alone.
+
+The metric that *binds first* is the SLO missed by the largest factor at the lowest failing
+rate (or the queue's growth when the SLOs still held there). With `envelope=True` the search is
+repeated with every op class at the low and at the high end of its error bound (the `bounds`
+envelope of `simcore.uncertainty`), giving the capacity's own range.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dse.study import Constraint
+from simcore.config import SimConfig
+from simcore.errors import ConfigError
+
+DEFAULT_SLOS = ("p99_ttft_ms <= 1000", "p99_tpot_ms <= 50")
+"""The SLOs capacity is measured against when none are given."""
+
+_SLO_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|<)\s*([-+0-9.eE]+)\s*$")
+_LATENCY_RE = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el|queue)_ms$")
+_GOODPUT_FAMILIES = ("ttft", "tpot", "e2el")
+_STEP_UP, _STEP_DOWN = 1.25, 0.8
+_FLOOR = 1 / 64
+"""Below this fraction of the burst throughput the search gives up: no rate meets."""
+
+
+def parse_slos(text: str | None, *, where: str = "--slo") -> tuple[Constraint, ...]:
+    """'p99_ttft_ms<=1000,p99_tpot_ms<=50' -> constraints; the default SLOs when None or empty.
+
+    Only upper bounds on latency statistics (mean, median or a percentile of ttft, tpot, itl,
+    e2el or queue, in ms): a capacity is the rate up to which they hold.
+    """
+    items = [s for s in (text or "").split(",") if s.strip()] or list(DEFAULT_SLOS)
+    out = []
+    for item in items:
+        m = _SLO_RE.match(item)
+        if not m:
+            raise ConfigError(f"{where}: {item.strip()!r} is not 'metric <= value' (an upper "
+                              f"bound, e.g. p99_ttft_ms<=1000)")
+        metric, op, value = m.group(1), m.group(2), float(m.group(3))
+        if not _LATENCY_RE.match(metric):
+            raise ConfigError(f"{where}: {metric!r} is not a latency statistic: use mean_, "
+                              f"median_ or pNN_ with ttft, tpot, itl, e2el or queue and _ms "
+                              f"(e.g. p99_ttft_ms)")
+        if not value > 0:
+            raise ConfigError(f"{where}: {metric} must be bounded by a positive number of ms")
+        out.append(Constraint(metric=metric, op=op, value=value))
+    names = [c.metric for c in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{where}: {', '.join(twice)} is bounded twice")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RateRun:
+    """One run of the search: its rate, the SLO metrics and whether it kept up."""
+
+    rate: float
+    num_prompts: int
+    values: dict[str, float]
+    request_throughput: float
+    output_throughput: float
+    request_goodput: float
+    queue_growth_rps: float | None
+    over_capacity: bool
+    failed: int
+    violations: tuple[str, ...]
+
+    @property
+    def meets(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict:
+        return {"rate": self.rate, "num_prompts": self.num_prompts, "meets": self.meets,
+                "violations": list(self.violations), **self.values,
+                "request_throughput": self.request_throughput,
+                "output_throughput": self.output_throughput,
+                "request_goodput": self.request_goodput,
+                "queue_growth_rps": self.queue_growth_rps, "over_capacity": self.over_capacity,
+                "failed": self.failed}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The answer: the highest rate that meets the SLOs, with the runs that show it."""
+
+    rate: float
+    slos: tuple[Constraint, ...]
+    binding: str
+    binding_detail: str
+    burst_request_throughput: float
+    num_gpus: int
+    runs: tuple[RateRun, ...]
+    below: RateRun | None
+    above: RateRun | None
+    at: RateRun | None
+    envelope: dict[str, float] | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def rate_per_gpu(self) -> float:
+        return self.rate / self.num_gpus
+
+    def as_dict(self) -> dict:
+        at = self.at
+        return {
+            "max_sustainable_rate": self.rate,
+            "max_sustainable_rate_per_gpu": self.rate_per_gpu,
+            "slos": [str(c) for c in self.slos],
+            "binding": self.binding, "binding_detail": self.binding_detail,
+            "goodput_at_capacity": at.request_goodput if at else 0.0,
+            "output_throughput_at_capacity": at.output_throughput if at else 0.0,
+            "burst_request_throughput": self.burst_request_throughput,
+            "num_gpus": self.num_gpus,
+            "neighbours": {"below": self.below.as_dict() if self.below else None,
+                           "above": self.above.as_dict() if self.above else None},
+            "envelope": self.envelope, "notes": list(self.notes),
+            "runs": [r.as_dict() for r in self.runs],
+        }
+
+
+def _check_workload(cfg: SimConfig) -> None:
+    w = cfg.workload
+    if w.ramp_up_strategy is not None:
+        raise ConfigError("workload.ramp_up_strategy: capacity varies the request rate itself; "
+                          "remove the ramp-up")
+    if getattr(w.dataset, "use_timestamps", False):
+        raise ConfigError("workload.dataset.use_timestamps: a trace's own timestamps fix its "
+                          "rate; set it to false to find the capacity for the trace's "
+                          "request shapes")
+
+
+def _with_slo_metrics(cfg: SimConfig, slos: tuple[Constraint, ...]) -> SimConfig:
+    """The config with every SLO percentile reported and the SLOs as the goodput thresholds."""
+    pcts = list(cfg.metrics.percentiles)
+    goodput: dict[str, float] = {}
+    for c in slos:
+        m = _LATENCY_RE.match(c.metric)
+        if m.group(2) is not None and float(m.group(2)) not in pcts:
+            pcts.append(float(m.group(2)))
+        fam = m.group(3)
+        if fam in _GOODPUT_FAMILIES:
+            goodput[fam] = min(goodput.get(fam, math.inf), c.value)
+    metrics = cfg.metrics.model_copy(update={"percentiles": tuple(sorted(pcts)),
+                                             "goodput": goodput or None})
+    return cfg.model_copy(update={"metrics": metrics})
+
+
+class _Search:
+    """The runs of one capacity search (one op-scale), cached by rate."""
+
+    def __init__(self, cfg: SimConfig, slos: tuple[Constraint, ...], *, window_s: float,
+                 min_prompts: int, max_prompts: int, op_scale: dict[str, float] | None,
+                 progress: Callable[[RateRun], None] | None):
+        self.cfg, self.slos = cfg, slos
+        self.window_s, self.min_prompts, self.max_prompts = window_s, min_prompts, max_prompts
+        self.op_scale, self.progress = op_scale, progress
+        self.runs: dict[float, RateRun] = {}
+        self.num_gpus = 0
+
+    def _simulate(self, rate: float, num_prompts: int) -> dict:
+        from simcore.simulate import simulate
+
+        w = self.cfg.workload.model_copy(update={"request_rate": rate,
+                                                 "num_prompts": num_prompts})
+        result = simulate(self.cfg.model_copy(update={"workload": w}), op_scale=self.op_scale)
+        self.num_gpus = result["num_gpus"]
+        return result
+
+    def burst(self) -> float:
+        """Request throughput with every request sent at once."""
+        n = max(self.min_prompts, self.cfg.workload.resolved_num_prompts or self.min_prompts)
+        return float(self._simulate(math.inf, min(n, self.max_prompts))["request_throughput"])
+
+    def at(self, rate: float) -> RateRun:
+        key = float(f"{rate:.6g}")
+        if key in self.runs:
+            return self.runs[key]
+        n = int(min(self.max_prompts, max(self.min_prompts, math.ceil(key * self.window_s))))
+        r = self._simulate(key, n)
+        violations = []
+        values = {}
+        for c in self.slos:
+            v = r.get(c.metric)
+            if v is None:
+                raise ConfigError(f"--slo: the result has no {c.metric}")
+            values[c.metric] = float(v)
+            if not c.met(float(v)):
+                violations.append(f"{c.metric} {float(v):,.4g} > {c.value:g}")
+        if r["failed"]:
+            violations.append(f"{r['failed']} requests failed")
+        over = bool(r.get("over_capacity", False))
+        growth = r.get("queue_growth_rps")
+        if over:
+            violations.append(f"queue grows {growth:.3g} req/s")
+        run = RateRun(rate=key, num_prompts=n, values=values,
+                      request_throughput=float(r["request_throughput"]),
+                      output_throughput=float(r["output_throughput"]),
+                      request_goodput=float(r["request_goodput"] or 0.0),
+                      queue_growth_rps=growth, over_capacity=over, failed=int(r["failed"]),
+                      violations=tuple(violations))
+        self.runs[key] = run
+        if self.progress is not None:
+            self.progress(run)
+        return run
+
+    def bracket(self, start: float, floor: float, tolerance: float
+                ) -> tuple[RateRun | None, RateRun]:
+        """(highest meeting run or None, lowest failing run above it), within tolerance."""
+        first = self.at(start)
+        lo: RateRun | None = None
+        hi: RateRun | None = None
+        if first.meets:
+            lo = first
+            for _ in range(40):
+                nxt = self.at(lo.rate * _STEP_UP)
+                if not nxt.meets:
+                    hi = nxt
+                    break
+                lo = nxt
+            if hi is None:
+                raise ConfigError("capacity: every rate tried up to "
+                                  f"{lo.rate:,.4g} req/s met the SLOs; loosen nothing, but "
+                                  "check the SLOs bound what you mean")
+        else:
+            hi = first
+            while hi.rate * _STEP_DOWN >= floor:
+                nxt = self.at(hi.rate * _STEP_DOWN)
+                if nxt.meets:
+                    lo = nxt
+                    break
+                hi = nxt
+            if lo is None:
+                return None, hi
+        while hi.rate / lo.rate > 1 + tolerance:
+            mid = self.at(math.sqrt(lo.rate * hi.rate))
+            if mid.meets:
+                lo = mid
+            else:
+                hi = mid
+        return lo, hi
+
+
+def _binding(run: RateRun, slos: tuple[Constraint, ...]) -> tuple[str, str]:
+    """The SLO missed by the largest factor in `run` (else the queue's growth)."""
+    worst = max(((run.values[c.metric] / c.value, c) for c in slos
+                 if not c.met(run.values[c.metric])), default=None, key=lambda t: t[0])
+    if worst is not None:
+        ratio, c = worst
+        return c.metric, (f"{c.metric} is {run.values[c.metric]:,.4g} ms at {run.rate:,.4g} "
+                          f"req/s, {ratio:.2f}x its bound of {c.value:g}")
+    if run.over_capacity:
+        return "queue_growth", (f"the SLOs hold but the queue grows {run.queue_growth_rps:.3g} "
+                                f"req/s at {run.rate:,.4g} req/s: the engine cannot keep up")
+    return "failed_requests", f"{run.failed} requests failed at {run.rate:,.4g} req/s"
+
+
+def find_capacity(cfg: SimConfig, slos: tuple[Constraint, ...] | None = None, *,
+                  tolerance: float = 0.05, window_s: float = 120.0, min_prompts: int = 200,
+                  max_prompts: int = 20_000, envelope: bool = True,
+                  progress: Callable[[RateRun], None] | None = None) -> Capacity:
+    """The highest sustainable request rate of `cfg`'s deployment under `slos` (see the module
+    docstring); raises ConfigError for a workload whose rate cannot vary."""
+    if not 0 < tolerance < 1:
+        raise ConfigError("tolerance: must be in (0, 1)")
+    slos = slos or parse_slos(None)
+    _check_workload(cfg)
+    cfg = _with_slo_metrics(cfg, slos)
+    kw = dict(window_s=window_s, min_prompts=min_prompts, max_prompts=max_prompts,
+              progress=progress)
+    search = _Search(cfg, slos, op_scale=None, **kw)
+    burst = search.burst()
+    if not burst > 0:
+        raise ConfigError("capacity: the burst run completed no request; nothing to search")
+    lo, hi = search.bracket(burst * 0.9, burst * _FLOOR, tolerance)
+    notes: list[str] = []
+    below = above = None
+    if lo is None:
+        rate = 0.0
+        notes.append(f"no rate meets the SLOs: even at {hi.rate:,.4g} req/s "
+                     f"({', '.join(hi.violations)})")
+    else:
+        rate = lo.rate
+        below, above = search.at(rate * 0.9), search.at(rate * 1.1)
+        if not below.meets:
+            notes.append(f"the run at 0.9x ({below.rate:,.4g} req/s) misses "
+                         f"({', '.join(below.violations)}): the edge is noisy at this run length")
+        if above.meets:
+            notes.append(f"the run at 1.1x ({above.rate:,.4g} req/s) meets the SLOs: the edge "
+                         "is noisy at this run length")
+    binding, detail = _binding(hi, slos)
+    env = None
+    if envelope and lo is not None:
+        env = _capacity_envelope(cfg, slos, rate, tolerance, burst, kw)
+    runs = tuple(sorted(search.runs.values(), key=lambda r: r.rate))
+    return Capacity(rate=rate, slos=slos, binding=binding, binding_detail=detail,
+                    burst_request_throughput=burst, num_gpus=search.num_gpus, runs=runs,
+                    below=below, above=above, at=lo, envelope=env, notes=tuple(notes))
+
+
+def _capacity_envelope(cfg: SimConfig, slos: tuple[Constraint, ...], rate: float,
+                       tolerance: float, burst: float, kw: dict) -> dict[str, float]:
+    """The capacity with every op class at the low and at the high end of its error bound."""
+    from simcore.setup import build_deployment
+    from simcore.uncertainty import perturbations
+
+    bounds = build_deployment(cfg).step_model.op_error_bounds()
+    fast, slow = perturbations(bounds, "bounds", 0, cfg.seed)
+    out = {"nominal": rate}
+    for name, scale in (("high", fast), ("low", slow)):
+        s = _Search(cfg, slos, op_scale=scale, **{**kw, "progress": None})
+        lo, _ = s.bracket(rate, burst * _FLOOR * min(scale.values()), tolerance)
+        out[name] = lo.rate if lo is not None else 0.0
+    out["op_error_bounds"] = dict(bounds)
+    return out
+
+
+def render_capacity(c: Capacity) -> str:
+    """The answer first, then the runs that show it."""
+    slos = ", ".join(str(s) for s in c.slos)
+    lines = []
+    if c.rate > 0:
+        at = c.at
+        lines.append(f"Capacity: {c.rate:,.4g} req/s ({c.rate_per_gpu:,.4g} per GPU on "
+                     f"{c.num_gpus}) under {slos}")
+        lines.append(f"  at it: {at.output_throughput:,.0f} output tok/s, goodput "
+                     f"{at.request_goodput:,.4g} req/s")
+    else:
+        lines.append(f"Capacity: none: no rate meets {slos}")
+    lines.append(f"  binds first: {c.binding_detail}")
+    if c.envelope is not None:
+        e = c.envelope
+        lines.append(f"  envelope: {e['low']:,.4g} - {e['high']:,.4g} req/s (every op class at "
+                     f"either end of its error bound)")
+    lines.append(f"  burst (every request at once): {c.burst_request_throughput:,.4g} req/s "
+                 f"served")
+    lines.extend(f"  note: {n}" for n in c.notes)
+    names = [s.metric for s in c.slos]
+    header = (f"{'rate':>10}  {'requests':>8}  " + "  ".join(f"{n:>12}" for n in names)
+              + f"  {'served':>8}  {'queue +/s':>9}  verdict")
+    lines += ["", header]
+    for r in c.runs:
+        mark = (" <- capacity" if c.at is not None and r.rate == c.at.rate
+                else " (0.9x)" if c.below is not None and r.rate == c.below.rate
+                else " (1.1x)" if c.above is not None and r.rate == c.above.rate else "")
+        growth = "-" if r.queue_growth_rps is None else f"{r.queue_growth_rps:+.3g}"
+        lines.append(f"{r.rate:10,.4g}  {r.num_prompts:8d}  "
+                     + "  ".join(f"{r.values[n]:12,.4g}" for n in names)
+                     + f"  {r.request_throughput:8,.4g}  {growth:>9}  "
+                     + ("meets" if r.meets else "misses") + mark)
+    return "\n".join(lines)
