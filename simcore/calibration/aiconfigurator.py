@@ -4,16 +4,19 @@ The package `aiconfigurator-core` (Apache-2.0) ships, per system, parquet tables
 latencies measured inside vLLM's own backends:
 `aiconfigurator_core/systems/data/<system>/<op>/vllm/<version>/*.parquet`. Only those tables are
 read here (never the package's estimator code): GEMMs (`gemm_perf`), context and generation
-attention (`context_attention_perf`, `generation_attention_perf`), fused MoE (`moe_perf`) and
-vLLM's all-reduce (`custom_allreduce_perf`), vLLM's fp8 activation quantization
-(`quantize/.../scale_matrix_perf`: one memory-bound pass, bf16 read and fp8 written) and, from
+attention (`context_attention_perf`, `generation_attention_perf`), vLLM's whole MLA attention
+module (`mla_context_module_perf`, `mla_generation_module_perf`: `simcore.calibration.mla`),
+fused MoE (`moe_perf`) and vLLM's all-reduce (`custom_allreduce_perf`), vLLM's fp8 activation
+quantization (`quantize/.../scale_matrix_perf`: one memory-bound pass, bf16 read and fp8 written)
+and, from
 the NCCL tables measured beside them (`comm/nccl/<version>/nccl_perf`), NCCL's all-gather in
 16-bit elements. Latencies there are milliseconds per call (one layer); collective sizes are
 16-bit elements (an all-gather's, the whole output).
 
 Per table, of the newest vLLM version measured on the system:
 - one kernel per dtype (or per dtype and MoE shape): the one with the most rows, the kernel vLLM
-  ran by default in the campaign;
+  ran by default in the campaign (MLA modules: per cell the backend vLLM chose, on its default
+  16-bit prefill-query path);
 - the median latency of repeated rows, on the product grid of the measured axis values;
 - a seeded 15% of each axis's interior values held out: the grid is fitted without them, and the
   relative error of predicting the measured times there (`LogGrid` interpolation) is the
@@ -38,6 +41,7 @@ from simcore.calibration.grid import LogGrid, fill_along
 from simcore.calibration.kernels import (
     CONTEXT_CAPS, DECODE_CAPS, FORMAT, GEMM_CAPS, GEMM_FLOORS, VERSION, KernelProfile,
     KernelProfileData, relative_errors)
+from simcore.calibration.mla import fit_mla
 from simcore.calibration.profile import ErrorStats
 from simcore.errors import ConfigError
 from simcore.loading import file_sha256
@@ -400,6 +404,7 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
     ar = _all_reduce(reader, rng, errors)
     ag = _all_gather(reader, rng, errors)
     memory = _memory(reader, rng, errors)
+    mla = fit_mla(reader, rng, errors)      # last: the others' hold-out draws stay the same
     version = package_version()
     data = {
         "format": FORMAT, "version": VERSION,
@@ -419,7 +424,7 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
                       "with its last log-log slope (capped: linear in rows, batch and KV "
                       "length, quadratic in prompt length)"},
         "gemm": gemm, "attention": attention, "moe": moe, "all_reduce": ar,
-        "all_gather": ag, "memory": memory,
+        "all_gather": ag, "memory": memory, "mla": mla,
         "errors": {k: v.model_dump() for k, v in sorted(errors.items())},
     }
     return KernelProfile(KernelProfileData.model_validate(data), source=f"{system} (fitted)")

@@ -129,6 +129,12 @@ class LogGrid:
         return math.exp(y)
 
 
+def check_axis(name: str, axis: list) -> None:
+    """ValueError unless `axis` is non-empty, positive and strictly increasing."""
+    if not axis or axis[0] <= 0 or any(b <= a for a, b in zip(axis, axis[1:])):
+        raise ValueError(f"{name} must be positive and strictly increasing")
+
+
 def fill_along(values: np.ndarray, axis_values: np.ndarray, axis: int, cap: float) -> np.ndarray:
     """`values` with the missing cells beyond the last measured one of each line along `axis`
     extrapolated in log-log space with the slope of the line's last measured segment, clamped to

@@ -1,5 +1,6 @@
 """Kernel profiles: measured times of vLLM's own kernels on one GPU (GEMMs by dtype, context and
-decode attention, fused MoE, all-reduce), stored as grids of shapes, and their lookups.
+decode attention, MLA attention modules, fused MoE, all-reduce), stored as grids of shapes, and
+their lookups.
 
 A kernel profile is JSON (gzipped when shipped), `{"format": "simcore-kernel-profile",
 "version": 1, ...}` (`KernelProfileData`). Beside the per-op curves of a calibration profile
@@ -22,6 +23,9 @@ MoE transformer's step that a GPU runs as a measured kernel:
 - `memory`: a memory-bound vLLM kernel (one pass reading and writing activations) as time
   against the bytes it moves: what a step-time model times the passes the database never
   measured (norms, rotary, activations, the sampler's passes over the logits) by.
+- `mla`: vLLM's whole MLA attention module (DeepSeek-V3's layer: down- and up-projections,
+  latent norms, rotary, attention, output projection) per phase, KV-cache dtype, weight dtype and
+  query heads per GPU, a grid of times over (batch, seq) (`simcore.calibration.mla`).
 
 Every grid was fitted without some of its axis values (the `held_out` lists), and `errors` holds
 the relative error of predicting the measured times at those values from the rest: the error of
@@ -44,7 +48,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.calibration.curves import KnotCurve
-from simcore.calibration.grid import LogGrid
+from simcore.calibration.grid import LogGrid, check_axis as _check_axis
+from simcore.calibration.mla import MlaTable
 from simcore.calibration.profile import ErrorStats, US_PER_S, dumps_profile, validate_profile
 from simcore.errors import ConfigError
 
@@ -85,11 +90,6 @@ def _check_curve(axis_name: str, axis: list, time_us: list, what: str) -> None:
 def _grid_values(flat: list, shape: tuple[int, ...]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in flat], dtype=float).reshape(shape) \
         / US_PER_S
-
-
-def _check_axis(name: str, axis: list) -> None:
-    if not axis or axis[0] <= 0 or any(b <= a for a, b in zip(axis, axis[1:])):
-        raise ValueError(f"{name} must be positive and strictly increasing")
 
 
 class GemmTable(BaseModel):
@@ -252,9 +252,12 @@ class KernelProfileData(BaseModel):
                                         description="NCCL all-gather curves.")
     memory: list[MemoryCurve] = Field(default_factory=list,
                                       description="Memory-bound kernel curves.")
+    mla: list[MlaTable] = Field(default_factory=list,
+                                description="MLA attention module grids.")
     errors: dict[str, ErrorStats] = Field(description="Held-out relative errors per table "
                                           "family: 'gemm/<dtype>', 'attention/<phase>/<kv "
-                                          "dtype>', 'moe/<dtype>', 'all_reduce/<mode>', "
+                                          "dtype>', 'mla/<phase>/<kv dtype>/<weight dtype>', "
+                                          "'moe/<dtype>', 'all_reduce/<mode>', "
                                           "'all_gather/nccl', 'memory/<kernel>'.")
 
 
@@ -291,6 +294,10 @@ class KernelProfile:
                     for c in data.all_gather}
         self._mem = [(c.kernel, KnotCurve(c.bytes, np.asarray(c.time_us) / US_PER_S,
                                           log_log=True)) for c in data.memory]
+        self._mla = {(t.phase, t.kv_cache_dtype, t.gemm_dtype, t.num_heads, t.shape):
+                     LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))),
+                             t.caps)
+                     for t in data.mla}
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -416,9 +423,22 @@ class KernelProfile:
         None."""
         return self._mem[0] if self._mem else None
 
+    def mla_grid(self, phase: str, kv_cache_dtype: str, gemm_dtype: str, num_heads: int,
+                 shape: tuple[int, ...]) -> LogGrid | None:
+        """The measured (batch, seq) grid of the MLA attention module at this phase, KV-cache
+        dtype, weight dtype, query heads per GPU and layer shape (`simcore.calibration.mla.
+        module_shape`), or None."""
+        return self._mla.get((phase, kv_cache_dtype, gemm_dtype, num_heads, tuple(shape)))
+
+    def mla_keys(self) -> list[tuple]:
+        """(phase, KV dtype, weight dtype, heads per GPU, layer shape) of every MLA module
+        grid."""
+        return sorted(self._mla)
+
     def error_bound(self, family: str) -> float | None:
         """The 90th-percentile held-out relative error of a table family ('gemm/bf16',
-        'attention/generation/bf16', 'moe/fp8', 'all_reduce/graph'), or None."""
+        'attention/generation/bf16', 'mla/context/fp8/fp8_block', 'moe/fp8',
+        'all_reduce/graph'), or None."""
         s = self.data.errors.get(family)
         return None if s is None else s.p90
 

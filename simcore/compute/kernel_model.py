@@ -10,6 +10,11 @@ that have the op:
   the generation grid at their count and mean KV length, the prefilling sequences from the
   context grid at their count and the prompt length with the same causal query-key pairs (a
   chunk over a cached prefix costs the pairs it computes);
+- MLA models (DeepSeek-V3 style): vLLM's whole MLA attention module of each layer (down- and
+  up-projections, latent norms, rotary, KV-cache write, attention, output projection: see
+  `simcore.calibration.mla`) from the module tables of its heads per GPU, weight and KV-cache
+  dtype, mapped as `mla_attention_s` says; the projections, latent norms and rotary pass are then
+  not timed again elsewhere;
 - routed experts from the fused-MoE curve of the model's MoE shape, experts split by TP;
 - TP all-reduces (2 per layer + 1) from vLLM's all-reduce curve of the TP group, in CUDA-graph
   mode for steps up to the graph capture size, eager beyond; the logits all-gather before
@@ -22,10 +27,11 @@ the GPU's measured memory-bound kernel (vLLM's static fp8 quantization, a single
 pass) at the bytes it moves. With them the step's CPU side (the host model, or the declared
 per-step overhead) and the declared launch time of steps outside full CUDA graphs.
 
-From the roofline, named in `fallbacks()`: PP hops, MLA's projections and attention, routed
-experts under expert parallelism (timed over the whole group), anything whose shape or dtype the
-profile did not measure (e.g. a GPU without a memory-bound kernel measurement times the passes
-above by the roofline).
+From the roofline, named in `fallbacks()`: PP hops, routed experts under expert parallelism
+(timed over the whole group), anything whose shape or dtype the profile did not measure (e.g. a
+GPU without a memory-bound kernel measurement times the passes above by the roofline; MLA's
+projections, latent up-projection and attention where the profile has no module table of the
+model's layer shape, heads per GPU, weight or KV-cache dtype, e.g. A100's).
 
 Each op class's error bound is the 90th-percentile held-out error of the tables it uses (the
 roofline's declared bound for a class with any roofline part).
@@ -36,11 +42,12 @@ from __future__ import annotations
 import math
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, KernelProfile
+from simcore.calibration.mla import module_shape
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
-from simcore.model.arch import Gemm, ModelArch
+from simcore.model.arch import Gemm, ModelArch, dtype_bytes
 
 
 def gemm_dtype(weight_dtype: str) -> str:
@@ -77,12 +84,14 @@ kernel's time at the same bytes: `dse calibrate --list`)."""
 
 
 def elementwise_passes(arch: ModelArch, tp: int, *, routed_experts: bool,
-                       act_bytes: float = 2.0) -> list[tuple[int, float]]:
+                       act_bytes: float = 2.0,
+                       mla_module: bool = False) -> list[tuple[int, float]]:
     """The memory-bound kernels of one step outside the GEMMs, attention and (unless
     `routed_experts`) the fused-MoE layer, as (kernels per step, bytes each moves per token):
     embedding gather, per layer two fused residual-add + RMSNorms (read x and residual, write
     both) and the rotary embedding on q and k, the gated activation of each dense MLP (and of
-    shared experts), MoE top-k routing, MLA's latent norms, the final norm."""
+    shared experts), MoE top-k routing, MLA's latent norms, the final norm. `mla_module`: the
+    rotary pass and the latent norms are inside a measured MLA module, not separate passes."""
     h = arch.hidden_size
     layers, moe = arch.num_layers, arch.num_moe_layers()
     dense = layers - moe
@@ -91,11 +100,14 @@ def elementwise_passes(arch: ModelArch, tp: int, *, routed_experts: bool,
         rope = heads * arch.qk_rope_head_dim + arch.qk_rope_head_dim
     else:
         rope = (arch.num_attention_heads // tp + arch.kv_heads_per_gpu(tp)) * arch.head_dim
-    out = [(1, 2 * h * act_bytes), (2 * layers, 4 * h * act_bytes),
-           (layers, 2 * rope * act_bytes), (1, 3 * h * act_bytes)]
+    inside = arch.is_mla and mla_module
+    out = [(1, 2 * h * act_bytes), (2 * layers, 4 * h * act_bytes)]
+    if not inside:
+        out.append((layers, 2 * rope * act_bytes))
+    out.append((1, 3 * h * act_bytes))
     if dense:
         out.append((dense, 3 * (arch.intermediate_size // tp) * act_bytes))
-    if arch.is_mla:
+    if arch.is_mla and not inside:
         out += [(layers, 2 * arch.q_lora_rank * act_bytes),
                 (layers, 2 * arch.kv_lora_rank * act_bytes)]
     if moe:
@@ -110,9 +122,88 @@ def elementwise_passes(arch: ModelArch, tp: int, *, routed_experts: bool,
     return out
 
 
+def _none_s(tokens: int) -> float:
+    """No time of its own: a part timed inside another measured kernel."""
+    return 0.0
+
+
 def _prompt_len(pairs_per_seq: float) -> float:
     """The prompt length whose causal query-key pairs, L (L + 1) / 2, are `pairs_per_seq`."""
     return (math.sqrt(1.0 + 8.0 * pairs_per_seq) - 1.0) / 2.0
+
+
+_MLA_WEIGHTS = {"bf16": "bf16", "fp16": "bf16", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
+                "fp8": "fp8_block"}
+"""The MLA module table of a weight dtype. vLLM's MLA module was measured with bf16, 128x128
+block-scaled fp8 and nvfp4 linear layers; per-tensor fp8 layers are timed by the block-scaled
+ones (the same fp8 tensor-core GEMMs, one scale per tensor instead of per block), said so."""
+
+
+def mla_tables(profile: KernelProfile, arch: ModelArch, tp: int, kv_cache: str,
+               weight_dtype: str):
+    """((generation grid, context grid, weight dtype of the tables), None) of the MLA module
+    of `arch` at TP `tp`, or (None, why not)."""
+    keys = profile.mla_keys()
+    if not keys:
+        return None, "no MLA module measurements in the kernel profile"
+    shape, heads = module_shape(arch), arch.num_attention_heads // tp
+    if not any(k[4] == shape for k in keys):
+        return None, ("the profile's MLA module measurements are of another layer shape "
+                      "(hidden, latent or head widths)")
+    gd = _MLA_WEIGHTS.get(weight_dtype)
+    if gd is None or not any(k[2] == gd for k in keys):
+        return None, f"no MLA module measurements with {weight_dtype} weights"
+    gen = profile.mla_grid("generation", kv_cache, gd, heads, shape)
+    ctx = profile.mla_grid("context", kv_cache, gd, heads, shape)
+    if gen is None or ctx is None:
+        return None, (f"no MLA module measurements with a {kv_cache} KV cache and {gd} weights "
+                      f"at {heads} heads per GPU")
+    return (gen, ctx, gd), None
+
+
+def mla_prefix_tokens(shape: StepShape) -> int:
+    """The cached-prefix tokens of a step's prefilling sequences (context before their chunks)."""
+    return shape.kv_tokens_read - shape.decode_kv_tokens - (shape.num_tokens
+                                                             - shape.num_decode_seqs)
+
+
+def mla_attention_s(shape: StepShape, gen, ctx, floor: float) -> float:
+    """One layer's MLA attention module over a step of `shape`, seconds, from the generation
+    grid `gen` and the context grid `ctx` (batch, length) and the module's one-token time
+    `floor` (the context grid at one prompt of one token).
+
+    As for the other attention kernels, decodes and prefills are looked up apart:
+    - the decode sequences: the generation grid at their count and mean KV length (their KV
+      reads summed);
+    - the prefilling sequences (N new tokens, P causal query-key pairs, both kept): the context
+      grid at b prompts of s tokens with b s = N and b s (s + 1) / 2 = P, i.e. s = 2 P / N - 1
+      (prompts of one length L with no cached prefix: b = their count, s = L, a grid cell).
+      A chunk over a cached prefix longer than itself gives b < 1: then linear in b between the
+      module's one-token time (b = 0) and one prompt of s tokens (b = 1): its tokens at the
+      per-token time of a prompt with the same query-key pairs per token. Never less than the
+      chunk's tokens as one prompt without the prefix. (vLLM also up-projects the prefix's
+      latent again with `kv_b_proj` for a prefill over cached context, which the context rows,
+      with no prefix, never ran: the caller adds that GEMM at `mla_prefix_tokens` rows.)
+    - a step with both runs the module once (one projection, norm and rotary pass over all its
+      tokens, then the decode and the prefill attention): the one-token time is counted once,
+      the sum never less than either part.
+    """
+    d = shape.num_decode_seqs
+    x = gen(d, shape.decode_kv_tokens / d) if d else 0.0
+    if shape.num_seqs - d <= 0:
+        return x
+    n = shape.num_tokens - d
+    pairs = shape.attn_qk_pairs - shape.decode_kv_tokens
+    s = max(2.0 * pairs / n - 1.0, 1.0)
+    b = n / s
+    if b >= 1.0:
+        y = ctx(b, s)
+    else:
+        y = max(b * ctx(1.0, s) + (1.0 - b) * floor, ctx(1.0, n))
+    if not d:
+        return y
+    z = x + y - floor
+    return z if z > x and z > y else max(x, y)
 
 
 class KernelModel(MeasuredModel):
@@ -159,6 +250,11 @@ class KernelModel(MeasuredModel):
         def gemm_err(dtype: str) -> float:
             return profile.error_bound(f"gemm/{dtype}") or 0.0
 
+        # MLA: vLLM's whole attention module, where the profile measured it for this layer.
+        kvd = kv_dtype(kv_cache_dtype)
+        mla, mla_why = mla_tables(profile, arch, tp, kvd, weight_dtype) if arch.is_mla \
+            else (None, None)
+
         def curve(g, dtype: str):
             return profile.gemm_curve(dtype, g.out_features, g.in_features)
 
@@ -178,11 +274,18 @@ class KernelModel(MeasuredModel):
         gemm_errors = []
         for group in self._token_gemm_groups:
             gemms, count, dtype = members[group]
-            curves = [curve(g, dtype) for g in gemms]
-            if arch.is_mla and group == "attn" or not curves or any(c is None for c in curves):
+            if arch.is_mla and group == "attn":
+                if mla is not None:          # inside the measured module (attention)
+                    meas.append(_none_s)
+                    continue
                 self._sources["gemm"].add(rough)
-                self._fallbacks.append(f"{group} GEMMs: roofline (no {dtype} GEMM measurements"
-                                       f"{' of MLA projections' if arch.is_mla else ''})")
+                self._fallbacks.append(f"attn GEMMs: roofline (MLA projections: {mla_why})")
+                meas.append(None)
+                continue
+            curves = [curve(g, dtype) for g in gemms]
+            if not curves or any(c is None for c in curves):
+                self._sources["gemm"].add(rough)
+                self._fallbacks.append(f"{group} GEMMs: roofline (no {dtype} GEMM measurements)")
                 meas.append(None)
                 continue
             fg = f["gemm"] * count
@@ -190,17 +293,42 @@ class KernelModel(MeasuredModel):
             self._sources["gemm"].add("measured")
             gemm_errors.append(gemm_err(dtype))
         self._token_gemm_meas = tuple(meas)
-        if arch.is_mla:
+        if arch.is_mla and mla is None:
             self._sources["gemm"].add(rough)
-            self._fallbacks.append("MLA latent up-projections: roofline")
+            self._fallbacks.append(f"MLA latent up-projections: roofline ({mla_why})")
+        elif mla is not None:   # the module's, not the roofline's
+            self._kvb_flop_s_per_row = self._kvb_byte_s_fixed = 0.0
+            self._kvb_byte_s_per_row = self._kvb_floor_s = 0.0
+            # A cached prefix's latent, up-projected again for a prefill over it: a GEMM.
+            kv_b = next(g for g in arch.attention_gemms(tp) if g.group == "mla_kv_b")
+            up_dtype = lin if curve(kv_b, lin) is not None else "bf16"
+            up = _memo(lambda t, c=curve(kv_b, up_dtype), fg=f["gemm"]: fg * c(t))
+            gemm_errors.append(gemm_err(up_dtype))
         if gemm_errors and rough not in self._sources["gemm"]:
             bounds["gemm"] = max(gemm_errors)
 
         # The attention kernel.
-        kvd = kv_dtype(kv_cache_dtype)
         heads, kv_heads = arch.num_attention_heads // tp, arch.kv_heads_per_gpu(tp)
         gen = ctx = None
-        if not arch.is_mla:
+        if mla is not None:
+            mgen, mctx, gd = mla
+            fa = f["attention"] * num_layers
+
+            def mla_attention(shape: StepShape, g=mgen, c=mctx, fl=mctx(1, 1), up=up, fa=fa,
+                              layers=num_layers) -> float:
+                x = fa * mla_attention_s(shape, g, c, fl)
+                prefix = mla_prefix_tokens(shape)
+                return x + layers * up(prefix) if prefix > 0 else x
+
+            self._attn_meas = mla_attention
+            self._sources["attention"].add("measured")
+            bounds["attention"] = max(profile.error_bound(f"mla/{ph}/{kvd}/{gd}") or 0.0
+                                      for ph in ("context", "generation"))
+            if gd != gemm_dtype(weight_dtype):
+                self._derived.append(
+                    f"MLA attention modules with {weight_dtype} weights: the {gd} module "
+                    "measurements (the same fp8 GEMMs, scaled per block instead of per tensor)")
+        elif not arch.is_mla:
             gen = profile.attention_grid("generation", kvd, heads, kv_heads, arch.head_dim)
             ctx = profile.attention_grid("context", kvd, heads, kv_heads, arch.head_dim)
         if gen is not None and ctx is not None:
@@ -221,9 +349,9 @@ class KernelModel(MeasuredModel):
             self._sources["attention"].add("measured")
             bounds["attention"] = max(profile.error_bound(f"attention/{ph}/{kvd}") or 0.0
                                       for ph in ("context", "generation"))
-        else:
+        elif mla is None:
             self._sources["attention"].add(rough)
-            why = ("MLA attention is not in the kernel profile" if arch.is_mla else
+            why = (f"MLA: {mla_why}" if arch.is_mla else
                    f"no {kvd} KV-cache measurements of {heads} query / {kv_heads} KV heads of "
                    f"dim {arch.head_dim} per GPU")
             self._fallbacks.append(f"attention kernel: roofline ({why})")
@@ -290,7 +418,8 @@ class KernelModel(MeasuredModel):
         memory = profile.memory_curve()
         if memory is not None:
             kernel, mem = memory
-            passes = elementwise_passes(arch, tp, routed_experts=self._moe_meas is None)
+            passes = elementwise_passes(arch, tp, routed_experts=self._moe_meas is None,
+                                        mla_module=mla is not None)
             fe = f["elementwise"]
             self._ew_meas = _memo(lambda t, m=mem, ps=passes, fe=fe:
                                   fe * sum(n * m(t * b) for n, b in ps))
@@ -312,6 +441,12 @@ class KernelModel(MeasuredModel):
             self._sources["elementwise"].add(rough)
             self._fallbacks.append("elementwise passes and sampler: roofline (no memory-bound "
                                    "kernel measured on this GPU)")
+            if mla is not None:   # the rotary pass and latent norms are inside the module
+                rope = (heads + 1) * arch.qk_rope_head_dim
+                inside = num_layers * 2 * (rope + arch.q_lora_rank + arch.kv_lora_rank)
+                bw = gpu.hbm_bandwidth_bytes_per_s * self.assumptions.hbm_bandwidth_fraction
+                self._ew_byte_s_per_token -= (f["elementwise"] * inside
+                                              * max(dtype_bytes(weight_dtype), 2.0) / bw)
         self._cpu_side_parts()
         self._class_bounds = bounds
         self._set_reference_figures()
