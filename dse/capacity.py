@@ -77,6 +77,13 @@ def parse_slos(text: str | None, *, where: str = "--slo") -> tuple[Constraint, .
     return tuple(out)
 
 
+def latency_upper_bounds(constraints) -> tuple[Constraint, ...]:
+    """The constraints that are SLOs a capacity can be measured against (upper bounds on
+    latency statistics); the default SLOs when there are none."""
+    slos = tuple(c for c in constraints if c.op in ("<=", "<") and _LATENCY_RE.match(c.metric))
+    return slos or parse_slos(None)
+
+
 @dataclass(frozen=True)
 class RateRun:
     """One run of the search: its rate, the SLO metrics and whether it kept up."""

@@ -47,6 +47,16 @@ _RESULT_EXTRAS = ("num_gpus", "gpu_busy_fraction", "output_throughput_per_gpu",
 _PROBE_NUM_PROMPTS = 8
 
 
+CAPACITY_METRICS = ("max_sustainable_rate", "max_sustainable_rate_per_gpu",
+                    "max_sustainable_requests_per_dollar")
+"""Metrics a trial computes only when the study names one: `dse.capacity.find_capacity` on the
+trial's configuration, under the study's latency upper bounds as SLOs (the default SLOs when it
+has none): the highest sustainable request rate, per GPU, and requests per dollar at it."""
+
+TREND_METRICS = ("offered_request_rate", "served_request_rate", "queue_growth_rps")
+"""Metrics a result at a finite request rate carries (`simcore.saturation.load_trend`), which
+the handful of requests of a probe simulation is too few to show."""
+
 DP_PATH = "parallelism.data_parallel_size"
 
 
@@ -63,6 +73,11 @@ class EvalSpec:
     envelope: bool = False
     """Run the config's uncertainty method (perturbed re-runs) and keep every metric's envelope
     (the confirmation stage does; screening keeps the first-order one)."""
+
+    @property
+    def wants_capacity(self) -> bool:
+        """Whether an objective or constraint names a capacity metric (a search per trial)."""
+        return any(i.metric in CAPACITY_METRICS for i in (*self.objectives, *self.constraints))
 
     @classmethod
     def of(cls, study: "StudyConfig | EvalSpec") -> "EvalSpec":
@@ -255,6 +270,18 @@ def _explain(result: dict) -> tuple[dict | None, str | None]:
 # -- the trial itself ----------------------------------------------------------------------------
 
 
+def capacity_metrics(cfg: SimConfig, spec: EvalSpec, num_gpus: int) -> dict[str, float]:
+    """`CAPACITY_METRICS` of a trial's configuration (see there)."""
+    from dse.capacity import find_capacity, latency_upper_bounds
+
+    cap = find_capacity(cfg, latency_upper_bounds(spec.constraints), envelope=False)
+    return {"max_sustainable_rate": cap.rate,
+            "max_sustainable_rate_per_gpu": cap.rate / num_gpus,
+            "max_sustainable_requests_per_dollar": cap.rate * 3600 / (num_gpus
+                                                                     * spec.usd_per_gpu_hour)}
+
+
+
 def evaluate(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
              study: "StudyConfig | EvalSpec") -> TrialOutcome:
     """Run one trial: apply values and overrides to `base`, check, simulate, score.
@@ -272,6 +299,8 @@ def evaluate(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any]
         return TrialOutcome(status="infeasible", reason=reason,
                             elapsed_s=time.perf_counter() - t0)
     result = simulate_with_envelope(cfg) if spec.envelope else simulate(cfg)
+    if spec.wants_capacity:
+        result = {**result, **capacity_metrics(cfg, spec, result["num_gpus"])}
     explanation, explanation_error = _explain(result)
     return score(result, spec, elapsed_s=time.perf_counter() - t0, explanation=explanation,
                  explanation_error=explanation_error)
@@ -323,7 +352,18 @@ def probe_metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hou
         probe = parse_config(apply(full, {"workload.num_prompts": _PROBE_NUM_PROMPTS}))
     except ConfigError:
         return static_metric_names(cfg)
-    return set(result_metrics(simulate(probe), usd_per_gpu_hour))
+    return set(result_metrics(simulate(probe), usd_per_gpu_hour)) | _search_only_names(cfg)
+
+
+def _search_only_names(cfg: SimConfig) -> set[str]:
+    """Names a trial reports that the probe's handful of requests does not show."""
+    w = cfg.workload
+    timed = getattr(w.dataset, "use_timestamps", False)
+    from simcore.saturation import MIN_REQUESTS
+
+    rated = (math.isfinite(w.request_rate) and w.ramp_up_strategy is None and not timed
+             and (w.resolved_num_prompts or 0) >= MIN_REQUESTS)
+    return set(CAPACITY_METRICS) | (set(TREND_METRICS) if rated else set())
 
 
 def metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
@@ -361,7 +401,7 @@ def static_metric_names(cfg: SimConfig) -> set[str]:
         names |= {"ramp_up_start_rps", "ramp_up_end_rps"}
     if cfg.cluster is not None:
         names |= set(CLUSTER_HEADLINE_METRICS)
-    return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS)
+    return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS) | _search_only_names(cfg)
 
 
 def baseline_values(base: dict, space: SearchSpace) -> tuple[dict[str, Any] | None, str | None]:

@@ -77,8 +77,9 @@ def _decode(s: Mapping, f: Factor, a: Attribution) -> list[str]:
                  f"memory-bound, with the engine {load}; {_queue_clause(s)}.")
         remedy = "more GPUs (TP)" if s["weights_8bit"] else "more GPUs or fp8 weights"
         if not _saturated(s):
-            second = (f"HBM bandwidth sets each step's time, hence TPOT, not the capacity: the "
-                      f"engine could take more traffic, and {remedy} would shorten its steps.")
+            second = (f"HBM bandwidth sets each step's time, hence TPOT; the engine is not "
+                      f"saturated and could take more traffic, and {remedy} would shorten its "
+                      f"steps.")
         elif cap is not None and peak < cap:
             second = (f"Raising max_num_seqs would not help (the batch peaked at {peak} of "
                       f"{cap}); {remedy} would.")
@@ -91,8 +92,8 @@ def _decode(s: Mapping, f: Factor, a: Attribution) -> list[str]:
                  f"{pct(s['compute_bound_step_fraction'])} of steps are compute-bound, with "
                  f"the engine {load}; {_queue_clause(s)}.")
         if not _saturated(s):
-            second = ("Compute sets each step's time, hence TPOT, not the capacity: the engine "
-                      "could take more traffic, and more GPUs (TP) would shorten its steps.")
+            second = ("Compute sets each step's time, hence TPOT; the engine is not saturated "
+                      "and could take more traffic, and more GPUs (TP) would shorten its steps.")
         else:
             second = ("More GPUs (TP or replicas) would help; a smaller max_num_seqs would cut "
                       "TPOT at some cost to throughput.")
@@ -295,6 +296,29 @@ def explain(result: Mapping, attribution: Attribution | None = None) -> dict:
     s = dict(a.signals)
     s["num_requests"] = result.get("num_requests") or result.get("num_prompts")
     s["weights_8bit"] = _weights_are_8bit(result)
+    h = result.get("headroom")
+    load = [headroom_sentence(h)] if h else []
     return {"bottleneck": top.key, "label": top.label,
-            "sentences": _SENTENCES[top.key](s, top, a),
+            "load_state": h["state"] if h else None,
+            "sentences": load + _SENTENCES[top.key](s, top, a),
             "factors": factors, "assumptions": assumptions(result, a)}
+
+
+def headroom_sentence(h: Mapping) -> str:
+    """Where the offered load stands against the measured throughput capacity
+    (`simcore.saturation.headroom`), and what binds first as load rises."""
+    cap = f"{h['throughput_capacity_rps']:,.3g} req/s"
+    rate = f"{h['offered_rps']:,.3g} req/s"
+    if h["state"] == "over_capacity":
+        growth = h.get("queue_growth_rps")
+        grows = (f"the queue grows {growth:,.3g} req/s (served {h['served_rps']:,.3g}), so "
+                 f"latency percentiles grow with the run's length" if growth and growth > 0
+                 else "requests queue faster than they are served")
+        return (f"Over capacity: {rate} offered against a capacity of {cap} with the engines "
+                f"full; {grows}. The capacity is set by {h['binds_first_label']}.")
+    if h["state"] == "near_capacity":
+        return (f"Near capacity: {rate} offered is {pct(h['load_fraction'])} of the {cap} it "
+                f"serves with the engines full, where queueing delay climbs steeply; "
+                f"{h['binds_first_label']} binds first.")
+    return (f"Headroom: {rate} offered is {pct(h['load_fraction'])} of the {cap} it serves "
+            f"with the engines full; as load rises, {h['binds_first_label']} binds first.")

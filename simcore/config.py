@@ -193,6 +193,10 @@ class MetricsConfig(BaseModel):
         "meets all of them (e.g. {ttft: 500, tpot: 50}).")
     timeseries_interval_s: float = Field(1.0, gt=0, description="Sampling interval of KV usage, "
                                          "running and waiting requests over time, seconds.")
+    headroom: bool = Field(True, description="With an envelope (dse simulate, search trials "
+                           "with one): one more run of the same requests sent at once measures "
+                           "the throughput capacity, and the result's `headroom` says how far "
+                           "the offered rate is from it and what binds first as load rises.")
 
     @model_validator(mode="after")
     def _check(self) -> "MetricsConfig":

@@ -82,5 +82,98 @@ def load_trend(arrivals_s: np.ndarray, ends_s: np.ndarray) -> LoadTrend | None:
     over = (slope > GROWTH_TOLERANCE * offered
             and slope * span > 2.0 * math.sqrt(mean_n + 1.0))
     return LoadTrend(offered_request_rate=offered, served_request_rate=finished / span,
-                     queue_growth_rps=slope, mean_in_system=mean_n, window_s=span,
+                     queue_growth_rps=slope, mean_in_system=mean_n, window_s=float(span),
                      over_capacity=bool(over))
+
+
+NEAR_CAPACITY = 0.85
+"""Offered load from this fraction of the throughput capacity on counts as near capacity."""
+
+_NOT_A_RESOURCE = ("queueing", "underloaded")
+"""Attribution factors that describe the load, not a resource that sets the capacity."""
+
+
+def headroom(cfg, result: dict) -> dict | None:
+    """How far the run's offered load is from the deployment's throughput capacity, and what
+    sets that capacity; None where the rate is not the config's to vary (every request at once,
+    a ramp-up, a trace on its own timestamps).
+
+    The capacity is measured, not estimated, by one more run (`capacity_config`): the same kind of
+    requests kept at the engines' full concurrency (max_num_seqs per engine) by a client that
+    sends the next as one finishes, until four times that many have been sent. Its completion
+    rate over the middle half of the completions, the engines full throughout, is
+    `throughput_capacity_rps`, and its top resource factor (`simcore.attribution`, queueing and
+    the offered load left aside) is what binds first as load rises. `load_fraction` = the
+    config's request rate / that capacity; `state`: "over_capacity" when the run's queue kept
+    growing (`over_capacity`) or the load fraction reaches 1, "near_capacity" from
+    `NEAR_CAPACITY`, else "headroom". No SLO enters: `dse capacity` finds the rate that meets
+    latency SLOs.
+    """
+    w = cfg.workload
+    if (not math.isfinite(w.request_rate) or w.ramp_up_strategy is not None
+            or getattr(w.dataset, "use_timestamps", False) or "offered_request_rate" not in result):
+        return None
+    full = _capacity(capacity_config(cfg, result))
+    if full is None:
+        return None
+    load = w.request_rate / full["throughput_capacity_rps"]
+    state = ("over_capacity" if result.get("over_capacity") or load >= 1.0
+             else "near_capacity" if load >= NEAR_CAPACITY else "headroom")
+    return {"state": state, "offered_rps": w.request_rate, "load_fraction": load,
+            "served_rps": result.get("served_request_rate"),
+            "queue_growth_rps": result.get("queue_growth_rps"), **full}
+
+
+_CAPACITY_CACHE: dict[str, dict | None] = {}
+_CACHE_SIZE = 8
+
+
+def _capacity(cfg) -> dict | None:
+    """The capacity run's figures; rates of one deployment share the run (cached by its config,
+    the last `_CACHE_SIZE` kept)."""
+    from simcore.attribution import attribute
+    from simcore.errors import ConfigError
+    from simcore.simulate import simulate
+
+    key = cfg.model_dump_json()
+    if key in _CAPACITY_CACHE:
+        return _CAPACITY_CACHE[key]
+    try:
+        run = simulate(cfg)
+    except ConfigError:
+        out = None
+    else:
+        top = next(f for f in attribute(run).factors if f.key not in _NOT_A_RESOURCE)
+        out = {"throughput_capacity_rps": middle_completion_rate(run),
+               "binds_first": top.key, "binds_first_label": top.label,
+               "capacity_run_concurrency": run["max_concurrency"],
+               "capacity_run_requests": run["num_prompts"]}
+    if len(_CAPACITY_CACHE) >= _CACHE_SIZE:
+        _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))
+    _CAPACITY_CACHE[key] = out
+    return out
+
+
+CAPACITY_RUN_MAX_REQUESTS = 20_000
+"""The most requests the capacity run sends (its concurrency is cut to a quarter of it)."""
+
+
+def capacity_config(cfg, result: dict):
+    """The config of the run that measures the throughput capacity (see `headroom`)."""
+    concurrency = min(result["limits"]["max_num_seqs"] * len(result["replicas"]),
+                      CAPACITY_RUN_MAX_REQUESTS // 4)
+    n = max(cfg.workload.resolved_num_prompts or 0, 4 * concurrency)
+    w = cfg.workload.model_copy(update={"request_rate": math.inf, "num_prompts": n,
+                                        "max_concurrency": concurrency})
+    return cfg.model_copy(update={"workload": w})
+
+
+def middle_completion_rate(run: dict) -> float:
+    """Requests completed per second between the 25th and the 75th percentile of completion
+    times (the run's request throughput when there are too few)."""
+    ends = np.sort([r["send_s"] + r["e2el_ms"] / 1e3 for r in run["requests"] if r["success"]])
+    if ends.size < MIN_REQUESTS:
+        return float(run["request_throughput"])
+    lo, hi = ends.size // 4, (3 * ends.size) // 4
+    span = float(ends[hi] - ends[lo])
+    return (hi - lo) / span if span > 0 else float(run["request_throughput"])

@@ -167,6 +167,12 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
     from simcore.simulate import simulate
 
     result = simulate(cfg, progress=progress)
+    if cfg.metrics.headroom:
+        from simcore.saturation import headroom
+
+        h = headroom(cfg, result)
+        if h is not None:
+            result["headroom"] = h
     u = cfg.uncertainty
     prov = result["provenance"]
     bounds = prov["op_error_bounds"]

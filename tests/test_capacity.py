@@ -179,3 +179,25 @@ def test_quickstart_capacity_neighbours(tmp_path):
     below, above = d["neighbours"]["below"], d["neighbours"]["above"]
     assert below["rate"] == pytest.approx(0.9 * rate, rel=1e-4) and below["meets"]
     assert above["rate"] == pytest.approx(1.1 * rate, rel=1e-4) and not above["meets"]
+
+
+def test_a_trial_can_maximise_the_sustainable_rate():
+    import yaml
+
+    from dse.evaluate import EvalSpec, evaluate, metric_names
+    from dse.study import Objective
+
+    base = yaml.safe_load(TINY.read_text())
+    base["host"] = {"model": "constant"}
+    slo = parse_slos("p99_ttft_ms<=800")
+    spec = EvalSpec(objectives=(Objective(metric="max_sustainable_rate_per_gpu",
+                                          direction="maximize"),),
+                    constraints=slo)
+    assert spec.wants_capacity
+    assert "max_sustainable_rate" in metric_names(base, {})
+    out = evaluate(base, {}, {}, spec)
+    assert out.status == "complete", out.reason
+    expected = find_capacity(_tiny_on_the_gpu(), slo, envelope=False).rate
+    assert out.values == (expected,)  # one GPU
+    assert out.metrics["max_sustainable_requests_per_dollar"] == pytest.approx(
+        expected * 3600 / 2.5)

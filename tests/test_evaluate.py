@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names,
+from dse.evaluate import (CAPACITY_METRICS, TREND_METRICS, EvalSpec, TrialOutcome,
+                          baseline_values, check_metric_names,
                           evaluate, metric_names, precheck, result_metrics, run_trial,
                           static_metric_names, violation_text)
 from dse.space import SearchSpace
@@ -108,9 +109,16 @@ def test_metric_names_match_a_real_result_with_or_without_a_probe():
     result = simulate(parse_config(base))
     real = set(result_metrics(result, 2.5))
     assert {"p95_ttft_ms", "request_goodput", "output_tokens_per_dollar"} <= real
-    assert metric_names(base, {}) == real
+    # Capacity metrics are computed for a trial only when a study names one.
+    assert metric_names(base, {}) == real | set(CAPACITY_METRICS)
     # The layout used when the base cannot be simulated (e.g. it does not fit one GPU).
-    assert static_metric_names(parse_config(base)) == real
+    assert static_metric_names(parse_config(base)) == real | set(CAPACITY_METRICS)
+    # Enough requests for the load trend, which the probe's handful does not show.
+    longer = {**base, "workload": {**base["workload"], "num_prompts": 60}}
+    real = set(result_metrics(simulate(parse_config(longer)), 2.5))
+    assert set(TREND_METRICS) <= real
+    assert metric_names(longer, {}) == real | set(CAPACITY_METRICS)
+    assert static_metric_names(parse_config(longer)) == real | set(CAPACITY_METRICS)
 
 
 def test_metric_names_of_an_undeployable_base_come_from_the_layout():

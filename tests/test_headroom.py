@@ -1,0 +1,85 @@
+"""Headroom in every result: the offered load against the measured throughput capacity, and the
+verdict the explanation opens with (`simcore.saturation.headroom`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dse.explain import explain
+from simcore.config import parse_config
+from simcore.uncertainty import simulate_with_envelope
+
+
+def _run(rate: float, **over) -> dict:
+    d = {"name": "h", "seed": 0, "model": {"name": "meta-llama/Llama-3.1-8B"},
+         "hardware": {"gpu": "A100-80GB"}, "engine": {"max_num_seqs": 64},
+         "uncertainty": {"method": "first_order"},
+         "workload": {"num_prompts": 600, "request_rate": rate,
+                      "dataset": {"kind": "random", "input_len": 512, "output_len": 128}}}
+    d.update(over)
+    return simulate_with_envelope(parse_config(d))
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {rate: _run(rate) for rate in (3.0, 40.0)}
+
+
+def test_capacity_is_what_an_overloaded_run_serves(runs):
+    over = runs[40.0]
+    h = over["headroom"]
+    assert h["state"] == "over_capacity" and over["over_capacity"]
+    # Sending faster than the capacity: the run serves about the capacity, and the rest queues.
+    assert over["served_request_rate"] == pytest.approx(h["throughput_capacity_rps"], rel=0.1)
+    assert h["queue_growth_rps"] == pytest.approx(40.0 - over["served_request_rate"], rel=0.15)
+    # Both rates measure the same deployment: one capacity run serves both.
+    assert runs[3.0]["headroom"]["throughput_capacity_rps"] == h["throughput_capacity_rps"]
+    assert h["capacity_run_concurrency"] == 64 and h["capacity_run_requests"] == 600
+
+
+def test_light_load_has_headroom_and_says_how_much(runs):
+    light = runs[3.0]
+    h = light["headroom"]
+    assert h["state"] == "headroom" and not light["over_capacity"]
+    assert h["load_fraction"] == pytest.approx(3.0 / h["throughput_capacity_rps"])
+    first = explain(light)["sentences"][0]
+    assert first.startswith(f"Headroom: 3 req/s offered is {h['load_fraction'] * 100:.0f}% of "
+                            f"the {h['throughput_capacity_rps']:.3g} req/s")
+    assert f"{h['binds_first_label']} binds first" in first
+
+
+def test_overload_says_the_queue_grows(runs):
+    e = explain(runs[40.0])
+    assert e["load_state"] == "over_capacity"
+    assert e["sentences"][0].startswith("Over capacity: 40 req/s offered against a capacity of")
+    assert "the queue grows" in e["sentences"][0]
+
+
+def test_no_headroom_without_a_rate_or_when_switched_off():
+    burst = _run(float("inf"))
+    assert "headroom" not in burst and explain(burst)["load_state"] is None
+    off = _run(3.0, metrics={"headroom": False})
+    assert "headroom" not in off
+
+
+@pytest.mark.slow
+def test_seventy_b_on_two_nodes_gets_three_different_correct_verdicts():
+    """Llama-3.1-70B on 2 x 8 H100 (TP 8, two replicas), ShareGPT: is 20, 40 or 80 req/s enough?"""
+    verdicts = {}
+    for rate in (20.0, 40.0, 80.0):
+        r = _run(rate, model={"name": "meta-llama/Llama-3.1-70B"},
+                 hardware={"gpu": "H100-SXM"}, engine={},
+                 parallelism={"tensor_parallel_size": 8, "data_parallel_size": 2},
+                 workload={"num_prompts": 1500, "request_rate": rate,
+                           "dataset": {"kind": "sharegpt"}})
+        h = r["headroom"]
+        verdicts[rate] = (h, explain(r)["sentences"][0])
+    cap = verdicts[20.0][0]["throughput_capacity_rps"]
+    assert 20.0 < cap < 40.0
+    assert verdicts[20.0][0]["state"] in ("headroom", "near_capacity")
+    for rate in (40.0, 80.0):
+        h = verdicts[rate][0]
+        assert h["state"] == "over_capacity"
+        assert h["queue_growth_rps"] == pytest.approx(rate - h["served_rps"], rel=0.2)
+    assert verdicts[80.0][0]["queue_growth_rps"] > 3 * verdicts[40.0][0]["queue_growth_rps"]
+    assert len({v[1] for v in verdicts.values()}) == 3
