@@ -160,6 +160,21 @@ def _check(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
     return cfg, None
 
 
+def resolve(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
+            study: "StudyConfig | EvalSpec") -> tuple[str | None, str | None]:
+    """(digest of the resolved configuration, None), or (None, why it cannot be deployed).
+
+    Two proposals with one digest are the same simulation (a parameter set to its default, a
+    conditional one that does not apply, DP derived from the GPU count): the driver simulates
+    the first and answers the others from it. Cheap, as `precheck`."""
+    import hashlib
+
+    cfg, reason = _check(base, values, overrides, EvalSpec.of(study))
+    if cfg is None:
+        return None, reason
+    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest(), None
+
+
 def precheck(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
              study: "StudyConfig | EvalSpec") -> str | None:
     """Why this configuration cannot be deployed (one sentence), or None if it can.

@@ -38,7 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
 from dse.evaluate import (EvalSpec, TrialOutcome, baseline_values, check_metric_names, clip,
-                          one_line, precheck)
+                          one_line, resolve)
 from dse.fingerprint import changed_parts, study_digest
 from dse.interrupts import search_signals, storage_writes
 from dse.pareto import pareto_ranks
@@ -86,11 +86,17 @@ class SearchOutcome:
     notes: tuple[str, ...] = ()
     failure_reasons: tuple[tuple[str, int], ...] = ()
     confirm_reasons: tuple[tuple[str, int], ...] = ()
+    num_reused: int = 0
+    """Complete trials answered from an earlier trial of the same resolved configuration (not
+    simulated again; their `same_config_as` attribute names it)."""
 
     def summary(self) -> str:
         """One line of counts: trials by outcome, the Pareto set, the confirmations."""
-        line = (f"study {self.study_name}: {self.num_complete} complete, {self.num_infeasible} "
-                f"infeasible, {self.num_failed} failed; Pareto set of {len(self.pareto_trials)}")
+        reused = (f" ({self.num_reused} answered from an identical earlier configuration)"
+                  if self.num_reused else "")
+        line = (f"study {self.study_name}: {self.num_complete} complete{reused}, "
+                f"{self.num_infeasible} infeasible, {self.num_failed} failed; Pareto set of "
+                f"{len(self.pareto_trials)}")
         if self.confirmed_trials:
             line += f", {len(self.confirmed_trials)} confirmed"
         if self.confirm_failed:
@@ -228,6 +234,10 @@ class _Flight:
     ref: Any = None
     deadline: float = math.inf
     outcome: TrialOutcome | None = None
+    digest: str | None = None
+    """The resolved configuration's digest (`dse.evaluate.resolve`); None if infeasible."""
+    twin: "_Flight | None" = None
+    """An earlier flight of the same configuration, still running: this one takes its outcome."""
 
 
 @dataclass
@@ -252,6 +262,12 @@ class _Driver:
     untold: set[int] = field(default_factory=set)
     """Numbers of the trials asked and not yet told, noted in the same storage-write block as
     the ask, so that however the driver stops none is left RUNNING."""
+    outcomes: dict[str, tuple[int, TrialOutcome]] = field(default_factory=dict)
+    """Per configuration digest, the first trial that simulated it and its outcome."""
+    running: dict[str, _Flight] = field(default_factory=dict)
+    """Per configuration digest, the flight simulating it now."""
+    num_simulated: int = 0
+    """Trials sent to a worker in this stage (the rest were infeasible or answered again)."""
 
     @property
     def names(self) -> set[str]:
@@ -275,10 +291,20 @@ class _Driver:
                 self.untold.discard(trial.number)
                 raise
         f = _Flight(trial=trial, values=values)
-        reason = precheck(self.study.base, values, self.overrides, self.spec)
+        digest, reason = resolve(self.study.base, values, self.overrides, self.spec)
+        f.digest = digest
         if reason is not None:
             f.outcome = TrialOutcome(status="infeasible", reason=reason)
+        elif digest in self.outcomes:
+            first, outcome = self.outcomes[digest]
+            f.outcome = dataclasses.replace(outcome, elapsed_s=0.0)
+            trial.set_user_attr("same_config_as", first)
+        elif digest in self.running:
+            f.twin = self.running[digest]
+            trial.set_user_attr("same_config_as", f.twin.trial.number)
         else:
+            self.running[digest] = f
+            self.num_simulated += 1
             args = (self.study.base, values, self.overrides)
             if self.shipment is not None:
                 args = tuple(self.shipment.localize(a) for a in args)
@@ -298,6 +324,10 @@ class _Driver:
     def _tell(self, f: _Flight) -> None:
         t, o = f.trial, f.outcome
         assert o is not None
+        if f.digest is not None and self.running.get(f.digest) is f:
+            del self.running[f.digest]
+            if o.status == "complete":
+                self.outcomes[f.digest] = (t.number, o)
         t.set_user_attr("fidelity", self.fidelity)
         t.set_user_attr("elapsed_s", o.elapsed_s)
         if o.status == "complete":
@@ -333,10 +363,14 @@ class _Driver:
         past their deadline. Returns the flights that have an outcome."""
         timeout_s = self.study.execution.trial_timeout_s
         while True:
+            for f in flights:
+                if f.outcome is None and f.twin is not None and f.twin.outcome is not None:
+                    f.outcome = dataclasses.replace(f.twin.outcome, elapsed_s=0.0)
             pending = [f for f in flights if f.outcome is None]
             done = [f for f in flights if f.outcome is not None]
             if not pending or (first_only and done):
                 return done
+            pending = [f for f in pending if f.twin is None]
             now = time.monotonic()
             for f in pending:
                 if now < f.deadline:
@@ -644,7 +678,9 @@ def _outcome(st: optuna.Study, url: str, confirm: _Confirmed | None, stopped_by:
         confirmed_trials=confirm.complete if confirm else (),
         confirm_failed=confirm.failed if confirm else (), stopped_by=stopped_by,
         notes=tuple(notes), failure_reasons=count_reasons(fails),
-        confirm_reasons=confirm.reasons if confirm else ())
+        confirm_reasons=confirm.reasons if confirm else (),
+        num_reused=sum(t.state == TrialState.COMPLETE and "same_config_as" in t.user_attrs
+                       for t in trials))
 
 
 def best_configs(storage: str, name: str) -> list[dict[str, Any]]:

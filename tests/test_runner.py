@@ -278,6 +278,32 @@ def test_same_seed_gives_the_same_trials(ray_address, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_configuration_proposed_again_is_not_simulated_again(ray_address, tmp_path):
+    # Two configurations in all, eight trials: the random sampler proposes each again, in the
+    # same batch or a later one; only the first proposal of each is sent to a worker.
+    space = {"parameters": {
+        "engine.max_num_batched_tokens": {"type": "categorical", "choices": [1024, 2048]}}}
+    base = {**LLAMA_8B_ON_A100, "workload": {
+        "num_prompts": 20, "dataset": {"kind": "random", "input_len": 128, "output_len": 16}}}
+    study = study_from({"base": base, "space": space, "baseline": False,
+                        "sampler": {"kind": "random", "seed": 1}, "budget": {"n_trials": 8}},
+                       tmp_path, "again")
+    out = run_search(study, progress=False)
+    trials = load(study).trials
+    assert out.num_complete == 8
+    simulated = [t for t in trials if "same_config_as" not in t.user_attrs]
+    assert len(simulated) == 2 and out.num_reused == 6
+    assert "6 answered from an identical earlier configuration" in out.summary()
+    by_number = {t.number: t for t in trials}
+    for t in trials:
+        if "same_config_as" in t.user_attrs:
+            first = by_number[t.user_attrs["same_config_as"]]
+            assert first.params == t.params and first.values == t.values
+            assert t.user_attrs["metrics"] == first.user_attrs["metrics"]
+            assert t.user_attrs["elapsed_s"] == 0.0
+
+
+@pytest.mark.slow
 def test_grid_and_random_samplers(ray_address, tmp_path):
     space = {"parameters": {
         "engine.max_num_seqs": {"type": "int", "low": 16, "high": 32, "step": 16},
