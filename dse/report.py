@@ -302,6 +302,14 @@ def _mentions(reasons: Sequence[str], key: str) -> bool:
     return any(key in r or metric in r for r in reasons)
 
 
+def named_constraints(trial: optuna.trial.FrozenTrial) -> dict[str, float]:
+    """The trial's constraint values by SLO text; the same values stored again as a list for
+    optuna-dashboard (which Optuna reads back under the keys "0", "1", ...) are left out."""
+    c = trial.constraints
+    named = {k: float(v) for k, v in c.items() if not k.isdigit()}
+    return named or {k: float(v) for k, v in c.items()}
+
+
 def _measurement(trial: optuna.trial.FrozenTrial, study_name: str,
                  constraints: Sequence[Constraint], default_fidelity: str) -> Measurement:
     a = trial.user_attrs
@@ -311,7 +319,7 @@ def _measurement(trial: optuna.trial.FrozenTrial, study_name: str,
                if _number(v) is not None}
     state = trial.state.name
     reasons = [str(r) for r in (a.get("violations") or [])]
-    cvalues = {k: float(v) for k, v in trial.constraints.items()}
+    cvalues = named_constraints(trial)
     if state == "COMPLETE":
         feasible = a.get("feasible", True) is not False
         for c in constraints:

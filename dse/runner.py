@@ -51,6 +51,10 @@ INTERRUPTED = "interrupted"
 """`failure_reason` of a trial whose driver stopped before it finished; its parameters are
 enqueued again and it does not count toward the budget."""
 
+DASHBOARD_CONSTRAINTS_ATTR = "constraints"
+"""Trial system attribute: the constraint values in the study's order, as optuna-dashboard
+reads them (it does not read Optuna 5's named constraints)."""
+
 DIGEST_ATTR = "study_digest"
 """Study user attribute: `dse.fingerprint.study_digest` of the study file it was run with."""
 
@@ -333,6 +337,11 @@ class _Driver:
         if o.status == "complete":
             for name, value in o.constraints.items():
                 t.set_constraint(name, value)
+            if o.constraints:
+                # optuna-dashboard reads the values as one list under "constraints" (the
+                # layout before Optuna 5's named constraints) to mark infeasible trials.
+                self.storage.set_trial_system_attr(t._trial_id, DASHBOARD_CONSTRAINTS_ATTR,
+                                                   list(o.constraints.values()))
             t.set_user_attr("metrics", o.metrics)
             t.set_user_attr("summary", o.summary)
             t.set_user_attr("feasible", o.feasible)
