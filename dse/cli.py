@@ -321,10 +321,29 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
         return
     for kind, path in paths.items():
         click.echo(f"{kind:>5}: {path}")
+    _echo_recommendation(paths)
     problem = outcome.problem()
     if problem:
         click.echo(f"error: {problem}", err=True)
         sys.exit(1)
+
+
+def _echo_recommendation(paths: dict[str, Path]) -> None:
+    """The decision the report opens with, as the search's last words."""
+    if "json" not in paths:
+        return
+    rec = json.loads(paths["json"].read_text(encoding="utf-8")).get("recommendation")
+    if rec is None:
+        click.echo("\nNo configuration meets every SLO: nothing to recommend.")
+        return
+    from dse.recommend import Recommendation
+
+    fields = {k: rec[k] for k in ("basis", "default_slos", "margins", "why", "headroom",
+                                  "runner_up", "trade_off", "launch", "launch_error")}
+    r = Recommendation(number=rec["trial"], params=rec["params"], slos=(), **fields)
+    click.echo("")
+    for line in r.lines():
+        click.echo(line)
 
 
 def _interrupt(signum: int, frame: object) -> None:

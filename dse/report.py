@@ -199,6 +199,8 @@ class StudyReport:
     notes: tuple[str, ...]
     generated_at: str
     view: Any = field(repr=False, compare=False)   # optuna.Study for Optuna's plots
+    recommendation: Any = None
+    """`dse.recommend.Recommendation` (set by `write_report`, which knows the study's base)."""
 
     def _by_first_objective(self, configs: Iterable[Configuration]) -> list[Configuration]:
         sign = 1.0 if self.objectives[0].direction == "minimize" else -1.0
@@ -522,7 +524,10 @@ def write_report(study: StudyConfig, *, storage: str | None = None,
     """
     report = build_report(storage or study.storage_url, study.name, study.objectives,
                           study.constraints)
+    from dse.recommend import recommend
+
     report = replace(report, notes=report.notes + tuple(inert_notes(study)))
+    report = replace(report, recommendation=recommend(report, study))
     return write_report_files(report, out_dir or study.report_dir, study.report.formats)
 
 

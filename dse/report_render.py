@@ -163,6 +163,8 @@ th{background:#f1f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;border-radius:4px;padding:0 .4rem;font-size:.8rem;
 background:#e3e8f2;margin-right:.3rem}.badge.confirm{background:#d7f0dc}
 .note{color:#555;font-size:.88rem}.bad{color:#a00}
+.decision{border:2px solid #2a6f3a;border-radius:6px;padding:.4rem 1rem;background:#f3fbf4}
+.decision h2{border:0;margin-top:.4rem}pre{white-space:pre-wrap;background:#eef1f5;padding:.5rem}
 """
 
 
@@ -243,6 +245,18 @@ def _confirmed_rows(report: StudyReport) -> list[list[Any]]:
     return rows
 
 
+def _recommendation_html(report: StudyReport) -> list[str]:
+    """The decision, first on the page: the recommended configuration and its launch line."""
+    r = report.recommendation
+    if r is None:
+        return ['<section class="decision"><h2>Recommendation</h2><p class="bad">No '
+                "configuration meets every SLO: nothing to recommend.</p></section>"]
+    lines = r.lines()
+    body = "".join(f"<p>{_e(x)}</p>" for x in lines[1:] if not x.startswith("Launch: "))
+    launch = (f"<pre>{_e(r.launch)}</pre>" if r.launch else "")
+    return [f'<section class="decision"><h2>{_e(lines[0])}</h2>{body}{launch}</section>']
+
+
 def render_html(report: StudyReport) -> str:
     """The self-contained page: plotly.js is inlined once, so it opens offline."""
     from plotly.offline import get_plotlyjs
@@ -256,7 +270,7 @@ def render_html(report: StudyReport) -> str:
            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>',
            f"<h1>Study {_e(report.study_name)}</h1>",
            f'<p class="note">Storage {_e(report.storage)} · generated {_e(report.generated_at)}'
-           "</p>", f"<p>{_e(line1)}</p>", f"<p>{_e(line2)}</p>"]
+           "</p>", *_recommendation_html(report), f"<p>{_e(line1)}</p>", f"<p>{_e(line2)}</p>"]
 
     def fig_html(f: Figure) -> str:
         body = (f.figure.to_html(full_html=False, include_plotlyjs=False,
@@ -335,6 +349,21 @@ def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     return out + [""]
 
 
+def _recommendation_md(report: StudyReport) -> list[str]:
+    r = report.recommendation
+    if r is None:
+        return ["## Recommendation", "", "No configuration meets every SLO: nothing to "
+                "recommend.", ""]
+    lines = r.lines()
+    out = [f"## {_md(lines[0])}", ""]
+    for x in lines[1:]:
+        if x.startswith("Launch: "):
+            out += ["```bash", r.launch, "```", ""]
+        else:
+            out += [_md(x), ""]
+    return out
+
+
 def render_markdown(report: StudyReport) -> str:
     """The report without plots, for terminals, pull requests and wikis."""
     names = [o.metric for o in report.objectives]
@@ -342,6 +371,7 @@ def render_markdown(report: StudyReport) -> str:
     line1, line2 = _summary_lines(report)
     lines = [f"# Study {_md(report.study_name)}", "",
              f"Storage {_md(report.storage)}, generated {report.generated_at}.", "",
+             *_recommendation_md(report),
              _md(line1), "", _md(line2), "",
              f"## Pareto configurations ({len(report.pareto)})", ""]
     if not report.pareto:
@@ -459,5 +489,7 @@ def report_json(report: StudyReport) -> dict[str, Any]:
         "hypervolume_reference_point": list(report.reference_point)
         if report.reference_point else None,
         "envelope_overlaps": report.envelope_overlaps(), "notes": list(report.notes),
+        "recommendation": (report.recommendation.as_dict()
+                           if report.recommendation is not None else None),
         "trials": configs,
     })

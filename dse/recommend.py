@@ -1,0 +1,162 @@
+"""The decision a study report opens with: the configuration to deploy, why, and the runner-up.
+
+`recommend(report, study)` picks, among the report's feasible configurations that meet every
+SLO on their most trusted run (the confirmation when it completed, else the screen), the best on
+the study's first objective, confirmed configurations before screened-only ones. The SLOs are
+the study's constraints; a study without any is judged against `dse.capacity.DEFAULT_SLOS` (on
+TTFT and TPOT), and the recommendation says so. With it:
+
+- its margin to each SLO (how far below the bound, as a fraction of it) and, when its run
+  measured one, its headroom to the throughput capacity (`simcore.saturation.headroom`);
+- the runner-up (the next by the same rule) and the trade-off between them in one sentence,
+  objective by objective, saying when the two are within each other's envelope on the first
+  objective (the numbers alone then do not settle the order);
+- the `vllm serve` command that launches it (`dse.launch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dse.capacity import DEFAULT_SLOS, parse_slos
+from dse.study import Constraint
+
+if TYPE_CHECKING:
+    from dse.report import Configuration, StudyReport
+    from dse.study import StudyConfig
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The recommended configuration of a study and what backs it."""
+
+    number: int
+    params: dict[str, Any]
+    basis: str
+    """"confirmation" or "screening": the run its numbers come from."""
+    slos: tuple[Constraint, ...]
+    default_slos: bool
+    margins: dict[str, float]
+    why: str
+    headroom: str | None
+    runner_up: int | None
+    trade_off: str | None
+    launch: str | None
+    launch_error: str | None = None
+
+    def lines(self) -> list[str]:
+        """The recommendation as plain lines (the terminal and the Markdown report)."""
+        params = ", ".join(f"{k} = {v}" for k, v in self.params.items()) or "the base"
+        out = [f"Recommended: trial #{self.number} ({params})", self.why]
+        if self.default_slos:
+            out.append("The study declares no SLO: judged against the default SLOs "
+                       f"{', '.join(DEFAULT_SLOS)}.")
+        out.append("Margins to the SLOs: " + ", ".join(
+            f"{m} {v:+.0%}" for m, v in self.margins.items()) + ".")
+        if self.headroom:
+            out.append(self.headroom)
+        if self.trade_off:
+            out.append(self.trade_off)
+        if self.launch:
+            out.append(f"Launch: {self.launch}")
+        elif self.launch_error:
+            out.append(f"No launch command: {self.launch_error}")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trial": self.number, "params": self.params, "basis": self.basis,
+                "slos": [str(c) for c in self.slos], "default_slos": self.default_slos,
+                "margins": self.margins, "why": self.why, "headroom": self.headroom,
+                "runner_up": self.runner_up, "trade_off": self.trade_off,
+                "launch": self.launch, "launch_error": self.launch_error}
+
+
+def _meets(c: Configuration, slos: tuple[Constraint, ...]) -> bool:
+    m = c.latest
+    return all((v := m.value_of(s.metric)) is not None and s.met(v) for s in slos)
+
+
+def _margin(c: Configuration, s: Constraint) -> float:
+    """How far the run is inside the bound, as a fraction of the bound (negative: outside)."""
+    v = c.latest.value_of(s.metric)
+    gap = s.value - v if s.op in ("<=", "<") else v - s.value
+    return gap / abs(s.value) if s.value else gap
+
+
+def _value(c: Configuration, metric: str) -> float | None:
+    return c.latest.value_of(metric)
+
+
+def _relative(a: float, b: float) -> str:
+    """How much a differs from b, as a percentage of b."""
+    return f"{abs(a - b) / abs(b):.0%}" if b else "n/a"
+
+
+def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -> str:
+    parts = []
+    for i, o in enumerate(report.objectives):
+        a, b = _value(other, o.metric), _value(best, o.metric)
+        if a is None or b is None or a == b:
+            continue
+        better = a < b if o.direction == "minimize" else a > b
+        parts.append(f"{o.metric} {_relative(a, b)} {'better' if better else 'worse'}")
+    first = report.objectives[0].metric
+    ea, eb = best.latest.envelope(first), other.latest.envelope(first)
+    close = (ea is not None and eb is not None and ea[0] <= eb[1] and eb[0] <= ea[1])
+    said = "; ".join(parts) if parts else "the same objective values"
+    tail = (f" Their {first} envelopes overlap: within the model's error the two are not "
+            f"told apart on it." if close else "")
+    return f"Runner-up: trial #{other.number}, {said}.{tail}"
+
+
+def _launch(study: StudyConfig | None, c: Configuration) -> tuple[str | None, str | None]:
+    """The `vllm serve` line of a configuration, or (None, why not)."""
+    if study is None:
+        return None, "the study's base is not known here"
+    try:
+        from dse.evaluate import EvalSpec, _check
+        from dse.launch import serve_command_line
+    except ImportError as err:
+        return None, str(err)
+    cfg, reason = _check(study.base, c.params, {}, EvalSpec.of(study))
+    if cfg is None:
+        return None, reason
+    try:
+        return serve_command_line(cfg), None
+    except Exception as err:  # a launch problem must not cost the report its decision
+        return None, str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommendation | None:
+    """The configuration to deploy (see the module docstring); None when none meets the SLOs."""
+    default = not report.constraints
+    slos = tuple(report.constraints) or parse_slos(None)
+    ok = [c for c in report.feasible if _meets(c, slos)]
+    if not ok:
+        return None
+    confirmed = [c for c in ok if c.confirmed]
+    pool = confirmed or ok
+    first = report.objectives[0]
+    sign = 1.0 if first.direction == "minimize" else -1.0
+    ranked = sorted(pool, key=lambda c: (sign * _value(c, first.metric), c.number))
+    best = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else None
+    margins = {s.metric: _margin(best, s) for s in slos}
+    tightest = min(margins, key=margins.get)
+    basis = "confirmation" if best.confirmed else "screening"
+    why = (f"It is the best on {first.metric} ({_value(best, first.metric):,.4g}) among the "
+           f"{len(pool)} {'confirmed ' if confirmed else ''}configuration"
+           f"{'s' if len(pool) != 1 else ''} that meet every SLO at the {basis} fidelity; "
+           f"its tightest SLO is {tightest} ({margins[tightest]:.0%} inside the bound).")
+    expl = best.explanation or {}
+    headroom = None
+    if expl.get("load_state") and expl.get("sentences"):
+        headroom = expl["sentences"][0]
+    launch, launch_error = _launch(study, best)
+    return Recommendation(
+        number=best.number, params=dict(best.params), basis=basis, slos=slos,
+        default_slos=default, margins=margins, why=why, headroom=headroom,
+        runner_up=runner.number if runner else None,
+        trade_off=_trade_off(report, best, runner) if runner else None,
+        launch=launch, launch_error=launch_error)

@@ -1,0 +1,81 @@
+"""The decision a report opens with (`dse.recommend`): the configuration to deploy under the
+SLOs, its margins, the runner-up and the launch line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dse.capacity import DEFAULT_SLOS
+from dse.recommend import recommend
+from dse.report import build_report, write_report
+from dse.study import parse_study
+from tests.test_report import BASE, CONSTRAINTS, OBJECTIVES, make_study
+
+
+def _study(url: str, out_dir, constraints=CONSTRAINTS):
+    return parse_study({
+        "name": "unit", "base": BASE, "objectives": [o.model_dump() for o in OBJECTIVES],
+        "constraints": [str(c) for c in constraints],
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                         "choices": [2, 4, 8, 32, 256]}}},
+        "storage": url, "report": {"dir": str(out_dir)}})
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory) -> str:
+    u = f"sqlite:///{tmp_path_factory.mktemp('rec') / 'study.db'}"
+    make_study(u)
+    return u
+
+
+def test_the_recommendation_meets_every_slo_and_is_best_on_the_first_objective(url, tmp_path):
+    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    rec = recommend(report, _study(url, tmp_path))
+    assert rec is not None and not rec.default_slos
+    best = next(c for c in report.configurations if c.number == rec.number)
+    assert best.feasible
+    # Confirmed configurations come first; among the pool, the lowest p99 TTFT.
+    pool = [c for c in report.feasible if c.confirmed] or report.feasible
+    assert best in pool
+    assert best.latest.value_of("p99_ttft_ms") == min(c.latest.value_of("p99_ttft_ms")
+                                                      for c in pool
+                                                      if c.latest.value_of("p99_tpot_ms") <= 13)
+    tpot = best.latest.value_of("p99_tpot_ms")
+    assert rec.margins == {"p99_tpot_ms": pytest.approx((13.0 - tpot) / 13.0)}
+    assert rec.basis == ("confirmation" if best.confirmed else "screening")
+    if rec.runner_up is not None:
+        assert rec.runner_up != rec.number
+        assert rec.trade_off.startswith(f"Runner-up: trial #{rec.runner_up}, ")
+    lines = rec.lines()
+    assert lines[0].startswith(f"Recommended: trial #{rec.number} (")
+
+
+def test_without_slos_the_default_ones_are_used_and_said(url, tmp_path):
+    report = build_report(url, "unit", OBJECTIVES, ())
+    rec = recommend(report, _study(url, tmp_path, constraints=()))
+    assert rec is not None and rec.default_slos
+    assert set(rec.margins) == {"p99_ttft_ms", "p99_tpot_ms"}
+    assert any(", ".join(DEFAULT_SLOS) in line for line in rec.lines())
+
+
+def test_nothing_meets_the_slos_nothing_is_recommended(url, tmp_path):
+    from dse.study import Constraint
+
+    impossible = (Constraint(metric="p99_tpot_ms", op="<=", value=0.001),)
+    report = build_report(url, "unit", OBJECTIVES, impossible)
+    assert recommend(report, _study(url, tmp_path, constraints=impossible)) is None
+
+
+def test_the_report_files_open_with_the_decision(url, tmp_path):
+    paths = write_report(_study(url, tmp_path))
+    html = paths["html"].read_text()
+    first_h2 = html.index("<h2>")
+    assert html[first_h2:].startswith("<h2>Recommended: trial #")
+    assert html.index('class="decision"') < html.index("Pareto front")
+    md = paths["md"].read_text()
+    assert md.split("\n## ", 1)[1].startswith("Recommended: trial #")
+    rec = json.loads(paths["json"].read_text())["recommendation"]
+    assert rec["trial"] == int(md.split("trial #", 1)[1].split(" ", 1)[0])
+    assert rec["launch"] is None or rec["launch"].startswith("vllm serve ")
