@@ -13,6 +13,7 @@ from typing import Any
 
 from dse.report import Configuration, Measurement, StudyReport, _fmt, envelope
 from dse.report_figures import Figure, figures
+from dse.report_groups import MAX_CARDS, discrepancies, overlap_figure, pareto_groups
 
 # ---------------------------------------------------------------------------------------------
 # Formatting helpers
@@ -184,7 +185,8 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]], num: Sequence[boo
     return "".join(out)
 
 
-def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, Any]]) -> str:
+def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, Any]], *,
+               also: Sequence[Configuration] = (), flags: Sequence[str] | None = None) -> str:
     badges = [f'<span class="badge">screen #{c.screen.number}</span>']
     if c.confirm is not None:
         cls = "badge confirm" if c.confirm.complete else "badge"
@@ -218,6 +220,12 @@ def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, A
     ov = _overlap_sentence(c, overlaps)
     if ov:
         parts.append(f'<p class="note">Its envelope {_e(ov)}.</p>')
+    if also:
+        parts.append('<p class="note">Within the envelopes on every objective, also: '
+                     + ", ".join(f'#{o.number} ({_e(_params_text(o))})' for o in also)
+                     + ".</p>")
+    for flag in flags or ():
+        parts.append(f'<p class="note bad">{_e(flag)}.</p>')
 
     bottleneck, sentences, assumptions = _explanation_parts(c)
     if bottleneck:
@@ -232,6 +240,10 @@ def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, A
                      f'{_e("; ".join(c.confirm.reasons))}</p>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def _params_text(c: Configuration) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in c.params.items())
 
 
 def _confirmed_rows(report: StudyReport) -> list[list[Any]]:
@@ -285,18 +297,29 @@ def render_html(report: StudyReport) -> str:
     out.append("<h2>Pareto front</h2>")
     out += [fig_html(f) for f in front]
 
-    out.append(f"<h2>Pareto configurations ({len(report.pareto)})</h2>")
+    groups = pareto_groups(report)
+    flags = discrepancies(report)
+    out.append(f"<h2>Pareto configurations ({len(report.pareto)}, {len(groups)} told apart by "
+               f"their envelopes)</h2>")
     if report.pareto:
         out.append('<div class="cards">')
-        out += [_card_html(report, c, overlaps) for c in report.pareto]
+        out += [_card_html(report, g[0], overlaps, also=g[1:], flags=flags.get(g[0].number))
+                for g in groups[:MAX_CARDS]]
         out.append("</div>")
+        rest = [c for g in groups[MAX_CARDS:] for c in g]
+        if rest:
+            out.append(f"<h3>More Pareto configurations ({len(rest)})</h3>")
+            out.append(_table(["trial", *names], (
+                [f"#{c.number}", *(_e(v) for v in c.values)] for c in rest),
+                [False] + [True] * len(names)))
     else:
         out.append("<p>No feasible configuration: there is no Pareto set.</p>")
-    if overlaps:
-        out.append("<h3>Envelope overlaps between Pareto configurations</h3>")
-        out.append(_table(["trials", "overlapping", "separate"], (
-            [f"#{o['a']} / #{o['b']}", _e(", ".join(o["overlapping"]) or "—"),
-             _e(", ".join(o["separate"]) or "—")] for o in overlaps)))
+    heat = overlap_figure(report)
+    if heat is not None:
+        out.append(fig_html(Figure(
+            "Envelope overlaps between Pareto configurations", heat,
+            "Per pair, how many objectives' envelopes overlap: at the maximum the model's own "
+            "error cannot order the two; at 0 every objective separates them.")))
     if report.confirmed:
         out.append(f"<h2>Confirmed configurations ({len(report.confirmed)})</h2>")
         out.append(_table(["trial", "rank", "confirm rank", "state", *names, "verdict"],
@@ -376,9 +399,17 @@ def render_markdown(report: StudyReport) -> str:
              f"## Pareto configurations ({len(report.pareto)})", ""]
     if not report.pareto:
         lines += ["No feasible configuration: there is no Pareto set.", ""]
-    for c in report.pareto:
+    groups = pareto_groups(report)
+    flags = discrepancies(report)
+    for g in groups[:MAX_CARDS]:
+        c = g[0]
         lines += [f"### Trial #{c.number}" + (" (baseline)" if c.baseline else ""), "",
                   f"Measured at: {_md(_fidelity_text(c))}.", ""]
+        if g[1:]:
+            lines += ["Within the envelopes on every objective, also: " + ", ".join(
+                f"#{o.number} ({_md(_params_text(o))})" for o in g[1:]) + ".", ""]
+        lines += [f"**{_md(f)}.**" for f in flags.get(c.number, [])] + (
+            [""] if c.number in flags else [])
         prof = _profile_text(c.screen)
         if prof:
             lines += [f"Profile: {_md(prof)}", ""]
@@ -404,6 +435,10 @@ def render_markdown(report: StudyReport) -> str:
         if c.confirm is not None and not c.confirm.complete:
             lines += [f"Confirmation run {c.confirm.state.lower()}: "
                       f"{_md('; '.join(c.confirm.reasons))}", ""]
+    rest = [c for g in groups[MAX_CARDS:] for c in g]
+    if rest:
+        lines += [f"### More Pareto configurations ({len(rest)})", ""]
+        lines += _md_table(["trial", *names], ([f"#{c.number}", *c.values] for c in rest))
     if report.confirmed:
         lines += [f"## Confirmed configurations ({len(report.confirmed)})", ""]
         lines += _md_table(["trial", "rank", "confirm rank", "state", *names, "verdict"],
