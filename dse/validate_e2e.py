@@ -396,15 +396,18 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
     return out
 
 GUARDS = {
-    "throughput": {"median_abs": 0.22, "median_signed": 0.20, "outside": 0.20},
-    "ttft": {"median_abs": 0.22, "median_signed": 0.22, "outside": 0.20},
-    "tpot": {"median_abs": 0.16, "median_signed": 0.08, "outside": 0.40},
-    "e2e": {"median_abs": 0.11, "median_signed": 0.10, "outside": 0.20},
+    "throughput": {"median_abs": 0.20, "median_signed": 0.15, "outside": 0.20},
+    "ttft": {"median_abs": 0.20, "median_signed": 0.20, "outside": 0.40},
+    "tpot": {"median_abs": 0.28, "median_signed": 0.08, "outside": 0.40},
+    "e2e": {"median_abs": 0.11, "median_signed": 0.08, "outside": 0.20},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
-parameters were last fitted (19 held-out cases, 14 with a throughput figure: throughput 18.8% /
--16.8%, TTFT 17.5% / -17.5%, TPOT 13.6% / +1.8%, E2E 8.6% / +7.7% median |error| / median signed
-error; envelope coverage 86%, 100%, 60%, 80%) with a margin; the envelope's bound is the
-coverage target itself, except TPOT's, which misses it (2 of 5 held-out TPOTs outside: DeepSeek-R1
-at concurrency 4, its MLA on the roofline, and Qwen3-235B-A22B bf16 on 8 H100). The issue's
-targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""
+parameters were last fitted, with MLA measured and the API server's work on each request
+measured (19 held-out cases, 14 with a throughput figure: throughput 15.9% / -10.8%, TTFT
+15.4% / -15.4%, TPOT 23.6% / +4.8%, E2E 7.6% / +4.8% median |error| / median signed error;
+envelope coverage 93%, 67%, 80%, 80%) with a margin; the envelope's bound is the coverage
+target itself where it is met. TPOT's median error and TTFT's coverage miss their targets:
+Qwen3-235B-A22B bf16 on 8 H100 with 500 4,000-token prompts sent at once is over-predicted by
+32% (its requests now reach the engine together, where a serial 30 ms per request used to
+stagger them), Qwen3-235B-A22B fp8 on 4 A100 and DeepSeek-R1 at concurrency 4 under-predicted
+by 24%. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""

@@ -16,11 +16,14 @@ processor (detokenizing and queueing each sampled token, measured as above) and 
 streaming of each token (`api_server_per_token_s`). When the server needs longer than the
 engine's step, clients receive tokens at the server's pace: the step period is the longer one.
 
-Per request (`request_overhead_s`): the API server's path before the engine sees it (HTTP,
-chat template, tokenization, the request's hand-off), between the client's send and the
-request's arrival in the scheduler. The server is one Python process (or `api_server_count` of
-them) whose work holds it, so the paths of a burst run one after another: 1,000 requests sent
-at once reach the engine over 1,000 x request_overhead_s.
+Per request, on the API server's path before the engine sees it (between the client's send and
+the request's arrival in the scheduler): the front end's CPU work, measured as above
+(`request_cpu_s`: tokenizing the prompt and vLLM's input processing, the output processor's
+request state and the request's msgpack hand-off to the engine core, a + c x prompt tokens,
+scaled by the host speed), which holds the server process: the server is one Python process (or
+`api_server_count` of them), so the work of a burst runs one request after another. Then a
+latency that does not hold it (`request_overhead_s`: HTTP handling, the event loop's
+hand-offs), paid by every request concurrently.
 
 The four parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
@@ -74,11 +77,11 @@ class HostConfig(BaseModel):
                                                  "per scheduled sequence, s. Null: fitted.")
     api_server_per_token_s: float | None = Field(None, ge=0, description="API server time per "
                                                  "streamed token (HTTP, SSE), s. Null: fitted.")
-    request_overhead_s: float | None = Field(None, ge=0, description="API server time of one "
-                                             "request's path from the client's send to the "
-                                             "scheduler (HTTP, chat template, tokenization), "
-                                             "s; a server process handles one at a time. "
-                                             "Null: fitted.")
+    request_overhead_s: float | None = Field(None, ge=0, description="Latency of one "
+                                             "request's API-server path beyond its measured CPU "
+                                             "work (HTTP handling, the event loop's hand-offs), "
+                                             "s; it delays each request without holding the "
+                                             "server process. Null: fitted.")
     api_server_count: int = Field(1, ge=1, description="API server processes (vLLM "
                                   "--api-server-count): requests arriving faster than they "
                                   "handle their paths queue before the engine.")
@@ -147,7 +150,7 @@ class HostOverheads:
     __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
                  "api_server_count", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
-                 "_api_tok")
+                 "_api_tok", "_req_a", "_req_c")
 
     def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
         fits = _cpu_costs(cfg.cpu_costs)["fits"]
@@ -174,6 +177,17 @@ class HostOverheads:
         self._c_prefill = s * (sp["c_per_token"] + up["c_per_token"])
         self._out_a = s * (out["a"] + dec["a"])
         self._out_b = s * (out["b_per_seq"] + dec["b_per_seq"]) + self._api_tok
+        # The front end's work on a new request: tokenization and input processing of a text
+        # prompt, the output processor's request state, the msgpack hand-off (both ends).
+        path = (fits["input_processor_text"], fits["add_request_output_processor"],
+                fits["add_request_ipc"])
+        self._req_a = s * sum(f["a"] for f in path) if server else 0.0
+        self._req_c = s * sum(f["c_per_token"] for f in path) if server else 0.0
+
+    def request_cpu_s(self, prompt_len: int) -> float:
+        """The API server's CPU time on one request of `prompt_len` tokens before the engine
+        sees it, s (0 without an API server): it holds a server process."""
+        return self._req_a + self._req_c * prompt_len
 
     def engine_s(self, num_seqs: int, num_tokens: int, num_decode: int) -> float:
         """The engine core's CPU time of one step, s."""
@@ -199,10 +213,12 @@ class HostOverheads:
                 f"{self.host_speed:g} for the host's CPU speed (declared), model runner "
                 f"{self._mr_step * 1e6:.0f} us + {self._mr_seq * 1e6:.1f} us/sequence per step, "
                 + (f"API server {self._api_tok * 1e6:.1f} us/token and "
-                   f"{self.request_overhead_s * 1e3:.1f} ms/request, one at a time on "
-                   f"{self.api_server_count} server process"
-                   f"{'es' if self.api_server_count > 1 else ''} (fitted on the end-to-end "
-                   "set); " if self.entrypoint == "api_server" else
+                   f"{self.request_overhead_s * 1e3:.1f} ms/request of latency (fitted on the "
+                   f"end-to-end set) after its measured work on each request "
+                   f"({self._req_a * 1e3:.2f} ms + {self._req_c * 1e6:.2f} us/prompt token), "
+                   f"one request at a time on {self.api_server_count} server process"
+                   f"{'es' if self.api_server_count > 1 else ''}; "
+                   if self.entrypoint == "api_server" else
                    "offline (LLM class): no API server; ")
                 + ("async scheduling: the engine's CPU time overlaps the GPU's"
                    if self.async_scheduling else

@@ -47,8 +47,11 @@ class RequestRecord:
     """When the client saw the response end (last token or error); None: derive it."""
     first_scheduled_s: float | None = None
     server_s: float = 0.0
-    """Time on the API server's path between the send and the engine (host.request_overhead_s):
-    part of TTFT, not of the engine's queue."""
+    """Time on the API server's path between the send and the engine (its wait for a free
+    server process, its work there, the path's latency): part of TTFT, not of the engine's
+    queue."""
+    server_wait_s: float = 0.0
+    """The part of `server_s` spent waiting for a free API server process."""
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
     num_external_prompt_tokens: int = 0
@@ -295,9 +298,8 @@ def engine_summary(
     - `external_kv_hit_rate`: prompt tokens loaded from outside the engine (KV-tier fetches,
       P/D handoffs) / prompt tokens.
     - `mean_api_server_ms`: the mean time a scheduled request spent on the API server's path
-      before the engine saw it (its own handling and the wait for a free server process);
-      `mean_api_server_wait_ms`, the wait alone (the mean beyond the shortest path: every path
-      takes the same handling time).
+      before the engine saw it (the wait for a free server process, its work there and the
+      path's latency); `mean_api_server_wait_ms`, the wait alone.
     - `num_requests`, `num_completed`, `num_failed`, and `num_failed_by_error` (error text ->
       count; a failure without text counts under "unknown").
     """
@@ -331,7 +333,7 @@ def engine_summary(
         "num_external_prompt_tokens": external_tokens,
         "external_kv_hit_rate": external_tokens / prompt_tokens if prompt_tokens else 0.0,
         "mean_api_server_ms": 1e3 * float(server_s.mean()) if len(scheduled) else 0.0,
-        "mean_api_server_wait_ms": (1e3 * float(server_s.mean() - server_s.min())
+        "mean_api_server_wait_ms": (1e3 * float(np.mean([r.server_wait_s for r in scheduled]))
                                     if len(scheduled) else 0.0),
     }
     summary |= latency_stats(queue_s, "queue", percentiles)

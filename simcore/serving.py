@@ -102,7 +102,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
                 lockstep_groups: list[tuple[int, ...]] | None = None,
                 env: simpy.Environment | None = None, cluster=None,
                 kv_paths=None, request_timeout_s: float | None = None,
-                request_overhead_s: float = 0.0, api_servers: int = 1) -> ServingRun:
+                request_cpu_s: Callable[[int], float] | None = None,
+                request_latency_s: float = 0.0, api_servers: int = 1) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     `specs` is read once, in order, as the client reaches each request (a RequestStream makes
@@ -112,10 +113,11 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
     server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
     that long after its send is given up by the client: aborted in the engine
     (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
-    `request_overhead_s` (the API server's path: HTTP, chat template, tokenization) passes
-    between a request's send and its arrival in the scheduler, on one of `api_servers` server
-    processes, each handling one request's path at a time (Python's work holds the process), in
-    send order: a burst of requests queues there before the engine sees it.
+    Between a request's send and its arrival in the scheduler lies the API server's path: its
+    work, `request_cpu_s(prompt_len)` (tokenization, input processing), on one of `api_servers`
+    server processes, each doing one request's work at a time (Python's work holds the
+    process), in send order, so that a burst of requests queues there; then
+    `request_latency_s`, which every request pays concurrently.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -183,14 +185,17 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
         if router.last_hashes is not None:
             # The router already chained this prompt's keyed blocks in the shared hash space.
             req.block_hashes = router.last_hashes
-        if request_overhead_s > 0:
-            # The API server's path (HTTP, tokenization) before the engine sees the request, on
-            # the first free server process.
+        if request_cpu_s is not None or request_latency_s > 0:
+            # The API server's path before the engine sees the request: its work on the first
+            # free server process, then the path's latency.
             in_server[0] += 1
             free = heapq.heappop(server_free)
-            done = (free if free > env.now else env.now) + request_overhead_s
+            start = free if free > env.now else env.now
+            done = start + (request_cpu_s(spec.prompt_len) if request_cpu_s is not None
+                            else 0.0)
             heapq.heappush(server_free, done)
-            rec.server_s = done - env.now
+            rec.server_wait_s = start - env.now
+            rec.server_s = done + request_latency_s - env.now
 
             def arrive(_, rep=rep, req=req) -> None:
                 in_server[0] -= 1

@@ -19,14 +19,18 @@ from simcore.serving import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
 from simcore.workload.generate import request_stream
 
-def request_overhead_s(cfg: SimConfig) -> float:
-    """The API server's time before a request reaches the scheduler (host.model vllm; cluster
-    runs keep the declared per-step overhead and no API server)."""
+def request_path(cfg: SimConfig, dep: Deployment) -> dict:
+    """The API server's path before a request reaches the scheduler, as `run_serving` takes it:
+    the server's measured work per request and the fitted latency (host.model vllm with an API
+    server; cluster runs keep the declared per-step overhead and no API server)."""
     if not cfg.host.api_server or cfg.cluster is not None:
-        return 0.0
-    from simcore.host import host_parameter
+        return {}
+    host = getattr(dep.step_model, "host", None)
+    if host is None:  # the step model keeps the declared per-step overhead (multi-node)
+        from simcore.host import HostOverheads
 
-    return host_parameter(cfg.host, "request_overhead_s")
+        host = HostOverheads(cfg.host)
+    return {"request_cpu_s": host.request_cpu_s, "request_latency_s": host.request_overhead_s}
 
 
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
@@ -124,7 +128,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
         request_timeout_s=w.request_timeout_s,
-        request_overhead_s=request_overhead_s(cfg), api_servers=cfg.host.api_server_count)
+        api_servers=cfg.host.api_server_count, **request_path(cfg, dep))
     result = assemble_result(cfg, dep, run)
     if cluster is not None:
         result["cluster"] = cluster_result(cluster, run, kv_paths)

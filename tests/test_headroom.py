@@ -11,10 +11,12 @@ from simcore.uncertainty import simulate_with_envelope
 
 
 def _run(rate: float, **over) -> dict:
+    # 1,500 requests: at 40 req/s the second half of the arrivals spans some five generations
+    # of the batch (equal output lengths finish in waves), enough to read a steady rate.
     d = {"name": "h", "seed": 0, "model": {"name": "meta-llama/Llama-3.1-8B"},
          "hardware": {"gpu": "A100-80GB"}, "engine": {"max_num_seqs": 64},
          "uncertainty": {"method": "first_order"},
-         "workload": {"num_prompts": 600, "request_rate": rate,
+         "workload": {"num_prompts": 1500, "request_rate": rate,
                       "dataset": {"kind": "random", "input_len": 512, "output_len": 128}}}
     d.update(over)
     return simulate_with_envelope(parse_config(d))
@@ -34,7 +36,7 @@ def test_capacity_is_what_an_overloaded_run_serves(runs):
     assert h["queue_growth_rps"] == pytest.approx(40.0 - over["served_request_rate"], rel=0.15)
     # Both rates measure the same deployment: one capacity run serves both.
     assert runs[3.0]["headroom"]["throughput_capacity_rps"] == h["throughput_capacity_rps"]
-    assert h["capacity_run_concurrency"] == 64 and h["capacity_run_requests"] == 600
+    assert h["capacity_run_concurrency"] == 64 and h["capacity_run_requests"] == 1500
 
 
 def test_light_load_has_headroom_and_says_how_much(runs):
