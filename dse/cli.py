@@ -528,5 +528,9 @@ from dse.cli_capacity import capacity  # noqa: E402  (registers `dse capacity`)
 
 main.add_command(capacity)
 
+from dse.cli_launch import launch  # noqa: E402  (registers `dse launch`)
+
+main.add_command(launch)
+
 if __name__ == "__main__":
     main()
