@@ -11,7 +11,8 @@ TTFT and TPOT), and the recommendation says so. With it:
 - the runner-up (the next by the same rule) and the trade-off between them in one sentence,
   objective by objective, saying when the two are within each other's envelope on the first
   objective (the numbers alone then do not settle the order);
-- the `vllm serve` command that launches it (`dse.launch`).
+- the `vllm serve` command that launches it, and its whole launch plan (`dse.launch`), which
+  the report writes beside itself as `launch.md`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Recommendation:
     trade_off: str | None
     launch: str | None
     launch_error: str | None = None
+    launch_plan: str | None = None
+    """The whole launch plan (`dse.launch`, Markdown), written beside the report."""
 
     def lines(self) -> list[str]:
         """The recommendation as plain lines (the terminal and the Markdown report)."""
@@ -110,22 +113,22 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -
     return f"Runner-up: trial #{other.number}, {said}.{tail}"
 
 
-def _launch(study: StudyConfig | None, c: Configuration) -> tuple[str | None, str | None]:
-    """The `vllm serve` line of a configuration, or (None, why not)."""
+def _launch(study: StudyConfig | None, c: Configuration
+            ) -> tuple[str | None, str | None, str | None]:
+    """(the `vllm serve` line of a configuration, None, its whole launch plan), or
+    (None, why not, None)."""
     if study is None:
-        return None, "the study's base is not known here"
-    try:
-        from dse.evaluate import EvalSpec, _check
-        from dse.launch import serve_command_line
-    except ImportError as err:
-        return None, str(err)
+        return None, "the study's base is not known here", None
+    from dse.evaluate import EvalSpec, _check
+    from dse.launch import launch_plan, serve_command_line
+
     cfg, reason = _check(study.base, c.params, {}, EvalSpec.of(study))
     if cfg is None:
-        return None, reason
+        return None, reason, None
     try:
-        return serve_command_line(cfg), None
+        return serve_command_line(cfg), None, launch_plan(cfg).render()
     except Exception as err:  # a launch problem must not cost the report its decision
-        return None, str(err).splitlines()[0] if str(err) else type(err).__name__
+        return None, (str(err).splitlines()[0] if str(err) else type(err).__name__), None
 
 
 def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommendation | None:
@@ -153,10 +156,10 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
     headroom = None
     if expl.get("load_state") and expl.get("sentences"):
         headroom = expl["sentences"][0]
-    launch, launch_error = _launch(study, best)
+    launch, launch_error, plan = _launch(study, best)
     return Recommendation(
         number=best.number, params=dict(best.params), basis=basis, slos=slos,
         default_slos=default, margins=margins, why=why, headroom=headroom,
         runner_up=runner.number if runner else None,
         trade_off=_trade_off(report, best, runner) if runner else None,
-        launch=launch, launch_error=launch_error)
+        launch=launch, launch_error=launch_error, launch_plan=plan)

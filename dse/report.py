@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 FILE_NAMES = {"html": "report.html", "md": "report.md", "csv": "trials.csv",
               "json": "report.json"}
+LAUNCH_FILE = "launch.md"
+"""The recommended configuration's launch plan, written beside the report."""
 # Hypervolume reference point: this fraction of the feasible range beyond the worst value.
 REFERENCE_MARGIN = 0.1
 _NOT_HEADLINE = {"step_time_relative_uncertainty"}
@@ -552,6 +554,14 @@ def write_report_files(report: StudyReport, out_dir: Path,
         except OSError as err:
             raise ConfigError(f"{path}: cannot write the report ({err.strerror})") from None
         written[fmt] = path
+    rec = report.recommendation
+    if rec is not None and rec.launch_plan:
+        path = out_dir / LAUNCH_FILE
+        try:
+            path.write_text(rec.launch_plan, encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot write the launch plan ({err.strerror})") from None
+        written["launch"] = path
     return written
 
 

@@ -78,4 +78,7 @@ def test_the_report_files_open_with_the_decision(url, tmp_path):
     assert md.split("\n## ", 1)[1].startswith("Recommended: trial #")
     rec = json.loads(paths["json"].read_text())["recommendation"]
     assert rec["trial"] == int(md.split("trial #", 1)[1].split(" ", 1)[0])
-    assert rec["launch"] is None or rec["launch"].startswith("vllm serve ")
+    assert rec["launch"].startswith("vllm serve meta-llama/Llama-3.1-8B ")
+    assert "--max-num-seqs" in rec["launch"] and rec["launch"] in html.replace("&#x27;", "'")
+    plan = paths["launch"].read_text()
+    assert paths["launch"].name == "launch.md" and plan.startswith("# Launch plan")

@@ -293,7 +293,7 @@ def test_one_objective_and_no_feasible_trial(tmp_path):
 # --- the files -------------------------------------------------------------------------------
 
 def test_all_formats_are_written(files):
-    assert set(files) == {"html", "md", "csv", "json"}
+    assert set(files) == {"html", "md", "csv", "json", "launch"}
     for p in files.values():
         assert p.is_file() and p.stat().st_size > 0
 
