@@ -64,8 +64,12 @@ def _runs_progress(bar):
                                  "computed (bounds: 2 extra runs; samples: uncertainty.samples "
                                  "extra runs; first_order: none).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--explain", "explain_runs", is_flag=True,
+              help="Rank the limiting resources by intervention: relax each (x2), re-simulate, "
+                   "and order them by the measured effect on p99 TTFT, p99 TPOT and output "
+                   "throughput (one more run per resource).")
 def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int | None,
-             envelope: str | None, quiet: bool) -> None:
+             envelope: str | None, quiet: bool, explain_runs: bool) -> None:
     """Simulate CONFIG (YAML) and print vllm-bench-serve-style metrics with their envelope."""
     from simcore.config import load_config
     from simcore.footprint import available_memory_bytes, check_fits
@@ -103,6 +107,16 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
         return
     trace = result.pop("trace", None) if trace_out is not None else None
     click.echo(render_summary(result))
+    if explain_runs:
+        from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals, render_effects
+
+        try:
+            effects = counterfactuals(cfg, base=result)
+        except ConfigError as e:
+            _fail_in(config, e)
+            return
+        click.echo(render_effects(effects, DEFAULT_OBJECTIVES, result))
+        result["counterfactuals"] = [e.as_dict() for e in effects]
     if "cluster" in result:
         click.echo(_render_cluster(result["cluster"]))
     if trace is not None:
@@ -340,7 +354,8 @@ def _echo_recommendation(paths: dict[str, Path]) -> None:
 
     fields = {k: rec[k] for k in ("basis", "default_slos", "margins", "why", "headroom",
                                   "runner_up", "trade_off", "launch", "launch_error")}
-    r = Recommendation(number=rec["trial"], params=rec["params"], slos=(), **fields)
+    r = Recommendation(number=rec["trial"], params=rec["params"], slos=(),
+                       causes=tuple(rec.get("causes", ())), **fields)
     click.echo("")
     for line in r.lines():
         click.echo(line)

@@ -12,7 +12,10 @@ TTFT and TPOT), and the recommendation says so. With it:
   objective by objective, saying when the two are within each other's envelope on the first
   objective (the numbers alone then do not settle the order);
 - the `vllm serve` command that launches it, and its whole launch plan (`dse.launch`), which
-  the report writes beside itself as `launch.md`.
+  the report writes beside itself as `launch.md`;
+- what limits it, measured (`dse.counterfactual`): each candidate resource relaxed x2 and the
+  configuration re-simulated at the base's workload, the first causes by their effect on the
+  study's objectives.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class Recommendation:
     launch_error: str | None = None
     launch_plan: str | None = None
     """The whole launch plan (`dse.launch`, Markdown), written beside the report."""
+    causes: tuple[str, ...] = ()
+    """What limits it, measured: the first causes of `dse.counterfactual` on the study's
+    objectives, each a resource relaxed x2 and re-simulated."""
 
     def lines(self) -> list[str]:
         """The recommendation as plain lines (the terminal and the Markdown report)."""
@@ -61,6 +67,7 @@ class Recommendation:
             out.append(self.headroom)
         if self.trade_off:
             out.append(self.trade_off)
+        out += list(self.causes)
         if self.launch:
             out.append(f"Launch: {self.launch}")
         elif self.launch_error:
@@ -72,7 +79,8 @@ class Recommendation:
                 "slos": [str(c) for c in self.slos], "default_slos": self.default_slos,
                 "margins": self.margins, "why": self.why, "headroom": self.headroom,
                 "runner_up": self.runner_up, "trade_off": self.trade_off,
-                "launch": self.launch, "launch_error": self.launch_error}
+                "launch": self.launch, "launch_error": self.launch_error,
+                "causes": list(self.causes)}
 
 
 def _meets(c: Configuration, slos: tuple[Constraint, ...]) -> bool:
@@ -113,6 +121,42 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -
     return f"Runner-up: trial #{other.number}, {said}.{tail}"
 
 
+CAUSES_SHOWN = 3
+
+
+def _causes(study: StudyConfig | None, c: Configuration, report: StudyReport
+            ) -> tuple[str, ...]:
+    """The configuration's limiting resources ranked by intervention on the study's objectives
+    (those a single run reports), at the base's workload; () when it cannot be simulated."""
+    if study is None:
+        return ()
+    from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals
+    from dse.evaluate import EvalSpec, _check, result_metrics
+    from simcore.errors import ConfigError
+    from simcore.simulate import simulate
+
+    cfg, _ = _check(study.base, c.params, {}, EvalSpec.of(study))
+    if cfg is None:
+        return ()
+
+    def metrics(r: dict) -> dict:
+        return result_metrics(r, study.cost.usd_per_gpu_hour)
+
+    try:
+        base = simulate(cfg)
+        known = metrics(base)
+        objectives = [o for o in report.objectives if o.metric in known] or DEFAULT_OBJECTIVES
+        effects = counterfactuals(cfg, objectives, base=base, metrics_of=metrics)
+    except ConfigError:
+        return ()
+    shown = [e for e in effects if e.score > 0][:CAUSES_SHOWN]
+    if not shown:
+        return ("Relaxing any one resource x2 improves none of the objectives: nothing single "
+                "limits it.",)
+    return tuple(f"Limited {'first' if k == 0 else 'next'} by {e.label} (measured: "
+                 f"{e.sentence()})." for k, e in enumerate(shown))
+
+
 def _launch(study: StudyConfig | None, c: Configuration
             ) -> tuple[str | None, str | None, str | None]:
     """(the `vllm serve` line of a configuration, None, its whole launch plan), or
@@ -148,9 +192,10 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
     margins = {s.metric: _margin(best, s) for s in slos}
     tightest = min(margins, key=margins.get)
     basis = "confirmation" if best.confirmed else "screening"
+    many = len(pool) != 1
     why = (f"It is the best on {first.metric} ({_value(best, first.metric):,.4g}) among the "
            f"{len(pool)} {'confirmed ' if confirmed else ''}configuration"
-           f"{'s' if len(pool) != 1 else ''} that meet every SLO at the {basis} fidelity; "
+           f"{'s that meet' if many else ' that meets'} every SLO at the {basis} fidelity; "
            f"its tightest SLO is {tightest} ({margins[tightest]:.0%} inside the bound).")
     expl = best.explanation or {}
     headroom = None
@@ -162,4 +207,5 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
         default_slos=default, margins=margins, why=why, headroom=headroom,
         runner_up=runner.number if runner else None,
         trade_off=_trade_off(report, best, runner) if runner else None,
-        launch=launch, launch_error=launch_error, launch_plan=plan)
+        launch=launch, launch_error=launch_error, launch_plan=plan,
+        causes=_causes(study, best, report))

@@ -82,3 +82,11 @@ def test_the_report_files_open_with_the_decision(url, tmp_path):
     assert "--max-num-seqs" in rec["launch"] and rec["launch"] in html.replace("&#x27;", "'")
     plan = paths["launch"].read_text()
     assert paths["launch"].name == "launch.md" and plan.startswith("# Launch plan")
+
+
+def test_the_recommendation_names_what_limits_it_by_intervention(url, tmp_path):
+    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    rec = recommend(report, _study(url, tmp_path))
+    assert rec.causes and rec.causes[0].startswith("Limited first by ")
+    assert "(measured: " in rec.causes[0]
+    assert all(c in rec.lines() for c in rec.causes)
