@@ -8,14 +8,16 @@ TTFT and TPOT), and the recommendation says so. With it:
 
 - its margin to each SLO (how far below the bound, as a fraction of it) and, when its run
   measured one, its headroom to the throughput capacity (`simcore.saturation.headroom`);
-- the runner-up (the next by the same rule) and the trade-off between them in one sentence,
+- the runner-up (the next by the same rule whose numbers differ; configurations measured the
+  same, e.g. by a setting that did not matter, are named as equivalent) and the trade-off
+  between them in one sentence,
   objective by objective, saying when the two are within each other's envelope on the first
   objective (the numbers alone then do not settle the order);
 - the `vllm serve` command that launches it, and its whole launch plan (`dse.launch`), which
   the report writes beside itself as `launch.md`;
 - what limits it, measured (`dse.counterfactual`): each candidate resource relaxed x2 and the
-  configuration re-simulated at the base's workload, the first causes by their effect on the
-  study's objectives.
+  configuration re-simulated at the fidelity its numbers come from, the first causes by their
+  effect on the study's objectives.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ CAUSES_SHOWN = 3
 def _causes(study: StudyConfig | None, c: Configuration, report: StudyReport
             ) -> tuple[str, ...]:
     """The configuration's limiting resources ranked by intervention on the study's objectives
-    (those a single run reports), at the base's workload; () when it cannot be simulated."""
+    (those a single run reports), at the fidelity its numbers come from; () when it cannot be
+    simulated."""
     if study is None:
         return ()
     from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals
@@ -135,7 +138,10 @@ def _causes(study: StudyConfig | None, c: Configuration, report: StudyReport
     from simcore.errors import ConfigError
     from simcore.simulate import simulate
 
-    cfg, _ = _check(study.base, c.params, {}, EvalSpec.of(study))
+    # At the fidelity its numbers come from: the confirmation's overrides, else the screen's.
+    f = study.fidelity
+    overrides = (f.confirm if c.confirmed and f.confirm is not None else f.screen) or {}
+    cfg, _ = _check(study.base, c.params, overrides, EvalSpec.of(study))
     if cfg is None:
         return ()
 
@@ -188,7 +194,14 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
     sign = 1.0 if first.direction == "minimize" else -1.0
     ranked = sorted(pool, key=lambda c: (sign * _value(c, first.metric), c.number))
     best = ranked[0]
-    runner = ranked[1] if len(ranked) > 1 else None
+
+    def numbers(c: Configuration) -> tuple:
+        return tuple(_value(c, o.metric) for o in report.objectives)
+
+    # Configurations with the very same numbers (settings that did not matter here) are the
+    # same choice; the runner-up is the next that differs.
+    same = [c for c in ranked[1:] if numbers(c) == numbers(best)]
+    runner = next((c for c in ranked[1:] if numbers(c) != numbers(best)), None)
     margins = {s.metric: _margin(best, s) for s in slos}
     tightest = min(margins, key=margins.get)
     basis = "confirmation" if best.confirmed else "screening"
@@ -197,6 +210,10 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
            f"{len(pool)} {'confirmed ' if confirmed else ''}configuration"
            f"{'s that meet' if many else ' that meets'} every SLO at the {basis} fidelity; "
            f"its tightest SLO is {tightest} ({margins[tightest]:.0%} inside the bound).")
+    if same:
+        why += (" Measured the same: " + ", ".join(
+            f"#{c.number} ({', '.join(f'{k} = {v}' for k, v in c.params.items())})"
+            for c in same[:3]) + (f" and {len(same) - 3} more" if len(same) > 3 else "") + ".")
     expl = best.explanation or {}
     headroom = None
     if expl.get("load_state") and expl.get("sentences"):

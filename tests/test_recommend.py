@@ -90,3 +90,16 @@ def test_the_recommendation_names_what_limits_it_by_intervention(url, tmp_path):
     assert rec.causes and rec.causes[0].startswith("Limited first by ")
     assert "(measured: " in rec.causes[0]
     assert all(c in rec.lines() for c in rec.causes)
+
+
+def test_configurations_measured_the_same_are_equivalents_not_the_runner_up(url, tmp_path):
+    from dataclasses import replace as dc_replace
+
+    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    rec = recommend(report, _study(url, tmp_path))
+    best = next(c for c in report.configurations if c.number == rec.number)
+    twin = dc_replace(best, number=999, params={**best.params, "engine.max_num_seqs": 31})
+    twin_report = dc_replace(report, configurations=report.configurations + (twin,))
+    again = recommend(twin_report, None)
+    assert again.number == rec.number and again.runner_up != 999
+    assert "Measured the same: #999 (" in again.why
