@@ -29,11 +29,17 @@ from simcore.errors import ConfigError
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the answer and every run as JSON here.")
 @click.option("--quiet", is_flag=True, help="Do not list the runs as they finish.")
+@click.option("--target-rate", type=float, default=None, metavar="RPS",
+              help="Instead: the parallelism (TP x PP x DP of the config's model and GPU) that "
+                   "serves RPS requests/s within the SLOs on the fewest GPUs.")
+@click.option("--max-gpus", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="With --target-rate: the most GPUs to consider.")
 def capacity(config: Path, slo: str | None, tolerance: float, window_s: float, max_prompts: int,
-             no_envelope: bool, seed: int | None, out: Path | None, quiet: bool) -> None:
+             no_envelope: bool, seed: int | None, out: Path | None, quiet: bool,
+             target_rate: float | None, max_gpus: int) -> None:
     """The highest request rate CONFIG's deployment sustains in steady state within the SLOs,
     for the config's workload shape, with the metric that binds first and the runs just below
-    and above it."""
+    and above it; or, with --target-rate, the fewest GPUs that serve that rate."""
     from dse.capacity import find_capacity, parse_slos, render_capacity
     from simcore.config import load_config
     from simcore.footprint import available_memory_bytes, check_fits
@@ -53,6 +59,21 @@ def capacity(config: Path, slo: str | None, tolerance: float, window_s: float, m
                 click.echo(f"  {run.rate:10,.4g} req/s  {run.num_prompts:6d} requests  "
                            f"{verdict}", err=True)
 
+        if target_rate is not None:
+            from dse.sizing import fewest_gpus, render_sizing
+
+            def tried(o) -> None:
+                if not quiet:
+                    verdict = ("meets" if o.run.meets
+                               else "misses: " + "; ".join(o.run.violations))
+                    click.echo(f"  {o.label}: {verdict}", err=True)
+
+            sizing = fewest_gpus(cfg, target_rate, slos, max_gpus=max_gpus, window_s=window_s,
+                                 max_prompts=max_prompts, progress=tried)
+            click.echo(render_sizing(sizing))
+            if out is not None:
+                _write_json(out, sizing.as_dict(), "sizing")
+            return
         result = find_capacity(cfg, slos, tolerance=tolerance, window_s=window_s,
                                max_prompts=max_prompts, envelope=not no_envelope,
                                progress=progress)

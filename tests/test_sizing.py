@@ -1,0 +1,60 @@
+"""Fewest GPUs for a target rate (`dse capacity --target-rate`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dse.capacity import parse_slos
+from dse.cli import main
+from dse.sizing import fewest_gpus
+from simcore.config import load_config, parse_config
+from simcore.errors import ConfigError
+
+QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml"
+SLOS = parse_slos("p99_ttft_ms<=1000,p99_tpot_ms<=50")
+
+
+@pytest.fixture(scope="module")
+def sized():
+    return fewest_gpus(load_config(QUICKSTART), 30.0, SLOS, max_gpus=8, window_s=60)
+
+
+def test_the_answer_is_the_first_gpu_count_where_a_layout_meets_the_target(sized):
+    best = sized.best
+    assert best is not None and best.run.meets and best.run.rate == 30.0
+    fewer = [o for o in sized.tried if o.num_gpus < best.num_gpus]
+    assert fewer and all(o.run is None or not o.run.meets for o in fewer)
+    assert all(o.num_gpus <= best.num_gpus for o in sized.tried)
+    # Its own capacity is measured: at least the target.
+    assert sized.capacity.rate >= 30.0 * 0.95
+
+
+def test_layouts_that_cannot_be_deployed_are_skipped_with_their_reason():
+    cfg = parse_config({"name": "big", "model": {"name": "meta-llama/Llama-3.1-70B",
+                                                 "max_model_len": 8192},
+                        "hardware": {"gpu": "A100-80GB"},
+                        "workload": {"num_prompts": 200, "request_rate": 1,
+                                     "dataset": {"kind": "random", "input_len": 256,
+                                                 "output_len": 32}}})
+    s = fewest_gpus(cfg, 1.0, SLOS, max_gpus=4, window_s=30)
+    one = next(o for o in s.tried if o.num_gpus == 1)
+    assert one.run is None and ("does not fit" in one.reason or "GiB" in one.reason)
+    assert s.best is not None and s.best.num_gpus > 1 and s.best.run.meets
+
+
+def test_a_bad_target_is_refused():
+    with pytest.raises(ConfigError, match="--target-rate"):
+        fewest_gpus(load_config(QUICKSTART), 0.0, SLOS)
+
+
+def test_cli_target_rate(tmp_path):
+    out = tmp_path / "sizing.json"
+    res = CliRunner().invoke(main, ["capacity", str(QUICKSTART), "--target-rate", "5",
+                                    "--max-gpus", "2", "--window", "30", "--quiet",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("Fewest GPUs for 5 req/s within p99_ttft_ms <= 1000")
+    assert out.is_file()
