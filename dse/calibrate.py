@@ -96,8 +96,9 @@ def run_calibrate(paths: list[str], out: str, gpu: str | None = None, holdout: f
 
 KERNEL_ERROR_COLUMNS = ("table", "n_train", "n_held_out", "median", "p90", "p99", "max")
 """Columns of `kernel_error_table`: the table family ('gemm/<dtype>', 'attention/<phase>/<kv
-dtype>', 'moe/<dtype>', 'all_reduce/<mode>', 'all_gather/nccl', 'memory/<kernel>'), grid cells fitted, measured cells at held-out axis
-values predicted, and the relative-error distribution over them."""
+dtype>', 'mla/<phase>/<kv dtype>/<weight dtype>', 'moe/<dtype>', 'all_reduce/<mode>',
+'all_gather/nccl', 'memory/<kernel>'), grid cells fitted, measured cells at held-out axis values
+predicted, and the relative-error distribution over them."""
 
 
 def kernel_error_table(profile) -> pd.DataFrame:

@@ -113,6 +113,9 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -
         if a is None or b is None or a == b:
             continue
         better = a < b if o.direction == "minimize" else a > b
+        if b and abs(a - b) / abs(b) < 0.005:
+            parts.append(f"{o.metric} about the same")
+            continue
         parts.append(f"{o.metric} {_relative(a, b)} {'better' if better else 'worse'}")
     first = report.objectives[0].metric
     ea, eb = best.latest.envelope(first), other.latest.envelope(first)
@@ -126,11 +129,11 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -
 CAUSES_SHOWN = 3
 
 
-def _causes(study: StudyConfig | None, c: Configuration, report: StudyReport
-            ) -> tuple[str, ...]:
+def causes(study: StudyConfig | None, c: Configuration, report: StudyReport, *,
+           screen: bool = False) -> tuple[str, ...]:
     """The configuration's limiting resources ranked by intervention on the study's objectives
-    (those a single run reports), at the fidelity its numbers come from; () when it cannot be
-    simulated."""
+    (those a single run reports), at the fidelity its numbers come from (at the screening one
+    with `screen`, the cheaper); () when it cannot be simulated."""
     if study is None:
         return ()
     from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals
@@ -140,7 +143,8 @@ def _causes(study: StudyConfig | None, c: Configuration, report: StudyReport
 
     # At the fidelity its numbers come from: the confirmation's overrides, else the screen's.
     f = study.fidelity
-    overrides = (f.confirm if c.confirmed and f.confirm is not None else f.screen) or {}
+    confirm = c.confirmed and f.confirm is not None and not screen
+    overrides = (f.confirm if confirm else f.screen) or {}
     cfg, _ = _check(study.base, c.params, overrides, EvalSpec.of(study))
     if cfg is None:
         return ()
@@ -225,4 +229,26 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
         runner_up=runner.number if runner else None,
         trade_off=_trade_off(report, best, runner) if runner else None,
         launch=launch, launch_error=launch_error, launch_plan=plan,
-        causes=_causes(study, best, report))
+        causes=causes(study, best, report))
+
+
+def decide(report: StudyReport, study: StudyConfig) -> StudyReport:
+    """The report with what needs the study's base: each objective's seed-to-seed spread (which
+    groups the Pareto cards), the recommendation, and every card's causes by intervention."""
+    from dataclasses import replace
+
+    from dse.report_groups import MAX_CARDS, NOISE_SEEDS, measure_noise, pareto_groups
+
+    noise = measure_noise(study, report)
+    if noise:
+        report = replace(report, noise=noise, notes=report.notes + (
+            "Pareto configurations on one profile are compared paired (the step-time error is "
+            "shared): one card holds those that differ on no objective by more than its "
+            "seed-to-seed spread (" + ", ".join(f"{k} {v:.1%}" for k, v in noise.items())
+            + f", over {NOISE_SEEDS + 1} workload draws of the best at the screening fidelity) "
+            "or whose order flips at either end of their envelopes.",))
+    rec = recommend(report, study)
+    heads = [g[0] for g in pareto_groups(report)[:MAX_CARDS]]
+    measured = {c.number: (rec.causes if rec is not None and c.number == rec.number
+                           else causes(study, c, report, screen=True)) for c in heads}
+    return replace(report, recommendation=rec, causes=measured)

@@ -203,6 +203,13 @@ class StudyReport:
     view: Any = field(repr=False, compare=False)   # optuna.Study for Optuna's plots
     recommendation: Any = None
     """`dse.recommend.Recommendation` (set by `write_report`, which knows the study's base)."""
+    noise: dict[str, float] = field(default_factory=dict)
+    """Per objective, its seed-to-seed spread (`dse.report_groups.measure_noise`; set by
+    `write_report`): differences smaller than this do not tell configurations apart."""
+    causes: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Per Pareto card (the first configuration of each group), what limits it measured by
+    intervention (`dse.recommend.causes`, at the screening fidelity; the recommended one's at
+    its own; set by `write_report`)."""
 
     def _by_first_objective(self, configs: Iterable[Configuration]) -> list[Configuration]:
         sign = 1.0 if self.objectives[0].direction == "minimize" else -1.0
@@ -524,12 +531,11 @@ def write_report(study: StudyConfig, *, storage: str | None = None,
 
     Defaults: the study's storage URL and report folder. Returns {format: path written}.
     """
+    from dse.recommend import decide
+
     report = build_report(storage or study.storage_url, study.name, study.objectives,
                           study.constraints)
-    from dse.recommend import recommend
-
-    report = replace(report, notes=report.notes + tuple(inert_notes(study)))
-    report = replace(report, recommendation=recommend(report, study))
+    report = decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
     return write_report_files(report, out_dir or study.report_dir, study.report.formats)
 
 

@@ -2,8 +2,9 @@
 apart are one row, and a confirmation that contradicts its screening run says why.
 
 - `pareto_groups(report)`: the Pareto set, best first on the first objective, in groups whose
-  members' envelopes overlap the group's first member on every objective (the model's own error
-  cannot order them). Each group is one card; beyond `MAX_CARDS` groups the rest are a table.
+  members no objective tells apart from the group's first member (`indistinguishable`: paired
+  on a shared profile, within the seed-to-seed spread `measure_noise` finds; by envelopes
+  across profiles). Each group is one card; beyond `MAX_CARDS` groups the rest are a table.
 - `discrepancies(report)`: per confirmed configuration, each objective whose confirmation value
   falls outside its screening run's envelope, with the likely cause: a screening run at or over
   capacity (its queue grew, so its latency percentiles measured its length) or, otherwise, the
@@ -29,10 +30,72 @@ def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
 def indistinguishable(report: StudyReport, a: Configuration, b: Configuration) -> bool:
-    """Whether every objective's envelopes of the two (most trusted runs) overlap."""
-    return all(_overlap(a.latest.envelope(o.metric), b.latest.envelope(o.metric))
-               for o in report.objectives)
+    """Whether no objective tells the two apart (most trusted runs).
+
+    On the same step-time profile the op-class error is shared, so they are compared paired: an
+    objective tells them apart when they differ by more than its seed-to-seed spread
+    (`StudyReport.noise`) and, where both have perturbed re-runs, the order holds at both ends
+    of the envelope. On different profiles the errors are independent: their envelopes must be
+    disjoint."""
+    ma, mb = a.latest, b.latest
+    paired = ma.profile is not None and ma.profile == mb.profile
+    for o in report.objectives:
+        va, vb = ma.value_of(o.metric), mb.value_of(o.metric)
+        if va is None or vb is None:
+            continue
+        if not paired:
+            if not _overlap(ma.envelope(o.metric), mb.envelope(o.metric)):
+                return False
+            continue
+        tol = report.noise.get(o.metric, 0.0)
+        if abs(va - vb) <= tol * max(abs(va), abs(vb)):
+            continue
+        ea, eb = ma.envelopes.get(o.metric), mb.envelopes.get(o.metric)
+        order = _sign(va - vb)
+        if ea and eb and (_sign(ea[0] - eb[0]) != order or _sign(ea[1] - eb[1]) != order):
+            continue
+        return False
+    return True
+
+
+NOISE_SEEDS = 4
+"""Extra workload draws that measure each objective's seed-to-seed spread."""
+
+
+def measure_noise(study, report: StudyReport) -> dict[str, float]:
+    """Each objective's seed-to-seed spread (coefficient of variation over the nominal seed and
+    `NOISE_SEEDS` more) of the best configuration at the screening fidelity: how much a
+    different draw of the same workload moves it. {} when it cannot be simulated."""
+    import numpy as np
+
+    from dse.evaluate import EvalSpec, _check, result_metrics
+    from simcore.errors import ConfigError
+    from simcore.simulate import simulate
+
+    if not report.pareto:
+        return {}
+    c = report.pareto[0]
+    cfg, _ = _check(study.base, c.params, study.fidelity.screen or {}, EvalSpec.of(study))
+    if cfg is None:
+        return {}
+    runs = []
+    try:
+        for k in range(NOISE_SEEDS + 1):
+            r = simulate(cfg.model_copy(update={"seed": cfg.seed + k}))
+            runs.append(result_metrics(r, study.cost.usd_per_gpu_hour))
+    except ConfigError:
+        return {}
+    out = {}
+    for o in report.objectives:
+        v = np.array([m[o.metric] for m in runs if o.metric in m], dtype=float)
+        if v.size == len(runs) and abs(v.mean()) > 0:
+            out[o.metric] = float(v.std() / abs(v.mean()))
+    return out
 
 
 def pareto_groups(report: StudyReport) -> list[list[Configuration]]:

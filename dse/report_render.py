@@ -228,6 +228,10 @@ def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, A
         parts.append(f'<p class="note bad">{_e(flag)}.</p>')
 
     bottleneck, sentences, assumptions = _explanation_parts(c)
+    measured = report.causes.get(c.number, ())
+    if measured:
+        parts.append("<p><b>Measured by intervention:</b></p><ul>"
+                     + "".join(f"<li>{_e(x)}</li>" for x in measured) + "</ul>")
     if bottleneck:
         parts.append(f"<p><b>Limited by:</b> {_e(bottleneck)}</p>")
     if sentences:
@@ -428,6 +432,10 @@ def render_markdown(report: StudyReport) -> str:
         if ov:
             lines += [f"Its envelope {_md(ov)}.", ""]
         bottleneck, sentences, _ = _explanation_parts(c)
+        measured = report.causes.get(c.number, ())
+        if measured:
+            lines += ["**Measured by intervention:**", ""] + [f"- {_md(x)}" for x in measured]
+            lines += [""]
         if bottleneck:
             lines += [f"**Limited by:** {_md(bottleneck)}", ""]
         if sentences:
@@ -526,5 +534,6 @@ def report_json(report: StudyReport) -> dict[str, Any]:
         "envelope_overlaps": report.envelope_overlaps(), "notes": list(report.notes),
         "recommendation": (report.recommendation.as_dict()
                            if report.recommendation is not None else None),
+        "causes": {str(k): list(v) for k, v in report.causes.items()},
         "trials": configs,
     })

@@ -103,3 +103,17 @@ def test_configurations_measured_the_same_are_equivalents_not_the_runner_up(url,
     again = recommend(twin_report, None)
     assert again.number == rec.number and again.runner_up != 999
     assert "Measured the same: #999 (" in again.why
+
+
+def test_every_pareto_card_carries_its_causes_measured_by_intervention(url, tmp_path):
+    from dse.report_groups import MAX_CARDS, pareto_groups
+
+    paths = write_report(_study(url, tmp_path))
+    data = json.loads(paths["json"].read_text())
+    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    heads = [g[0].number for g in pareto_groups(report)[:MAX_CARDS]]
+    assert sorted(int(k) for k in data["causes"]) == sorted(heads)
+    for k, lines in data["causes"].items():
+        assert lines and lines[0].startswith("Limited first by ")
+    assert "Measured by intervention:" in paths["html"].read_text()
+    assert "**Measured by intervention:**" in paths["md"].read_text()

@@ -76,3 +76,22 @@ def test_overlaps_are_one_heatmap(report):
     assert len(z) == n and all(len(row) == n for row in z)
     assert all(z[i][i] is None for i in range(n))
     assert all(0 <= z[i][j] <= len(OBJECTIVES) for i in range(n) for j in range(n) if i != j)
+
+
+def _scaled(c, f: float, number: int, profile: str | None = None):
+    m = c.latest
+    run = replace(m, metrics={k: v * f for k, v in m.metrics.items()},
+                  values=tuple(v * f for v in m.values), envelopes={},
+                  profile=profile if profile is not None else m.profile)
+    return replace(c, number=number, screen=run, confirm=None)
+
+
+def test_same_profile_is_compared_paired_within_the_seed_spread(report):
+    c = _scaled(report.pareto[0], 1.0, 5000)
+    noisy = replace(report, noise={o.metric: 0.2 for o in OBJECTIVES})
+    assert indistinguishable(noisy, c, _scaled(c, 1.1, 5001))      # within 20% on both
+    assert not indistinguishable(noisy, c, _scaled(c, 1.5, 5002))  # 50% apart
+    # Without a measured spread, any difference on a shared profile tells them apart.
+    assert not indistinguishable(report, c, _scaled(c, 1.1, 5003))
+    # On another profile the errors are independent: the +/-35% envelopes overlap at 1.1x.
+    assert indistinguishable(report, c, _scaled(c, 1.1, 5004, profile="other/profile"))
