@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dse.space import IntParam, FloatParam, SearchSpace, apply
 from dse.study import Constraint, Objective
+from simcore.cluster import FABRIC_HEALTH_METRICS
 from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.config import SimConfig, parse_config
 from simcore.errors import ConfigError
@@ -415,7 +416,8 @@ def static_metric_names(cfg: SimConfig) -> set[str]:
     if w.ramp_up_strategy is not None:
         names |= {"ramp_up_start_rps", "ramp_up_end_rps"}
     if cfg.cluster is not None:
-        names |= set(CLUSTER_HEADLINE_METRICS)
+        names |= set(CLUSTER_HEADLINE_METRICS) | set(FABRIC_HEALTH_METRICS)
+        names.add("fabric_p99_step_slowdown")
     return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS) | _search_only_names(cfg)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simcore import __version__
+from simcore.cluster import FABRIC_HEALTH_METRICS
 from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
@@ -134,6 +135,10 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         result["cluster"] = cluster_result(cluster, run, kv_paths)
         for key in CLUSTER_HEADLINE_METRICS:
             result[key] = result["cluster"][key]
+        fabric = result["cluster"]["fabric"]
+        for key, src in FABRIC_HEALTH_METRICS.items():
+            result[key] = fabric[src]
+        result["fabric_p99_step_slowdown"] = fabric["step_slowdown"]["p99"] or 1.0
         result["provenance"]["fidelity"] = (f"engine + step DAG over the "
                                             f"{cfg.cluster.fabric.backend} fabric")
         result["provenance"]["assumptions"] += cfg.cluster.assumption_lines()
