@@ -10,7 +10,8 @@ TTFT and TPOT), and the recommendation says so. With it:
   measured one, its headroom to the throughput capacity (`simcore.saturation.headroom`);
 - the runner-up (the next by the same rule whose numbers differ; configurations measured the
   same, e.g. by a setting that did not matter, are named as equivalent) and the trade-off
-  between them in one sentence,
+  between them in one sentence, with the chance that the recommendation does better on each
+  objective over draws of the step-time errors shared by both (`beat_probabilities`),
   objective by objective, saying when the two are within each other's envelope on the first
   objective (the numbers alone then do not settle the order);
 - the `vllm serve` command that launches it, and its whole launch plan (`dse.launch`), which
@@ -106,7 +107,61 @@ def _relative(a: float, b: float) -> str:
     return f"{abs(a - b) / abs(b):.0%}" if b else "n/a"
 
 
-def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -> str:
+BEAT_SAMPLES = 6
+"""Draws of the op-class errors that compare the recommendation with its runner-up."""
+
+
+def beat_probabilities(study: StudyConfig | None, report: StudyReport, best: Configuration,
+                       other: Configuration, samples: int = BEAT_SAMPLES
+                       ) -> dict[str, float] | None:
+    """Per objective, the fraction of `samples` draws of the op-class errors in which `best`
+    does better than `other` (a tie counts half), both run at the fidelity their numbers come
+    from. On one profile the two share each draw (common random numbers: a kernel that is
+    slower than modelled is slower for both); on different profiles the draws are independent.
+    None when either cannot be simulated."""
+    if study is None:
+        return None
+    from dse.evaluate import EvalSpec, _check, result_metrics
+    from simcore.errors import ConfigError
+    from simcore.setup import build_deployment
+    from simcore.simulate import simulate
+    from simcore.uncertainty import perturbations
+
+    f = study.fidelity
+
+    def cfg_of(c: Configuration):
+        confirm = c.confirmed and f.confirm is not None
+        return _check(study.base, c.params, (f.confirm if confirm else f.screen) or {},
+                      EvalSpec.of(study))[0]
+
+    ca, cb = cfg_of(best), cfg_of(other)
+    if ca is None or cb is None:
+        return None
+    shared = best.latest.profile is not None and best.latest.profile == other.latest.profile
+    try:
+        da = perturbations(build_deployment(ca).step_model.op_error_bounds(), "samples",
+                           samples, ca.seed)
+        db = da if shared else perturbations(
+            build_deployment(cb).step_model.op_error_bounds(), "samples", samples, ca.seed + 1)
+        usd = study.cost.usd_per_gpu_hour
+        pairs = [(result_metrics(simulate(ca, op_scale=sa), usd),
+                  result_metrics(simulate(cb, op_scale=sb), usd)) for sa, sb in zip(da, db)]
+    except ConfigError:
+        return None
+    out = {}
+    for o in report.objectives:
+        if not all(o.metric in ra and o.metric in rb for ra, rb in pairs):
+            continue
+        score = 0.0
+        for ra, rb in pairs:
+            a, b = ra[o.metric], rb[o.metric]
+            score += 0.5 if a == b else float(a < b if o.direction == "minimize" else a > b)
+        out[o.metric] = score / len(pairs)
+    return out
+
+
+def _trade_off(report: StudyReport, best: Configuration, other: Configuration,
+               beats: dict[str, float] | None = None) -> str:
     parts = []
     for i, o in enumerate(report.objectives):
         a, b = _value(other, o.metric), _value(best, o.metric)
@@ -117,12 +172,19 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration) -
             parts.append(f"{o.metric} about the same")
             continue
         parts.append(f"{o.metric} {_relative(a, b)} {'better' if better else 'worse'}")
-    first = report.objectives[0].metric
-    ea, eb = best.latest.envelope(first), other.latest.envelope(first)
-    close = (ea is not None and eb is not None and ea[0] <= eb[1] and eb[0] <= ea[1])
     said = "; ".join(parts) if parts else "the same objective values"
-    tail = (f" Their {first} envelopes overlap: within the model's error the two are not "
-            f"told apart on it." if close else "")
+    if beats:
+        shared = best.latest.profile is not None and best.latest.profile == other.latest.profile
+        how = ("shared by both" if shared else "drawn for each")
+        tail = (f" Chance that #{best.number} does better, over {BEAT_SAMPLES} draws of the "
+                f"step-time errors {how}: "
+                + ", ".join(f"{m} {p:.0%}" for m, p in beats.items()) + ".")
+    else:
+        first = report.objectives[0].metric
+        ea, eb = best.latest.envelope(first), other.latest.envelope(first)
+        close = (ea is not None and eb is not None and ea[0] <= eb[1] and eb[0] <= ea[1])
+        tail = (f" Their {first} envelopes overlap: within the model's error the two are not "
+                f"told apart on it." if close else "")
     return f"Runner-up: trial #{other.number}, {said}.{tail}"
 
 
@@ -227,7 +289,9 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
         number=best.number, params=dict(best.params), basis=basis, slos=slos,
         default_slos=default, margins=margins, why=why, headroom=headroom,
         runner_up=runner.number if runner else None,
-        trade_off=_trade_off(report, best, runner) if runner else None,
+        trade_off=(_trade_off(report, best, runner,
+                              beat_probabilities(study, report, best, runner))
+                   if runner else None),
         launch=launch, launch_error=launch_error, launch_plan=plan,
         causes=causes(study, best, report))
 

@@ -117,3 +117,23 @@ def test_every_pareto_card_carries_its_causes_measured_by_intervention(url, tmp_
         assert lines and lines[0].startswith("Limited first by ")
     assert "Measured by intervention:" in paths["html"].read_text()
     assert "**Measured by intervention:**" in paths["md"].read_text()
+
+
+def test_the_chance_of_doing_better_is_measured_over_shared_error_draws(url, tmp_path):
+    from dataclasses import replace as dc_replace
+
+    from dse.recommend import BEAT_SAMPLES, beat_probabilities
+
+    study = _study(url, tmp_path)
+    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    rec = recommend(report, study)
+    best = next(c for c in report.configurations if c.number == rec.number)
+    # Against itself, under the same draws, every draw is a tie: one half.
+    same = beat_probabilities(study, report, best, dc_replace(best, number=998), samples=3)
+    assert same == {o.metric: 0.5 for o in OBJECTIVES}
+    if rec.runner_up is not None:
+        other = next(c for c in report.configurations if c.number == rec.runner_up)
+        p = beat_probabilities(study, report, best, other, samples=3)
+        assert set(p) == {o.metric for o in OBJECTIVES}
+        assert all(0.0 <= v <= 1.0 for v in p.values())
+        assert f"over {BEAT_SAMPLES} draws of the step-time errors" in rec.trade_off
