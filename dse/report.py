@@ -11,7 +11,6 @@ beside its screening run, and one that misses an SLO makes its configuration inf
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dse.fidelity import inert_notes
 from dse.pareto import pareto_ranks
 from dse.study import Constraint, Objective
 from simcore.errors import ConfigError
@@ -527,48 +525,18 @@ def _view_study(configs: Sequence[Configuration], directions: list[str]) -> optu
 
 def write_report(study: StudyConfig, *, storage: str | None = None,
                  out_dir: Path | None = None) -> dict[str, Path]:
-    """Build the report of `study` and write its formats (study.report.formats) to `out_dir`.
+    """Build the report of `study` and write its formats (`dse.report_files.write_report`)."""
+    from dse.report_files import write_report as write
 
-    Defaults: the study's storage URL and report folder. Returns {format: path written}.
-    """
-    from dse.recommend import decide
-
-    report = build_report(storage or study.storage_url, study.name, study.objectives,
-                          study.constraints)
-    report = decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
-    return write_report_files(report, out_dir or study.report_dir, study.report.formats)
+    return write(study, storage=storage, out_dir=out_dir)
 
 
 def write_report_files(report: StudyReport, out_dir: Path,
                        formats: Iterable[str] = tuple(FILE_NAMES)) -> dict[str, Path]:
-    """Write the chosen formats (html, md, csv, json) of `report` into `out_dir`."""
-    from dse.report_render import render_csv, render_html, render_markdown, report_json
+    """Write the chosen formats of `report` into `out_dir` (`dse.report_files`)."""
+    from dse.report_files import write_report_files as write
 
-    renderers: dict[str, Callable[[StudyReport], str]] = {
-        "html": render_html, "md": render_markdown, "csv": render_csv,
-        "json": lambda r: json.dumps(report_json(r), indent=1, allow_nan=False)}
-    out_dir = Path(out_dir)
-    written = {}
-    for fmt in formats:
-        if fmt not in renderers:
-            raise ConfigError(f"report.formats: unknown format {fmt!r} "
-                              f"(known: {', '.join(FILE_NAMES)})")
-        path = out_dir / FILE_NAMES[fmt]
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(renderers[fmt](report), encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot write the report ({err.strerror})") from None
-        written[fmt] = path
-    rec = report.recommendation
-    if rec is not None and rec.launch_plan:
-        path = out_dir / LAUNCH_FILE
-        try:
-            path.write_text(rec.launch_plan, encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot write the launch plan ({err.strerror})") from None
-        written["launch"] = path
-    return written
+    return write(report, out_dir, formats)
 
 
 def _fmt(x: Any) -> str:

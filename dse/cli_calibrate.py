@@ -1,0 +1,90 @@
+"""`dse calibrate`: fit a calibration profile from measurements, or a kernel profile from
+AIConfigurator's database, and list the shipped ones with their held-out errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dse.cli_common import _check_writable, _fail
+from simcore.errors import ConfigError
+
+
+@click.command()
+@click.argument("measurements", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the fitted profile (JSON) here; required when fitting.")
+@click.option("--gpu", default=None, help="GPU to fit when the files cover several (measurement "
+                                          "name such as h100, or catalog name).")
+@click.option("--node", default=None, help="Node kind of the collective tables (default: the "
+                                           "GPU's DGX tables).")
+@click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.2,
+              show_default=True, help="Fraction of each curve's token counts / message sizes "
+                                      "held out of the fit to measure its error.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the hold-out draw.")
+@click.option("--id", "profile_id", default=None, help="Profile id (default: from the GPU).")
+@click.option("--list", "list_profiles", is_flag=True,
+              help="List the shipped profiles and their held-out errors instead of fitting.")
+@click.option("--from-aiconfigurator", "aiconfigurator", default=None, metavar="SYSTEM",
+              help="Fit a kernel profile from the installed aiconfigurator-core's vLLM kernel "
+                   "measurements of SYSTEM (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...).")
+def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
+              node: str | None, holdout: float, seed: int, profile_id: str | None,
+              list_profiles: bool, aiconfigurator: str | None) -> None:
+    """Fit a calibration profile from MEASUREMENTS (files or directories in vidur's layout), or
+    a kernel profile from AIConfigurator's database (--from-aiconfigurator), write it, and print
+    the error distribution on what was held out of the fit."""
+    try:
+        if list_profiles:
+            _list_profiles()
+            return
+        if aiconfigurator is not None:
+            if measurements:
+                _fail("calibrate: give measurement files or --from-aiconfigurator, not both")
+            if out is None:
+                _fail("calibrate: --out is required (where to write the profile; .json.gz "
+                      "writes it gzipped)")
+            from dse.calibrate import render_kernel_errors, run_calibrate_aiconfigurator
+
+            _check_writable(out, "kernel profile")
+            kp = run_calibrate_aiconfigurator(aiconfigurator, str(out), seed=seed, gpu=gpu,
+                                              profile_id=profile_id)
+            click.echo(render_kernel_errors(kp))
+            click.echo(f"\nkernel profile {kp.profile_id} ({kp.gpu}) written to {out}")
+            return
+        if not measurements:
+            _fail("calibrate: give measurement files or directories (or --list)")
+        if out is None:
+            _fail("calibrate: --out is required (where to write the profile)")
+        from dse.calibrate import run_calibrate
+
+        report = run_calibrate([str(m) for m in measurements], str(out), gpu=gpu,
+                               holdout=holdout, seed=seed, node=node, profile_id=profile_id)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    click.echo(report.table())
+    click.echo(f"\nprofile {report.profile.profile_id} ({report.profile.gpu}) written to "
+               f"{report.out}")
+
+
+def _list_profiles() -> None:
+    """Every shipped profile with its held-out errors; for a GPU both sources measured, how far
+    they disagree."""
+    from dse.calibrate import (
+        error_table, render_disagreement, render_error_table, render_kernel_errors)
+    from simcore.calibration.kernels import shipped_kernel_profile, shipped_kernel_profile_ids
+    from simcore.calibration.profile import shipped_profile, shipped_profile_ids
+
+    vidur = {shipped_profile(pid).gpu: shipped_profile(pid) for pid in shipped_profile_ids()}
+    for pid in shipped_kernel_profile_ids():
+        kp = shipped_kernel_profile(pid)
+        click.echo(render_kernel_errors(kp))
+        if kp.gpu in vidur:
+            click.echo(render_disagreement(kp, vidur[kp.gpu]))
+        click.echo("")
+    for pid in shipped_profile_ids():
+        p = shipped_profile(pid)
+        click.echo(render_error_table(error_table(p), title=f"{pid} ({p.gpu}): relative errors"))
+        click.echo("")
