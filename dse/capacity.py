@@ -174,9 +174,7 @@ def _with_slo_metrics(cfg: SimConfig, slos: tuple[Constraint, ...]) -> SimConfig
         fam = m.group(3)
         if fam in _GOODPUT_FAMILIES:
             goodput[fam] = min(goodput.get(fam, math.inf), c.value)
-    metrics = cfg.metrics.model_copy(update={"percentiles": tuple(sorted(pcts)),
-                                             "goodput": goodput or None})
-    return cfg.model_copy(update={"metrics": metrics})
+    return cfg.with_section("metrics", percentiles=tuple(sorted(pcts)), goodput=goodput or None)
 
 
 class _Search:
@@ -194,9 +192,9 @@ class _Search:
     def _simulate(self, rate: float, num_prompts: int) -> dict:
         from simcore.simulate import simulate
 
-        w = self.cfg.workload.model_copy(update={"request_rate": rate,
-                                                 "num_prompts": num_prompts})
-        result = simulate(self.cfg.model_copy(update={"workload": w}), op_scale=self.op_scale)
+        result = simulate(self.cfg.with_section("workload", request_rate=rate,
+                                                num_prompts=num_prompts),
+                          op_scale=self.op_scale)
         self.num_gpus = result["num_gpus"]
         return result
 

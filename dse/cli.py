@@ -313,7 +313,7 @@ def _render_replay(r: dict) -> str:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
     """Search the space declared in STUDY (YAML) and write the report."""
-    from dse.report import write_report
+    from dse.report_files import decided_report, write_report_files
     from dse.runner import run_search
     from dse.study import load_study
 
@@ -329,36 +329,22 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
         for note in outcome.notes:
             click.echo(f"note: {note}")
         click.echo(outcome.summary())
-        paths = write_report(study)
+        report = decided_report(study)
+        paths = write_report_files(report, study.report_dir, study.report.formats)
     except ConfigError as e:
         _fail_in(study_file, e)
         return
     for kind, path in paths.items():
         click.echo(f"{kind:>5}: {path}")
-    _echo_recommendation(paths)
+    click.echo("")
+    rec = report.recommendation
+    for line in (rec.lines() if rec is not None
+                 else ["No configuration meets every SLO: nothing to recommend."]):
+        click.echo(line)
     problem = outcome.problem()
     if problem:
         click.echo(f"error: {problem}", err=True)
         sys.exit(1)
-
-
-def _echo_recommendation(paths: dict[str, Path]) -> None:
-    """The decision the report opens with, as the search's last words."""
-    if "json" not in paths:
-        return
-    rec = json.loads(paths["json"].read_text(encoding="utf-8")).get("recommendation")
-    if rec is None:
-        click.echo("\nNo configuration meets every SLO: nothing to recommend.")
-        return
-    from dse.recommend import Recommendation
-
-    fields = {k: rec[k] for k in ("basis", "default_slos", "margins", "why", "headroom",
-                                  "runner_up", "trade_off", "launch", "launch_error")}
-    r = Recommendation(number=rec["trial"], params=rec["params"], slos=(),
-                       causes=tuple(rec.get("causes", ())), **fields)
-    click.echo("")
-    for line in r.lines():
-        click.echo(line)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -89,11 +89,6 @@ def _signed(value: float, improvement: float) -> str:
     return f"{value:,.4g} ({abs(improvement):.0%} {word})" if improvement else f"{value:,.4g} (unchanged)"
 
 
-def _with(cfg: SimConfig, section: str, **update) -> SimConfig:
-    part = getattr(cfg, section)
-    return cfg.model_copy(update={section: part.model_copy(update=update)})
-
-
 def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
     """The relaxations that apply to `cfg` (see the module docstring); `base` is its result."""
     from simcore.setup import build_deployment
@@ -111,27 +106,27 @@ def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
         if gpu.fp8_flops is not None:
             flops["fp8_flops"] = gpu.fp8_flops * FACTOR
         out.append(Relaxation("compute", "twice the GPU's FLOP/s",
-                              _with(cfg, "hardware", **flops)))
-        out.append(Relaxation("hbm_bandwidth", "twice the HBM bandwidth", _with(
-            cfg, "hardware", hbm_bandwidth_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s * FACTOR)))
+                              cfg.with_section("hardware", **flops)))
+        out.append(Relaxation("hbm_bandwidth", "twice the HBM bandwidth", cfg.with_section(
+            "hardware", hbm_bandwidth_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s * FACTOR)))
     if dep.gpus_per_replica > 1:
         if measured:
             out.append(Relaxation("intra_node_communication", "collectives twice as fast", cfg,
                                   {"communication": 1 / FACTOR}))
         else:
-            out.append(Relaxation("intra_node_communication", "twice the NVLink bandwidth", _with(
-                cfg, "hardware", interconnect_bandwidth_bytes_per_s=(
-                    gpu.interconnect_bandwidth_bytes_per_s * FACTOR))))
+            out.append(Relaxation("intra_node_communication", "twice the NVLink bandwidth",
+                                  cfg.with_section("hardware", interconnect_bandwidth_bytes_per_s=(
+                                      gpu.interconnect_bandwidth_bytes_per_s * FACTOR))))
     blocks = dep.num_blocks
     out.append(Relaxation("kv_capacity", f"twice the KV-cache blocks ({blocks:,} -> "
-                          f"{blocks * 2:,})", _with(cfg, "engine",
-                                                    num_gpu_blocks_override=blocks * 2)))
+                          f"{blocks * 2:,})",
+                          cfg.with_section("engine", num_gpu_blocks_override=blocks * 2)))
     seqs = dep.max_num_seqs
     out.append(Relaxation("max_num_seqs", f"max_num_seqs {seqs} -> {seqs * 2}",
-                          _with(cfg, "engine", max_num_seqs=seqs * 2)))
+                          cfg.with_section("engine", max_num_seqs=seqs * 2)))
     budget = dep.max_num_batched_tokens
     out.append(Relaxation("token_budget", f"max_num_batched_tokens {budget:,} -> {budget * 2:,}",
-                          _with(cfg, "engine", max_num_batched_tokens=budget * 2)))
+                          cfg.with_section("engine", max_num_batched_tokens=budget * 2)))
     if cfg.cluster is not None and cfg.cluster.num_nodes > 1:
         net = cfg.cluster.network
         relaxed = cfg.cluster.model_copy(update={"network": net.model_copy(
@@ -140,15 +135,15 @@ def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
                               f"{net.nic_gbps:g}", cfg.model_copy(update={"cluster": relaxed})))
     if cfg.host.model == "vllm":
         out.append(Relaxation("cpu_side", "a host CPU twice as fast",
-                              _with(cfg, "host", host_speed=cfg.host.host_speed / FACTOR)))
+                              cfg.with_section("host", host_speed=cfg.host.host_speed / FACTOR)))
     if cfg.host.api_server and cfg.cluster is None:
         n = cfg.host.api_server_count
         out.append(Relaxation("api_server", f"api_server_count {n} -> {n * 2}",
-                              _with(cfg, "host", api_server_count=n * 2)))
+                              cfg.with_section("host", api_server_count=n * 2)))
     rate = cfg.workload.request_rate
-    if math.isfinite(rate) and cfg.workload.ramp_up_strategy is None:
+    if math.isfinite(rate):  # a ramp-up or a trace's own timestamps leave it inf
         out.append(Relaxation("offered_load", f"request rate {rate:g} -> {rate / FACTOR:g} "
-                              "req/s", _with(cfg, "workload", request_rate=rate / FACTOR)))
+                              "req/s", cfg.with_section("workload", request_rate=rate / FACTOR)))
     return out
 
 

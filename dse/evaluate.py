@@ -373,12 +373,11 @@ def probe_metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hou
 
 def _search_only_names(cfg: SimConfig) -> set[str]:
     """Names a trial reports that the probe's handful of requests does not show."""
-    w = cfg.workload
-    timed = getattr(w.dataset, "use_timestamps", False)
     from simcore.saturation import MIN_REQUESTS
 
-    rated = (math.isfinite(w.request_rate) and w.ramp_up_strategy is None and not timed
-             and (w.resolved_num_prompts or 0) >= MIN_REQUESTS)
+    w = cfg.workload
+    # A finite rate excludes a ramp-up and a trace's own timestamps (both need it left inf).
+    rated = math.isfinite(w.request_rate) and (w.resolved_num_prompts or 0) >= MIN_REQUESTS
     return set(CAPACITY_METRICS) | (set(TREND_METRICS) if rated else set())
 
 

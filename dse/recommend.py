@@ -91,13 +91,6 @@ def _meets(c: Configuration, slos: tuple[Constraint, ...]) -> bool:
     return all((v := m.value_of(s.metric)) is not None and s.met(v) for s in slos)
 
 
-def _margin(c: Configuration, s: Constraint) -> float:
-    """How far the run is inside the bound, as a fraction of the bound (negative: outside)."""
-    v = c.latest.value_of(s.metric)
-    gap = s.value - v if s.op in ("<=", "<") else v - s.value
-    return gap / abs(s.value) if s.value else gap
-
-
 def _value(c: Configuration, metric: str) -> float | None:
     return c.latest.value_of(metric)
 
@@ -105,6 +98,18 @@ def _value(c: Configuration, metric: str) -> float | None:
 def _relative(a: float, b: float) -> str:
     """How much a differs from b, as a percentage of b."""
     return f"{abs(a - b) / abs(b):.0%}" if b else "n/a"
+
+
+def fidelity_config(study: StudyConfig, c: Configuration, *, screen: bool = False):
+    """The configuration as its numbers were measured: the study's base with its parameters and
+    the confirmation's overrides when its confirmation completed, else the screen's (`screen`
+    takes the screen's always); None when it cannot be deployed."""
+    from dse.evaluate import EvalSpec, _check
+
+    f = study.fidelity
+    confirm = c.confirmed and f.confirm is not None and not screen
+    return _check(study.base, c.params, (f.confirm if confirm else f.screen) or {},
+                  EvalSpec.of(study))[0]
 
 
 BEAT_SAMPLES = 6
@@ -121,20 +126,13 @@ def beat_probabilities(study: StudyConfig | None, report: StudyReport, best: Con
     None when either cannot be simulated."""
     if study is None:
         return None
-    from dse.evaluate import EvalSpec, _check, result_metrics
+    from dse.evaluate import result_metrics
     from simcore.errors import ConfigError
     from simcore.setup import build_deployment
     from simcore.simulate import simulate
     from simcore.uncertainty import perturbations
 
-    f = study.fidelity
-
-    def cfg_of(c: Configuration):
-        confirm = c.confirmed and f.confirm is not None
-        return _check(study.base, c.params, (f.confirm if confirm else f.screen) or {},
-                      EvalSpec.of(study))[0]
-
-    ca, cb = cfg_of(best), cfg_of(other)
+    ca, cb = fidelity_config(study, best), fidelity_config(study, other)
     if ca is None or cb is None:
         return None
     shared = best.latest.profile is not None and best.latest.profile == other.latest.profile
@@ -180,11 +178,12 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration,
                 f"step-time errors {how}: "
                 + ", ".join(f"{m} {p:.0%}" for m, p in beats.items()) + ".")
     else:
+        from dse.report import overlap
+
         first = report.objectives[0].metric
-        ea, eb = best.latest.envelope(first), other.latest.envelope(first)
-        close = (ea is not None and eb is not None and ea[0] <= eb[1] and eb[0] <= ea[1])
         tail = (f" Their {first} envelopes overlap: within the model's error the two are not "
-                f"told apart on it." if close else "")
+                f"told apart on it."
+                if overlap(best.latest.envelope(first), other.latest.envelope(first)) else "")
     return f"Runner-up: trial #{other.number}, {said}.{tail}"
 
 
@@ -199,15 +198,11 @@ def causes(study: StudyConfig | None, c: Configuration, report: StudyReport, *,
     if study is None:
         return ()
     from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals
-    from dse.evaluate import EvalSpec, _check, result_metrics
+    from dse.evaluate import result_metrics
     from simcore.errors import ConfigError
     from simcore.simulate import simulate
 
-    # At the fidelity its numbers come from: the confirmation's overrides, else the screen's.
-    f = study.fidelity
-    confirm = c.confirmed and f.confirm is not None and not screen
-    overrides = (f.confirm if confirm else f.screen) or {}
-    cfg, _ = _check(study.base, c.params, overrides, EvalSpec.of(study))
+    cfg = fidelity_config(study, c, screen=screen)
     if cfg is None:
         return ()
 
@@ -268,7 +263,7 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
     # same choice; the runner-up is the next that differs.
     same = [c for c in ranked[1:] if numbers(c) == numbers(best)]
     runner = next((c for c in ranked[1:] if numbers(c) != numbers(best)), None)
-    margins = {s.metric: _margin(best, s) for s in slos}
+    margins = {s.metric: s.relative_slack(best.latest.value_of(s.metric)) for s in slos}
     tightest = min(margins, key=margins.get)
     basis = "confirmation" if best.confirmed else "screening"
     many = len(pool) != 1

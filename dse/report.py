@@ -69,8 +69,9 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
 # ---------------------------------------------------------------------------------------------
 # Envelopes
 
-def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
+def overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    """Whether two envelopes (low, high) share a value; False when either is missing."""
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ class StudyReport:
                     eb = envelope(o.metric, b.values[i], b.screen.relative_uncertainty)
                 if ea is None or eb is None:
                     continue
-                (overlapping if _overlap(ea, eb) else separate).append(o.metric)
+                (overlapping if overlap(ea, eb) else separate).append(o.metric)
             if overlapping or separate:
                 out.append({"a": a.number, "b": b.number, "overlapping": overlapping,
                             "separate": separate,

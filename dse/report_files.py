@@ -16,18 +16,24 @@ if TYPE_CHECKING:
     from dse.study import StudyConfig
 
 
+def decided_report(study: StudyConfig, *, storage: str | None = None) -> StudyReport:
+    """The report of `study` (default: its storage) with its notes and decision
+    (`dse.recommend.decide`)."""
+    from dse.recommend import decide
+
+    report = build_report(storage or study.storage_url, study.name, study.objectives,
+                          study.constraints)
+    return decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
+
+
 def write_report(study: StudyConfig, *, storage: str | None = None,
                  out_dir: Path | None = None) -> dict[str, Path]:
     """Build the report of `study` and write its formats (study.report.formats) to `out_dir`.
 
     Defaults: the study's storage URL and report folder. Returns {format: path written}.
     """
-    from dse.recommend import decide
-
-    report = build_report(storage or study.storage_url, study.name, study.objectives,
-                          study.constraints)
-    report = decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
-    return write_report_files(report, out_dir or study.report_dir, study.report.formats)
+    return write_report_files(decided_report(study, storage=storage),
+                              out_dir or study.report_dir, study.report.formats)
 
 
 def write_report_files(report: StudyReport, out_dir: Path,

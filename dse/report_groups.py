@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dse.report import overlap
 from simcore.saturation import GROWTH_TOLERANCE
 
 if TYPE_CHECKING:
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
 
 MAX_CARDS = 7
 """Pareto groups shown as cards; the rest are listed in a table."""
-
-
-def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
-    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
 def _sign(x: float) -> int:
@@ -49,7 +46,7 @@ def indistinguishable(report: StudyReport, a: Configuration, b: Configuration) -
         if va is None or vb is None:
             continue
         if not paired:
-            if not _overlap(ma.envelope(o.metric), mb.envelope(o.metric)):
+            if not overlap(ma.envelope(o.metric), mb.envelope(o.metric)):
                 return False
             continue
         tol = report.noise.get(o.metric, 0.0)
@@ -73,14 +70,14 @@ def measure_noise(study, report: StudyReport) -> dict[str, float]:
     different draw of the same workload moves it. {} when it cannot be simulated."""
     import numpy as np
 
-    from dse.evaluate import EvalSpec, _check, result_metrics
+    from dse.evaluate import result_metrics
+    from dse.recommend import fidelity_config
     from simcore.errors import ConfigError
     from simcore.simulate import simulate
 
     if not report.pareto:
         return {}
-    c = report.pareto[0]
-    cfg, _ = _check(study.base, c.params, study.fidelity.screen or {}, EvalSpec.of(study))
+    cfg = fidelity_config(study, report.pareto[0], screen=True)
     if cfg is None:
         return {}
     runs = []
@@ -155,7 +152,7 @@ def overlap_figure(report: StudyReport) -> Any:
         return None
     n_obj = len(report.objectives)
     labels = [f"#{c.number}" for c in pareto]
-    z = [[sum(_overlap(a.latest.envelope(o.metric), b.latest.envelope(o.metric))
+    z = [[sum(overlap(a.latest.envelope(o.metric), b.latest.envelope(o.metric))
               for o in report.objectives) if a is not b else None for b in pareto]
          for a in pareto]
     fig = go.Figure(go.Heatmap(z=z, x=labels, y=labels, zmin=0, zmax=n_obj,

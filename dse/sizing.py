@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dse.capacity import Capacity, RateRun, _Search, _check_workload, _with_slo_metrics, find_capacity
+from dse.capacity import (Capacity, RateRun, _check_workload, _Search, _with_slo_metrics,
+                          find_capacity)
 from dse.study import Constraint
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
@@ -42,7 +43,7 @@ class Option:
 
     def margin(self, slos: tuple[Constraint, ...]) -> float:
         """The tightest SLO's slack, as a fraction of its bound."""
-        return min((c.value - self.run.values[c.metric]) / c.value for c in slos)
+        return min(c.relative_slack(self.run.values[c.metric]) for c in slos)
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,8 @@ def _layouts(cfg: SimConfig, max_gpus: int) -> list[tuple[int, int, int]]:
 
 
 def _layout_config(cfg: SimConfig, tp: int, pp: int, dp: int) -> SimConfig:
-    par = cfg.parallelism.model_copy(update={"tensor_parallel_size": tp,
-                                             "pipeline_parallel_size": pp,
-                                             "data_parallel_size": dp})
-    return cfg.model_copy(update={"parallelism": par})
+    return cfg.with_section("parallelism", tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                            data_parallel_size=dp)
 
 
 def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,

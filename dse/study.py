@@ -41,6 +41,11 @@ class Constraint(BaseModel):
             return min(gap, 0.0)
         return max(gap, 1e-9)
 
+    def relative_slack(self, x: float) -> float:
+        """How far `x` is inside the bound, as a fraction of the bound (negative: outside)."""
+        gap = self.value - x if self.op in ("<=", "<") else x - self.value
+        return gap / abs(self.value) if self.value else gap
+
     def met(self, x: float) -> bool:
         return {"<=": x <= self.value, "<": x < self.value, ">=": x >= self.value,
                 ">": x > self.value}[self.op]

@@ -295,6 +295,12 @@ class SimConfig(BaseModel):
     base_dir: str = Field(".", description="Directory that relative paths in this config are "
                           "resolved against (set by the loader to the file's directory).")
 
+    def with_section(self, section: str, **changes: Any) -> "SimConfig":
+        """A copy with fields of one section changed (e.g. `with_section("workload",
+        request_rate=5)`), the rest as it is; like `model_copy`, it does not re-validate."""
+        part = getattr(self, section)
+        return self.model_copy(update={section: part.model_copy(update=changes)})
+
 
 def parse_config(data: Any, *, source: str = "config", base_dir: str | Path | None = None) -> SimConfig:
     """Validate a mapping into a SimConfig, raising ConfigError with one sentence on failure."""

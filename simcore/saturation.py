@@ -110,8 +110,8 @@ def headroom(cfg, result: dict) -> dict | None:
     latency SLOs.
     """
     w = cfg.workload
-    if (not math.isfinite(w.request_rate) or w.ramp_up_strategy is not None
-            or getattr(w.dataset, "use_timestamps", False) or "offered_request_rate" not in result):
+    # A finite rate is the config's own: a ramp-up or a trace's timestamps need it left inf.
+    if not math.isfinite(w.request_rate) or "offered_request_rate" not in result:
         return None
     full = _capacity(capacity_config(cfg, result))
     if full is None:
@@ -163,9 +163,8 @@ def capacity_config(cfg, result: dict):
     concurrency = min(result["limits"]["max_num_seqs"] * len(result["replicas"]),
                       CAPACITY_RUN_MAX_REQUESTS // 4)
     n = max(cfg.workload.resolved_num_prompts or 0, 4 * concurrency)
-    w = cfg.workload.model_copy(update={"request_rate": math.inf, "num_prompts": n,
-                                        "max_concurrency": concurrency})
-    return cfg.model_copy(update={"workload": w})
+    return cfg.with_section("workload", request_rate=math.inf, num_prompts=n,
+                            max_concurrency=concurrency)
 
 
 def middle_completion_rate(run: dict) -> float:

@@ -10,15 +10,11 @@ from dse.study import Constraint, Objective
 from simcore.cluster import FABRIC_HEALTH_METRICS
 from simcore.config import parse_config
 from simcore.simulate import simulate
+from tests.test_cli_cluster import SMALL
 
-CFG = {
-    "name": "health", "seed": 1,
-    "model": {"name": "meta-llama/Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM"},
-    "parallelism": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
-    "workload": {"num_prompts": 20, "request_rate": 50,
-                 "dataset": {"kind": "random", "input_len": 128, "output_len": 16}},
-    "cluster": {"num_nodes": 2, "network": {"nic_gbps": 100}, "fabric": {"backend": "flow"}},
-}
+# The CLI tests' small cluster: TP 8 x PP 2 of Llama-3.1-8B over two H100 nodes.
+CFG = {**SMALL, "cluster": {"num_nodes": 2, "network": {"nic_gbps": 100},
+                            "fabric": {"backend": "flow"}}}
 NAMES = {*FABRIC_HEALTH_METRICS, "fabric_p99_step_slowdown"}
 
 

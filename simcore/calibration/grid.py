@@ -135,6 +135,14 @@ def check_axis(name: str, axis: list) -> None:
         raise ValueError(f"{name} must be positive and strictly increasing")
 
 
+def check_batch_seq(batch: list, seq: list, time_us: list) -> None:
+    """ValueError unless a (batch, seq) table's axes are valid and it holds a time per cell."""
+    check_axis("batch", batch)
+    check_axis("seq", seq)
+    if len(time_us) != len(batch) * len(seq):
+        raise ValueError("time_us must hold len(batch) x len(seq) values")
+
+
 def fill_along(values: np.ndarray, axis_values: np.ndarray, axis: int, cap: float) -> np.ndarray:
     """`values` with the missing cells beyond the last measured one of each line along `axis`
     extrapolated in log-log space with the slope of the line's last measured segment, clamped to

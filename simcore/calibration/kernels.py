@@ -48,7 +48,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.calibration.curves import KnotCurve
-from simcore.calibration.grid import LogGrid, check_axis as _check_axis
+from simcore.calibration.grid import LogGrid, check_axis as _check_axis, check_batch_seq
 from simcore.calibration.mla import MlaTable
 from simcore.calibration.profile import ErrorStats, US_PER_S, dumps_profile, validate_profile
 from simcore.errors import ConfigError
@@ -138,10 +138,7 @@ class AttentionTable(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "AttentionTable":
-        _check_axis("batch", self.batch)
-        _check_axis("seq", self.seq)
-        if len(self.time_us) != len(self.batch) * len(self.seq):
-            raise ValueError("time_us must hold len(batch) x len(seq) values")
+        check_batch_seq(self.batch, self.seq, self.time_us)
         return self
 
 

@@ -52,7 +52,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simcore.calibration.grid import check_axis
+from simcore.calibration.grid import check_batch_seq
 
 MLA_CONTEXT_CAPS = (1.0, 2.0)
 """Context module tables above their last batch (linear) and prompt length (quadratic)."""
@@ -106,10 +106,7 @@ class MlaTable(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "MlaTable":
-        check_axis("batch", self.batch)
-        check_axis("seq", self.seq)
-        if len(self.time_us) != len(self.batch) * len(self.seq):
-            raise ValueError("time_us must hold len(batch) x len(seq) values")
+        check_batch_seq(self.batch, self.seq, self.time_us)
         return self
 
     @property
