@@ -16,7 +16,7 @@ from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
 from simcore.metrics import engine_summary, summarize
 from simcore.saturation import load_trend
-from simcore.serving import ServingRun, run_serving
+from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
 from simcore.workload.generate import request_stream
 
@@ -194,7 +194,8 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
     result["gpu_busy_fraction"] = busy / wall if wall > 0 else 0.0
     # How full the running steps are, apart from how long they run: a step can run all the
     # time with a small batch (busy 1.00 at light load), so busy alone does not mean saturated.
-    at_limit = sum(s.busy_s_at_max_seqs + s.busy_s_budget_full + s.busy_s_waiting_blocked
+    at_limit = sum(s.busy_s_waiting_at_max_num_seqs + s.busy_s_waiting_at_token_budget
+                   + s.busy_s_waiting_for_kv_blocks
                    for s in stats)
     result["saturated_fraction"] = at_limit / wall if wall > 0 else 0.0
     result["mean_batch_seqs"] = sum(s.seq_s for s in stats) / busy if busy > 0 else 0.0
@@ -243,13 +244,13 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
         "num_prefill_tokens": s.num_prefill_tokens, "num_decode_tokens": s.num_decode_tokens,
         "num_preemptions": s.num_preemptions, "steps_by_bound": s.steps_by_bound,
         "max_num_running": s.max_num_running, "max_num_waiting": s.max_num_waiting,
-        "num_steps_waiting_at_max_num_seqs": s.num_steps_at_max_seqs,
-        "num_steps_waiting_at_token_budget": s.num_steps_budget_full,
-        "num_steps_waiting_for_kv_blocks": s.num_steps_waiting_blocked,
-        "num_steps_waiting_at_token_budget_compute_bound": s.num_steps_budget_full_compute_bound,
-        "busy_s_waiting_at_max_num_seqs": s.busy_s_at_max_seqs,
-        "busy_s_waiting_at_token_budget": s.busy_s_budget_full,
-        "busy_s_waiting_for_kv_blocks": s.busy_s_waiting_blocked,
+        "num_steps_waiting_at_max_num_seqs": s.num_steps_waiting_at_max_num_seqs,
+        "num_steps_waiting_at_token_budget": s.num_steps_waiting_at_token_budget,
+        "num_steps_waiting_for_kv_blocks": s.num_steps_waiting_for_kv_blocks,
+        "num_steps_waiting_at_token_budget_compute_bound": s.num_steps_waiting_at_token_budget_compute_bound,
+        "busy_s_waiting_at_max_num_seqs": s.busy_s_waiting_at_max_num_seqs,
+        "busy_s_waiting_at_token_budget": s.busy_s_waiting_at_token_budget,
+        "busy_s_waiting_for_kv_blocks": s.busy_s_waiting_for_kv_blocks,
         "step_s_by_phase_bound": s.step_s_by_phase_bound,
         "prefix_cache_evictions": sched.kv.pool.num_evictions,
         **({"dummy_steps": s.dummy_steps, "dummy_busy_s": s.dummy_busy_s,

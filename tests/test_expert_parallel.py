@@ -17,7 +17,7 @@ from simcore.hardware import get_gpu
 from simcore.model.arch import dtype_bytes
 from simcore.model.memory import activation_peak_bytes
 from simcore.model.presets import load_preset
-from simcore.serving import run_serving
+from simcore.serve import run_serving
 from simcore.setup import build_deployment
 from simcore.simulate import simulate
 from simcore.workload.spec import RequestSpec

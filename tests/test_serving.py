@@ -12,7 +12,7 @@ import pytest
 from simcore.compute.base import StepShape, StepTime
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.metrics import engine_summary, summarize
-from simcore.serving import run_serving
+from simcore.serve import run_serving
 from simcore.workload.spec import RequestSpec
 
 S = 1 / 64

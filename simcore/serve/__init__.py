@@ -1,0 +1,124 @@
+"""Serving on the virtual clock: a benchmark client, a router and engine replicas under SimPy.
+
+`run_serving` composes the parts: a `Frontend` (client, API server path, router, request
+records), one `EngineLoop` per lock-step group over a `StepExecutor` (the step-time model, or
+the step DAG over the cluster's fabric), and the observers that count the run
+(`ReplicaCounters`, `TimeSeriesSampler`, `KvHandoff` when KV moves over the fabric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import simpy
+
+from simcore.compute.base import StepTimeModel
+from simcore.engine.request import BlockHashSpace
+from simcore.engine.scheduler import Scheduler, SchedulerConfig
+from simcore.metrics import RequestRecord
+from simcore.router import Router
+from simcore.serve.executor import DagExecutor, ModelExecutor
+from simcore.serve.frontend import ApiServerPath, ClientSettings, Frontend, KvHandoff
+from simcore.serve.loop import MAX_EMPTY_STEPS, EngineLoop, Rank
+from simcore.serve.observers import ReplicaCounters, ReplicaStats, TimeSeries, TimeSeriesSampler
+from simcore.workload.generate import RequestStream
+from simcore.workload.spec import RequestSpec
+
+__all__ = ["MAX_EMPTY_STEPS", "ApiServerPath", "ClientSettings", "ReplicaStats", "ServingRun",
+           "TimeSeries", "run_serving"]
+
+
+@dataclass(slots=True)
+class ServingRun:
+    """Raw outcome of a serving run, before summarising."""
+
+    records: list[RequestRecord]
+    replicas: list[ReplicaStats]
+    timeseries: TimeSeries
+    schedulers: list[Scheduler]
+    end_s: float
+    num_routed_by_prefix: int
+
+
+def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: SchedulerConfig,
+                num_replicas: int, step_model: StepTimeModel, router_policy: str,
+                report_interval_s: float, balance_threshold: int, max_concurrency: int | None,
+                max_model_len: int, sample_interval_s: float,
+                progress: Callable[[float, int, int], None] | None = None,
+                lockstep_groups: list[tuple[int, ...]] | None = None,
+                env: simpy.Environment | None = None, cluster=None,
+                kv_paths=None, request_timeout_s: float | None = None,
+                request_cpu_s: Callable[[int], float] | None = None,
+                request_latency_s: float = 0.0, api_servers: int = 1) -> ServingRun:
+    """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
+
+    `specs` is read once, in order, as the client reaches each request (a RequestStream makes
+    them then); each request's record is made when it arrives.
+
+    A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
+    server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
+    that long after its send is given up by the client: aborted in the engine
+    (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
+    Between a request's send and its arrival in the scheduler lies the API server's path
+    (`ApiServerPath`): its work, `request_cpu_s(prompt_len)`, on one of `api_servers` server
+    processes, each doing one request's work at a time, in send order, so that a burst of
+    requests queues there; then `request_latency_s`, which every request pays concurrently.
+
+    `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
+    together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
+    a group has requests, every step each rank's scheduler plans its batch, a rank with nothing
+    to run contributes a dummy batch, all wait for the group's step time, then each scheduler
+    takes its outputs. Without it, every replica steps on its own.
+
+    `cluster` (a `simcore.cluster.runtime.ClusterRuntime` on `env`) runs every step as a DAG
+    over the cluster's fabric instead of timing it with `step_model`; the step ends when the
+    DAG does. `kv_paths` (a `simcore.cluster.kvpaths.KvPaths`) gives engines KV connectors and
+    moves KV caches over the fabric: with prefill/decode disaggregation the router sends each
+    request to a prefill instance, which runs its prompt (max_tokens 1, its token not streamed);
+    then a decode instance loads the KV and generates every output token; with an external KV
+    tier, tier hits are fetched from the storage servers before the request is scheduled.
+    """
+    env = env or simpy.Environment()
+    space = BlockHashSpace()
+    ranks = [Rank(i, Scheduler(sched_config, space,
+                               kv_paths.connector(i, space) if kv_paths else None))
+             for i in range(num_replicas)]
+    entry = (kv_paths.prefill_instances() if kv_paths is not None and kv_paths.disaggregated
+             else list(range(num_replicas)))
+    router = Router(router_policy, len(entry), space=space, balance_threshold=balance_threshold)
+    kv = KvHandoff(kv_paths, ranks) if kv_paths is not None else None
+    frontend = Frontend(env, specs, ranks, router, entry,
+                        ClientSettings(max_model_len, max_concurrency, request_timeout_s),
+                        ApiServerPath(request_cpu_s, request_latency_s, api_servers),
+                        kv=kv, progress=progress)
+    counters = ReplicaCounters(num_replicas)
+    observers = (counters, kv, frontend) if kv is not None else (counters, frontend)
+
+    if lockstep_groups is None:
+        groups = [(i,) for i in range(num_replicas)]
+    else:
+        members = sorted(i for g in lockstep_groups for i in g)
+        if members != list(range(num_replicas)):
+            raise ValueError(f"lockstep_groups must partition the {num_replicas} replicas, "
+                             f"got {lockstep_groups}")
+        groups = lockstep_groups
+    if cluster is not None:
+        executor = DagExecutor(cluster)
+        cluster.start()
+    elif lockstep_groups is not None:
+        executor = ModelExecutor(step_model, lockstep=True)
+    else:
+        executor = ModelExecutor(step_model)
+    sampler = TimeSeriesSampler(env, [r.sched for r in ranks], sample_interval_s,
+                                frontend.check_lost)
+
+    env.process(frontend.process())
+    for g in groups:
+        env.process(EngineLoop(env, [ranks[i] for i in g], executor, observers).process())
+    if len(entry) > 1:
+        env.process(frontend.reporter(report_interval_s))
+    env.process(sampler.process())
+    env.run(until=frontend.all_done)
+    return ServingRun(frontend.records, counters.stats, sampler.series,
+                      [r.sched for r in ranks], env.now, router.num_prefix_routed)

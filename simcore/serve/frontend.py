@@ -1,0 +1,270 @@
+"""The serving front end on the virtual clock: the benchmark client, the API server's path, the
+router, and what becomes of each request's record.
+
+`Frontend` sends every request at its arrival time (or when the client's max-concurrency limit
+lets it), refuses one longer than `max_model_len`, routes it, passes it through the API server's
+path, adds it to its engine's scheduler, gives it up at the client's timeout, and records its
+first scheduling, its tokens and its completion; as a `StepObserver` of the engine loops it
+sees each step's admissions and outputs. `KvHandoff`, another observer, moves KV caches over
+the fabric (P/D disaggregation, an external KV tier) through `simcore.cluster.kvpaths.KvPaths`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import simpy
+
+from simcore.engine.request import Request
+from simcore.metrics import RequestRecord
+from simcore.router import Router
+from simcore.serve.loop import Rank
+from simcore.serve.observers import StepObserver
+from simcore.workload.spec import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ApiServerPath:
+    """The API server's path before the engine sees a request: its work,
+    `request_cpu_s(prompt_len)` (tokenization, input processing), on one of `num_servers`
+    processes, each doing one request's work at a time in send order; then `latency_s`, paid
+    by every request concurrently."""
+
+    request_cpu_s: Callable[[int], float] | None = None
+    latency_s: float = 0.0
+    num_servers: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.request_cpu_s is not None or self.latency_s > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """The benchmark client's limits: concurrency, the per-request timeout, the longest
+    request the API server accepts."""
+
+    max_model_len: int
+    max_concurrency: int | None = None
+    request_timeout_s: float | None = None
+
+
+class Frontend(StepObserver):
+    """Client, API server, router and request records for the engines `ranks`."""
+
+    __slots__ = ("env", "specs", "ranks", "client", "server", "router", "entry", "prefill_of",
+                 "kv", "records", "progress", "total", "done", "all_done", "all_sent",
+                 "backlog", "in_flight", "in_server", "server_free")
+
+    def __init__(self, env: simpy.Environment, specs: Sequence[RequestSpec], ranks: list[Rank],
+                 router: Router, entry: list[int], client: ClientSettings,
+                 server: ApiServerPath, kv=None,
+                 progress: Callable[[float, int, int], None] | None = None):
+        self.env = env
+        self.specs = specs
+        self.ranks = ranks
+        self.client = client
+        self.server = server
+        self.router = router
+        self.entry = entry
+        # With P/D disaggregation the router sees only the prefill instances.
+        self.prefill_of = set(entry) if len(entry) < len(ranks) else set()
+        self.kv = kv
+        self.records: list[RequestRecord] = []
+        self.progress = progress
+        self.total = len(specs)
+        self.done = 0
+        self.all_done = env.event()
+        if self.total == 0:
+            self.all_done.succeed()
+        self.all_sent = False
+        self.backlog: deque[tuple[int, RequestSpec]] = deque()   # held by max_concurrency
+        self.in_flight = 0
+        self.in_server = 0           # sent, still on the API server's path to an engine
+        self.server_free = [0.0] * server.num_servers   # when each process is next free (a heap)
+
+    # -- the client ------------------------------------------------------------------------
+
+    def process(self):
+        """The benchmark client: one record per request, made as it arrives."""
+        env = self.env
+        limit = self.client.max_concurrency
+        for idx, spec in enumerate(self.specs):
+            self.records.append(RequestRecord(request_id=spec.request_id,
+                                              prompt_len=spec.prompt_len,
+                                              output_len=spec.output_len,
+                                              arrival_s=spec.arrival_s))
+            delay = spec.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            if limit is not None and self.in_flight >= limit:
+                self.backlog.append((idx, spec))
+            else:
+                self.send(idx, spec)
+        self.all_sent = True
+
+    def finish(self, idx: int) -> None:
+        self.done += 1
+        self.in_flight -= 1
+        if self.progress is not None:
+            self.progress(self.env.now, self.done, self.total)
+        if self.backlog:
+            self.send(*self.backlog.popleft())
+        if self.done == self.total and not self.all_done.triggered:
+            self.all_done.succeed()
+
+    def send(self, idx: int, spec: RequestSpec) -> None:
+        env = self.env
+        rec = self.records[idx]
+        rec.send_s = env.now
+        self.in_flight += 1
+        max_len = self.client.max_model_len
+        if spec.prompt_len + spec.output_len > max_len:
+            rec.success = False
+            rec.error = (f"prompt ({spec.prompt_len}) + output ({spec.output_len}) tokens exceed "
+                         f"max_model_len ({max_len})")
+            self.finish(idx)
+            return
+        router = self.router
+        r = self.entry[router.route(spec.block_keys)]
+        rec.replica = r
+        rank = self.ranks[r]
+        # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
+        req = Request(spec.request_id, idx, spec.prompt_len,
+                      1 if r in self.prefill_of else spec.output_len, spec.block_keys,
+                      spec.priority, spec.arrival_s, rec)
+        if router.last_hashes is not None:
+            # The router already chained this prompt's keyed blocks in the shared hash space.
+            req.block_hashes = router.last_hashes
+        server = self.server
+        if server.active:
+            # The API server's path: its work on the first free server process, then the
+            # path's latency.
+            self.in_server += 1
+            free = heapq.heappop(self.server_free)
+            start = free if free > env.now else env.now
+            done = start + (server.request_cpu_s(spec.prompt_len)
+                            if server.request_cpu_s is not None else 0.0)
+            heapq.heappush(self.server_free, done)
+            rec.server_wait_s = start - env.now
+            rec.server_s = done + server.latency_s - env.now
+
+            def arrive(_, rank=rank, req=req) -> None:
+                self.in_server -= 1
+                rank.sched.add_request(req)
+                rank.notify()
+
+            env.timeout(rec.server_s).callbacks.append(arrive)
+        else:
+            rank.sched.add_request(req)
+            rank.notify()
+        if self.client.request_timeout_s is not None:
+            env.timeout(self.client.request_timeout_s).callbacks.append(
+                lambda _: self.give_up(idx, rec, rank.sched, req))
+
+    def give_up(self, idx: int, rec: RequestRecord, sched, req: Request) -> None:
+        """The client's timeout: a request not finished by then is aborted in its engine (vLLM's
+        API server aborts it when the client disconnects) and counts as failed."""
+        if rec.success or not sched.finish_requests([req]):
+            return
+        rec.error = (f"client timed out after {self.client.request_timeout_s:g} s "
+                     f"(workload.request_timeout_s)")
+        rec.finished_s = self.env.now
+        rec.num_preemptions += req.num_preemptions
+        self.finish(idx)
+
+    # -- engine events ---------------------------------------------------------------------
+
+    def on_admitted(self, rank, requests, now: float) -> None:
+        # Only a newly admitted request can be scheduled for the first time.
+        for req in requests:
+            rec = req.client
+            if rec.first_scheduled_s is None:
+                rec.first_scheduled_s = now
+
+    def on_outputs(self, rank, emitted, finished, now: float) -> None:
+        """A step's sampled tokens reach their clients; finished requests complete (a prompt
+        finished on a prefill instance moves on to a decode instance instead)."""
+        if rank.index in self.prefill_of:
+            for req in finished:
+                self.kv.handoff(req, rank)
+            return
+        for req in emitted:
+            req.client.token_times_s.append(now)
+        for req in finished:
+            rec = req.client
+            rec.success = True
+            rec.num_preemptions += req.num_preemptions
+            # The local prefix-cache hit; KV loaded from elsewhere (a tier fetch, a P/D
+            # handoff) is counted apart, as vLLM's metrics keep the two apart.
+            external = req.num_external_tokens
+            rec.num_external_prompt_tokens = external
+            if not req.remote_prefill_tokens:     # P/D: the prefill instance's hit stands
+                rec.num_cached_prompt_tokens = max(req.num_cached_tokens - external, 0)
+            self.finish(req.index)
+
+    # -- the router's view and the run's health --------------------------------------------
+
+    def reporter(self, interval_s: float):
+        """Publish every routed engine's load to the router each `interval_s`."""
+        while True:
+            for k, i in enumerate(self.entry):
+                sched = self.ranks[i].sched
+                self.router.publish(k, len(sched.running) + sched.num_waiting)
+            yield self.env.timeout(interval_s)
+
+    def check_lost(self) -> None:
+        """Raise if every request was sent, none is on its way, every engine is idle, and some
+        never completed."""
+        if self.all_sent and not self.backlog and not self.in_server \
+                and not self.all_done.triggered \
+                and not any(rank.sched.has_requests for rank in self.ranks):
+            raise RuntimeError(f"{self.total - self.done} requests were lost: every engine is "
+                               f"idle but they never completed")
+
+
+class KvHandoff(StepObserver):
+    """KV caches over the fabric (`KvPaths`): loads a step starts, prefill copies no longer
+    needed, and the P/D handoff of a prompt finished on a prefill instance."""
+
+    __slots__ = ("paths", "ranks")
+
+    def __init__(self, paths, ranks: list[Rank]):
+        self.paths = paths
+        self.ranks = ranks
+
+    def on_scheduled(self, rank, out) -> None:
+        if out.kv_loads:
+            sched = rank.sched
+
+            def loaded(req: Request) -> None:
+                sched.finish_remote_load(req)
+                rank.notify()
+
+            self.paths.start_loads(rank.index, out.kv_loads, loaded)
+        if out.new:
+            for req in out.new:     # admitted without a load: the prefill copy is not needed
+                self.paths.release(req.request_id)
+
+    def handoff(self, req: Request, prefill: Rank) -> None:
+        """P/D: the prompt's KV stays on the prefill instance until a decode instance loads it."""
+        rec = req.client
+        rec.num_cached_prompt_tokens = max(req.num_cached_tokens, 0)
+        rec.num_preemptions = req.num_preemptions
+        d = self.ranks[self.paths.pick_decode()]
+
+        def release() -> None:
+            prefill.sched.finish_sending(req)
+            prefill.notify()
+
+        self.paths.prefill_done(req, prefill.index, release)
+        dreq = Request(req.request_id, req.index, req.prompt_len, rec.output_len,
+                       req.block_keys, req.priority, req.arrival, rec,
+                       remote_prefill_tokens=req.prompt_len)
+        dreq.block_hashes = list(req.block_hashes)
+        d.sched.add_request(dreq)
+        d.notify()
+

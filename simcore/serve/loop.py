@@ -1,0 +1,121 @@
+"""`EngineLoop`: the busy loop of one lock-step group of engines on the virtual clock.
+
+A plain replica is a group of one. Each iteration every rank's scheduler plans its batch
+(`Scheduler.schedule`); when none has anything to run the loop sleeps until a request arrives
+or a KV load lands; otherwise the group's step runs on its `StepExecutor` (a rank with nothing
+to run contributes a dummy batch: expert parallelism keeps the ranks in lock-step), then each
+scheduler takes its outputs (`Scheduler.update`). Everything that is counted or delivered
+happens in observers (`simcore.serve.observers.StepObserver`), called in their listed order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import simpy
+
+from simcore.compute.base import StepShape
+from simcore.engine.scheduler import Scheduler
+from simcore.serve.executor import StepExecutor
+from simcore.serve.observers import StepObserver
+
+MAX_EMPTY_STEPS = 1000
+"""Consecutive empty steps with requests queued before the engine is declared wedged."""
+
+
+class Rank:
+    """One engine: its index, its scheduler, and the event that wakes its loop when asleep."""
+
+    __slots__ = ("index", "sched", "wake")
+
+    def __init__(self, index: int, sched: Scheduler):
+        self.index = index
+        self.sched = sched
+        self.wake: simpy.Event | None = None
+
+    def notify(self) -> None:
+        """Wake the loop this engine belongs to (a request arrived, a KV load landed)."""
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+
+class EngineLoop:
+    """The step loop of `ranks` (one engine, or the DP ranks of an expert-parallel group)."""
+
+    __slots__ = ("env", "ranks", "executor", "observers")
+
+    def __init__(self, env: simpy.Environment, ranks: Sequence[Rank], executor: StepExecutor,
+                 observers: Sequence[StepObserver]):
+        self.env = env
+        self.ranks = list(ranks)
+        self.executor = executor
+        self.observers = tuple(observers)
+
+    def _sleep(self):
+        """Wait until any rank is notified."""
+        wake = self.env.event()
+        for rank in self.ranks:
+            rank.wake = wake
+        yield wake
+        for rank in self.ranks:
+            rank.wake = None
+
+    def _wedged(self) -> RuntimeError:
+        who = (f"replica {self.ranks[0].index}" if len(self.ranks) == 1
+               else f"replicas {[r.index for r in self.ranks]}")
+        return RuntimeError(f"{who}: requests queued but nothing can be scheduled")
+
+    def process(self):
+        """The SimPy process: runs until the simulation ends."""
+        env = self.env
+        ranks = self.ranks
+        scheds = [rank.sched for rank in ranks]
+        observers = self.observers
+        run_step = self.executor.run
+        remaining_s = self.executor.remaining_s
+        shape_of = StepShape.from_scheduled
+        dummy = StepShape.dummy()
+        indices = [rank.index for rank in ranks]
+        empty = 0
+        while True:
+            if not any(s.has_requests for s in scheds):
+                yield from self._sleep()
+            outs = [s.schedule() for s in scheds]
+            for rank, out in zip(ranks, outs):
+                for ob in observers:
+                    ob.on_scheduled(rank, out)
+            if not any(out.scheduled for out in outs):
+                if any(s.num_waiting_for_remote for s in scheds):
+                    # Nothing to run until a load lands (or a request arrives).
+                    yield from self._sleep()
+                    continue
+                empty += 1
+                if empty > MAX_EMPTY_STEPS:
+                    raise self._wedged()
+                yield env.timeout(0)
+                continue
+            empty = 0
+            now = env.now
+            for rank, out in zip(ranks, outs):
+                if out.new:
+                    for ob in observers:
+                        ob.on_admitted(rank, out.new, now)
+            shapes = [shape_of(out.scheduled) if out.scheduled else dummy for out in outs]
+            counts = [(len(s.running), len(s.waiting)) for s in scheds]
+            st = yield from run_step(indices, [out.scheduled or None for out in outs], shapes)
+            for rank, out, shape, c in zip(ranks, outs, shapes, counts):
+                if out.scheduled:
+                    for ob in observers:
+                        ob.on_step(rank, out, shape, st, c)
+                else:
+                    for ob in observers:
+                        ob.on_dummy(rank, st)
+            wait_s = remaining_s(st)
+            if wait_s is not None:
+                yield env.timeout(wait_s)
+            now = env.now
+            for rank, out, sched in zip(ranks, outs, scheds):
+                if out.scheduled:
+                    emitted, finished = sched.update(out)
+                    for ob in observers:
+                        ob.on_outputs(rank, emitted, finished, now)

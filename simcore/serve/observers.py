@@ -1,0 +1,174 @@
+"""What the engine loop tells its observers, and the observers that count a run.
+
+`EngineLoop` (simcore.serve.loop) emits four events per rank of its group:
+
+- `on_scheduled(rank, out)`: the scheduler planned `out` (possibly empty) this iteration;
+- `on_admitted(rank, requests, now)`: requests scheduled for the first time start running;
+- `on_step(rank, out, shape, st, counts)`: a step ran `out` (shape `shape`) and took `st`
+  (a `StepTime`); `counts` = (running, waiting) when it was planned;
+- `on_dummy(rank, st)`: the rank ran a dummy batch in its lock-step group's step;
+- `on_outputs(rank, emitted, finished, now)`: the step's sampled tokens and finished
+  requests, as `Scheduler.update` returns them.
+
+`StepObserver` gives each a no-op default; an observer overrides what it needs.
+`ReplicaCounters` fills one `ReplicaStats` per engine; `TimeSeriesSampler` samples every
+engine's KV usage and queue lengths at a fixed virtual interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from simcore.compute.base import StepShape
+
+
+class StepObserver:
+    """An observer of the engine loop; every event is a no-op unless overridden."""
+
+    __slots__ = ()
+
+    def on_scheduled(self, rank, out) -> None:
+        pass
+
+    def on_admitted(self, rank, requests, now: float) -> None:
+        pass
+
+    def on_step(self, rank, out, shape: StepShape, st, counts: tuple[int, int]) -> None:
+        pass
+
+    def on_dummy(self, rank, st) -> None:
+        pass
+
+    def on_outputs(self, rank, emitted, finished, now: float) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class ReplicaStats:
+    """What one engine replica did over the run. The field names are the result's keys (see
+    `simcore.result.ReplicaResult`)."""
+
+    num_steps: int = 0
+    busy_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    num_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preemptions: int = 0
+    steps_by_bound: dict[str, int] = field(default_factory=dict)
+    max_num_running: int = 0
+    max_num_waiting: int = 0
+    num_steps_waiting_at_max_num_seqs: int = 0
+    num_steps_waiting_at_token_budget: int = 0
+    num_steps_waiting_for_kv_blocks: int = 0
+    num_steps_waiting_at_token_budget_compute_bound: int = 0
+    busy_s_waiting_at_max_num_seqs: float = 0.0   # step time while requests waited at max_num_seqs
+    busy_s_waiting_at_token_budget: float = 0.0   # ... at a full token budget
+    busy_s_waiting_for_kv_blocks: float = 0.0     # ... for KV blocks (neither limit reached)
+    seq_s: float = 0.0                            # step time x sequences in its batch
+    step_s_by_phase_bound: dict[str, float] = field(default_factory=dict)
+    """Step time by "prefill/<bound>" (steps carrying prompt tokens) or "decode/<bound>", and
+    "dummy/<bound>" for dummy batches of an expert-parallel group."""
+    dummy_steps: int = 0                     # lock-step steps this rank ran a dummy batch in
+    dummy_busy_s: float = 0.0                # ... and their time (included in busy_s)
+    all_to_all_s: float = 0.0                # EP dispatch/combine time (included in comm_s)
+
+
+class ReplicaCounters(StepObserver):
+    """Counts every engine's steps into its `ReplicaStats`: time by bound and phase, tokens,
+    preemptions, and the steps (and their time) that left requests waiting, by the limit that
+    held them: max_num_seqs, the token budget, or KV blocks (neither limit reached)."""
+
+    __slots__ = ("stats",)
+
+    def __init__(self, num_replicas: int):
+        self.stats = [ReplicaStats() for _ in range(num_replicas)]
+
+    def on_scheduled(self, rank, out) -> None:
+        if out.preempted:
+            self.stats[rank.index].num_preemptions += len(out.preempted)
+
+    def on_step(self, rank, out, shape: StepShape, st, counts: tuple[int, int]) -> None:
+        stats = self.stats[rank.index]
+        config = rank.sched.config
+        n_run, n_wait = counts
+        if n_run > stats.max_num_running:
+            stats.max_num_running = n_run
+        if n_wait > stats.max_num_waiting:
+            stats.max_num_waiting = n_wait
+        total_s = st.total_s
+        if n_wait:
+            if n_run >= config.max_num_seqs:
+                stats.num_steps_waiting_at_max_num_seqs += 1
+                stats.busy_s_waiting_at_max_num_seqs += total_s
+            elif out.num_tokens >= config.token_budget:
+                stats.num_steps_waiting_at_token_budget += 1
+                stats.busy_s_waiting_at_token_budget += total_s
+                if st.bound == "compute":
+                    stats.num_steps_waiting_at_token_budget_compute_bound += 1
+            else:
+                stats.num_steps_waiting_for_kv_blocks += 1
+                stats.busy_s_waiting_for_kv_blocks += total_s
+        stats.num_tokens += shape.num_tokens
+        stats.seq_s += total_s * shape.num_seqs
+        stats.num_decode_tokens += shape.num_decode_seqs
+        stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
+        phase = "prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/"
+        self._count(stats, st, phase)
+
+    def on_dummy(self, rank, st) -> None:
+        stats = self.stats[rank.index]
+        stats.dummy_steps += 1
+        stats.dummy_busy_s += st.total_s
+        self._count(stats, st, "dummy/")
+
+    @staticmethod
+    def _count(stats: ReplicaStats, st, phase: str) -> None:
+        stats.num_steps += 1
+        stats.busy_s += st.total_s
+        stats.compute_s += st.compute_s
+        stats.comm_s += st.comm_s
+        stats.all_to_all_s += st.all_to_all_s
+        bound = st.bound
+        stats.steps_by_bound[bound] = stats.steps_by_bound.get(bound, 0) + 1
+        key = phase + bound
+        by_phase = stats.step_s_by_phase_bound
+        by_phase[key] = by_phase.get(key, 0.0) + st.total_s
+
+
+@dataclass(slots=True)
+class TimeSeries:
+    """Per-replica samples at a fixed virtual interval."""
+
+    t_s: list[float] = field(default_factory=list)
+    kv_usage: list[list[float]] = field(default_factory=list)
+    num_running: list[list[int]] = field(default_factory=list)
+    num_waiting: list[list[int]] = field(default_factory=list)
+
+
+class TimeSeriesSampler:
+    """Samples every engine's KV-cache usage and running / waiting counts each `interval_s`;
+    before each sample, `check()` (the front end's lost-request check) runs."""
+
+    __slots__ = ("env", "schedulers", "interval_s", "check", "series")
+
+    def __init__(self, env: simpy.Environment, schedulers, interval_s: float, check):
+        self.env = env
+        self.schedulers = schedulers
+        self.interval_s = interval_s
+        self.check = check
+        self.series = TimeSeries()
+
+    def process(self):
+        series = self.series
+        scheds = self.schedulers
+        while True:
+            self.check()
+            series.t_s.append(self.env.now)
+            series.kv_usage.append([round(s.kv.usage, 4) for s in scheds])
+            series.num_running.append([len(s.running) for s in scheds])
+            series.num_waiting.append([s.num_waiting for s in scheds])
+            yield self.env.timeout(self.interval_s)
