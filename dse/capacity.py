@@ -212,16 +212,18 @@ class _Search:
         violations = []
         values = {}
         for c in self.slos:
-            v = r.get(c.metric)
-            if v is None:
+            if c.metric not in r or r[c.metric] is None:
                 raise ConfigError(f"--slo: the result has no {c.metric}")
+            v = r[c.metric]
             values[c.metric] = float(v)
             if not c.met(float(v)):
                 violations.append(f"{c.metric} {float(v):,.4g} > {c.value:g}")
         if r["failed"]:
             violations.append(f"{r['failed']} requests failed")
-        over = bool(r.get("over_capacity", False))
-        growth = r.get("queue_growth_rps")
+        # The load trend is measured when the run has enough requests at a finite rate.
+        trend = "over_capacity" in r
+        over = trend and bool(r["over_capacity"])
+        growth = r["queue_growth_rps"] if trend else None
         if over:
             violations.append(f"queue grows {growth:.3g} req/s")
         run = RateRun(rate=key, num_prompts=n, values=values,

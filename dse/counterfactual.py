@@ -95,7 +95,7 @@ def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
 
     dep = build_deployment(cfg)
     gpu = cfg.hardware.resolve()
-    measured = base["provenance"].get("calibrated", False)
+    measured = base["provenance"]["calibrated"]
     out = []
     if measured:
         classes = ("gemm", "attention", "moe", "elementwise", "lm_head")

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dse.space import IntParam, FloatParam, SearchSpace, apply
 from dse.study import Constraint, Objective
-from simcore.cluster import FABRIC_HEALTH_METRICS
-from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
+from simcore import metric_catalog
 from simcore.config import SimConfig, parse_config
 from simcore.errors import ConfigError
 
@@ -33,30 +32,19 @@ HEADLINE_METRICS = (
 """Metrics every trial's `summary` carries (when the result has them), besides its objectives
 and constraint metrics."""
 
-DERIVED_METRICS = ("request_throughput_per_gpu", "output_tokens_per_dollar",
-                   "cost_per_million_output_tokens_usd", "step_time_relative_uncertainty")
-"""Metrics computed here from the simulate result (output_throughput_per_gpu is simcore's)."""
+DERIVED_METRICS = metric_catalog.dse_metrics()
+"""Metrics computed here from the simulate result for every trial (output_throughput_per_gpu is
+simcore's); `simcore.metric_catalog` declares them."""
 
-# Top-level numeric keys that `simcore.simulate.assemble_result` adds to the `vllm bench serve`
-# and engine summaries. Only used when a probe simulation cannot run (see `metric_names`); a test
-# compares this with a real result.
-_RESULT_EXTRAS = ("num_gpus", "gpu_busy_fraction", "output_throughput_per_gpu",
-                  "total_token_throughput_per_gpu", "mean_kv_cache_usage", "max_kv_cache_usage",
-                  "num_steps", "num_routed_by_prefix", "communication_fraction_of_busy",
-                  "saturated_fraction", "mean_batch_seqs", "batch_fill_fraction",
-                  "mean_batch_tokens", "token_budget_fill_fraction")
-_PROBE_NUM_PROMPTS = 8
-
-
-CAPACITY_METRICS = ("max_sustainable_rate", "max_sustainable_rate_per_gpu",
-                    "max_sustainable_requests_per_dollar")
+CAPACITY_METRICS = metric_catalog.names_when("capacity")
 """Metrics a trial computes only when the study names one: `dse.capacity.find_capacity` on the
 trial's configuration, under the study's latency upper bounds as SLOs (the default SLOs when it
 has none): the highest sustainable request rate, per GPU, and requests per dollar at it."""
 
-TREND_METRICS = ("offered_request_rate", "served_request_rate", "queue_growth_rps")
-"""Metrics a result at a finite request rate carries (`simcore.saturation.load_trend`), which
-the handful of requests of a probe simulation is too few to show."""
+TREND_METRICS = metric_catalog.names_when("load_trend")
+"""Metrics a result carries when its arrivals are spread over time and enough of them
+(`simcore.saturation.load_trend`): at a finite request rate, under a ramp-up, on a trace's own
+timestamps."""
 
 DP_PATH = "parallelism.data_parallel_size"
 
@@ -200,7 +188,7 @@ def result_metrics(result: Mapping[str, Any], usd_per_gpu_hour: float) -> dict[s
     `cost_per_million_output_tokens_usd` is its inverse times 1e6 (inf with no output).
     """
     m = {k: float(v) for k, v in result.items() if _is_number(v)}
-    n_gpus = m.get("num_gpus", 0.0)
+    n_gpus = m["num_gpus"]
     if n_gpus > 0:
         if "request_throughput" in m:
             m["request_throughput_per_gpu"] = m["request_throughput"] / n_gpus
@@ -209,7 +197,7 @@ def result_metrics(result: Mapping[str, Any], usd_per_gpu_hour: float) -> dict[s
             m["output_tokens_per_dollar"] = per_dollar
             m["cost_per_million_output_tokens_usd"] = (1e6 / per_dollar if per_dollar > 0
                                                        else math.inf)
-    unc = (result.get("provenance") or {}).get("step_time_relative_uncertainty")
+    unc = result["provenance"]["step_time_relative_uncertainty"]
     if _is_number(unc):
         m["step_time_relative_uncertainty"] = float(unc)
     return m
@@ -246,8 +234,8 @@ def score(result: Mapping[str, Any], spec: EvalSpec, *, elapsed_s: float = 0.0,
     """
     metrics = result_metrics(result, spec.usd_per_gpu_hour)
     check_metric_names(spec, set(metrics))
-    prov = result.get("provenance") or {}
-    common = dict(profile=prov.get("compute_profile"), calibrated=prov.get("calibrated"),
+    prov = result["provenance"]
+    common = dict(profile=prov["compute_profile"], calibrated=prov["calibrated"],
                   elapsed_s=elapsed_s)
     for item in (*spec.objectives, *spec.constraints):
         if not math.isfinite(metrics[item.metric]):
@@ -261,14 +249,14 @@ def score(result: Mapping[str, Any], spec: EvalSpec, *, elapsed_s: float = 0.0,
     wanted += [k for k in HEADLINE_METRICS if k not in wanted]
     summary = {k: metrics[k] for k in wanted if k in metrics and math.isfinite(metrics[k])}
     finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
-    env = result.get("envelope") or {}
-    envelopes = {k: [e["low"], e["high"]] for k, e in (env.get("metrics") or {}).items()
+    env = result["envelope"] if "envelope" in result else None   # simulate_with_envelope's
+    envelopes = {k: [e["low"], e["high"]] for k, e in (env["metrics"] if env else {}).items()
                  if math.isfinite(e["low"]) and math.isfinite(e["high"])}
     return TrialOutcome(status="complete", values=values, constraints=constraints,
                         metrics=finite, summary=summary, violations=violations,
                         feasible=not violations, explanation=explanation,
                         explanation_error=explanation_error, envelopes=envelopes,
-                        envelope_method=env.get("method") if envelopes else None, **common)
+                        envelope_method=env["method"] if envelopes else None, **common)
 
 
 def _explain(result: dict) -> tuple[dict | None, str | None]:
@@ -350,74 +338,21 @@ def run_trial(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any
 # -- study-level helpers -------------------------------------------------------------------------
 
 
-def probe_metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
-                       ) -> set[str]:
-    """The numeric metric names of the base's result (with the overrides), found by simulating
-    it on a handful of requests, which is cheap for any model. A configuration `dse simulate`
-    would refuse raises its ConfigError. One valid only with more requests than the handful
-    (e.g. a dataset of 16 prefixes) is not simulated: its names come from the result's layout."""
-    from simcore.simulate import simulate
-
-    full = trial_mapping(base, {}, overrides)
-    source = "probe"
+def metric_names(base: dict, overrides: Mapping[str, Any]) -> set[str]:
+    """The numeric metric names a trial of this base configuration (with the overrides) will
+    report (`static_metric_names`); none when the configuration does not validate or its
+    workload's data cannot be read."""
     try:
-        cfg = parse_config(full, source=source)
-    except ConfigError as err:
-        raise ConfigError(_strip_source(str(err), source)) from None
-    try:
-        probe = parse_config(apply(full, {"workload.num_prompts": _PROBE_NUM_PROMPTS}))
-    except ConfigError:
-        return static_metric_names(cfg)
-    return set(result_metrics(simulate(probe), usd_per_gpu_hour)) | _search_only_names(cfg)
-
-
-def _search_only_names(cfg: SimConfig) -> set[str]:
-    """Names a trial reports that the probe's handful of requests does not show."""
-    from simcore.saturation import MIN_REQUESTS
-
-    w = cfg.workload
-    # A finite rate excludes a ramp-up and a trace's own timestamps (both need it left inf).
-    rated = math.isfinite(w.request_rate) and (w.resolved_num_prompts or 0) >= MIN_REQUESTS
-    return set(CAPACITY_METRICS) | (set(TREND_METRICS) if rated else set())
-
-
-def metric_names(base: dict, overrides: Mapping[str, Any], usd_per_gpu_hour: float = 2.5
-                 ) -> set[str]:
-    """The numeric metric names a trial of this base configuration will report: by the probe
-    simulation (`probe_metric_names`), or when that configuration cannot run, from the result's
-    known layout instead."""
-    data = trial_mapping(base, {}, overrides)
-    try:
-        return probe_metric_names(base, overrides, usd_per_gpu_hour)
-    except Exception:  # an undeployable or unreadable base: fall back to the known layout
-        pass
-    try:
-        cfg = parse_config(data)
+        return static_metric_names(parse_config(trial_mapping(base, {}, overrides)))
     except ConfigError:
         return set()
-    return static_metric_names(cfg)
 
 
 def static_metric_names(cfg: SimConfig) -> set[str]:
-    """The numeric metric names a result of `cfg` has, from the result layout (no simulation)."""
-    from simcore.metrics import RequestRecord, engine_summary, summarize
-
-    w = cfg.workload
-    pcts = cfg.metrics.percentiles
-    rec = RequestRecord(request_id="probe", prompt_len=2, output_len=2, arrival_s=0.0,
-                        send_s=0.0, token_times_s=[0.1, 0.2], success=True,
-                        first_scheduled_s=0.0)
-    keys = summarize([rec], selected_percentiles=pcts, goodput_slos_ms=cfg.metrics.goodput,
-                     request_rate=w.request_rate, burstiness=w.burstiness,
-                     max_concurrency=w.max_concurrency)
-    keys |= engine_summary([rec], selected_percentiles=pcts)
-    names = {k for k, v in keys.items() if _is_number(v)}
-    if w.ramp_up_strategy is not None:
-        names |= {"ramp_up_start_rps", "ramp_up_end_rps"}
-    if cfg.cluster is not None:
-        names |= set(CLUSTER_HEADLINE_METRICS) | set(FABRIC_HEALTH_METRICS)
-        names.add("fabric_p99_step_slowdown")
-    return names | set(_RESULT_EXTRAS) | set(DERIVED_METRICS) | _search_only_names(cfg)
+    """The numeric metric names a trial of `cfg` reports: the simulate result's, the ones
+    `result_metrics` derives and the capacity ones a study may name, from
+    `simcore.metric_catalog` (nothing is simulated)."""
+    return metric_catalog.metric_names(cfg, dse=True)
 
 
 def baseline_values(base: dict, space: SearchSpace) -> tuple[dict[str, Any] | None, str | None]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from simcore.attribution import Attribution, Factor, attribute
+from simcore.attribution import Attribution, Factor, as_run, attribute
+from simcore.result import RunResult
 
 
 def pct(x: float | None) -> str:
@@ -17,9 +18,9 @@ def pct(x: float | None) -> str:
     return "<1%" if 0 < x < 0.005 else f"{x * 100:.0f}%"
 
 
-def _weights_are_8bit(result: Mapping) -> bool:
+def _weights_are_8bit(run: RunResult) -> bool:
     """Whether the step-time profile ran 8-bit weights (its id ends in the weight dtype)."""
-    profile = str((result.get("provenance") or {}).get("compute_profile", ""))
+    profile = str(run.provenance["compute_profile"])
     dtype = profile.rsplit("/", 1)[-1]
     return "fp8" in dtype or "int8" in dtype
 
@@ -243,65 +244,55 @@ _SENTENCES = {
     "api_server": _api_server,
 }
 
-_BASIS_NOTE = {
-    "prefill intervals": "prefill share of GPU time from each request's interval from first "
-                         "scheduled to first token (re-prefill after a preemption not counted)",
-    "step counts": "prefill vs decode share of GPU time estimated from step counts "
-                   "(compute-bound steps as prefill, memory-bound steps as decode)",
-}
-
-
-def assumptions(result: Mapping, attribution: Attribution | None = None) -> list[str]:
+def assumptions(result: RunResult | Mapping) -> list[str]:
     """What the result and its explanation rest on, in plain words, the profile's caveat first.
 
     For an uncalibrated profile the first item says so with its error bound; provenance items
     that only restate it are folded into that one.
     """
-    prov = result.get("provenance") or {}
-    items = list(prov.get("assumptions", []))
+    prov = as_run(result).provenance
+    items = list(prov["assumptions"])
     out: list[str] = []
-    if not prov.get("calibrated", False):
-        unc = prov.get("step_time_relative_uncertainty")
+    if not prov["calibrated"]:
+        unc = prov["step_time_relative_uncertainty"]
         bound = f"+/-{unc:.0%}" if unc is not None else "error unknown"
-        profile = prov.get("compute_profile")
+        profile = prov["compute_profile"]
         of = f" {profile}" if profile else ""
         out.append(f"uncalibrated reference profile ({bound}): step times from{of} and every "
                    f"figure built on them are estimates, not measurements")
         items = [a for a in items if "uncalibrated reference profile" not in a]
-    out += items
-    if attribution is not None and attribution.basis in _BASIS_NOTE:
-        out.append(_BASIS_NOTE[attribution.basis])
-    return out
+    return out + items
 
 
-def explain(result: Mapping, attribution: Attribution | None = None) -> dict:
-    """Why `result` (a `simulate()` result dict) performs as it does, in one or two sentences.
+def explain(result: RunResult | Mapping, attribution: Attribution | None = None) -> dict:
+    """Why `result` (a RunResult or `simulate()` dict) performs as it does, in one or two
+    sentences.
 
     Returns `bottleneck` (the top factor's key, None when no request completed), `label` (its
     plain-word name), `sentences` (one or two, with the numbers behind them), `factors` (every
     factor ranked, as dicts with key, label, score and numbers) and `assumptions`.
     `attribution` is `attribute(result)` when the caller has it already.
     """
-    a = attribution if attribution is not None else attribute(result)
+    run = as_run(result)
+    a = attribution if attribution is not None else attribute(run)
     factors = [f.as_dict() for f in a.factors]
-    if not result.get("completed", 0):
-        failed = result.get("failed", 0)
-        reasons = result.get("num_failed_by_error") or {}
+    if not run.metric("completed"):
+        reasons = run.metric("num_failed_by_error")
         why = f" (first reason: {next(iter(reasons))})" if reasons else ""
         return {"bottleneck": None, "label": None,
-                "sentences": [f"No request completed: all {failed} failed{why}; there is "
-                              f"nothing to attribute."],
-                "factors": factors, "assumptions": assumptions(result, a)}
+                "sentences": [f"No request completed: all {run.metric('failed')} failed{why}; "
+                              f"there is nothing to attribute."],
+                "factors": factors, "assumptions": assumptions(run)}
     top = a.top
     s = dict(a.signals)
-    s["num_requests"] = result.get("num_requests") or result.get("num_prompts")
-    s["weights_8bit"] = _weights_are_8bit(result)
-    h = result.get("headroom")
+    s["num_requests"] = run.metric("num_requests")
+    s["weights_8bit"] = _weights_are_8bit(run)
+    h = run.headroom
     load = [headroom_sentence(h)] if h else []
     return {"bottleneck": top.key, "label": top.label,
             "load_state": h["state"] if h else None,
             "sentences": load + _SENTENCES[top.key](s, top, a),
-            "factors": factors, "assumptions": assumptions(result, a)}
+            "factors": factors, "assumptions": assumptions(run)}
 
 
 def headroom_sentence(h: Mapping) -> str:
@@ -310,7 +301,7 @@ def headroom_sentence(h: Mapping) -> str:
     cap = f"{h['throughput_capacity_rps']:,.3g} req/s"
     rate = f"{h['offered_rps']:,.3g} req/s"
     if h["state"] == "over_capacity":
-        growth = h.get("queue_growth_rps")
+        growth = h["queue_growth_rps"]
         grows = (f"the queue grows {growth:,.3g} req/s (served {h['served_rps']:,.3g}), so "
                  f"latency percentiles grow with the run's length" if growth and growth > 0
                  else "requests queue faster than they are served")

@@ -536,7 +536,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
                        runtime_env=ship.runtime_env if ship is not None else None)
         cleanup.callback(pool.close)
         if study.execution.ray_address is not None:
-            pool.start()           # a cluster that does not answer fails before the probe
+            pool.start()           # a cluster that does not answer fails before any check
         check_metric_names(spec, base_metric_names(study))
         stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress,
                      shipment=ship)

@@ -5,7 +5,7 @@ reads, a base configuration `dse simulate` would refuse, and outputs that cannot
 from __future__ import annotations
 
 from dse.backends import check_storage_writable
-from dse.evaluate import probe_metric_names, static_metric_names, trial_mapping
+from dse.evaluate import static_metric_names, trial_mapping
 from dse.fidelity import check_parameters_have_effect
 from dse.outputs import write_problem
 from dse.study import StudyConfig
@@ -47,27 +47,44 @@ def check_base(study: StudyConfig) -> None:
 
 
 def base_metric_names(study: StudyConfig) -> set[str]:
-    """The metric names of the base's result (the probe simulation, screen overrides applied).
+    """The metric names a screening trial of the base reports (`static_metric_names`, screen
+    overrides applied), once the base passes the checks `dse simulate` makes before its run:
+    the configuration validates, vLLM's start-up checks pass, and the workload's data can be
+    read. Nothing is simulated.
 
-    A base the simulation refuses is refused under `base:`, as `dse simulate` words it; one
-    refused only with the screen overrides, under `fidelity.screen:`.
+    A base that fails them is refused under `base:`, as `dse simulate` words it; one that fails
+    only with the screen overrides, under `fidelity.screen:`.
     """
-    usd = study.cost.usd_per_gpu_hour
     try:
-        return probe_metric_names(study.base, study.fidelity.screen, usd)
+        return _names_of_runnable(study.base, study.fidelity.screen)
     except ConfigError as err:
         if study.fidelity.screen:
             try:
-                probe_metric_names(study.base, {}, usd)
+                _names_of_runnable(study.base, {})
             except ConfigError:
                 pass
             else:
                 raise ConfigError(f"fidelity.screen: the base with these overrides cannot run "
                                   f"({err})") from None
         raise ConfigError(f"base: {err}") from None
-    except Exception:  # a simulator fault on the probe: the trials will say; names by layout
-        return static_metric_names(parse_config(trial_mapping(study.base, {},
-                                                              study.fidelity.screen)))
+
+
+def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
+    """`static_metric_names` of the base with the overrides, after `dse simulate`'s checks
+    before a run; their ConfigError, without a source prefix, when one fails."""
+    from simcore.setup import build_deployment
+    from simcore.simulate import check_runnable
+    from simcore.workload.generate import request_stream
+
+    source = "base"
+    try:
+        cfg = parse_config(trial_mapping(base, {}, overrides), source=source)
+    except ConfigError as err:
+        raise ConfigError(str(err).removeprefix(f"{source}: ")) from None
+    dep = build_deployment(cfg)
+    check_runnable(cfg, request_stream(cfg.workload, block_size=cfg.engine.block_size,
+                                       seed=cfg.seed, base_dir=dep.base_dir))
+    return static_metric_names(cfg)
 
 
 def check_outputs(study: StudyConfig) -> None:

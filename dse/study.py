@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dse.space import SearchSpace, load_space
+from simcore import metric_catalog
 from simcore.config import parse_config
 from simcore.errors import ConfigError, format_validation_error
 from simcore.loading import load_yaml
@@ -23,7 +24,19 @@ class Objective(BaseModel):
     model_config = _FROZEN
     metric: str = Field(description="A numeric key of the simulate result, e.g. p99_ttft_ms, "
                         "output_throughput_per_gpu, output_tokens_per_dollar.")
-    direction: Literal["minimize", "maximize"] = Field(description="Which way is better.")
+    direction: Literal["minimize", "maximize"] = Field(description="Which way is better; it "
+                                                       "must agree with the metric's own, where "
+                                                       "it has one (simcore.metric_catalog).")
+
+    @model_validator(mode="after")
+    def _direction_agrees(self) -> "Objective":
+        m = metric_catalog.lookup(self.metric)
+        if m is not None and m.better not in (None, self.direction):
+            side = "lower" if m.better == "minimize" else "higher"
+            raise ValueError(f"direction: {self.direction} {self.metric} would search for the "
+                             f"worst configurations ({side} {self.metric} is better); use "
+                             f"{m.better}")
+        return self
 
 
 class Constraint(BaseModel):

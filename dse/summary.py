@@ -71,16 +71,18 @@ def render_envelope(r: dict) -> list[str]:
     """The envelope block: how the range was obtained, then low / nominal / high per metric."""
     env = r["envelope"]
     how = {"bounds": f"op classes at both ends of their bounds, {env['runs']} runs",
-           "samples": (f"p{env.get('percentiles', [5, 95])[0]:g}-"
-                       f"p{env.get('percentiles', [5, 95])[1]:g} of {env['runs'] - 1} "
-                       f"perturbed runs"
-                       + (" with their own workload draws"
-                          if len(set(env.get("seeds") or [])) > 1 else "")),
-           "first_order": "first order in the step-time bound, no extra run"}[env["method"]]
+           "samples": lambda: (f"p{env['percentiles'][0]:g}-p{env['percentiles'][1]:g} of "
+                               f"{env['runs'] - 1} perturbed runs"
+                               + (" with their own workload draws"
+                                  if len(set(env["seeds"])) > 1 else "")),
+           "first_order": "first order in the step-time bound, no extra run",
+           "calibrated": ("the end-to-end validation's residual quantiles around the "
+                          "nominal, no extra run")}[env["method"]]
+    how = how() if callable(how) else how
     lines = [_title(" Envelope ", "-")]
     status = "calibrated" if env["calibrated"] else "UNCALIBRATED (reference profile)"
     lines += _wrap(f"{status}; {how}.")
-    b = env.get("op_error_bounds") or {}
+    b = env["op_error_bounds"] or {}
     if b:
         parts: dict[float, list[str]] = {}
         for k, v in b.items():
@@ -104,7 +106,7 @@ def render_summary(r: dict) -> str:
     lines.append(_row("Successful requests:", r["completed"]))
     if r["failed"]:
         lines.append(_row("Failed requests:", r["failed"]))
-    if r.get("max_concurrency") is not None:
+    if r["max_concurrency"] is not None:
         lines.append(_row("Maximum request concurrency:", r["max_concurrency"]))
     lines += [
         _row("Benchmark duration (s):", r["duration"]),
@@ -112,7 +114,7 @@ def render_summary(r: dict) -> str:
         _row("Total generated tokens:", r["total_output_tokens"]),
         _row("Request throughput (req/s):", r["request_throughput"]),
     ]
-    if r.get("request_goodput") is not None:
+    if r["request_goodput"] is not None:
         lines.append(_row("Request goodput (req/s):", r["request_goodput"]))
     lines += [
         _row("Output token throughput (tok/s):", r["output_throughput"]),
@@ -137,21 +139,20 @@ def render_summary(r: dict) -> str:
         _row("KV-cache capacity (tokens):", kv["num_kv_tokens"]),
         _row("GPU busy fraction (a step running):", r["gpu_busy_fraction"]),
     ]
-    if "mean_batch_seqs" in r:
-        limits = r["limits"]
-        lines += [
-            _row("Mean batch / max_num_seqs:", f"{r['mean_batch_seqs']:.1f} / "
-                                               f"{limits['max_num_seqs']}"),
-            _row("Mean tokens per step / budget:", f"{r['mean_batch_tokens']:.0f} / "
-                                                   f"{limits['max_num_batched_tokens']}"),
-            _row("Time at an engine limit (saturated):", r["saturated_fraction"]),
-        ]
+    limits = r["limits"]
+    lines += [
+        _row("Mean batch / max_num_seqs:", f"{r['mean_batch_seqs']:.1f} / "
+                                           f"{limits['max_num_seqs']}"),
+        _row("Mean tokens per step / budget:", f"{r['mean_batch_tokens']:.0f} / "
+                                               f"{limits['max_num_batched_tokens']}"),
+        _row("Time at an engine limit (saturated):", r["saturated_fraction"]),
+    ]
     lines += [
         _row("Mean / max KV-cache usage:", f"{r['mean_kv_cache_usage']:.2f} / "
                                            f"{r['max_kv_cache_usage']:.2f}"),
         _row("Preemptions:", r["total_preemptions"]),
     ]
-    if (r.get("cluster") or {}).get("kv_tier"):
+    if "cluster" in r and "kv_tier" in r["cluster"]:
         lines.append(_row("Prefix-cache hit rate, local / KV tier:",
                           f"{r['prefix_cache_hit_rate']:.2f} / "
                           f"{r['external_kv_hit_rate']:.2f}"))
@@ -162,20 +163,20 @@ def render_summary(r: dict) -> str:
         _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
     ]
     attribution = attribute(r)
-    if r.get("completed"):
+    if r["completed"]:
         lines += _wrap(f"Engine load: {engine_load_text(attribution.signals)}.")
-    if r.get("envelope"):
+    if "envelope" in r:
         lines += render_envelope(r)
     lines += render_explanation(r, attribution)
     lines.append(_title(" Provenance ", "-"))
     unc = p["step_time_relative_uncertainty"]
-    version = p.get("profile_version")
+    version = p["profile_version"]
     lines.append(f"{p['profile_label']}: {p['compute_profile']}"
                  f"{f' {version}' if version and version != 'reference' else ''} "
                  f"(step times +/-{unc:.0%})")
-    if p.get("calibrated") and p.get("reference_fallbacks"):
+    if p["calibrated"] and p["reference_fallbacks"]:
         lines += _wrap("Not from the profile: " + "; ".join(p["reference_fallbacks"]) + ".")
-    if p.get("calibrated") and p.get("assumed_parts"):
+    if p["calibrated"] and p["assumed_parts"]:
         lines += _wrap("Derived or declared: " + "; ".join(p["assumed_parts"]) + ".")
     lines.append(f"seed {p['seed']}, {p['engine_semantics']}, simcore {p['simulator_version']}")
     lines.append("=" * _LINE)

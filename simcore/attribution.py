@@ -1,28 +1,23 @@
 """Bottleneck attribution: which resource limits a simulated configuration, scored from its result.
 
-`attribute(result)` reads the counters a `simulate()` result already holds and ranks eight
-limiting factors. Every score lies in [0, 1]; higher means the factor limits the run more. The
-scores are fractions of measured quantities, not a fitted model, so they are deterministic and
+`attribute(result)` reads the counters a typed `simcore.result.RunResult` already holds (a
+`simulate()` dict is read back strictly first) and ranks eleven limiting factors. Every score
+lies in [0, 1]; higher means the factor limits the run more. The scores are fractions of measured quantities, not a fitted model, so they are deterministic and
 cheap (linear in the result's replicas, requests and time-series samples).
 
 Quantities used (summed over replicas unless said otherwise):
 
 - `b`: `gpu_busy_fraction` (mean over replicas of busy time / duration).
 - `c`, `k`: `compute_s / busy_s` and `comm_s / busy_s` (`communication_fraction_of_busy`).
-- `p`: the prefill share of busy time: time of steps that carry prefill tokens / busy time.
-  Taken from the replicas' `step_s_by_phase_bound` when present ("step time"); else from the
-  requests, as the union per replica of the intervals [first scheduled, first token] (a step
-  that carries a request's prefill lies inside its interval; "prefill intervals"); else from
-  compute-bound / (compute- + memory-bound) step counts ("step counts").
-- `f_seqs`, `f_kv`, `f_budget`: the share of steps in which requests were left waiting with the
-  batch at `max_num_seqs`, with the token budget used up, or for any other reason, counted as
-  KV blocks (with chunked prefill on, the one other reason vLLM's scheduler leaves a request
-  waiting). Time-weighted when the replicas carry `busy_s_waiting_*`, else step counts.
+- `p`: the prefill share of busy time: time of steps that carry prefill tokens / busy time
+  (the replicas' `step_s_by_phase_bound`).
+- `f_seqs`, `f_kv`, `f_budget`: the share of busy time in steps that left requests waiting
+  with the batch at `max_num_seqs`, with the token budget used up, or for any other reason,
+  counted as KV blocks (with chunked prefill on, the one other reason vLLM's scheduler leaves a
+  request waiting): the replicas' `busy_s_waiting_*` over their busy time.
 - `f_budget_mem`: the part of `f_budget` spent in steps that were not compute-bound; a full
   budget in compute-bound steps only chunks prefill work whose cost is the compute, so it is
-  not a limit of its own. Exact when replicas carry
-  `num_steps_waiting_at_token_budget_compute_bound`; else the compute-bound steps are taken to
-  be the budget-full ones first (they are the steps with the most tokens).
+  not a limit of its own (the replicas' `num_steps_waiting_at_token_budget_compute_bound`).
 - `limit = min(1, f_seqs + f_kv + f_budget_mem)`: the share of steps in which a configured
   engine limit, not the GPU, held waiting work back. `free = 1 - limit`.
 - `sat` (`saturated_fraction_of_busy`): `min(1, f_seqs + f_kv + f_budget)`, the share of busy
@@ -30,7 +25,6 @@ Quantities used (summed over replicas unless said otherwise):
   compute-bound steps included.
 - `fill` (`batch_fill_fraction`): the mean batch (sequences per step, weighted by step time)
   over `max_num_seqs`; `token_fill`: the mean tokens per step over `max_num_batched_tokens`.
-  From the result's own keys, else from the time series (fill only).
 - `engine_load`, how hard the engine works, apart from how long its steps run: "saturated"
   when `sat >= 0.5`; else "idle" when `b < 0.9`; else "low_batch" when `fill` and
   `token_fill` are both under 0.5 (a step runs all the time, with a small batch: busy 1.00 at
@@ -74,6 +68,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from simcore.result import RunResult
 
 FACTOR_KEYS = (
     "kv_cache_capacity", "scheduler_max_num_seqs", "scheduler_token_budget",
@@ -163,16 +159,14 @@ class Factor:
 
 @dataclass(frozen=True, slots=True)
 class Attribution:
-    """Every factor ranked by score (highest first), the derived signals, and how `p` was found.
+    """Every factor ranked by score (highest first) and the derived signals.
 
     Invariants: `factors` holds each key of `FACTOR_KEYS` once, scores in [0, 1], sorted by
-    descending score with ties in `FACTOR_KEYS` order; `basis` is "step time", "prefill
-    intervals" or "step counts" (see the module docstring).
+    descending score with ties in `FACTOR_KEYS` order.
     """
 
     factors: tuple[Factor, ...]
     signals: Mapping[str, float | int | str | None]
-    basis: str
 
     @property
     def top(self) -> Factor:
@@ -185,8 +179,7 @@ class Attribution:
         raise KeyError(key)
 
     def as_dict(self) -> dict:
-        return {"factors": [f.as_dict() for f in self.factors], "signals": dict(self.signals),
-                "basis": self.basis}
+        return {"factors": [f.as_dict() for f in self.factors], "signals": dict(self.signals)}
 
 
 def _clip(x: float) -> float:
@@ -197,121 +190,67 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
-def _merge(dicts: Iterable[Mapping[str, float] | None]) -> dict[str, float]:
+def _merge(dicts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for d in dicts:
-        for k, v in (d or {}).items():
+        for k, v in d.items():
             out[k] = out.get(k, 0.0) + v
     return out
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total = 0.0
-    end = None
-    start = 0.0
-    for a, z in sorted(intervals):
-        if end is None or a > end:
-            if end is not None:
-                total += end - start
-            start, end = a, z
-        elif z > end:
-            end = z
-    if end is not None:
-        total += end - start
-    return total
+def _num(run: RunResult, name: str) -> float:
+    """A top-level number of `run`; None (nothing measured, e.g. no request completed) is 0."""
+    v = run.metric(name)
+    return 0.0 if v is None else v
 
 
-def _prefill_interval_s(rows: list[Mapping], num_replicas: int) -> list[float] | None:
-    """Per replica, the union of [first scheduled, first token] of its requests; None: no data."""
-    per: list[list[tuple[float, float]]] = [[] for _ in range(num_replicas)]
-    seen = False
-    for row in rows:
-        rep, send, queue, ttft = (row.get("replica"), row.get("send_s"), row.get("queue_ms"),
-                                  row.get("ttft_ms"))
-        if rep is None or send is None or queue is None or ttft is None:
-            continue
-        if not 0 <= rep < num_replicas:
-            return None
-        seen = True
-        start = send + queue / 1e3
-        end = send + ttft / 1e3
-        if end > start:
-            per[rep].append((start, end))
-    return [_union_length(iv) for iv in per] if seen else None
-
-
-def signals(result: Mapping) -> dict:
+def signals(result: RunResult | Mapping) -> dict:
     """The derived quantities the scores are built from (see the module docstring), by name."""
-    reps = list(result.get("replicas") or [])
-    limits = result.get("limits") or {}
-    rows = result.get("requests") or []
-    num_steps = sum(r.get("num_steps", 0) for r in reps)
-    busy_s = sum(r.get("busy_s", 0.0) for r in reps)
-    compute_s = sum(r.get("compute_s", 0.0) for r in reps)
-    comm_s = sum(r.get("comm_s", 0.0) for r in reps)
-    b = _clip(result.get("gpu_busy_fraction", 0.0))
-    by_bound = _merge(r.get("steps_by_bound") for r in reps)
+    run = as_run(result)
+    reps = run.replicas
+    limits = run.limits
+    rows = run.requests
+    num_steps = sum(r.num_steps for r in reps)
+    busy_s = sum(r.busy_s for r in reps)
+    compute_s = sum(r.compute_s for r in reps)
+    comm_s = sum(r.comm_s for r in reps)
+    b = _clip(_num(run, "gpu_busy_fraction"))
+    by_bound = _merge(r.steps_by_bound for r in reps)
     n_compute = by_bound.get("compute", 0)
     n_memory = by_bound.get("memory", 0)
     n_comm = by_bound.get("communication", 0)
 
     # Prefill share of busy time, and whether decode steps are memory-bound.
-    phase = None
-    if reps and all("step_s_by_phase_bound" in r for r in reps):
-        phase = _merge(r["step_s_by_phase_bound"] for r in reps)
-    if phase is not None:
-        basis = "step time"
-        pre = sum(v for k, v in phase.items() if k.startswith("prefill/"))
-        dec = sum(v for k, v in phase.items() if k.startswith("decode/"))
-        p = _ratio(pre, pre + dec)
-        decode_memory_bound = phase.get("decode/memory", 0.0) >= phase.get("decode/compute", 0.0)
-        prefill_memory_bound = (phase.get("prefill/memory", 0.0)
-                                > phase.get("prefill/compute", 0.0))
-        prefill_compute_bound_share = _ratio(phase.get("prefill/compute", 0.0), pre)
-    else:
-        unions = _prefill_interval_s(rows, len(reps)) if reps else None
-        if unions is not None and busy_s > 0:
-            basis = "prefill intervals"
-            p = _clip(sum(min(u, r.get("busy_s", 0.0)) for u, r in zip(unions, reps)) / busy_s)
-        else:
-            basis = "step counts"
-            p = _ratio(n_compute, n_compute + n_memory)
-        decode_memory_bound = n_memory >= n_compute
-        # Without phase counters prefill is surely memory-bound only if no step was compute-bound.
-        prefill_memory_bound = n_compute == 0
-        prefill_compute_bound_share = None
-    decode_memory_bound = decode_memory_bound and n_memory > 0
-    prefill_memory_bound = prefill_memory_bound and n_memory > 0
+    phase = _merge(r.step_s_by_phase_bound for r in reps)
+    pre = sum(v for k, v in phase.items() if k.startswith("prefill/"))
+    dec = sum(v for k, v in phase.items() if k.startswith("decode/"))
+    p = _ratio(pre, pre + dec)
+    decode_memory_bound = (phase.get("decode/memory", 0.0) >= phase.get("decode/compute", 0.0)
+                           and n_memory > 0)
+    prefill_memory_bound = (phase.get("prefill/memory", 0.0) > phase.get("prefill/compute", 0.0)
+                            and n_memory > 0)
+    prefill_compute_bound_share = _ratio(phase.get("prefill/compute", 0.0), pre)
 
-    # Steps that left requests waiting, by reason.
-    def blocked(name: str, count_key: str) -> float:
-        if reps and all(name in r for r in reps):
-            return _clip(_ratio(sum(r[name] for r in reps), busy_s))
-        return _clip(_ratio(sum(r.get(count_key, 0) for r in reps), num_steps))
-
-    f_seqs = blocked("busy_s_waiting_at_max_num_seqs", "num_steps_waiting_at_max_num_seqs")
-    f_budget = blocked("busy_s_waiting_at_token_budget", "num_steps_waiting_at_token_budget")
-    f_kv = blocked("busy_s_waiting_for_kv_blocks", "num_steps_waiting_for_kv_blocks")
-    n_budget = sum(r.get("num_steps_waiting_at_token_budget", 0) for r in reps)
-    if reps and all("num_steps_waiting_at_token_budget_compute_bound" in r for r in reps):
-        n_budget_cb = sum(r["num_steps_waiting_at_token_budget_compute_bound"] for r in reps)
-    else:
-        n_budget_cb = sum(min(r.get("num_steps_waiting_at_token_budget", 0),
-                              (r.get("steps_by_bound") or {}).get("compute", 0)) for r in reps)
+    # Time of the steps that left requests waiting, by reason.
+    f_seqs = _clip(_ratio(sum(r.busy_s_waiting_at_max_num_seqs for r in reps), busy_s))
+    f_budget = _clip(_ratio(sum(r.busy_s_waiting_at_token_budget for r in reps), busy_s))
+    f_kv = _clip(_ratio(sum(r.busy_s_waiting_for_kv_blocks for r in reps), busy_s))
+    n_budget = sum(r.num_steps_waiting_at_token_budget for r in reps)
+    n_budget_cb = sum(r.num_steps_waiting_at_token_budget_compute_bound for r in reps)
     budget_mem_share = 1.0 - _ratio(n_budget_cb, n_budget) if n_budget else 0.0
     f_budget_mem = f_budget * budget_mem_share
 
     saturated = min(1.0, f_seqs + f_kv + f_budget)
-    max_seqs = limits.get("max_num_seqs")
+    max_seqs = limits.max_num_seqs
 
     # Queueing and overload.
-    ttft = result.get("mean_ttft_ms", 0.0) or 0.0
-    queue = result.get("mean_queue_ms", 0.0) or 0.0
-    server = result.get("mean_api_server_ms", 0.0) or 0.0
-    server_wait = result.get("mean_api_server_wait_ms", 0.0) or 0.0
+    ttft = _num(run, "mean_ttft_ms")
+    queue = _num(run, "mean_queue_ms")
+    server = _num(run, "mean_api_server_ms")
+    server_wait = _num(run, "mean_api_server_wait_ms")
     q = _clip(_ratio(queue, ttft))
-    duration = result.get("duration", 0.0) or 0.0
-    arrivals = [row["arrival_s"] for row in rows if row.get("arrival_s") is not None]
+    duration = _num(run, "duration")
+    arrivals = [row["arrival_s"] for row in rows]
     o = 0.0
     arrival_span = serve_span = None
     offered = served = None
@@ -319,37 +258,33 @@ def signals(result: Mapping) -> dict:
         first, last = min(arrivals), max(arrivals)
         arrival_span = last - first
         serve_span = duration - first
-        service_s = max(0.0, (result.get("mean_e2el_ms", 0.0) or 0.0) - queue) / 1e3
+        service_s = max(0.0, _num(run, "mean_e2el_ms") - queue) / 1e3
         o = _clip(_ratio((duration - last) - service_s, serve_span))
         if arrival_span > 0:
             offered = (len(arrivals) - 1) / arrival_span
         if serve_span > 0:
-            served = result.get("completed", 0) / serve_span
+            served = _num(run, "completed") / serve_span
 
     # Batch occupancy from the time series (samples where a replica had anything running).
-    ts = result.get("timeseries") or {}
-    running = [n for sample in ts.get("num_running") or [] for n in sample if n > 0]
-    waiting_samples = ts.get("num_waiting") or []
-    num_requests = result.get("num_requests") or result.get("num_prompts") or len(rows)
-    num_gpus = result.get("num_gpus")
+    ts = run.timeseries
+    running = [n for sample in ts.num_running for n in sample if n > 0]
+    waiting_samples = ts.num_waiting
     mean_running = sum(running) / len(running) if running else 0.0
-    mean_batch = result.get("mean_batch_seqs", mean_running)
-    fill = result.get("batch_fill_fraction", _ratio(mean_batch, max_seqs or 0))
-    token_fill = result.get("token_budget_fill_fraction", 0.0)
-    cl = result.get("cluster") or {}
-    fab = cl.get("fabric") or {}
-    net_share = cl.get("network_share_of_step_time", 0.0)
-    fabric_share = cl.get("fabric_share_of_step_time", 0.0)
+    fill = _num(run, "batch_fill_fraction")
+    token_fill = _num(run, "token_budget_fill_fraction")
+    cl = run.cluster
+    net_share = cl.share("network_share_of_step_time") if cl else 0.0
+    fabric_share = cl.share("fabric_share_of_step_time") if cl else 0.0
+    congestion_share = cl.share("congestion_share_of_step_time") if cl else 0.0
     return {
-        "cluster": bool(cl),
+        "cluster": cl is not None,
         "fabric_fraction_of_comm": _clip(_ratio(fabric_share, net_share)),
-        "congestion_fraction_of_fabric": _clip(_ratio(cl.get("congestion_share_of_step_time",
-                                                             0.0), fabric_share)),
-        "network_share_of_request_latency": cl.get("network_share_of_request_latency"),
-        "dcqcn_rate_cuts": fab.get("dcqcn_rate_cuts"),
-        "pfc_pause_frames": fab.get("pfc_pause_frames"),
-        "fabric_drops": fab.get("drops"),
-        "basis": basis,
+        "congestion_fraction_of_fabric": _clip(_ratio(congestion_share, fabric_share)),
+        "network_share_of_request_latency": (cl.share("network_share_of_request_latency")
+                                             if cl else None),
+        "dcqcn_rate_cuts": cl.fabric("dcqcn_rate_cuts") if cl else None,
+        "pfc_pause_frames": cl.fabric("pfc_pause_frames") if cl else None,
+        "fabric_drops": cl.fabric("drops") if cl else None,
         "gpu_busy_fraction": b,
         "idle_fraction": 1.0 - b,
         "compute_fraction_of_busy": _clip(_ratio(compute_s, busy_s)),
@@ -370,7 +305,7 @@ def signals(result: Mapping) -> dict:
         "steps_waiting_for_kv_fraction": f_kv,
         "engine_limit_fraction": min(1.0, f_seqs + f_kv + f_budget_mem),
         "saturated_fraction_of_busy": saturated,
-        "mean_batch_seqs": mean_batch,
+        "mean_batch_seqs": _num(run, "mean_batch_seqs"),
         "batch_fill_fraction": fill,
         "token_budget_fill_fraction": token_fill,
         "engine_load": engine_load(b, saturated, fill, token_fill),
@@ -381,26 +316,31 @@ def signals(result: Mapping) -> dict:
         "overload_fraction": o,
         "mean_queue_ms": queue,
         "mean_ttft_ms": ttft,
-        "mean_tpot_ms": result.get("mean_tpot_ms"),
+        "mean_tpot_ms": run.metric("mean_tpot_ms"),
         "arrival_span_s": arrival_span,
         "serve_span_s": serve_span,
         "offered_request_rate": offered,
         "served_request_rate": served,
-        "total_preemptions": result.get("total_preemptions", 0),
-        "preempted_request_fraction": _clip(_ratio(result.get("num_preempted_requests", 0),
-                                                   num_requests)),
-        "max_kv_cache_usage": result.get("max_kv_cache_usage"),
-        "num_gpu_blocks": limits.get("num_gpu_blocks"),
+        "total_preemptions": _num(run, "total_preemptions"),
+        "preempted_request_fraction": _clip(_ratio(_num(run, "num_preempted_requests"),
+                                                   _num(run, "num_requests"))),
+        "max_kv_cache_usage": run.metric("max_kv_cache_usage"),
+        "num_gpu_blocks": limits.num_gpu_blocks,
         "max_num_seqs": max_seqs,
-        "max_num_batched_tokens": limits.get("max_num_batched_tokens"),
-        "max_num_running": max((r.get("max_num_running", 0) for r in reps), default=0),
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "max_num_running": max((r.max_num_running for r in reps), default=0),
         "mean_num_running": mean_running,
-        "max_num_waiting": max((r.get("max_num_waiting", 0) for r in reps), default=0),
+        "max_num_waiting": max((r.max_num_waiting for r in reps), default=0),
         "waiting_sample_fraction": _ratio(sum(1 for s in waiting_samples if any(s)),
                                           len(waiting_samples)),
-        "prefix_cache_hit_rate": result.get("prefix_cache_hit_rate"),
-        "gpus_per_replica": num_gpus // len(reps) if num_gpus and reps else None,
+        "prefix_cache_hit_rate": run.metric("prefix_cache_hit_rate"),
+        "gpus_per_replica": run.num_gpus_per_replica if reps else None,
     }
+
+
+def as_run(result: RunResult | Mapping) -> RunResult:
+    """`result` as a typed RunResult (a `simulate()` dict is read back strictly)."""
+    return result if isinstance(result, RunResult) else RunResult.from_dict(result)
 
 
 def engine_load(busy: float, saturated: float, fill: float, token_fill: float) -> str:
@@ -440,12 +380,9 @@ def scores(s: Mapping) -> dict[str, float]:
     }
 
 
-def attribute(result: Mapping) -> Attribution:
-    """Rank the factors that limit the run behind `result` (a `simulate()` result dict).
-
-    Reads only the result; missing counters fall back as the module docstring says, so a
-    result from an older or thinner run still gets an attribution.
-    """
+def attribute(result: RunResult | Mapping) -> Attribution:
+    """Rank the factors that limit the run behind `result` (a RunResult, or a `simulate()`
+    dict, which must hold every section: a missing one raises `ResultError` naming it)."""
     s = signals(result)
     sc = scores(s)
     order = {k: i for i, k in enumerate(FACTOR_KEYS)}
@@ -461,4 +398,4 @@ def attribute(result: Mapping) -> Attribution:
         factors.append(Factor(key, label, _clip(sc[key]),
                               {name: s[name] for name in _NUMBERS[key]}))
     factors.sort(key=lambda f: (-f.score, order[f.key]))
-    return Attribution(tuple(factors), s, s["basis"])
+    return Attribution(tuple(factors), s)

@@ -117,11 +117,11 @@ def headroom(cfg, result: dict) -> dict | None:
     if full is None:
         return None
     load = w.request_rate / full["throughput_capacity_rps"]
-    state = ("over_capacity" if result.get("over_capacity") or load >= 1.0
+    state = ("over_capacity" if result["over_capacity"] or load >= 1.0
              else "near_capacity" if load >= NEAR_CAPACITY else "headroom")
     return {"state": state, "offered_rps": w.request_rate, "load_fraction": load,
-            "served_rps": result.get("served_request_rate"),
-            "queue_growth_rps": result.get("queue_growth_rps"), **full}
+            "served_rps": result["served_request_rate"],
+            "queue_growth_rps": result["queue_growth_rps"], **full}
 
 
 _CAPACITY_CACHE: dict[str, dict | None] = {}

@@ -15,6 +15,7 @@ from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
 from simcore.metrics import engine_summary, summarize
+from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
 from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
@@ -57,7 +58,8 @@ def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
 
 def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
              op_scale: dict[str, float] | None = None) -> dict:
-    """Run one configuration on the virtual clock and return its result as a JSON-able dict.
+    """Run one configuration on the virtual clock and return its result as a JSON-able dict
+    (`simulate_run(...).to_dict()`).
 
     The top level holds `vllm bench serve`'s keys (`mean_ttft_ms`, `p99_tpot_ms`,
     `request_throughput`, ...) and the engine's (`gpu_busy_fraction`, `total_preemptions`,
@@ -79,13 +81,18 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     `dummy_busy_s` and `all_to_all_s`. `op_scale` scales the compute model's op classes (a
     perturbed run of an envelope; see `simcore.uncertainty`).
     """
+    return simulate_run(cfg, progress=progress, op_scale=op_scale).to_dict()
+
+
+def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
+                 op_scale: dict[str, float] | None = None) -> RunResult:
+    """Run one configuration on the virtual clock; its typed result (see `simulate`)."""
     dep = build_deployment(cfg, op_scale=op_scale)
     sched_cfg = scheduler_config(cfg, dep)
     w = cfg.workload
     specs = request_stream(w, block_size=cfg.engine.block_size, seed=cfg.seed,
                            base_dir=dep.base_dir)
-    if not len(specs):
-        raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
+    check_runnable(cfg, specs)
     interval = cfg.metrics.timeseries_interval_s
     par = cfg.parallelism
     dp = par.data_parallel_size
@@ -99,10 +106,6 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         env = simpy.Environment()
         cluster = build_cluster(env, cfg, dep)
         tier = cfg.cluster.kv_tier
-        if tier is not None and par.prefill_decode is not None:
-            raise ConfigError("cluster.kv_tier: an external KV tier with "
-                              "parallelism.prefill_decode is not modelled (prefill instances "
-                              "would neither store to it nor fetch from it); remove one")
         if tier is not None or par.prefill_decode is not None:
             kv_paths = KvPaths(cluster, arch=dep.arch, kv_cache_dtype=dep.kv_cache_dtype,
                                block_size=cfg.engine.block_size,
@@ -111,12 +114,6 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         if tier is not None:
             sched_cfg = dataclasses.replace(sched_cfg,
                                             max_kvc_ready_requests=tier.max_kvc_ready_requests)
-    elif par.prefill_decode is not None:
-        raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
-                          "network; add a cluster section")
-    if kv_paths is not None and w.request_timeout_s is not None:
-        raise ConfigError("workload.request_timeout_s: client timeouts are not modelled with "
-                          "prefill/decode disaggregation or an external KV tier; remove one")
     # With expert parallelism EP = DP x TP: the DP ranks of each replica form one lock-step
     # EP group.
     groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
@@ -130,22 +127,27 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
         request_timeout_s=w.request_timeout_s,
         api_servers=cfg.host.api_server_count, **request_path(cfg, dep))
-    result = assemble_result(cfg, dep, run)
-    if cluster is not None:
-        result["cluster"] = cluster_result(cluster, run, kv_paths)
-        for key in CLUSTER_HEADLINE_METRICS:
-            result[key] = result["cluster"][key]
-        fabric = result["cluster"]["fabric"]
-        for key, src in FABRIC_HEALTH_METRICS.items():
-            result[key] = fabric[src]
-        result["fabric_p99_step_slowdown"] = fabric["step_slowdown"]["p99"] or 1.0
-        result["provenance"]["fidelity"] = (f"engine + step DAG over the "
-                                            f"{cfg.cluster.fabric.backend} fabric")
-        result["provenance"]["assumptions"] += cfg.cluster.assumption_lines()
-        if cluster.trace is not None:
-            result["trace"] = {"traceEvents": cluster.trace.events(),
-                               "displayTimeUnit": "ms"}
-    return result
+    return assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
+
+
+def check_runnable(cfg: SimConfig, specs) -> None:
+    """Refuse, before anything runs, what `simulate` cannot run: a workload with no requests
+    (`specs`, its request stream), disaggregation without a cluster, an external KV tier beside
+    disaggregation, and client timeouts with KV moved over the fabric."""
+    if not len(specs):
+        raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
+    pd = cfg.parallelism.prefill_decode
+    tier = cfg.cluster.kv_tier if cfg.cluster is not None else None
+    if pd is not None and cfg.cluster is None:
+        raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
+                          "network; add a cluster section")
+    if tier is not None and pd is not None:
+        raise ConfigError("cluster.kv_tier: an external KV tier with "
+                          "parallelism.prefill_decode is not modelled (prefill instances "
+                          "would neither store to it nor fetch from it); remove one")
+    if (tier is not None or pd is not None) and cfg.workload.request_timeout_s is not None:
+        raise ConfigError("workload.request_timeout_s: client timeouts are not modelled with "
+                          "prefill/decode disaggregation or an external KV tier; remove one")
 
 
 def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:
@@ -171,97 +173,91 @@ def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:
     return out
 
 
-def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun) -> dict:
-    """Turn a raw run into the result dict (metrics, detail and provenance)."""
+def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster=None,
+                    kv_paths=None) -> RunResult:
+    """Turn a raw run into its typed result (metrics, sections and provenance)."""
     w = cfg.workload
     pcts = cfg.metrics.percentiles
-    result: dict = {"name": cfg.name}
-    result.update(summarize(
+    m: dict = summarize(
         run.records, selected_percentiles=pcts, goodput_slos_ms=cfg.metrics.goodput,
         request_rate=w.request_rate, burstiness=w.burstiness, max_concurrency=w.max_concurrency,
-        model_id=dep.arch.name))
+        model_id=dep.arch.name)
     if w.ramp_up_strategy is not None:
-        result["ramp_up_strategy"] = w.ramp_up_strategy
-        result["ramp_up_start_rps"] = w.ramp_up_start_rps
-        result["ramp_up_end_rps"] = w.ramp_up_end_rps
-    result.update(engine_summary(run.records, selected_percentiles=pcts))
-    duration = result["duration"]
+        m["ramp_up_strategy"] = w.ramp_up_strategy
+        m["ramp_up_start_rps"] = w.ramp_up_start_rps
+        m["ramp_up_end_rps"] = w.ramp_up_end_rps
+    m.update(engine_summary(run.records, selected_percentiles=pcts))
+    duration = m["duration"]
     stats = run.replicas
     busy = sum(s.busy_s for s in stats)
     n_gpu = dep.gpus_per_replica * len(stats)
-    result["num_gpus"] = n_gpu
+    m["num_gpus"] = n_gpu
     wall = duration * len(stats)
-    result["gpu_busy_fraction"] = busy / wall if wall > 0 else 0.0
+    m["gpu_busy_fraction"] = busy / wall if wall > 0 else 0.0
     # How full the running steps are, apart from how long they run: a step can run all the
     # time with a small batch (busy 1.00 at light load), so busy alone does not mean saturated.
     at_limit = sum(s.busy_s_waiting_at_max_num_seqs + s.busy_s_waiting_at_token_budget
-                   + s.busy_s_waiting_for_kv_blocks
-                   for s in stats)
-    result["saturated_fraction"] = at_limit / wall if wall > 0 else 0.0
-    result["mean_batch_seqs"] = sum(s.seq_s for s in stats) / busy if busy > 0 else 0.0
-    result["batch_fill_fraction"] = result["mean_batch_seqs"] / dep.max_num_seqs
+                   + s.busy_s_waiting_for_kv_blocks for s in stats)
+    m["saturated_fraction"] = at_limit / wall if wall > 0 else 0.0
+    m["mean_batch_seqs"] = sum(s.seq_s for s in stats) / busy if busy > 0 else 0.0
+    m["batch_fill_fraction"] = m["mean_batch_seqs"] / dep.max_num_seqs
     real_steps = sum(s.num_steps - s.dummy_steps for s in stats)
-    result["mean_batch_tokens"] = (sum(s.num_tokens for s in stats) / real_steps
-                                   if real_steps else 0.0)
-    result["token_budget_fill_fraction"] = (result["mean_batch_tokens"]
-                                            / dep.max_num_batched_tokens)
+    m["mean_batch_tokens"] = (sum(s.num_tokens for s in stats) / real_steps
+                              if real_steps else 0.0)
+    m["token_budget_fill_fraction"] = m["mean_batch_tokens"] / dep.max_num_batched_tokens
     trend = load_trend(np.fromiter((r.arrival_s for r in run.records), dtype=float),
                        np.fromiter((r.end_s for r in run.records), dtype=float))
     if trend is not None:
-        result.update(trend.as_dict())
-    result["output_throughput_per_gpu"] = result["output_throughput"] / n_gpu
-    result["total_token_throughput_per_gpu"] = result["total_token_throughput"] / n_gpu
+        m.update(trend.as_dict())
+    m["output_throughput_per_gpu"] = m["output_throughput"] / n_gpu
+    m["total_token_throughput_per_gpu"] = m["total_token_throughput"] / n_gpu
     usage = np.asarray(run.timeseries.kv_usage, dtype=float)
-    result["mean_kv_cache_usage"] = float(usage.mean()) if usage.size else 0.0
-    result["max_kv_cache_usage"] = float(usage.max()) if usage.size else 0.0
-    result["num_steps"] = sum(s.num_steps for s in stats)
-    result["num_routed_by_prefix"] = run.num_routed_by_prefix
+    m["mean_kv_cache_usage"] = float(usage.mean()) if usage.size else 0.0
+    m["max_kv_cache_usage"] = float(usage.max()) if usage.size else 0.0
+    m["num_steps"] = sum(s.num_steps for s in stats)
+    m["num_routed_by_prefix"] = run.num_routed_by_prefix
     comm = sum(s.comm_s for s in stats)
-    result["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
+    m["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
+    ep = None
     if dep.expert_parallel:
-        m = dep.step_model
+        sm = dep.step_model
         dummy = sum(s.dummy_busy_s for s in stats)
         a2a = sum(s.all_to_all_s for s in stats)
-        result["ep_size"] = dep.ep_size
-        result["dummy_busy_fraction"] = dummy / busy if busy > 0 else 0.0
-        result["all_to_all_fraction_of_busy"] = a2a / busy if busy > 0 else 0.0
-        result["expert_parallel"] = {
-            "ep_size": dep.ep_size, "num_lockstep_ranks": m.num_ranks,
-            "experts_per_gpu": m.experts_per_gpu, "ep_gpus_per_node": m.ep_local,
-            "all_to_all": ("none (one DP rank: TP all-reduce)" if m.dp == 1
-                           else "intra-node" if m.ep_local >= m.ep else "across nodes"),
+        m["ep_size"] = dep.ep_size
+        m["dummy_busy_fraction"] = dummy / busy if busy > 0 else 0.0
+        m["all_to_all_fraction_of_busy"] = a2a / busy if busy > 0 else 0.0
+        ep = {
+            "ep_size": dep.ep_size, "num_lockstep_ranks": sm.num_ranks,
+            "experts_per_gpu": sm.experts_per_gpu, "ep_gpus_per_node": sm.ep_local,
+            "all_to_all": ("none (one DP rank: TP all-reduce)" if sm.dp == 1
+                           else "intra-node" if sm.ep_local >= sm.ep else "across nodes"),
             "num_dummy_steps": sum(s.dummy_steps for s in stats),
         }
-    result["kv_cache"] = dep.memory_report()
-    result["limits"] = {"max_num_seqs": dep.max_num_seqs,
-                        "max_num_batched_tokens": dep.max_num_batched_tokens,
-                        "max_model_len": dep.max_model_len, "num_gpu_blocks": dep.num_blocks}
-    result["replicas"] = [{
-        "replica": i, "num_steps": s.num_steps, "busy_s": s.busy_s,
-        "busy_fraction": s.busy_s / duration if duration > 0 else 0.0,
-        "mean_batch_seqs": s.seq_s / s.busy_s if s.busy_s > 0 else 0.0,
-        "compute_s": s.compute_s, "comm_s": s.comm_s,
-        "num_prefill_tokens": s.num_prefill_tokens, "num_decode_tokens": s.num_decode_tokens,
-        "num_preemptions": s.num_preemptions, "steps_by_bound": s.steps_by_bound,
-        "max_num_running": s.max_num_running, "max_num_waiting": s.max_num_waiting,
-        "num_steps_waiting_at_max_num_seqs": s.num_steps_waiting_at_max_num_seqs,
-        "num_steps_waiting_at_token_budget": s.num_steps_waiting_at_token_budget,
-        "num_steps_waiting_for_kv_blocks": s.num_steps_waiting_for_kv_blocks,
-        "num_steps_waiting_at_token_budget_compute_bound": s.num_steps_waiting_at_token_budget_compute_bound,
-        "busy_s_waiting_at_max_num_seqs": s.busy_s_waiting_at_max_num_seqs,
-        "busy_s_waiting_at_token_budget": s.busy_s_waiting_at_token_budget,
-        "busy_s_waiting_for_kv_blocks": s.busy_s_waiting_for_kv_blocks,
-        "step_s_by_phase_bound": s.step_s_by_phase_bound,
-        "prefix_cache_evictions": sched.kv.pool.num_evictions,
-        **({"dummy_steps": s.dummy_steps, "dummy_busy_s": s.dummy_busy_s,
-            "all_to_all_s": s.all_to_all_s} if dep.expert_parallel else {}),
-    } for i, (s, sched) in enumerate(zip(stats, run.schedulers))]
     ts = run.timeseries
-    result["timeseries"] = {"t_s": ts.t_s, "kv_cache_usage": ts.kv_usage,
-                            "num_running": ts.num_running, "num_waiting": ts.num_waiting}
-    result["requests"] = [_request_row(r) for r in run.records]
-    result["provenance"] = provenance(cfg, dep)
-    return result
+    prov = provenance(cfg, dep)
+    cluster_part = trace = None
+    if cluster is not None:
+        summary = cluster_result(cluster, run, kv_paths)
+        fabric = summary["fabric"]
+        headline = {key: summary[key] for key in CLUSTER_HEADLINE_METRICS}
+        headline.update({key: fabric[src] for key, src in FABRIC_HEALTH_METRICS.items()})
+        headline["fabric_p99_step_slowdown"] = fabric["step_slowdown"]["p99"] or 1.0
+        cluster_part = ClusterResult(summary, headline)
+        prov["fidelity"] = f"engine + step DAG over the {cfg.cluster.fabric.backend} fabric"
+        prov["assumptions"] += cfg.cluster.assumption_lines()
+        if cluster.trace is not None:
+            trace = {"traceEvents": cluster.trace.events(), "displayTimeUnit": "ms"}
+    return RunResult(
+        name=cfg.name, metrics=m, kv_cache=dep.memory_report(),
+        limits=Limits(max_num_seqs=dep.max_num_seqs,
+                      max_num_batched_tokens=dep.max_num_batched_tokens,
+                      max_model_len=dep.max_model_len, num_gpu_blocks=dep.num_blocks),
+        replicas=tuple(ReplicaResult.from_stats(i, s, duration, sched.kv.pool.num_evictions,
+                                                dep.expert_parallel)
+                       for i, (s, sched) in enumerate(zip(stats, run.schedulers))),
+        timeseries=TimeSeriesResult(ts.t_s, ts.kv_usage, ts.num_running, ts.num_waiting),
+        requests=tuple(_request_row(r) for r in run.records),
+        provenance=prov, expert_parallel=ep, cluster=cluster_part, trace=trace)
 
 
 def _request_row(r) -> dict:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from simcore import metric_catalog
 from simcore.config import SimConfig
 
 _Z90 = 1.6448536269514722
@@ -43,21 +44,12 @@ _VALIDATED_BOUND = 0.25
 """Step-time bounds up to this are those of the kernel profiles the end-to-end residuals were
 measured with (their largest on the validated configurations): inside the residuals already."""
 
-_NOT_ENVELOPED = {"num_requests", "completed", "failed", "num_prompts", "seed",
-                  "step_time_relative_uncertainty", "total_input_tokens", "total_output_tokens",
-                  "max_concurrency", "request_rate", "offered_request_rate"}
-"""Top-level numbers that are inputs or counts, not predictions."""
-
 
 def metric_scaling(metric: str) -> int:
-    """How a metric moves with step time: +1 proportionally (latencies, cost per token), -1
-    inversely (throughputs, tokens per dollar), 0 not simply (counts, fractions)."""
-    if metric.endswith("_ms") or metric.endswith("_s") or "cost_per" in metric:
-        return 1
-    if "throughput" in metric or "goodput" in metric or "per_dollar" in metric \
-            or metric.endswith("_per_s"):
-        return -1
-    return 0
+    """How a metric moves with step time, as `simcore.metric_catalog` declares it: +1
+    proportionally (latencies, cost per token), -1 inversely (throughputs, tokens per dollar),
+    0 not simply (counts, fractions, and names the catalog does not know)."""
+    return metric_catalog.scaling(metric)
 
 
 def first_order(metric: str, value: float, relative_uncertainty: float | None
@@ -75,10 +67,11 @@ def first_order(metric: str, value: float, relative_uncertainty: float | None
 
 
 def headline_metrics(result: dict) -> dict[str, float]:
-    """The top-level numeric predictions of a result (the keys a study can optimise)."""
+    """The top-level numeric predictions of a result, finite ones: the metrics
+    `simcore.metric_catalog` declares as predictions (not inputs, counts or flags)."""
     return {k: float(v) for k, v in result.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and k not in _NOT_ENVELOPED and math.isfinite(float(v))}
+            and metric_catalog.enveloped(k) and math.isfinite(float(v))}
 
 
 def metric_family(metric: str) -> str | None:

@@ -104,16 +104,16 @@ def test_an_unknown_objective_metric_names_the_field_and_close_matches():
         check_metric_names(spec, metric_names(BASE, {}))
 
 
-def test_metric_names_match_a_real_result_with_or_without_a_probe():
+def test_metric_names_match_a_real_result():
     base = {**BASE, "metrics": {"percentiles": [50, 95], "goodput": {"ttft": 200}}}
     result = simulate(parse_config(base))
     real = set(result_metrics(result, 2.5))
     assert {"p95_ttft_ms", "request_goodput", "output_tokens_per_dollar"} <= real
     # Capacity metrics are computed for a trial only when a study names one.
     assert metric_names(base, {}) == real | set(CAPACITY_METRICS)
-    # The layout used when the base cannot be simulated (e.g. it does not fit one GPU).
     assert static_metric_names(parse_config(base)) == real | set(CAPACITY_METRICS)
-    # Enough requests for the load trend, which the probe's handful does not show.
+    # Enough requests for the load trend (30 are too few).
+    assert not set(TREND_METRICS) & real
     longer = {**base, "workload": {**base["workload"], "num_prompts": 60}}
     real = set(result_metrics(simulate(parse_config(longer)), 2.5))
     assert set(TREND_METRICS) <= real
@@ -140,7 +140,9 @@ def test_a_non_finite_objective_fails_the_trial():
     from dse.evaluate import score
 
     result = {"p99_ttft_ms": float("nan"), "output_throughput": 0.0, "num_gpus": 1,
-              "request_throughput": 0.0, "p99_tpot_ms": 1.0}
+              "request_throughput": 0.0, "p99_tpot_ms": 1.0,
+              "provenance": {"compute_profile": "roofline/H100-SXM/bf16", "calibrated": False,
+                             "step_time_relative_uncertainty": 0.35}}
     out = score(result, SPEC)
     assert out.status == "failed" and "p99_ttft_ms is nan" in out.reason
 

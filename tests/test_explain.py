@@ -11,7 +11,8 @@ import pytest
 
 from dse.explain import assumptions, explain, pct
 from dse.summary import render_summary
-from simcore.attribution import FACTOR_KEYS, HBM_DECODE_LABEL, _union_length, attribute, signals
+from simcore.attribution import FACTOR_KEYS, HBM_DECODE_LABEL, attribute, signals
+from simcore.result import ResultError
 from simcore.config import parse_config
 from simcore.simulate import simulate
 
@@ -295,23 +296,37 @@ def test_explain_imports_no_heavy_library():
 # --- hand-made results: the scoring formulas --------------------------------------------------
 
 def replica(**kw) -> dict:
-    rep = {"num_steps": 100, "busy_s": 10.0, "compute_s": 9.0, "comm_s": 0.0,
+    """One replica's complete counters: busy 10 of 10 s, 2 s of it prefill steps."""
+    rep = {"replica": 0, "num_steps": 100, "busy_s": 10.0, "busy_fraction": 1.0,
+           "mean_batch_seqs": 10.0, "compute_s": 9.0, "comm_s": 0.0,
+           "num_prefill_tokens": 1000, "num_decode_tokens": 1000, "num_preemptions": 0,
            "steps_by_bound": {"memory": 80, "compute": 20}, "max_num_running": 10,
            "max_num_waiting": 0, "num_steps_waiting_at_max_num_seqs": 0,
-           "num_steps_waiting_at_token_budget": 0, "num_steps_waiting_for_kv_blocks": 0}
+           "num_steps_waiting_at_token_budget": 0, "num_steps_waiting_for_kv_blocks": 0,
+           "num_steps_waiting_at_token_budget_compute_bound": 0,
+           "busy_s_waiting_at_max_num_seqs": 0.0, "busy_s_waiting_at_token_budget": 0.0,
+           "busy_s_waiting_for_kv_blocks": 0.0,
+           "step_s_by_phase_bound": {"prefill/compute": 2.0, "decode/memory": 8.0},
+           "prefix_cache_evictions": 0}
     rep.update(kw)
     return rep
 
 
 def made(**kw) -> dict:
-    """A thin result: one replica busy 10 of 10 s, no requests (prefill share from step counts)."""
-    r = {"completed": 10, "failed": 0, "num_requests": 10, "duration": 10.0,
-         "gpu_busy_fraction": 1.0, "mean_ttft_ms": 100.0, "mean_queue_ms": 0.0,
+    """A complete hand-made result: one replica busy 10 of 10 s, no requests."""
+    r = {"name": "made", "completed": 10, "failed": 0, "num_failed_by_error": {},
+         "num_requests": 10, "duration": 10.0,
+         "gpu_busy_fraction": 1.0, "mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0,
+         "mean_queue_ms": 0.0, "mean_api_server_ms": 0.0, "mean_api_server_wait_ms": 0.0,
          "mean_e2el_ms": 1000.0, "total_preemptions": 0, "num_preempted_requests": 0,
-         "max_kv_cache_usage": 0.5, "limits": {"max_num_seqs": 256,
-                                               "max_num_batched_tokens": 8192,
-                                               "num_gpu_blocks": 1000},
-         "num_gpus": 1, "replicas": [replica()], "requests": [],
+         "prefix_cache_hit_rate": 0.0, "num_gpus": 1, "mean_batch_seqs": 10.0,
+         "batch_fill_fraction": 10 / 256, "token_budget_fill_fraction": 0.01,
+         "max_kv_cache_usage": 0.5, "kv_cache": {},
+         "limits": {"max_num_seqs": 256, "max_num_batched_tokens": 8192,
+                    "max_model_len": 8192, "num_gpu_blocks": 1000},
+         "replicas": [replica()],
+         "timeseries": {"t_s": [], "kv_cache_usage": [], "num_running": [], "num_waiting": []},
+         "requests": [],
          "provenance": {"calibrated": False, "step_time_relative_uncertainty": 0.35,
                         "compute_profile": "roofline/H100-SXM/bf16",
                         "assumptions": ["step times from the roofline/H100-SXM/bf16 roofline "
@@ -325,21 +340,19 @@ def score(r: dict, key: str) -> float:
     return attribute(r).factor(key).score
 
 
-def test_compute_split_by_step_counts_without_phase_counters():
+def test_compute_split_by_prefill_and_decode_step_time():
     a = attribute(made())
-    assert a.basis == "step counts"
-    # b = 1, c = 0.9, p = 20 / (20 + 80).
+    # b = 1, c = 0.9, p = 2 s of prefill steps / 10 s.
     assert a.factor("prefill_compute").score == pytest.approx(0.9 * 0.2)
     assert a.factor("decode_compute").score == pytest.approx(0.9 * 0.8)
     assert a.factor("decode_compute").label == HBM_DECODE_LABEL
     assert a.top.key == "decode_compute"
 
 
-def test_phase_counters_win_over_estimates():
+def test_compute_bound_prefill_leads():
     rep = replica(step_s_by_phase_bound={"prefill/compute": 6.0, "decode/memory": 3.0,
                                          "decode/compute": 1.0})
     a = attribute(made(replicas=[rep]))
-    assert a.basis == "step time"
     assert a.signals["prefill_fraction_of_busy"] == pytest.approx(0.6)
     assert a.signals["prefill_compute_bound_share"] == pytest.approx(1.0)
     assert a.top.key == "prefill_compute"
@@ -347,20 +360,15 @@ def test_phase_counters_win_over_estimates():
     assert "already compute-bound" in text(explain(made(replicas=[rep])))
 
 
-def test_prefill_intervals_from_requests():
-    rows = [  # [send + queue, send + ttft]: [0, 2] and [1, 3] overlap into 3 s; [5, 6] adds 1 s.
-        {"replica": 0, "send_s": 0.0, "queue_ms": 0.0, "ttft_ms": 2000.0, "arrival_s": 0.0},
-        {"replica": 0, "send_s": 0.5, "queue_ms": 500.0, "ttft_ms": 2500.0, "arrival_s": 0.5},
-        {"replica": 0, "send_s": 5.0, "queue_ms": 0.0, "ttft_ms": 1000.0, "arrival_s": 5.0},
-    ]
-    a = attribute(made(requests=rows))
-    assert a.basis == "prefill intervals"
-    assert a.signals["prefill_fraction_of_busy"] == pytest.approx(4.0 / 10.0)
-
-
-def test_union_length():
-    assert _union_length([]) == 0.0
-    assert _union_length([(3.0, 4.0), (0.0, 2.0), (1.0, 1.5), (2.0, 2.5)]) == pytest.approx(3.5)
+def test_a_result_missing_a_section_is_refused_by_name():
+    thin = made()
+    del thin["limits"]
+    with pytest.raises(ResultError, match="'limits'"):
+        attribute(thin)
+    rep = replica()
+    del rep["busy_s_waiting_for_kv_blocks"]
+    with pytest.raises(ResultError, match="busy_s_waiting_for_kv_blocks"):
+        attribute(made(replicas=[rep]))
 
 
 def test_idle_time_is_the_underloaded_score():
@@ -378,7 +386,8 @@ def test_communication_share_of_busy():
 
 
 def test_engine_limits_discount_gpu_time_and_queueing():
-    rep = replica(num_steps_waiting_at_max_num_seqs=60, num_steps_waiting_for_kv_blocks=20)
+    rep = replica(num_steps_waiting_at_max_num_seqs=60, busy_s_waiting_at_max_num_seqs=6.0,
+                  num_steps_waiting_for_kv_blocks=20, busy_s_waiting_for_kv_blocks=2.0)
     r = made(replicas=[rep], mean_queue_ms=90.0)
     a = attribute(r)
     assert a.factor("scheduler_max_num_seqs").score == pytest.approx(0.6)
@@ -389,9 +398,8 @@ def test_engine_limits_discount_gpu_time_and_queueing():
     assert a.top.key == "scheduler_max_num_seqs"
 
 
-def test_time_weighted_blocking_counters_are_preferred():
-    rep = replica(num_steps_waiting_at_max_num_seqs=60, busy_s_waiting_at_max_num_seqs=2.0,
-                  busy_s_waiting_at_token_budget=0.0, busy_s_waiting_for_kv_blocks=0.0)
+def test_blocking_is_weighted_by_step_time_not_step_count():
+    rep = replica(num_steps_waiting_at_max_num_seqs=60, busy_s_waiting_at_max_num_seqs=2.0)
     assert score(made(replicas=[rep]), "scheduler_max_num_seqs") == pytest.approx(0.2)
 
 
@@ -401,13 +409,13 @@ def test_preempted_requests_score_kv_capacity():
 
 
 def test_full_budget_in_compute_bound_steps_is_not_a_limit():
-    cb = replica(num_steps_waiting_at_token_budget=15)            # 20 compute-bound steps
+    cb = replica(num_steps_waiting_at_token_budget=15, busy_s_waiting_at_token_budget=1.5,
+                 num_steps_waiting_at_token_budget_compute_bound=15)
     assert score(made(replicas=[cb]), "scheduler_token_budget") == 0.0
-    mem = replica(num_steps_waiting_at_token_budget=50)            # 30 of them not compute-bound
-    assert score(made(replicas=[mem]), "scheduler_token_budget") == pytest.approx(0.3)
-    exact = replica(num_steps_waiting_at_token_budget=50,
-                    num_steps_waiting_at_token_budget_compute_bound=10)
-    assert score(made(replicas=[exact]), "scheduler_token_budget") == pytest.approx(0.4)
+    # Half the busy time at a full budget, 40 of its 50 steps not compute-bound.
+    mem = replica(num_steps_waiting_at_token_budget=50, busy_s_waiting_at_token_budget=5.0,
+                  num_steps_waiting_at_token_budget_compute_bound=10)
+    assert score(made(replicas=[mem]), "scheduler_token_budget") == pytest.approx(0.4)
 
 
 def test_queueing_from_ttft_share_and_from_overload():
@@ -429,11 +437,10 @@ def test_ties_rank_in_declared_order():
     assert zero == [k for k in FACTOR_KEYS if k in zero]
 
 
-def test_thin_or_failed_results_still_explain():
-    e = explain({"completed": 0, "failed": 3, "num_failed_by_error": {"too long": 3}})
+def test_failed_results_still_explain():
+    e = explain(made(completed=0, failed=3, num_failed_by_error={"too long": 3}))
     assert e["bottleneck"] is None
     assert "all 3 failed (first reason: too long)" in text(e)
-    assert explain({"completed": 1})["bottleneck"] == "underloaded"
 
 
 def test_assumptions_fold_the_profile_caveat_into_one_first_item():
@@ -442,22 +449,24 @@ def test_assumptions_fold_the_profile_caveat_into_one_first_item():
     assert "roofline/H100-SXM/bf16" in a[0]
     assert sum("uncalibrated" in x for x in a) == 1
     assert "vLLM V1 scheduler in sync mode" in a
-    calibrated = made(provenance={"calibrated": True, "assumptions": ["measured tables"]})
+    calibrated = made(provenance={"calibrated": True, "assumptions": ["measured tables"],
+                                  "step_time_relative_uncertainty": 0.1,
+                                  "compute_profile": "vllm/H100-SXM/bf16"})
     assert assumptions(calibrated) == ["measured tables"]
-    assert explain(made())["assumptions"][-1].startswith("prefill vs decode share")
 
 
 def test_cluster_runs_split_communication_by_medium_and_congestion():
-    r = {"gpu_busy_fraction": 1.0, "num_gpus": 8,
-         "replicas": [{"num_steps": 10, "busy_s": 1.0, "compute_s": 0.5, "comm_s": 0.4}],
-         "cluster": {"network_share_of_step_time": 0.4, "fabric_share_of_step_time": 0.3,
-                     "congestion_share_of_step_time": 0.1,
-                     "network_share_of_request_latency": 0.35,
-                     "fabric": {"dcqcn_rate_cuts": 7, "pfc_pause_frames": 0, "drops": 0}}}
+    rep = replica(num_steps=10, busy_s=1.0, compute_s=0.5, comm_s=0.4)
+    r = made(num_gpus=8, replicas=[rep],
+             cluster={"network_share_of_step_time": 0.4, "fabric_share_of_step_time": 0.3,
+                      "congestion_share_of_step_time": 0.1,
+                      "network_share_of_request_latency": 0.35,
+                      "fabric": {"dcqcn_rate_cuts": 7, "pfc_pause_frames": 0, "drops": 0}})
     a = attribute(r)
     s = a.signals
     assert s["fabric_fraction_of_comm"] == pytest.approx(0.75)
     assert s["congestion_fraction_of_fabric"] == pytest.approx(1 / 3)
+    assert s["dcqcn_rate_cuts"] == 7
     comm = a.factor("communication").score + a.factor("fabric_communication").score + \
         a.factor("network_congestion").score
     assert comm == pytest.approx(0.4)

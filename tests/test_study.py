@@ -99,8 +99,11 @@ BAD_STUDIES = {
     "objective with a bad direction": (_set("objectives.0.direction", "smaller"),
                                        ["objectives.0.direction", "minimize", "maximize"]),
     "objective metric listed twice": (
-        _set("objectives.1", {"metric": "p99_ttft_ms", "direction": "maximize"}),
+        _set("objectives.1", {"metric": "p99_ttft_ms", "direction": "minimize"}),
         ["objectives", "twice"]),
+    "objective against its metric's better direction": (
+        _set("objectives.0", {"metric": "p99_ttft_ms", "direction": "maximize"}),
+        ["objectives.0.direction", "maximize p99_ttft_ms", "use minimize"]),
     "no objectives": (_set("objectives", []), ["objectives"]),
     "budget of no trials": (_set("budget", {"n_trials": 0}), ["budget.n_trials"]),
     "unknown sampler": (_set("sampler", {"kind": "cmaes"}), ["sampler.kind", "tpe"]),
