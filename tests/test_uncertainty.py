@@ -162,3 +162,14 @@ def test_bad_uncertainty_settings_name_the_field(tmp_path, bad, msg):
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=msg):
         load_config(p)
+
+
+@pytest.mark.parametrize("method", ["first_order", "calibrated", "bounds"])
+def test_the_printed_summary_says_how_each_envelope_was_made(method):
+    from dse.summary import render_summary
+
+    text = render_summary(simulate_with_envelope(_cfg(method=method)))
+    how = {"first_order": "first order in the step",
+           "calibrated": "residual quantiles around the nominal",
+           "bounds": "op classes at both ends of their bounds"}[method]
+    assert how in " ".join(text.split())
