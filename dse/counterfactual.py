@@ -16,6 +16,8 @@ everything else, the seed included, unchanged (common random numbers):
 | max_num_seqs | x2 | always |
 | token_budget | max_num_batched_tokens x2 | always |
 | nic_rate | every NIC's rate x2 | cluster runs with more than one node |
+| fabric_core | leaf-spine links x2 (oversubscription /2): congestion in the fabric's core | the same, on a leaf-spine |
+| tenant_traffic | the competing tenant traffic removed: congestion from other jobs | a cluster with tenant traffic |
 | cpu_side | the host's CPU twice as fast (host_speed x1/2) | host.model vllm |
 | api_server | twice the API server processes | an API server |
 | offered_load | half the request rate | a finite request rate |
@@ -48,6 +50,8 @@ LABELS = {
     "gpu_kernels": "GPU kernel speed", "intra_node_communication": "NVLink (intra-node collectives)",
     "kv_capacity": "KV-cache capacity", "max_num_seqs": "max_num_seqs",
     "token_budget": "token budget (max_num_batched_tokens)", "nic_rate": "NIC rate (fabric)",
+    "fabric_core": "fabric congestion (leaf-spine core bandwidth)",
+    "tenant_traffic": "fabric congestion (competing tenant traffic)",
     "cpu_side": "host CPU speed", "api_server": "API server processes",
     "offered_load": "offered load",
 }
@@ -128,11 +132,12 @@ def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
     out.append(Relaxation("token_budget", f"max_num_batched_tokens {budget:,} -> {budget * 2:,}",
                           cfg.with_section("engine", max_num_batched_tokens=budget * 2)))
     if cfg.cluster is not None and cfg.cluster.num_nodes > 1:
-        net = cfg.cluster.network
-        relaxed = cfg.cluster.model_copy(update={"network": net.model_copy(
-            update={"nic_gbps": net.nic_gbps * FACTOR})})
-        out.append(Relaxation("nic_rate", f"NICs at {net.nic_gbps * FACTOR:g} Gb/s instead of "
-                              f"{net.nic_gbps:g}", cfg.model_copy(update={"cluster": relaxed})))
+        out += _fabric_relaxations(cfg, dep)
+    if cfg.cluster is not None and cfg.cluster.tenant_traffic:
+        n = len(cfg.cluster.tenant_traffic)
+        quiet = cfg.cluster.model_copy(update={"tenant_traffic": ()})
+        out.append(Relaxation("tenant_traffic", f"without the {n} competing tenant flow"
+                              f"{'s' if n > 1 else ''}", cfg.model_copy(update={"cluster": quiet})))
     if cfg.host.model == "vllm":
         out.append(Relaxation("cpu_side", "a host CPU twice as fast",
                               cfg.with_section("host", host_speed=cfg.host.host_speed / FACTOR)))
@@ -145,6 +150,40 @@ def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
         out.append(Relaxation("offered_load", f"request rate {rate:g} -> {rate / FACTOR:g} "
                               "req/s", cfg.with_section("workload", request_rate=rate / FACTOR)))
     return out
+
+
+def _network(cfg: SimConfig, **update) -> SimConfig:
+    net = cfg.cluster.network.model_copy(update=update)
+    return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"network": net})})
+
+
+def _fabric_relaxations(cfg: SimConfig, dep) -> list[Relaxation]:
+    """The NICs twice as fast, and on a leaf-spine the leaf-spine links twice as fast, each
+    with the other unchanged (a leaf-spine link's rate follows the NIC rate, the spine count
+    and the oversubscription, so both pin the spine count and move the oversubscription)."""
+    from simcore.cluster.network import leaf_spine_num_spines
+
+    net = cfg.cluster.network
+    nic = net.nic_gbps
+    topo = net.topology
+    if topo.kind != "leaf_spine":
+        return [Relaxation("nic_rate", f"NICs at {nic * FACTOR:g} Gb/s instead of {nic:g}",
+                           _network(cfg, nic_gbps=nic * FACTOR))]
+    gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
+    spines = leaf_spine_num_spines(net, cfg.cluster.num_nodes, gpn)
+    over = topo.oversubscription
+    if not spines:  # one leaf: every path is NIC - leaf - NIC
+        return [Relaxation("nic_rate", f"NICs at {nic * FACTOR:g} Gb/s instead of {nic:g}",
+                           _network(cfg, nic_gbps=nic * FACTOR))]
+    return [
+        Relaxation("nic_rate", f"NICs at {nic * FACTOR:g} Gb/s instead of {nic:g} (leaf-spine "
+                   f"links unchanged)", _network(cfg, nic_gbps=nic * FACTOR, topology=(
+                       topo.model_copy(update={"num_spines": spines,
+                                               "oversubscription": over * FACTOR})))),
+        Relaxation("fabric_core", "leaf-spine links twice as fast (NICs unchanged)",
+                   _network(cfg, topology=topo.model_copy(update={
+                       "num_spines": spines, "oversubscription": over / FACTOR}))),
+    ]
 
 
 def _improvement(o: Objective, base: float, new: float) -> float:

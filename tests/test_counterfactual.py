@@ -58,7 +58,7 @@ def test_each_relaxation_changes_its_resource_only():
         assert p.op_scale is None
 
 
-# Six configurations, each limited by a different resource (the engine limits are set tight).
+# Seven configurations, each limited by a different resource (the engine limits are set tight).
 BOUND = {
     "compute": (_cfg(_wl(150, 6, 2048, 8)), None),
     "hbm_bandwidth": (_cfg(_wl(150, 2, 128, 256)), None),
@@ -77,8 +77,18 @@ BOUND = {
         "cluster": {"num_nodes": 2, "network": {"nic_gbps": 100},
                     "fabric": {"backend": "analytical"}}}),
         ("nic_rate", "intra_node_communication", "compute", "hbm_bandwidth", "token_budget")),
+    # The same over 400 Gb/s NICs, each node under a leaf of its own whose uplinks are 32x
+    # oversubscribed: the all-reduces between the nodes are limited by the leaf-spine links.
+    "fabric_core": (parse_config({
+        "name": "tp16-core", "seed": 0, "model": {"name": "meta-llama/Llama-3.1-70B"},
+        "hardware": {"gpu": "H100-SXM"}, "parallelism": {"tensor_parallel_size": 16},
+        "workload": _wl(16, 2, 1024, 32),
+        "cluster": {"num_nodes": 2, "network": {"nic_gbps": 400, "topology": {
+            "kind": "leaf_spine", "rails": False, "nodes_per_leaf": 1, "oversubscription": 32}},
+            "fabric": {"backend": "analytical"}}}),
+        ("nic_rate", "fabric_core", "intra_node_communication", "hbm_bandwidth")),
 }
-LEADS = {"compute", "hbm_bandwidth", "nic_rate"}
+LEADS = {"compute", "hbm_bandwidth", "nic_rate", "fabric_core"}
 """Where the named resource must rank first; the engine limits must show a real effect and
 beat every other engine limit (HBM bandwidth, which shortens every decode step, can rank
 above them: relaxing it serves the same requests sooner and so frees the limit as well)."""
@@ -103,6 +113,8 @@ def test_the_ranking_is_the_measured_effect_of_each_intervention(kind):
     assert named.score > 0.05
     if kind in LEADS:
         assert top.resource == kind
+    if kind == "fabric_core":   # faster NICs behind the same leaf-spine links do not help
+        assert next(e for e in effects if e.resource == "nic_rate").score < 0.01
     else:
         others = [e for e in effects if e.resource in ENGINE_LIMITS - {kind}]
         assert all(named.score > e.score for e in others)

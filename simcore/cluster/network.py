@@ -144,34 +144,46 @@ def _nic_name(gpu: int, gpus_per_node: int) -> str:
     return f"n{gpu // gpus_per_node}nic{gpu % gpus_per_node}"
 
 
+def _leaves(cfg: NetworkConfig, spec: ClusterLeafSpine, num_nodes: int,
+            gpus_per_node: int) -> tuple[list[list[int]], list[str], int]:
+    """groups[i]: the GPUs under compute leaf i, its name, and the NIC ports of one such leaf."""
+    num_gpus = num_nodes * gpus_per_node
+    if num_nodes == 1 and not cfg.num_storage_nodes:
+        # One node's NICs under one leaf: a valid fabric its GPUs never need (NVLink joins them).
+        return [list(range(num_gpus))], ["leaf0"], num_gpus
+    if spec.rails:
+        groups = [[n * gpus_per_node + g for n in range(num_nodes)]
+                  for g in range(gpus_per_node)]
+        return groups, [f"rail{g}" for g in range(gpus_per_node)], num_nodes
+    per_leaf = spec.nodes_per_leaf or DEFAULT_NODES_PER_LEAF
+    step = per_leaf * gpus_per_node
+    groups = [list(range(s, min(s + step, num_gpus))) for s in range(0, num_gpus, step)]
+    # A partly filled last leaf is the same switch with the same uplinks.
+    ports = min(per_leaf, num_nodes) * gpus_per_node
+    return groups, [f"leaf{i}" for i in range(len(groups))], ports
+
+
+def leaf_spine_num_spines(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int) -> int:
+    """The spine switches of a leaf-spine network: `num_spines` when set, else enough for the
+    leaf's ports at its oversubscription (0 with a single leaf)."""
+    spec = cfg.topology
+    groups, _, ports = _leaves(cfg, spec, num_nodes, gpus_per_node)
+    num_leaves = len(groups) + (1 if cfg.num_storage_nodes else 0)
+    if spec.num_spines is not None:
+        return spec.num_spines
+    if num_leaves > 1:
+        return max(1, math.ceil(ports / spec.oversubscription))
+    return 0
+
+
 def _leaf_spine(b: _Builder, cfg: NetworkConfig, spec: ClusterLeafSpine, num_nodes: int,
                 gpus_per_node: int, mtu_bytes: int) -> tuple[list[int], list[int]]:
     """Leaves of NICs (rails or whole nodes), a storage leaf, every leaf cabled to every spine."""
     nic_bps = cfg.nic_gbps * 1e9
     buffer = spec.buffer(mtu_bytes)
     num_gpus = num_nodes * gpus_per_node
-    # groups[i]: the GPUs under compute leaf i; ports: the NIC ports of one such leaf.
-    if num_nodes == 1 and not cfg.num_storage_nodes:
-        # One node's NICs under one leaf: a valid fabric its GPUs never need (NVLink joins them).
-        groups, names, ports = [list(range(num_gpus))], ["leaf0"], num_gpus
-    elif spec.rails:
-        groups = [[n * gpus_per_node + g for n in range(num_nodes)]
-                  for g in range(gpus_per_node)]
-        names, ports = [f"rail{g}" for g in range(gpus_per_node)], num_nodes
-    else:
-        per_leaf = spec.nodes_per_leaf or DEFAULT_NODES_PER_LEAF
-        step = per_leaf * gpus_per_node
-        groups = [list(range(s, min(s + step, num_gpus))) for s in range(0, num_gpus, step)]
-        names = [f"leaf{i}" for i in range(len(groups))]
-        # A partly filled last leaf is the same switch with the same uplinks.
-        ports = min(per_leaf, num_nodes) * gpus_per_node
-    num_leaves = len(groups) + (1 if cfg.num_storage_nodes else 0)
-    if spec.num_spines is not None:
-        num_spines = spec.num_spines
-    elif num_leaves > 1:
-        num_spines = max(1, math.ceil(ports / spec.oversubscription))
-    else:
-        num_spines = 0
+    groups, names, ports = _leaves(cfg, spec, num_nodes, gpus_per_node)
+    num_spines = leaf_spine_num_spines(cfg, num_nodes, gpus_per_node)
     spines = [b.node(f"spine{j}", SWITCH, 2) for j in range(num_spines)]
 
     def uplinks(leaf: int, leaf_bps: float) -> None:
