@@ -11,9 +11,11 @@ TTFT and TPOT), and the recommendation says so. With it:
 - the runner-up (the next by the same rule whose numbers differ; configurations measured the
   same, e.g. by a setting that did not matter, are named as equivalent) and the trade-off
   between them in one sentence, with the chance that the recommendation does better on each
-  objective over draws of the step-time errors shared by both (`beat_probabilities`),
-  objective by objective, saying when the two are within each other's envelope on the first
-  objective (the numbers alone then do not settle the order);
+  objective over draws of the step-time errors shared by both, read from the report's pairwise
+  matrix (`dse.report_pairs`) when it ran both at the fidelity their numbers come from, else
+  drawn for the two alone (`beat_probabilities`); when neither can be simulated, saying
+  whether the two are within each other's envelope on the first objective (the numbers alone
+  then do not settle the order);
 - the `vllm serve` command that launches it, and its whole launch plan (`dse.launch`), which
   the report writes beside itself as `launch.md`;
 - what limits it, measured (`dse.counterfactual`): each candidate resource relaxed x2 and the
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dse.capacity import DEFAULT_SLOS, parse_slos
+from dse.report_pairs import PAIR_DRAWS, pair_matrix
 from dse.study import Constraint
 
 if TYPE_CHECKING:
@@ -112,54 +115,27 @@ def fidelity_config(study: StudyConfig, c: Configuration, *, screen: bool = Fals
                   EvalSpec.of(study))[0]
 
 
-BEAT_SAMPLES = 6
+BEAT_SAMPLES = PAIR_DRAWS
 """Draws of the op-class errors that compare the recommendation with its runner-up."""
 
 
 def beat_probabilities(study: StudyConfig | None, report: StudyReport, best: Configuration,
                        other: Configuration, samples: int = BEAT_SAMPLES
                        ) -> dict[str, float] | None:
-    """Per objective, the fraction of `samples` draws of the op-class errors in which `best`
-    does better than `other` (a tie counts half), both run at the fidelity their numbers come
-    from. On one profile the two share each draw (common random numbers: a kernel that is
-    slower than modelled is slower for both); on different profiles the draws are independent.
-    None when either cannot be simulated."""
-    if study is None:
+    """Per objective, the chance that `best` does better than `other` over `samples` draws of
+    the op-class errors (a tie counts half), both run at the fidelity their numbers come from:
+    the two-configuration case of `dse.report_pairs.pair_matrix` (on one profile the two share
+    each draw, common random numbers; on different profiles the draws are independent). None
+    when either cannot be simulated."""
+    m = pair_matrix(study, report, [best, other], samples)
+    if m is None or best.number not in m or other.number not in m:
         return None
-    from dse.evaluate import result_metrics
-    from simcore.errors import ConfigError
-    from simcore.setup import build_deployment
-    from simcore.simulate import simulate
-    from simcore.uncertainty import perturbations
-
-    ca, cb = fidelity_config(study, best), fidelity_config(study, other)
-    if ca is None or cb is None:
-        return None
-    shared = best.latest.profile is not None and best.latest.profile == other.latest.profile
-    try:
-        da = perturbations(build_deployment(ca).step_model.op_error_bounds(), "samples",
-                           samples, ca.seed)
-        db = da if shared else perturbations(
-            build_deployment(cb).step_model.op_error_bounds(), "samples", samples, ca.seed + 1)
-        usd = study.cost.usd_per_gpu_hour
-        pairs = [(result_metrics(simulate(ca, op_scale=sa), usd),
-                  result_metrics(simulate(cb, op_scale=sb), usd)) for sa, sb in zip(da, db)]
-    except ConfigError:
-        return None
-    out = {}
-    for o in report.objectives:
-        if not all(o.metric in ra and o.metric in rb for ra, rb in pairs):
-            continue
-        score = 0.0
-        for ra, rb in pairs:
-            a, b = ra[o.metric], rb[o.metric]
-            score += 0.5 if a == b else float(a < b if o.direction == "minimize" else a > b)
-        out[o.metric] = score / len(pairs)
-    return out
+    return m.beats(best.number, other.number)
 
 
 def _trade_off(report: StudyReport, best: Configuration, other: Configuration,
-               beats: dict[str, float] | None = None) -> str:
+               beats: dict[str, float] | None = None, draws: int = BEAT_SAMPLES,
+               fidelity: str | None = None) -> str:
     parts = []
     for i, o in enumerate(report.objectives):
         a, b = _value(other, o.metric), _value(best, o.metric)
@@ -173,9 +149,10 @@ def _trade_off(report: StudyReport, best: Configuration, other: Configuration,
     said = "; ".join(parts) if parts else "the same objective values"
     if beats:
         shared = best.latest.profile is not None and best.latest.profile == other.latest.profile
-        how = ("shared by both" if shared else "drawn for each")
-        tail = (f" Chance that #{best.number} does better, over {BEAT_SAMPLES} draws of the "
-                f"step-time errors {how}: "
+        how = "shared by both" if shared else "drawn independently for each"
+        at = f", at the {fidelity} fidelity" if fidelity else ""
+        tail = (f" Chance that #{best.number} does better, over {draws} draws of the "
+                f"step-time errors {how}{at}: "
                 + ", ".join(f"{m} {p:.0%}" for m, p in beats.items()) + ".")
     else:
         from dse.report import overlap
@@ -242,27 +219,43 @@ def _launch(study: StudyConfig | None, c: Configuration
         return None, (str(err).splitlines()[0] if str(err) else type(err).__name__), None
 
 
-def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommendation | None:
-    """The configuration to deploy (see the module docstring); None when none meets the SLOs."""
-    default = not report.constraints
+def _choices(report: StudyReport) -> tuple:
+    """(the SLOs, the pool: confirmed configurations meeting them, else all meeting them, the
+    pool ranked on the first objective, those measured the same as the first, the runner-up)."""
     slos = tuple(report.constraints) or parse_slos(None)
     ok = [c for c in report.feasible if _meets(c, slos)]
-    if not ok:
-        return None
-    confirmed = [c for c in ok if c.confirmed]
-    pool = confirmed or ok
+    pool = [c for c in ok if c.confirmed] or ok
     first = report.objectives[0]
     sign = 1.0 if first.direction == "minimize" else -1.0
     ranked = sorted(pool, key=lambda c: (sign * _value(c, first.metric), c.number))
-    best = ranked[0]
+    if not ranked:
+        return slos, pool, ranked, [], None
 
     def numbers(c: Configuration) -> tuple:
         return tuple(_value(c, o.metric) for o in report.objectives)
 
     # Configurations with the very same numbers (settings that did not matter here) are the
     # same choice; the runner-up is the next that differs.
+    best = ranked[0]
     same = [c for c in ranked[1:] if numbers(c) == numbers(best)]
     runner = next((c for c in ranked[1:] if numbers(c) != numbers(best)), None)
+    return slos, pool, ranked, same, runner
+
+
+def finalists(report: StudyReport) -> list[Configuration]:
+    """The configuration `recommend` picks and its runner-up, when there are such."""
+    _, _, ranked, _, runner = _choices(report)
+    return ranked[:1] + ([runner] if runner is not None else [])
+
+
+def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommendation | None:
+    """The configuration to deploy (see the module docstring); None when none meets the SLOs."""
+    slos, pool, ranked, same, runner = _choices(report)
+    if not ranked:
+        return None
+    best = ranked[0]
+    confirmed = best.confirmed
+    first = report.objectives[0]
     margins = {s.metric: s.relative_slack(best.latest.value_of(s.metric)) for s in slos}
     tightest = min(margins, key=margins.get)
     basis = "confirmation" if best.confirmed else "screening"
@@ -279,33 +272,49 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
     headroom = None
     if expl.get("load_state") and expl.get("sentences"):
         headroom = expl["sentences"][0]
+    trade_off = None
+    if runner is not None:
+        pairs = report.pairs
+        both = "confirmation" if best.confirmed and runner.confirmed else "screening"
+        if (pairs is not None and best.number in pairs and runner.number in pairs
+                and pairs.fidelity == both):
+            beats, draws = pairs.beats(best.number, runner.number), pairs.draws
+        else:
+            beats, draws = beat_probabilities(study, report, best, runner), BEAT_SAMPLES
+        trade_off = _trade_off(report, best, runner, beats, draws, both)
     launch, launch_error, plan = _launch(study, best)
     return Recommendation(
         number=best.number, params=dict(best.params), basis=basis, slos=slos,
-        default_slos=default, margins=margins, why=why, headroom=headroom,
-        runner_up=runner.number if runner else None,
-        trade_off=(_trade_off(report, best, runner,
-                              beat_probabilities(study, report, best, runner))
-                   if runner else None),
+        default_slos=not report.constraints, margins=margins, why=why, headroom=headroom,
+        runner_up=runner.number if runner else None, trade_off=trade_off,
         launch=launch, launch_error=launch_error, launch_plan=plan,
         causes=causes(study, best, report))
 
 
 def decide(report: StudyReport, study: StudyConfig) -> StudyReport:
-    """The report with what needs the study's base: each objective's seed-to-seed spread (which
-    groups the Pareto cards), the recommendation, and every card's causes by intervention."""
+    """The report with what needs the study's base: each objective's seed-to-seed spread and
+    the pairwise matrix of the Pareto configurations over shared draws of the step-time errors
+    (which group and order the Pareto cards), the recommendation, and every card's causes by
+    intervention."""
     from dataclasses import replace
 
     from dse.report_groups import MAX_CARDS, NOISE_SEEDS, measure_noise, pareto_groups
+    from dse.report_pairs import compare_front, pairs_note
 
     noise = measure_noise(study, report)
+    spread = f", over {NOISE_SEEDS + 1} workload draws of the best at the screening fidelity"
     if noise:
-        report = replace(report, noise=noise, notes=report.notes + (
+        report = replace(report, noise=noise)
+    pairs = compare_front(study, report, finalists(report))
+    if pairs is not None:
+        report = replace(report, pairs=pairs, notes=report.notes + (
+            pairs_note(pairs, noise, report.objectives[0].metric, spread),))
+    elif noise:
+        report = replace(report, notes=report.notes + (
             "Pareto configurations on one profile are compared paired (the step-time error is "
             "shared): one card holds those that differ on no objective by more than its "
             "seed-to-seed spread (" + ", ".join(f"{k} {v:.1%}" for k, v in noise.items())
-            + f", over {NOISE_SEEDS + 1} workload draws of the best at the screening fidelity) "
-            "or whose order flips at either end of their envelopes.",))
+            + f"{spread}) or whose order flips at either end of their envelopes.",))
     rec = recommend(report, study)
     heads = [g[0] for g in pareto_groups(report)[:MAX_CARDS]]
     measured = {c.number: (rec.causes if rec is not None and c.number == rec.number

@@ -7,6 +7,7 @@ as feasible only if its trial completed, the runner marked it feasible, every Op
 value is <= 0 and every SLO of the study holds on its metrics. Configurations are ranked at the
 screening fidelity, where all were measured; a confirmation re-run at a higher fidelity is shown
 beside its screening run, and one that misses an SLO makes its configuration infeasible.
+Each trial's run is read into a `Measurement` by `dse.report_trials`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ LAUNCH_FILE = "launch.md"
 # Hypervolume reference point: this fraction of the feasible range beyond the worst value.
 REFERENCE_MARGIN = 0.1
 _NOT_HEADLINE = {"step_time_relative_uncertainty"}
-_UNCERTAINTY_RE = re.compile(r"(?:±|\+/-)\s*(\d+(?:\.\d+)?)\s*%")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +209,10 @@ class StudyReport:
     """Per Pareto card (the first configuration of each group), what limits it measured by
     intervention (`dse.recommend.causes`, at the screening fidelity; the recommended one's at
     its own; set by `write_report`)."""
+    pairs: Any = None
+    """`dse.report_pairs.PairMatrix`: the Pareto configurations (and the recommendation and its
+    runner-up) re-run over shared draws of the step-time errors, and per pair and objective the
+    chance that one does better (set by `write_report`); it orders and merges the cards."""
 
     def _by_first_objective(self, configs: Iterable[Configuration]) -> list[Configuration]:
         sign = 1.0 if self.objectives[0].direction == "minimize" else -1.0
@@ -287,97 +291,6 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
-def _relative_uncertainty(attrs: dict[str, Any], metrics: dict[str, float]) -> float | None:
-    """The step-time uncertainty a run declares: a number, or ±N% in its profile/assumptions."""
-    prov = attrs.get("provenance")
-    for v in (metrics.get("step_time_relative_uncertainty"),
-              attrs.get("step_time_relative_uncertainty"), attrs.get("relative_uncertainty"),
-              prov.get("step_time_relative_uncertainty") if isinstance(prov, dict) else None):
-        if _number(v) is not None:
-            return float(v)
-    texts = [attrs.get("profile")]
-    expl = attrs.get("explanation")
-    if isinstance(expl, dict):
-        texts += list(expl.get("assumptions") or [])
-    for t in texts:
-        m = _UNCERTAINTY_RE.search(t) if isinstance(t, str) else None
-        if m:
-            return float(m.group(1)) / 100
-    return None
-
-
-def _mentions(reasons: Sequence[str], key: str) -> bool:
-    """Whether a reason already speaks of this constraint ('p99_tpot_ms <= 50') or metric."""
-    metric = key.split()[0] if key.split() else key
-    return any(key in r or metric in r for r in reasons)
-
-
-def named_constraints(trial: optuna.trial.FrozenTrial) -> dict[str, float]:
-    """The trial's constraint values by SLO text; the same values stored again as a list for
-    optuna-dashboard (which Optuna reads back under the keys "0", "1", ...) are left out."""
-    c = trial.constraints
-    named = {k: float(v) for k, v in c.items() if not k.isdigit()}
-    return named or {k: float(v) for k, v in c.items()}
-
-
-def _measurement(trial: optuna.trial.FrozenTrial, study_name: str,
-                 constraints: Sequence[Constraint], default_fidelity: str) -> Measurement:
-    a = trial.user_attrs
-    metrics = {k: float(v) for k, v in (a.get("metrics") or {}).items()
-               if _number(v) is not None}
-    summary = {k: float(v) for k, v in (a.get("summary") or {}).items()
-               if _number(v) is not None}
-    state = trial.state.name
-    reasons = [str(r) for r in (a.get("violations") or [])]
-    cvalues = named_constraints(trial)
-    if state == "COMPLETE":
-        feasible = a.get("feasible", True) is not False
-        for c in constraints:
-            x = metrics.get(c.metric, summary.get(c.metric))
-            if x is not None and not c.met(x):
-                feasible = False
-                if not _mentions(reasons, c.metric):
-                    reasons.append(f"{c} not met ({c.metric} = {_fmt(x)})")
-        for key, v in cvalues.items():
-            if v > 0:
-                feasible = False
-                if not _mentions(reasons, key):
-                    reasons.append(f"constraint {key} violated by {_fmt(v)}")
-        if not feasible and not reasons:
-            reasons.append("marked infeasible by the runner")
-    else:
-        feasible = False
-        for key in ("infeasible_reason", "failure_reason"):
-            if a.get(key):
-                reasons.append(str(a[key]))
-        if not reasons:
-            reasons.append({"RUNNING": "still running, or left running by an interrupted search",
-                            "WAITING": "queued, not yet run",
-                            "PRUNED": "pruned"}.get(state, "failed (no reason recorded)"))
-    expl = a.get("explanation")
-    return Measurement(
-        study_name=study_name, number=trial.number,
-        fidelity=str(a.get("fidelity") or default_fidelity), state=state,
-        values=tuple(float(x) for x in trial.values) if trial.values is not None else None,
-        metrics=metrics, summary=summary, feasible=feasible,
-        reasons=tuple(dict.fromkeys(reasons)), constraint_values=cvalues,
-        explanation=expl if isinstance(expl, dict) else None,
-        profile=a.get("profile"), calibrated=a.get("calibrated"),
-        relative_uncertainty=_relative_uncertainty(a, metrics),
-        envelopes=_envelopes(a.get("envelopes")), envelope_method=a.get("envelope_method"))
-
-
-def _envelopes(raw: Any) -> dict[str, tuple[float, float]]:
-    """A trial's stored envelopes, keeping only well-formed (low, high) pairs."""
-    out: dict[str, tuple[float, float]] = {}
-    if isinstance(raw, dict):
-        for k, v in raw.items():
-            if isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) is not None
-                                                                     for x in v):
-                out[str(k)] = (float(v[0]), float(v[1]))
-    return out
-
-
 def _reference_point(values: np.ndarray, directions: Sequence[str]) -> tuple[float, ...]:
     """Worst feasible value per objective, pushed REFERENCE_MARGIN of the range further out."""
     lo, hi = values.min(axis=0), values.max(axis=0)
@@ -416,6 +329,8 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
     """
     import optuna
 
+    from dse.report_trials import measurement
+
     objectives = tuple(objectives)
     constraints = tuple(constraints)
     directions = [o.direction for o in objectives]
@@ -440,7 +355,7 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
             target = t.user_attrs.get("confirms_trial")
             if isinstance(target, int):
                 confirms.setdefault(target, []).append(
-                    _measurement(t, confirm_name, constraints, "confirm"))
+                    measurement(t, confirm_name, constraints, "confirm"))
 
     configs = []
     for t in study.get_trials(deepcopy=False):
@@ -449,7 +364,7 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
         configs.append(Configuration(
             number=t.number, params=dict(t.params), distributions=dict(t.distributions),
             baseline=bool(t.user_attrs.get("baseline", False)),
-            screen=_measurement(t, study_name, constraints, "screen"),
+            screen=measurement(t, study_name, constraints, "screen"),
             confirm=(complete or runs or [None])[-1]))
 
     notes = []

@@ -1,16 +1,33 @@
 """What keeps the report's Pareto part small and honest: configurations the model cannot tell
-apart are one row, and a confirmation that contradicts its screening run says why.
+apart are one card, the cards are ordered by their chances against each other, and a
+confirmation that contradicts its screening run says why.
 
-- `pareto_groups(report)`: the Pareto set, best first on the first objective, in groups whose
-  members no objective tells apart from the group's first member (`indistinguishable`: paired
-  on a shared profile, within the seed-to-seed spread `measure_noise` finds; by envelopes
-  across profiles). Each group is one card; beyond `MAX_CARDS` groups the rest are a table.
+- `pareto_groups(report)`: the Pareto set (`ranked_pareto`) in groups whose members no
+  objective tells apart from the group's first member (`indistinguishable`). Each group is one
+  card; beyond `MAX_CARDS` groups the rest are a table.
+- `indistinguishable(a, b)`: when both are in the report's pairwise matrix
+  (`dse.report_pairs`, runs over shared draws of the step-time errors), an objective tells them
+  apart only when both tests say so: the chance that one does better lies outside
+  [1 - SEPARATES, SEPARATES], and their median relative difference over the draws exceeds
+  its seed-to-seed spread (`measure_noise`), so both tests read the same runs. The two see
+  different uncertainty: the draws share one workload, so they cannot see the workload's own
+  seed noise, and the seed spread knows nothing of the model's error; a difference that
+  survives only one of them is not one to choose on. So the merge is "either test says
+  indistinguishable", taken per objective: an objective separates two configurations only
+  when its difference survives both, and they share a card when no objective separates them.
+  Without the matrix (past its limit, or no study to re-run): on a shared profile, paired,
+  within the seed spread or with the order flipping at either end of the envelopes; across
+  profiles, by overlapping envelopes.
+- `ranked_pareto(report)`: the cards' order. Configurations in the matrix come first, by their
+  mean chance of doing better than each other Pareto configuration in it on the first
+  objective (the primary one, the one the Pareto set and the recommendation are ordered by;
+  ties by its nominal value), then the rest by their nominal first-objective value.
 - `discrepancies(report)`: per confirmed configuration, each objective whose confirmation value
   falls outside its screening run's envelope, with the likely cause: a screening run at or over
   capacity (its queue grew, so its latency percentiles measured its length) or, otherwise, the
   different number of requests of the two runs.
 - `overlap_figure(report)`: the pairwise envelope overlaps of the Pareto set as one heatmap
-  (objectives whose envelopes overlap, per pair) instead of a row per pair.
+  (objectives whose envelopes overlap, per pair), shown when there is no pairwise matrix.
 """
 
 from __future__ import annotations
@@ -18,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dse.report import overlap
+from dse.report_pairs import SEPARATES
 from simcore.saturation import GROWTH_TOLERANCE
 
 if TYPE_CHECKING:
@@ -32,32 +50,37 @@ def _sign(x: float) -> int:
 
 
 def indistinguishable(report: StudyReport, a: Configuration, b: Configuration) -> bool:
-    """Whether no objective tells the two apart (most trusted runs).
+    """Whether no objective tells the two apart (see the module docstring)."""
+    return not any(_separates(report, a, b, o.metric) for o in report.objectives)
 
-    On the same step-time profile the op-class error is shared, so they are compared paired: an
-    objective tells them apart when they differ by more than its seed-to-seed spread
-    (`StudyReport.noise`) and, where both have perturbed re-runs, the order holds at both ends
-    of the envelope. On different profiles the errors are independent: their envelopes must be
-    disjoint."""
+
+def _separates(report: StudyReport, a: Configuration, b: Configuration, metric: str) -> bool:
+    """Whether `metric` tells the two apart.
+
+    In the pairwise matrix: the chance that one does better is outside [1 - SEPARATES,
+    SEPARATES] and their median relative difference over the draws (`PairMatrix.gap`) exceeds
+    the seed-to-seed spread (`StudyReport.noise`). Otherwise (most trusted runs), on the same
+    step-time profile, where the op-class error is shared, they are compared paired: they
+    differ by more than the spread and, where both have perturbed re-runs, the order holds at
+    both ends of the envelope. On different profiles the errors are independent: their
+    envelopes must be disjoint."""
+    pairs = report.pairs
+    tol = report.noise.get(metric, 0.0)
+    p = pairs.p(a.number, b.number, metric) if pairs is not None else None
+    if p is not None:
+        gap = pairs.gap(a.number, b.number, metric)
+        return gap > tol and not 1 - SEPARATES <= p <= SEPARATES
     ma, mb = a.latest, b.latest
-    paired = ma.profile is not None and ma.profile == mb.profile
-    for o in report.objectives:
-        va, vb = ma.value_of(o.metric), mb.value_of(o.metric)
-        if va is None or vb is None:
-            continue
-        if not paired:
-            if not overlap(ma.envelope(o.metric), mb.envelope(o.metric)):
-                return False
-            continue
-        tol = report.noise.get(o.metric, 0.0)
-        if abs(va - vb) <= tol * max(abs(va), abs(vb)):
-            continue
-        ea, eb = ma.envelopes.get(o.metric), mb.envelopes.get(o.metric)
-        order = _sign(va - vb)
-        if ea and eb and (_sign(ea[0] - eb[0]) != order or _sign(ea[1] - eb[1]) != order):
-            continue
+    va, vb = ma.value_of(metric), mb.value_of(metric)
+    if va is None or vb is None:
         return False
-    return True
+    if ma.profile is None or ma.profile != mb.profile:
+        return not overlap(ma.envelope(metric), mb.envelope(metric))
+    if abs(va - vb) <= tol * max(abs(va), abs(vb)):
+        return False
+    ea, eb = ma.envelopes.get(metric), mb.envelopes.get(metric)
+    order = _sign(va - vb)
+    return not (ea and eb and (_sign(ea[0] - eb[0]) != order or _sign(ea[1] - eb[1]) != order))
 
 
 NOISE_SEEDS = 4
@@ -95,10 +118,27 @@ def measure_noise(study, report: StudyReport) -> dict[str, float]:
     return out
 
 
+def ranked_pareto(report: StudyReport) -> list[Configuration]:
+    """The Pareto set in the cards' order (see the module docstring)."""
+    pareto = report.pareto
+    pairs = report.pairs
+    if pairs is None:
+        return pareto
+    among = [c.number for c in pareto if c.number in pairs]
+    score = {n: pairs.score(n, among) for n in among}
+    place = {c.number: i for i, c in enumerate(pareto)}
+
+    def key(c: Configuration) -> tuple:
+        s = score.get(c.number)
+        return (s is None, -(s or 0.0), place[c.number])
+
+    return sorted(pareto, key=key)
+
+
 def pareto_groups(report: StudyReport) -> list[list[Configuration]]:
-    """The Pareto set in groups of configurations the envelopes cannot order (see above)."""
+    """The Pareto set in groups no objective tells apart, in the cards' order (see above)."""
     groups: list[list[Configuration]] = []
-    for c in report.pareto:
+    for c in ranked_pareto(report):
         for g in groups:
             if indistinguishable(report, g[0], c):
                 g.append(c)

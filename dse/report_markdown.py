@@ -7,10 +7,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dse.report import StudyReport, _fmt
-from dse.report_groups import MAX_CARDS, discrepancies, pareto_groups
-from dse.report_render import (_confirmed_rows, _explanation_parts, _fidelity_text,
-                               _metric_cells, _metric_rows, _overlap_sentence, _param_diff,
-                               _params_text, _profile_text, _summary_lines)
+from dse.report_groups import MAX_CARDS, discrepancies, pareto_groups, ranked_pareto
+from dse.report_pairs import PAIR_LIMIT, pair_rows
+from dse.report_render import (ALSO, _chance_text, _confirmed_rows, _explanation_parts,
+                               _fidelity_text, _metric_cells, _metric_rows, _overlap_sentence,
+                               _param_diff, _params_text, _profile_text, _summary_lines)
 
 
 def _md(x: Any) -> str:
@@ -46,6 +47,26 @@ def _recommendation_md(report: StudyReport) -> list[str]:
     return out
 
 
+def _pairs_md(report: StudyReport) -> list[str]:
+    """The pairwise chances of doing better, one small table per objective."""
+    pairs = report.pairs
+    numbers = [c.number for c in ranked_pareto(report) if pairs is not None and c.number in pairs]
+    if len(numbers) < 2:
+        return []
+    out = ["### Chance of doing better, pairwise", "",
+           f"Per pair of Pareto configurations (in the cards' order), the chance that the row's "
+           f"does better than the column's over {pairs.draws} draws of the step-time errors, "
+           f"shared by those on one profile, at the {pairs.fidelity} fidelity. Near 50% the "
+           "model's own error cannot order the two."
+           + (f" The {len(pairs.left_out)} Pareto configurations past the first {PAIR_LIMIT} "
+              "are not compared." if pairs.left_out else ""), ""]
+    for m in pairs.metrics:
+        out += [f"**{_md(m)}**", ""]
+        out += _md_table(["row better than", *(f"#{n}" for n in numbers)],
+                         pair_rows(pairs, numbers, m))
+    return out
+
+
 def render_markdown(report: StudyReport) -> str:
     """The report without plots, for terminals, pull requests and wikis."""
     names = [o.metric for o in report.objectives]
@@ -64,8 +85,11 @@ def render_markdown(report: StudyReport) -> str:
         c = g[0]
         lines += [f"### Trial #{c.number}" + (" (baseline)" if c.baseline else ""), "",
                   f"Measured at: {_md(_fidelity_text(c))}.", ""]
+        chance = _chance_text(report, c)
+        if chance:
+            lines += [_md(chance), ""]
         if g[1:]:
-            lines += ["Within the envelopes on every objective, also: " + ", ".join(
+            lines += [f"{ALSO} " + ", ".join(
                 f"#{o.number} ({_md(_params_text(o))})" for o in g[1:]) + ".", ""]
         lines += [f"**{_md(f)}.**" for f in flags.get(c.number, [])] + (
             [""] if c.number in flags else [])
@@ -102,6 +126,7 @@ def render_markdown(report: StudyReport) -> str:
     if rest:
         lines += [f"### More Pareto configurations ({len(rest)})", ""]
         lines += _md_table(["trial", *names], ([f"#{c.number}", *c.values] for c in rest))
+    lines += _pairs_md(report)
     if report.confirmed:
         lines += [f"## Confirmed configurations ({len(report.confirmed)})", ""]
         lines += _md_table(["trial", "rank", "confirm rank", "state", *names, "verdict"],

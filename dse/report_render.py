@@ -12,7 +12,9 @@ from typing import Any
 
 from dse.report import Configuration, Measurement, StudyReport, _fmt, envelope
 from dse.report_figures import Figure, figures
-from dse.report_groups import MAX_CARDS, discrepancies, overlap_figure, pareto_groups
+from dse.report_groups import (MAX_CARDS, discrepancies, overlap_figure, pareto_groups,
+                               ranked_pareto)
+from dse.report_pairs import PAIR_LIMIT, pairs_figure
 
 # ---------------------------------------------------------------------------------------------
 # Formatting helpers
@@ -219,8 +221,11 @@ def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, A
     ov = _overlap_sentence(c, overlaps)
     if ov:
         parts.append(f'<p class="note">Its envelope {_e(ov)}.</p>')
+    chance = _chance_text(report, c)
+    if chance:
+        parts.append(f'<p class="note">{_e(chance)}</p>')
     if also:
-        parts.append('<p class="note">Within the envelopes on every objective, also: '
+        parts.append(f'<p class="note">{ALSO} '
                      + ", ".join(f'#{o.number} ({_e(_params_text(o))})' for o in also)
                      + ".</p>")
     for flag in flags or ():
@@ -245,6 +250,25 @@ def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, A
     return "".join(parts)
 
 
+ALSO = "Not told apart from it on any objective, also:"
+"""What a card says before the configurations it holds besides its first."""
+
+
+def _chance_text(report: StudyReport, c: Configuration) -> str | None:
+    """The card's standing in the pairwise matrix: its mean chance of doing better than the
+    other compared Pareto configurations on the first objective (what orders the cards)."""
+    pairs = report.pairs
+    if pairs is None or c.number not in pairs:
+        return None
+    among = [x.number for x in report.pareto if x.number in pairs]
+    score = pairs.score(c.number, among)
+    if score is None:
+        return None
+    return (f"Mean chance of doing better than the other {len(among) - 1} compared Pareto "
+            f"configurations on {pairs.metrics[0]}, over {pairs.draws} draws of the step-time "
+            f"errors at the {pairs.fidelity} fidelity: {score:.0%}.")
+
+
 def _params_text(c: Configuration) -> str:
     return ", ".join(f"{k} = {v}" for k, v in c.params.items())
 
@@ -261,15 +285,29 @@ def _confirmed_rows(report: StudyReport) -> list[list[Any]]:
 
 
 def _recommendation_html(report: StudyReport) -> list[str]:
-    """The decision, first on the page: the recommended configuration and its launch line."""
+    """The decision, first on the page: the recommended configuration, why, its margins, its
+    launch line, its headroom and the runner-up; what limits it folds open below."""
     r = report.recommendation
     if r is None:
-        return ['<section class="decision"><h2>Recommendation</h2><p class="bad">No '
-                "configuration meets every SLO: nothing to recommend.</p></section>"]
+        return ['<section class="decision" id="recommendation"><h2>Recommendation</h2>'
+                '<p class="bad">No configuration meets every SLO: nothing to recommend.</p>'
+                "</section>"]
     lines = r.lines()
-    body = "".join(f"<p>{_e(x)}</p>" for x in lines[1:] if not x.startswith("Launch: "))
-    launch = (f"<pre>{_e(r.launch)}</pre>" if r.launch else "")
-    return [f'<section class="decision"><h2>{_e(lines[0])}</h2>{body}{launch}</section>']
+    margins = next(x for x in lines if x.startswith("Margins to the SLOs: "))
+    slos = next((x for x in lines if x.startswith("The study declares no SLO")), None)
+    out = [f"<h2>{_e(lines[0])}</h2>", f"<p>{_e(r.why)}</p>"]
+    if slos:
+        out.append(f"<p>{_e(slos)}</p>")
+    out.append(f'<p class="margins">{_e(margins)}</p>')
+    if r.launch:
+        out.append(f'<pre class="launch">{_e(r.launch)}</pre>')
+    elif r.launch_error:
+        out.append(f"<p>No launch command: {_e(r.launch_error)}</p>")
+    out += [f"<p>{_e(x)}</p>" for x in (r.headroom, r.trade_off) if x]
+    if r.causes:
+        out.append("<details><summary>What limits it (each resource relaxed and re-run)"
+                   "</summary>" + "".join(f"<p>{_e(x)}</p>" for x in r.causes) + "</details>")
+    return ['<section class="decision" id="recommendation">' + "".join(out) + "</section>"]
 
 
 def render_html(report: StudyReport) -> str:
@@ -283,9 +321,10 @@ def render_html(report: StudyReport) -> str:
            f"<title>{_e(report.study_name)}: study report</title>",
            f"<style>{_CSS}</style>",
            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>',
-           f"<h1>Study {_e(report.study_name)}</h1>",
+           f"<h1>Study {_e(report.study_name)}</h1>", *_recommendation_html(report),
+           f"<p>{_e(line1)}</p>", f"<p>{_e(line2)}</p>",
            f'<p class="note">Storage {_e(report.storage)} · generated {_e(report.generated_at)}'
-           "</p>", *_recommendation_html(report), f"<p>{_e(line1)}</p>", f"<p>{_e(line2)}</p>"]
+           "</p>"]
 
     def fig_html(f: Figure) -> str:
         body = (f.figure.to_html(full_html=False, include_plotlyjs=False,
@@ -302,8 +341,8 @@ def render_html(report: StudyReport) -> str:
 
     groups = pareto_groups(report)
     flags = discrepancies(report)
-    out.append(f"<h2>Pareto configurations ({len(report.pareto)}, {len(groups)} told apart by "
-               f"their envelopes)</h2>")
+    out.append(f"<h2>Pareto configurations ({len(report.pareto)}, {len(groups)} told "
+               f"apart)</h2>")
     if report.pareto:
         out.append('<div class="cards">')
         out += [_card_html(report, g[0], overlaps, also=g[1:], flags=flags.get(g[0].number))
@@ -317,7 +356,19 @@ def render_html(report: StudyReport) -> str:
                 [False] + [True] * len(names)))
     else:
         out.append("<p>No feasible configuration: there is no Pareto set.</p>")
-    heat = overlap_figure(report)
+    pairs = report.pairs
+    matrix = (pairs_figure(pairs, [c.number for c in ranked_pareto(report)])
+              if pairs is not None else None)
+    heat = overlap_figure(report) if matrix is None else None
+    if matrix is not None:
+        out.append(fig_html(Figure(
+            "Chance of doing better, pairwise", matrix,
+            f"Per pair of Pareto configurations (in the cards' order), the chance that the row's "
+            f"does better than the column's over {pairs.draws} draws of the step-time errors, "
+            f"shared by those on one profile, at the {pairs.fidelity} fidelity; choose the "
+            "objective above the plot. Near 50% the model's own error cannot order the two."
+            + (f" The {len(pairs.left_out)} Pareto configurations past the first {PAIR_LIMIT} "
+               "are not compared." if pairs.left_out else ""))))
     if heat is not None:
         out.append(fig_html(Figure(
             "Envelope overlaps between Pareto configurations", heat,
@@ -425,6 +476,7 @@ def report_json(report: StudyReport) -> dict[str, Any]:
         "recommendation": (report.recommendation.as_dict()
                            if report.recommendation is not None else None),
         "causes": {str(k): list(v) for k, v in report.causes.items()},
+        "pairwise": report.pairs.as_dict() if report.pairs is not None else None,
         "trials": configs,
     })
 

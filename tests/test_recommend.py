@@ -106,11 +106,12 @@ def test_configurations_measured_the_same_are_equivalents_not_the_runner_up(url,
 
 
 def test_every_pareto_card_carries_its_causes_measured_by_intervention(url, tmp_path):
+    from dse.report_files import decided_report
     from dse.report_groups import MAX_CARDS, pareto_groups
 
     paths = write_report(_study(url, tmp_path))
     data = json.loads(paths["json"].read_text())
-    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    report = decided_report(_study(url, tmp_path))
     heads = [g[0].number for g in pareto_groups(report)[:MAX_CARDS]]
     assert sorted(int(k) for k in data["causes"]) == sorted(heads)
     for k, lines in data["causes"].items():
@@ -137,3 +138,27 @@ def test_the_chance_of_doing_better_is_measured_over_shared_error_draws(url, tmp
         assert set(p) == {o.metric for o in OBJECTIVES}
         assert all(0.0 <= v <= 1.0 for v in p.values())
         assert f"over {BEAT_SAMPLES} draws of the step-time errors" in rec.trade_off
+
+
+def test_the_runner_up_comparison_is_read_from_the_front_matrix(tmp_path, monkeypatch):
+    import dse.recommend as recommend_module
+    from dse.report_files import decided_report
+
+    # Without confirmations the recommendation, its runner-up and the front all stand on their
+    # screening runs: the matrix runs the two, and nothing is drawn for them apart.
+    u = f"sqlite:///{tmp_path / 'screen.db'}"
+    make_study(u, confirm=False)
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("the runner-up comparison was drawn apart from the matrix")
+
+    monkeypatch.setattr(recommend_module, "beat_probabilities", not_again)
+    report = decided_report(_study(u, tmp_path))
+    rec, pairs = report.recommendation, report.pairs
+    assert rec.runner_up is not None and pairs.fidelity == "screening"
+    assert pairs.numbers[:2] == (rec.number, rec.runner_up)     # drawn first, run once each
+    assert len(set(pairs.numbers)) == len(pairs.numbers)
+    beats = pairs.beats(rec.number, rec.runner_up)
+    assert set(beats) == {o.metric for o in OBJECTIVES}
+    assert (f"over {pairs.draws} draws of the step-time errors shared by both, at the screening "
+            "fidelity: " + ", ".join(f"{m} {p:.0%}" for m, p in beats.items())) in rec.trade_off

@@ -399,3 +399,24 @@ def test_confirmation_envelopes_from_re_runs_decide_the_overlaps():
                        view=None)
     (o2,) = rep2.envelope_overlaps()
     assert o2["basis"] == "first order" and o2["overlapping"] == ["mean_tpot_ms"]
+
+
+def test_every_format_carries_the_pairwise_matrix(files, report):
+    from dse.report_pairs import PAIR_DRAWS
+
+    data = json.loads(files["json"].read_text())["pairwise"]
+    assert data["draws"] == PAIR_DRAWS and data["fidelity"] == "screening" and data["seeds"]
+    assert {c.number for c in report.pareto} <= set(data["configs"])
+    n = len(data["configs"])
+    for o in OBJECTIVES:
+        p = data["p"][o.metric]
+        assert all(p[i][i] is None for i in range(n))
+        assert all(p[i][j] + p[j][i] == pytest.approx(1.0)
+                   for i in range(n) for j in range(n) if i != j)
+    page = files["html"].read_text()
+    # The decision stays first; the pairwise heatmap stands where the overlap one was.
+    assert page.index('class="decision"') < page.index("Chance of doing better, pairwise")
+    assert "Envelope overlaps between Pareto configurations" not in page
+    assert "Mean chance of doing better than the other" in page
+    md = files["md"].read_text()
+    assert "### Chance of doing better, pairwise" in md and "| row better than | #" in md
