@@ -3,7 +3,6 @@ metrics, feasibility and the reasons against it, its declared uncertainty and st
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,26 +12,12 @@ from dse.study import Constraint
 if TYPE_CHECKING:
     import optuna
 
-_UNCERTAINTY_RE = re.compile(r"(?:±|\+/-)\s*(\d+(?:\.\d+)?)\s*%")
 
 
-def _relative_uncertainty(attrs: dict[str, Any], metrics: dict[str, float]) -> float | None:
-    """The step-time uncertainty a run declares: a number, or ±N% in its profile/assumptions."""
-    prov = attrs.get("provenance")
-    for v in (metrics.get("step_time_relative_uncertainty"),
-              attrs.get("step_time_relative_uncertainty"), attrs.get("relative_uncertainty"),
-              prov.get("step_time_relative_uncertainty") if isinstance(prov, dict) else None):
-        if _number(v) is not None:
-            return float(v)
-    texts = [attrs.get("profile")]
-    expl = attrs.get("explanation")
-    if isinstance(expl, dict):
-        texts += list(expl.get("assumptions") or [])
-    for t in texts:
-        m = _UNCERTAINTY_RE.search(t) if isinstance(t, str) else None
-        if m:
-            return float(m.group(1)) / 100
-    return None
+def _relative_uncertainty(metrics: dict[str, float]) -> float | None:
+    """The step-time uncertainty a run's result declares (`step_time_relative_uncertainty`,
+    which every scored trial's metrics carry); None for a trial with no result."""
+    return metrics["step_time_relative_uncertainty"] if metrics else None
 
 
 def _mentions(reasons: Sequence[str], key: str) -> bool:
@@ -92,7 +77,7 @@ def measurement(trial: optuna.trial.FrozenTrial, study_name: str,
         reasons=tuple(dict.fromkeys(reasons)), constraint_values=cvalues,
         explanation=expl if isinstance(expl, dict) else None,
         profile=a.get("profile"), calibrated=a.get("calibrated"),
-        relative_uncertainty=_relative_uncertainty(a, metrics),
+        relative_uncertainty=_relative_uncertainty(metrics),
         envelopes=_envelopes(a.get("envelopes")), envelope_method=a.get("envelope_method"))
 
 
