@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from dse.backends import open_storage
-from dse.runner import INTERRUPTED, best_configs, run_search
+from dse.driver import INTERRUPTED
+from dse.runner import best_configs, run_search
 from dse.space import SearchSpace
 from dse.study import Constraint, load_study, parse_study
 from simcore.config import parse_config
@@ -489,7 +490,7 @@ def test_a_changed_study_is_not_resumed_and_a_moved_one_is(ray_address, tmp_path
                                      {"kind": "random", "seed": 7}], ids=lambda s: s["kind"])
 def test_a_resumed_search_proposes_what_an_uninterrupted_one_does(ray_address, tmp_path,
                                                                    monkeypatch, sampler):
-    from dse.runner import _Driver
+    from dse.driver import StageDriver
     from dse.study import Sampler
 
     def study(db: str):
@@ -505,7 +506,7 @@ def test_a_resumed_search_proposes_what_an_uninterrupted_one_does(ray_address, t
     run_search(whole, progress=False)
 
     # Stop the other one (as Ctrl-C would) while its third batch is in flight, then resume it.
-    real_wait = _Driver.wait
+    real_wait = StageDriver.wait
 
     def wait(self, flights, *, first_only):
         if self.num_told >= 4:
@@ -513,7 +514,7 @@ def test_a_resumed_search_proposes_what_an_uninterrupted_one_does(ray_address, t
         return real_wait(self, flights, first_only=first_only)
 
     resumed = study("resumed.db")
-    monkeypatch.setattr(_Driver, "wait", wait)
+    monkeypatch.setattr(StageDriver, "wait", wait)
     with pytest.raises(KeyboardInterrupt):
         run_search(resumed, progress=False)
     monkeypatch.undo()
@@ -565,18 +566,18 @@ def test_a_trial_whose_worker_dies_fails_with_rays_report_kept_off_the_terminal(
 def test_failed_confirmations_are_counted_and_run_again_on_resume(ray_address, tmp_path,
                                                                   monkeypatch):
     from dse.evaluate import TrialOutcome
-    from dse.runner import _Driver
+    from dse.driver import StageDriver
 
     # Every confirmation run fails the first time (as when its worker dies).
     died = "the Ray worker (pid 1) died, SYSTEM_ERROR"
-    real_tell = _Driver.tell
+    real_tell = StageDriver.tell
 
     def tell(self, f):
         if self.fidelity == "confirm":
             f.outcome = TrialOutcome(status="failed", reason=died)
         real_tell(self, f)
 
-    monkeypatch.setattr(_Driver, "tell", tell)
+    monkeypatch.setattr(StageDriver, "tell", tell)
     study = tiny(tmp_path)
     out = run_search(study, progress=False)
     monkeypatch.undo()
