@@ -208,6 +208,16 @@ class HostOverheads:
         engine = max(gpu_s, cpu) if self.async_scheduling else gpu_s + cpu
         return max(engine, self.frontend_s(num_decode))
 
+    def group_total_s(self, gpu_s: float, shapes) -> float:
+        """The period of a lock-step group's step (expert parallelism) given the GPU's busy
+        time, s: every rank's engine core plans its own batch, so the group waits for the
+        slowest (dummy batches cost no scheduling)."""
+        real = [s for s in shapes if not s.is_dummy]
+        cpu = max((self.engine_s(s.num_seqs, s.num_tokens, s.num_decode_seqs) for s in real),
+                  default=0.0)
+        engine = max(gpu_s, cpu) if self.async_scheduling else gpu_s + cpu
+        return max([engine, *(self.frontend_s(s.num_decode_seqs) for s in real)])
+
     def assumption_lines(self) -> list[str]:
         return [f"CPU side: vLLM's scheduler and output processor as measured, x "
                 f"{self.host_speed:g} for the host's CPU speed (declared), model runner "

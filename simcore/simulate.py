@@ -14,6 +14,7 @@ from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
+from simcore.host import HostOverheads
 from simcore.metrics import engine_summary, summarize
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
 from simcore.saturation import load_trend
@@ -21,17 +22,20 @@ from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
 from simcore.workload.generate import request_stream
 
+def host_of(model) -> HostOverheads | None:
+    """The step model's CPU side (`simcore.host`; an expert-parallel group's is its ranks'),
+    None when it keeps the declared per-step overhead (host.model constant)."""
+    return getattr(model, "host", None) or getattr(getattr(model, "rank_model", None), "host",
+                                                   None)
+
+
 def request_path(cfg: SimConfig, dep: Deployment) -> dict:
     """The API server's path before a request reaches the scheduler, as `run_serving` takes it:
     the server's measured work per request and the fitted latency (host.model vllm with an API
-    server; cluster runs keep the declared per-step overhead and no API server)."""
-    if not cfg.host.api_server or cfg.cluster is not None:
+    server)."""
+    host = host_of(dep.step_model)
+    if not cfg.host.api_server or host is None:
         return {}
-    host = getattr(dep.step_model, "host", None)
-    if host is None:  # the step model keeps the declared per-step overhead (multi-node)
-        from simcore.host import HostOverheads
-
-        host = HostOverheads(cfg.host)
     return {"request_cpu_s": host.request_cpu_s, "request_latency_s": host.request_overhead_s}
 
 
@@ -316,14 +320,8 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
 
 def _host_lines(cfg: SimConfig, model) -> list[str]:
     """The CPU side's assumptions in words."""
-    host = getattr(model, "host", None) or getattr(getattr(model, "rank_model", None), "host",
-                                                   None)
+    host = host_of(model)
     if host is not None:
         return host.assumption_lines()
-    if cfg.host.model == "vllm" and cfg.cluster is not None:
-        return ["CPU side: cluster steps take the declared compute.roofline.step_overhead_s; "
-                "vLLM's measured CPU costs and the API server (host) are not modelled in "
-                "cluster runs yet"]
     return ["CPU side: the declared compute.roofline.step_overhead_s per step (host.model "
             "constant)"]
-

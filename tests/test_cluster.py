@@ -93,14 +93,24 @@ SINGLE_NODE_CASES = {
 }
 
 
+HOSTS = {"constant": ({"model": "constant"}, {}),
+         "vllm-sync": ({"model": "vllm"}, {}),
+         "vllm-async": ({"model": "vllm"}, {"async_scheduling": True})}
+"""The CPU side: the declared per-step overhead, or vLLM's measured costs with sync or async
+scheduling (and the API server's path before each request)."""
+
+
+@pytest.mark.parametrize("host", HOSTS)
 @pytest.mark.parametrize("case", SINGLE_NODE_CASES)
-def test_one_node_on_the_analytical_fabric_reproduces_the_engine_model(case):
+def test_one_node_on_the_analytical_fabric_reproduces_the_engine_model(case, host):
     sections, parallelism = SINGLE_NODE_CASES[case]
-    # Cluster steps keep the declared per-step CPU overhead: compare with the engine's.
-    constant = {"model": "constant"}
-    plain = simulate(config(**sections, parallelism=parallelism, host=constant))
-    clustered = simulate(config(**sections, parallelism=parallelism, host=constant,
+    host_section, engine = HOSTS[host]
+    extra = {"host": host_section, **({"engine": engine} if engine else {})}
+    plain = simulate(config(**sections, parallelism=parallelism, **extra))
+    clustered = simulate(config(**sections, parallelism=parallelism, **extra,
                                 cluster={"num_nodes": 1, "fabric": {"backend": "analytical"}}))
+    if host != "constant":
+        assert clustered["mean_api_server_ms"] == plain["mean_api_server_ms"] > 0
     for key in REQUEST_METRICS:
         assert clustered[key] == pytest.approx(plain[key], rel=1e-9), key
     assert clustered["cluster"]["fabric"]["payload_bytes"] == 0
@@ -124,7 +134,8 @@ def test_one_step_dag_takes_the_roofline_step_time(case, eager_s_per_layer):
     graphs) against `RooflineModel.step_time` for the same batch."""
     sections, parallelism = SINGLE_NODE_CASES[case]
     cfg = config(**sections, parallelism=parallelism, cluster={"num_nodes": 1},
-                 compute={"roofline": {"eager_launch_s_per_layer": eager_s_per_layer}})
+                 compute={"roofline": {"eager_launch_s_per_layer": eager_s_per_layer}},
+                 host={"model": "constant"})
     dep, env, rt = runtime(cfg)
     launch_bound = 0
     for name, batch in BATCHES.items():

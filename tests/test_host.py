@@ -195,3 +195,32 @@ def test_calibrated_envelope_of_a_kernel_profile_run():
     for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms"):
         e = env["metrics"][key]
         assert e["low"] <= e["nominal"] <= e["high"] or e["low"] <= e["median"] <= e["high"]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_lock_step_group_waits_for_its_slowest_engine_core(async_scheduling):
+    h = HostOverheads(HostConfig(**EXPLICIT), async_scheduling=async_scheduling)
+    small = StepShape.from_requests([(1, 100)] * 4)
+    big = StepShape.from_requests([(1, 100)] * 64 + [(512, 0)])
+    dummy = StepShape.dummy()
+    for gpu_s in (1e-4, 0.05):
+        # One rank alone is the single-engine step; dummy batches cost no scheduling.
+        assert h.group_total_s(gpu_s, [small, dummy]) == h.step_total_s(
+            gpu_s, small.num_seqs, small.num_tokens, small.num_decode_seqs)
+        assert h.group_total_s(gpu_s, [small, big]) == h.step_total_s(
+            gpu_s, big.num_seqs, big.num_tokens, big.num_decode_seqs)
+
+
+def test_expert_parallel_groups_take_the_host_model():
+    cfg = {"name": "ep", "model": {"name": "mistralai/Mixtral-8x7B-v0.1"},
+           "hardware": {"gpu": "H100-SXM"},
+           "parallelism": {"tensor_parallel_size": 2, "data_parallel_size": 2,
+                           "enable_expert_parallel": True},
+           "workload": {"num_prompts": 20, "request_rate": 10,
+                        "dataset": {"kind": "random", "input_len": 256, "output_len": 16}}}
+    vllm = simulate(parse_config(cfg))
+    constant = simulate(parse_config({**cfg, "host": {"model": "constant"}}))
+    assert vllm["mean_api_server_ms"] > 0 == constant["mean_api_server_ms"]
+    assert vllm["mean_tpot_ms"] > constant["mean_tpot_ms"]
+    assert any("vLLM's scheduler and output processor as measured" in a
+               for a in vllm["provenance"]["assumptions"])

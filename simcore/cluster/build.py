@@ -59,5 +59,6 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment) -> Cl
                              rng=np.random.default_rng([cfg.seed, 0xDA6]), ep_model=ep_model,
                              activation_bytes=max(2.0, dtype_bytes(dep.weight_dtype)))
     return ClusterRuntime(env, c, placement=placement, network=network, fabric=fabric,
-                          builder=builder, model=rank_model, interconnect_bytes_per_s=ic)
+                          builder=builder, model=rank_model, interconnect_bytes_per_s=ic,
+                          host=rank_model.host)
 

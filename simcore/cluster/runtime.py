@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -28,6 +28,9 @@ from simcore.dag.executor import DagRun
 from simcore.fabric.analytical import AnalyticalFabric
 from simcore.fabric.protocol import Fabric, MessageResult
 from simcore.fabric.run import distribution
+
+if TYPE_CHECKING:
+    from simcore.host import HostOverheads
 
 COMM_CAUSES = ("/nvlink", "/fabric")
 
@@ -92,7 +95,8 @@ class ClusterRuntime:
 
     def __init__(self, env: simpy.Environment, cfg: ClusterConfig, *, placement: Placement,
                  network: ClusterNetwork, fabric: Fabric, builder: StepDagBuilder,
-                 model: RooflineModel, interconnect_bytes_per_s: float) -> None:
+                 model: RooflineModel, interconnect_bytes_per_s: float,
+                 host: HostOverheads | None = None) -> None:
         self.env = env
         self.cfg = cfg
         self.placement = placement
@@ -104,6 +108,7 @@ class ClusterRuntime:
         self.stats = ClusterStats()
         a = model.assumptions
         self._overhead_s = a.step_overhead_s
+        self.host = host
         self._eager_s = model.arch.num_layers * a.eager_launch_s_per_layer
         self._kick: simpy.Event | None = None
         self._woken = False
@@ -193,7 +198,15 @@ class ClusterRuntime:
         t0 = env.now
         insts = self.placement.instances
         dag, full_graph, shapes = self.builder.build([(insts[i], s) for i, s in batches])
-        gpu_start = t0 + self._overhead_s
+        host = self.host
+        real = [s for s in shapes if s is not None]
+        if host is None:
+            cpu_s = self._overhead_s
+        else:   # each engine core plans its own batch; the group waits for the slowest
+            cpu_s = max((host.engine_s(s.num_seqs, s.num_tokens, s.num_decode_seqs)
+                         for s in real), default=0.0)
+        overlapped = host is not None and host.async_scheduling
+        gpu_start = t0 if overlapped else t0 + cpu_s
         done = env.event()
         run = DagRun(dag, gpu_start, self.port,
                      lambda r: self._later(self.fabric.now_s, done.succeed))
@@ -203,6 +216,11 @@ class ClusterRuntime:
         end = run.end_s
         if not full_graph and end < gpu_start + self._eager_s:
             end = gpu_start + self._eager_s
+        if host is not None:
+            # Async scheduling prepares the next step while this one runs: the step takes the
+            # longer of the two; the API server streams the sampled tokens at its own pace.
+            floor = max((host.frontend_s(s.num_decode_seqs) for s in real), default=0.0)
+            end = max(end, t0 + floor, t0 + cpu_s if overlapped else end)
         if end > env.now:
             yield env.timeout(end - env.now)
         total = end - t0
@@ -230,9 +248,8 @@ class ClusterRuntime:
         if self.trace is not None:
             self.trace.record(self._step_index, run, t0)
         self._step_index += 1
-        shapes = [s for s in shapes if s is not None]
-        if shapes:
-            widest = max(shapes, key=lambda s: s.num_tokens)
+        if real:
+            widest = max(real, key=lambda s: s.num_tokens)
             cb, mb = self.model.op_bounds(widest)
         else:
             cb = mb = 0.0

@@ -247,7 +247,7 @@ class ExpertParallelRoofline:
         moe_c, moe_m = self.moe_bounds(total_tokens)
         a2a = self.all_to_all_s(max_tokens)
         return self.rank_model.assemble(slowest[0] + moe_c, slowest[1] + moe_m,
-                                        slowest[2] + a2a, full_graph, a2a)
+                                        slowest[2] + a2a, full_graph, a2a, group=shapes)
 
     def step_time(self, shape: StepShape) -> StepTime:
         """The group step with one rank running `shape` and every other rank a dummy batch."""

@@ -48,6 +48,7 @@ calibrated profile.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -543,16 +544,20 @@ class RooflineModel:
 
     def assemble(self, compute_bound: float, memory_bound: float, comm: float,
                  full_graph: bool, all_to_all_s: float = 0.0,
-                 shape: StepShape | None = None) -> StepTime:
+                 shape: StepShape | None = None,
+                 group: Sequence[StepShape] | None = None) -> StepTime:
         """A StepTime from the op sums: launch time shows when longer than the GPU work outside
         full CUDA graphs; the CPU side is added (the host model's, given the step's `shape`, or
-        the declared per-step overhead); the largest sum names the bound."""
+        the shapes of a lock-step `group`'s ranks, or the declared per-step overhead); the
+        largest sum names the bound."""
         compute = compute_bound + memory_bound
         gpu = compute + comm
         busy = gpu if full_graph or gpu >= self._eager_launch_s else self._eager_launch_s
         if self.host is not None and shape is not None:
             total = self.host.step_total_s(busy, shape.num_seqs, shape.num_tokens,
                                            shape.num_decode_seqs)
+        elif self.host is not None and group is not None:
+            total = self.host.group_total_s(busy, group)
         else:
             total = busy + self._step_overhead_s
         if comm > compute_bound and comm > memory_bound:
