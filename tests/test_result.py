@@ -121,3 +121,17 @@ def test_later_sections_and_extras_keep_their_place(small):
     assert r.headroom == {"state": "headroom"} and r.envelope["method"] == "first_order"
     assert r.extras == {"output_tokens_per_dollar": 1.0}
     assert list(r.to_dict()) == list(d)
+
+
+@pytest.mark.parametrize("case", ["dense_timeout", "pd_cluster"])
+def test_a_single_engine_loop_steps_as_the_group_loop_does(case, monkeypatch):
+    """`EngineLoop._single` is the group loop without its per-rank lists: forcing every loop
+    through `_group` changes no figure of a run."""
+    from simcore.serve.loop import EngineLoop
+
+    fast = simulate(_config(*PINNED_CASES[case]))
+    monkeypatch.setattr(EngineLoop, "process", lambda self: self._group())
+    general = simulate(_config(*PINNED_CASES[case]))
+    for r in (fast, general):
+        r["provenance"].pop("python", None)
+    assert json.dumps(general) == json.dumps(fast)

@@ -23,6 +23,15 @@ from simcore.compute.base import GroupStepTimeModel, StepShape, StepTimeModel
 class StepExecutor(Protocol):
     """Runs one step of a group on the clock."""
 
+    immediate: bool
+    """Whether `time` gives the StepTime at once, with no wait on the clock (a model's step);
+    the engine loop then skips the generator of `run`."""
+
+    def time(self, indices: Sequence[int], batches: Sequence[list | None],
+             shapes: Sequence[StepShape]) -> Any:
+        """The step's `StepTime`, when `immediate`."""
+        ...
+
     def run(self, indices: Sequence[int], batches: Sequence[list | None],
             shapes: Sequence[StepShape]) -> Generator[Any, Any, Any]:
         """A SimPy generator that returns the step's `StepTime`.
@@ -44,15 +53,19 @@ class ModelExecutor:
     waits for the group's step time)."""
 
     __slots__ = ("model", "lockstep")
+    immediate = True
 
     def __init__(self, model: StepTimeModel | GroupStepTimeModel, *, lockstep: bool = False):
         self.model = model
         self.lockstep = lockstep
 
-    def run(self, indices, batches, shapes):
+    def time(self, indices, batches, shapes):
         if self.lockstep:
             return self.model.step_time_group(list(shapes))
         return self.model.step_time(shapes[0])
+
+    def run(self, indices, batches, shapes):
+        return self.time(indices, batches, shapes)
         yield  # a generator that never waits
 
     @staticmethod
@@ -64,9 +77,13 @@ class DagExecutor:
     """A step as a DAG over the cluster's fabric (`ClusterRuntime.step`)."""
 
     __slots__ = ("cluster",)
+    immediate = False
 
     def __init__(self, cluster):
         self.cluster = cluster
+
+    def time(self, indices, batches, shapes):
+        raise TypeError("a step over the fabric takes time on the clock: use run()")
 
     def run(self, indices, batches, shapes):
         return (yield from self.cluster.step(list(zip(indices, batches))))
