@@ -38,7 +38,6 @@ import functools
 import hashlib
 import json
 import math
-import random
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -120,16 +119,13 @@ def _shipped_first_turns() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def sharegpt_first_turns(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(prompt lengths, output lengths) of the n requests vLLM's sharegpt sampler sends, drawn
-    from the shipped first-turn lengths (Llama-3 tokens): the rows shuffled as
-    `random.seed(seed); random.shuffle(rows)` does, then the first n that pass vLLM's
-    `is_valid_sequence` (the workload's default `length_filter`), topped up with
-    `random.choice` if fewer pass."""
+    from the shipped first-turn lengths (Llama-3 tokens) as the workload's sharegpt dataset
+    draws them (`simcore.workload.sampled.vllm_order`: shuffled with `random.seed(seed)`, the
+    first n that pass vLLM's `is_valid_sequence`, oversampled as vLLM does if fewer pass)."""
+    from simcore.workload.sampled import vllm_order
+
     prompts, outputs, valid = _shipped_first_turns()
-    rand = random.Random(seed)
-    order = list(range(len(prompts)))
-    rand.shuffle(order)
-    chosen = [i for i in order if valid[i]][:n]
-    chosen += [rand.choice(chosen) for _ in range(n - len(chosen))]
+    chosen = vllm_order(valid, n, shuffle=True, seed=seed)
     return prompts[chosen], outputs[chosen]
 
 

@@ -385,3 +385,26 @@ def test_mooncake_keys_match_the_vllm_conformance_scenario():
                 req["prompt_len"], req["output_len"], req["block_keys"])
             compared += 1
     assert compared == len(ours) == 200
+
+
+@pytest.mark.parametrize("seed", [0, 11])
+@pytest.mark.parametrize("num_prompts", [5, 40, 70])
+def test_rows_are_chosen_in_vllms_own_order(seed, num_prompts):
+    """vLLM's sharegpt and custom datasets: random.seed(seed); random.shuffle(rows); the first
+    num_prompts valid ones; if fewer, random.seed(seed); random.choices(...) for the rest."""
+    import random
+
+    import numpy as np
+
+    from simcore.workload.sampled import vllm_order
+
+    valid = np.array([i % 3 != 0 for i in range(50)])       # 33 valid rows of 50
+    rows = list(range(50))
+    random.seed(seed)
+    random.shuffle(rows)
+    want = [r for r in rows if valid[r]][:num_prompts]
+    if len(want) < num_prompts:
+        random.seed(seed)
+        want += random.choices(want, k=num_prompts - len(want))
+    assert vllm_order(valid, num_prompts, shuffle=True, seed=seed).tolist() == want
+    assert vllm_order(valid, 5, shuffle=False, seed=seed).tolist() == [1, 2, 4, 5, 7]

@@ -96,7 +96,7 @@ def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
         raise ConfigError(f"seed must be a non-negative integer, got {seed}")
     data_seq, arrival_seq = np.random.SeedSequence(seed).spawn(2)
     samples = _samples(cfg, block_size=block_size, base_dir=Path(base_dir),
-                       rng=np.random.default_rng(data_seq))
+                       rng=np.random.default_rng(data_seq), seed=seed)
     times_s = _send_times_s(cfg, samples, np.random.default_rng(arrival_seq))
     return RequestStream(samples, times_s)
 
@@ -118,7 +118,9 @@ def generate_requests(cfg: WorkloadConfig, *, block_size: int, seed: int, base_d
 
 
 def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
-             rng: np.random.Generator) -> Sequence[Sample]:
+             rng: np.random.Generator, seed: int) -> Sequence[Sample]:
+    """The dataset's requests; the sharegpt and custom datasets choose theirs as vLLM's do from
+    the seed itself (`simcore.workload.sampled.vllm_order`), the others draw from `rng`."""
     num = cfg.resolved_num_prompts
     match cfg.dataset:
         case RandomDataset() as ds:
@@ -127,10 +129,10 @@ def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
             return prefix_repetition_samples(ds, num, block_size=block_size, rng=rng)
         case ShareGPTDataset() as ds:
             path = SHAREGPT_FIRST_TURN if ds.path is None else files.resolve(ds.path, base_dir)
-            return sharegpt_samples(ds, num, path=path, block_size=block_size, rng=rng)
+            return sharegpt_samples(ds, num, path=path, block_size=block_size, seed=seed)
         case CustomDataset() as ds:
             return custom_samples(ds, num, path=files.resolve(ds.path, base_dir),
-                                  block_size=block_size, rng=rng)
+                                  block_size=block_size, seed=seed)
         case MooncakeDataset() as ds:
             return mooncake_samples(ds, num, path=files.resolve(ds.path, base_dir),
                                     block_size=block_size)

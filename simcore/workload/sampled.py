@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def estimate_tokens(text: str, estimate: TextLengthEstimate) -> int:
 
 
 def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block_size: int,
-                     rng: np.random.Generator) -> SampleColumns:
+                     seed: int) -> SampleColumns:
     """First turns of a ShareGPT file (or rows of a lengths CSV), chosen as vLLM's sharegpt dataset does."""
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -40,7 +41,7 @@ def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block
     output_lens = answer_lens if ds.output_len is None else np.full(len(row_ids), ds.output_len)
     valid = passes_length_filter(ds.length_filter, prompt_lens, output_lens,
                                  check_output=ds.output_len is None)
-    chosen = _choose(valid, num_prompts, shuffle=ds.shuffle, rng=rng)
+    chosen = vllm_order(valid, num_prompts, shuffle=ds.shuffle, seed=seed)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no conversation passes workload.dataset.length_filter "
                           f"({len(row_ids)} with two or more turns)")
@@ -54,7 +55,7 @@ def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block
 
 
 def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_size: int,
-                   rng: np.random.Generator) -> SampleColumns:
+                   seed: int) -> SampleColumns:
     """Lines of a custom JSONL file, chosen as vLLM's custom dataset does (no length filter)."""
     rows: list[tuple[int, int, tuple[int, ...]]] = []
     for row_index, (lineno, obj) in enumerate(files.iter_jsonl(path)):
@@ -67,7 +68,8 @@ def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_siz
         keys = _custom_keys(obj, where, prompt_len, block_size, ds.hash_block_tokens)
         rows.append((prompt_len, output_len,
                      _row_content_keys(path, row_index, prompt_len, block_size, keys)))
-    chosen = _choose(np.ones(len(rows), dtype=bool), num_prompts, shuffle=ds.shuffle, rng=rng)
+    chosen = vllm_order(np.ones(len(rows), dtype=bool), num_prompts, shuffle=ds.shuffle,
+                        seed=seed)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no requests in the file")
     return _build(chosen, lambda row: rows[row])
@@ -131,15 +133,19 @@ def passes_length_filter(flt: LengthFilter | None, prompt_lens: np.ndarray,
     return valid
 
 
-def _choose(valid: np.ndarray, num_prompts: int, *, shuffle: bool,
-            rng: np.random.Generator) -> np.ndarray:
-    """Rows to send, in order: valid rows in (shuffled) order, topped up by drawing with replacement."""
-    order = rng.permutation(len(valid)) if shuffle else np.arange(len(valid))
-    chosen = order[valid[order]][:num_prompts]
-    if 0 < chosen.size < num_prompts:
-        extra = chosen[rng.integers(0, chosen.size, size=num_prompts - chosen.size)]
-        chosen = np.concatenate([chosen, extra])
-    return chosen
+def vllm_order(valid: np.ndarray, num_prompts: int, *, shuffle: bool, seed: int) -> np.ndarray:
+    """The rows `vllm bench serve` sends, in order, as its sharegpt and custom datasets choose
+    them with `--seed seed`: the rows shuffled by Python's `random` seeded with it
+    (`random.seed(seed); random.shuffle(rows)`; not with --disable-shuffle), the first
+    `num_prompts` that are `valid` (its length filter) kept, and when fewer are, the rest drawn
+    from those with replacement after seeding again (`random.seed(seed); random.choices`)."""
+    order = list(range(len(valid)))
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    chosen = [i for i in order if valid[i]][:num_prompts]
+    if 0 < len(chosen) < num_prompts:
+        chosen += random.Random(seed).choices(chosen, k=num_prompts - len(chosen))
+    return np.asarray(chosen, dtype=np.int64)
 
 
 def _build(chosen: np.ndarray, make: Callable[[int], _Row]) -> SampleColumns:
