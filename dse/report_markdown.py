@@ -8,7 +8,7 @@ from typing import Any
 
 from dse.report import StudyReport, _fmt
 from dse.report_groups import MAX_CARDS, discrepancies, pareto_groups, ranked_pareto
-from dse.report_pairs import PAIR_LIMIT, pair_rows
+from dse.report_pairs import left_out_text, pair_rows
 from dse.report_render import (ALSO, _chance_text, _confirmed_rows, _explanation_parts,
                                _fidelity_text, _metric_cells, _metric_rows, _overlap_sentence,
                                _param_diff, _params_text, _profile_text, _summary_lines)
@@ -58,8 +58,7 @@ def _pairs_md(report: StudyReport) -> list[str]:
            f"does better than the column's over {pairs.draws} draws of the step-time errors, "
            f"shared by those on one profile, at the {pairs.fidelity} fidelity. Near 50% the "
            "model's own error cannot order the two."
-           + (f" The {len(pairs.left_out)} Pareto configurations past the first {PAIR_LIMIT} "
-              "are not compared." if pairs.left_out else ""), ""]
+           + (f" {left_out_text(pairs)}." if pairs.left_out else ""), ""]
     for m in pairs.metrics:
         out += [f"**{_md(m)}**", ""]
         out += _md_table(["row better than", *(f"#{n}" for n in numbers)],

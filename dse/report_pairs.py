@@ -205,18 +205,22 @@ def confirmed_fidelity(study: StudyConfig, configs: Sequence[Configuration]) -> 
 
 def compare_front(study: StudyConfig | None, report: StudyReport,
                   finalists: Sequence[Configuration] = ()) -> PairMatrix | None:
-    """The matrix of the report's first `PAIR_LIMIT` Pareto configurations and `finalists` (the
-    recommendation and its runner-up, drawn first), those only when the matrix runs at the
-    fidelity their numbers come from (else their comparison is drawn apart, at theirs)."""
+    """The matrix of the report's Pareto configurations, the confirmed ones when the study
+    confirmed two or more (at the confirmation's fidelity, where the recommendation is judged),
+    else all of them (at the screening's), the first `PAIR_LIMIT` of them, and `finalists` (the
+    recommendation and its runner-up, drawn first) when the matrix runs at the fidelity their
+    numbers come from (else their comparison is drawn apart, at theirs)."""
     if study is None:
         return None
     pareto = report.pareto
-    front = pareto[:PAIR_LIMIT]
+    confirmed = [c for c in pareto if c.confirmed]
+    front = (confirmed if len(confirmed) >= 2 else pareto)[:PAIR_LIMIT]
     basis = all(c.confirmed for c in finalists)
     if confirmed_fidelity(study, [*front, *finalists]) != basis:
         finalists = [c for c in finalists if c.number in {x.number for x in front}]
+    compared = {c.number for c in [*finalists, *front]}
     return pair_matrix(study, report, [*finalists, *front],
-                       left_out=[c.number for c in pareto[PAIR_LIMIT:]])
+                       left_out=[c.number for c in pareto if c.number not in compared])
 
 
 def pairs_note(pairs: PairMatrix, noise: dict[str, float], first: str, how: str = "") -> str:
@@ -234,13 +238,23 @@ def pairs_note(pairs: PairMatrix, noise: dict[str, float], first: str, how: str 
            "objective separates, and the cards are ordered by each one's mean chance of doing "
            f"better than the others on {first}.")
     if pairs.left_out:
-        out += (f" Only the first {PAIR_LIMIT} Pareto configurations on {first} are compared "
-                f"so; the other {len(pairs.left_out)} are grouped by their seed-to-seed spread "
-                "and envelopes alone.")
+        out += (f" {left_out_text(pairs)}, only grouped by the seed-to-seed spread and the "
+                "envelopes.")
     if pairs.failed:
         out += (" Not compared (could not be simulated): "
                 + ", ".join(f"#{x}" for x in pairs.failed) + ".")
     return out
+
+
+def left_out_text(pairs: PairMatrix) -> str:
+    """Which Pareto configurations the matrix leaves out, and why, in one clause."""
+    n = len(pairs.left_out)
+    if pairs.fidelity == "confirmation":
+        return (f"{n} Pareto configuration{'s' if n > 1 else ''} not confirmed "
+                f"{'are' if n > 1 else 'is'} not compared (only the confirmed ones are, at most "
+                f"{PAIR_LIMIT}, at the fidelity the recommendation is judged at)")
+    return (f"{n} Pareto configuration{'s' if n > 1 else ''} past the first {PAIR_LIMIT} "
+            f"{'are' if n > 1 else 'is'} not compared")
 
 
 def pair_rows(pairs: PairMatrix, numbers: Sequence[int], metric: str) -> list[list[str]]:

@@ -14,7 +14,7 @@ from dse.report import Configuration, Measurement, StudyReport, _fmt, envelope
 from dse.report_figures import Figure, figures
 from dse.report_groups import (MAX_CARDS, discrepancies, overlap_figure, pareto_groups,
                                ranked_pareto)
-from dse.report_pairs import PAIR_LIMIT, pairs_figure
+from dse.report_pairs import left_out_text, pairs_figure
 
 # ---------------------------------------------------------------------------------------------
 # Formatting helpers
@@ -367,8 +367,7 @@ def render_html(report: StudyReport) -> str:
             f"does better than the column's over {pairs.draws} draws of the step-time errors, "
             f"shared by those on one profile, at the {pairs.fidelity} fidelity; choose the "
             "objective above the plot. Near 50% the model's own error cannot order the two."
-            + (f" The {len(pairs.left_out)} Pareto configurations past the first {PAIR_LIMIT} "
-               "are not compared." if pairs.left_out else ""))))
+            + (f" {left_out_text(pairs)}." if pairs.left_out else ""))))
     if heat is not None:
         out.append(fig_html(Figure(
             "Envelope overlaps between Pareto configurations", heat,

@@ -205,4 +205,30 @@ def test_the_front_past_the_limit_is_left_out_and_said(report, study, monkeypatc
     assert m.left_out == tuple(c.number for c in report.pareto[1:])
     assert pairs_figure(m, m.numbers) is None
     note = pairs_note(m, {}, OBJECTIVES[0].metric)
-    assert f"the other {len(report.pareto) - 1} are grouped by their seed-to-seed" in note
+    n = len(report.pareto) - 1
+    assert f"{n} Pareto configuration{'s' if n > 1 else ''} past the first 1" in note
+    assert "only grouped by the seed-to-seed spread" in note
+
+
+def test_with_two_confirmed_the_matrix_compares_the_confirmed_front(study, report, monkeypatch):
+    """Two or more confirmed Pareto configurations: the matrix holds those (at the fidelity
+    the recommendation is judged at) and names the unconfirmed ones as left out."""
+    from dataclasses import replace
+
+    import dse.report_pairs as rp
+
+    donor = next(c for c in report.configurations if c.confirmed)
+    pareto = [replace(c, confirm=donor.confirm) if i < 2 else replace(c, confirm=None)
+              for i, c in enumerate(report.pareto)]
+    if len(pareto) < 3:
+        pareto.append(replace(report.pareto[0], number=9999, confirm=None))
+    seen = {}
+
+    def fake(study, report, configs, draws=PAIR_DRAWS, *, left_out=()):
+        seen.update(configs=[c.number for c in configs], left_out=list(left_out))
+
+    monkeypatch.setattr(rp, "pair_matrix", fake)
+    monkeypatch.setattr(type(report), "pareto", property(lambda self: pareto))
+    rp.compare_front(study, report)
+    assert seen["configs"] == [c.number for c in pareto[:2]]
+    assert seen["left_out"] == [c.number for c in pareto[2:]]
