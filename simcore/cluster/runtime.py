@@ -255,13 +255,6 @@ class ClusterRuntime:
             cb = mb = 0.0
         bound = ("communication" if comm > cb and comm > mb
                  else "compute" if cb >= mb else "memory")
-        net_frac = comm / total if total > 0 else 0.0
-        if net_frac > 0:
-            for _, sched in batches:
-                for req, _, _ in sched or ():
-                    rec = req.client
-                    if rec is not None:
-                        rec.network_s += total * net_frac
         return StepTime(total, compute, comm, bound, total - compute - comm, a2a)
 
     # -- KV-cache transfers --------------------------------------------------------------------

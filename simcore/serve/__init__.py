@@ -21,7 +21,8 @@ from simcore.router import Router
 from simcore.serve.executor import DagExecutor, ModelExecutor
 from simcore.serve.frontend import ApiServerPath, ClientSettings, Frontend, KvHandoff
 from simcore.serve.loop import MAX_EMPTY_STEPS, EngineLoop, Rank
-from simcore.serve.observers import ReplicaCounters, ReplicaStats, TimeSeries, TimeSeriesSampler
+from simcore.serve.observers import (NetworkShares, ReplicaCounters, ReplicaStats, TimeSeries,
+                                     TimeSeriesSampler)
 from simcore.workload.generate import RequestStream
 from simcore.workload.spec import RequestSpec
 
@@ -93,7 +94,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
                         ApiServerPath(request_cpu_s, request_latency_s, api_servers),
                         kv=kv, progress=progress)
     counters = ReplicaCounters(num_replicas)
-    observers = (counters, kv, frontend) if kv is not None else (counters, frontend)
+    observers = (counters, *([NetworkShares()] if cluster is not None else []),
+                 *([kv] if kv is not None else []), frontend)
 
     if lockstep_groups is None:
         groups = [(i,) for i in range(num_replicas)]

@@ -11,8 +11,9 @@
   requests, as `Scheduler.update` returns them.
 
 `StepObserver` gives each a no-op default; an observer overrides what it needs.
-`ReplicaCounters` fills one `ReplicaStats` per engine; `TimeSeriesSampler` samples every
-engine's KV usage and queue lengths at a fixed virtual interval.
+`ReplicaCounters` fills one `ReplicaStats` per engine; `NetworkShares` charges requests the
+network time of their steps (cluster runs); `TimeSeriesSampler` samples every engine's KV usage
+and queue lengths at a fixed virtual interval.
 """
 
 from __future__ import annotations
@@ -137,6 +138,24 @@ class ReplicaCounters(StepObserver):
         key = phase + bound
         by_phase = stats.step_s_by_phase_bound
         by_phase[key] = by_phase.get(key, 0.0) + st.total_s
+
+
+class NetworkShares(StepObserver):
+    """Charges each request the exposed communication of every step it ran in (cluster runs:
+    the step DAG's collectives and transfers on the critical path), for the network's share
+    of request latency."""
+
+    __slots__ = ()
+
+    def on_step(self, rank, out, shape: StepShape, st, counts: tuple[int, int]) -> None:
+        total = st.total_s
+        share = st.comm_s / total if total > 0 else 0.0
+        if share > 0:
+            charge = total * share
+            for req, _, _ in out.scheduled:
+                rec = req.client
+                if rec is not None:
+                    rec.network_s += charge
 
 
 @dataclass(slots=True)
