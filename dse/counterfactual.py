@@ -141,7 +141,7 @@ def candidates(cfg: SimConfig, base: dict) -> list[Relaxation]:
     if cfg.host.model == "vllm":
         out.append(Relaxation("cpu_side", "a host CPU twice as fast",
                               cfg.with_section("host", host_speed=cfg.host.host_speed / FACTOR)))
-    if cfg.host.api_server and cfg.cluster is None:
+    if cfg.host.api_server:
         n = cfg.host.api_server_count
         out.append(Relaxation("api_server", f"api_server_count {n} -> {n * 2}",
                               cfg.with_section("host", api_server_count=n * 2)))

@@ -121,3 +121,18 @@ def test_the_ranking_is_the_measured_effect_of_each_intervention(kind):
         assert effects.index(named) <= 1
     text = render_effects(effects, DEFAULT_OBJECTIVES, base)
     assert f"Limited first by {top.label}: {top.change}" in text
+
+
+def test_a_cluster_run_is_offered_its_fabric_and_host_candidates():
+    """On a two-node leaf-spine the NICs and the leaf-spine links are relaxed apart; cluster runs
+    take vLLM's CPU side and the API server's path, so those are candidates too."""
+    cfg = parse_config({
+        "name": "pd", "seed": 0, "model": {"name": "meta-llama/Llama-3.1-8B"},
+        "hardware": {"gpu": "H100-SXM"},
+        "parallelism": {"prefill_decode": {"num_prefill_instances": 1,
+                                           "num_decode_instances": 1}},
+        "workload": _wl(8, 4, 512, 16),
+        "cluster": {"num_nodes": 2, "fabric": {"backend": "analytical"}}})
+    kinds = _kinds(cfg)
+    assert {"nic_rate", "fabric_core", "cpu_side", "api_server"} <= kinds
+    assert "tenant_traffic" not in kinds
