@@ -15,8 +15,8 @@ everything else, the seed included, unchanged (common random numbers):
 | kv_capacity | twice the KV-cache blocks | always |
 | max_num_seqs | x2 | always |
 | token_budget | max_num_batched_tokens x2 | always |
-| nic_rate | every NIC's rate x2 | cluster runs with more than one node |
-| fabric_core | leaf-spine links x2 (oversubscription /2): congestion in the fabric's core | the same, on a leaf-spine |
+| nic_rate | every NIC's rate x2, the leaf-spine links unchanged | cluster runs with more than one node |
+| fabric_core | leaf-spine links x2 (spine count pinned, oversubscription /2), the NICs unchanged: congestion in the fabric's core | the same, on a leaf-spine |
 | tenant_traffic | the competing tenant traffic removed: congestion from other jobs | a cluster with tenant traffic |
 | cpu_side | the host's CPU twice as fast (host_speed x1/2) | host.model vllm |
 | api_server | twice the API server processes | an API server |
