@@ -166,15 +166,13 @@ def _fabric_relaxations(cfg: SimConfig, dep) -> list[Relaxation]:
     net = cfg.cluster.network
     nic = net.nic_gbps
     topo = net.topology
-    if topo.kind != "leaf_spine":
-        return [Relaxation("nic_rate", f"NICs at {nic * FACTOR:g} Gb/s instead of {nic:g}",
-                           _network(cfg, nic_gbps=nic * FACTOR))]
     gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
-    spines = leaf_spine_num_spines(net, cfg.cluster.num_nodes, gpn)
-    over = topo.oversubscription
-    if not spines:  # one leaf: every path is NIC - leaf - NIC
+    spines = (leaf_spine_num_spines(net, cfg.cluster.num_nodes, gpn)
+              if topo.kind == "leaf_spine" else 0)
+    if not spines:  # a fat-tree, or a single leaf where every path is NIC - leaf - NIC
         return [Relaxation("nic_rate", f"NICs at {nic * FACTOR:g} Gb/s instead of {nic:g}",
                            _network(cfg, nic_gbps=nic * FACTOR))]
+    over = topo.oversubscription
     return [
         Relaxation("nic_rate", f"NICs at {nic * FACTOR:g} Gb/s instead of {nic:g} (leaf-spine "
                    f"links unchanged)", _network(cfg, nic_gbps=nic * FACTOR, topology=(

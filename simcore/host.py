@@ -204,19 +204,31 @@ class HostOverheads:
     def step_total_s(self, gpu_s: float, num_seqs: int, num_tokens: int,
                      num_decode: int) -> float:
         """The step's period given the GPU's busy time, s."""
-        cpu = self.engine_s(num_seqs, num_tokens, num_decode)
-        engine = max(gpu_s, cpu) if self.async_scheduling else gpu_s + cpu
-        return max(engine, self.frontend_s(num_decode))
+        return self._period(gpu_s, self.engine_s(num_seqs, num_tokens, num_decode),
+                            self.frontend_s(num_decode))
+
+    def _period(self, gpu_s: float, cpu_s: float, frontend_s: float) -> float:
+        """Sync scheduling adds the engine's CPU time to the GPU's, async overlaps them; the
+        API server's pace bounds the step from below."""
+        engine = max(gpu_s, cpu_s) if self.async_scheduling else gpu_s + cpu_s
+        return max(engine, frontend_s)
+
+    def group_engine_s(self, shapes) -> float:
+        """The engine-core CPU time of a lock-step step whose ranks run `shapes` (real batches,
+        no dummies), s: each rank's core plans its own batch; the group waits for the slowest."""
+        return max((self.engine_s(s.num_seqs, s.num_tokens, s.num_decode_seqs) for s in shapes),
+                   default=0.0)
+
+    def group_frontend_s(self, shapes) -> float:
+        """The API server's time for the slowest rank's sampled tokens of such a step, s."""
+        return max((self.frontend_s(s.num_decode_seqs) for s in shapes), default=0.0)
 
     def group_total_s(self, gpu_s: float, shapes) -> float:
         """The period of a lock-step group's step (expert parallelism) given the GPU's busy
         time, s: every rank's engine core plans its own batch, so the group waits for the
         slowest (dummy batches cost no scheduling)."""
         real = [s for s in shapes if not s.is_dummy]
-        cpu = max((self.engine_s(s.num_seqs, s.num_tokens, s.num_decode_seqs) for s in real),
-                  default=0.0)
-        engine = max(gpu_s, cpu) if self.async_scheduling else gpu_s + cpu
-        return max([engine, *(self.frontend_s(s.num_decode_seqs) for s in real)])
+        return self._period(gpu_s, self.group_engine_s(real), self.group_frontend_s(real))
 
     def assumption_lines(self) -> list[str]:
         return [f"CPU side: vLLM's scheduler and output processor as measured, x "

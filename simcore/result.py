@@ -201,12 +201,6 @@ class RunResult:
             return self.extras[name]
         raise ResultError(f"result {self.name!r}: no metric {name!r}")
 
-    def has(self, name: str) -> bool:
-        """Whether the result carries metric `name` (some appear only with a finite request
-        rate, expert parallelism or a cluster)."""
-        return name in self.metrics or name in self.extras or (
-            self.cluster is not None and name in self.cluster.headline)
-
     @property
     def num_gpus_per_replica(self) -> int:
         return self.metrics["num_gpus"] // len(self.replicas)
@@ -238,11 +232,11 @@ class RunResult:
     @classmethod
     def from_dict(cls, d: Mapping) -> RunResult:
         """Read a `to_dict()` layout back; raises ResultError naming the first missing key."""
-        from simcore.cluster import FABRIC_HEALTH_METRICS, HEADLINE_METRICS
+        from simcore.cluster import TOP_LEVEL_METRICS
 
         if not isinstance(d, Mapping):
             raise ResultError("result: expected a mapping")
-        headline_keys = {*HEADLINE_METRICS, *FABRIC_HEALTH_METRICS, "fabric_p99_step_slowdown"}
+        headline_keys = set(TOP_LEVEL_METRICS)
         cluster = None
         if "cluster" in d:
             cluster = ClusterResult(d["cluster"], {k: d[k] for k in d if k in headline_keys})

@@ -11,6 +11,7 @@ import numpy as np
 from simcore import __version__
 from simcore.cluster import FABRIC_HEALTH_METRICS
 from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
+from simcore.cluster import STEP_SLOWDOWN_METRIC
 from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
@@ -245,7 +246,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         fabric = summary["fabric"]
         headline = {key: summary[key] for key in CLUSTER_HEADLINE_METRICS}
         headline.update({key: fabric[src] for key, src in FABRIC_HEALTH_METRICS.items()})
-        headline["fabric_p99_step_slowdown"] = fabric["step_slowdown"]["p99"] or 1.0
+        headline[STEP_SLOWDOWN_METRIC] = fabric["step_slowdown"]["p99"] or 1.0
         cluster_part = ClusterResult(summary, headline)
         prov["fidelity"] = f"engine + step DAG over the {cfg.cluster.fabric.backend} fabric"
         prov["assumptions"] += cfg.cluster.assumption_lines()

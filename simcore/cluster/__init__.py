@@ -13,3 +13,9 @@ FABRIC_HEALTH_METRICS = {"fabric_pfc_pause_frames": "pfc_pause_frames",
 (top-level name -> key of result["cluster"]["fabric"]), with `fabric_p99_step_slowdown` (the
 99th percentile of the engines' messages' completion time over their time alone on an idle
 network, 1 when none was slowed), so that a study can bound them as SLOs or minimise them."""
+
+STEP_SLOWDOWN_METRIC = "fabric_p99_step_slowdown"
+"""The top-level name of the engines' p99 message slowdown (see FABRIC_HEALTH_METRICS)."""
+
+TOP_LEVEL_METRICS = (*HEADLINE_METRICS, *FABRIC_HEALTH_METRICS, STEP_SLOWDOWN_METRIC)
+"""Every cluster figure a result also carries at its top level, after the cluster section."""

@@ -200,11 +200,7 @@ class ClusterRuntime:
         dag, full_graph, shapes = self.builder.build([(insts[i], s) for i, s in batches])
         host = self.host
         real = [s for s in shapes if s is not None]
-        if host is None:
-            cpu_s = self._overhead_s
-        else:   # each engine core plans its own batch; the group waits for the slowest
-            cpu_s = max((host.engine_s(s.num_seqs, s.num_tokens, s.num_decode_seqs)
-                         for s in real), default=0.0)
+        cpu_s = self._overhead_s if host is None else host.group_engine_s(real)
         overlapped = host is not None and host.async_scheduling
         gpu_start = t0 if overlapped else t0 + cpu_s
         done = env.event()
@@ -217,10 +213,11 @@ class ClusterRuntime:
         if not full_graph and end < gpu_start + self._eager_s:
             end = gpu_start + self._eager_s
         if host is not None:
-            # Async scheduling prepares the next step while this one runs: the step takes the
-            # longer of the two; the API server streams the sampled tokens at its own pace.
-            floor = max((host.frontend_s(s.num_decode_seqs) for s in real), default=0.0)
-            end = max(end, t0 + floor, t0 + cpu_s if overlapped else end)
+            # The API server streams the sampled tokens at its own pace; async scheduling
+            # prepares the next step while this one runs, so the step takes the longer of the two.
+            end = max(end, t0 + host.group_frontend_s(real))
+            if overlapped:
+                end = max(end, t0 + cpu_s)
         if end > env.now:
             yield env.timeout(end - env.now)
         total = end - t0
