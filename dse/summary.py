@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 
 from dse.explain import engine_load_text, explain
-from simcore.attribution import Attribution, attribute
+from simcore.attribution import Attribution, as_run, attribute
+from simcore.result import RunResult
 
 _LINE = 60
 _TOP_FACTORS = 3
@@ -35,7 +36,7 @@ def _wrap(text: str, first: str = "", rest: str = "") -> list[str]:
     return textwrap.wrap(text, _LINE, initial_indent=first, subsequent_indent=rest)
 
 
-def render_explanation(r: dict, attribution: Attribution | None = None) -> list[str]:
+def render_explanation(r: dict | RunResult, attribution: Attribution | None = None) -> list[str]:
     """The "Explanation" and "Assumptions" sections: what limits the run, and what it rests on
     (`attribution`: `attribute(r)`, when the caller has it already)."""
     e = explain(r, attribution)
@@ -162,12 +163,13 @@ def render_summary(r: dict) -> str:
         _row("Mean queueing delay (ms):", r["mean_queue_ms"]),
         _row("Output throughput per GPU (tok/s):", r["output_throughput_per_gpu"]),
     ]
-    attribution = attribute(r)
+    run = as_run(r)     # read once, for the attribution and the explanation
+    attribution = attribute(run)
     if r["completed"]:
         lines += _wrap(f"Engine load: {engine_load_text(attribution.signals)}.")
     if "envelope" in r:
         lines += render_envelope(r)
-    lines += render_explanation(r, attribution)
+    lines += render_explanation(run, attribution)
     lines.append(_title(" Provenance ", "-"))
     unc = p["step_time_relative_uncertainty"]
     version = p["profile_version"]
