@@ -30,6 +30,14 @@ _OBJECT_STORE_BYTES = 256 * 2**20
 """Ray's object store: trial arguments and outcomes are small."""
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the OS keeps one (taskset,
+    cpusets, a batch scheduler's allocation), else every CPU of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:      # no affinity masks (macOS, Windows)
+        return os.cpu_count() or 1
+
 
 def storage_file(url: str) -> Path | None:
     """The file of a journal:// or sqlite:/// storage URL; None for other URLs and :memory:."""
@@ -203,20 +211,26 @@ class RayConsole(io.TextIOBase):
 class RayPool:
     """Ray tasks that run `dse.evaluate.run_trial`, one CPU each, never retried.
 
-    `start()` (or the first `submit`) starts or joins Ray: the Ray already running in this
-    process, the cluster at `address` (asked first whether it answers, within
-    `connect_timeout_s`), or a local one with `workers` CPUs (quiet: no dashboard, worker logs
-    not forwarded; a `dse.reaper` watchdog stops its processes should this process be killed
-    before it shuts them down). A cluster joined here runs the tasks in `runtime_env` when one is given
+    `start()` (or the first `submit`) starts or joins Ray, once however many stages use the pool:
+    the Ray already running in this process, the cluster at `address` (asked first whether it
+    answers, within `connect_timeout_s`), or a local one with `workers` CPUs (quiet: no
+    dashboard, worker logs not forwarded; a `dse.reaper` watchdog stops its processes should
+    this process be killed before it shuts them down). `workers` None means as many as there
+    are CPUs to run them: `available_cpus()` for a local Ray, the CPUs of the Ray it joined
+    otherwise; from `start()` on, `workers` is that number and `workers_from` says where it
+    came from. A cluster joined here runs the tasks in `runtime_env` when one is given
     (see `dse.ship`). Ray's worker-death reports become the failure reason of the trial whose
     worker died (`RayConsole`). Starting Ray leaves this process's SIGTERM handler as it was
     (ray.init replaces it with one that exits at once, after a stack dump). `close()` shuts
     down only a Ray started or joined here; it is safe to call more than once.
     """
 
-    def __init__(self, workers: int, address: str | None, *, connect_timeout_s: float = 10.0,
+    def __init__(self, workers: int | None, address: str | None, *,
+                 connect_timeout_s: float = 10.0,
                  runtime_env: dict[str, Any] | None = None) -> None:
         self.workers = workers
+        self.workers_from = "execution.workers"
+        self.started = False    # Ray started or joined (once); close() leaves it set
         self.address = address
         self.connect_timeout_s = connect_timeout_s
         self.runtime_env = runtime_env
@@ -244,6 +258,9 @@ class RayPool:
         else:
             if self.address:
                 probe_ray_address(self.address, self.connect_timeout_s)
+            elif self.workers is None:
+                self.workers = available_cpus()
+                self.workers_from = "one per CPU this process may use"
             quiet = dict(log_to_driver=False, logging_level="ERROR")
             on_term = signal.getsignal(signal.SIGTERM)
             core_log: list[str] = []
@@ -272,7 +289,12 @@ class RayPool:
                 if on_term is not None and threading.current_thread() is threading.main_thread():
                     signal.signal(signal.SIGTERM, on_term)
             self._owned = True
+        if self.workers is None:
+            self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            self.workers_from = ("the CPUs of the Ray cluster at " + self.address if self.address
+                                 else "the CPUs of the Ray running in this process")
         self._ray = ray
+        self.started = True
         self._remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
         self._console = RayConsole.install()
 

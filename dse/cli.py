@@ -328,6 +328,8 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
             return
         for note in outcome.notes:
             click.echo(f"note: {note}")
+        if outcome.workers_line():
+            click.echo(outcome.workers_line())
         click.echo(outcome.summary())
         report = decided_report(study)
         paths = write_report_files(report, study.report_dir, study.report.formats)

@@ -1,6 +1,11 @@
 """The dispatch loop of one search stage: trials asked from the Optuna study, run on Ray workers
 (or answered at once: infeasible, or the same configuration as an earlier trial), and told with
-their outcome, in batches (deterministic) or as each ends. `dse.runner` drives the stages."""
+their outcome, in batches (deterministic) or as each ends. `dse.runner` drives the stages.
+
+Storage writes per trial: the study's storage is a `dse.batched_storage.BatchedStorage`, so a
+trial costs three transactions: the ask (Optuna creates the trial, or pops a queued one), its
+parameters (`dispatch`, before any worker gets it; one transaction for a whole batch) and the
+tell (attributes, constraints, values and state together)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.backends import RayPool
+from dse.batched_storage import BatchedStorage
 from dse.evaluate import EvalSpec, TrialOutcome, one_line, resolve
 from dse.interrupts import storage_writes
 from dse.ship import Shipment
@@ -41,7 +47,8 @@ def interrupt_trials(st: optuna.Study, storage: optuna.storages.BaseStorage,
                trials: list[FrozenTrial], names: set[str]) -> None:
     """Fail trials whose driver is gone ("interrupted"); enqueue again the parameters of those
     that had all of `names` (were dispatched). A trial stopped while its parameters were being
-    suggested never ran: the sampler proposes afresh instead."""
+    suggested never ran: the sampler proposes afresh instead. `storage` is the study's own
+    (for a trial this process holds, the reason is then committed with the FAIL)."""
     with storage_writes():
         study_id = storage.get_study_id_from_name(st.study_name)
         for t in trials:
@@ -62,6 +69,7 @@ class Flight:
     trial: optuna.Trial
     values: dict[str, Any]
     ref: Any = None
+    """The Ray task simulating it, once dispatched."""
     deadline: float = math.inf
     outcome: TrialOutcome | None = None
     digest: str | None = None
@@ -75,8 +83,10 @@ class StageDriver:
     """Runs trials of one Optuna study on Ray, one stage (screen or confirm) at a time."""
 
     st: optuna.Study
-    storage: optuna.storages.BaseStorage
+    storage: BatchedStorage
+    """The study's storage (`st`'s own)."""
     pool: RayPool
+    """Started: its `workers` is the number of trials in flight."""
     study: StudyConfig
     spec: EvalSpec
     overrides: dict[str, Any]
@@ -135,12 +145,21 @@ class StageDriver:
         else:
             self.running[digest] = f
             self.num_simulated += 1
-            args = (self.study.base, values, self.overrides)
+        return f
+
+    def dispatch(self, flights: list[Flight]) -> None:
+        """Commit the parameters of these just-asked flights (one storage transaction), so that
+        a resumed search can run them again, then send those to simulate to the workers."""
+        with storage_writes():
+            self.storage.flush([f.trial._trial_id for f in flights])
+        for f in flights:
+            if f.outcome is not None or f.twin is not None:
+                continue
+            args = (self.study.base, f.values, self.overrides)
             if self.shipment is not None:
                 args = tuple(self.shipment.localize(a) for a in args)
             f.ref = self.pool.submit(*args, self.spec)
             f.deadline = time.monotonic() + self.study.execution.trial_timeout_s
-        return f
 
     def tell(self, f: Flight) -> None:
         with storage_writes():
@@ -266,9 +285,10 @@ class StageDriver:
             stop = self._stop_reason(budget, 0, can_ask)
             if stop is not None:
                 return stop
-            while (len(flights) < self.study.execution.workers
+            while (len(flights) < self.pool.workers
                    and self._stop_reason(budget, len(flights), can_ask) is None):
                 flights.append(self.ask())
+            self.dispatch(flights)
             self.wait(flights, first_only=False)
             for f in sorted(flights, key=lambda f: f.trial.number):
                 self.tell(f)
@@ -279,7 +299,7 @@ class StageDriver:
         """Keep `workers` trials in flight; tell each as it ends."""
         stop: str | None = None
         while True:
-            while len(flights) < self.study.execution.workers:
+            while len(flights) < self.pool.workers:
                 stop = self._stop_reason(budget, len(flights), can_ask)
                 if stop is not None:
                     break
@@ -287,6 +307,7 @@ class StageDriver:
                 if f.outcome is not None:
                     self.tell(f)
                 else:
+                    self.dispatch([f])
                     flights.append(f)
             if not flights:
                 return stop or "n_trials"

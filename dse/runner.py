@@ -37,6 +37,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
+from dse.batched_storage import BatchedStorage
 from dse.driver import StageDriver, interrupt_trials, is_interrupted
 from dse.evaluate import EvalSpec, baseline_values, check_metric_names, clip
 from dse.fingerprint import changed_parts, study_digest
@@ -81,6 +82,16 @@ class SearchOutcome:
     num_reused: int = 0
     """Complete trials answered from an earlier trial of the same resolved configuration (not
     simulated again; their `same_config_as` attribute names it)."""
+    workers: int | None = None
+    """Trials simulated at once; None when this run simulated nothing (Ray was not started)."""
+    workers_from: str = ""
+    """Where `workers` came from: the study's `execution.workers`, or the CPUs counted."""
+
+    def workers_line(self) -> str | None:
+        """How many trials ran at once and why that many, in one line; None if none ran."""
+        if self.workers is None:
+            return None
+        return f"{self.workers} Ray worker{'s' if self.workers != 1 else ''} ({self.workers_from})"
 
     def summary(self) -> str:
         """One line of counts: trials by outcome, the Pareto set, the confirmations."""
@@ -264,7 +275,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
         check_metric_names(spec, base_metric_names(study))
         stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress,
                      shipment=ship)
-        storage = open_storage(url)
+        storage = BatchedStorage(open_storage(url))
         st = _open_study(storage, study.name, study, sampler, "screen", resume, url)
         interrupt_trials(st, storage, st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
                    names)
@@ -284,7 +295,10 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
         confirm = None
         if study.fidelity.confirm is not None and stopped_by != "timeout":
             confirm = _confirm(st, storage, url, f"{study.name}/confirm", stage)
-    return _outcome(st, url, confirm, stopped_by, notes)
+    outcome = _outcome(st, url, confirm, stopped_by, notes)
+    if not pool.started:
+        return outcome
+    return dataclasses.replace(outcome, workers=pool.workers, workers_from=pool.workers_from)
 
 
 def _sampler_for(study: StudyConfig) -> Callable[[int], optuna.samplers.BaseSampler] | None:
@@ -295,7 +309,7 @@ def _sampler_for(study: StudyConfig) -> Callable[[int], optuna.samplers.BaseSamp
     return lambda k: make_sampler(study, seed=trial_seed(study.sampler.seed, k))
 
 
-def _run_stage(st: optuna.Study, storage: optuna.storages.BaseStorage, fidelity: str,
+def _run_stage(st: optuna.Study, storage: BatchedStorage, fidelity: str,
                overrides: dict[str, Any], total: int, finished: int,
                can_ask: Callable[[], bool], *, study: StudyConfig, spec: EvalSpec,
                pool: RayPool, deadline: float, progress: bool, shipment: Shipment | None,
@@ -348,7 +362,7 @@ class _Confirmed:
     reasons: tuple[tuple[str, int], ...]
 
 
-def _confirm(st: optuna.Study, storage: optuna.storages.BaseStorage, url: str, name: str,
+def _confirm(st: optuna.Study, storage: BatchedStorage, url: str, name: str,
              stage: dict[str, Any]) -> _Confirmed:
     """Re-run the best screened configurations with the confirm overrides into study `name`.
 

@@ -105,7 +105,11 @@ class Execution(BaseModel):
     """Where trials run."""
 
     model_config = _FROZEN
-    workers: int = Field(2, ge=1, description="Trials simulated at once (Ray tasks).")
+    workers: int | None = Field(None, ge=1, description="Trials simulated at once (Ray tasks). "
+                               "None: one per CPU this process may use (a local Ray), or the "
+                               "CPUs of the cluster at ray_address. With `deterministic`, the "
+                               "trials a seed gives depend on it: set it to repeat a search on "
+                               "another machine.")
     ray_address: str | None = Field(None, description="Join this Ray cluster (e.g. 'auto' or "
                                     "'ray://host:10001'); None starts a local Ray.")
     trial_timeout_s: float = Field(300, gt=0, description="A trial running longer is stopped "

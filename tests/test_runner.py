@@ -1,6 +1,8 @@
 """The search driver on a real Ray (2 CPUs): trials recorded with their attributes, Pareto sets
 free of SLO violators, infeasible, failing and timed-out trials, resume after the driver is
-killed, same seed same trials, the grid and random samplers, and bad objectives."""
+killed, same seed same trials, the grid and random samplers, and bad objectives. Without Ray:
+the storage writes a trial makes (`BatchedStorage`, against Optuna's per-call writes on each
+kind of storage) and how many workers a search gets."""
 
 import itertools
 import os
@@ -608,3 +610,232 @@ def test_every_shipped_study_passes_the_checks_made_before_its_search(path):
     study = load_study(path)
     check_base(study)
     check_metric_names(EvalSpec.of(study), base_metric_names(study))
+
+
+# -- storage writes per trial (no Ray) -----------------------------------------------------------
+
+
+class WriteCounter:
+    """Write transactions a storage makes: SQLite commits that wrote something (Optuna commits
+    its read sessions too), appends to a journal file."""
+
+    def __init__(self, raw) -> None:
+        self.n = 0
+        if isinstance(raw, optuna.storages.RDBStorage):
+            import sqlalchemy
+
+            dirty: set[int] = set()
+
+            def executed(conn, cursor, statement, *args) -> None:
+                if not statement.lstrip().upper().startswith("SELECT"):
+                    dirty.add(id(conn))
+
+            def committed(conn) -> None:
+                if id(conn) in dirty:
+                    dirty.discard(id(conn))
+                    self.n += 1
+
+            sqlalchemy.event.listen(raw.engine, "after_cursor_execute", executed)
+            sqlalchemy.event.listen(raw.engine, "commit", committed)
+        elif isinstance(raw, optuna.storages.JournalStorage):
+            append = raw._backend.append_logs
+
+            def counted(logs) -> None:
+                self.n += 1
+                append(logs)
+
+            raw._backend.append_logs = counted
+
+
+def raw_storage(kind: str, tmp_path: Path):
+    return {"sqlite": lambda: optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}"),
+            "journal": lambda: open_storage(f"journal://{tmp_path / 's.log'}"),
+            "memory": optuna.storages.InMemoryStorage}[kind]()
+
+
+def write_a_trial(st: optuna.Study, storage, flush) -> int:
+    """One trial as the driver writes it: asked, suggested, its parameters committed, then its
+    attributes, a constraint (also as the list optuna-dashboard reads) and the tell."""
+    t = st.ask()
+    t.suggest_int("engine.max_num_seqs", 8, 256, log=True)
+    t.suggest_categorical("engine.max_num_batched_tokens", [512, 1024])
+    flush(t._trial_id)
+    t.set_user_attr("fidelity", "screen")
+    t.set_user_attr("metrics", {"p99_ttft_ms": 12.5, "p99_tpot_ms": 3.0})
+    t.set_user_attr("feasible", False)
+    t.set_constraint("p99_tpot_ms <= 2", 1.0)
+    storage.set_trial_system_attr(t._trial_id, "constraints", [1.0])
+    st.tell(t, [12.5, 800.0])
+    return t.number
+
+
+def stored(raw, name: str) -> list[tuple]:
+    """Everything of each trial a report or optuna-dashboard reads, attribute order included."""
+    return [(t.number, t.state, t.values, t.params, t.distributions,
+             list(t.user_attrs.items()), list(t.system_attrs.items()))
+            for t in optuna.load_study(study_name=name, storage=raw).get_trials()]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal", "memory"])
+def test_batched_writes_store_the_trials_per_call_writes_do(kind, tmp_path):
+    """The same trials (one of them from the queue, with its own attributes), written call by
+    call and through a BatchedStorage, are stored the same; on a file storage the batched
+    trial takes three write transactions (ask, parameters, tell) instead of nine."""
+    from dse.batched_storage import BatchedStorage
+
+    raw = raw_storage(kind, tmp_path)
+    writes = WriteCounter(raw)
+    per_trial = {}
+    for name, batched in (("per-call", False), ("batched", True)):
+        storage = BatchedStorage(raw) if batched else optuna.storages.get_storage(raw)
+        st = optuna.create_study(storage=storage, study_name=name, sampler=optuna.samplers.
+                                 RandomSampler(seed=1), directions=["minimize", "maximize"])
+        st.enqueue_trial({"engine.max_num_seqs": 16, "engine.max_num_batched_tokens": 512},
+                         user_attrs={"baseline": True})
+        flush = (lambda trial_id: storage.flush([trial_id])) if batched else (lambda _: None)
+        write_a_trial(st, storage, flush)
+        writes.n = 0
+        write_a_trial(st, storage, flush)
+        per_trial[name] = writes.n
+    assert stored(raw, "batched") == stored(raw, "per-call")
+    assert BatchedStorage(raw).batched is (kind != "memory")
+    if kind != "memory":
+        assert per_trial == {"per-call": 9, "batched": 3}
+
+
+def test_a_held_trial_reads_with_its_writes_until_they_are_committed(tmp_path):
+    from dse.batched_storage import BatchedStorage
+
+    raw = raw_storage("sqlite", tmp_path)
+    storage = BatchedStorage(raw)
+    st = optuna.create_study(storage=storage, study_name="held")
+    t = st.ask()
+    t.suggest_int("x", 1, 9)
+    t.set_user_attr("fidelity", "screen")
+    for mine in (storage.get_trial(t._trial_id), st.get_trials(deepcopy=False)[0]):
+        assert mine.params == {"x": t.params["x"]} and mine.user_attrs == {"fidelity": "screen"}
+    assert optuna.load_study(study_name="held", storage=raw).trials[0].params == {}
+    storage.flush([t._trial_id])
+    elsewhere = optuna.load_study(study_name="held", storage=raw).trials[0]
+    assert elsewhere.params == t.params and elsewhere.user_attrs == {"fidelity": "screen"}
+    assert elsewhere.state == optuna.trial.TrialState.RUNNING
+    st.tell(t, 1.0)
+    assert optuna.load_study(study_name="held", storage=raw).trials[0].value == 1.0
+
+
+def test_an_interrupted_held_trial_keeps_its_parameters_and_is_queued_again(tmp_path):
+    """The driver stopping mid-trial: the reason, the kept writes and the FAIL are committed
+    together, and the parameters are enqueued again for the resumed search."""
+    from dse.batched_storage import BatchedStorage
+    from dse.driver import interrupt_trials, is_interrupted
+
+    raw = raw_storage("sqlite", tmp_path)
+    storage = BatchedStorage(raw)
+    st = optuna.create_study(storage=storage, study_name="stop")
+    t = st.ask()
+    params = {"a": t.suggest_int("a", 1, 9), "b": t.suggest_categorical("b", ["u", "v"])}
+    storage.flush([t._trial_id])
+    t.set_user_attr("same_config_as", 0)
+    running = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    interrupt_trials(st, storage, running, {"a", "b"})
+    failed, queued = optuna.load_study(study_name="stop", storage=raw).trials
+    assert is_interrupted(failed) and failed.params == params
+    assert failed.user_attrs == {"same_config_as": 0, "failure_reason": INTERRUPTED}
+    assert queued.state == optuna.trial.TrialState.WAITING
+    assert queued.system_attrs["fixed_params"] == params
+
+
+class Done:
+    """A finished task, as the stand-in pool's reference to it (hashable, as Ray's are)."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+
+
+class InProcessPool:
+    """Stands in for RayPool: simulates each trial in this process when it is submitted."""
+
+    made: list["InProcessPool"] = []
+
+    def __init__(self, workers, address, **kwargs) -> None:
+        self.workers, self.workers_from = workers or 2, "a stand-in"
+        self.started = False
+        self.num_starts = 0
+        InProcessPool.made.append(self)
+
+    def start(self) -> None:
+        self.num_starts += not self.started
+        self.started = True
+
+    def submit(self, *args):
+        from dse.evaluate import run_trial
+
+        return Done(run_trial(*args))
+
+    def wait(self, refs, timeout_s):
+        return refs[:1]
+
+    def result(self, ref):
+        return ref.outcome
+
+    def cancel(self, ref) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_search_writes_each_trial_in_a_few_transactions(tmp_path, monkeypatch):
+    """The whole tiny search (8 screened, 2 confirmed) through the driver with one pool for
+    both stages: at most three write transactions per trial (ask, a batch's parameters, tell),
+    where writing call by call took about 20."""
+    import dse.runner
+    from dse.batched_storage import BatchedStorage
+
+    counters: list[WriteCounter] = []
+
+    def counted(raw):
+        counters.append(WriteCounter(raw))
+        return BatchedStorage(raw)
+
+    monkeypatch.setattr(dse.runner, "RayPool", InProcessPool)
+    monkeypatch.setattr(dse.runner, "BatchedStorage", counted)
+    InProcessPool.made = []
+    study = tiny(tmp_path)
+    out = run_search(study, progress=False)
+    assert out.num_complete == 8 and len(out.confirmed_trials) == 2
+    assert [p.num_starts for p in InProcessPool.made] == [1]
+    assert out.workers_line() == "2 Ray workers (a stand-in)"
+    # Besides the trials': creating the two studies with their attributes, and three trials
+    # enqueued (the baseline, the two confirmations), 15 transactions in all.
+    assert counters[0].n <= 3 * 10 + 15, counters[0].n
+
+
+# -- workers -------------------------------------------------------------------------------------
+
+
+def test_workers_default_to_the_cpus_this_process_may_use_and_ray_starts_once(monkeypatch):
+    import ray
+
+    from dse.backends import RayPool, available_cpus
+
+    assert available_cpus() == len(os.sched_getaffinity(0))
+    inits = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: inits.append(kwargs))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    pool = RayPool(None, None)
+    try:
+        pool.start()
+        pool.start()            # the confirmation stage: the same Ray
+    finally:
+        pool.close()
+    assert [kw["num_cpus"] for kw in inits] == [available_cpus()]
+    assert pool.workers == available_cpus() and pool.started
+    assert pool.workers_from == "one per CPU this process may use"
+    set_here = RayPool(3, None)
+    try:
+        set_here.start()
+    finally:
+        set_here.close()
+    assert inits[-1]["num_cpus"] == 3 and set_here.workers_from == "execution.workers"
