@@ -23,9 +23,9 @@ vLLM's `is_valid_sequence`. Where the output printed its token totals, those pro
 lengths are scaled to the measured means (the model's own tokenizer and chat template, and early
 stops, are in the totals); where it did not, they are used as they are, and the case's notes say
 that the lengths are Llama-3 token counts (and, for other models, that the model's tokenizer
-differs). Rows the simulator cannot represent (models it has no architecture for, MXFP4
-checkpoints, GPUs without a kernel profile, expert parallelism) are returned with the reason,
-never silently dropped.
+differs). Rows the simulator cannot represent (models it has no architecture for, weight
+formats it does not model, GPUs without a kernel profile, expert parallelism) are returned with
+the reason, never silently dropped.
 
 The split is declared, not chosen: a row is in the `fit` part when the first 8 hex digits of the
 sha256 of its id are even, else `held_out`. Free parameters may be fitted on `fit` rows only;
@@ -183,6 +183,8 @@ def row_case(row: dict) -> Case | str:
         wdt = "bf16"
     elif dtype == "fp8":
         wdt = "fp8_block" if name.lower().startswith(_BLOCK_FP8) else "fp8"
+    elif dtype == "mxfp4":          # gpt-oss: MXFP4 experts, everything else bf16
+        wdt = "mxfp4"
     else:
         return f"weight dtype {dtype or 'unknown'!r} is not modelled"
     tp = par.get("tp")
@@ -393,17 +395,21 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
 
 GUARDS = {
     "throughput": {"median_abs": 0.20, "median_signed": 0.15, "outside": 0.20},
-    "ttft": {"median_abs": 0.20, "median_signed": 0.20, "outside": 0.40},
+    "ttft": {"median_abs": 0.36, "median_signed": 0.36, "outside": 0.40},
     "tpot": {"median_abs": 0.28, "median_signed": 0.08, "outside": 0.40},
     "e2e": {"median_abs": 0.11, "median_signed": 0.08, "outside": 0.20},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
-parameters were last fitted, with MLA measured and the API server's work on each request
-measured (19 held-out cases, 14 with a throughput figure: throughput 15.9% / -10.8%, TTFT
-15.4% / -15.4%, TPOT 23.6% / +4.8%, E2E 7.6% / +4.8% median |error| / median signed error;
-envelope coverage 93%, 67%, 80%, 80%) with a margin; the envelope's bound is the coverage
-target itself where it is met. TPOT's median error and TTFT's coverage miss their targets:
-Qwen3-235B-A22B bf16 on 8 H100 with 500 4,000-token prompts sent at once is over-predicted by
-32% (its requests now reach the engine together, where a serial 30 ms per request used to
-stagger them), Qwen3-235B-A22B fp8 on 4 A100 and DeepSeek-R1 at concurrency 4 under-predicted
-by 24%. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""
+parameters were last fitted (29 fit cases), with gpt-oss and Qwen3-30B-A3B representable and MoE
+experts timed at power-law routing (32 held-out cases, 22 with a throughput figure: throughput
+15.9% / +1.1%, TTFT 31.3% / -31.3%, TPOT 23.9% / +6.3%, E2E 7.6% / +4.8% median |error| /
+median signed error; envelope coverage 82%, 71%, 69%, 80%) with a margin; the envelope's bound
+is the coverage target itself where it is met. TTFT misses its targets, as it did on the smaller
+set before (15.4%, all under-predicted), now mostly from gpt-oss under saturating loads (1,000
+ShareGPT prompts or 500 4,000-token prompts sent at once): vLLM keeps fewer requests running
+than the simulated engine, so its first tokens wait longer (TTFT under-predicted by 48-89%) and
+its decode steps are shorter (TPOT over-predicted by up to 2x at TP 1 on H100); their
+throughput is within 6% on the synchronous ShareGPT runs but over-predicted by 60-80% with
+async scheduling or 4,000-token prompts at TP 1, and every gpt-oss case at concurrency 4 is
+within 12% on every metric. The issue's targets
+(`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""

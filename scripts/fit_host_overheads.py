@@ -9,6 +9,9 @@ grids (each parameter in turn, all others fixed), two rounds, then a finer grid 
 the API server's two parameters kept under `BOUNDS` (a published whole-server measurement); the
 held-out cases are never simulated here.
 
+With the parameters, the objective over the fit cases of mixture-of-experts models under each
+measured MoE routing (`moe_routing_objective`), from which the default routing was chosen.
+
     python scripts/fit_host_overheads.py [--workers 2] [--out simcore/data/cpu_costs/fitted.json]
 """
 
@@ -27,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dse.validate_e2e import load_cases, run_case  # noqa: E402
+from simcore.calibration.kernels import MOE_ROUTINGS  # noqa: E402
 from simcore.host import FITTED, FITTED_KEYS  # noqa: E402
+from simcore.model.presets import load_preset  # noqa: E402
 
 GRIDS = {
     "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
@@ -49,8 +54,10 @@ request's path."""
 
 
 def _residuals(args):
-    case, params = args
-    pred, _ = run_case(case, host={"model": "vllm", **params})
+    case, params, *routing = args
+    compute = ({**case.config.get("compute", {}), "moe_routing": routing[0]}
+               if routing and routing[0] else None)
+    pred, _ = run_case(case, compute, host={"model": "vllm", **params})
     return {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
 
 
@@ -66,11 +73,19 @@ def residual_quantiles(cases, params, pool) -> dict:
             for f, v in sorted(by.items())}
 
 
-def objective(cases, params, pool) -> float:
+def objective(cases, params, pool, routing: str | None = None) -> float:
     errs = []
-    for r in pool.map(_residuals, [(c, params) for c in cases]):
+    for r in pool.map(_residuals, [(c, params, routing) for c in cases]):
         errs += [abs(v) for v in r.values()]
     return float(np.mean(errs))
+
+
+def routing_objectives(cases, params, pool) -> dict[str, float]:
+    """The objective over the fit cases of mixture-of-experts models with each measured MoE
+    routing (`compute.moe_routing`); the smallest is `simcore.compute.kernel_model.
+    DEFAULT_MOE_ROUTING` (a test holds them together)."""
+    moe = [c for c in cases if load_preset(c.config["model"]["name"]).is_moe]
+    return {r: round(objective(moe, params, pool, r), 6) for r in MOE_ROUTINGS}
 
 
 def main() -> None:
@@ -85,6 +100,7 @@ def main() -> None:
     if args.residuals_only:
         out = json.loads(args.out.read_text(encoding="utf-8"))
         with ProcessPoolExecutor(args.workers) as pool:
+            out["moe_routing_objective"] = routing_objectives(fit, out["parameters"], pool)
             out["residuals"] = residual_quantiles(fit, out["parameters"], pool)
         args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
         print(json.dumps(out["residuals"], indent=1))
@@ -110,12 +126,14 @@ def main() -> None:
                         best, params = score, trial
                 print(f"round {rnd} {key} = {params[key]:.3g}  objective {best:.4f}",
                       flush=True)
+        routings = routing_objectives(fit, params, pool)
         residuals = residual_quantiles(fit, params, pool)
     out = {"format": "simcore-host-fit", "version": 1,
            "parameters": params,
            "objective": "mean |log(predicted / measured)| over the fit cases' metric families",
            "objective_value": best,
            "fit_cases": sorted(c.id for c in fit),
+           "moe_routing_objective": routings,
            "residuals": residuals,
            "method": "coordinate descent over log-spaced grids, 2 rounds, then a refinement "
                      "round around the best (scripts/fit_host_overheads.py)"}

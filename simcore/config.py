@@ -222,11 +222,23 @@ class ComputeConfig(BaseModel):
     roofline: RooflineAssumptions = Field(default_factory=RooflineAssumptions,
                                           description="Efficiency factors, latencies and "
                                           "overheads of the roofline reference profile.")
+    moe_routing: Literal["balanced", "power_law_1.01", "power_law_1.2"] | None = Field(
+        None, description="How a mixture-of-experts model's router spreads tokens over the "
+        "experts, for a kernel profile's measured fused-MoE tables: balanced (every expert the "
+        "same share) or power_law_1.01 / power_law_1.2 (expert loads following a power law of "
+        "that exponent: fewer distinct experts in a small batch, a longer hottest-expert queue "
+        "in a large one). Default: simcore.compute.kernel_model.DEFAULT_MOE_ROUTING where the "
+        "profile measured it, chosen on the fit part of the end-to-end validation set. Only "
+        "with kind: calibrated and a MoE model; where the experts are timed by the roofline "
+        "(expert parallelism, no measured shape) routing is uniform and the result says so.")
 
     @model_validator(mode="after")
     def _check(self) -> "ComputeConfig":
         if self.profile is not None and self.kind != "calibrated":
             raise ValueError("profile: only used with kind: calibrated")
+        if self.moe_routing is not None and self.kind != "calibrated":
+            raise ValueError("moe_routing: only used with kind: calibrated (the roofline "
+                             "routes tokens uniformly)")
         return self
 
 

@@ -93,6 +93,8 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     e = cfg.engine
     tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
     ep = par.expert_parallel_size
+    if cfg.compute.moe_routing is not None and not arch.is_moe:
+        raise ConfigError(f"compute.moe_routing: {arch.name} is a dense model; it has no router")
     if par.enable_expert_parallel and not arch.is_moe:
         raise ConfigError(f"parallelism.enable_expert_parallel: {arch.name} is a dense model; "
                           "expert parallelism needs a mixture-of-experts model")
@@ -166,7 +168,8 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel
         profile = resolve_profile(c.profile, gpu, base_dir=Path(cfg.base_dir))
-        rank: StepTimeModel = (KernelModel(arch, gpu, profile=profile, **kw)
+        rank: StepTimeModel = (KernelModel(arch, gpu, profile=profile, moe_routing=c.moe_routing,
+                                           **kw)
                                if isinstance(profile, KernelProfile)
                                else CalibratedModel(arch, gpu, profile=profile, **kw))
     else:

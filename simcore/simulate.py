@@ -17,6 +17,8 @@ from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError
 from simcore.host import HostOverheads
 from simcore.metrics import engine_summary, summarize
+from simcore.model.arch import ModelArch
+from simcore.model.memory import kv_cache_groups
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
 from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
@@ -58,7 +60,15 @@ def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
         reserve_full_isl=e.scheduler_reserve_full_isl,
         watermark=e.watermark,
         max_num_scheduled_tokens=e.max_num_scheduled_tokens,
+        kv_cache_groups=hybrid_kv_groups(dep.arch),
     )
+
+
+def hybrid_kv_groups(arch: ModelArch) -> tuple[int, ...]:
+    """The windows of the model's KV-cache groups when vLLM's hybrid manager runs it (some
+    sliding-window layers), else () (one group)."""
+    windows = kv_cache_groups(arch).windows
+    return windows if any(windows) else ()
 
 
 def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
@@ -112,6 +122,10 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
         cluster = build_cluster(env, cfg, dep)
         tier = cfg.cluster.kv_tier
         if tier is not None or par.prefill_decode is not None:
+            if sched_cfg.kv_cache_groups:
+                raise ConfigError(f"model.name: {dep.arch.name} has sliding-window layers; moving "
+                                  "their KV (prefill/decode disaggregation, cluster.kv_tier) is "
+                                  "not modelled")
             kv_paths = KvPaths(cluster, arch=dep.arch, kv_cache_dtype=dep.kv_cache_dtype,
                                block_size=cfg.engine.block_size,
                                tier_capacity_tokens=tier.capacity_tokens if tier else None,

@@ -362,3 +362,71 @@ def test_communication_bound_is_the_declared_one_while_any_collective_is_on_the_
     for kw in ({"sequence_parallel_moe": True}, {"pp": 2}):
         m = KernelModel(arch, gpu, profile=p, tp=4, **kw)
         assert m.op_error_bounds()["communication"] == declared, kw
+
+
+# ---- MoE routing ---------------------------------------------------------------------------
+
+def _qwen_moe(p, routing):
+    return p.moe_curve("bf16", 4096, 1536, 8, 128, 4, 1, routing)
+
+
+def test_moe_tables_are_kept_per_routing_with_their_own_errors():
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    assert p.moe_routings() == ("balanced", "power_law_1.01", "power_law_1.2")
+    bal, skew = _qwen_moe(p, "balanced"), _qwen_moe(p, "power_law_1.2")
+    # A skewed router touches fewer experts in a small batch (fewer weights read) and queues
+    # more tokens on its hottest expert in a large one.
+    assert skew(16) < 0.9 * bal(16)
+    assert skew(8192) > bal(8192)
+    for family in ("moe/bf16", "moe/bf16/power_law_1.2", "moe/fp8_block/power_law_1.01"):
+        assert p.error_bound(family) is not None, family
+    # A100's tables were only measured with skewed routing: no balanced curve, skewed ones.
+    a100 = shipped_kernel_profile("a100-80gb-aiconfigurator")
+    assert a100.moe_routings() == ("power_law_1.01", "power_law_1.2")
+
+
+def test_moe_routing_picks_the_table_and_says_which():
+    from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING
+    arch, gpu = load_preset("qwen3-235b-a22b"), get_gpu("H100-SXM")
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    shape = StepShape.from_requests([(1, 1000)] * 2)
+    times = {}
+    for routing in (None, "balanced", "power_law_1.2"):
+        m = KernelModel(arch, gpu, profile=p, tp=4, moe_routing=routing)
+        by_op: dict[str, float] = {}
+        m.op_bounds(shape, by_op=by_op)
+        times[routing] = by_op["moe"]
+        assert m.moe_routing == (routing or DEFAULT_MOE_ROUTING)
+        assert f"fused MoE at {m.moe_routing} routing" in m.assumption_lines()[0]
+        assert m.fallbacks() == []
+    assert times[None] == times[DEFAULT_MOE_ROUTING]
+    assert times["power_law_1.2"] < times["balanced"]
+    # On A100 no balanced table: asked for, the experts fall back to the roofline, named; by
+    # default the measured skewed table is used, and the step says it was not the default.
+    a100 = shipped_kernel_profile("a100-80gb-aiconfigurator")
+    mix = load_preset("mixtral-8x7b")
+    asked = KernelModel(mix, get_gpu("A100-80GB"), profile=a100, tp=2, moe_routing="balanced")
+    assert any("routed experts: roofline, uniform routing" in f and "balanced routing" in f
+               for f in asked.fallbacks())
+    auto = KernelModel(mix, get_gpu("A100-80GB"), profile=a100, tp=2)
+    assert auto.moe_routing in ("power_law_1.01", "power_law_1.2")
+    assert not any("routed experts" in f for f in auto.fallbacks())
+
+
+def test_default_moe_routing_is_the_one_fitted_on_the_validation_fit_part():
+    from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING
+    from simcore.host import FITTED
+    fitted = json.loads(FITTED.read_text())["moe_routing_objective"]
+    assert set(fitted) == {"balanced", "power_law_1.01", "power_law_1.2"}
+    assert DEFAULT_MOE_ROUTING == min(fitted, key=fitted.get)
+
+
+def test_moe_routing_is_refused_where_it_would_do_nothing():
+    base = {"model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-SXM"},
+            "workload": {"num_prompts": 4}}
+    with pytest.raises(Exception, match="moe_routing: only used with kind: calibrated"):
+        SimConfig.model_validate({**base, "compute": {"moe_routing": "power_law_1.2"}})
+    cfg = SimConfig.model_validate({**base, "compute": {"kind": "calibrated",
+                                                       "moe_routing": "power_law_1.2"}})
+    with pytest.raises(ConfigError, match="compute.moe_routing: .* dense model"):
+        simulate(cfg)

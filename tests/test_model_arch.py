@@ -15,6 +15,7 @@ PUBLISHED = [
     ("Qwen/Qwen3-14B", 14.8e9, 14.8e9),
     ("Qwen/Qwen3-32B", 32.8e9, 32.8e9),
     ("mistralai/Mixtral-8x7B-v0.1", 46.7e9, 12.9e9),
+    ("Qwen/Qwen3-30B-A3B", 30.5e9, 3.3e9),
     ("Qwen/Qwen3-235B-A22B", 235e9, 22e9),
     ("deepseek-ai/DeepSeek-V3", 671e9, 37e9),
 ]
@@ -27,8 +28,12 @@ def test_parameter_counts_match_published_sizes(name, total, active):
     assert arch.num_active_params == pytest.approx(active, rel=0.02)
 
 
+CHECKED_ELSEWHERE = {"openai/gpt-oss-120b", "openai/gpt-oss-20b"}
+"""Presets whose published active counts leave out the embedding: tests/test_gpt_oss.py."""
+
+
 def test_every_preset_is_covered_by_the_published_table():
-    assert set(preset_names()) == {name for name, _, _ in PUBLISHED}
+    assert set(preset_names()) == {name for name, _, _ in PUBLISHED} | CHECKED_ELSEWHERE
 
 
 def test_preset_names_are_case_insensitive_with_or_without_org():

@@ -133,8 +133,8 @@ def test_every_sharegpt_row_is_represented_unless_its_model_or_gpu_is_not(cases)
 def test_rows_the_simulator_cannot_represent_say_why(cases):
     _, skipped = cases
     reasons = dict(skipped)
-    assert "no architecture for openai/gpt-oss-120b" in reasons[
-        "gpustack-gpt-oss-120b-tp1-h100sxm-sharegpt"]
+    assert "no architecture for MiniMaxAI/MiniMax-M2.5" in reasons[
+        "pr34924-minimax-m25-tp4-h100-before"]
     assert "kernel profile" in reasons["recipe-ministral3-8b-tp1-mi300x"]
 
 

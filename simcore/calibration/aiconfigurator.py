@@ -40,7 +40,7 @@ import numpy as np
 from simcore.calibration.grid import LogGrid, fill_along
 from simcore.calibration.kernels import (
     CONTEXT_CAPS, DECODE_CAPS, FORMAT, GEMM_CAPS, GEMM_FLOORS, VERSION, KernelProfile,
-    KernelProfileData, relative_errors)
+    MOE_ROUTINGS, KernelProfileData, relative_errors)
 from simcore.calibration.mla import fit_mla
 from simcore.calibration.profile import ErrorStats
 from simcore.errors import ConfigError
@@ -278,34 +278,40 @@ def _curve_fit(x: list[int], t_s: list[float], rng) -> tuple[list[int], list[flo
     return tx, ty, sorted(held), errs
 
 
-def _moe(reader: _Reader, rng, errors) -> list[dict]:
+def _moe(reader: _Reader, rng, errors, skewed_rng) -> list[dict]:
+    """Fused-MoE curves per dtype, shape and routing; the balanced ones hold out with `rng`, the
+    power-law ones with `skewed_rng` (so adding them left every other table's draws as they
+    were)."""
     df = reader.table("moe", "moe_perf.parquet")
     if df is None:
         return []
-    df = df[df["distribution"] == "balanced"]
+    df = df[df["distribution"].isin(MOE_ROUTINGS)]
     shape = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
-             "moe_ep_size"]
+             "moe_ep_size", "distribution"]
     df = _pick_kernel(df, shape)
     out = []
     errs: dict[str, list[float]] = {}
     n_train: dict[str, int] = {}
-    for key, grp in sorted(df.groupby(shape), key=lambda x: x[0]):
+    order = {r: i for i, r in enumerate(MOE_ROUTINGS)}
+    for key, grp in sorted(df.groupby(shape), key=lambda x: (order[x[0][-1]], x[0][:-1])):
         med = grp.groupby("num_tokens")["latency"].median()
         x = [int(v) for v in med.index]
         t = [float(v) / 1e3 for v in med.values]
         if len(x) < 3 or min(t) <= 0:
             continue
-        dtype = DTYPES.get(key[0], key[0])
-        tx, ty, held, e = _curve_fit(x, t, rng)
-        errs.setdefault(dtype, []).extend(e)
-        n_train[dtype] = n_train.get(dtype, 0) + len(tx)
-        out.append({"dtype": dtype, "kernel": str(grp["kernel_source"].iloc[0]),
+        dtype, routing = DTYPES.get(key[0], key[0]), str(key[-1])
+        family = dtype if routing == "balanced" else f"{dtype}/{routing}"
+        tx, ty, held, e = _curve_fit(x, t, rng if routing == "balanced" else skewed_rng)
+        errs.setdefault(family, []).extend(e)
+        n_train[family] = n_train.get(family, 0) + len(tx)
+        out.append({"dtype": dtype, "routing": routing,
+                    "kernel": str(grp["kernel_source"].iloc[0]),
                     "hidden": int(key[1]), "inter": int(key[2]), "topk": int(key[3]),
                     "num_experts": int(key[4]), "tp": int(key[5]), "ep": int(key[6]),
                     "num_tokens": tx, "time_us": [_round(v * 1e6) for v in ty],
                     "held_out_num_tokens": held})
-    for dtype, e in errs.items():
-        errors[f"moe/{dtype}"] = _stats(e, n_train[dtype])
+    for family, e in errs.items():
+        errors[f"moe/{family}"] = _stats(e, n_train[family])
     return out
 
 
@@ -400,7 +406,7 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
     if not gemm:
         raise ConfigError(f"--from-aiconfigurator: {system!r} has no vLLM GEMM measurements")
     attention = _attention(reader, rng, errors)
-    moe = _moe(reader, rng, errors)
+    moe = _moe(reader, rng, errors, np.random.default_rng([seed, 1]))
     ar = _all_reduce(reader, rng, errors)
     ag = _all_gather(reader, rng, errors)
     memory = _memory(reader, rng, errors)

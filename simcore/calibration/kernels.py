@@ -14,8 +14,9 @@ MoE transformer's step that a GPU runs as a measured kernel:
 - `attention`: per phase (context: prompts of `seq` tokens, no cached prefix; generation: one
   query token over `seq` cached tokens), KV-cache dtype and per-GPU head shape (query heads, KV
   heads, head dim), a grid of times over (batch, seq).
-- `moe`: per dtype and MoE shape (hidden, intermediate, top-k, experts, TP and EP of the experts)
-  the fused-MoE layer's time against the tokens entering it, tokens routed uniformly.
+- `moe`: per dtype, MoE shape (hidden, intermediate, top-k, experts, TP and EP of the experts)
+  and routing (`MOE_ROUTINGS`: tokens spread evenly over the experts, or expert popularity
+  following a power law) the fused-MoE layer's time against the tokens entering it.
 - `all_reduce`: per group size and mode (inside a CUDA graph, or eager) the time against the
   number of 16-bit elements reduced.
 - `all_gather`: NCCL's all-gather per group size, the time against the 16-bit elements gathered
@@ -142,12 +143,22 @@ class AttentionTable(BaseModel):
         return self
 
 
+MOE_ROUTINGS = ("balanced", "power_law_1.01", "power_law_1.2")
+"""How the measured fused-MoE tables route tokens to experts (AIConfigurator's `distribution`
+column): `balanced`, every expert gets the same share of the tokens' top-k slots; `power_law_A`,
+expert loads drawn from a power law of exponent A (1.2 more skewed than 1.01), so a few experts
+take most tokens: fewer distinct experts, hence fewer weights read, in a small batch, and a
+longest expert queue, hence more time, in a large one."""
+
+
 class MoeCurve(BaseModel):
     """One fused-MoE layer (router excluded) at one shape: time against tokens, microseconds."""
 
     model_config = _FROZEN
 
     dtype: str = Field(description="Expert weight dtype.")
+    routing: Literal["balanced", "power_law_1.01", "power_law_1.2"] = Field(
+        "balanced", description="How the measurement routed tokens to experts (MOE_ROUTINGS).")
     kernel: str = Field(description="The fused-MoE kernel vLLM ran.")
     hidden: int = Field(ge=1, description="Model width.")
     inter: int = Field(ge=1, description="Expert intermediate width (whole, before TP).")
@@ -254,7 +265,8 @@ class KernelProfileData(BaseModel):
     errors: dict[str, ErrorStats] = Field(description="Held-out relative errors per table "
                                           "family: 'gemm/<dtype>', 'attention/<phase>/<kv "
                                           "dtype>', 'mla/<phase>/<kv dtype>/<weight dtype>', "
-                                          "'moe/<dtype>', 'all_reduce/<mode>', "
+                                          "'moe/<dtype>' (balanced routing), "
+                                          "'moe/<dtype>/<routing>', 'all_reduce/<mode>', "
                                           "'all_gather/nccl', 'memory/<kernel>'.")
 
 
@@ -280,7 +292,7 @@ class KernelProfile:
             self._attn[(t.phase, t.kv_cache_dtype, t.num_heads, t.num_kv_heads, t.head_dim)] = \
                 LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))),
                         caps)
-        self._moe = {(c.dtype, c.hidden, c.inter, c.topk, c.num_experts, c.tp, c.ep):
+        self._moe = {(c.dtype, c.hidden, c.inter, c.topk, c.num_experts, c.tp, c.ep, c.routing):
                      KnotCurve(c.num_tokens, np.asarray(c.time_us) / US_PER_S, log_log=True)
                      for c in data.moe}
         self._ar = {(c.mode, c.num_gpus): KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S,
@@ -402,9 +414,15 @@ class KernelProfile:
         return sorted(k[2:] for k in self._attn if k[0] == phase and k[1] == kv_cache_dtype)
 
     def moe_curve(self, dtype: str, hidden: int, inter: int, topk: int, num_experts: int,
-                  tp: int, ep: int) -> KnotCurve | None:
-        """The fused-MoE layer's time against tokens at this shape, or None."""
-        return self._moe.get((dtype, hidden, inter, topk, num_experts, tp, ep))
+                  tp: int, ep: int, routing: str = "balanced") -> KnotCurve | None:
+        """The fused-MoE layer's time against tokens at this shape and routing, or None."""
+        return self._moe.get((dtype, hidden, inter, topk, num_experts, tp, ep, routing))
+
+    def moe_routings(self) -> tuple[str, ...]:
+        """The routings the profile's fused-MoE tables were measured with, in MOE_ROUTINGS
+        order."""
+        have = {k[-1] for k in self._moe}
+        return tuple(r for r in MOE_ROUTINGS if r in have)
 
     def all_reduce_curve(self, num_gpus: int, mode: str = "graph") -> KnotCurve | None:
         """All-reduce time against 16-bit elements over `num_gpus` GPUs of a node, or None."""

@@ -9,13 +9,17 @@ that have the op:
 - the attention kernel of the mixed batch as the sum of its two parts: the decode sequences from
   the generation grid at their count and mean KV length, the prefilling sequences from the
   context grid at their count and the prompt length with the same causal query-key pairs (a
-  chunk over a cached prefix costs the pairs it computes);
+  chunk over a cached prefix costs the pairs it computes); sliding-window layers from the same
+  full-attention grids at the step's window view (`simcore.compute.roofline.windowed_attention`):
+  decodes at their mean KV length within the window, prefills at the prompts that keep both their
+  tokens and the window's query-key pairs (`windowed_prefill_s`);
 - MLA models (DeepSeek-V3 style): vLLM's whole MLA attention module of each layer (down- and
   up-projections, latent norms, rotary, KV-cache write, attention, output projection: see
   `simcore.calibration.mla`) from the module tables of its heads per GPU, weight and KV-cache
   dtype, mapped as `mla_attention_s` says; the projections, latent norms and rotary pass are then
   not timed again elsewhere;
-- routed experts from the fused-MoE curve of the model's MoE shape, experts split by TP;
+- routed experts from the fused-MoE curve of the model's MoE shape and expert weight format
+  (`moe_dtype`: mxfp4 experts from the W4A16 MXFP4 tables), experts split by TP;
 - TP all-reduces (2 per layer + 1) from vLLM's all-reduce curve of the TP group, in CUDA-graph
   mode for steps up to the graph capture size, eager beyond; the logits all-gather before
   sampling from NCCL's all-gather curve (the whole vocabulary of every sequence).
@@ -41,13 +45,14 @@ from __future__ import annotations
 
 import math
 
-from simcore.calibration.kernels import HOST_BOUND_RATIO, KernelProfile
+from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
+from simcore.compute.roofline import windowed_attention
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
-from simcore.model.arch import Gemm, ModelArch, dtype_bytes
+from simcore.model.arch import EXPERT_ONLY_DTYPES, Gemm, ModelArch, dtype_bytes, linear_dtype
 
 
 def gemm_dtype(weight_dtype: str) -> str:
@@ -56,6 +61,19 @@ def gemm_dtype(weight_dtype: str) -> str:
     if weight_dtype in ("bf16", "fp16"):
         return "bf16"
     return "int4_wo" if weight_dtype == "int4" else weight_dtype
+
+
+_MOE_TABLES = {"mxfp4": "mxfp4_w4a16"}
+"""The fused-MoE table of an expert-only weight format: vLLM runs gpt-oss's MXFP4 experts with
+16-bit activations (W4A16) by default, on Hopper with OpenAI's triton kernels, on Blackwell with
+FlashInfer's TRT-LLM kernel, on Ada (L40S) with Marlin; AIConfigurator measured each of those as
+`w4a16_mxfp4`."""
+
+
+def moe_dtype(weight_dtype: str) -> str:
+    """The fused-MoE tables of a weight dtype: an expert-only format's own, else the GEMM
+    tables' dtype."""
+    return _MOE_TABLES.get(weight_dtype) or gemm_dtype(weight_dtype)
 
 
 def kv_dtype(kv_cache_dtype: str) -> str:
@@ -72,6 +90,12 @@ def _fuse_qkv(gemms: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
                  bias=qkv[0].bias)
     return (fused,) + tuple(g for g in gemms if g not in qkv)
 
+
+DEFAULT_MOE_ROUTING = "power_law_1.2"
+"""The fused-MoE tables' routing a MoE model is timed with when `compute.moe_routing` is not set
+(`simcore.calibration.kernels.MOE_ROUTINGS`): the one with the smallest error on the fit part of
+the end-to-end validation set's mixture-of-experts cases (`moe_routing_objective` in
+simcore/data/cpu_costs/fitted.json, written by scripts/fit_host_overheads.py)."""
 
 _CAST_BYTES_PER_LOGIT = 6.0
 """The sampler's first pass: the logits cast to fp32 (16-bit read, 32-bit written)."""
@@ -161,6 +185,26 @@ def mla_tables(profile: KernelProfile, arch: ModelArch, tp: int, kv_cache: str,
     return (gen, ctx, gd), None
 
 
+def windowed_prefill_s(ctx, num_tokens: float, pairs: float, floor: float) -> float:
+    """Attention of prefill chunks of `num_tokens` tokens and `pairs` query-key pairs in a
+    sliding-window layer, seconds, from the full-attention context grid `ctx` (batch, length) and
+    its one-token time `floor`: b prompts of s tokens with b s = num_tokens and
+    b s (s + 1) / 2 = pairs (s = 2 pairs / num_tokens - 1, about twice the window for a long
+    chunk); for b < 1 (a short chunk over a context past the window) linear in b between the
+    one-token time and one prompt of s tokens, never less than the chunk as one prompt.
+
+    Keeping both tokens and pairs is what matches vLLM's measured sliding-window kernel:
+    AIConfigurator's window-128 context rows on H100 (FlashAttention-3, 64/8 and 32/4 heads of
+    dim 64) against the full-attention grid so mapped: median -5% and -2%, 10th-90th percentile
+    -12% to +5%; at the prompt length with the same pairs alone, median -24%, 10th percentile -70%.
+    """
+    s = max(2.0 * pairs / num_tokens - 1.0, 1.0)
+    b = num_tokens / s
+    if b >= 1.0:
+        return ctx(b, s)
+    return max(b * ctx(1.0, s) + (1.0 - b) * floor, ctx(1.0, num_tokens))
+
+
 def mla_prefix_tokens(shape: StepShape) -> int:
     """The cached-prefix tokens of a step's prefilling sequences (context before their chunks)."""
     return shape.kv_tokens_read - shape.decode_kv_tokens - (shape.num_tokens
@@ -209,19 +253,20 @@ def mla_attention_s(shape: StepShape, gen, ctx, floor: float) -> float:
 class KernelModel(MeasuredModel):
     """StepTimeModel with a kernel profile's measured kernels over the roofline reference."""
 
-    __slots__ = ()
+    __slots__ = ("moe_routing",)
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, profile: KernelProfile, tp: int = 1,
                  pp: int = 1, weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions=None, sequence_parallel_moe: bool = False,
                  multi_node_tp: bool = False, op_scale: dict[str, float] | None = None,
-                 host=None) -> None:
+                 host=None, moe_routing: str | None = None) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
                          multi_node_tp=multi_node_tp, op_scale=op_scale, host=host)
         self._check_gpu(profile, gpu)
         self.profile = profile
+        self.moe_routing: str | None = None     # the routing of the MoE table used, if one is
         self.calibrated = True
         self.profile_id = profile.profile_id
         self.profile_version = f"kernels-v{profile.data.version}+sha256:{profile.digest}"
@@ -231,7 +276,7 @@ class KernelModel(MeasuredModel):
         self._derived = []
         bounds = dict.fromkeys(OP_CLASSES, self.assumptions.relative_uncertainty)
         rough = "roofline"
-        wdt = gemm_dtype(weight_dtype)
+        wdt = gemm_dtype(linear_dtype(weight_dtype))
         # Linear layers whose table measured the host's launch path (fp8 block-scaled) are timed
         # by the per-tensor fp8 GEMMs: the same tensor-core GEMM, per-block scales aside.
         lin = wdt
@@ -332,7 +377,8 @@ class KernelModel(MeasuredModel):
             gen = profile.attention_grid("generation", kvd, heads, kv_heads, arch.head_dim)
             ctx = profile.attention_grid("context", kvd, heads, kv_heads, arch.head_dim)
         if gen is not None and ctx is not None:
-            fa = f["attention"] * num_layers
+            num_sliding = arch.num_sliding_layers
+            fa = f["attention"] * (num_layers - num_sliding)
 
             def attention(shape: StepShape, gen=gen, ctx=ctx, fa=fa) -> float:
                 d = shape.num_decode_seqs
@@ -346,6 +392,25 @@ class KernelModel(MeasuredModel):
                 return fa * x
 
             self._attn_meas = attention
+            if num_sliding:
+                def windowed(shape: StepShape, full=attention, gen=gen, ctx=ctx,
+                             fw=f["attention"] * num_sliding, window=arch.sliding_window,
+                             floor=ctx(1, 1)) -> float:
+                    win = windowed_attention(shape, window)
+                    d = win.num_decode_seqs
+                    y = gen(d, win.decode_kv_tokens / d) if d else 0.0
+                    if win.num_seqs > d:
+                        y += windowed_prefill_s(ctx, win.num_tokens - d,
+                                                win.attn_qk_pairs - win.decode_kv_tokens, floor)
+                    return full(shape) + fw * y
+
+                self._attn_meas = windowed
+                self._derived.append(
+                    f"sliding-window layers' attention ({num_sliding} of {num_layers}, window "
+                    f"{arch.sliding_window}): the full-attention tables at the step's window "
+                    "view (decodes at their mean KV length within the window, prefills at the "
+                    "prompts keeping their tokens and the window's query-key pairs); "
+                    "AIConfigurator's sliding-window rows are not in the profile")
             self._sources["attention"].add("measured")
             bounds["attention"] = max(profile.error_bound(f"attention/{ph}/{kvd}") or 0.0
                                       for ph in ("context", "generation"))
@@ -358,20 +423,38 @@ class KernelModel(MeasuredModel):
 
         # Routed experts (TP-sharded; expert parallelism times them over its whole group).
         if arch.is_moe:
-            moe = None if sequence_parallel_moe else profile.moe_curve(
-                wdt, arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok,
-                arch.num_experts, tp, 1)
+            mdt = moe_dtype(weight_dtype)
+            routings = (moe_routing,) if moe_routing else (
+                DEFAULT_MOE_ROUTING, *(r for r in MOE_ROUTINGS if r != DEFAULT_MOE_ROUTING))
+            moe = routing = None
+            for routing in () if sequence_parallel_moe else routings:
+                moe = profile.moe_curve(mdt, arch.hidden_size, arch.moe_intermediate_size,
+                                        arch.num_experts_per_tok, arch.num_experts, tp, 1,
+                                        routing)
+                if moe is not None:
+                    break
             if moe is not None:
                 fm = f["moe"] * num_moe
                 self._moe_meas = _memo(lambda t, c=moe, fm=fm: fm * c(t))
                 self._sources["moe"].add("measured")
-                bounds["moe"] = profile.error_bound(f"moe/{wdt}") or 0.0
+                self.moe_routing = routing
+                family = mdt if routing == "balanced" else f"{mdt}/{routing}"
+                bounds["moe"] = profile.error_bound(f"moe/{family}") or 0.0
+                if routing != (moe_routing or DEFAULT_MOE_ROUTING):
+                    self._derived.append(
+                        f"routed experts: the {routing} routing table (no "
+                        f"{DEFAULT_MOE_ROUTING} measurement of this shape)")
             else:
                 self._sources["moe"].add(rough)
-                self._fallbacks.append(
-                    "routed experts: roofline (" + ("expert parallelism" if sequence_parallel_moe
-                                                    else f"no {wdt} fused-MoE measurement of "
-                                                    f"this shape at TP {tp}") + ")")
+                why = ("expert parallelism" if sequence_parallel_moe else
+                       f"no {mdt} fused-MoE measurement of this shape at TP {tp}"
+                       + (f" with {moe_routing} routing" if moe_routing else ""))
+                if weight_dtype in EXPERT_ONLY_DTYPES and not sequence_parallel_moe:
+                    why += (f"; {weight_dtype} experts read at "
+                            f"{8 * dtype_bytes(weight_dtype):g} bits per weight and run at the "
+                            "bf16 tensor-core rate, as vLLM's weight-only MXFP4 kernels (Marlin "
+                            "before Hopper) run them")
+                self._fallbacks.append(f"routed experts: roofline, uniform routing ({why})")
 
         # LM head (16-bit) from the GEMM grid.
         lm = profile.gemm_curve("bf16", arch.vocab_size // tp, arch.hidden_size)
@@ -456,6 +539,8 @@ class KernelModel(MeasuredModel):
         measured = [c for c in OP_CLASSES if "measured" in self._sources[c]]
         return [f"step times from the kernel profile {self.profile_id} ({self.profile.gpu}; "
                 f"{prov.package} {prov.package_version}, system {prov.system}) for "
-                f"{', '.join(measured) or 'no op class'}; the rest from the roofline reference "
+                f"{', '.join(measured) or 'no op class'}"
+                + (f" (fused MoE at {self.moe_routing} routing)" if self.moe_routing else "")
+                + "; the rest from the roofline reference "
                 f"(+/-{self.assumptions.relative_uncertainty:.0%}); step-time bound "
                 f"+/-{self.relative_uncertainty:.0%}"]

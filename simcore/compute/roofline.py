@@ -10,6 +10,8 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
 - Attention: 4 x causal query-key pairs x heads x head_dim FLOPs (QK^T and PV), at the bf16 peak
   times its own efficiency; bytes = the KV cache read (kv_tokens_read) + the new KV written +
   queries and outputs. The whole mixed batch is one roofline, as vLLM V1 runs one varlen kernel.
+  Sliding-window layers count the pairs and KV reads of the step's window view
+  (`windowed_attention`: each query over at most `sliding_window` keys).
   MLA: decode tokens use the absorbed form (attention over the 576-wide latent; the latent
   up-projection applied to the query and output of each decode token), prefill tokens the
   expanded form (the up-projection applied to every KV token of the prefilling requests). The
@@ -17,7 +19,9 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
   num_decode_seqs x kv_tokens_read / num_seqs.
 - MoE: router in bf16; routed experts with uniform top-k routing, so num_tokens tokens activate
   E x (1 - (1 - k/E)^num_tokens) distinct experts in expectation, each expert's weights read once;
-  expert FLOPs from num_tokens x k. Experts are TP-sharded here.
+  expert FLOPs from num_tokens x k. Experts are TP-sharded here. An expert-only weight format
+  (mxfp4) reads the experts at its bytes per weight and runs them at the bf16 rate (4-bit
+  weights, 16-bit activations, as vLLM's MXFP4 MoE kernels); every other layer is bf16.
 - Norms, rotary embedding, activation functions, residual adds: memory-bound passes over the
   activations, with a floor of a few minimum-length kernels per layer.
 - LM head and sampling for num_seqs rows (vLLM computes logits for every scheduled request,
@@ -56,7 +60,7 @@ from simcore.compute.base import OP_CLASSES, StepShape, StepTime, check_op_scale
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.host import HostOverheads
-from simcore.model.arch import Gemm, ModelArch, dtype_bytes
+from simcore.model.arch import Gemm, ModelArch, dtype_bytes, linear_dtype
 
 _LOGIT_BYTES = 4
 """Logits are fp32 once the LM head has produced them."""
@@ -68,6 +72,37 @@ shared and routed experts), elementwise (norms, rotary, activations, residuals, 
 lm_head (LM head and sampler)."""
 
 _GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
+
+
+def windowed_attention(shape: StepShape, window: int) -> StepShape:
+    """The step as a sliding-window layer's attention sees it: every query over at most `window`
+    keys, its own included (the query at position q reads keys max(0, q - window + 1) to q).
+
+    Same tokens and sequences; `attn_qk_pairs`, `kv_tokens_read` and `decode_kv_tokens` those of
+    the window. A shape holds sums over its requests, not each request, so the window is applied
+    to them as follows: the decodes read min(decode_kv_tokens, decodes x window) keys (exact when
+    every decode's context is past the window, or none is); the prefilling sequences are taken as
+    alike, each with the mean chunk of n new tokens over the mean context c: min(c + n,
+    window - 1 + n) keys read, and pairs m c + m (m + 1) / 2 + (n - m) window for the
+    m = min(n, max(window - c, 0)) queries whose window still reaches the first token (exact for
+    one prefilling sequence). Never more than the whole context's pairs and reads.
+    """
+    d = shape.num_decode_seqs
+    decode_kv = shape.decode_kv_tokens
+    if decode_kv > d * window:
+        decode_kv = d * window
+    pairs = float(decode_kv)
+    kv = decode_kv
+    p = shape.num_seqs - d
+    if p > 0:
+        n = (shape.num_tokens - d) / p
+        c = (shape.kv_tokens_read - shape.decode_kv_tokens) / p - n
+        m = min(n, max(window - c, 0.0))
+        prefill_pairs = p * (m * c + m * (m + 1) / 2 + (n - m) * window)
+        prefill_kv = p * min(c + n, window - 1 + n)
+        pairs += min(prefill_pairs, shape.attn_qk_pairs - shape.decode_kv_tokens)
+        kv += min(round(prefill_kv), shape.kv_tokens_read - shape.decode_kv_tokens)
+    return StepShape(shape.num_tokens, shape.num_seqs, d, pairs, kv, decode_kv)
 
 class RooflineAssumptions(BaseModel):
     """Declared efficiency factors, latencies and overheads of the roofline model (all overridable).
@@ -139,7 +174,8 @@ class RooflineModel:
         "_e_byte_s_per_token", "_e_floor_s",
         "_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row", "_kvb_floor_s",
         "_mla", "_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair", "_attn_byte_s_per_kv",
-        "_attn_byte_s_per_token", "_attn_floor_s",
+        "_attn_byte_s_per_token", "_attn_floor_s", "_window", "_win_flop_s_per_pair",
+        "_win_byte_s_per_kv",
         "_ew_byte_s_per_token", "_ew_floor_s",
         "_lm_flop_s_per_row", "_lm_byte_s_fixed", "_lm_byte_s_per_row", "_lm_floor_s",
         "_smp_byte_s_per_row", "_smp_floor_s",
@@ -170,11 +206,13 @@ class RooflineModel:
         self.calibrated = False
         self.relative_uncertainty = a.relative_uncertainty
 
-        wb = dtype_bytes(weight_dtype)
+        # Linear layers other than routed experts: an expert-only format keeps them bf16.
+        lin = linear_dtype(weight_dtype)
+        wb = dtype_bytes(lin)
         hb = max(wb, 2.0)  # embeddings, LM head, routers stay 16-bit in quantized checkpoints
         ab = hb            # activations are 16-bit
         kvb = dtype_bytes(kv_cache_dtype)
-        f_gemm = gpu.flops_for(weight_dtype) * a.gemm_flops_fraction
+        f_gemm = gpu.flops_for(lin) * a.gemm_flops_fraction
         f_bf16 = gpu.bf16_flops * a.gemm_flops_fraction
         f_attn = gpu.bf16_flops * a.attention_flops_fraction
         bw = gpu.hbm_bandwidth_bytes_per_s * a.hbm_bandwidth_fraction
@@ -240,7 +278,7 @@ class RooflineModel:
             self._e_num = float(e)
             self._e_ln_miss = math.log1p(-k / e) if k < e else -math.inf
             self._e_flop_s_per_token = num_moe * 2 * k * per_expert / f_gemm
-            self._e_byte_s_per_expert = num_moe * per_expert * wb / bw
+            self._e_byte_s_per_expert = num_moe * per_expert * dtype_bytes(weight_dtype) / bw
             self._e_byte_s_per_token = num_moe * k * io * ab / bw
             self._e_floor_s = num_moe * 2 * kmin
         else:
@@ -249,8 +287,11 @@ class RooflineModel:
             self._e_flop_s_per_token = self._e_byte_s_per_expert = 0.0
             self._e_byte_s_per_token = self._e_floor_s = 0.0
 
-        # Attention (and MLA's latent up-projection, whose rows are KV tokens and decode tokens).
+        # Attention (and MLA's latent up-projection, whose rows are KV tokens and decode tokens);
+        # sliding-window layers' pairs and KV reads are those of the step's window view.
         self._mla = arch.is_mla
+        num_sliding = arch.num_sliding_layers
+        num_full = num_layers - num_sliding
         if arch.is_mla:
             kv_b = next(g for g in attn_gemms if g.group == "mla_kv_b")
             self._kvb_flop_s_per_row = num_layers * 2 * kv_b.num_params / f_gemm
@@ -266,11 +307,14 @@ class RooflineModel:
         else:
             self._kvb_flop_s_per_row = self._kvb_byte_s_fixed = 0.0
             self._kvb_byte_s_per_row = self._kvb_floor_s = 0.0
-            self._attn_flop_s_per_pair = num_layers * 4 * heads * arch.head_dim / f_attn
+            self._attn_flop_s_per_pair = num_full * 4 * heads * arch.head_dim / f_attn
             self._attn_flop_s_per_decode_pair = self._attn_flop_s_per_pair
             q_and_out = 2 * heads * arch.head_dim
         kv_token_bytes = arch.kv_elems_per_token_per_layer(tp) * kvb
-        self._attn_byte_s_per_kv = num_layers * kv_token_bytes / bw
+        self._attn_byte_s_per_kv = num_full * kv_token_bytes / bw
+        self._window = arch.sliding_window if num_sliding else 0
+        self._win_flop_s_per_pair = num_sliding * 4 * heads * arch.head_dim / f_attn
+        self._win_byte_s_per_kv = num_sliding * kv_token_bytes / bw
         # New KV written once per token, queries read and outputs written.
         self._attn_byte_s_per_token = num_layers * (kv_token_bytes + q_and_out * ab) / bw
         self._attn_floor_s = num_layers * (2 if arch.is_mla else 1) * kmin  # FlashMLA: + combine
@@ -359,8 +403,8 @@ class RooflineModel:
                 (("_kvb_flop_s_per_row", "_kvb_byte_s_fixed", "_kvb_byte_s_per_row",
                   "_kvb_floor_s"), "gemm"),
                 (("_attn_flop_s_per_pair", "_attn_flop_s_per_decode_pair",
-                  "_attn_byte_s_per_kv", "_attn_byte_s_per_token", "_attn_floor_s"),
-                 "attention"),
+                  "_attn_byte_s_per_kv", "_attn_byte_s_per_token", "_attn_floor_s",
+                  "_win_flop_s_per_pair", "_win_byte_s_per_kv"), "attention"),
                 (("_ew_byte_s_per_token", "_ew_floor_s"), "elementwise"),
                 (("_lm_flop_s_per_row", "_lm_byte_s_fixed", "_lm_byte_s_per_row", "_lm_floor_s",
                   "_smp_byte_s_per_row", "_smp_floor_s"), "lm_head"),
@@ -477,6 +521,10 @@ class RooflineModel:
             else:
                 c = pairs * self._attn_flop_s_per_pair
             m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
+            if self._window:
+                win = windowed_attention(shape, self._window)
+                c += win.attn_qk_pairs * self._win_flop_s_per_pair
+                m += win.kv_tokens_read * self._win_byte_s_per_kv
             if self._attn_meas is not None:   # measured, on the bound the roofline names
                 bound_is_compute = c >= m
                 c = self._attn_meas(shape)

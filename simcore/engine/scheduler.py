@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from simcore.engine.connector import KVConnector
-from simcore.engine.kv_cache import KVCacheManager
+from simcore.engine.kv_cache import HybridKVCacheManager, KVCacheManager
 from simcore.engine.request import (FINISHED, FINISHED_ABORTED, PREEMPTED, RUNNING, WAITING,
                                     WAITING_FOR_REMOTE_KVS, BlockHashSpace, Request)
 
@@ -50,6 +50,9 @@ class SchedulerConfig:
                                           # something runs (vLLM's SchedulerConfig.watermark)
     max_num_scheduled_tokens: int | None = None   # tokens one step may schedule (None: the budget)
     max_kvc_ready_requests: int = 0       # requests loading external KV at once (0 = unlimited)
+    kv_cache_groups: tuple[int, ...] = () # per KV-cache group sharing the pool, the window its
+                                          # layers attend over (0: full attention), as vLLM's
+                                          # hybrid manager groups them; () or no window: one group
 
     @property
     def token_budget(self) -> int:
@@ -164,8 +167,16 @@ class Scheduler:
         if not 0 <= c.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {c.watermark}")
         self.config = c
-        self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
-                                 c.max_model_len, space)
+        if any(c.kv_cache_groups):
+            if connector is not None:
+                raise ValueError("a KV connector (P/D disaggregation, an external KV tier) is not "
+                                 "modelled with sliding-window KV-cache groups")
+            self.kv = HybridKVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
+                                           c.max_model_len, c.kv_cache_groups,
+                                           c.max_num_batched_tokens, space)
+        else:
+            self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
+                                     c.max_model_len, space)
         self.waiting = _WaitingQueue(c.policy == "priority")
         self.running: list[Request] = []
         self.num_preemptions = 0

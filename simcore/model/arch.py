@@ -10,14 +10,31 @@ from simcore.units import DTYPE_BYTES
 _HIGH_PRECISION_BYTES = 2
 """Bytes per element of what quantized checkpoints keep in bf16 (embeddings, norms, routers)."""
 
+EXPERT_ONLY_DTYPES: dict[str, float] = {"mxfp4": 4.25 / 8}
+"""Weight formats that quantize the routed experts' matrices only, and their bytes per expert
+weight. MXFP4 (OCP microscaling): 4-bit e2m1 values with one e8m0 scale per 32 of them, 4.25
+bits, as gpt-oss checkpoints ship their experts; attention, routers, embeddings, LM head, norms
+and every bias stay bf16 (the checkpoint's `modules_to_not_convert`), and vLLM's MXFP4 kernels
+compute with 16-bit activations (W4A16)."""
+
 
 def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of a dtype name; ConfigError for an unknown name."""
+    """Bytes per element of a dtype name (an expert-only format: per expert weight); ConfigError
+    for an unknown name."""
+    b = EXPERT_ONLY_DTYPES.get(dtype)
+    if b is not None:
+        return b
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        known = ", ".join(sorted(DTYPE_BYTES))
+        known = ", ".join(sorted([*DTYPE_BYTES, *EXPERT_ONLY_DTYPES]))
         raise ConfigError(f"unknown dtype {dtype!r}; known dtypes: {known}") from None
+
+
+def linear_dtype(weight_dtype: str) -> str:
+    """The dtype of the linear layers other than routed experts under weight dtype
+    `weight_dtype`: bf16 for an expert-only format, else the weight dtype itself."""
+    return "bf16" if weight_dtype in EXPERT_ONLY_DTYPES else weight_dtype
 
 
 def pp_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -63,11 +80,17 @@ class Gemm:
 class ModelArch:
     """A decoder-only transformer's architecture, immutable; built from a Hugging Face config.
 
-    Covers grouped-query attention (Llama, Qwen, Mistral), multi-head latent attention (MLA,
-    DeepSeek-V2/V3) and mixture-of-experts MLPs (Mixtral, Qwen-MoE, DeepSeek). Every MLP is a gated
-    (SwiGLU) MLP: gate and up projections of `hidden_size` x `intermediate`, down projection back.
-    Layer i uses the MoE MLP when `is_moe` and `i >= first_k_dense_layers` and
+    Covers grouped-query attention (Llama, Qwen, Mistral, gpt-oss), multi-head latent attention
+    (MLA, DeepSeek-V2/V3) and mixture-of-experts MLPs (Mixtral, Qwen-MoE, DeepSeek, gpt-oss). Every
+    MLP is a gated (SwiGLU) MLP: gate and up projections of `hidden_size` x `intermediate`, down
+    projection back. Layer i uses the MoE MLP when `is_moe` and `i >= first_k_dense_layers` and
     `i % moe_layer_freq == 0` (DeepSeek's rule), else the dense MLP of `intermediate_size`.
+    Layers listed in `sliding_window_layers` attend over the last `sliding_window` keys only
+    (gpt-oss alternates them with full-attention layers); their KV cache is the same size per token
+    but vLLM keeps only the window of it (`simcore.engine.kv_cache.HybridKVCacheManager`).
+    Attention sinks (gpt-oss: one learned logit per query head joining each softmax) add
+    `num_attention_heads` parameters per layer and a few operations per query and head, nothing
+    measurable beside the attention kernel: they are counted as parameters and not timed.
     Sharding follows vLLM: attention heads, MLPs, experts and the vocabulary split over tensor
     parallelism (TP); KV heads replicated when TP exceeds them; norms, MoE routers and MLA's
     down-projections (q_a, kv_a) replicated on every TP rank.
@@ -110,7 +133,7 @@ class ModelArch:
     shared_expert_gate: bool = False
     """A sigmoid gate (hidden_size -> 1) scales the shared expert output (Qwen2-MoE)."""
     router_bias: bool = False
-    """The router has a per-expert score-correction bias (DeepSeek-V3)."""
+    """The router has a per-expert bias (DeepSeek-V3's score correction, gpt-oss's linear bias)."""
     first_k_dense_layers: int = 0
     """Leading layers that use the dense MLP (DeepSeek's `first_k_dense_replace`)."""
     moe_layer_freq: int = 1
@@ -125,6 +148,18 @@ class ModelArch:
     """MLA: non-rotary part of each query/key head."""
     v_head_dim: int = 0
     """MLA: width of each value head."""
+    o_bias: bool = False
+    """The attention output projection has a bias (gpt-oss)."""
+    expert_bias: bool = False
+    """The routed experts' gate+up and down projections have biases (gpt-oss)."""
+    attention_sinks: bool = False
+    """One learned sink logit per query head joins each attention softmax (gpt-oss)."""
+    sliding_window: int = 0
+    """Keys a query of a sliding-window layer attends over, its own included; 0 when no layer
+    uses a sliding window."""
+    sliding_window_layers: tuple[int, ...] = ()
+    """0-based indices of the layers with sliding-window attention (the others attend over the
+    whole context)."""
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -144,6 +179,17 @@ class ModelArch:
                                 and self.v_head_dim > 0):
             raise ConfigError(f"model {self.name}: MLA needs positive qk_rope_head_dim, "
                               "qk_nope_head_dim and v_head_dim")
+        if self.sliding_window_layers:
+            if self.sliding_window <= 0:
+                raise ConfigError(f"model {self.name}: sliding-window layers need a positive "
+                                  "sliding_window")
+            if self.is_mla:
+                raise ConfigError(f"model {self.name}: sliding-window MLA layers are not "
+                                  "modelled")
+            if any(not 0 <= i < self.num_layers for i in self.sliding_window_layers) or \
+                    list(self.sliding_window_layers) != sorted(set(self.sliding_window_layers)):
+                raise ConfigError(f"model {self.name}: sliding_window_layers must be distinct, "
+                                  f"increasing layer indices below {self.num_layers}")
 
     # --- kinds of model and layer ---------------------------------------------------------------
 
@@ -166,6 +212,11 @@ class ModelArch:
         """MoE layers among `num_layers` layers starting at `first_layer` (default: all layers)."""
         stop = self.num_layers if num_layers is None else first_layer + num_layers
         return sum(1 for i in range(first_layer, stop) if self.is_moe_layer(i))
+
+    @property
+    def num_sliding_layers(self) -> int:
+        """Layers with sliding-window attention."""
+        return len(self.sliding_window_layers)
 
     @property
     def qk_head_dim(self) -> int:
@@ -212,7 +263,7 @@ class ModelArch:
         return (Gemm("q_proj", h, heads * self.head_dim, "attn", bias=self.qkv_bias),
                 Gemm("k_proj", h, kv, "attn", bias=self.qkv_bias),
                 Gemm("v_proj", h, kv, "attn", bias=self.qkv_bias),
-                Gemm("o_proj", heads * self.head_dim, h, "attn"))
+                Gemm("o_proj", heads * self.head_dim, h, "attn", bias=self.o_bias))
 
     def mlp_gemms(self, layer_idx: int, tp: int = 1, ep: int = 1) -> tuple[Gemm, ...]:
         """Weight matrices of layer `layer_idx`'s MLP on one GPU.
@@ -238,8 +289,10 @@ class ModelArch:
         else:
             count = self.num_experts
             inter = self.moe_intermediate_size // tp
-        gemms.append(Gemm("experts_gate_up_proj", h, 2 * inter, "expert", count=count))
-        gemms.append(Gemm("experts_down_proj", inter, h, "expert", count=count))
+        gemms.append(Gemm("experts_gate_up_proj", h, 2 * inter, "expert", count=count,
+                          bias=self.expert_bias))
+        gemms.append(Gemm("experts_down_proj", inter, h, "expert", count=count,
+                          bias=self.expert_bias))
         return tuple(gemms)
 
     def norm_params_per_layer(self) -> int:
@@ -250,6 +303,10 @@ class ModelArch:
         if self.is_mla:
             n += self.kv_lora_rank + self.q_lora_rank
         return n
+
+    def sink_params_per_layer(self, tp: int = 1) -> int:
+        """Attention-sink logits of one layer on one of `tp` ranks (one per query head)."""
+        return self.num_attention_heads // tp if self.attention_sinks else 0
 
     # --- parameter counts ------------------------------------------------------------------------
 
@@ -266,7 +323,8 @@ class ModelArch:
     def layer_params(self, layer_idx: int) -> int:
         """All parameters of one decoder layer."""
         gemms = self.attention_gemms() + self.mlp_gemms(layer_idx)
-        return sum(g.num_params for g in gemms) + self.norm_params_per_layer()
+        return (sum(g.num_params for g in gemms) + self.norm_params_per_layer()
+                + self.sink_params_per_layer())
 
     def layer_active_params(self, layer_idx: int) -> int:
         """Parameters one token passes through in one layer (top-k routed experts only)."""
@@ -292,7 +350,14 @@ class ModelArch:
     # --- weight bytes ----------------------------------------------------------------------------
 
     def _gemm_bytes(self, gemm: Gemm, dtype: str) -> float:
-        """Bytes of one Gemm entry: linear layers in `dtype`, routers in bf16 below 16 bits."""
+        """Bytes of one Gemm entry: linear layers in `dtype`, routers in bf16 below 16 bits; under
+        an expert-only format the routed experts' weights in it, all else in bf16."""
+        if dtype in EXPERT_ONLY_DTYPES:
+            if gemm.group != "expert":
+                return gemm.num_params * _HIGH_PRECISION_BYTES
+            weights = gemm.count * gemm.in_features * gemm.out_features
+            return (weights * EXPERT_ONLY_DTYPES[dtype]
+                    + (gemm.num_params - weights) * _HIGH_PRECISION_BYTES)
         b = dtype_bytes(dtype)
         if gemm.group == "router" and b < _HIGH_PRECISION_BYTES:
             b = _HIGH_PRECISION_BYTES
@@ -308,7 +373,9 @@ class ModelArch:
         For a sub-16-bit dtype (fp8, int8, int4) only the linear layers (attention projections,
         MLPs, experts) are quantized: embeddings, LM head, norms and MoE routers stay in bf16, as
         real fp8 checkpoints (e.g. DeepSeek-V3, Llama-3.1-FP8) store them. Per-block scale factors
-        (about 0.02% for 128x128 blocks) are not counted.
+        (about 0.02% for 128x128 blocks) are not counted. An expert-only format
+        (`EXPERT_ONLY_DTYPES`, e.g. mxfp4) quantizes the routed experts' weights alone, its
+        scales included; their biases and everything else stay bf16.
         """
         return self.stage_weight_bytes(dtype, tp=1, pp=1, stage=0)
 
@@ -329,6 +396,8 @@ class ModelArch:
             for g in self.attention_gemms(tp) + self.mlp_gemms(i, tp, ep):
                 total += self._gemm_bytes(g, dtype)
             total += self.norm_params_per_layer() * other
+            if self.attention_sinks:
+                total += self.sink_params_per_layer(tp) * other
         vocab_shard = self.embedding_params / tp
         if stage == 0:
             total += vocab_shard * other

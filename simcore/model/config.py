@@ -28,14 +28,16 @@ class ModelConfig(BaseModel):
         description="Path to a Hugging Face config.json (or its directory); a relative path is "
                     "resolved against the directory of the file that declares it. Exactly one of "
                     "name and hf_config.")
-    dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "nvfp4"] = Field(
+    dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "nvfp4", "mxfp4"] = Field(
         default="bf16",
         description="Weight dtype of the linear layers (embeddings, LM head, norms and MoE "
                     "routers stay in bf16): fp8 with per-tensor or per-channel scales (W8A8, "
                     "e.g. compressed-tensors FP8 checkpoints), fp8_block with 128x128 block "
                     "scales (DeepSeek-V3 and Qwen3 FP8 checkpoints), int4 weight-only with "
                     "group scales (AWQ/GPTQ, W4A16), nvfp4 (4-bit weights and activations with "
-                    "fp8 scales per 16 elements, Blackwell).")
+                    "fp8 scales per 16 elements, Blackwell), mxfp4 (the routed experts alone in "
+                    "4-bit values with an e8m0 scale per 32, 16-bit activations; every other "
+                    "layer bf16: gpt-oss checkpoints).")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto",
         description="KV-cache dtype; 'auto' means the activation dtype (bf16 for quantized weights, "

@@ -11,7 +11,7 @@ from simcore.loading import load_json
 from simcore.model.arch import ModelArch
 
 _DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 SUPPORTED_MODEL_TYPES = _DENSE_TYPES + _MOE_TYPES
 """Values of `model_type` this reader understands."""
 
@@ -47,7 +47,9 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
 
     `source` names where the dict came from (for error messages); `name` defaults to the config's
     `_name_or_path`, else `source`. Absent `head_dim` means hidden_size / num_attention_heads and
-    absent `num_key_value_heads` means multi-head attention, as in transformers.
+    absent `num_key_value_heads` means multi-head attention, as in transformers. `layer_types`
+    (transformers' per-layer attention kinds) marks the "sliding_attention" layers, which attend
+    over the last `sliding_window` keys; without it every layer attends over the whole context.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a model config must be a JSON object")
@@ -79,6 +81,11 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
     elif model_type in ("qwen3", "qwen3_moe"):
         fields["qkv_bias"] = k.get_bool("attention_bias", False)
         fields["qk_norm"] = True
+    elif model_type == "gpt_oss":
+        # GptOssAttention: biases on q, k, v and o; one sink logit per head.
+        bias = k.get_bool("attention_bias", True)
+        fields.update(qkv_bias=bias, o_bias=bias, attention_sinks=True)
+    fields.update(_sliding_layers(data, k, source, fields["num_layers"]))
 
     if model_type == "mixtral":
         fields.update(num_experts=k.get_int("num_local_experts"),
@@ -95,6 +102,13 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
             fields.update(num_shared_experts=1,
                           shared_expert_intermediate_size=k.get_int("shared_expert_intermediate_size"),
                           shared_expert_gate=True)
+    elif model_type == "gpt_oss":
+        # GptOssMLP: a biased linear router over num_local_experts experts (intermediate_size
+        # wide), each a biased SwiGLU MLP; every layer is a MoE layer.
+        fields.update(num_experts=k.get_int("num_local_experts"),
+                      num_experts_per_tok=k.get_int("num_experts_per_tok"),
+                      moe_intermediate_size=fields["intermediate_size"],
+                      router_bias=True, expert_bias=True)
     elif model_type in ("deepseek_v2", "deepseek_v3"):
         fields.update(
             num_experts=k.get_int("n_routed_experts"),
@@ -112,6 +126,29 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
             v_head_dim=k.get_int("v_head_dim"),
         )
     return ModelArch(**fields)
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+"""Values of `layer_types` this reader understands."""
+
+
+def _sliding_layers(data: Mapping[str, Any], k: _Keys, source: str,
+                    num_layers: int) -> dict[str, Any]:
+    """`sliding_window` and `sliding_window_layers` from the config's `layer_types`."""
+    types = data.get("layer_types")
+    if types is None:
+        return {}
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ConfigError(f"{source}: key 'layer_types' must list one attention kind for each of "
+                          f"the {num_layers} layers")
+    unknown = sorted({t for t in types if t not in _LAYER_TYPES}, key=str)
+    if unknown:
+        raise ConfigError(f"{source}: unsupported layer_types {unknown}; supported: "
+                          f"{', '.join(_LAYER_TYPES)}")
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if not sliding:
+        return {}
+    return {"sliding_window": k.get_int("sliding_window"), "sliding_window_layers": sliding}
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelArch:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simcore.engine.kv_cache import sliding_window_blocks
 from simcore.errors import ConfigError
 from simcore.model.arch import ModelArch, dtype_bytes, pp_stage_layers
 from simcore.units import GIB
@@ -45,7 +46,8 @@ class KvCacheMemory:
     kv_cache_bytes: float
     """What is left for the KV cache."""
     bytes_per_block: float
-    """KV bytes of one block on this GPU (block_size tokens x this stage's layers)."""
+    """KV bytes of one block on this GPU: block_size tokens x the layers one block holds on this
+    stage (all of them; with sliding-window layers, one KV-cache group's: `KvCacheGroups`)."""
     block_size: int
     """Tokens per KV block."""
     num_blocks: int
@@ -55,8 +57,70 @@ class KvCacheMemory:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens the allocated blocks hold."""
+        """Tokens the allocated blocks hold (with sliding-window layers, in the full-attention
+        group alone; a request's window of sliding-window KV takes a few blocks more)."""
         return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheGroups:
+    """How vLLM's hybrid KV-cache manager groups a model's attention layers into KV-cache groups
+    that share one block pool (`vllm/v1/core/kv_cache_utils.py`,
+    `_get_kv_cache_groups_uniform_page_size`; every layer's KV per token is the same size).
+
+    The layers are bucketed by attention kind (full attention; sliding window), each bucket is
+    split into groups of the same number of layers: the smallest bucket's size, or the largest's
+    when it is under 1.5 times the smallest (the last group of a bucket padded), a bucket's layers
+    dealt to its groups round-robin (`layers[i::n]`). Every group has its own block table over
+    the shared pool; a block id given to one group holds `block_size` tokens of that group's
+    layers, so one block's memory is `block_size` tokens x the group size, and vLLM sizes the pool
+    as available memory // that. A model without sliding-window layers is one group of all its
+    layers; gpt-oss-120b has two, its 18 full-attention layers and its 18 sliding-window ones.
+    """
+
+    windows: tuple[int, ...]
+    """Per group, the window its layers attend over (0: full attention)."""
+    layers_per_block: tuple[int, ...]
+    """Per pipeline stage, the layers whose KV one block holds on that stage's GPUs: the most
+    layers any group has there."""
+
+    def max_blocks_per_request(self, block_size: int, max_model_len: int,
+                               max_num_batched_tokens: int) -> int:
+        """Blocks one `max_model_len` request may hold at once, over every group: the whole
+        sequence in a full-attention group; in a sliding-window group its window before the
+        newest chunk plus that chunk, and one block for a window not aligned to a block (vLLM's
+        `SlidingWindowSpec.max_admission_blocks_per_request`)."""
+        total = 0
+        for w in self.windows:
+            total += sliding_window_blocks(w, block_size, max_model_len, max_num_batched_tokens) \
+                if w else -(-max_model_len // block_size)
+        return total
+
+
+def kv_cache_groups(arch: ModelArch, pp: int = 1) -> KvCacheGroups:
+    """The KV-cache groups of `arch` as vLLM forms them, with `pp` pipeline stages."""
+    stages = pp_stage_layers(arch.num_layers, pp)
+    sliding = set(arch.sliding_window_layers)
+    buckets = [(w, layers) for w, layers in (
+        (0, [i for i in range(arch.num_layers) if i not in sliding]),
+        (arch.sliding_window, sorted(sliding))) if layers]
+    if len(buckets) == 1:
+        return KvCacheGroups((buckets[0][0],), stages)
+    sizes = [len(layers) for _, layers in buckets]
+    size = min(sizes)
+    if max(sizes) < 1.5 * size:
+        size = max(sizes)
+    groups: list[tuple[int, list[int]]] = []
+    for w, layers in buckets:
+        n = -(-len(layers) // size)
+        groups += [(w, layers[i::n]) for i in range(n)]
+    per_stage = []
+    first = 0
+    for num in stages:
+        per_stage.append(max(sum(1 for i in layers if first <= i < first + num)
+                             for _, layers in groups))
+        first += num
+    return KvCacheGroups(tuple(w for w, _ in groups), tuple(per_stage))
 
 
 def activation_peak_bytes(arch: ModelArch, *, tp: int, act_dtype_bytes: float,
@@ -124,21 +188,24 @@ def kv_cache_num_blocks(
     non-torch memory) // bytes_per_block, per pipeline stage, minimum over stages. Weights are
     those of the most loaded GPU of the stage (layers split over PP, sharded over TP; routed
     experts split whole over `ep` GPUs when ep > 1, vLLM's expert parallelism with
-    EP = DP x TP). Raises ConfigError when the weights do not fit, when nothing is left for the
-    KV cache, or when one `max_model_len` request would not fit (vLLM refuses to start then).
+    EP = DP x TP). A block holds `block_size` tokens of one KV-cache group's layers
+    (`kv_cache_groups`: all layers, or with sliding-window layers each kind's share). Raises
+    ConfigError when the weights do not fit, when nothing is left for the KV cache, or when one
+    `max_model_len` request would not fit (vLLM refuses to start then; a sliding-window group
+    needs only its window and a chunk of it).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size <= 0:
         raise ConfigError(f"block_size must be positive, got {block_size}")
     arch.check_tp(tp)
-    layers = pp_stage_layers(arch.num_layers, pp)
+    groups = kv_cache_groups(arch, pp)
     requested = total_memory_bytes * gpu_memory_utilization
     act_bytes = max(dtype_bytes(weight_dtype), 2)
     kv_elem_bytes = dtype_bytes(kv_cache_dtype)
 
     best: KvCacheMemory | None = None
-    for stage, num_stage_layers in enumerate(layers):
+    for stage, layers_per_block in enumerate(groups.layers_per_block):
         weights = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep)
         if weights >= requested:
             raise ConfigError(
@@ -152,7 +219,7 @@ def kv_cache_num_blocks(
             max_num_seqs=max_num_seqs, last_stage=stage == pp - 1,
             sampler_bytes_per_logit=sampler_bytes_per_logit, ep=ep)
         kv_bytes = requested - weights - activation - cuda_graph_bytes - non_torch_bytes
-        per_block = block_size * num_stage_layers * arch.kv_elems_per_token_per_layer(tp) \
+        per_block = block_size * layers_per_block * arch.kv_elems_per_token_per_layer(tp) \
             * kv_elem_bytes
         num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if num_blocks <= 0:
@@ -173,7 +240,8 @@ def kv_cache_num_blocks(
     assert best is not None
 
     if max_model_len is not None:
-        needed_blocks = -(-max_model_len // block_size)
+        needed_blocks = groups.max_blocks_per_request(block_size, max_model_len,
+                                                      max_num_batched_tokens)
         if needed_blocks > best.num_blocks:
             raise ConfigError(
                 f"one request of max_model_len {max_model_len} tokens needs "
