@@ -247,15 +247,16 @@ class UncertaintyConfig(BaseModel):
 
     model_config = _FROZEN
 
-    method: Literal["bounds", "samples", "first_order", "calibrated"] = Field(
-        "bounds", description="bounds: two extra runs with every op class at the low and at "
+    method: Literal["bounds", "samples", "first_order", "calibrated"] | None = Field(
+        None, description="bounds: two extra runs with every op class at the low and at "
         "the high end of its error bound (the envelope spans the three runs). samples: "
         "`samples` extra runs with each op class's duration scaled by a seeded random factor "
         "within its error model; the envelope is the `percentiles` of the runs. first_order: "
         "no extra run, each metric scaled by the step-time bound (cheap, ignores queueing). "
-        "calibrated: no extra run, each metric family scaled by the 10th-90th percentiles of "
+        "calibrated: no extra run, each metric family's split-conformal interval from "
         "measured / predicted on the end-to-end validation set's fit part (calibrated "
-        "compute only; else first_order).")
+        "compute only; else first_order). Default: calibrated with compute kind calibrated "
+        "(width and centre from measured errors), bounds with the roofline.")
     samples: int = Field(10, ge=2, le=1000, description="Perturbed runs of method samples.")
     percentiles: tuple[float, float] = Field(
         (5.0, 95.0), description="Low and high percentile of the samples' envelope.")

@@ -24,7 +24,9 @@ propagates it through batching and queueing, which a first-order scaling cannot:
   first-order range is taken where it is wider. Its coverage is measured on the held-out part
   (`dse validate --suite end_to_end`).
 
-All draws are seeded from the config's seed; nothing reads the clock.
+Unless `uncertainty.method` says otherwise, a calibrated compute model gets the `calibrated`
+envelope and the roofline the `bounds` one (`envelope_method`). All draws are seeded from the
+config's seed; nothing reads the clock.
 """
 
 from __future__ import annotations
@@ -150,6 +152,15 @@ def envelope_of(nominal: dict[str, float], runs: list[dict[str, float]], method:
     return out
 
 
+def envelope_method(cfg: SimConfig) -> str:
+    """The config's uncertainty method: `uncertainty.method` where set, else `calibrated` for a
+    calibrated compute model (the validation set's residuals describe those) and `bounds` for
+    the roofline (whose errors the residuals do not describe)."""
+    if cfg.uncertainty.method is not None:
+        return cfg.uncertainty.method
+    return "calibrated" if cfg.compute.kind == "calibrated" else "bounds"
+
+
 def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
                            run_progress: Callable[[int, int], None] | None = None) -> dict:
     """`simulate(cfg)` plus `result["envelope"]` by the config's uncertainty method.
@@ -167,13 +178,14 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
         if h is not None:
             result["headroom"] = h
     u = cfg.uncertainty
+    method = envelope_method(cfg)
     prov = result["provenance"]
     bounds = prov["op_error_bounds"]
     metrics = headline_metrics(result)
-    env: dict = {"method": u.method, "calibrated": prov["calibrated"],
+    env: dict = {"method": method, "calibrated": prov["calibrated"],
                  "op_error_bounds": bounds,
                  "step_time_relative_uncertainty": prov["step_time_relative_uncertainty"]}
-    if u.method == "calibrated":
+    if method == "calibrated":
         from simcore.host import fitted_residuals
 
         residuals = fitted_residuals()
@@ -192,7 +204,7 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
                 env["metrics"][k] = r
         result["envelope"] = env
         return result
-    if u.method == "first_order":
+    if method == "first_order":
         rel = prov["step_time_relative_uncertainty"]
         env["runs"] = 1
         env["metrics"] = {}
@@ -202,7 +214,7 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
                 env["metrics"][k] = {"nominal": v, "low": r[0], "high": r[1]}
         result["envelope"] = env
         return result
-    plans = perturbations(bounds, u.method, u.samples, cfg.seed)
+    plans = perturbations(bounds, method, u.samples, cfg.seed)
     runs: list[dict[str, float]] = []
     seeds: list[int] = []
     for i, scale in enumerate(plans):
@@ -216,8 +228,8 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
             run_progress(i + 1, len(plans))
     env["runs"] = 1 + len(plans)
     env["seeds"] = seeds
-    if u.method == "samples":
+    if method == "samples":
         env["percentiles"] = list(u.percentiles)
-    env["metrics"] = envelope_of(metrics, runs, u.method, u.percentiles)
+    env["metrics"] = envelope_of(metrics, runs, method, u.percentiles)
     result["envelope"] = env
     return result

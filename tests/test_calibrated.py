@@ -144,7 +144,8 @@ def test_a_profile_file_path_resolves_against_the_config(tmp_path):
 
 
 def test_calibrated_run_reports_status_provenance_and_a_narrower_envelope():
-    cal = simulate_with_envelope(cfg())
+    # The bounding runs of each (a calibrated run's default envelope is the calibrated one).
+    cal = simulate_with_envelope(cfg(uncertainty={"method": "bounds"}))
     unc = simulate_with_envelope(cfg(compute=None))
     pc, pu = cal["provenance"], unc["provenance"]
     assert pc["calibrated"] is True and pu["calibrated"] is False
@@ -189,7 +190,7 @@ def test_cli_prints_calibrated_or_uncalibrated_with_the_envelope(tmp_path):
     r = _dse("simulate", str(tmp_path / "cal.yaml"), "--quiet", "--out",
              str(tmp_path / "cal.json"))
     assert r.returncode == 0, r.stderr
-    assert "Envelope" in r.stdout and "calibrated; op classes" in r.stdout
+    assert "Envelope" in r.stdout and "calibrated; a split-conformal interval" in r.stdout
     assert "UNCALIBRATED" not in r.stdout
     r = _dse("simulate", str(tmp_path / "ref.yaml"), "--quiet", "--envelope", "first_order")
     assert r.returncode == 0, r.stderr

@@ -170,6 +170,23 @@ def test_the_printed_summary_says_how_each_envelope_was_made(method):
 
     text = render_summary(simulate_with_envelope(_cfg(method=method)))
     how = {"first_order": "first order in the step",
-           "calibrated": "residual quantiles around the nominal",
+           "calibrated": "split-conformal interval from the end-to-end",
            "bounds": "op classes at both ends of their bounds"}[method]
     assert how in " ".join(text.split())
+
+
+def test_default_envelope_follows_the_compute_model():
+    """Calibrated compute gets the envelope from measured end-to-end errors in one run; the
+    roofline, which those residuals do not describe, its two bounding runs."""
+    from simcore.uncertainty import envelope_method
+    roof = _cfg()
+    assert roof.uncertainty.method is None and envelope_method(roof) == "bounds"
+    cal = SimConfig.model_validate({**roof.model_dump(exclude={"uncertainty"}),
+                                    "compute": {"kind": "calibrated"}})
+    assert envelope_method(cal) == "calibrated"
+    env = simulate_with_envelope(cal)["envelope"]
+    assert env["method"] == "calibrated" and env["runs"] == 1 and env["calibrated"]
+    assert env["metrics"]["output_throughput"]["low"] < env["metrics"]["output_throughput"]["high"]
+    explicit = cal.model_copy(update={"uncertainty": cal.uncertainty.model_copy(
+        update={"method": "first_order"})})
+    assert envelope_method(explicit) == "first_order"
