@@ -9,21 +9,29 @@ Scenarios:
       5 Gb/s with 1448-byte payloads over point-to-point links (`pip install ns3`).
   (b) all-to-all: 64 hosts on a 2-tier Clos (8 leaves of 8 hosts, 8 spines, 400 Gb/s, 1 us),
       1 MB from every host to every other, RoCEv2 with ECN and DCQCN.
+  (c) the same all-to-all on the flow backend at 64, 128, 256 and 512 hosts (N / 8 leaves of 8
+      hosts, 8 spines): CPU seconds of the sends and the run, with the level-order max-min solver
+      and, up to --flow-reference-hosts, with the whole-array rounds it replaced (the same rates
+      to the bit: the script checks that both runs deliver every message at the same instant).
 
-Figures are packet-hops per second (data frames put on a link) and wall times; printed, never
-asserted. The kernel is compiled (or loaded from numba's cache) before any timing, on a small
-warm-up scenario, and that time is printed separately.
-Usage: python benchmarks/fabric_speed.py [--repeats N] [--no-ns3] [--no-all-to-all]
+Figures are packet-hops per second (data frames put on a link) and wall times for (a) and (b),
+CPU seconds for (c); printed, never asserted. The kernels are compiled (or loaded from numba's
+cache) before any timing, on small warm-up scenarios, and that time is printed separately.
+Usage: python benchmarks/fabric_speed.py [--repeats N] [--no-ns3] [--no-all-to-all] [--no-packet]
+       [--no-flow] [--flow-hosts N ...] [--flow-reference-hosts N]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import platform
+import sys
 import time
 
 from simcore.fabric import topology as topo_mod
+from simcore.fabric.flow import WALK_FROM_FLOWS, FlowFabric
 from simcore.fabric.packet import PacketFabric, roce_v2
 
 TOTAL_BYTES = 1_000_000_000
@@ -36,6 +44,13 @@ NUM_HOPS = 3
 DUMBBELL_TARGET_RATIO = 2.0
 """Packet backend at least twice ns-3's packet-hops per second on the dumbbell."""
 ALL_TO_ALL_TARGET_S = 30.0
+
+FLOW_BEFORE_CPU_S = {64: 0.3, 128: 1.6, 256: 25.0, 512: 206.0}
+"""CPU seconds of (c) with the whole-array rounds, as first measured; shown where the reference
+run is skipped (512 hosts takes minutes)."""
+FLOW_TARGET_GROWTH = 2.0
+"""Near-linear in active flows: the run's CPU time per solved flow (an active flow in one rate
+computation) at most twice, at any size, what it is at the smallest."""
 
 NS3_RATE_NOTE = "ns-3 does very roughly 1-3 M packet-hops/s on scenarios like this"
 
@@ -180,6 +195,79 @@ def all_to_all() -> tuple[float, int, float, float]:
     return wall, fab.counters()["packet_hops"], end, setup
 
 
+def flow_warm_up() -> float:
+    """Compile or load the flow backend's kernels, both solvers; seconds taken."""
+    t = time.perf_counter()
+    topo = topo_mod.leaf_spine(2, 4, 2, host_rate_bps=400e9, delay_s=1e-6)
+    for walk_from_flows in (1, 10**9):
+        fab = FlowFabric(topo, walk_from_flows=walk_from_flows)
+        for src in topo.hosts:
+            for dst in topo.hosts:
+                if src != dst:
+                    fab.send(src, dst, 100_000)
+        fab.run()
+        fab.stats()
+    return time.perf_counter() - t
+
+
+def flow_all_to_all(num_hosts: int, *, reference: bool) -> dict:
+    """CPU seconds (sends, run) and counters of (c) at `num_hosts`, with the whole-array rounds
+    if `reference`, and each message's delivery time."""
+    topo = topo_mod.leaf_spine(num_hosts // 8, 8, 8, host_rate_bps=400e9, delay_s=1e-6)
+    t = time.process_time()
+    fab = FlowFabric(topo, walk_from_flows=sys.maxsize if reference else WALK_FROM_FLOWS)
+    hosts = topo.hosts
+    for src in hosts:
+        for dst in hosts:
+            if src != dst:
+                fab.send(src, dst, 1_000_000)
+    sends = time.process_time() - t
+    t = time.process_time()
+    fab.run()
+    run = time.process_time() - t
+    stats = fab.stats()
+    stats.check_conservation()
+    assert len(stats.messages) == len(hosts) * (len(hosts) - 1)
+    return {"sends_s": sends, "run_s": run, "end_s": [m.end_s for m in stats.messages],
+            **fab.counters()}
+
+
+def flow_table(sizes: list[int], reference_hosts: int) -> None:
+    """Scenario (c) at each size in `sizes`, the reference too up to `reference_hosts`."""
+    print(f"  {'hosts':>5} {'flows':>8} {'solves':>6} {'flows/solve':>11} {'before':>9} "
+          f"{'after':>7} {'(sends)':>7} {'speedup':>7} {'ns/solved flow':>14}")
+    per_flow, same = {}, []
+    for n in sizes:
+        after = flow_all_to_all(n, reference=False)
+        after_s = after["sends_s"] + after["run_s"]
+        if n <= reference_hosts:
+            before = flow_all_to_all(n, reference=True)
+            before_s, mark = before["sends_s"] + before["run_s"], " "
+            same.append((n, before["end_s"] == after["end_s"]))
+        else:
+            before_s, mark = FLOW_BEFORE_CPU_S.get(n, math.nan), "*"
+        per_flow[n] = after["run_s"] / after["solved_flows"]
+        print(f"  {n:5d} {n * (n - 1):8,d} {after['rate_solves']:6,d} "
+              f"{after['solved_flows'] / after['rate_solves']:11,.0f} {before_s:6.2f} s{mark} "
+              f"{after_s:5.2f} s {after['sends_s']:5.2f} s {before_s / after_s:6.1f}x "
+              f"{per_flow[n] * 1e9:14.0f}")
+    print("  before: the whole-array rounds, in this run; * as first measured, not run again here"
+          if any(n > reference_hosts for n in sizes) else
+          "  before: the whole-array rounds, in this run")
+    print(f"  after: the level-order solver from {WALK_FROM_FLOWS} active flows on; (sends): of "
+          f"which the sends; ns/solved flow: the run's CPU time over the active flows summed over "
+          f"the rate solves")
+    for n, ok in same:
+        print(f"  {n} hosts: every message delivered at the same instant with both solvers: "
+              f"{'yes' if ok else 'NO'}")
+    smallest, largest = min(per_flow), max(per_flow)
+    growth = max(per_flow.values()) / per_flow[smallest]
+    verdict = "met" if growth <= FLOW_TARGET_GROWTH else "NOT met"
+    print(f"  CPU per solved flow, {smallest} to {largest} hosts: at most {growth:.2f}x the "
+          f"{smallest}-host figure (target, near-linear in active flows: <= "
+          f"{FLOW_TARGET_GROWTH:g}x: {verdict})")
+
+
 def _best(fn, repeats: int):
     runs = [fn() for _ in range(repeats)]
     return min(runs, key=lambda r: r[0])
@@ -197,10 +285,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (best is shown)")
     parser.add_argument("--no-ns3", action="store_true", help="skip ns-3 even if installed")
     parser.add_argument("--no-all-to-all", action="store_true", help="skip scenario (b)")
+    parser.add_argument("--no-packet", action="store_true", help="skip scenarios (a) and (b)")
+    parser.add_argument("--no-flow", action="store_true", help="skip scenario (c)")
+    parser.add_argument("--flow-hosts", type=int, nargs="+", default=[64, 128, 256, 512],
+                        help="host counts of scenario (c), multiples of 8")
+    parser.add_argument("--flow-reference-hosts", type=int, default=256,
+                        help="run (c) with the whole-array rounds too up to this many hosts")
     args = parser.parse_args()
 
     print(f"fabric speed on {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
+    if not args.no_packet:
+        packet_scenarios(args)
+    if not args.no_flow:
+        print(f"flow kernels compile / cache load: {flow_warm_up():.2f} s (not included below)")
+        print("(c) flow backend all-to-all, 1 MB per pair, 400 Gb/s 2-tier Clos "
+              "(8 hosts per leaf, 8 spines), CPU s of sends + run")
+        flow_table(args.flow_hosts, args.flow_reference_hosts)
+
+
+def packet_scenarios(args: argparse.Namespace) -> None:
+    """Scenarios (a) and (b)."""
     print(f"kernel compile / cache load: {warm_up():.2f} s (not included below)")
     print("(a) dumbbell, 1 GB, 10 Gb/s, 1 us links, 1448-byte payloads")
     msg_rate = _row("packet backend, RoCEv2 messages", *_best(dumbbell_messages, args.repeats))

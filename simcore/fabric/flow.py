@@ -8,7 +8,10 @@ alone completes at exactly the analytical time, and a single packet after sum_h 
 
 A serving run has a few fluid flows at a time and hundreds of thousands of events, so the rates
 and the per-event bookkeeping run as small kernels compiled by numba (the same Python where numba
-is absent), each computing to the bit what the whole-array numpy formulation computes.
+is absent), each computing to the bit what the whole-array numpy formulation computes. An
+all-to-all over hundreds of hosts has tens of thousands of flows at a time and needs hundreds of
+filling rounds per event; there `LevelOrderSolver` computes the same rates, to the bit, at a cost
+that grows with the flows rather than with flows times rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from simcore.fabric.analytical import (MessageFabric, first_packet_bytes,
                                       pipeline_latency_s)
+from simcore.fabric.level_order import LevelOrderSolver, compile_kernel
 from simcore.fabric.protocol import FabricStats, LinkStats, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import Topology
@@ -32,16 +36,10 @@ _ARRIVE = 0
 _DELIVER = 1
 _TIE = 1e-12
 """Relative time tolerance within which fluid departures count as simultaneous."""
-
-
-def _compile(fn):
-    """`fn` compiled by numba (cached on disk) where numba is installed; else `fn` itself, which
-    computes the same to the bit, only slower."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - exercised only where numba is absent
-        return fn
-    return numba.njit(cache=True)(fn)
+WALK_FROM_FLOWS = 32
+"""Active flows from which the rates come from `LevelOrderSolver`, whose work grows with the
+flows that freeze, rather than from `MaxMinSolver`'s whole-array rounds, which cost a pass over
+every flow per round but less per call: below about this many flows the rounds are as fast."""
 
 
 def max_min_rates(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -101,14 +99,14 @@ class MaxMinSolver:
         return rates
 
 
-@_compile
+@compile_kernel
 def _fill_levels(capacity, counts, used, level):
     """Each link's fill level: capacity left over its unfrozen flows (inf where it has none)."""
     for li in range(len(level)):
         level[li] = (capacity[li] - used[li]) / counts[li] if counts[li] > 0 else np.inf
 
 
-@_compile
+@compile_kernel
 def _fill_start(hops, flows, capacity, counts, used, level, cols, todo, rates):
     """Set up the filling of the flows `flows` (columns of `hops`): their links into `cols`,
     every one unfrozen (`todo`), flows per link (the padding index counts none), nothing used
@@ -137,7 +135,7 @@ def _fill_start(hops, flows, capacity, counts, used, level, cols, todo, rates):
     return num_flows
 
 
-@_compile
+@compile_kernel
 def _fill_round(order, level, counts, used, capacity, cols, todo, num_todo, rates, rank, first,
                 acc, touched):
     """One round of progressive filling, links ranked by `order` (the argsort of `level`):
@@ -211,7 +209,10 @@ class FlowFabric(MessageFabric):
     """
 
     def __init__(self, topology: Topology, settings: FabricSettings | None = None, *,
-                 seed: int = 0) -> None:
+                 seed: int = 0, walk_from_flows: int = WALK_FROM_FLOWS) -> None:
+        """`walk_from_flows`: the number of active flows from which `LevelOrderSolver`
+        computes the rates instead of `MaxMinSolver` (see WALK_FROM_FLOWS); the rates are the
+        same to the bit either way."""
         super().__init__(topology, settings, seed)
         num_links = len(topology.links)
         self._pad = num_links
@@ -220,24 +221,30 @@ class FlowFabric(MessageFabric):
         self._load = LinkLoadRecorder(num_links, self.settings.sample_interval_s)
         self._load_now = np.zeros(num_links + 1)       # bytes/s on each link now, padding last
         self._link_load = self._load_now[:num_links]
-        self._link_bytes_done = np.zeros(num_links, dtype=np.int64)
+        self._link_bytes_done = np.zeros(num_links + 1, dtype=np.int64)   # padding last
         self._heap: list[tuple[float, int, int, int]] = []
         self._latency: list[float] = []
         self._sent_bytes = 0
         self._delivered_bytes = 0
         self._num_callbacks = 0          # completion callbacks fired so far
+        self._num_solves = 0             # rate computations so far
+        self._num_solved_flows = 0       # active flows summed over them
         # Fluid flows live in slots of these arrays; a slot is reused after its flow leaves.
-        self._hops = np.full((4, 64), self._pad, dtype=np.int64)   # (hop position, slot)
+        # (hop position, slot); 32-bit, as the rate computations read it whole every time.
+        self._hops = np.full((4, 64), self._pad, dtype=np.int32)
         self._remaining = np.zeros(64)
         self._rate = np.zeros(64)
         self._t_end = np.full(64, math.inf)
         self._active = np.zeros(64, dtype=bool)
         self._slot_msg = np.full(64, -1, dtype=np.int64)
+        self._slot_wire = np.zeros(64, dtype=np.int64)      # each flow's W bytes
         self._free: list[int] = list(range(63, -1, -1))
         self._live = np.zeros(0, dtype=np.int64)   # the active slots, ascending
         self._t_rates = 0.0          # when the current rates were set
         self._fluid_next = math.inf  # earliest fluid departure under the current rates
-        self._solver = MaxMinSolver(num_links + 1)
+        self._rounds = MaxMinSolver(num_links + 1)
+        self._walk = LevelOrderSolver(num_links + 1)
+        self._walk_from_flows = walk_from_flows
         self._latency_of: dict[tuple[tuple[int, ...], int], float] = {}
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
@@ -303,8 +310,7 @@ class FlowFabric(MessageFabric):
         if self._fluid_next <= t * (1 + _TIE):
             changed = True
             live = self._live
-            for slot in live[self._t_end[live] <= t * (1 + _TIE)].tolist():
-                self._leave(slot, t)
+            self._leave(live[self._t_end[live] <= t * (1 + _TIE)], t)
         while self._heap and self._heap[0][0] <= t:
             _, _, kind, mid = heapq.heappop(self._heap)
             if kind == _ARRIVE:
@@ -323,12 +329,12 @@ class FlowFabric(MessageFabric):
             self._grow_slots()
         if len(path) > len(self._hops):
             extra = np.full((len(path) - len(self._hops), self._hops.shape[1]), self._pad,
-                            dtype=np.int64)
+                            dtype=np.int32)
             self._hops = np.concatenate([self._hops, extra])
         slot = self._free.pop()
         self._hops[:, slot] = self._pad
         self._hops[:len(path), slot] = path
-        self._remaining[slot] = log.wire_bytes[mid]
+        self._remaining[slot] = self._slot_wire[slot] = log.wire_bytes[mid]
         self._rate[slot] = 0.0
         self._t_end[slot] = math.inf
         self._active[slot] = True
@@ -342,21 +348,19 @@ class FlowFabric(MessageFabric):
         self._t_end = np.concatenate([self._t_end, np.full(n, math.inf)])
         self._active = np.concatenate([self._active, np.zeros(n, dtype=bool)])
         self._slot_msg = np.concatenate([self._slot_msg, np.full(n, -1, dtype=np.int64)])
+        self._slot_wire = np.concatenate([self._slot_wire, np.zeros(n, dtype=np.int64)])
         self._free.extend(range(2 * n - 1, n - 1, -1))
 
-    def _leave(self, slot: int, t: float) -> None:
-        """A flow's last byte has left its source: free the slot, deliver after its latency."""
-        mid = int(self._slot_msg[slot])
-        self._active[slot] = False
-        self._rate[slot] = 0.0
-        self._remaining[slot] = 0.0
-        self._t_end[slot] = math.inf
-        self._slot_msg[slot] = -1
-        self._free.append(slot)
-        wire = self._log.wire_bytes[mid]
-        for li in self._log.path[mid]:
-            self._link_bytes_done[li] += wire
-        heapq.heappush(self._heap, (t + self._latency[mid], next(self._seq), _DELIVER, mid))
+    def _leave(self, slots: np.ndarray, t: float) -> None:
+        """The flows in `slots` (ascending) have sent their last byte: free their slots, in that
+        order, and deliver each message after its latency."""
+        mids = self._slot_msg[slots].tolist()
+        _free_slots(slots, self._hops, self._slot_wire, self._link_bytes_done, self._active,
+                    self._rate, self._remaining, self._t_end, self._slot_msg)
+        self._free.extend(slots.tolist())
+        heap, seq, latency = self._heap, self._seq, self._latency
+        for mid in mids:
+            heapq.heappush(heap, (t + latency[mid], next(seq), _DELIVER, mid))
 
     def _deliver(self, mid: int, t: float) -> None:
         log = self._log
@@ -374,14 +378,22 @@ class FlowFabric(MessageFabric):
             self._link_load[:] = 0.0
             self._fluid_next = math.inf
             return
-        rates = self._solver.solve(self._hops, self._capacity, idx)
+        solver = self._walk if len(idx) >= self._walk_from_flows else self._rounds
+        rates = solver.solve(self._hops, self._capacity, idx)
+        self._num_solves += 1
+        self._num_solved_flows += len(idx)
         self._fluid_next = _set_rates(idx, self._hops, rates, self._rate, self._remaining,
                                       self._t_end, t, self._load_now)
 
     # -- measurements ---------------------------------------------------------------------------
 
+    def counters(self) -> dict[str, int]:
+        """The work done so far: rate_solves (max-min computations, one per instant at which
+        the set of flows changed) and solved_flows (the active flows summed over them)."""
+        return {"rate_solves": self._num_solves, "solved_flows": self._num_solved_flows}
+
     def stats(self) -> FabricStats:
-        link_bytes = self._link_bytes_done.astype(float)
+        link_bytes = self._link_bytes_done[:self._pad].astype(float)
         idx = np.flatnonzero(self._active)
         if len(idx):
             dt = self._now - self._t_rates
@@ -401,14 +413,28 @@ class FlowFabric(MessageFabric):
                            utilization_t_s=t_s, utilization=util)
 
 
-@_compile
+@compile_kernel
+def _free_slots(slots, hops, slot_wire, link_bytes, active, rate, remaining, t_end, slot_msg):
+    """Count the W bytes of each flow in `slots` on every link of its path (the padding index
+    last in `link_bytes`), and clear the slots."""
+    for s in slots:
+        for j in range(hops.shape[0]):
+            link_bytes[hops[j, s]] += slot_wire[s]
+        active[s] = False
+        rate[s] = 0.0
+        remaining[s] = 0.0
+        t_end[s] = np.inf
+        slot_msg[s] = -1
+
+
+@compile_kernel
 def _drain_flows(slots, remaining, rate, dt):
     """Each listed flow has sent rate x dt more bytes."""
     for s in slots:
         remaining[s] -= rate[s] * dt
 
 
-@_compile
+@compile_kernel
 def _set_rates(slots, hops, rates, rate, remaining, t_end, t, load):
     """Give the flows of `slots` their new rates from time t: each one's rate and departure time,
     and every link's total rate into `load` (summed hop row by hop row, flows in order, as
