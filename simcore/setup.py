@@ -38,9 +38,14 @@ class Deployment:
     """Expert parallelism on: the DP ranks form one lock-step group (`step_model` times it)."""
 
     def memory_report(self) -> dict:
-        """KV-cache size and, when derived from memory, the formula's every term."""
+        """KV-cache size and, when derived from memory, the formula's every term. With vLLM's
+        hybrid manager (sliding-window layers) a block holds one KV-cache group's layers, so the
+        tokens are counted as vLLM reports them: the usable blocks shared out over the groups."""
+        from simcore.model.memory import kv_cache_groups
+
+        groups = len(kv_cache_groups(self.arch).windows)
         out = {"num_gpu_blocks": self.num_blocks, "block_size": self.block_size,
-               "num_kv_tokens": (self.num_blocks - 1) * self.block_size,
+               "num_kv_tokens": (self.num_blocks - 1) // groups * self.block_size,
                "kv_bytes_per_token_per_gpu": self.arch.kv_bytes_per_token(
                    self.kv_cache_dtype, self.step_model.tp,
                    num_layers=None) / max(1, self.step_model.pp)}

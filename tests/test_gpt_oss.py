@@ -344,8 +344,13 @@ def test_gpt_oss_20b_serves_on_one_h100():
     assert 10 < r["mean_ttft_ms"] < 200
     assert 3 < r["mean_tpot_ms"] < 20
     # Blocks of 16 tokens x 12 layers: ~150k of them on an 80 GB GPU.
-    assert r["kv_cache"]["memory_breakdown_bytes"]["bytes_per_block"] == 16 * 12 * 2 * 8 * 64 * 2
+    kv = r["kv_cache"]
+    assert kv["memory_breakdown_bytes"]["bytes_per_block"] == 16 * 12 * 2 * 8 * 64 * 2
     assert 0 < r["max_kv_cache_usage"] < 0.05
+    # Tokens as vLLM reports them for two groups: the usable blocks shared out over the groups,
+    # each token then costing all 24 layers' KV.
+    assert kv["num_kv_tokens"] == (kv["num_gpu_blocks"] - 1) // 2 * 16
+    assert kv["kv_bytes_per_token_per_gpu"] == 24 * 2 * 8 * 64 * 2
 
 
 def test_the_gpt_oss_validation_rows_are_accepted():
