@@ -304,11 +304,15 @@ def test_sliding_layers_make_long_contexts_cheaper():
         full_model.op_bounds(shape, by_op=b)
         assert a["attention"] < 0.75 * b["attention"]
         assert a["moe"] == b["moe"]
-    # Within the window the two agree.
+    # Within the window the two agree: the measured window-128 kernel and the full-attention
+    # one, at the same lengths, within their measurement noise.
     a, b = {}, {}
     model.op_bounds(StepShape.from_requests([(1, 60)] * 8), by_op=a)
     full_model.op_bounds(StepShape.from_requests([(1, 60)] * 8), by_op=b)
-    assert a["attention"] == pytest.approx(b["attention"], rel=1e-9)
+    assert a["attention"] == pytest.approx(b["attention"], rel=0.03)
+    # The sliding layers are timed by the profile's window-128 tables, not derived.
+    assert not any("sliding-window layers" in p for p in model.assumed_parts())
+    assert model.profile.attention_grid("generation", "bf16", 64, 8, 64, 128) is not None
 
 
 def test_h100_times_the_experts_from_the_mxfp4_moe_table_and_a100_says_why_not():

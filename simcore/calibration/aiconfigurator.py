@@ -226,41 +226,51 @@ def _gemm(reader: _Reader, rng, errors) -> list[dict]:
     return out
 
 
-def _attention(reader: _Reader, rng, errors) -> list[dict]:
+def _attention(reader: _Reader, rng, errors, window_rng) -> list[dict]:
+    """Attention grids per phase, KV-cache dtype, head shape and window (0: full attention);
+    the full-attention grids hold out with `rng`, the sliding-window ones with `window_rng` (so
+    adding them left every other table's draws as they were)."""
     out = []
     for phase, name, caps in (("context", "context_attention_perf.parquet", CONTEXT_CAPS),
                               ("generation", "generation_attention_perf.parquet", DECODE_CAPS)):
-        df = reader.table("attention", name)
-        if df is None:
+        table = reader.table("attention", name)
+        if table is None:
             continue
         for col, default in (("window_size", 0), ("beam_width", 1), ("step", 0)):
-            if col not in df.columns:       # older tables: full attention, no beams
-                df[col] = default
-        df = df[(df["window_size"] == 0) & (df["beam_width"] == 1)].copy()
-        df["seq"] = df["isl"] + df["step"] if phase == "generation" else df["isl"]
-        df = _pick_kernel(df, ["kv_cache_dtype"])
-        held = [_holdout(df["batch_size"].unique(), rng), _holdout(df["seq"].unique(), rng)]
-        for raw_kv, by_kv in sorted(df.groupby("kv_cache_dtype"), key=lambda x: x[0]):
-            kv = DTYPES.get(raw_kv, raw_kv)
-            errs_all: list[float] = []
-            n_all = 0
-            for (h, kvh, hd), grp in sorted(by_kv.groupby(
-                    ["num_heads", "num_key_value_heads", "head_dim"])):
-                ax_vals, arr = _grid(grp, ["batch_size", "seq"])
-                if len(ax_vals[0]) < 2 or len(ax_vals[1]) < 2:
-                    continue
-                fill = [0] if phase == "generation" else [1, 0]
-                axes, train, errs, n_train = _fit_grid(ax_vals, arr, held, caps, fill=fill)
-                if not np.isfinite(train).any():
-                    continue
-                errs_all += errs
-                n_all += n_train
-                out.append({"phase": phase, "kv_cache_dtype": kv,
-                            "kernel": str(grp["kernel_source"].iloc[0]), "num_heads": int(h),
-                            "num_kv_heads": int(kvh), "head_dim": int(hd), "batch": axes[0],
-                            "seq": axes[1], "time_us": _flat_us(train),
-                            "held_out": {"batch": held[0], "seq": held[1]}})
-            errors[f"attention/{phase}/{kv}"] = _stats(errs_all, n_all)
+            if col not in table.columns:       # older tables: full attention, no beams
+                table[col] = default
+        table = table[table["beam_width"] == 1]
+        for window in sorted(int(w) for w in table["window_size"].unique()):
+            df = table[table["window_size"] == window].copy()
+            draw = rng if window == 0 else window_rng
+            df["seq"] = df["isl"] + df["step"] if phase == "generation" else df["isl"]
+            df = _pick_kernel(df, ["kv_cache_dtype"])
+            held = [_holdout(df["batch_size"].unique(), draw),
+                    _holdout(df["seq"].unique(), draw)]
+            for raw_kv, by_kv in sorted(df.groupby("kv_cache_dtype"), key=lambda x: x[0]):
+                kv = DTYPES.get(raw_kv, raw_kv)
+                errs_all: list[float] = []
+                n_all = 0
+                for (h, kvh, hd), grp in sorted(by_kv.groupby(
+                        ["num_heads", "num_key_value_heads", "head_dim"])):
+                    ax_vals, arr = _grid(grp, ["batch_size", "seq"])
+                    if len(ax_vals[0]) < 2 or len(ax_vals[1]) < 2:
+                        continue
+                    fill = [0] if phase == "generation" else [1, 0]
+                    axes, train, errs, n_train = _fit_grid(ax_vals, arr, held, caps, fill=fill)
+                    if not np.isfinite(train).any():
+                        continue
+                    errs_all += errs
+                    n_all += n_train
+                    out.append({"phase": phase, "kv_cache_dtype": kv,
+                                "kernel": str(grp["kernel_source"].iloc[0]),
+                                "num_heads": int(h), "num_kv_heads": int(kvh),
+                                "head_dim": int(hd), "window": window,
+                                "batch": axes[0], "seq": axes[1], "time_us": _flat_us(train),
+                                "held_out": {"batch": held[0], "seq": held[1]}})
+                if n_all:
+                    family = f"attention/{phase}/{kv}" + (f"/window{window}" if window else "")
+                    errors[family] = _stats(errs_all, n_all)
     return out
 
 
@@ -405,7 +415,7 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
     gemm = _gemm(reader, rng, errors)
     if not gemm:
         raise ConfigError(f"--from-aiconfigurator: {system!r} has no vLLM GEMM measurements")
-    attention = _attention(reader, rng, errors)
+    attention = _attention(reader, rng, errors, np.random.default_rng([seed, 2]))
     moe = _moe(reader, rng, errors, np.random.default_rng([seed, 1]))
     ar = _all_reduce(reader, rng, errors)
     ag = _all_gather(reader, rng, errors)

@@ -130,6 +130,8 @@ class AttentionTable(BaseModel):
     num_heads: int = Field(ge=1, description="Query heads per GPU.")
     num_kv_heads: int = Field(ge=1, description="Key-value heads per GPU.")
     head_dim: int = Field(ge=1, description="Head dimension.")
+    window: int = Field(0, ge=0, description="Sliding window the kernel attended over (keys "
+                        "per query, the query's own included); 0 for full attention.")
     batch: list[int] = Field(description="Sequences per call measured.")
     seq: list[int] = Field(description="Tokens per sequence measured (prompt length, or KV "
                            "length including the new token).")
@@ -289,7 +291,8 @@ class KernelProfile:
         self._attn: dict[tuple, LogGrid] = {}
         for t in data.attention:
             caps = CONTEXT_CAPS if t.phase == "context" else DECODE_CAPS
-            self._attn[(t.phase, t.kv_cache_dtype, t.num_heads, t.num_kv_heads, t.head_dim)] = \
+            self._attn[(t.phase, t.kv_cache_dtype, t.num_heads, t.num_kv_heads, t.head_dim,
+                        t.window)] = \
                 LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))),
                         caps)
         self._moe = {(c.dtype, c.hidden, c.inter, c.topk, c.num_experts, c.tp, c.ep, c.routing):
@@ -405,13 +408,15 @@ class KernelProfile:
         return KnotCurve(ms, ts, log_log=True)
 
     def attention_grid(self, phase: str, kv_cache_dtype: str, num_heads: int,
-                       num_kv_heads: int, head_dim: int) -> LogGrid | None:
-        """The measured (batch, seq) grid of attention at this per-GPU head shape, or None."""
-        return self._attn.get((phase, kv_cache_dtype, num_heads, num_kv_heads, head_dim))
+                       num_kv_heads: int, head_dim: int, window: int = 0) -> LogGrid | None:
+        """The measured (batch, seq) grid of attention at this per-GPU head shape (over a
+        sliding `window`, 0 for full attention), or None."""
+        return self._attn.get((phase, kv_cache_dtype, num_heads, num_kv_heads, head_dim, window))
 
     def attention_shapes(self, phase: str, kv_cache_dtype: str) -> list[tuple[int, int, int]]:
         """(num_heads, num_kv_heads, head_dim) measured for `phase` and KV dtype."""
-        return sorted(k[2:] for k in self._attn if k[0] == phase and k[1] == kv_cache_dtype)
+        return sorted(k[2:5] for k in self._attn
+                      if k[0] == phase and k[1] == kv_cache_dtype and not k[5])
 
     def moe_curve(self, dtype: str, hidden: int, inter: int, topk: int, num_experts: int,
                   tp: int, ep: int, routing: str = "balanced") -> KnotCurve | None:

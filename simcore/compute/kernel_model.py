@@ -9,10 +9,12 @@ that have the op:
 - the attention kernel of the mixed batch as the sum of its two parts: the decode sequences from
   the generation grid at their count and mean KV length, the prefilling sequences from the
   context grid at their count and the prompt length with the same causal query-key pairs (a
-  chunk over a cached prefix costs the pairs it computes); sliding-window layers from the same
-  full-attention grids at the step's window view (`simcore.compute.roofline.windowed_attention`):
-  decodes at their mean KV length within the window, prefills at the prompts that keep both their
-  tokens and the window's query-key pairs (`windowed_prefill_s`);
+  chunk over a cached prefix costs the pairs it computes); sliding-window layers from the
+  sliding-window grids of their window, mapped the same way, where the profile measured them,
+  else from the full-attention grids at the step's window view
+  (`simcore.compute.roofline.windowed_attention`): decodes at their mean KV length within the
+  window, prefills at the prompts that keep both their tokens and the window's query-key pairs
+  (`windowed_prefill_s`);
 - MLA models (DeepSeek-V3 style): vLLM's whole MLA attention module of each layer (down- and
   up-projections, latent norms, rotary, KV-cache write, attention, output projection: see
   `simcore.calibration.mla`) from the module tables of its heads per GPU, weight and KV-cache
@@ -392,9 +394,23 @@ class KernelModel(MeasuredModel):
                 return fa * x
 
             self._attn_meas = attention
+            w = arch.sliding_window
+            gen_w = ctx_w = None
             if num_sliding:
+                gen_w = profile.attention_grid("generation", kvd, heads, kv_heads,
+                                               arch.head_dim, w)
+                ctx_w = profile.attention_grid("context", kvd, heads, kv_heads, arch.head_dim, w)
+            if num_sliding and gen_w is not None and ctx_w is not None:
+                # The measured sliding-window kernels at the step's whole lengths (the kernel
+                # limits each query to its window itself), mapped as the full-attention ones.
+                def windowed(shape: StepShape, full=attention, gen_w=gen_w, ctx_w=ctx_w,
+                             fw=f["attention"] * num_sliding) -> float:
+                    return full(shape) + full(shape, gen_w, ctx_w, fw)
+
+                self._attn_meas = windowed
+            elif num_sliding:
                 def windowed(shape: StepShape, full=attention, gen=gen, ctx=ctx,
-                             fw=f["attention"] * num_sliding, window=arch.sliding_window,
+                             fw=f["attention"] * num_sliding, window=w,
                              floor=ctx(1, 1)) -> float:
                     win = windowed_attention(shape, window)
                     d = win.num_decode_seqs
@@ -407,13 +423,15 @@ class KernelModel(MeasuredModel):
                 self._attn_meas = windowed
                 self._derived.append(
                     f"sliding-window layers' attention ({num_sliding} of {num_layers}, window "
-                    f"{arch.sliding_window}): the full-attention tables at the step's window "
-                    "view (decodes at their mean KV length within the window, prefills at the "
-                    "prompts keeping their tokens and the window's query-key pairs); "
-                    "AIConfigurator's sliding-window rows are not in the profile")
+                    f"{w}): the full-attention tables at the step's window view (decodes at "
+                    "their mean KV length within the window, prefills at the prompts keeping "
+                    f"their tokens and the window's query-key pairs); no window-{w} "
+                    "measurement of this head shape")
             self._sources["attention"].add("measured")
-            bounds["attention"] = max(profile.error_bound(f"attention/{ph}/{kvd}") or 0.0
-                                      for ph in ("context", "generation"))
+            families = [f"attention/{ph}/{kvd}" for ph in ("context", "generation")]
+            if gen_w is not None and ctx_w is not None:
+                families += [f"{fam}/window{w}" for fam in families]
+            bounds["attention"] = max(profile.error_bound(fam) or 0.0 for fam in families)
         elif mla is None:
             self._sources["attention"].add(rough)
             why = (f"MLA: {mla_why}" if arch.is_mla else
