@@ -6,12 +6,14 @@ every trial gets the same outcome, that of one real quickstart trial computed at
 so its attributes have their real sizes. It does so twice per storage (SQLite and a journal
 file, both in a temporary folder, and Optuna's in-memory storage as the floor with no I/O):
 
-- per call (before): the writes the driver made one storage call at a time until trials were
-  batched, reproduced here as the reference: ask, one write per parameter, one per attribute
-  and constraint, then the tell;
-- batched (after): the driver itself (`dse.driver.StageDriver`, deterministic batches of two)
-  over `dse.batched_storage.BatchedStorage`, with a stand-in pool that answers at once and
-  configurations taken as given (no `resolve`), so nothing but the ask/tell loop runs.
+- per call (before): the driver's writes one storage call at a time, as they were made until
+  trials were batched: the same loop over a storage that holds no trial, so the ask, each
+  parameter, each attribute and constraint, and the tell are each their own transaction;
+- batched (after): over `dse.batched_storage.BatchedStorage` as a search runs it.
+
+Both run the driver itself (`dse.driver.StageDriver`, deterministic batches of two) with a
+stand-in pool that answers at once and configurations taken as given (no `resolve`), so nothing
+but the ask/tell loop runs.
 
 For each it prints the time per trial, split by step, and the storage write transactions per
 trial (SQLite commits that wrote something; appends to the journal file). The random sampler
@@ -39,8 +41,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "studies" / "quickstart.yaml"
-STEPS = {"per call (before)": ("ask", "params", "attributes", "tell"),
-         "batched (after)": ("ask", "dispatch", "tell")}
+STEPS = ("ask", "dispatch", "tell")
 
 
 class Counts:
@@ -122,40 +123,6 @@ def timed(spent: dict[str, float], step: str):
         spent[step] += time.perf_counter() - t0
 
 
-def per_call(raw: Any, study: Any, outcome: Any, n: int) -> dict[str, float]:
-    """The driver's writes before batching: every storage call its own transaction."""
-    from optuna.trial import TrialState
-
-    st = new_study(raw, study)
-    storage = st._storage
-    spent: dict[str, float] = defaultdict(float)
-    for _ in range(n):
-        with timed(spent, "ask"):
-            t = st.ask()
-        with timed(spent, "params"):
-            study.space.suggest(t, study.base)
-        with timed(spent, "attributes"):
-            t.set_user_attr("fidelity", "screen")
-            t.set_user_attr("elapsed_s", outcome.elapsed_s)
-            for name, value in outcome.constraints.items():
-                t.set_constraint(name, value)
-            if outcome.constraints:
-                storage.set_trial_system_attr(t._trial_id, "constraints",
-                                              list(outcome.constraints.values()))
-            t.set_user_attr("metrics", outcome.metrics)
-            t.set_user_attr("summary", outcome.summary)
-            t.set_user_attr("feasible", outcome.feasible)
-            t.set_user_attr("violations", list(outcome.violations))
-            t.set_user_attr("profile", outcome.profile)
-            t.set_user_attr("calibrated", outcome.calibrated)
-            if outcome.explanation is not None:
-                t.set_user_attr("explanation", outcome.explanation)
-        with timed(spent, "tell"):
-            st.tell(t, list(outcome.values))
-    assert len(st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) == n
-    return spent
-
-
 class _AnswerAtOnce:
     """Stands in for `dse.backends.RayPool`: every task is done as soon as it is submitted,
     with the same outcome."""
@@ -177,14 +144,32 @@ class _AnswerAtOnce:
         pass
 
 
-def batched(raw: Any, study: Any, outcome: Any, n: int) -> dict[str, float]:
-    """The driver's own loop over a BatchedStorage, with every configuration taken as given."""
-    import dse.driver
+def per_call(raw: Any, study: Any, outcome: Any, n: int) -> dict[str, float]:
+    """The driver's writes before batching: the same loop over a storage that holds no trial,
+    so every storage call is its own transaction."""
     from dse.batched_storage import BatchedStorage
+
+    class PerCall(BatchedStorage):
+        def _hold(self, trial_id: int) -> None:
+            pass
+
+    return run_driver(PerCall(raw), study, outcome, n)
+
+
+def batched(raw: Any, study: Any, outcome: Any, n: int) -> dict[str, float]:
+    """The driver's own loop over a BatchedStorage."""
+    from dse.batched_storage import BatchedStorage
+
+    return run_driver(BatchedStorage(raw), study, outcome, n)
+
+
+def run_driver(storage: Any, study: Any, outcome: Any, n: int) -> dict[str, float]:
+    """The driver's loop over `storage` for n trials, every configuration taken as given; the
+    seconds spent in each step."""
+    import dse.driver
     from dse.evaluate import EvalSpec
     from optuna.trial import TrialState
 
-    storage = BatchedStorage(raw)
     st = new_study(storage, study)
     spent: dict[str, float] = defaultdict(float)
 
@@ -232,7 +217,7 @@ def storage_table(n: int) -> None:
                     t0 = time.perf_counter()
                     spent = run(raw, study, outcome, n)
                     total_ms = (time.perf_counter() - t0) / n * 1e3
-                steps = ", ".join(f"{s} {spent[s] / n * 1e3:.1f}" for s in STEPS[label])
+                steps = ", ".join(f"{s} {spent[s] / n * 1e3:.1f}" for s in STEPS)
                 commits = f"{counts.n / n:.1f}" if kind != "memory" else "-"
                 print(f"{kind:<9}{label:<19}{total_ms:>9.1f}{commits:>15}   {steps}")
 

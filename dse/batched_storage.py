@@ -135,8 +135,12 @@ class BatchedStorage(BaseStorage):
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
         trial_id = self._inner.create_new_trial(study_id, template_trial)
         if template_trial is None:
-            self._held[trial_id] = _Held()
+            self._hold(trial_id)
         return trial_id
+
+    def _hold(self, trial_id: int) -> None:
+        """Start keeping the writes to a trial this storage just started running."""
+        self._held[trial_id] = _Held()
 
     def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
                         distribution: BaseDistribution) -> None:
@@ -168,7 +172,7 @@ class BatchedStorage(BaseStorage):
             return True
         popped = self._inner.set_trial_state_values(trial_id, state, values)
         if popped and state == TrialState.RUNNING:
-            self._held[trial_id] = _Held()
+            self._hold(trial_id)
         return popped
 
     def set_trial_intermediate_value(self, trial_id: int, step: int,
