@@ -175,16 +175,21 @@ def dumbbell_ns3() -> tuple[float, int, float]:
     return wall, NUM_HOPS * (received // PAYLOAD_BYTES), end
 
 
+def send_all_to_all(fab, hosts, size_bytes: int) -> None:
+    """One message of `size_bytes` from every host to every other."""
+    for src in hosts:
+        for dst in hosts:
+            if src != dst:
+                fab.send(src, dst, size_bytes)
+
+
 def all_to_all() -> tuple[float, int, float, float]:
     """(wall s of run, packet-hops, simulated s, wall s of setup) of (b)."""
     topo = topo_mod.leaf_spine(8, 8, 8, host_rate_bps=400e9, delay_s=1e-6)
     t = time.perf_counter()
     fab = PacketFabric(topo, roce_v2())
     hosts = topo.hosts
-    for src in hosts:
-        for dst in hosts:
-            if src != dst:
-                fab.send(src, dst, 1_000_000)
+    send_all_to_all(fab, hosts, 1_000_000)
     setup = time.perf_counter() - t
     t = time.perf_counter()
     end = fab.run()
@@ -201,10 +206,7 @@ def flow_warm_up() -> float:
     topo = topo_mod.leaf_spine(2, 4, 2, host_rate_bps=400e9, delay_s=1e-6)
     for walk_from_flows in (1, 10**9):
         fab = FlowFabric(topo, walk_from_flows=walk_from_flows)
-        for src in topo.hosts:
-            for dst in topo.hosts:
-                if src != dst:
-                    fab.send(src, dst, 100_000)
+        send_all_to_all(fab, topo.hosts, 100_000)
         fab.run()
         fab.stats()
     return time.perf_counter() - t
@@ -217,10 +219,7 @@ def flow_all_to_all(num_hosts: int, *, reference: bool) -> dict:
     t = time.process_time()
     fab = FlowFabric(topo, walk_from_flows=sys.maxsize if reference else WALK_FROM_FLOWS)
     hosts = topo.hosts
-    for src in hosts:
-        for dst in hosts:
-            if src != dst:
-                fab.send(src, dst, 1_000_000)
+    send_all_to_all(fab, hosts, 1_000_000)
     sends = time.process_time() - t
     t = time.process_time()
     fab.run()
