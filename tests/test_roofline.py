@@ -169,3 +169,24 @@ def test_interleaved_moe_layers_time_both_mlp_kinds():
     # A dense layer (intermediate 8192) costs more than a MoE layer activating 2 x 1024.
     assert (RooflineModel(interleaved, h100).step_time(big_prefill).compute_s
             > RooflineModel(all_moe, h100).step_time(big_prefill).compute_s)
+
+
+@pytest.mark.parametrize("example", ["quickstart.yaml", "llama70b_a100_calibrated.yaml",
+                                     "qwen3_moe_h200.yaml", "deepseek_v3_fp8_h200.yaml"])
+def test_linear_sums_are_cached_only_once_the_model_is_built(example):
+    """`op_bounds` keeps the linear layers' sums by token count: nothing may time a step while
+    a model (roofline, measured kernels) is still setting its coefficients, and a cached sum
+    is the sum computed afresh, to the bit."""
+    from simcore.config import load_config
+    from simcore.setup import build_deployment
+
+    model = build_deployment(load_config(Path(__file__).parent.parent / "examples" / example)
+                             ).step_model
+    assert model._linear_cache is None
+    shapes = [StepShape.from_requests([(1, 100 + i) for i in range(n)]) for n in (1, 7, 64)]
+    shapes.append(StepShape.from_requests([(512, 0), (1, 40)]))
+    first = [model.op_bounds(s) for s in shapes]
+    assert model._linear_cache
+    assert [model.op_bounds(s) for s in shapes] == first
+    by_op: dict[str, float] = {}
+    assert [model.op_bounds(s, by_op=by_op) for s in shapes] == first

@@ -182,6 +182,7 @@ class RooflineModel:
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
         "_pp_s_per_token", "_pp_latency_s",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
+        "_linear_cache",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
@@ -385,6 +386,9 @@ class RooflineModel:
         self._step_overhead_s = a.step_overhead_s
         self._eager_launch_s = num_layers * a.eager_launch_s_per_layer
         self._graph_max_tokens = a.cuda_graph_max_num_tokens
+        self._linear_cache: dict[int, tuple[float, float]] | None = None
+        """`_linear_bounds` by token count (negative: without routed experts), made on the
+        first step timed, once every coefficient and measured curve is set."""
         self.op_scale = check_op_scale(op_scale)
         if any(v != 1.0 for v in self.op_scale.values()):
             self._apply_scale(self.op_scale)
@@ -460,46 +464,18 @@ class RooflineModel:
         s = shape.num_seqs
         d = shape.num_decode_seqs
         kv = shape.kv_tokens_read
-        compute_bound = 0.0
-        memory_bound = 0.0
-
-        for (flop_s, fixed_s, byte_s, floor_s), op, meas in zip(
-                self._token_gemms, self._token_gemm_ops, self._token_gemm_meas):
-            c = t * flop_s
-            m = fixed_s + t * byte_s
-            if meas is not None:       # a measured time, on the bound the roofline names
-                x = meas(t)
-                if c >= m:
-                    compute_bound += x
-                else:
-                    memory_bound += x
-            elif c >= m and c >= floor_s:
-                x = c
-                compute_bound += c
-            else:
-                x = m if m > floor_s else floor_s
-                memory_bound += x
-            if by_op is not None:
-                by_op[op] = by_op.get(op, 0.0) + x
-
-        if routed_experts and self._e_num:
-            active = self._e_num * (1.0 - math.exp(t * self._e_ln_miss))
-            c = t * self._e_flop_s_per_token
-            m = active * self._e_byte_s_per_expert + t * self._e_byte_s_per_token
-            if self._moe_meas is not None:
-                x = self._moe_meas(t)
-                if c >= m:
-                    compute_bound += x
-                else:
-                    memory_bound += x
-            elif c >= m and c >= self._e_floor_s:
-                x = c
-                compute_bound += c
-            else:
-                x = m if m > self._e_floor_s else self._e_floor_s
-                memory_bound += x
-            if by_op is not None:
-                by_op["moe"] = by_op.get("moe", 0.0) + x
+        if by_op is None:
+            # The linear layers' and routed experts' sums depend on the token count alone.
+            cache = self._linear_cache
+            if cache is None:
+                cache = self._linear_cache = {}
+            key = t if routed_experts else -t
+            linear = cache.get(key)
+            if linear is None:
+                linear = cache[key] = self._linear_bounds(t, routed_experts, None)
+            compute_bound, memory_bound = linear
+        else:
+            compute_bound, memory_bound = self._linear_bounds(t, routed_experts, by_op)
 
         if s:
             pairs = shape.attn_qk_pairs
@@ -572,6 +548,52 @@ class RooflineModel:
             memory_bound += m
             if by_op is not None:
                 by_op["lm_head"] = by_op.get("lm_head", 0.0) + x + m
+        return compute_bound, memory_bound
+
+    def _linear_bounds(self, t: int, routed_experts: bool,
+                       by_op: dict[str, float] | None) -> tuple[float, float]:
+        """(compute-bound, memory-bound) seconds of the linear layers and (with
+        `routed_experts`) the routed experts of a step of `t` tokens, summed in `op_bounds`'s
+        order; `by_op` as there."""
+        compute_bound = 0.0
+        memory_bound = 0.0
+        for (flop_s, fixed_s, byte_s, floor_s), op, meas in zip(
+                self._token_gemms, self._token_gemm_ops, self._token_gemm_meas):
+            c = t * flop_s
+            m = fixed_s + t * byte_s
+            if meas is not None:       # a measured time, on the bound the roofline names
+                x = meas(t)
+                if c >= m:
+                    compute_bound += x
+                else:
+                    memory_bound += x
+            elif c >= m and c >= floor_s:
+                x = c
+                compute_bound += c
+            else:
+                x = m if m > floor_s else floor_s
+                memory_bound += x
+            if by_op is not None:
+                by_op[op] = by_op.get(op, 0.0) + x
+
+        if routed_experts and self._e_num:
+            active = self._e_num * (1.0 - math.exp(t * self._e_ln_miss))
+            c = t * self._e_flop_s_per_token
+            m = active * self._e_byte_s_per_expert + t * self._e_byte_s_per_token
+            if self._moe_meas is not None:
+                x = self._moe_meas(t)
+                if c >= m:
+                    compute_bound += x
+                else:
+                    memory_bound += x
+            elif c >= m and c >= self._e_floor_s:
+                x = c
+                compute_bound += c
+            else:
+                x = m if m > self._e_floor_s else self._e_floor_s
+                memory_bound += x
+            if by_op is not None:
+                by_op["moe"] = by_op.get("moe", 0.0) + x
         return compute_bound, memory_bound
 
     def comm_s(self, shape: StepShape) -> float:

@@ -117,7 +117,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
 
     env.process(frontend.process())
     for g in groups:
-        env.process(EngineLoop(env, [ranks[i] for i in g], executor, observers).process())
+        env.process(EngineLoop(env, [ranks[i] for i in g], executor, observers,
+                               all_events=lambda: frontend.sends_on_output).process())
     if len(entry) > 1:
         env.process(frontend.reporter(report_interval_s))
     env.process(sampler.process())

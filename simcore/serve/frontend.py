@@ -23,6 +23,7 @@ from simcore.metrics import RequestRecord
 from simcore.router import Router
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
+from simcore.serve.quiet import InertTimeout
 from simcore.workload.spec import RequestSpec
 
 
@@ -206,6 +207,21 @@ class Frontend(StepObserver):
                 rec.num_cached_prompt_tokens = max(req.num_cached_tokens - external, 0)
             self.finish(req.index)
 
+    def on_quiet_steps(self, rank, run) -> None:
+        """Every request of a quiet run receives a token at the end of each of its steps."""
+        if rank.index in self.prefill_of:
+            super().on_quiet_steps(rank, run)
+            return
+        ends = run.ends_s
+        for req in run.requests:
+            req.client.token_times_s.extend(ends)
+
+    @property
+    def sends_on_output(self) -> bool:
+        """Whether an engine's output may send a request at once (the client holds requests
+        back for max concurrency), so that no queued event is inert for the engines."""
+        return bool(self.backlog)
+
     # -- the router's view and the run's health --------------------------------------------
 
     def reporter(self, interval_s: float):
@@ -214,7 +230,7 @@ class Frontend(StepObserver):
             for k, i in enumerate(self.entry):
                 sched = self.ranks[i].sched
                 self.router.publish(k, len(sched.running) + sched.num_waiting)
-            yield self.env.timeout(interval_s)
+            yield InertTimeout(self.env, interval_s)
 
     def check_lost(self) -> None:
         """Raise if every request was sent, none is on its way, every engine is idle, and some

@@ -18,9 +18,13 @@ from simcore.compute.base import StepShape
 from simcore.engine.scheduler import Scheduler
 from simcore.serve.executor import StepExecutor
 from simcore.serve.observers import StepObserver
+from simcore.serve.quiet import InertTimeout, QuietLeap
 
 MAX_EMPTY_STEPS = 1000
 """Consecutive empty steps with requests queued before the engine is declared wedged."""
+QUIET_LEAPS = True
+"""Whether a lone engine takes runs of quiet steps together (`simcore.serve.quiet`); the
+results are the same either way (tests compare them)."""
 
 
 class Rank:
@@ -42,14 +46,24 @@ class Rank:
 class EngineLoop:
     """The step loop of `ranks` (one engine, or the DP ranks of an expert-parallel group)."""
 
-    __slots__ = ("env", "ranks", "executor", "observers")
+    __slots__ = ("env", "ranks", "executor", "observers", "leap")
 
     def __init__(self, env: simpy.Environment, ranks: Sequence[Rank], executor: StepExecutor,
-                 observers: Sequence[StepObserver]):
+                 observers: Sequence[StepObserver], all_events=None):
+        """`all_events()`, where given, says whether any queued event may change this engine's
+        scheduler (see `simcore.serve.quiet.horizon`); without it the engine steps one at a
+        time."""
         self.env = env
         self.ranks = list(ranks)
         self.executor = executor
         self.observers = tuple(observers)
+        self.leap = None
+        if (QUIET_LEAPS and all_events is not None and len(self.ranks) == 1
+                and QuietLeap.supported(self.ranks[0].sched, executor.immediate)):
+            time = executor.time
+            indices = (self.ranks[0].index,)
+            self.leap = QuietLeap(env, self.ranks[0].sched,
+                                  lambda shape: time(indices, (None,), (shape,)), all_events)
 
     def _sleep(self):
         """Wait until any rank is notified."""
@@ -81,12 +95,21 @@ class EngineLoop:
         time_step, run_step, remaining_s = executor.time, executor.run, executor.remaining_s
         schedule, update = sched.schedule, sched.update
         shape_of = StepShape.from_scheduled
-        timeout = env.timeout
+        leap = self.leap
+        step_s = 0.0
         indices = (rank.index,)
         empty = 0
         while True:
             if not sched.has_requests:
                 yield from self._sleep()
+            elif leap is not None:
+                run = leap.plan(step_s)
+                if run is not None:
+                    yield InertTimeout(env, run.delay_s)
+                    leap.apply(run)
+                    for ob in observers:
+                        ob.on_quiet_steps(rank, run)
+                    continue
             out = schedule()
             for ob in observers:
                 ob.on_scheduled(rank, out)
@@ -98,7 +121,7 @@ class EngineLoop:
                 empty += 1
                 if empty > MAX_EMPTY_STEPS:
                     raise self._wedged()
-                yield timeout(0)
+                yield env.timeout(0)
                 continue
             empty = 0
             if out.new:
@@ -107,7 +130,12 @@ class EngineLoop:
                     ob.on_admitted(rank, out.new, now)
             shape = shape_of(scheduled)
             counts = (len(sched.running), len(sched.waiting))
-            if immediate:
+            if leap is not None and leap.next_shape is not None:
+                # A plan already timed this step if it has the shape it left off at.
+                st = leap.next_time if shape == leap.next_shape else \
+                    time_step(indices, (scheduled,), (shape,))
+                leap.next_shape = None
+            elif immediate:
                 st = time_step(indices, (scheduled,), (shape,))
             else:
                 st = yield from run_step(indices, (scheduled,), (shape,))
@@ -115,7 +143,8 @@ class EngineLoop:
                 ob.on_step(rank, out, shape, st, counts)
             wait_s = remaining_s(st)
             if wait_s is not None:
-                yield timeout(wait_s)
+                step_s = wait_s
+                yield InertTimeout(env, wait_s)
             emitted, finished = update(out)
             now = env.now
             for ob in observers:
@@ -167,7 +196,7 @@ class EngineLoop:
                         ob.on_dummy(rank, st)
             wait_s = remaining_s(st)
             if wait_s is not None:
-                yield env.timeout(wait_s)
+                yield InertTimeout(env, wait_s)
             now = env.now
             for rank, out, sched in zip(ranks, outs, scheds):
                 if out.scheduled:

@@ -8,7 +8,10 @@
   (a `StepTime`); `counts` = (running, waiting) when it was planned;
 - `on_dummy(rank, st)`: the rank ran a dummy batch in its lock-step group's step;
 - `on_outputs(rank, emitted, finished, now)`: the step's sampled tokens and finished
-  requests, as `Scheduler.update` returns them.
+  requests, as `Scheduler.update` returns them;
+- `on_quiet_steps(rank, run)`: a run of quiet steps taken together (`simcore.serve.quiet`):
+  each request of `run.requests` decoded one token in each of its steps; by default the
+  observer sees them as the single steps they stand for.
 
 `StepObserver` gives each a no-op default; an observer overrides what it needs.
 `ReplicaCounters` fills one `ReplicaStats` per engine; `NetworkShares` charges requests the
@@ -44,6 +47,22 @@ class StepObserver:
 
     def on_outputs(self, rank, emitted, finished, now: float) -> None:
         pass
+
+    def on_quiet_steps(self, rank, run) -> None:
+        """A quiet run, replayed as its single steps: each scheduled every request of the batch
+        for one token (the scheduler has already advanced them past the run)."""
+        from simcore.engine.scheduler import SchedulerOutput
+
+        reqs = run.requests
+        k = run.num_steps
+        counts = (len(reqs), 0)
+        for j, (shape, st, end) in enumerate(zip(run.shapes, run.times, run.ends_s)):
+            back = k - j
+            scheduled = [(r, 1, r.num_computed_tokens - back) for r in reqs]
+            out = SchedulerOutput(scheduled, [], [], [], {}, len(reqs))
+            self.on_scheduled(rank, out)
+            self.on_step(rank, out, shape, st, counts)
+            self.on_outputs(rank, reqs, [], end)
 
 
 @dataclass(slots=True)
@@ -119,6 +138,19 @@ class ReplicaCounters(StepObserver):
         stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
         phase = "prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/"
         self._count(stats, st, phase)
+
+    def on_quiet_steps(self, rank, run) -> None:
+        """`on_step` for each step of a quiet run: no request waits, every token decodes."""
+        stats = self.stats[rank.index]
+        num = len(run.requests)
+        if num > stats.max_num_running:
+            stats.max_num_running = num
+        count = self._count
+        for st in run.times:
+            stats.num_tokens += num
+            stats.seq_s += st.total_s * num
+            stats.num_decode_tokens += num
+            count(stats, st, "decode/")
 
     def on_dummy(self, rank, st) -> None:
         stats = self.stats[rank.index]

@@ -1,0 +1,199 @@
+"""Scale and speed at the sizes deployments are planned at: one row per figure, each beside its
+target and the figure before the change, measured in the same run where the old code path still
+exists.
+
+Rows:
+  (1) the whole Mooncake conversation trace (12,031 requests, 59 minutes) on eight Llama-3.1-8B
+      replicas on H100 (configs/mooncake_full_h100_dp8.yaml): simulated seconds per CPU second,
+      with quiet steps taken together and, as the reference, stepped one at a time; the two
+      results are compared byte for byte;
+  (2) N requests (default 1,000,000) on one Llama-3.1-8B engine (configs/llama8b_h100_1m.yaml),
+      in a child process: CPU seconds and peak memory (ru_maxrss);
+  (3) `dse simulate examples/quickstart.yaml` as a whole process, with its default envelope;
+  (4) Qwen3-235B-A22B, expert parallelism over 8 nodes (examples/cluster/moe_ep_8node.yaml),
+      1,000 requests, analytical fabric;
+  (5) the flow backend's all-to-all at 64 to 256 hosts (benchmarks/fabric_speed.py has 512);
+  (6) `dse search` overhead per trial on SQLite (benchmarks/search_overhead.py has the detail).
+Rows of the scale table without a runnable case yet (64 nodes at packet fidelity, cluster memory
+per idle GPU) are printed as such.
+
+Figures are printed, never asserted: timings depend on the machine and on whatever else runs on
+it. Usage: python benchmarks/scale.py [--only 123456] [--requests N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+MOONCAKE = HERE / "configs/mooncake_full_h100_dp8.yaml"
+MILLION = HERE / "configs/llama8b_h100_1m.yaml"
+QUICKSTART = ROOT / "examples/quickstart.yaml"
+MOE_8NODE = ROOT / "examples/cluster/moe_ep_8node.yaml"
+
+# Figures before the work on scale (2-core machine), and targets, from the scale table.
+BEFORE = {
+    "mooncake": "57-88x real time",
+    "million": "397 s, 7.0 GB peak",
+    "quickstart": "1.8-2.4 s",
+    "moe8": "11.7-13.5 s",
+    "moe64": "killed at 600 CPU-s",
+    "memory": "~6 MB per GPU even when idle",
+    "flow": "0.3 / 1.6 / 25 / 206 CPU-s at 64 / 128 / 256 / 512 hosts",
+    "search": "~0.3 s per trial (24 SQLite commits)",
+}
+TARGET = {
+    "mooncake": ">= 1,000x real time",
+    "million": "< 60 s, < 1 GB",
+    "quickstart": "< 1 s with an envelope",
+    "moe8": "< 5 s",
+    "moe64": "< 10 min",
+    "memory": "proportional to active work; 4,096 GPUs analytical in < 8 GB",
+    "flow": "near-linear in active flows",
+    "search": "< 0.05 s per trial",
+}
+
+CHILD = """
+import json, resource, sys, time
+from simcore.config import load_config
+from simcore.simulate import simulate
+cfg = load_config(sys.argv[1])
+if int(sys.argv[2]):
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(
+        update={"num_prompts": int(sys.argv[2])})})
+t = time.process_time()
+r = simulate(cfg)
+cpu = time.process_time() - t
+print(json.dumps({"cpu_s": cpu, "duration_s": r["duration"], "completed": r["completed"],
+                  "steps": r["num_steps"],
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def row(key: str, label: str, now: str) -> None:
+    print(f"  {label}")
+    print(f"    now:    {now}")
+    print(f"    before: {BEFORE[key]}")
+    print(f"    target: {TARGET[key]}")
+
+
+def mooncake() -> None:
+    import simcore.serve.loop as loop
+    from simcore.config import load_config
+    from simcore.simulate import simulate
+
+    cfg = load_config(MOONCAKE)
+    out = {}
+    for leaps in (False, True):
+        loop.QUIET_LEAPS = leaps
+        t = time.process_time()
+        result = simulate(cfg)
+        out[leaps] = (time.process_time() - t, json.dumps(result, sort_keys=True), result)
+    loop.QUIET_LEAPS = True
+    single_s, together_s = out[False][0], out[True][0]
+    result = out[True][2]
+    sim_s = result["duration"]
+    same = "byte-identical" if out[False][1] == out[True][1] else "DIFFERENT (a defect)"
+    row("mooncake", f"(1) Mooncake trace, {result['completed']:,} requests over {sim_s:,.0f} "
+        f"simulated s on {len(result['replicas'])} H100 replicas, {result['num_steps']:,} steps",
+        f"{sim_s / together_s:,.0f}x real time ({together_s:.1f} CPU-s); stepping one at a time "
+        f"in this run {sim_s / single_s:,.0f}x ({single_s:.1f} CPU-s); results {same}")
+
+
+def million(n: int) -> None:
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(MILLION), str(n)],
+                          capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        print(f"  (2) failed: {proc.stderr.strip().splitlines()[-1:]}")
+        return
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    row("million", f"(2) {r['completed']:,} requests on one Llama-3.1-8B engine "
+        f"({r['steps']:,} steps, {r['duration_s']:,.0f} simulated s)",
+        f"{r['cpu_s']:.1f} CPU-s, {r['peak_mb'] / 1024:.2f} GB peak "
+        f"({r['duration_s'] / r['cpu_s']:,.0f}x real time)")
+
+
+def quickstart(repeats: int = 3) -> None:
+    dse = Path(sys.executable).with_name("dse")
+    cmd = ([str(dse)] if dse.exists() else [sys.executable, "-m", "dse.cli"]) + [
+        "simulate", str(QUICKSTART), "--quiet", "--out", os.devnull]
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        times.append(time.perf_counter() - t)
+    row("quickstart", "(3) dse simulate examples/quickstart.yaml, whole process, default envelope",
+        f"{min(times):.2f} s best of {repeats} (median {sorted(times)[len(times) // 2]:.2f} s)")
+
+
+def moe8() -> None:
+    from cluster_speed import run_one, with_fidelity
+    from simcore.config import load_config
+
+    cfg = with_fidelity(load_config(MOE_8NODE), "analytical", 1000)
+    wall, result = run_one(cfg)
+    row("moe8", f"(4) Qwen3-235B-A22B EP over 8 nodes, {result['completed']:,} requests, "
+        f"analytical", f"{wall:.1f} s")
+    row("moe64", "    Qwen3-235B-A22B EP over 64 nodes (512 GPUs), packet",
+        "no 64-node example is shipped yet: not measured")
+    row("memory", "    cluster memory per idle GPU", "not measured by this script")
+
+
+def flow() -> None:
+    from fabric_speed import flow_all_to_all, flow_warm_up
+
+    flow_warm_up()
+    figures = []
+    for hosts in (64, 128, 256):
+        r = flow_all_to_all(hosts, reference=False)
+        figures.append(f"{r['sends_s'] + r['run_s']:.2f}")
+    row("flow", "(5) flow backend, all-to-all of 1 MB messages on a leaf-spine",
+        f"{' / '.join(figures)} CPU-s at 64 / 128 / 256 hosts (512: fabric_speed.py)")
+
+
+def search(n: int = 50) -> None:
+    import tempfile
+
+    from dse.backends import quiet_optuna
+    from search_overhead import batched, open_raw, quickstart_trial
+    import dataclasses
+
+    study, outcome = quickstart_trial()
+    outcome = dataclasses.replace(outcome, elapsed_s=0.25)
+    with quiet_optuna(), tempfile.TemporaryDirectory() as d:
+        raw = open_raw("sqlite", Path(d))
+        t = time.perf_counter()
+        batched(raw, study, outcome, n)
+        per_trial = (time.perf_counter() - t) / n
+    row("search", f"(6) dse search driver over SQLite, {n} trials, nothing simulated",
+        f"{per_trial * 1e3:.1f} ms per trial")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="123456", help="rows to run, e.g. 13")
+    parser.add_argument("--requests", type=int, default=1_000_000,
+                        help="requests of row (2) (default 1,000,000)")
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")
+    steps = {"1": mooncake, "2": lambda: million(args.requests), "3": quickstart, "4": moe8,
+             "5": flow, "6": search}
+    for k in args.only:
+        steps[k]()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Quiet steps taken together: an engine whose every running request only decodes advances many
+steps at once, with exactly the decisions, times and records of stepping one at a time.
+
+A step is *quiet* when the batch is the running requests, each decoding one token, and nothing is
+waiting: nothing is admitted, finished, preempted or blocked, and the step's shape follows from
+the previous one (every context one token longer). Such steps repeat until a request finishes,
+the block pool runs short, or something from outside the engine loops changes the scheduler: a
+request arrives (the client, the API server's path), a client gives up, a sample of the
+engines' state is taken. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
+these can happen and times them with the step-time model one by one (the same calls, in the
+same order, with the same shapes, so every step time and every end time is the same float as
+when stepping); the loop then waits once, for their total, and `QuietLeap.apply` brings the
+scheduler to where the steps would have left it: every request `k` tokens further, and the
+block allocations of the steps that cross a block boundary made in the steps' order, request by
+request in batch order, so the pool's free queue, the prefix cache and its evictions are those
+of single steps. Observers take the steps together (`StepObserver.on_quiet_steps`).
+
+*Outside the engine loops* is read from SimPy's event queue: the earliest queued event that
+is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
+counts a quiet run leaves unchanged). While the client holds requests back (max concurrency),
+a request finishing on another engine sends one at once, so then every queued event counts.
+The run is taken only when it ends strictly before that horizon: a step ending exactly at an
+external event's time is left to single stepping, whose order SimPy decides.
+
+Taken only where the equivalence is simple: one engine stepping alone on a step-time model (not
+over the fabric, not an expert-parallel group), with no KV connector and a single KV-cache
+group. Elsewhere the engine steps one at a time, as it always does at the edges of a run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import simpy
+
+from simcore.compute.base import StepShape
+from simcore.engine.kv_cache import KVCacheManager
+
+MIN_STEPS = 2
+"""Fewest quiet steps worth taking together (one step is cheaper stepped on its own)."""
+MAX_STEPS = 65536
+"""Most steps taken together (bounds the lists of one run)."""
+
+
+class InertTimeout(simpy.Timeout):
+    """A timeout whose firing changes no engine's scheduler from outside that engine's loop (an
+    engine loop's own step, the router's load report): the horizon of a quiet run passes it."""
+
+
+def horizon(env: simpy.Environment, all_events: bool) -> float:
+    """The earliest virtual time at which something outside the engine loops may change a
+    scheduler: the first queued event that is not an `InertTimeout` (with `all_events`, the
+    first queued event of any kind). Walks SimPy's heap from the root, pruning subtrees that
+    start no earlier than the best found."""
+    queue = env._queue
+    if not queue:
+        return math.inf
+    if all_events:
+        return queue[0][0]
+    best = math.inf
+    n = len(queue)
+    stack = [0]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        i = pop()
+        entry = queue[i]
+        t = entry[0]
+        if t >= best:
+            continue
+        if type(entry[3]) is not InertTimeout:
+            best = t
+            continue
+        c = 2 * i + 1
+        if c < n:
+            push(c)
+            if c + 1 < n:
+                push(c + 1)
+    return best
+
+
+@dataclass(slots=True)
+class QuietRun:
+    """`num_steps` quiet steps of `requests` (the batch, in order), starting at `start_s`: each
+    step's shape, `StepTime` and end time, and the single wait that covers them."""
+
+    requests: list
+    shapes: list[StepShape]
+    times: list
+    ends_s: list[float]
+    start_s: float
+    delay_s: float
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.ends_s)
+
+
+class QuietLeap:
+    """Plans and applies quiet runs for one engine (`sched`) timed by `time_step(shape)`.
+
+    `all_events()` says whether every queued event must count as external (the client holds
+    requests back, so another engine's output may send one at once)."""
+
+    __slots__ = ("env", "sched", "time_step", "all_events", "budget", "block_size",
+                 "max_model_len", "next_shape", "next_time")
+
+    def __init__(self, env: simpy.Environment, sched, time_step, all_events):
+        self.env = env
+        self.sched = sched
+        self.time_step = time_step
+        self.all_events = all_events
+        c = sched.config
+        self.budget = c.token_budget
+        self.block_size = c.block_size
+        self.max_model_len = c.max_model_len
+        self.next_shape: StepShape | None = None
+        """The shape and time of the step a plan timed but left to single stepping (it would
+        reach the horizon): the loop's next step, if its shape is the same."""
+        self.next_time = None
+
+    @staticmethod
+    def supported(sched, immediate: bool) -> bool:
+        """Whether quiet runs are exact for this engine: a step-time model's immediate step, no
+        KV connector, one KV-cache group, no speculative tokens."""
+        return (immediate and sched.connector is None and type(sched.kv) is KVCacheManager
+                and not getattr(sched, "num_spec_tokens", 0))
+
+    def plan(self, last_total_s: float) -> QuietRun | None:
+        """The quiet steps ahead of the engine now, or None when fewer than `MIN_STEPS`.
+
+        `last_total_s` is the previous step's time: when even one more such step would reach
+        the horizon, nothing is computed."""
+        sched = self.sched
+        running = sched.running
+        num = len(running)
+        if not num or num > self.budget or len(sched.waiting.items):
+            return None
+        env = self.env
+        now = env.now
+        limit = horizon(env, self.all_events())
+        if now + MIN_STEPS * last_total_s >= limit:
+            return None
+        max_len = self.max_model_len
+        steps = MAX_STEPS
+        ctx = []
+        for req in running:
+            tokens = req.prompt_len + req.num_output_tokens
+            c = req.num_computed_tokens
+            if c != tokens - 1:                # not decoding one token
+                return None
+            # Steps before the one that finishes it (that step is taken on its own).
+            left = req.max_tokens - req.num_output_tokens
+            if max_len - tokens < left:
+                left = max_len - tokens
+            if left - 1 < steps:
+                steps = left - 1
+            ctx.append(c)
+        if steps < MIN_STEPS:
+            return None
+        steps = self._block_limit(running, ctx, steps)
+        if steps < MIN_STEPS:
+            return None
+        # Time the steps one by one, as single stepping would, until one would end at or after
+        # the horizon.
+        kv0 = sum(ctx) + num
+        time_step = self.time_step
+        shapes: list[StepShape] = []
+        times = []
+        ends: list[float] = []
+        t = now
+        for j in range(steps):
+            kv = kv0 + j * num
+            shape = StepShape(num, num, num, float(kv), kv, kv)
+            st = time_step(shape)
+            t_end = t + st.total_s
+            if not t_end < limit:
+                self.next_shape = shape
+                self.next_time = st
+                break
+            shapes.append(shape)
+            times.append(st)
+            ends.append(t_end)
+            t = t_end
+        k = len(ends)
+        while k >= MIN_STEPS:
+            delay = _exact_delay(now, ends[k - 1])
+            if delay is not None:
+                break
+            k -= 1
+        else:
+            return None
+        if k < len(ends):
+            del shapes[k:], times[k:], ends[k:]
+        return QuietRun(list(running), shapes, times, ends, now, delay)
+
+    def _block_limit(self, running, ctx: list[int], steps: int) -> int:
+        """The most of `steps` quiet steps whose new blocks the free pool holds (so no
+        allocation fails and nothing is preempted)."""
+        kv = self.sched.kv
+        free = len(kv.pool.free)
+        bs = self.block_size
+        req_blocks = kv.req_blocks
+        held = [len(req_blocks[r.request_id]) for r in running]
+
+        def need(k: int) -> int:
+            total = 0
+            for c, h in zip(ctx, held):
+                n = -(-(c + k) // bs) - h
+                if n > 0:
+                    total += n
+            return total
+
+        if need(steps) <= free:
+            return steps
+        lo, hi = 0, steps            # need(lo) <= free < need(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def apply(self, run: QuietRun) -> None:
+        """Bring the scheduler to where `run`'s steps leave it, making the block allocations of
+        the steps that cross a block boundary in the order single steps make them."""
+        sched = self.sched
+        kv = sched.kv
+        fit = kv.num_tokens_fit
+        allocate_slots = kv.allocate_slots
+        k = run.num_steps
+        reqs = run.requests
+        base = [(r.num_computed_tokens, r.num_output_tokens) for r in reqs]
+        # (step, position in the batch) of each request's next call to allocate_slots: the
+        # first step j (1-based) whose token would pass the tokens its blocks hold.
+        heap = []
+        for i, r in enumerate(reqs):
+            j = fit[r.request_id] - base[i][0] + 1
+            if j <= k:
+                heap.append((j, i))
+        heapq.heapify(heap)
+        while heap:
+            j, i = heapq.heappop(heap)
+            r = reqs[i]
+            c0, o0 = base[i]
+            r.num_computed_tokens = c0 + j - 1
+            r.num_output_tokens = o0 + j - 1
+            if not allocate_slots(r, 1):
+                raise RuntimeError(f"a quiet step found no block for {r.request_id} "
+                                   f"(the plan counted enough)")
+            nxt = fit[r.request_id] - c0 + 1
+            if nxt <= j:
+                raise RuntimeError(f"allocate_slots left {r.request_id} no room for its token")
+            if nxt <= k:
+                heapq.heappush(heap, (nxt, i))
+        for r, (c0, o0) in zip(reqs, base):
+            r.num_computed_tokens = c0 + k
+            r.num_output_tokens = o0 + k
+            r.work_done_tokens += k
+        sched.num_steps += k
+
+
+def _exact_delay(now: float, end: float) -> float | None:
+    """A delay that SimPy adds to `now` to land exactly on `end` (it schedules at now + delay),
+    or None if none is found near `end - now`."""
+    delay = end - now
+    if now + delay == end:
+        return delay
+    for direction in (math.inf, -math.inf):
+        d = delay
+        for _ in range(4):
+            d = math.nextafter(d, direction)
+            if d >= 0 and now + d == end:
+                return d
+    return None

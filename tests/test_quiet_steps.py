@@ -1,0 +1,227 @@
+"""Quiet steps taken together (`simcore.serve.quiet`) give exactly what stepping one at a time
+gives: the same records, counters, samples and scheduler state, bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import pytest
+import simpy
+
+import simcore.serve.loop as loop
+from simcore.compute.base import StepShape, StepTime
+from simcore.config import load_config
+from simcore.engine.request import Request
+from simcore.engine.scheduler import Scheduler, SchedulerConfig
+from simcore.serve import run_serving
+from simcore.serve import quiet
+from simcore.serve.quiet import InertTimeout, QuietLeap, horizon
+from simcore.simulate import simulate
+from simcore.workload.spec import RequestSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class KvStep:
+    """Stub step model whose time grows with tokens, sequences and KV read (so every step of a
+    quiet run has its own time), with an irrational-looking base so that sums round."""
+
+    profile_id = "stub/kv"
+    calibrated = False
+    relative_uncertainty = 0.0
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        t = 0.0031 + 1.7e-5 * shape.num_tokens + 3.1e-6 * shape.num_seqs \
+            + 1.3e-8 * shape.kv_tokens_read
+        return StepTime(total_s=t, compute_s=t, comm_s=0.0, bound="memory")
+
+
+def specs(seed: int, n: int, *, rate: float, shared: bool) -> list[RequestSpec]:
+    rng = random.Random(seed)
+    out = []
+    t = 0.0
+    for i in range(n):
+        t += rng.expovariate(rate)
+        p = rng.randint(1, 600)
+        keys = tuple(rng.randint(0, 3) if shared and k < 4 else rng.getrandbits(60)
+                     for k in range(p // 16))
+        out.append(RequestSpec(f"r{i}", t, p, rng.randint(1, 300), keys,
+                               priority=rng.randint(0, 2)))
+    return out
+
+
+def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=None,
+        timeout=None, server=False, **sched):
+    old = loop.QUIET_LEAPS
+    loop.QUIET_LEAPS = leaps
+    try:
+        cfg = dict(max_num_seqs=32, max_num_batched_tokens=512, num_blocks=800, block_size=16,
+                   max_model_len=1024)
+        cfg.update(sched)
+        r = run_serving(list(reqs), sched_config=SchedulerConfig(**cfg), num_replicas=replicas,
+                        step_model=KvStep(), router_policy=router, report_interval_s=0.05,
+                        balance_threshold=4, max_concurrency=max_concurrency,
+                        max_model_len=cfg["max_model_len"], sample_interval_s=0.5,
+                        request_timeout_s=timeout,
+                        request_cpu_s=(lambda p: 1e-4 + 1e-6 * p) if server else None,
+                        request_latency_s=0.002 if server else 0.0)
+    finally:
+        loop.QUIET_LEAPS = old
+    return r
+
+
+def canonical_hashes(pool) -> list:
+    """The pool's blocks grouped by content, hashes renamed in block order: engines share one
+    hash space, whose labels for blocks unique to a request follow the order engines reach
+    them, which a quiet run may change; which blocks hold the same content may not."""
+    names: dict[int, int] = {}
+    for h in pool.block_hash:
+        if h and h not in names:
+            names[h] = len(names)
+    return [[names.get(h, 0) for h in pool.block_hash],
+            sorted((names[h], blocks) for h, blocks in pool.cached.items())]
+
+
+def snapshot(r) -> str:
+    """Everything a run produced, as text compared byte for byte."""
+    recs = [{k: getattr(x, k) for k in x.__slots__} if hasattr(x, "__slots__") else vars(x)
+            for x in r.records]
+    pools = [(list(s.kv.pool.free), canonical_hashes(s.kv.pool), s.kv.pool.num_evictions,
+              s.num_steps, s.kv.num_hit_blocks) for s in r.schedulers]
+    return json.dumps([recs, [vars(x) if not hasattr(x, "__slots__") else
+                              {k: getattr(x, k) for k in x.__slots__} for x in r.replicas],
+                       vars(r.timeseries) if not hasattr(r.timeseries, "__slots__") else
+                       {k: getattr(r.timeseries, k) for k in r.timeseries.__slots__},
+                       pools, r.end_s, r.num_routed_by_prefix], default=repr)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the steps taken in quiet runs."""
+    seen = {"runs": 0, "steps": 0}
+    plan = QuietLeap.plan
+
+    def counting(self, last):
+        got = plan(self, last)
+        if got is not None:
+            seen["runs"] += 1
+            seen["steps"] += got.num_steps
+        return got
+
+    monkeypatch.setattr(QuietLeap, "plan", counting)
+    return seen
+
+
+CASES = {       # (serving settings, scheduler settings)
+    "one engine": ({}, {}),
+    "four engines, prefix affinity": (dict(replicas=4, router="prefix_affinity"), {}),
+    "least outstanding, API server path": (dict(replicas=2, router="least_outstanding",
+                                                server=True), {}),
+    "max concurrency": (dict(replicas=2, max_concurrency=12), {}),
+    "client timeout": (dict(timeout=2.5), {}),
+    "small pool, preemptions": ({}, dict(num_blocks=120, max_num_seqs=64)),
+    "priority, watermark": (dict(replicas=2), dict(policy="priority", watermark=0.05)),
+    "no prefix caching": ({}, dict(enable_prefix_caching=False)),
+    "short max_model_len": ({}, dict(max_model_len=640)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_runs_match_single_steps_bit_for_bit(name, counted):
+    serving, sched = CASES[name]
+    reqs = specs(7, 160, rate=6.0, shared=True)
+    single = run(reqs, False, **serving, **sched)
+    assert counted["steps"] == 0
+    together = run(reqs, True, **serving, **sched)
+    assert snapshot(together) == snapshot(single)
+    # The comparison means something only where runs were taken.
+    total = sum(s.num_steps for s in together.schedulers)
+    assert counted["runs"] > 0 and counted["steps"] > 0.2 * total, (counted, total)
+
+
+def test_shipped_examples_are_unchanged(counted):
+    for name in ("quickstart.yaml", "mooncake_prefix_affinity.yaml"):
+        cfg = load_config(ROOT / "examples" / name)
+        loop.QUIET_LEAPS = False
+        try:
+            single = json.dumps(simulate(cfg), sort_keys=True)
+        finally:
+            loop.QUIET_LEAPS = True
+        assert json.dumps(simulate(cfg), sort_keys=True) == single, name
+    assert counted["steps"] > 0
+
+
+def test_horizon_passes_inert_timeouts_only():
+    env = simpy.Environment()
+    for d in (0.5, 0.1, 0.3, 0.2, 0.05):
+        InertTimeout(env, d)
+    assert horizon(env, False) == float("inf")
+    assert horizon(env, True) == 0.05
+    env.timeout(0.4)
+    InertTimeout(env, 0.01)
+    env.timeout(0.25)
+    assert horizon(env, False) == 0.25
+    assert horizon(env, True) == 0.01
+
+
+def _decoding_scheduler(n: int, pool: int, seed: int) -> Scheduler:
+    rng = random.Random(seed)
+    s = Scheduler(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096,
+                                  num_blocks=pool, block_size=16, max_model_len=4096))
+    for i in range(n):
+        p = rng.randint(1, 200)
+        keys = tuple(rng.randint(0, 1) if k < 2 else rng.getrandbits(60) for k in range(p // 16))
+        s.add_request(Request(f"q{i}", i, p, rng.randint(100, 400), keys))
+    while any(r.num_computed_tokens < r.num_tokens - 1 for r in s.running) or s.waiting.items:
+        s.update(s.schedule())
+    return s
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_apply_leaves_the_pool_as_single_steps_do(seed):
+    s = _decoding_scheduler(12, 240, seed)
+    t = copy.deepcopy(s)
+    env = simpy.Environment()
+    leap = QuietLeap(env, t, KvStep().step_time, lambda: False)
+    got = leap.plan(0.0)
+    assert got is not None and got.num_steps >= 2
+    for _ in range(got.num_steps):
+        out = s.schedule()
+        assert not out.new and not out.preempted and len(out.scheduled) == len(s.running)
+        emitted, finished = s.update(out)
+        assert not finished
+    leap.apply(got)
+    state = lambda x: (list(x.kv.pool.free), x.kv.pool.cached, x.kv.pool.block_hash,
+                       x.kv.pool.ref_cnt, x.kv.req_blocks, x.kv.num_tokens_fit,
+                       x.kv.num_cached_block, x.num_steps,
+                       [(r.num_computed_tokens, r.num_output_tokens, r.work_done_tokens,
+                         r.block_hashes) for r in x.running])
+    assert state(t) == state(s)
+
+
+def test_a_run_stops_before_a_request_finishes_or_blocks_run_out():
+    s = _decoding_scheduler(10, 10_000, 1)
+    shortest = min(r.max_tokens - r.num_output_tokens for r in s.running)
+    got = QuietLeap(simpy.Environment(), s, KvStep().step_time, lambda: False).plan(0.0)
+    assert got.num_steps == shortest - 1
+    # With the pool nearly full the run is cut where the free blocks run out.
+    s = _decoding_scheduler(10, 150, 2)
+    free = len(s.kv.pool.free)
+    got = QuietLeap(simpy.Environment(), s, KvStep().step_time, lambda: False).plan(0.0)
+    if got is not None:
+        need = sum(max(0, -(-(r.num_computed_tokens + got.num_steps) // 16)
+                       - len(s.kv.req_blocks[r.request_id])) for r in s.running)
+        assert need <= free
+
+
+def test_a_run_ends_before_the_next_external_event():
+    s = _decoding_scheduler(6, 10_000, 3)
+    env = simpy.Environment()
+    env.timeout(0.05)             # e.g. the client's next arrival
+    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+    assert got.ends_s[-1] < 0.05
+    assert got.ends_s[-1] + KvStep().step_time(got.shapes[-1]).total_s >= 0.05 - 1e-3
+    assert quiet.MIN_STEPS <= got.num_steps
