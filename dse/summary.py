@@ -100,6 +100,27 @@ def render_envelope(r: dict) -> list[str]:
     return lines
 
 
+def _session_lines(s: dict) -> list[str]:
+    """How the sessions of a multi-turn workload ended, and what their later turns gained."""
+
+    def ms(part: dict) -> str:
+        return "-" if part["mean_ms"] is None else f"{part['mean_ms']:.2f}"
+
+    return [
+        _title(" Sessions ", "-"),
+        _row("Sessions completed / run:", f"{s['completed']} / {s['num_sessions']}"),
+        _row("Ended at the context limit:", s["ended_max_context"]),
+        _row("Ended by a failed turn:", s["ended_failed"]),
+        _row("Turns sent (mean per session):", f"{s['turns_sent']} "
+                                               f"({s['mean_turns_sent']:.2f})"),
+        _row("Prefix-cache hit rate, first / later turns:",
+             f"{s['prefix_cache_hit_rate_first_turns']:.2f} / "
+             f"{s['prefix_cache_hit_rate_later_turns']:.2f}"),
+        _row("Mean TTFT, first / later turns (ms):",
+             f"{ms(s['ttft_first_turns'])} / {ms(s['ttft_later_turns'])}"),
+    ]
+
+
 def render_summary(r: dict) -> str:
     """The headline metrics, the engine's view, the explanation, assumptions and provenance."""
     p = r["provenance"]
@@ -132,6 +153,8 @@ def render_summary(r: dict) -> str:
         for k, v in r.items():
             if k.startswith("p") and k.endswith(f"_{m}_ms") and k.count("_") == 2:
                 lines.append(_row(f"P{k[1:].split('_')[0]} {m.upper()} (ms):", v))
+    if "sessions" in r:
+        lines += _session_lines(r["sessions"])
     lines.append(_title(" Engine ", "-"))
     kv = r["kv_cache"]
     lines += [

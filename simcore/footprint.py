@@ -17,7 +17,8 @@ from pathlib import Path
 
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
-from simcore.workload.config import (PrefixRepetitionDataset, RandomDataset, TIMED_TRACES)
+from simcore.workload.config import (SESSION_DATASETS, TIMED_TRACES, PrefixRepetitionDataset,
+                                     RandomDataset, count_bounds)
 
 REQUEST_BYTES = 2_000
 """Memory a request holds until the result is written, apart from its output tokens."""
@@ -42,6 +43,9 @@ def output_tokens_per_request(cfg: SimConfig) -> tuple[float, bool]:
         return (low + high) / 2, True
     if isinstance(ds, PrefixRepetitionDataset):
         return float(ds.output_len), True
+    if isinstance(ds, SESSION_DATASETS):
+        low, high = count_bounds(ds.reply_len)
+        return (low + high) / 2, True
     output_len = getattr(ds, "output_len", None)
     return (float(output_len), True) if output_len is not None else (1.0, False)
 
@@ -91,7 +95,10 @@ def check_fits(cfg: SimConfig, available_bytes: int | None) -> None:
     per_request = REQUEST_BYTES + OUTPUT_TOKEN_BYTES * tokens
     each = (f"{per_request:,.0f} bytes a request with {tokens:g} output tokens each" if known
             else f"at least {per_request:,.0f} bytes a request")
+    field = "num_prompts"
+    if isinstance(cfg.workload.dataset, SESSION_DATASETS):
+        field = "dataset.num_sessions"     # its sessions' turns, at most
     raise ConfigError(
-        f"workload.num_prompts: {cfg.workload.resolved_num_prompts:,} requests need about "
+        f"workload.{field}: {cfg.workload.resolved_num_prompts:,} requests need about "
         f"{need / GIB:,.1f} GiB of memory ({each}), more than the {available_bytes / GIB:,.1f} "
-        f"GiB this machine has available; lower num_prompts or free memory")
+        f"GiB this machine has available; lower {field.split('.')[-1]} or free memory")

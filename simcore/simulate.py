@@ -24,6 +24,7 @@ from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment
 from simcore.workload.generate import request_stream
+from simcore.workload.sessions import session_summary
 
 def host_of(model) -> HostOverheads | None:
     """The step model's CPU side (`simcore.host`; an expert-parallel group's is its ranks'),
@@ -235,6 +236,9 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
     m["max_kv_cache_usage"] = float(usage.max()) if usage.size else 0.0
     m["num_steps"] = sum(s.num_steps for s in stats)
     m["num_routed_by_prefix"] = run.num_routed_by_prefix
+    if run.sessions is not None:
+        m["sessions"] = session_summary(run.sessions, run.records,
+                                        [j for _, j in run.session_turns], pcts)
     comm = sum(s.comm_s for s in stats)
     m["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
     ep = None
@@ -275,8 +279,18 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
                                                 dep.expert_parallel)
                        for i, (s, sched) in enumerate(zip(stats, run.schedulers))),
         timeseries=TimeSeriesResult(ts.t_s, ts.kv_usage, ts.num_running, ts.num_waiting),
-        requests=tuple(_request_row(r) for r in run.records),
+        requests=_request_rows(run),
         provenance=prov, expert_parallel=ep, cluster=cluster_part, trace=trace)
+
+
+def _request_rows(run: ServingRun) -> tuple[dict, ...]:
+    """One row a request; with sessions, each names its session and turn."""
+    rows = tuple(_request_row(r) for r in run.records)
+    if run.session_turns is not None:
+        for row, (session_id, turn) in zip(rows, run.session_turns):
+            row["session_id"] = session_id
+            row["turn"] = turn
+    return rows
 
 
 def _request_row(r) -> dict:

@@ -200,10 +200,10 @@ def test_lossless_classes_name_the_field():
      "config: engine.scheduling_policy: expected one of fcfs, priority (got 'lifo')"),
     ({"workload": {"dataset": {"kind": "randm"}}},
      "config: workload.dataset.kind: expected one of random, prefix_repetition, sharegpt, "
-     "custom, mooncake, azure (got 'randm')"),
+     "custom, mooncake, azure, sessions, agent_sessions (got 'randm')"),
     ({"workload": {"dataset": {"input_len": 8}}},
      "config: workload.dataset.kind: is required (one of random, prefix_repetition, sharegpt, "
-     "custom, mooncake, azure)"),
+     "custom, mooncake, azure, sessions, agent_sessions)"),
     ({"workload": {"dataset": {"kind": "random", "input_len": "long"}}},
      "config: workload.dataset.input_len: expected a whole number (got 'long')"),
     ({"metrics": {"goodput": {"ttfx": 500}}},

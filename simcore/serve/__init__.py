@@ -24,6 +24,7 @@ from simcore.serve.loop import MAX_EMPTY_STEPS, EngineLoop, Rank
 from simcore.serve.observers import (NetworkShares, ReplicaCounters, ReplicaStats, TimeSeries,
                                      TimeSeriesSampler)
 from simcore.workload.generate import RequestStream
+from simcore.workload.sessions import SessionOutcomes, SessionStream
 from simcore.workload.spec import RequestSpec
 
 __all__ = ["MAX_EMPTY_STEPS", "ApiServerPath", "ClientSettings", "ReplicaStats", "ServingRun",
@@ -40,10 +41,14 @@ class ServingRun:
     schedulers: list[Scheduler]
     end_s: float
     num_routed_by_prefix: int
+    sessions: SessionOutcomes | None = None
+    """How a session workload's sessions ended; None for independent requests."""
+    session_turns: list[tuple[str, int]] | None = None
+    """With sessions: record i's session id and 0-based turn."""
 
 
-def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: SchedulerConfig,
-                num_replicas: int, step_model: StepTimeModel, router_policy: str,
+def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
+                sched_config: SchedulerConfig, num_replicas: int, step_model: StepTimeModel, router_policy: str,
                 report_interval_s: float, balance_threshold: int, max_concurrency: int | None,
                 max_model_len: int, sample_interval_s: float,
                 progress: Callable[[float, int, int], None] | None = None,
@@ -55,7 +60,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     `specs` is read once, in order, as the client reaches each request (a RequestStream makes
-    them then); each request's record is made when it arrives.
+    them then); each request's record is made when it arrives. A SessionStream runs
+    closed-loop sessions instead (`Frontend`): a turn's record is made when the turn arrives.
 
     A request whose prompt plus output exceeds `max_model_len` is refused at once, as vLLM's API
     server refuses it, and recorded as failed. With `request_timeout_s`, a request not finished
@@ -124,4 +130,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream, *, sched_config: S
     env.process(sampler.process())
     env.run(until=frontend.all_done)
     return ServingRun(frontend.records, counters.stats, sampler.series,
-                      [r.sched for r in ranks], env.now, router.num_prefix_routed)
+                      [r.sched for r in ranks], env.now, router.num_prefix_routed,
+                      frontend.outcomes,
+                      None if frontend.sessions is None
+                      else [(s.session_id, j) for s, j in frontend.session_of])

@@ -5,8 +5,11 @@ router, and what becomes of each request's record.
 lets it), refuses one longer than `max_model_len`, routes it, passes it through the API server's
 path, adds it to its engine's scheduler, gives it up at the client's timeout, and records its
 first scheduling, its tokens and its completion; as a `StepObserver` of the engine loops it
-sees each step's admissions and outputs. `KvHandoff`, another observer, moves KV caches over
-the fabric (P/D disaggregation, an external KV tier) through `simcore.cluster.kvpaths.KvPaths`.
+sees each step's admissions and outputs. Given a `SessionStream` instead of requests, it runs
+closed-loop sessions: each session's first turn at its start, each later turn when the previous
+turn's reply has completed plus the turn's pause (`simcore.workload.sessions`). `KvHandoff`,
+another observer, moves KV caches over the fabric (P/D disaggregation, an external KV tier)
+through `simcore.cluster.kvpaths.KvPaths`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from simcore.router import Router
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
 from simcore.serve.quiet import InertTimeout
+from simcore.workload.sessions import (COMPLETED, ENDED_FAILED, ENDED_MAX_CONTEXT, Session,
+                                       SessionOutcomes, SessionStream)
 from simcore.workload.spec import RequestSpec
 
 
@@ -54,13 +59,21 @@ class ClientSettings:
 
 
 class Frontend(StepObserver):
-    """Client, API server, router and request records for the engines `ranks`."""
+    """Client, API server, router and request records for the engines `ranks`.
+
+    With sessions, `total` starts as the turns the sessions plan and drops by the turns a
+    session will no longer send when it ends early; `session_of[i]` is record i's session and
+    turn, `outcomes` how the sessions ended, `thinking` the sessions between a reply and their
+    next turn.
+    """
 
     __slots__ = ("env", "specs", "ranks", "client", "server", "router", "entry", "prefill_of",
                  "kv", "records", "progress", "total", "done", "all_done", "all_sent",
-                 "backlog", "in_flight", "in_server", "server_free")
+                 "backlog", "in_flight", "in_server", "server_free", "sessions", "session_of",
+                 "outcomes", "thinking", "context_limit")
 
-    def __init__(self, env: simpy.Environment, specs: Sequence[RequestSpec], ranks: list[Rank],
+    def __init__(self, env: simpy.Environment,
+                 specs: Sequence[RequestSpec] | SessionStream, ranks: list[Rank],
                  router: Router, entry: list[int], client: ClientSettings,
                  server: ApiServerPath, kv=None,
                  progress: Callable[[float, int, int], None] | None = None):
@@ -86,12 +99,30 @@ class Frontend(StepObserver):
         self.in_flight = 0
         self.in_server = 0           # sent, still on the API server's path to an engine
         self.server_free = [0.0] * server.num_servers   # when each process is next free (a heap)
+        self.sessions = specs if isinstance(specs, SessionStream) else None
+        self.session_of: list[tuple[Session, int]] = []
+        self.outcomes: SessionOutcomes | None = None
+        self.thinking = 0
+        self.context_limit = client.max_model_len
+        if self.sessions is not None:
+            self.outcomes = SessionOutcomes(num_sessions=len(self.sessions.sessions),
+                                            turns_planned=self.total)
+            if self.sessions.max_context_tokens is not None:
+                self.context_limit = self.sessions.max_context_tokens
 
     # -- the client ------------------------------------------------------------------------
 
     def process(self):
         """The benchmark client: one record per request, made as it arrives."""
         env = self.env
+        if self.sessions is not None:
+            for session in self.sessions.sessions:
+                delay = session.start_s - env.now
+                if delay > 0:
+                    yield env.timeout(delay)
+                self.turn(session, 0)
+            self.all_sent = True
+            return
         limit = self.client.max_concurrency
         for idx, spec in enumerate(self.specs):
             self.records.append(RequestRecord(request_id=spec.request_id,
@@ -107,9 +138,57 @@ class Frontend(StepObserver):
                 self.send(idx, spec)
         self.all_sent = True
 
+    def turn(self, session: Session, j: int) -> None:
+        """Turn j of `session` arrives at the client: sent (or held by max_concurrency) unless
+        its prompt plus reply exceed the client's context limit, which ends the session."""
+        t = session.turns[j]
+        if t.prompt_len + t.output_len > self.context_limit:
+            self.end_session(session, j, ENDED_MAX_CONTEXT)
+            return
+        env = self.env
+        spec = session.spec(j, session.start_s if j == 0 else env.now)
+        idx = len(self.records)
+        self.records.append(RequestRecord(request_id=spec.request_id, prompt_len=spec.prompt_len,
+                                          output_len=spec.output_len, arrival_s=spec.arrival_s))
+        self.session_of.append((session, j))
+        self.outcomes.turns_sent += 1
+        limit = self.client.max_concurrency
+        if limit is not None and self.in_flight >= limit:
+            self.backlog.append((idx, spec))
+        else:
+            self.send(idx, spec)
+
+    def end_session(self, session: Session, unsent: int, how: str) -> None:
+        """`session` ends with turns `unsent`.. never sent."""
+        self.total -= len(session.turns) - unsent
+        self.outcomes.end(session.session_id, how)
+        if self.done == self.total and not self.all_done.triggered:
+            self.all_done.succeed()
+
+    def next_turn(self, idx: int) -> None:
+        """Record idx, a turn, is done: its session's next turn arrives after its pause; a
+        failed turn or the last one ends the session."""
+        session, j = self.session_of[idx]
+        if not self.records[idx].success:
+            self.end_session(session, j + 1, ENDED_FAILED)
+            return
+        self.outcomes.turns_completed += 1
+        if j + 1 == len(session.turns):
+            self.outcomes.end(session.session_id, COMPLETED)
+            return
+        self.thinking += 1
+
+        def arrive(_) -> None:
+            self.thinking -= 1
+            self.turn(session, j + 1)
+
+        self.env.timeout(session.turns[j + 1].think_s).callbacks.append(arrive)
+
     def finish(self, idx: int) -> None:
         self.done += 1
         self.in_flight -= 1
+        if self.sessions is not None:
+            self.next_turn(idx)
         if self.progress is not None:
             self.progress(self.env.now, self.done, self.total)
         if self.backlog:
@@ -134,8 +213,11 @@ class Frontend(StepObserver):
         rec.replica = r
         rank = self.ranks[r]
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
+        # A turn of a session also carries the keys of the blocks its reply fills.
+        keys = (spec.block_keys + spec.output_block_keys if spec.output_block_keys
+                else spec.block_keys)
         req = Request(spec.request_id, idx, spec.prompt_len,
-                      1 if r in self.prefill_of else spec.output_len, spec.block_keys,
+                      1 if r in self.prefill_of else spec.output_len, keys,
                       spec.priority, spec.arrival_s, rec)
         if router.last_hashes is not None:
             # The router already chained this prompt's keyed blocks in the shared hash space.
@@ -219,8 +301,10 @@ class Frontend(StepObserver):
     @property
     def sends_on_output(self) -> bool:
         """Whether an engine's output may send a request at once (the client holds requests
-        back for max concurrency), so that no queued event is inert for the engines."""
-        return bool(self.backlog)
+        back for max concurrency; or, with sessions and several engines, a reply finished on one
+        engine starts a pause after which the next turn may reach another), so that no queued
+        event is inert for the engines."""
+        return bool(self.backlog) or (self.sessions is not None and len(self.ranks) > 1)
 
     # -- the router's view and the run's health --------------------------------------------
 
@@ -233,9 +317,9 @@ class Frontend(StepObserver):
             yield InertTimeout(self.env, interval_s)
 
     def check_lost(self) -> None:
-        """Raise if every request was sent, none is on its way, every engine is idle, and some
-        never completed."""
-        if self.all_sent and not self.backlog and not self.in_server \
+        """Raise if every request was sent, none is on its way or waiting for its session's
+        pause, every engine is idle, and some never completed."""
+        if self.all_sent and not self.backlog and not self.in_server and not self.thinking \
                 and not self.all_done.triggered \
                 and not any(rank.sched.has_requests for rank in self.ranks):
             raise RuntimeError(f"{self.total - self.done} requests were lost: every engine is "

@@ -147,6 +147,122 @@ class CustomDataset(_Frozen):
                                               "count estimate for `prompt` text.")
 
 
+class LengthRange(_Frozen):
+    """A count drawn afresh at each use as vLLM's random dataset draws its lengths: an integer
+    uniform in [floor(mean * (1 - range_ratio)), ceil(mean * (1 + range_ratio))]."""
+
+    mean: int = Field(ge=0, description="Mean of the count.")
+    range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
+                               "uniform range, in [0, 1); 0 = always the mean.")
+
+    @property
+    def low(self) -> int:
+        return math.floor(self.mean * (1 - self.range_ratio))
+
+    @property
+    def high(self) -> int:
+        return math.ceil(self.mean * (1 + self.range_ratio))
+
+
+Count = Annotated[int, Field(ge=0)] | LengthRange
+"""A fixed count (an integer), or a LengthRange drawn at each use."""
+
+
+def count_bounds(value: int | LengthRange) -> tuple[int, int]:
+    """Smallest and largest value a Count can take."""
+    if isinstance(value, LengthRange):
+        return value.low, value.high
+    return value, value
+
+
+class ThinkTime(_Frozen):
+    """The client's pause between a reply's completion and the session's next turn."""
+
+    distribution: Literal["fixed", "exponential"] = Field("exponential", description="'fixed': "
+                                                          "always mean_s; 'exponential': "
+                                                          "exponentially distributed, mean mean_s.")
+    mean_s: float = Field(ge=0, allow_inf_nan=False, description="Mean pause in seconds.")
+
+
+ThinkTimeSpec = Annotated[float, Field(ge=0, allow_inf_nan=False)] | ThinkTime
+"""A fixed pause in seconds (a number), or a ThinkTime."""
+
+
+class _SessionsBase(_Frozen):
+    """Closed-loop multi-turn sessions (`simcore.workload.sessions`).
+
+    Session starts follow the workload's request_rate / burstiness / ramp-up (one start per
+    session, as a request's send time otherwise). Turn 1's prompt is `shared_prefix_len` tokens
+    common to every session followed by `first_prompt_len` tokens of the session's own; it
+    gets `reply_len` tokens. Turn j+1 is sent `think_time_s` after turn j's reply has completed,
+    and its prompt is the conversation so far (turn j's prompt, turn j's reply) followed by a
+    new message of `user_message_len` tokens, so its blocks repeat those turn j computed and can
+    hit them in the prefix cache. Every Count is drawn per session (turns) or per turn
+    (lengths). A session ends after its last turn; or before a turn whose prompt plus reply
+    would exceed `max_context_tokens` (the server's max_model_len when null); or when a turn
+    fails (refused, timed out).
+    """
+
+    num_sessions: int = Field(100, ge=1, description="Sessions the client runs.")
+    turns: Count = Field(4, description="Turns (requests) per session.")
+    shared_prefix_len: int = Field(0, ge=0, description="Tokens at the start of every session's "
+                                   "first prompt that all sessions share (a system prompt).")
+    first_prompt_len: Count = Field(512, description="Tokens of the first prompt after the "
+                                    "shared prefix.")
+    user_message_len: Count = Field(128, description="Tokens of each later turn's new message, "
+                                    "appended to the conversation.")
+    reply_len: Count = Field(256, description="Output tokens of each turn (ignore_eos).")
+    think_time_s: ThinkTimeSpec = Field(10.0, description="Pause after a reply before the next "
+                                        "turn: seconds (fixed), or {distribution, mean_s}.")
+    max_context_tokens: int | None = Field(None, ge=1, description="A turn whose prompt plus "
+                                           "reply would exceed this is not sent and ends its "
+                                           "session; null: the server's max_model_len.")
+
+    @model_validator(mode="after")
+    def _check_counts(self) -> _SessionsBase:
+        for name, least in (("turns", 1), ("user_message_len", 1), ("reply_len", 1),
+                            ("first_prompt_len", 0)):
+            low, _ = count_bounds(getattr(self, name))
+            if low < least:
+                raise ValueError(f"{name}: can be {low}, must be at least {least} (raise the "
+                                 f"mean or lower range_ratio)")
+        if self.shared_prefix_len + count_bounds(self.first_prompt_len)[0] < 1:
+            raise ValueError("first_prompt_len: can be 0 with shared_prefix_len 0; the first "
+                             "prompt needs at least 1 token")
+        return self
+
+
+class SessionsDataset(_SessionsBase):
+    """Chat sessions: a person reads each reply, then types the next message."""
+
+    kind: Literal["sessions"] = Field("sessions", description="Dataset variant tag.")
+
+
+class AgentSessionsDataset(_SessionsBase):
+    """Agentic sessions: the same mechanism with the shape of a tool-using agent. Each reply is
+    a short tool call, each new message the tool's result, the pause the tool's run time; every
+    session starts with a long shared prefix (the system prompt and tool definitions). The
+    defaults are illustrative, not measured: set them from your agent's traces."""
+
+    kind: Literal["agent_sessions"] = Field("agent_sessions", description="Dataset variant tag.")
+    turns: Count = Field(LengthRange(mean=12, range_ratio=0.5), description="Turns (model "
+                         "calls) per session.")
+    shared_prefix_len: int = Field(2048, ge=0, description="Tokens of system prompt and tool "
+                                   "definitions every session starts with.")
+    first_prompt_len: Count = Field(256, description="Tokens of the task after the shared "
+                                    "prefix.")
+    user_message_len: Count = Field(LengthRange(mean=300, range_ratio=0.9), description="Tokens "
+                                    "of each tool result appended to the conversation.")
+    reply_len: Count = Field(LengthRange(mean=80, range_ratio=0.5), description="Output tokens "
+                             "of each turn (a tool call, or the final answer).")
+    think_time_s: ThinkTimeSpec = Field(ThinkTime(distribution="exponential", mean_s=1.0),
+                                        description="The tool's run time between a reply and "
+                                        "the next turn.")
+
+
+SESSION_DATASETS = (SessionsDataset, AgentSessionsDataset)
+
+
 class _TimedTrace(_Frozen):
     """Options shared by traces that carry their own send times."""
 
@@ -166,11 +282,17 @@ class MooncakeDataset(_TimedTrace):
 
     Keys: `timestamp` (ms from the trace start), `input_length`, `output_length` (tokens), optional
     `hash_ids` (one id per `hash_block_tokens` prompt tokens; equal ids = shared prefix blocks).
-    An output_length of 0 is sent as 1 token.
+    An output_length of 0 is sent as 1 token. With `sessions`, conversations are linked into
+    closed-loop sessions (see the field).
     """
 
     kind: Literal["mooncake"] = Field("mooncake", description="Dataset variant tag.")
     hash_block_tokens: int = Field(512, ge=1, description="Tokens per hash id.")
+    sessions: bool = Field(False, description="Replay conversations as closed-loop sessions: a "
+                           "request whose prompt extends an earlier one's prompt and output "
+                           "becomes that request's next turn, sent after the earlier one "
+                           "completes plus the gap between their timestamps "
+                           "(simcore.workload.sessions.mooncake_sessions).")
 
 
 class AzureDataset(_TimedTrace):
@@ -185,7 +307,7 @@ class AzureDataset(_TimedTrace):
 
 Dataset = Annotated[
     RandomDataset | PrefixRepetitionDataset | ShareGPTDataset | CustomDataset | MooncakeDataset
-    | AzureDataset,
+    | AzureDataset | SessionsDataset | AgentSessionsDataset,
     Field(discriminator="kind"),
 ]
 TIMED_TRACES = (MooncakeDataset, AzureDataset)
@@ -197,7 +319,9 @@ class WorkloadConfig(_Frozen):
     Send times follow vLLM: without a ramp-up, request_rate (inf: all at time 0) and burstiness
     (gamma shape; 1 = Poisson); with a ramp-up, the rate moves from ramp_up_start_rps to
     ramp_up_end_rps over the requests, and request_rate must stay inf. Timed traces use their
-    own timestamps unless the dataset's use_timestamps is false.
+    own timestamps unless the dataset's use_timestamps is false. With a sessions dataset
+    (sessions, agent_sessions) these times are the sessions' starts and the dataset's
+    num_sessions replaces num_prompts.
     """
 
     num_prompts: int | None = Field(None, ge=1, description="Requests to send. Null: 1000 (vLLM's "
@@ -234,6 +358,12 @@ class WorkloadConfig(_Frozen):
                 self.request_rate != math.inf or self.ramp_up_strategy is not None):
             raise ValueError("request_rate and ramp_up_strategy have no effect while the trace's "
                              "timestamps are used; set dataset.use_timestamps: false to use them")
+        if isinstance(ds, SESSION_DATASETS) and self.num_prompts is not None:
+            raise ValueError("num_prompts: a sessions dataset runs dataset.num_sessions sessions "
+                             "of several turns each; leave num_prompts unset")
+        if isinstance(ds, MooncakeDataset) and ds.sessions and not ds.use_timestamps:
+            raise ValueError("dataset.sessions: replayed sessions take their think times from the "
+                             "trace's timestamps; set dataset.use_timestamps: true")
         if isinstance(ds, PrefixRepetitionDataset) and self.resolved_num_prompts < ds.num_prefixes:
             raise ValueError(f"num_prompts ({self.resolved_num_prompts}) must be at least "
                              f"dataset.num_prefixes ({ds.num_prefixes})")
@@ -259,7 +389,11 @@ class WorkloadConfig(_Frozen):
 
     @property
     def resolved_num_prompts(self) -> int | None:
-        """num_prompts with vLLM's default filled in; None for a timed trace without a cap."""
+        """num_prompts with vLLM's default filled in; None for a timed trace without a cap; for a
+        sessions dataset, the most turns its sessions can send (num_sessions x most turns)."""
+        ds = self.dataset
+        if isinstance(ds, SESSION_DATASETS):
+            return ds.num_sessions * count_bounds(ds.turns)[1]
         if self.num_prompts is not None or isinstance(self.dataset, TIMED_TRACES):
             return self.num_prompts
         return DEFAULT_NUM_PROMPTS

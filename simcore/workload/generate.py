@@ -11,6 +11,10 @@ Conventions shared by every dataset:
   their send times but are set apart in `Workload.refused` (generate_requests drops them), so the
   simulator can report `failed` as vLLM would.
 - Content identity: see `simcore.workload.keys` for the key namespaces.
+- Sessions (the sessions and agent_sessions datasets, a Mooncake trace with sessions on):
+  `request_stream` returns a `simcore.workload.sessions.SessionStream` instead, whose later
+  turns the client sends as earlier replies complete; the send-time stream gives the sessions'
+  starts.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from simcore.errors import ConfigError
 from simcore.reference_data import SHAREGPT_FIRST_TURN
 from simcore.workload import files
 from simcore.workload.arrivals import send_times_s
-from simcore.workload.config import (AzureDataset, CustomDataset, MooncakeDataset,
-                                     PrefixRepetitionDataset, RandomDataset, ShareGPTDataset,
-                                     WorkloadConfig)
+from simcore.workload.config import (SESSION_DATASETS, AzureDataset, CustomDataset,
+                                     MooncakeDataset, PrefixRepetitionDataset, RandomDataset,
+                                     ShareGPTDataset, WorkloadConfig)
 from simcore.workload.sample import Sample
 from simcore.workload.sampled import custom_samples, sharegpt_samples
+from simcore.workload.sessions import SessionStream, session_stream
 from simcore.workload.spec import RequestSpec
 from simcore.workload.synthetic import prefix_repetition_samples, random_samples
 from simcore.workload.traces import azure_samples, mooncake_samples
@@ -84,9 +89,10 @@ class RequestStream:
 
 
 def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
-                   base_dir: Path) -> RequestStream:
+                   base_dir: Path) -> RequestStream | SessionStream:
     """Every request of `cfg` the client sends, deterministic for `seed`; data paths are
     relative to `base_dir`. Data files are read and checked here, before any request is sent.
+    A workload of sessions gives a SessionStream (see the module docstring).
 
     Raises ConfigError, naming the file and line or the field, for bad data or settings.
     """
@@ -95,6 +101,18 @@ def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
     if seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed}")
     data_seq, arrival_seq = np.random.SeedSequence(seed).spawn(2)
+    ds = cfg.dataset
+    if isinstance(ds, SESSION_DATASETS):
+        starts_s = send_times_s(ds.num_sessions, np.random.default_rng(arrival_seq),
+                                request_rate=cfg.request_rate, burstiness=cfg.burstiness,
+                                ramp_up_strategy=cfg.ramp_up_strategy,
+                                ramp_up_start_rps=cfg.ramp_up_start_rps,
+                                ramp_up_end_rps=cfg.ramp_up_end_rps)
+        return session_stream(cfg, block_size=block_size, base_dir=Path(base_dir),
+                              data_rng=np.random.default_rng(data_seq), starts_s=starts_s)
+    if isinstance(ds, MooncakeDataset) and ds.sessions:
+        return session_stream(cfg, block_size=block_size, base_dir=Path(base_dir),
+                              data_rng=np.random.default_rng(data_seq), starts_s=None)
     samples = _samples(cfg, block_size=block_size, base_dir=Path(base_dir),
                        rng=np.random.default_rng(data_seq), seed=seed)
     times_s = _send_times_s(cfg, samples, np.random.default_rng(arrival_seq))
@@ -103,9 +121,15 @@ def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
 
 def generate_workload(cfg: WorkloadConfig, *, block_size: int, seed: int, base_dir: Path,
                       max_model_len: int | None) -> Workload:
-    """All requests of `cfg` as tuples (see `request_stream`), refused ones set apart."""
+    """All requests of `cfg` as tuples (see `request_stream`), refused ones set apart. A workload
+    of sessions has none fixed in advance (its later turns wait for replies): ConfigError."""
+    stream = request_stream(cfg, block_size=block_size, seed=seed, base_dir=base_dir)
+    if isinstance(stream, SessionStream):
+        raise ConfigError("workload.dataset: a sessions workload sends its later turns as replies "
+                          "complete; run it (simcore.serve.run_serving with request_stream's "
+                          "SessionStream) instead of listing its requests")
     accepted, refused = [], []
-    for spec in request_stream(cfg, block_size=block_size, seed=seed, base_dir=base_dir):
+    for spec in stream:
         (refused if is_refused(spec, max_model_len) else accepted).append(spec)
     return Workload(tuple(accepted), tuple(refused))
 

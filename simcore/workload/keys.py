@@ -14,6 +14,10 @@ namespace, so keys from different sources can only be equal when they are meant 
 - `ROW` (3): the content of one row of a sampled dataset (ShareGPT, custom); value =
   `row_index << 24 | block_index`. A row sent twice (vLLM oversamples when a dataset has fewer rows
   than requests) sends the same prompt twice, so both copies carry the same keys.
+- `SESSION` (4): the conversation of one session (`simcore.workload.sessions`): prompts, replies
+  and new messages of every turn, block by block; value = `session_index << 28 | block_index`.
+  Turn j+1's prompt repeats turn j's prompt and reply, so its blocks carry the keys turn j's
+  blocks had, generated ones included.
 """
 
 from __future__ import annotations
@@ -32,11 +36,16 @@ HASH_BLOCK = 0
 USER = 1
 SHARED_PREFIX = 2
 ROW = 3
+SESSION = 4
 
 _PREFIX_INDEX_SHIFT = 32
 _ROW_INDEX_SHIFT = 24
 MAX_ROW_BLOCKS = 1 << _ROW_INDEX_SHIFT
 """A row's prompt may have at most this many full blocks (268 M tokens at block size 16)."""
+_SESSION_INDEX_SHIFT = 28
+MAX_SESSION_BLOCKS = 1 << _SESSION_INDEX_SHIFT
+"""A session's conversation may have at most this many full blocks."""
+MAX_SESSIONS = VALUE_LIMIT >> _SESSION_INDEX_SHIFT
 
 
 def check_hash_block(block_size: int, hash_block_tokens: int) -> None:
@@ -83,3 +92,11 @@ def row_keys(row_index: int, start_block: int, end_block: int) -> tuple[int, ...
     """Keys of blocks [start_block, end_block) of dataset row `row_index` (end_block <= MAX_ROW_BLOCKS)."""
     base = (ROW << NAMESPACE_SHIFT) | (row_index << _ROW_INDEX_SHIFT)
     return tuple(range(base + start_block, base + end_block))
+
+
+def session_key_base(session_index: int) -> int:
+    """Key of block 0 of session `session_index`'s conversation; block b's key is base + b
+    (b < MAX_SESSION_BLOCKS)."""
+    if not 0 <= session_index < MAX_SESSIONS:
+        raise ConfigError(f"session index {session_index} is outside [0, {MAX_SESSIONS})")
+    return (SESSION << NAMESPACE_SHIFT) | (session_index << _SESSION_INDEX_SHIFT)

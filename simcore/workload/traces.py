@@ -35,18 +35,28 @@ class _Window:
         return (t_s - self.start_s) * self.time_scale
 
 
-def mooncake_samples(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
-                     block_size: int) -> list[Sample]:
-    """The first num_prompts requests of the window, in file order, with hash ids expanded to keys.
+@dataclass(frozen=True, slots=True)
+class MooncakeRow:
+    """One request of a Mooncake trace's window: its 1-based line, run time, lengths (output at
+    least 1), hash ids as written, and the ids expanded to block keys."""
 
-    Request ids are `m{i}`, i the 0-based line index, as in the vLLM conformance scenarios.
-    """
+    lineno: int
+    t_s: float
+    prompt_len: int
+    output_len: int
+    hash_ids: tuple[int, ...]
+    block_keys: tuple[int, ...]
+
+
+def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
+                  block_size: int) -> list[MooncakeRow]:
+    """The first num_prompts requests of the window, in file order, with hash ids expanded to keys."""
     check_hash_block(block_size, ds.hash_block_tokens)
     id_limit = max_hash_id(block_size, ds.hash_block_tokens)
     window = _Window.of(ds)
-    samples: list[Sample] = []
+    rows: list[MooncakeRow] = []
     for lineno, obj in files.iter_jsonl(path):
-        if num_prompts is not None and len(samples) >= num_prompts:
+        if num_prompts is not None and len(rows) >= num_prompts:
             break
         where = f"{path}: line {lineno}"
         t_s = files.as_seconds(files.field(obj, "timestamp", where), where, "timestamp", MS_PER_S)
@@ -58,9 +68,19 @@ def mooncake_samples(ds: MooncakeDataset, num_prompts: int | None, *, path: Path
             continue
         keys = hash_block_keys(ids, prompt_len=prompt_len, block_size=block_size,
                                hash_block_tokens=ds.hash_block_tokens)
-        samples.append(Sample(f"m{lineno - 1}", prompt_len, max(1, output_len), keys,
-                              window.run_time_s(t_s)))
-    return samples
+        rows.append(MooncakeRow(lineno, window.run_time_s(t_s), prompt_len, max(1, output_len),
+                                tuple(ids), keys))
+    return rows
+
+
+def mooncake_samples(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
+                     block_size: int) -> list[Sample]:
+    """The first num_prompts requests of the window, in file order, with hash ids expanded to keys.
+
+    Request ids are `m{i}`, i the 0-based line index, as in the vLLM conformance scenarios.
+    """
+    return [Sample(f"m{r.lineno - 1}", r.prompt_len, r.output_len, r.block_keys, r.t_s)
+            for r in mooncake_rows(ds, num_prompts, path=path, block_size=block_size)]
 
 
 def azure_samples(ds: AzureDataset, num_prompts: int | None, *, path: Path) -> list[Sample]:
