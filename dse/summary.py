@@ -155,6 +155,16 @@ def render_summary(r: dict) -> str:
                 lines.append(_row(f"P{k[1:].split('_')[0]} {m.upper()} (ms):", v))
     if "sessions" in r:
         lines += _session_lines(r["sessions"])
+    if "spec_decode_acceptance_length" in r:
+        # As vllm bench serve prints the server's spec-decode metrics.
+        per_pos = ", ".join(f"{x * 100:.1f}" for x in r["spec_decode_per_position_acceptance_rate"])
+        lines += [_title(" Speculative Decoding ", "-"),
+                  _row("Acceptance rate (%):", r["spec_decode_acceptance_rate"] * 100),
+                  _row("Acceptance length:", r["spec_decode_acceptance_length"]),
+                  _row("Drafts:", r["spec_decode_num_drafts"]),
+                  _row("Draft tokens:", r["spec_decode_num_draft_tokens"]),
+                  _row("Accepted tokens:", r["spec_decode_num_accepted_tokens"]),
+                  _row("Per-position acceptance (%):", per_pos)]
     lines.append(_title(" Engine ", "-"))
     kv = r["kv_cache"]
     lines += [

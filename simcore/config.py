@@ -93,6 +93,95 @@ class ParallelismConfig(BaseModel):
         return self.data_parallel_size * self.tensor_parallel_size
 
 
+SPECULATIVE_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram")
+"""The `speculative_config.method`s modelled, with vLLM's names."""
+
+
+class SpeculativeConfig(BaseModel):
+    """vLLM's speculative decoding settings (`--speculative-config`), with vLLM's names, plus the
+    acceptance model that stands in for the token contents the simulator does not have."""
+
+    model_config = _FROZEN
+
+    method: Literal["draft_model", "eagle", "eagle3", "mtp", "ngram"] = Field(
+        description="The drafter: draft_model (a smaller model of the same vocabulary, `model`), "
+        "eagle / eagle3 (a one-layer draft head on the target's hidden states), mtp (the "
+        "target's own multi-token-prediction layers, e.g. DeepSeek-V3) or ngram (prompt lookup "
+        "on the CPU).")
+    num_speculative_tokens: int = Field(ge=1, description="Draft tokens proposed per "
+                                        "decoding request and step (k).")
+    model: str | None = Field(None, description="draft_model: the draft model, a preset name as "
+                              "model.name takes it (it times the draft). eagle / eagle3: the "
+                              "draft head's checkpoint name, informative only (the head is timed "
+                              "as one decoder layer of the target's width). Not used by mtp "
+                              "and ngram.")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest n-gram "
+                                          "matched (only matters to acceptance, which is "
+                                          "declared).")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest n-gram "
+                                          "matched (only matters to acceptance).")
+    acceptance_rate: float | None = Field(None, ge=0, le=1, description="Acceptance model: the "
+                                          "probability that a draft token is accepted given "
+                                          "that the one before it was (the same at every "
+                                          "position).")
+    acceptance_per_position: tuple[float, ...] | None = Field(
+        None, description="Acceptance model: for each of the k positions, the fraction of "
+        "drafts whose token at that position is accepted, as vLLM's spec-decode metrics report "
+        "it (vllm:spec_decode_num_accepted_tokens_per_pos / num_drafts); non-increasing.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpeculativeConfig":
+        k = self.num_speculative_tokens
+        per_pos = self.acceptance_per_position
+        if (self.acceptance_rate is None) == (per_pos is None):
+            raise ValueError("acceptance_rate: give exactly one acceptance model, "
+                             "acceptance_rate or acceptance_per_position")
+        if per_pos is not None:
+            if len(per_pos) != k:
+                raise ValueError(f"acceptance_per_position: {len(per_pos)} values for "
+                                 f"num_speculative_tokens {k}; give one per position")
+            if any(not 0 <= p <= 1 for p in per_pos):
+                raise ValueError("acceptance_per_position: every value must be in [0, 1]")
+            if any(b > a for a, b in zip(per_pos, per_pos[1:])):
+                raise ValueError("acceptance_per_position: must be non-increasing (a position "
+                                 "is accepted only if every one before it is)")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("model: method draft_model needs the draft model (a preset name)")
+        if self.method in ("mtp", "ngram") and self.model is not None:
+            raise ValueError(f"model: not used by method {self.method} (remove it)")
+        lookup = self.prompt_lookup_min is not None or self.prompt_lookup_max is not None
+        if lookup and self.method != "ngram":
+            raise ValueError("prompt_lookup_min: only used with method ngram")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"prompt_lookup_min: {lo} exceeds prompt_lookup_max ({hi})")
+        return self
+
+    def conditional_acceptance(self) -> tuple[float, ...]:
+        """Per position i (0-based), the probability that draft token i is accepted given that
+        tokens 0..i-1 were: the constant rate, or the ratios of consecutive per-position
+        fractions."""
+        k = self.num_speculative_tokens
+        if self.acceptance_rate is not None:
+            return (float(self.acceptance_rate),) * k
+        out = []
+        prev = 1.0
+        for p in self.acceptance_per_position:
+            out.append(p / prev if prev > 0 else 0.0)
+            prev = p
+        return tuple(out)
+
+    def expected_tokens_per_step(self) -> float:
+        """Tokens one verification with all k drafts emits on average: 1 + the expected accepted
+        (1 + a + ... + a^k for a constant rate a)."""
+        total = 1.0
+        prob = 1.0
+        for c in self.conditional_acceptance():
+            prob *= c
+            total += prob
+        return total
+
+
 class EngineConfig(BaseModel):
     """vLLM engine settings, with vLLM's names, defaults and meanings."""
 
@@ -138,10 +227,11 @@ class EngineConfig(BaseModel):
                                    "(--async-scheduling): the engine core's CPU time of a step "
                                    "overlaps the GPU's (host.model vllm) instead of adding to "
                                    "it. The scheduler's decisions are those of sync mode.")
-    speculative_config: dict | None = Field(None, description="Speculative decoding. Not "
-                                            "modelled: must be absent.",
-                                            json_schema_extra={NOT_MODELLED:
-                                                               "speculative decoding"})
+    speculative_config: SpeculativeConfig | None = Field(
+        None, description="Speculative decoding (vLLM --speculative-config): a drafter proposes "
+        "num_speculative_tokens tokens per decoding request each step, the target model "
+        "verifies them in its next step, and the accepted ones (drawn from the declared "
+        "acceptance model) are emitted together. Null: off.")
     enable_lora: bool = Field(False, description="LoRA adapters. Not modelled: must be false.",
                               json_schema_extra={NOT_MODELLED: "LoRA"})
     kv_transfer_config: dict | None = Field(None, description="KV connectors (P/D, offload). Not "

@@ -179,7 +179,7 @@ def _label_kind(label: str) -> str:
 
 NOT_MODELLED = "not_modelled"
 """Key of a field's `json_schema_extra` naming a vLLM feature the simulator refuses (e.g.
-"speculative decoding"): the field exists so that the refusal can name it, also when the key
+"LoRA"): the field exists so that the refusal can name it, also when the key
 is given in the wrong place."""
 
 

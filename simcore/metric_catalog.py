@@ -51,6 +51,7 @@ CONDITIONS = {
     "load_trend": "when arrivals are spread over time (a finite rate, a ramp-up or a trace's own "
                   "timestamps) and number at least simcore.saturation.MIN_REQUESTS",
     "expert_parallel": "with parallelism.enable_expert_parallel",
+    "speculative": "with engine.speculative_config",
     "cluster": "with a cluster section",
     "capacity": "in a search trial whose study names one (dse.capacity.find_capacity per trial)",
 }
@@ -188,6 +189,20 @@ METRICS: tuple[Metric, ...] = (
        "Share of busy time spent in dummy batches of idle lock-step ranks.", "expert_parallel"),
     _m("all_to_all_fraction_of_busy", "fraction", MIN, 0, "prediction",
        "Share of busy time spent in the MoE all-to-all.", "expert_parallel"),
+    # -- speculative decoding (simcore.engine.speculative.spec_decode_summary) -----------------
+    _m("spec_decode_num_drafts", "verifications", None, 0, "count",
+       "Verifications with at least one draft, all engines (vLLM's spec-decode num_drafts).",
+       "speculative"),
+    _m("spec_decode_num_draft_tokens", "tokens", None, 0, "count",
+       "Draft tokens verified, all engines.", "speculative"),
+    _m("spec_decode_num_accepted_tokens", "tokens", None, 0, "count",
+       "Draft tokens accepted, all engines.", "speculative"),
+    _m("spec_decode_acceptance_rate", "fraction", None, 0, "input",
+       "Accepted over verified draft tokens, as drawn from the declared acceptance model.",
+       "speculative"),
+    _m("spec_decode_acceptance_length", "tokens/step", None, 0, "input",
+       "Tokens a verification emits on average: 1 + accepted / drafts (from the declared "
+       "acceptance model).", "speculative"),
     # -- the cluster (simcore.cluster HEADLINE_METRICS, FABRIC_HEALTH_METRICS) -----------------
     _m("network_share_of_request_latency", "fraction", MIN, 0, "prediction",
        "Share of request latency spent on exposed communication and KV transfers.", "cluster"),
@@ -340,6 +355,8 @@ def conditions(cfg: SimConfig) -> set[str]:
         holds.add("goodput")
     if cfg.parallelism.enable_expert_parallel:
         holds.add("expert_parallel")
+    if cfg.engine.speculative_config is not None:
+        holds.add("speculative")
     if cfg.cluster is not None:
         holds.add("cluster")
     if shows_load_trend(cfg):

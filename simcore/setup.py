@@ -11,7 +11,7 @@ from simcore.compute.roofline import RooflineModel
 from simcore.config import SimConfig, check_batch_limits, default_batch_limits
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
-from simcore.model.arch import ModelArch
+from simcore.model.arch import ModelArch, dtype_bytes
 from simcore.model.memory import KvCacheMemory, kv_cache_num_blocks
 
 
@@ -114,6 +114,8 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     if tp > gpus_per_node and cfg.cluster is None:
         raise ConfigError(f"parallelism.tensor_parallel_size: {tp} exceeds the {gpus_per_node} "
                           f"GPUs of one {gpu.name} node (TP across nodes is not modelled)")
+    if e.speculative_config is not None:
+        check_speculative(cfg, arch)
     max_model_len = cfg.model.resolved_max_model_len(arch)
     seqs, tokens = default_batch_limits(gpu.memory_bytes, gpu.name, e.enable_chunked_prefill,
                                         max_model_len)
@@ -127,6 +129,7 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     weight_dtype = cfg.model.dtype
     kv_dtype = cfg.model.resolved_kv_cache_dtype
     memory = None
+    draft_weights, draft_kv = drafter_memory(cfg, arch, weight_dtype, kv_dtype)
     if e.num_gpu_blocks_override is not None:
         num_blocks = e.num_gpu_blocks_override
         if (num_blocks - 1) * e.block_size < max_model_len:
@@ -141,12 +144,17 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                 tp=tp, pp=pp, ep=ep, block_size=e.block_size,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len)
+                max_model_len=max_model_len,
+                **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv}
+                   if draft_weights or draft_kv else {}))
         except ConfigError as err:
             raise ConfigError(f"parallelism.tensor_parallel_size: {err}") from None
         num_blocks = memory.num_blocks
     model = step_model(cfg, arch, gpu, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
                        op_scale=op_scale)
+    if e.speculative_config is not None:
+        model = speculative_step_model(cfg, arch, gpu, model, weight_dtype=weight_dtype,
+                                       kv_cache_dtype=kv_dtype, op_scale=op_scale)
     return Deployment(arch=arch, gpu=gpu, step_model=model, memory=memory, num_blocks=num_blocks,
                       block_size=e.block_size, max_model_len=max_model_len,
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -184,3 +192,111 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
     return ExpertParallelRoofline(arch, gpu, tp=tp, pp=pp, dp=dp, weight_dtype=weight_dtype,
                                   kv_cache_dtype=kv_cache_dtype, assumptions=c.roofline,
                                   multi_node_tp=multi_node, op_scale=op_scale, rank_model=rank)
+
+
+def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
+    """Refuse the speculative-decoding setups vLLM refuses, and those the simulator does not
+    model, each with one ConfigError naming the field."""
+    spec = cfg.engine.speculative_config
+    par = cfg.parallelism
+    where = "engine.speculative_config"
+    if par.pipeline_parallel_size > 1:
+        # vLLM's docs state speculative decoding is not composable with pipeline parallelism
+        # (through 0.15); later versions run EAGLE-3 with PP only, and MTP with PP fails
+        # (vllm-project/vllm#49355). The simulator's PP stages do not model either.
+        raise ConfigError(f"{where}: speculative decoding with pipeline_parallel_size "
+                          f"{par.pipeline_parallel_size} is refused (vLLM does not compose "
+                          "the two except EAGLE-3 in recent versions, which is not modelled); "
+                          "use pipeline_parallel_size 1")
+    if par.prefill_decode is not None:
+        raise ConfigError(f"{where}: speculative decoding with prefill/decode disaggregation is "
+                          "not modelled (the drafter's KV on the prefill instance and its "
+                          "hand-off); remove one")
+    if par.enable_expert_parallel:
+        raise ConfigError(f"{where}: speculative decoding with expert parallelism is not "
+                          "modelled (the drafter's time in a lock-step group); remove one")
+    if cfg.cluster is not None:
+        raise ConfigError(f"{where}: speculative decoding over a simulated fabric (a cluster "
+                          "section) is not modelled; remove one")
+    if spec.method == "mtp":
+        if arch.num_mtp_layers <= 0:
+            raise ConfigError(f"{where}.method: mtp needs a model with multi-token-prediction "
+                              f"layers (num_nextn_predict_layers, e.g. DeepSeek-V3); "
+                              f"{arch.name} has none")
+        if spec.num_speculative_tokens % arch.num_mtp_layers:
+            raise ConfigError(f"{where}.num_speculative_tokens: "
+                              f"{spec.num_speculative_tokens} is not a multiple of the "
+                              f"{arch.num_mtp_layers} MTP layers of {arch.name} (vLLM requires "
+                              "it)")
+    if spec.method == "draft_model":
+        from simcore.model.presets import is_preset, load_preset, preset_names
+        if not is_preset(spec.model):
+            raise ConfigError(f"{where}.model: unknown draft model {spec.model!r}; known "
+                              f"presets: {', '.join(preset_names())}")
+        draft = load_preset(spec.model)
+        if draft.vocab_size != arch.vocab_size:
+            raise ConfigError(f"{where}.model: {draft.name} has a vocabulary of "
+                              f"{draft.vocab_size} tokens, {arch.name} of {arch.vocab_size}; a "
+                              "draft model must share the target's vocabulary")
+        try:
+            draft.check_tp(cfg.parallelism.tensor_parallel_size)
+        except ConfigError as err:
+            raise ConfigError(f"{where}.model: the draft runs with the target's tensor "
+                              f"parallelism: {err}") from None
+
+
+def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
+                   kv_cache_dtype: str) -> tuple[float, float]:
+    """(weight bytes per GPU, KV-cache bytes per token per GPU) of the speculative-decoding
+    drafter, (0, 0) without one: a draft model whole; an EAGLE head or an MTP layer one decoder
+    layer of the target (sharing its embedding, and but for EAGLE-3 its LM head: EAGLE-3's own
+    is taken at the target's vocabulary), with one layer of KV; n-gram lookup nothing."""
+    spec = cfg.engine.speculative_config
+    if spec is None or spec.method == "ngram":
+        return 0.0, 0.0
+    tp = cfg.parallelism.tensor_parallel_size
+    if spec.method == "draft_model":
+        from simcore.model.presets import load_preset
+        draft = load_preset(spec.model)
+        return (draft.weight_bytes_per_gpu(weight_dtype, tp),
+                draft.kv_bytes_per_token(kv_cache_dtype, tp))
+    from simcore.compute.speculative import draft_head_arch
+    head = draft_head_arch(arch, spec.method)
+    other = max(dtype_bytes(weight_dtype), 2.0)      # embeddings, LM head, norms: 16-bit
+    vocab_shard = head.embedding_params / tp * other
+    shared = vocab_shard * (1 if head.tie_word_embeddings else 2) + head.hidden_size * other
+    own_head = vocab_shard if spec.method == "eagle3" else 0.0
+    return (head.stage_weight_bytes(weight_dtype, tp) - shared + own_head,
+            head.kv_bytes_per_token(kv_cache_dtype, tp))
+
+
+def speculative_step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec,
+                           target: StepTimeModel, *, weight_dtype: str, kv_cache_dtype: str,
+                           op_scale: dict[str, float] | None = None) -> StepTimeModel:
+    """The target's step model plus the drafter's forwards of each step
+    (`simcore.compute.speculative`): the drafter timed by a model of the same kind, TP and
+    profile, with no CPU time of its own."""
+    from simcore.compute.speculative import SpeculativeStepModel, draft_head_arch
+
+    spec = cfg.engine.speculative_config
+    draft = None
+    label = ""
+    if spec.method == "draft_model":
+        from simcore.model.presets import load_preset
+        draft_arch = load_preset(spec.model)
+        label = f"the draft model {draft_arch.name}"
+    elif spec.method != "ngram":
+        draft_arch = draft_head_arch(arch, spec.method)
+        label = f"one decoder layer and the LM head of {arch.name} ({spec.method})"
+    if spec.method != "ngram":
+        c = cfg.compute
+        bare = cfg.model_copy(update={
+            "parallelism": cfg.parallelism.model_copy(update={"pipeline_parallel_size": 1}),
+            "compute": c.model_copy(update={"roofline": c.roofline.model_copy(
+                update={"step_overhead_s": 0.0})}),
+            "host": cfg.host.model_copy(update={"model": "constant"})})
+        draft = step_model(bare, draft_arch, gpu, weight_dtype=weight_dtype,
+                           kv_cache_dtype=kv_cache_dtype, op_scale=op_scale)
+    return SpeculativeStepModel(target, draft, method=spec.method,
+                                num_speculative_tokens=spec.num_speculative_tokens,
+                                draft_label=label)

@@ -14,6 +14,8 @@ from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.cluster import STEP_SLOWDOWN_METRIC
 from simcore.config import SimConfig
 from simcore.engine.scheduler import SchedulerConfig
+from simcore.engine.speculative import (LOOKAHEAD_METHODS, SpecDecodeParams,
+                                        spec_decode_summary)
 from simcore.errors import ConfigError
 from simcore.host import HostOverheads
 from simcore.metrics import engine_summary, summarize
@@ -62,7 +64,21 @@ def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
         watermark=e.watermark,
         max_num_scheduled_tokens=e.max_num_scheduled_tokens,
         kv_cache_groups=hybrid_kv_groups(dep.arch),
+        speculative=spec_decode_params(cfg),
     )
+
+
+def spec_decode_params(cfg: SimConfig) -> SpecDecodeParams | None:
+    """`engine.speculative_config` as the scheduler takes it (None when off): k, vLLM's
+    lookahead slots (k for the EAGLE family and draft models, whose drafter writes its drafts'
+    KV), the per-position conditional acceptance and the run's seed."""
+    spec = cfg.engine.speculative_config
+    if spec is None:
+        return None
+    k = spec.num_speculative_tokens
+    return SpecDecodeParams(method=spec.method, num_spec_tokens=k,
+                            num_lookahead_tokens=k if spec.method in LOOKAHEAD_METHODS else 0,
+                            conditional=spec.conditional_acceptance(), seed=cfg.seed)
 
 
 def hybrid_kv_groups(arch: ModelArch) -> tuple[int, ...]:
@@ -241,6 +257,8 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
                                         [j for _, j in run.session_turns], pcts)
     comm = sum(s.comm_s for s in stats)
     m["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
+    if cfg.engine.speculative_config is not None:
+        m.update(spec_decode_summary([s.spec_stats for s in run.schedulers]))
     ep = None
     if dep.expert_parallel:
         sm = dep.step_model
@@ -306,8 +324,12 @@ def _request_row(r) -> dict:
         row["tpot_ms"] = (e2el - ttft) / (len(t) - 1) * 1e3 if len(t) > 1 else None
         if len(t) > 1:
             gaps = np.diff(np.asarray(t))
-            row["mean_itl_ms"] = float(gaps.mean()) * 1e3
-            row["max_itl_ms"] = float(gaps.max()) * 1e3
+            if not gaps.all():
+                # Tokens of one instant are one streamed chunk (several tokens of one step with
+                # speculative decoding): one gap per chunk, as `summarize` counts ITL.
+                gaps = gaps[gaps != 0]
+            row["mean_itl_ms"] = float(gaps.mean()) * 1e3 if gaps.size else None
+            row["max_itl_ms"] = float(gaps.max()) * 1e3 if gaps.size else None
     row["queue_ms"] = (max(0.0, r.first_scheduled_s - r.send_s - r.server_s) * 1e3
                        if r.first_scheduled_s is not None and r.send_s is not None else None)
     row["num_preemptions"] = r.num_preemptions

@@ -173,8 +173,6 @@ def test_model_too_big_for_the_gpu():
 
 
 @pytest.mark.parametrize("section, values, field", [
-    ("engine", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
-     "speculative_config"),
     ("engine", {"enable_lora": True}, "enable_lora"),
     ("engine", {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1"}},
      "kv_transfer_config"),

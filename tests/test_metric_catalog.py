@@ -46,6 +46,7 @@ CASES = {
                                          workload={"num_prompts": 60}),
     "expert_parallel": lambda: _example("qwen3_moe_h200.yaml", workload={"num_prompts": 48},
                                         parallelism={"enable_expert_parallel": True}),
+    "speculative": lambda: _example("speculative_eagle3.yaml", workload={"num_prompts": 30}),
     "cluster_pd": lambda: _example("cluster/pd_disaggregation.yaml",
                                    workload={"num_prompts": 40}),
     "cluster_expert_parallel": lambda: _example(

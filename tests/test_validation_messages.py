@@ -217,8 +217,8 @@ def test_lossless_classes_name_the_field():
      "config: engine.block_size: expected one of 1, 8, 16, 32, 64, 128 (got 24)"),
     # vLLM's engine arguments given in the wrong place.
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
-     "config: speculative_config: speculative decoding is not modelled yet (in vLLM it is an "
-     "engine argument, `engine.speculative_config`)"),
+     "config: speculative_config: is not a setting at the top level; it belongs under engine: "
+     "(engine.speculative_config)"),
     ({"enable_lora": True},
      "config: enable_lora: LoRA is not modelled yet (in vLLM it is an engine argument, "
      "`engine.enable_lora`)"),

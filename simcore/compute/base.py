@@ -40,8 +40,16 @@ class StepShape:
       num_decode_seqs = number of requests with new_i == 1 and ctx_i > 0
       attn_qk_pairs   = sum(new_i * ctx_i + new_i * (new_i + 1) / 2)   (causal query-key pairs)
       kv_tokens_read  = sum(ctx_i + new_i)                              (KV entries attention reads)
-      num_prefill_tokens = num_tokens - num_decode_seqs
+      num_prefill_tokens = num_tokens - num_decode_seqs - num_spec_tokens
       decode_kv_tokens = sum(ctx_i + 1) over the decode requests (their share of kv_tokens_read)
+
+    With speculative decoding (`from_scheduled_spec`) a verification, a decode carrying its
+    drafts (new_i = 1 + d_i query tokens after ctx_i > 0), counts as a decode, not as a prefill
+    chunk: attention kernels run it as a decode with several queries. It adds 1 to
+    num_decode_seqs, ctx_i + new_i to decode_kv_tokens (the KV it reads), d_i to
+    `num_spec_tokens`, and counts one query's pairs, ctx_i + new_i, in attn_qk_pairs (a decode's
+    share, as above); its other queries' causal pairs, new_i * ctx_i + new_i (new_i + 1) / 2 -
+    (ctx_i + new_i), are `spec_qk_pairs`. Without speculation both are 0.
     """
 
     num_tokens: int
@@ -50,10 +58,17 @@ class StepShape:
     attn_qk_pairs: float
     kv_tokens_read: int
     decode_kv_tokens: int = 0
+    num_spec_tokens: int = 0
+    spec_qk_pairs: float = 0.0
 
     @property
     def num_prefill_tokens(self) -> int:
-        return self.num_tokens - self.num_decode_seqs
+        return self.num_tokens - self.num_decode_seqs - self.num_spec_tokens
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Query tokens of the decodes, drafts under verification included."""
+        return self.num_decode_seqs + self.num_spec_tokens
 
     @staticmethod
     def from_requests(items: list[tuple[int, int]]) -> "StepShape":
@@ -76,6 +91,32 @@ class StepShape:
             else:
                 pairs += new * ctx + new * (new + 1) / 2
         return StepShape(num_tokens, len(scheduled), num_decode, pairs, kv, decode_kv)
+
+    @staticmethod
+    def from_scheduled_spec(scheduled: list[tuple[object, int, int]]) -> "StepShape":
+        """As `from_scheduled`, for a scheduler with speculative decoding: a request scheduled
+        past its tokens (ctx + new > prompt + output tokens: its drafts are in the step) is a
+        verification, counted as a decode (see the class)."""
+        num_tokens = num_decode = kv = decode_kv = spec = 0
+        pairs = spec_pairs = 0.0
+        for req, new, ctx in scheduled:
+            num_tokens += new
+            kv += ctx + new
+            if new == 1:
+                if ctx > 0:
+                    num_decode += 1
+                    decode_kv += ctx + 1
+                pairs += ctx + 1
+            elif ctx > 0 and ctx + new > req.prompt_len + req.num_output_tokens:
+                num_decode += 1
+                decode_kv += ctx + new
+                spec += new - 1
+                pairs += ctx + new
+                spec_pairs += new * ctx + new * (new + 1) / 2 - (ctx + new)
+            else:
+                pairs += new * ctx + new * (new + 1) / 2
+        return StepShape(num_tokens, len(scheduled), num_decode, pairs, kv, decode_kv, spec,
+                         spec_pairs)
 
     @staticmethod
     def dummy() -> "StepShape":

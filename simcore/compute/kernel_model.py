@@ -209,8 +209,7 @@ def windowed_prefill_s(ctx, num_tokens: float, pairs: float, floor: float) -> fl
 
 def mla_prefix_tokens(shape: StepShape) -> int:
     """The cached-prefix tokens of a step's prefilling sequences (context before their chunks)."""
-    return shape.kv_tokens_read - shape.decode_kv_tokens - (shape.num_tokens
-                                                             - shape.num_decode_seqs)
+    return shape.kv_tokens_read - shape.decode_kv_tokens - shape.num_prefill_tokens
 
 
 def mla_attention_s(shape: StepShape, gen, ctx, floor: float) -> float:
@@ -238,7 +237,7 @@ def mla_attention_s(shape: StepShape, gen, ctx, floor: float) -> float:
     x = gen(d, shape.decode_kv_tokens / d) if d else 0.0
     if shape.num_seqs - d <= 0:
         return x
-    n = shape.num_tokens - d
+    n = shape.num_prefill_tokens
     pairs = shape.attn_qk_pairs - shape.decode_kv_tokens
     s = max(2.0 * pairs / n - 1.0, 1.0)
     b = n / s
@@ -416,7 +415,7 @@ class KernelModel(MeasuredModel):
                     d = win.num_decode_seqs
                     y = gen(d, win.decode_kv_tokens / d) if d else 0.0
                     if win.num_seqs > d:
-                        y += windowed_prefill_s(ctx, win.num_tokens - d,
+                        y += windowed_prefill_s(ctx, win.num_prefill_tokens,
                                                 win.attn_qk_pairs - win.decode_kv_tokens, floor)
                     return full(shape) + fw * y
 

@@ -43,7 +43,13 @@ Expert parallelism (experts whole on DP x TP GPUs, DP ranks in lock-step, all-to
 and combine) is modelled on top of this one in `simcore.compute.expert_parallel`; its ranks use
 `op_bounds(..., routed_experts=False)`, `comm_s` and `assemble` from here.
 
-Not modelled: micro-batch overlap, speculative decoding, prefix-cache copy costs, wave quantization and tile effects of
+Speculative decoding: a verification (a decode carrying its drafts, `StepShape.num_spec_tokens`)
+is a decode with several query tokens: its KV read once, every query's pairs counted, MLA's
+absorbed form for all of them; a batch of decodes and verifications runs as a full CUDA graph
+as a decode-only batch does. The drafter's own forwards are timed by
+`simcore.compute.speculative`.
+
+Not modelled: micro-batch overlap, prefix-cache copy costs, wave quantization and tile effects of
 small GEMMs, kernel fusion beyond the counts above, power/clock throttling, multi-node TP. The
 result is a reference estimate with a declared uncertainty (`relative_uncertainty`), not a
 calibrated profile.
@@ -93,16 +99,20 @@ def windowed_attention(shape: StepShape, window: int) -> StepShape:
         decode_kv = d * window
     pairs = float(decode_kv)
     kv = decode_kv
+    spec = shape.num_spec_tokens
+    spec_pairs = shape.spec_qk_pairs
+    if spec_pairs > spec * window:      # each draft query over at most the window
+        spec_pairs = float(spec * window)
     p = shape.num_seqs - d
     if p > 0:
-        n = (shape.num_tokens - d) / p
+        n = (shape.num_tokens - d - spec) / p
         c = (shape.kv_tokens_read - shape.decode_kv_tokens) / p - n
         m = min(n, max(window - c, 0.0))
         prefill_pairs = p * (m * c + m * (m + 1) / 2 + (n - m) * window)
         prefill_kv = p * min(c + n, window - 1 + n)
         pairs += min(prefill_pairs, shape.attn_qk_pairs - shape.decode_kv_tokens)
         kv += min(round(prefill_kv), shape.kv_tokens_read - shape.decode_kv_tokens)
-    return StepShape(shape.num_tokens, shape.num_seqs, d, pairs, kv, decode_kv)
+    return StepShape(shape.num_tokens, shape.num_seqs, d, pairs, kv, decode_kv, spec, spec_pairs)
 
 class RooflineAssumptions(BaseModel):
     """Declared efficiency factors, latencies and overheads of the roofline model (all overridable).
@@ -446,7 +456,8 @@ class RooflineModel:
         if t <= 0:
             return StepTime(0.0, 0.0, 0.0, "compute")
         compute_bound, memory_bound = self.op_bounds(shape)
-        full_graph = shape.num_decode_seqs == t and t <= self._graph_max_tokens
+        full_graph = shape.num_decode_seqs + shape.num_spec_tokens == t \
+            and t <= self._graph_max_tokens
         return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph,
                              shape=shape)
 
@@ -483,7 +494,8 @@ class RooflineModel:
             if self._mla:
                 decode_kv = d * kv / s
                 prefill_pairs = pairs - decode_kv if pairs > decode_kv else 0.0
-                rows = d + (kv - decode_kv)
+                # Decode query tokens (drafts under verification included) use the absorbed form.
+                rows = d + shape.num_spec_tokens + (kv - decode_kv)
                 c = rows * self._kvb_flop_s_per_row
                 m = self._kvb_byte_s_fixed + rows * self._kvb_byte_s_per_row
                 if c >= m and c >= self._kvb_floor_s:
@@ -492,14 +504,14 @@ class RooflineModel:
                 else:
                     x = m if m > self._kvb_floor_s else self._kvb_floor_s
                     memory_bound += x
-                c = (decode_kv * self._attn_flop_s_per_decode_pair
+                c = ((decode_kv + shape.spec_qk_pairs) * self._attn_flop_s_per_decode_pair
                      + prefill_pairs * self._attn_flop_s_per_pair)
             else:
-                c = pairs * self._attn_flop_s_per_pair
+                c = (pairs + shape.spec_qk_pairs) * self._attn_flop_s_per_pair
             m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
             if self._window:
                 win = windowed_attention(shape, self._window)
-                c += win.attn_qk_pairs * self._win_flop_s_per_pair
+                c += (win.attn_qk_pairs + win.spec_qk_pairs) * self._win_flop_s_per_pair
                 m += win.kv_tokens_read * self._win_byte_s_per_kv
             if self._attn_meas is not None:   # measured, on the bound the roofline names
                 bound_is_compute = c >= m

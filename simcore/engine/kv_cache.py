@@ -118,7 +118,8 @@ class KVCacheManager:
     """
 
     __slots__ = ("pool", "block_size", "enable_caching", "space", "req_blocks", "num_cached_block",
-                 "num_tokens_fit", "max_model_len", "num_hit_queries", "num_hit_blocks")
+                 "num_tokens_fit", "max_model_len", "num_hit_queries", "num_hit_blocks",
+                 "use_eagle")
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int,
                  space: BlockHashSpace | None = None) -> None:
@@ -135,6 +136,9 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.num_hit_queries = 0
         self.num_hit_blocks = 0
+        # Speculative decoding with an EAGLE-family drafter (vLLM's use_eagle): a prefix hit
+        # gives back its last block, whose hidden states the drafter needs recomputed.
+        self.use_eagle = False
 
     @property
     def num_free_blocks(self) -> int:
@@ -162,22 +166,27 @@ class KVCacheManager:
             if not blocks:
                 break
             append(blocks[0])
+        if self.use_eagle and hit:
+            hit.pop()
         self.num_hit_queries += 1
         self.num_hit_blocks += len(hit)
         return hit
 
     def allocate_slots(self, req: Request, num_new_tokens: int, new_computed_blocks: list[int] | None = None,
-                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0) -> bool:
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       num_lookahead_tokens: int = 0) -> bool:
         """Give `req` blocks for its computed tokens plus `num_new_tokens`, or return False.
 
         `new_computed_blocks` are prefix hits found by `get_computed_blocks` for a request being
         admitted. With `full_sequence_must_fit`, admission also requires that the request's whole
         current sequence would fit (vLLM's `scheduler_reserve_full_isl`). `reserved_blocks` must
-        stay free after either check (the scheduler's watermark). As vLLM's
-        `KVCacheManager.allocate_slots`.
+        stay free after either check (the scheduler's watermark). `num_lookahead_tokens` more
+        slots are allocated past the new tokens but neither computed nor cached (speculative
+        decoding's drafts). As vLLM's `KVCacheManager.allocate_slots`.
         """
         rid = req.request_id
-        if req.num_computed_tokens + num_new_tokens <= self.num_tokens_fit.get(rid, -1) \
+        if req.num_computed_tokens + num_new_tokens + num_lookahead_tokens \
+                <= self.num_tokens_fit.get(rid, -1) \
                 and not new_computed_blocks and not full_sequence_must_fit and not reserved_blocks:
             return True
         bs = self.block_size
@@ -193,7 +202,7 @@ class KVCacheManager:
                 if ref[b] == 0:
                     num_evictable_hit += 1
         num_computed = req.num_computed_tokens + num_hit * bs
-        num_tokens_need = num_computed + num_new_tokens
+        num_tokens_need = num_computed + num_new_tokens + num_lookahead_tokens
         if num_tokens_need > self.max_model_len:
             num_tokens_need = self.max_model_len
         num_required = -(-num_tokens_need // bs)
@@ -329,7 +338,8 @@ class HybridKVCacheManager(KVCacheManager):
 
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Every group's prefix hit (a GroupHits; [] for none), never covering the request's last
-        token; none for a request that skips reading the prefix cache."""
+        token; none for a request that skips reading the prefix cache. (`use_eagle` is not
+        applied here: the hit keeps its last block.)"""
         if not self.enable_caching or req.skip_reading_prefix_cache:
             return []
         bs = self.block_size
@@ -395,11 +405,13 @@ class HybridKVCacheManager(KVCacheManager):
         self.num_null[rid] = first + len(freed)
 
     def allocate_slots(self, req: Request, num_new_tokens: int, new_computed_blocks: list[int] | None = None,
-                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0) -> bool:
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       num_lookahead_tokens: int = 0) -> bool:
         """As `KVCacheManager.allocate_slots`, for every group: each needs the same new
         block-table entries, a sliding-window group first freeing what left its window."""
         rid = req.request_id
-        if req.num_computed_tokens + num_new_tokens <= self.num_tokens_fit.get(rid, -1) \
+        if req.num_computed_tokens + num_new_tokens + num_lookahead_tokens \
+                <= self.num_tokens_fit.get(rid, -1) \
                 and not new_computed_blocks and not full_sequence_must_fit and not reserved_blocks:
             return True
         bs = self.block_size
@@ -417,7 +429,7 @@ class HybridKVCacheManager(KVCacheManager):
         num_held = len(held[0]) if held is not None else 0
         ref = pool.ref_cnt
         num_evictable_hit = sum(1 for blocks in hits for b in blocks if b and ref[b] == 0)
-        num_tokens_need = num_computed + num_new_tokens
+        num_tokens_need = num_computed + num_new_tokens + num_lookahead_tokens
         if num_tokens_need > max_len:
             num_tokens_need = max_len
         num_new_blocks = -(-num_tokens_need // bs) - num_hit - num_held

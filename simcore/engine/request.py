@@ -66,13 +66,16 @@ class Request:
     `0 <= num_computed_tokens <= num_tokens`, `num_tokens = prompt_len + num_output_tokens`,
     `block_hashes[i]` is the chained hash of full block i of prompt + generated tokens and is
     stable for the request's lifetime (so a preempted request can hit its own cached blocks).
+    With speculative decoding `num_spec_tokens` drafts wait to be verified after its tokens
+    (vLLM's `num_tokens_with_spec = num_tokens + len(spec_token_ids)`); the KV of drafts
+    scheduled but not yet verified may count in `num_computed_tokens` until the step's update.
     """
 
     __slots__ = ("request_id", "index", "prompt_len", "max_tokens", "block_keys", "priority",
                  "arrival", "status", "num_computed_tokens", "num_output_tokens",
                  "num_preemptions", "block_hashes", "num_cached_tokens", "work_done_tokens",
                  "num_external_tokens", "remote_prefill_tokens", "client",
-                 "skip_reading_prefix_cache")
+                 "skip_reading_prefix_cache", "num_spec_tokens", "spec_key")
 
     def __init__(self, request_id: str, index: int, prompt_len: int, max_tokens: int,
                  block_keys: tuple[int, ...] = (), priority: int = 0, arrival: float = 0.0,
@@ -96,6 +99,9 @@ class Request:
         self.remote_prefill_tokens = remote_prefill_tokens   # prompt tokens prefilled elsewhere (P/D)
         self.client = client                # opaque slot for the simulator's per-request record
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.num_spec_tokens = 0            # draft tokens proposed for its next step (vLLM's
+                                            # len(spec_token_ids)); always 0 without speculation
+        self.spec_key: int | None = None    # key of its acceptance draws (set on first use)
 
     @property
     def num_tokens(self) -> int:

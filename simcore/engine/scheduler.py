@@ -6,9 +6,11 @@ one token budget shared by running and waiting requests (the smaller of
 prefill, `long_prefill_token_threshold`, full-prompt admission, the free-block watermark, prefix
 caching with same-step hits, preemption of the last-admitted (or lowest-priority) running request
 with recompute, aborts (`finish_requests`), and external KV through a KV connector (asynchronous
-loads in WAITING_FOR_REMOTE_KVS). Three policies of an earlier simulator design are options beside
-the default: least-work-done preemption, a persistent batch, and a cap on requests holding
-blocks for external loads. No clock lives here: the caller decides when a step starts and how long
+loads in WAITING_FOR_REMOTE_KVS), and speculative decoding (drafts scheduled with their request,
+lookahead slots, rejected drafts rolled back in `update`, as `update_from_output` does; which
+drafts are accepted is drawn by `simcore.engine.speculative`). Three policies of an earlier
+simulator design are options beside the default: least-work-done preemption, a persistent
+batch, and a cap on requests holding blocks for external loads. No clock lives here: the caller decides when a step starts and how long
 it takes, and when an external load ends.
 """
 
@@ -23,6 +25,7 @@ from simcore.engine.connector import KVConnector
 from simcore.engine.kv_cache import HybridKVCacheManager, KVCacheManager
 from simcore.engine.request import (FINISHED, FINISHED_ABORTED, PREEMPTED, RUNNING, WAITING,
                                     WAITING_FOR_REMOTE_KVS, BlockHashSpace, Request)
+from simcore.engine.speculative import EAGLE_FAMILY, SpecDecodeParams, SpecDecodeStats
 
 LWD_NEAR_DONE_FRACTION = 0.05
 """Least-work-done preemption spares requests within this fraction of their decode length."""
@@ -53,6 +56,7 @@ class SchedulerConfig:
     kv_cache_groups: tuple[int, ...] = () # per KV-cache group sharing the pool, the window its
                                           # layers attend over (0: full attention), as vLLM's
                                           # hybrid manager groups them; () or no window: one group
+    speculative: SpecDecodeParams | None = None   # speculative decoding (None: off)
 
     @property
     def token_budget(self) -> int:
@@ -177,6 +181,8 @@ class Scheduler:
         else:
             self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
                                      c.max_model_len, space)
+        if c.speculative is not None and c.speculative.method in EAGLE_FAMILY:
+            self.kv.use_eagle = True
         self.waiting = _WaitingQueue(c.policy == "priority")
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -194,6 +200,9 @@ class Scheduler:
         self._aborted_loads: dict[str, Request] = {}
         self._passed_over: list[Request] = []   # this step's waiting requests to requeue in order
         self._step_loads: list[tuple[Request, int]] = []
+        spec = c.speculative
+        self.spec_stats = SpecDecodeStats(spec.num_spec_tokens) if spec is not None else None
+        """Acceptance counts of the verifications so far (None without speculative decoding)."""
 
     # -- queue -------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -253,6 +262,13 @@ class Scheduler:
         return bool(self.running) or len(self.waiting) > 0
 
     @property
+    def num_spec_tokens(self) -> int:
+        """Draft tokens proposed per decoding request and step (k); 0 without speculative
+        decoding. A step then may emit several tokens per request."""
+        spec = self.config.speculative
+        return spec.num_spec_tokens if spec is not None else 0
+
+    @property
     def num_waiting(self) -> int:
         """Waiting requests, those waiting for remote KV excepted (vLLM counts both)."""
         return len(self.waiting) - len(self.waiting_for_remote)
@@ -273,14 +289,22 @@ class Scheduler:
         max_len_cap = c.max_model_len - 1
         scheduled: list[tuple[Request, int, int]] = []
         preempted: list[Request] = []
-        allocate_slots = kv.allocate_slots
         fit = kv.num_tokens_fit
+        spec = c.speculative
+        # Speculative decoding: KV slots past the scheduled tokens for the drafter's own drafts.
+        lookahead = spec.num_lookahead_tokens if spec is not None else 0
+        if lookahead:
+            def allocate_slots(req: Request, n: int) -> bool:
+                return kv.allocate_slots(req, n, None, False, 0, lookahead)
+        else:
+            allocate_slots = kv.allocate_slots
 
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
-            n = req.prompt_len + req.num_output_tokens - computed
+            # vLLM's num_tokens_with_spec - num_computed_tokens: the drafts ride along.
+            n = req.prompt_len + req.num_output_tokens + req.num_spec_tokens - computed
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -291,7 +315,8 @@ class Scheduler:
                 i += 1
                 continue
             # Within `fit` allocate_slots would change nothing and succeed: skip the call.
-            if computed + n > fit.get(req.request_id, -1) and not allocate_slots(req, n):
+            if computed + n + lookahead > fit.get(req.request_id, -1) \
+                    and not allocate_slots(req, n):
                 while True:
                     victim = self._pick_victim(req, scheduled)
                     if victim is None:      # nothing may be preempted: the request waits this step
@@ -324,6 +349,10 @@ class Scheduler:
             scheduled.append((req, n, computed))
             req.num_computed_tokens = computed + n     # vLLM advances it at schedule time
             budget -= n
+            if spec is not None:
+                # The drafts that fit (computed + n - num_tokens of them) are verified this
+                # step; the rest are dropped, and new ones are proposed after it.
+                req.num_spec_tokens = 0
             i += 1
 
         new: list[Request] = []
@@ -359,9 +388,13 @@ class Scheduler:
                     if n > budget:
                         n = budget
                     # vLLM applies the watermark only while something runs; the whole-prompt
-                    # check always.
-                    if not kv.allocate_slots(req, n, hit_blocks, c.reserve_full_isl,
-                                             watermark if running else 0):
+                    # check always; lookahead slots only for a request with computed tokens.
+                    if lookahead and req.num_computed_tokens:
+                        if not kv.allocate_slots(req, n, hit_blocks, c.reserve_full_isl,
+                                                 watermark if running else 0, lookahead):
+                            break
+                    elif not kv.allocate_slots(req, n, hit_blocks, c.reserve_full_isl,
+                                               watermark if running else 0):
                         break
                 waiting.pop()
                 running.append(req)
@@ -390,24 +423,29 @@ class Scheduler:
                                kv_loads)
 
     def update(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
-        """Apply the step's sampled tokens: one per request whose prompt is fully computed.
+        """Apply the step's sampled tokens: one per request whose prompt is fully computed
+        (with speculative decoding, one plus its accepted drafts).
 
-        Returns (requests that emitted a token, requests that finished) in batch order.
+        Returns (requests that emitted tokens, once per token, requests that finished) in batch
+        order.
         """
         c = self.config
-        emitted: list[Request] = []
-        finished: list[Request] = []
-        max_len = c.max_model_len
-        for req, _, _ in out.scheduled:
-            if req.status != RUNNING:
-                continue
-            num_output = req.num_output_tokens
-            if req.num_computed_tokens >= req.prompt_len + num_output:
-                num_output += 1
-                req.num_output_tokens = num_output
-                emitted.append(req)
-                if num_output >= req.max_tokens or req.prompt_len + num_output >= max_len:
-                    finished.append(req)
+        if c.speculative is not None:
+            emitted, finished = self._sample_with_drafts(out)
+        else:
+            emitted = []
+            finished = []
+            max_len = c.max_model_len
+            for req, _, _ in out.scheduled:
+                if req.status != RUNNING:
+                    continue
+                num_output = req.num_output_tokens
+                if req.num_computed_tokens >= req.prompt_len + num_output:
+                    num_output += 1
+                    req.num_output_tokens = num_output
+                    emitted.append(req)
+                    if num_output >= req.max_tokens or req.prompt_len + num_output >= max_len:
+                        finished.append(req)
         if finished:
             done = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in done]
@@ -421,6 +459,54 @@ class Scheduler:
                     continue
                 self.kv.free(req)
             self._completed_since_admit = True
+        return emitted, finished
+
+    def _sample_with_drafts(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
+        """vLLM's `update_from_output` with speculative decoding, then `update_draft_token_ids`.
+
+        A request whose tokens are all computed sampled this step. Its drafts verified this step
+        are its computed tokens past its tokens; of them the acceptance model accepts a prefix,
+        and the rejected ones leave `num_computed_tokens` (their slots are reused next step).
+        It emits the accepted drafts plus one token (the correction, or the bonus token when
+        all were accepted), none past max_tokens or max_model_len, each listed in `emitted`
+        once. A request that goes on gets k new drafts for its next step; one still in a
+        partial prefill sampled nothing and gets none.
+        """
+        c = self.config
+        spec = c.speculative
+        k = spec.num_spec_tokens
+        stats = self.spec_stats
+        max_len = c.max_model_len
+        emitted: list[Request] = []
+        finished: list[Request] = []
+        for req, _, _ in out.scheduled:
+            if req.status != RUNNING:
+                continue
+            num_output = req.num_output_tokens
+            num_tokens = req.prompt_len + num_output
+            computed = req.num_computed_tokens
+            if computed < num_tokens:
+                continue
+            gen = 1
+            drafts = computed - num_tokens
+            if drafts > 0:
+                key = req.spec_key
+                if key is None:
+                    key = req.spec_key = spec.request_key(req.request_id)
+                accepted = spec.num_accepted(key, num_output, drafts)
+                req.num_computed_tokens = computed - (drafts - accepted)
+                stats.observe(drafts, accepted)
+                gen += accepted
+            room = req.max_tokens - num_output
+            if max_len - num_tokens < room:
+                room = max_len - num_tokens
+            if gen >= room:
+                gen = room
+                finished.append(req)
+            else:
+                req.num_spec_tokens = k
+            req.num_output_tokens = num_output + gen
+            emitted.extend([req] * gen)
         return emitted, finished
 
     # -- external KV -------------------------------------------------------------------------
@@ -586,6 +672,7 @@ class Scheduler:
         self.kv.free(victim)
         victim.status = PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_spec_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(victim)

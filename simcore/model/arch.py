@@ -160,6 +160,10 @@ class ModelArch:
     sliding_window_layers: tuple[int, ...] = ()
     """0-based indices of the layers with sliding-window attention (the others attend over the
     whole context)."""
+    num_mtp_layers: int = 0
+    """Multi-token-prediction layers shipped beside the model (DeepSeek-V3's
+    `num_nextn_predict_layers`): not part of the forward pass, used only as a speculative
+    decoding drafter (method mtp)."""
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",

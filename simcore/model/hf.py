@@ -124,6 +124,7 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
             qk_rope_head_dim=k.get_int("qk_rope_head_dim"),
             qk_nope_head_dim=k.get_int("qk_nope_head_dim"),
             v_head_dim=k.get_int("v_head_dim"),
+            num_mtp_layers=k.get_int("num_nextn_predict_layers", 0),
         )
     return ModelArch(**fields)
 

@@ -181,6 +181,8 @@ def kv_cache_num_blocks(
     cuda_graph_bytes: float = DEFAULT_CUDA_GRAPH_BYTES,
     non_torch_bytes: float = DEFAULT_NON_TORCH_BYTES,
     sampler_bytes_per_logit: float = DEFAULT_SAMPLER_BYTES_PER_LOGIT,
+    draft_weight_bytes: float = 0.0,
+    draft_kv_bytes_per_token: float = 0.0,
 ) -> KvCacheMemory:
     """KV blocks per GPU by vLLM's formula, with every term of the breakdown.
 
@@ -193,6 +195,10 @@ def kv_cache_num_blocks(
     ConfigError when the weights do not fit, when nothing is left for the KV cache, or when one
     `max_model_len` request would not fit (vLLM refuses to start then; a sliding-window group
     needs only its window and a chunk of it).
+
+    A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU (on the last
+    stage) and `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the
+    target's blocks).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -207,6 +213,8 @@ def kv_cache_num_blocks(
     best: KvCacheMemory | None = None
     for stage, layers_per_block in enumerate(groups.layers_per_block):
         weights = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep)
+        if draft_weight_bytes and stage == pp - 1:
+            weights += draft_weight_bytes
         if weights >= requested:
             raise ConfigError(
                 f"model weights of {arch.name} need {weights / GIB:.1f} GiB per GPU but only "
@@ -221,6 +229,8 @@ def kv_cache_num_blocks(
         kv_bytes = requested - weights - activation - cuda_graph_bytes - non_torch_bytes
         per_block = block_size * layers_per_block * arch.kv_elems_per_token_per_layer(tp) \
             * kv_elem_bytes
+        if draft_kv_bytes_per_token:
+            per_block += block_size * draft_kv_bytes_per_token
         num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if num_blocks <= 0:
             raise ConfigError(

@@ -94,7 +94,8 @@ class EngineLoop:
         immediate = executor.immediate
         time_step, run_step, remaining_s = executor.time, executor.run, executor.remaining_s
         schedule, update = sched.schedule, sched.update
-        shape_of = StepShape.from_scheduled
+        shape_of = (StepShape.from_scheduled if sched.config.speculative is None
+                    else StepShape.from_scheduled_spec)
         leap = self.leap
         step_s = 0.0
         indices = (rank.index,)
@@ -157,7 +158,8 @@ class EngineLoop:
         observers = self.observers
         run_step = self.executor.run
         remaining_s = self.executor.remaining_s
-        shape_of = StepShape.from_scheduled
+        shape_of = (StepShape.from_scheduled if scheds[0].config.speculative is None
+                    else StepShape.from_scheduled_spec)
         dummy = StepShape.dummy()
         indices = [rank.index for rank in ranks]
         empty = 0

@@ -134,9 +134,10 @@ class ReplicaCounters(StepObserver):
                 stats.busy_s_waiting_for_kv_blocks += total_s
         stats.num_tokens += shape.num_tokens
         stats.seq_s += total_s * shape.num_seqs
-        stats.num_decode_tokens += shape.num_decode_seqs
-        stats.num_prefill_tokens += shape.num_tokens - shape.num_decode_seqs
-        phase = "prefill/" if shape.num_tokens > shape.num_decode_seqs else "decode/"
+        decode = shape.num_decode_seqs + shape.num_spec_tokens    # drafts verified are decode
+        stats.num_decode_tokens += decode
+        stats.num_prefill_tokens += shape.num_tokens - decode
+        phase = "prefill/" if shape.num_tokens > decode else "decode/"
         self._count(stats, st, phase)
 
     def on_quiet_steps(self, rank, run) -> None:

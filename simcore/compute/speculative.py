@@ -1,0 +1,122 @@
+"""The drafter's time in a speculative-decoding step, on top of the target model's step time.
+
+vLLM V1 runs the drafter right after the target's forward in the same step (the proposer of
+`gpu_model_runner.propose_draft_token_ids`): a first draft forward over the step's tokens (the
+same requests, prompt chunks and verified tokens alike, which also builds the drafter's own KV),
+then k - 1 forwards of one token per request, each drafting the next position. The step's
+shape (a `StepShape` with the verifications counted as decodes) is the target's; the draft's
+forwards are timed by a step-time model of the drafter built like the target's (same GPU, TP,
+compute kind, profile and op scales) with no CPU time of its own (the target's step carries the
+engine's CPU side):
+
+- draft_model: the draft model (a preset), whole;
+- eagle / eagle3: one decoder layer of the target's width and attention with a dense MLP, plus
+  an LM head over the target's vocabulary (EAGLE reuses the target's head, EAGLE-3 has its own:
+  taken at the target's vocabulary);
+- mtp: one of the target's own MTP layers (a decoder layer of its kind, MoE included) and the
+  shared LM head;
+- ngram: no GPU time; the n-gram lookup runs on the CPU and is taken as free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from simcore.compute.base import StepShape, StepTime
+from simcore.engine.speculative import EAGLE_FAMILY
+
+
+def draft_head_arch(arch, method: str):
+    """The architecture that times an eagle / eagle3 / mtp drafter: one decoder layer of the
+    target's width, attention and vocabulary, full attention. An MTP layer is of the target's
+    kind (MoE where the target's later layers are: DeepSeek-V3's is); an EAGLE head's MLP is
+    dense, of the target's `intermediate_size`, as the published heads are."""
+    label = {"eagle": "EAGLE head", "eagle3": "EAGLE-3 head", "mtp": "MTP layer"}[method]
+    changes = dict(name=f"{arch.name} {label}", num_layers=1, first_k_dense_layers=0,
+                   moe_layer_freq=1, sliding_window=0, sliding_window_layers=(),
+                   num_mtp_layers=0)
+    if method != "mtp":
+        changes.update(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                       num_shared_experts=0, shared_expert_intermediate_size=0,
+                       shared_expert_gate=False, router_bias=False, expert_bias=False)
+    return dataclasses.replace(arch, **changes)
+
+
+class SpeculativeStepModel:
+    """A target step-time model plus the drafter's forwards of each step.
+
+    Everything but `step_time` and the assumption lines is the target's (its profile, bounds,
+    TP and PP, its CPU-side model).
+    """
+
+    __slots__ = ("target", "draft", "method", "k", "draft_label")
+
+    def __init__(self, target, draft, *, method: str, num_speculative_tokens: int,
+                 draft_label: str) -> None:
+        self.target = target
+        self.draft = draft
+        self.method = method
+        self.k = num_speculative_tokens
+        self.draft_label = draft_label
+
+    def __getattr__(self, name: str):
+        if name == "target":        # not set yet (a copy being built)
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
+    def draft_time(self, shape: StepShape) -> StepTime | None:
+        """The drafter's forwards after a step of `shape` (None: no GPU time)."""
+        draft = self.draft
+        if draft is None or shape.num_seqs <= 0:
+            return None
+        first = draft.step_time(shape)
+        total, compute, comm = first.total_s, first.compute_s, first.comm_s
+        b = shape.num_seqs
+        ctx = shape.kv_tokens_read
+        for j in range(1, self.k):
+            kv = ctx + b * j
+            st = draft.step_time(StepShape(b, b, b, float(kv), kv, kv))
+            total += st.total_s
+            compute += st.compute_s
+            comm += st.comm_s
+        return StepTime(total, compute, comm, first.bound, total - compute - comm)
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        st = self.target.step_time(shape)
+        d = self.draft_time(shape)
+        if d is None:
+            return st
+        total = st.total_s + d.total_s
+        compute = st.compute_s + d.compute_s
+        comm = st.comm_s + d.comm_s
+        return StepTime(total, compute, comm, st.bound, total - compute - comm, st.all_to_all_s)
+
+    def assumption_lines(self) -> list[str]:
+        lines = list(self.target.assumption_lines())
+        k = self.k
+        if self.draft is None:
+            lines.append(f"speculative decoding ({self.method}, k={k}): drafts proposed on the "
+                         "CPU at no modelled cost; every decoding request is taken to get k "
+                         "drafts each step (a real n-gram lookup proposes none when it finds "
+                         "no match, which the declared acceptance then stands for)")
+        else:
+            lines.append(f"speculative decoding ({self.method}, k={k}): each step adds the "
+                         f"drafter, {self.draft_label}, timed by the same compute model: one "
+                         f"forward over the step's tokens and {k - 1} more of one token per "
+                         "request; no CPU time of its own, and not overlapped with the target")
+            if self.method in EAGLE_FAMILY:
+                lines.append("draft head: the fc that joins the target's hidden states to the "
+                             "head's input (EAGLE 2h->h, EAGLE-3 3h->h, MTP's eh_proj) is not "
+                             "timed; EAGLE-3's LM head is taken at the target's vocabulary")
+        if getattr(self.target, "_attn_meas", None) is not None:
+            lines.append("speculative decoding: the measured decode-attention tables time a "
+                         "verification as one decode at its KV length (its draft queries add "
+                         "no attention time there; the roofline counts their pairs)")
+        lines.append("speculative decoding: the acceptance of each draft position is drawn "
+                     "from the declared acceptance model (engine.speculative_config), per "
+                     "request and output position from the run's seed")
+        if self.draft is not None:
+            lines.append("speculative decoding: the drafter's weights and its KV (one layer "
+                         "per token for a head, the draft model's own layers) come out of the "
+                         "KV-cache memory; its activations and CUDA graphs are not counted")
+        return lines
