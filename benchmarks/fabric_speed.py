@@ -13,12 +13,15 @@ Scenarios:
       hosts, 8 spines): CPU seconds of the sends and the run, with the level-order max-min solver
       and, up to --flow-reference-hosts, with the whole-array rounds it replaced (the same rates
       to the bit: the script checks that both runs deliver every message at the same instant).
+  (d) the same all-to-all on the analytical backend, at the sizes of (c): CPU seconds of the
+      sends and the run and of `stats()`, when the last message arrives and the highest link
+      utilization it reports, next to the flow backend's completion time where (c) ran.
 
 Figures are packet-hops per second (data frames put on a link) and wall times for (a) and (b),
-CPU seconds for (c); printed, never asserted. The kernels are compiled (or loaded from numba's
-cache) before any timing, on small warm-up scenarios, and that time is printed separately.
+CPU seconds for (c) and (d); printed, never asserted. The kernels are compiled (or loaded from
+numba's cache) before any timing, on small warm-up scenarios, and that time is printed separately.
 Usage: python benchmarks/fabric_speed.py [--repeats N] [--no-ns3] [--no-all-to-all] [--no-packet]
-       [--no-flow] [--flow-hosts N ...] [--flow-reference-hosts N]
+       [--no-flow] [--no-analytical] [--flow-hosts N ...] [--flow-reference-hosts N]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 import time
 
 from simcore.fabric import topology as topo_mod
+from simcore.fabric.analytical import AnalyticalFabric
 from simcore.fabric.flow import WALK_FROM_FLOWS, FlowFabric
 from simcore.fabric.packet import PacketFabric, roce_v2
 
@@ -53,6 +57,11 @@ FLOW_TARGET_GROWTH = 2.0
 computation) at most twice, at any size, what it is at the smallest."""
 
 NS3_RATE_NOTE = "ns-3 does very roughly 1-3 M packet-hops/s on scenarios like this"
+
+ANALYTICAL_BEFORE = {64: (0.05, 24.55e-6, 66.1), 128: (0.17, 24.55e-6, 119.9),
+                     256: (0.78, 24.55e-6, 242.2), 512: (3.40, 24.55e-6, 490.2)}
+"""(d) before links were serialised (each message alone on its path): CPU s of sends + run (best
+of 3), last arrival, highest link utilization, as measured on the 2-core development machine."""
 
 
 def _dumbbell() -> tuple[topo_mod.Topology, list[tuple[int, int]]]:
@@ -231,13 +240,52 @@ def flow_all_to_all(num_hosts: int, *, reference: bool) -> dict:
             **fab.counters()}
 
 
-def flow_table(sizes: list[int], reference_hosts: int) -> None:
+def analytical_all_to_all(num_hosts: int, repeats: int) -> dict:
+    """CPU seconds (sends + run, best of `repeats`; stats) of (d) at `num_hosts`, when the last
+    message arrives and the highest link utilization of any sample."""
+    topo = topo_mod.leaf_spine(num_hosts // 8, 8, 8, host_rate_bps=400e9, delay_s=1e-6)
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        t = time.process_time()
+        fab = AnalyticalFabric(topo)
+        send_all_to_all(fab, topo.hosts, 1_000_000)
+        fab.run()
+        best = min(best, time.process_time() - t)
+    t = time.process_time()
+    stats = fab.stats()
+    stats_s = time.process_time() - t
+    stats.check_conservation()
+    assert len(stats.messages) == num_hosts * (num_hosts - 1)
+    return {"cpu_s": best, "stats_s": stats_s, "end_s": stats.duration_s,
+            "max_utilization": max(max(row) for row in stats.utilization)}
+
+
+def analytical_table(sizes: list[int], repeats: int, flow_end_s: dict[int, float]) -> None:
+    """Scenario (d) at each size in `sizes`, beside (c)'s completion times `flow_end_s`."""
+    print(f"  {'hosts':>5} {'before':>8} {'after':>8} {'stats':>7} {'end before':>10} "
+          f"{'end after':>10} {'flow end':>9} {'util before':>11} {'util after':>10}")
+    for n in sizes:
+        r = analytical_all_to_all(n, repeats)
+        cpu0, end0, util0 = ANALYTICAL_BEFORE.get(n, (math.nan,) * 3)
+        flow = flow_end_s.get(n)
+        print(f"  {n:5d} {cpu0:6.2f} s {r['cpu_s']:6.2f} s {r['stats_s']:5.2f} s "
+              f"{end0 * 1e3:7.3f} ms {r['end_s'] * 1e3:7.3f} ms "
+              f"{'-' if flow is None else f'{flow * 1e3:.3f} ms':>9} {util0:11.1f} "
+              f"{r['max_utilization']:10.3f}")
+    print("  before / after: CPU s of the sends and the run, before links were serialised (as "
+          "measured on the development machine) and now; stats: CPU s of stats(); end: when "
+          "the last message arrives; flow end: the same on the flow backend, from (c); util: "
+          "the highest utilization of any link in any sample")
+
+
+def flow_table(sizes: list[int], reference_hosts: int) -> dict[int, float]:
     """Scenario (c) at each size in `sizes`, the reference too up to `reference_hosts`."""
     print(f"  {'hosts':>5} {'flows':>8} {'solves':>6} {'flows/solve':>11} {'before':>9} "
           f"{'after':>7} {'(sends)':>7} {'speedup':>7} {'ns/solved flow':>14}")
-    per_flow, same = {}, []
+    per_flow, same, ends = {}, [], {}
     for n in sizes:
         after = flow_all_to_all(n, reference=False)
+        ends[n] = max(after["end_s"])
         after_s = after["sends_s"] + after["run_s"]
         if n <= reference_hosts:
             before = flow_all_to_all(n, reference=True)
@@ -265,6 +313,7 @@ def flow_table(sizes: list[int], reference_hosts: int) -> None:
     print(f"  CPU per solved flow, {smallest} to {largest} hosts: at most {growth:.2f}x the "
           f"{smallest}-host figure (target, near-linear in active flows: <= "
           f"{FLOW_TARGET_GROWTH:g}x: {verdict})")
+    return ends
 
 
 def _best(fn, repeats: int):
@@ -286,6 +335,7 @@ def main() -> None:
     parser.add_argument("--no-all-to-all", action="store_true", help="skip scenario (b)")
     parser.add_argument("--no-packet", action="store_true", help="skip scenarios (a) and (b)")
     parser.add_argument("--no-flow", action="store_true", help="skip scenario (c)")
+    parser.add_argument("--no-analytical", action="store_true", help="skip scenario (d)")
     parser.add_argument("--flow-hosts", type=int, nargs="+", default=[64, 128, 256, 512],
                         help="host counts of scenario (c), multiples of 8")
     parser.add_argument("--flow-reference-hosts", type=int, default=256,
@@ -296,11 +346,16 @@ def main() -> None:
           f"Python {platform.python_version()}")
     if not args.no_packet:
         packet_scenarios(args)
+    flow_end_s: dict[int, float] = {}
     if not args.no_flow:
         print(f"flow kernels compile / cache load: {flow_warm_up():.2f} s (not included below)")
         print("(c) flow backend all-to-all, 1 MB per pair, 400 Gb/s 2-tier Clos "
               "(8 hosts per leaf, 8 spines), CPU s of sends + run")
-        flow_table(args.flow_hosts, args.flow_reference_hosts)
+        flow_end_s = flow_table(args.flow_hosts, args.flow_reference_hosts)
+    if not args.no_analytical:
+        print("(d) analytical backend, the same all-to-all, CPU s of sends + run "
+              f"(best of {args.repeats})")
+        analytical_table(args.flow_hosts, args.repeats, flow_end_s)
 
 
 def packet_scenarios(args: argparse.Namespace) -> None:

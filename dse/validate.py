@@ -89,17 +89,22 @@ def fabric_rows() -> list[Row]:
         rows.append(Row("fabric", f"{name}: 37-frame train, 3-hop chain", msg.fct_s * 1e6,
                         train * 1e6, "us", 1e-9, "store-and-forward closed form: first frame "
                         "serialised on every hop, the rest at the bottleneck rate"))
-    # Two flows through one 10 Gb/s bottleneck: half the rate each (max-min).
+    # Two flows through one 10 Gb/s bottleneck: half the rate each (max-min), or one after the
+    # other at the full rate (serialised): the second ends at the same time either way.
     db = T.dumbbell(2, 2, rate_bps=10e9, delay_s=1e-6, mtu_bytes=1500, header_bytes=52)
     size = 1000 * 1448
-    fab = FlowFabric(db)
-    fab.send(db.node_index("L0"), db.node_index("R0"), size)
-    fab.send(db.node_index("L1"), db.node_index("R1"), size)
-    fab.run()
     expected = 1000 * 1500 * 8 / 5e9 + 3e-6 + 2 * 1500 * 8 / 10e9
-    worst = max(m.fct_s for m in fab.stats().messages)
-    rows.append(Row("fabric", "flow: two flows share a bottleneck", worst * 1e3, expected * 1e3,
-                    "ms", 1e-9, "max-min fair share: each flow at half the bottleneck rate"))
+    for name, fab, what, source in (
+            ("flow", FlowFabric(db), "two flows share a bottleneck",
+             "max-min fair share: each flow at half the bottleneck rate"),
+            ("analytical", AnalyticalFabric(db), "two messages share a bottleneck",
+             "serialised: the second message after the first, each at the bottleneck rate")):
+        fab.send(db.node_index("L0"), db.node_index("R0"), size)
+        fab.send(db.node_index("L1"), db.node_index("R1"), size)
+        fab.run()
+        worst = max(m.fct_s for m in fab.stats().messages)
+        rows.append(Row("fabric", f"{name}: {what}", worst * 1e3, expected * 1e3, "ms", 1e-9,
+                        source))
     # M/D/1: Poisson 1500-byte frames into a 10 Gb/s port at load 0.5.
     one = T.explicit([("a", "host"), ("b", "host")],
                      [dict(a="a", b="b", rate_bps=10e9, delay_s=1e-6)],

@@ -1,8 +1,8 @@
 """Cluster mode end to end: on one node with the analytical fabric it is the engine's analytical
 model exactly; tensor and expert parallelism put on the fabric exactly the bytes their
 collectives imply, and nothing when they stay inside a node; another tenant's traffic on shared
-links slows steps and so changes the batches that follow (flow and packet backends), which the
-analytical backend cannot show; placement follows vLLM's rank order and refuses impossible
+links slows steps and so changes the batches that follow (on every backend: the analytical one
+serialises messages on shared links); placement follows vLLM's rank order and refuses impossible
 layouts; a run is reproducible from its seed."""
 
 import copy
@@ -354,7 +354,7 @@ def mean_batch_tokens(r):
     return (rep["num_prefill_tokens"] + rep["num_decode_tokens"]) / rep["num_steps"]
 
 
-@pytest.mark.parametrize("backend", ["flow", "packet"])
+@pytest.mark.parametrize("backend", ["analytical", "flow", "packet"])
 def test_a_tenant_on_shared_links_slows_steps_and_changes_the_batches(backend, monkeypatch):
     alone, alone_steps = run_recording_batches(tenant_config(backend, False), monkeypatch)
     shared, shared_steps = run_recording_batches(tenant_config(backend, True), monkeypatch)
@@ -374,19 +374,14 @@ def test_a_tenant_on_shared_links_slows_steps_and_changes_the_batches(backend, m
     assert slow > 1.5                            # at most half the link left at times
 
 
-def test_the_analytical_fabric_cannot_see_a_tenant(monkeypatch):
+def test_without_a_tenant_the_flow_and_analytical_steps_agree(monkeypatch):
+    # No two transfers share a link here, so serialising and fair sharing give the same times:
+    # the batches match.
     alone, alone_steps = run_recording_batches(tenant_config("analytical", False), monkeypatch)
-    shared, shared_steps = run_recording_batches(tenant_config("analytical", True), monkeypatch)
-    for key in REQUEST_METRICS:
-        assert shared[key] == alone[key], key
-    assert shared_steps == alone_steps
-    assert shared["cluster"]["fabric"]["num_messages"] > alone["cluster"]["fabric"][
-        "num_messages"]                              # the tenant did send
-    assert shared["cluster"]["congestion_share_of_step_time"] < 1e-9
-    # Without a tenant the flow backend's steps are the analytical ones: the batches match.
     flow, flow_steps = run_recording_batches(tenant_config("flow", False), monkeypatch)
     assert flow_steps == alone_steps
     assert flow["mean_tpot_ms"] == pytest.approx(alone["mean_tpot_ms"], rel=1e-9)
+    assert alone["cluster"]["congestion_share_of_step_time"] < 1e-9
 
 
 # --- 4. placement --------------------------------------------------------------------------------

@@ -21,8 +21,6 @@ class FakePort:
     `ideal_s(size)`), in time order when `deliver()` is called, like a backend's run loop;
     NVLink takes size / NVLINK_BYTES_PER_S. Two GPUs per node."""
 
-    immediate = False
-
     def __init__(self, delay_s=lambda size: 2.0, ideal_s=lambda size: 1.5) -> None:
         self.delay_s, self.ideal_s = delay_s, ideal_s
         self.sent: list[tuple[int, int, int, float]] = []

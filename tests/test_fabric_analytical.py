@@ -1,16 +1,21 @@
 """The analytical fabric: the pipelined store-and-forward formula, exactly; single packets over
-multi-hop paths on both the analytical and flow backends; routes and the protocol's lifecycle."""
+multi-hop paths on both the analytical and flow backends; routes and the protocol's lifecycle;
+messages that share a link serialised on it, so that no link carries more than its rate (a
+property over random message sets on Clos topologies)."""
 
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simcore.fabric.analytical import (AnalyticalFabric, ideal_message_s, message_path,
                                        num_packets, wire_bytes)
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.flow import FlowFabric
-from simcore.fabric.topology import dumbbell, explicit, leaf_spine
+from simcore.fabric.settings import FabricSettings
+from simcore.fabric.topology import dumbbell, explicit, fat_tree, leaf_spine, star
 from simcore.fabric.utilization import LinkLoadRecorder
 
 BACKENDS = [AnalyticalFabric, FlowFabric]
@@ -231,8 +236,8 @@ def test_delivered_messages_read_like_a_list_and_keep_their_moment():
     topo = dumbbell(2, 2, rate_bps=10e9, delay_s=1e-6)
     fab = AnalyticalFabric(topo)
     l0, l1, r0 = (topo.node_index(n) for n in ("L0", "L1", "R0"))
+    fab.send(l1, r0, 100, tag="b")          # first on the shared links: not delayed
     fab.send(l0, r0, 10_000, tag="a")
-    fab.send(l1, r0, 100, tag="b")
     fab.send(l1, r0, 5_000_000, tag="c")
     fab.run(until_s=1e-4)
     early = fab.stats().messages
@@ -244,3 +249,118 @@ def test_delivered_messages_read_like_a_list_and_keep_their_moment():
     assert len(early) == 2                   # an earlier report does not grow
     late = fab.stats().messages
     assert [m.tag for m in late] == ["b", "a", "c"] and list(late)[:2] == list(early)
+
+
+# --- links shared by serialisation --------------------------------------------------------------
+
+TOL = 1e-9
+
+
+def _topologies():
+    return st.sampled_from([
+        leaf_spine(4, 4, 2, host_rate_bps=400e9, delay_s=1e-6),
+        leaf_spine(3, 4, 2, host_rate_bps=100e9, delay_s=5e-7, oversubscription=2,
+                   mtu_bytes=1500, header_bytes=52),
+        leaf_spine(2, 3, 3, host_rate_bps=200e9, delay_s=2e-6, spine_rate_bps=50e9),
+        fat_tree(4, rate_bps=100e9, delay_s=1e-6),
+    ])
+
+
+@st.composite
+def _message_sets(draw):
+    topo = draw(_topologies())
+    hosts = topo.hosts
+    num = draw(st.integers(1, 40))
+    msgs = []
+    for _ in range(num):
+        src = draw(st.sampled_from(hosts))
+        dst = draw(st.sampled_from([h for h in hosts if h != src]))
+        size = draw(st.one_of(st.integers(0, 5000), st.integers(5000, 3_000_000)))
+        at = draw(st.sampled_from([0.0, 0.0, 1e-6, 2.5e-5])) + draw(
+            st.floats(0, 1e-4, allow_nan=False))
+        msgs.append((src, dst, size, at, draw(st.integers(0, 3))))
+    interval = draw(st.sampled_from([1e-6, 7e-6, 1e-4]))
+    stop = draw(st.one_of(st.none(), st.floats(1e-6, 3e-4)))
+    return topo, msgs, interval, stop
+
+
+def _run(topo, msgs, interval, stop=None):
+    fab = AnalyticalFabric(topo, FabricSettings(sample_interval_s=interval))
+    for src, dst, size, at, key in sorted(msgs, key=lambda m: m[3]):
+        fab.send(src, dst, size, at_s=at, flow_key=key)
+    fab.run(stop)
+    return fab, fab.stats()
+
+
+@settings(max_examples=150, deadline=None)
+@given(_message_sets())
+def test_no_link_carries_more_than_its_rate(case):
+    topo, msgs, interval, stop = case
+    fab, st_ = _run(topo, msgs, interval, stop)
+    st_.check_conservation()
+    util = np.asarray(st_.utilization)
+    assert util.size == 0 or util.max() <= 1 + TOL
+    for ls in st_.links:
+        assert ls.busy_s <= st_.duration_s * (1 + TOL) + 1e-18
+    for m in st_.messages:
+        assert m.end_s >= m.start_s + m.ideal_s and m.slowdown >= 1 - 1e-12
+
+
+@settings(max_examples=150, deadline=None)
+@given(_message_sets())
+def test_a_message_waits_for_everything_before_it_on_each_link(case):
+    # Over any stretch from a start time t on, a link carries at most rate x time: a message
+    # cannot have arrived before the link has carried its bytes and those of every message
+    # that started on it from t up to (and, in send order, before) it.
+    topo, msgs, interval, _ = case
+    fab, st_ = _run(topo, msgs, interval)
+    log = fab._log
+    order = sorted(range(len(log)), key=lambda i: (log.start_s[i], i))
+    for li, link in enumerate(topo.links):
+        on = [i for i in order if li in log.path[i]]
+        rate = link.rate_bytes_per_s
+        for k, m in enumerate(on):
+            for j in range(k + 1):
+                t = log.start_s[on[j]]
+                carried = sum(log.wire_bytes[i] for i in on[j:k + 1])
+                assert log.end_s[m] >= t + carried / rate - TOL * max(t, 1e-6)
+
+
+def test_messages_sharing_a_link_are_serialised_in_start_order():
+    # Two senders into one receiver on a star: its link carries one message after the other.
+    topo = star(3, rate_bps=100e9, delay_s=1e-6, mtu_bytes=1500, header_bytes=52)
+    h0, h1, h2 = topo.hosts
+    fab = AnalyticalFabric(topo)
+    late = fab.send(h1, h2, 1_448_000, at_s=1e-6)
+    early = fab.send(h0, h2, 1_448_000)
+    fab.run()
+    res = {m.msg_id: m for m in fab.stats().messages}
+    w = wire_bytes(1_448_000, 1500, 52) / 12.5e9
+    assert res[early].end_s == res[early].start_s + res[early].ideal_s    # first: alone
+    # The second waits for the shared link h2's downlink to carry the first message.
+    downlink = message_path(topo, h0, h2, early, default_salts(topo))[-1]
+    assert downlink == message_path(topo, h1, h2, late, default_salts(topo))[-1]
+    first_done_on_it = res[early].end_s - topo.links[downlink].delay_s
+    assert res[late].end_s == pytest.approx(first_done_on_it + w + 1e-6, rel=1e-12)
+    assert res[late].slowdown > 1.9
+    st_ = fab.stats()
+    assert max(max(u) for u in st_.utilization) <= 1 + TOL
+
+
+def test_an_all_to_all_takes_as_long_as_its_busiest_link():
+    # Every message of an all-to-all starts at once: the last one ends once the busiest link
+    # has carried all its bytes (plus a path's latency), close to fair sharing's answer.
+    topo = leaf_spine(4, 4, 4, host_rate_bps=400e9, delay_s=1e-6)
+    fabs = {name: cls(topo) for name, cls in (("analytical", AnalyticalFabric),
+                                               ("flow", FlowFabric))}
+    for fab in fabs.values():
+        for src in topo.hosts:
+            for dst in topo.hosts:
+                if src != dst:
+                    fab.send(src, dst, 1_000_000)
+        fab.run()
+    st_ = fabs["analytical"].stats()
+    busiest = max(ls.busy_s for ls in st_.links)
+    assert busiest <= st_.duration_s <= busiest + 1e-5
+    assert st_.duration_s == pytest.approx(fabs["flow"].stats().duration_s, rel=0.05)
+    assert max(max(u) for u in st_.utilization) <= 1 + TOL

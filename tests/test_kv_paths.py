@@ -248,7 +248,9 @@ def test_the_tier_cuts_ttft_on_a_prefix_heavy_workload_with_a_small_gpu_cache(ti
     cfg, r, seen, without = tier_runs
     assert r["completed"] == without["completed"] == cfg.workload.num_prompts
     assert "kv_tier" not in without["cluster"] and "kv_transfers" not in without["cluster"]
-    assert r["mean_ttft_ms"] < 0.8 * without["mean_ttft_ms"]
+    # Fetches that share a storage server's link queue on it (the analytical fabric serialises
+    # them), so the cut is smaller than the loads alone would give.
+    assert r["mean_ttft_ms"] < 0.9 * without["mean_ttft_ms"]
     # Tier hits count apart from the local prefix cache's.
     assert r["external_kv_hit_rate"] > 0.2 and without["external_kv_hit_rate"] == 0.0
     assert r["num_external_prompt_tokens"] == sum(

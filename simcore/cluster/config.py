@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.cluster.network import NetworkConfig
-from simcore.fabric.fidelity import (BACKENDS, PACKET_ONLY_TOPOLOGY, backends_ignoring,
+from simcore.fabric.fidelity import (BACKENDS, MODEL, PACKET_ONLY_TOPOLOGY, backends_ignoring,
                                      changed_settings, unread_settings, unread_topology)
 from simcore.fabric.settings import FabricSettings
 
@@ -22,18 +22,8 @@ CLUSTER_UNREAD_SETTINGS = {
 }
 """Fabric settings no backend reads in a cluster run, with what to do instead (refused)."""
 
-ANALYTICAL_UNREAD = ("cluster.tenant_traffic",)
-"""Cluster settings the analytical backend carries without effect on the engines: with no
-contention another tenant's messages delay no transfer (they only add to the counters)."""
-
-
-FIDELITY_LINES = {
-    "analytical": "analytical fabric: every message alone on its path at the bottleneck rate "
-                  "(no contention; queues, ECN, PFC, DCQCN, adaptive routing and buffer sizes "
-                  "are read by the packet backend only)",
-    "flow": "flow fabric: max-min fair sharing of link rates (no queues; ECN, PFC, DCQCN, "
-            "adaptive routing and buffer sizes are read by the packet backend only)",
-}
+FIDELITY_LINES = {backend: f"{backend} fabric: {MODEL[backend]}"
+                  for backend in ("analytical", "flow")}
 """The assumption a cluster result states for a fabric backend without queues."""
 
 
@@ -43,9 +33,9 @@ class FabricConfig(BaseModel):
     model_config = _FROZEN
 
     backend: Literal["analytical", "flow", "packet"] = Field(
-        "analytical", description="analytical: each message alone on the network (no "
-        "contention); flow: max-min fair sharing of links; packet: packets through queues with "
-        "ECMP, ECN, PFC and DCQCN.")
+        "analytical", description="analytical: messages serialised first come, first served on "
+        "each link of their paths (no queueing dynamics beyond that); flow: max-min fair sharing "
+        "of links; packet: packets through queues with ECMP, ECN, PFC and DCQCN.")
     settings: FabricSettings = Field(default_factory=FabricSettings, description="Protocol "
                                      "profile (roce, infiniband, slingshot), ECN, PFC, DCQCN, "
                                      "buffers and packet framing, as for `dse fabric`.")
@@ -203,8 +193,6 @@ class ClusterConfig(BaseModel):
                                                                         self.fabric.settings)]
         out += [f"cluster.network.topology.{p}"
                 for p in unread_topology(backend, self.network.topology)]
-        if backend == "analytical" and self.tenant_traffic:
-            out += list(ANALYTICAL_UNREAD)
         return out
 
     def assumption_lines(self) -> list[str]:
@@ -242,8 +230,6 @@ def backends_ignoring_path(path: str) -> tuple[str, ...]:
     topology = "cluster.network.topology."
     if path.startswith(topology) and path[len(topology):] in PACKET_ONLY_TOPOLOGY:
         return ("flow", "analytical")
-    if path == "cluster.tenant_traffic" or path.startswith("cluster.tenant_traffic."):
-        return ("analytical",)
     return ()
 
 
@@ -254,6 +240,4 @@ def why_ignored(path: str) -> str:
         why = CLUSTER_UNREAD_SETTINGS.get(path[len(settings):].split(".", 1)[0])
         if why is not None:
             return why
-    if path == "cluster.tenant_traffic" or path.startswith("cluster.tenant_traffic."):
-        return "without contention another tenant's traffic delays no transfer"
     return "only the packet fabric reads it"

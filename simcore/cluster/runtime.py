@@ -25,7 +25,6 @@ from simcore.compute.base import StepTime
 from simcore.compute.roofline import RooflineModel
 from simcore.dag.builder import StepDagBuilder
 from simcore.dag.executor import DagRun
-from simcore.fabric.analytical import AnalyticalFabric
 from simcore.fabric.protocol import Fabric, MessageResult
 from simcore.fabric.run import distribution
 
@@ -54,7 +53,7 @@ class ClusterStats:
 class _Port:
     """The executor's TransferPort: NVLink by formula, the fabric through the runtime."""
 
-    __slots__ = ("runtime", "node_of", "immediate", "_ic", "_host")
+    __slots__ = ("runtime", "node_of", "_ic", "_host")
 
     def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float) -> None:
         self.runtime = runtime
@@ -62,9 +61,6 @@ class _Port:
         self.node_of = tuple(runtime.placement.node_of(g)
                              for g in range(runtime.network.num_gpus)).__getitem__
         self._host = runtime.network.gpu_host
-        # Without contention a message's arrival is known when it is sent: the executor need
-        # not wait for the fabric's event (the fabric still carries it, for its counters).
-        self.immediate = isinstance(runtime.fabric, AnalyticalFabric)
         self._ic = interconnect_bytes_per_s
 
     def nvlink_s(self, size_bytes: int) -> float:
@@ -76,13 +72,6 @@ class _Port:
         self.runtime.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s,
                                 lambda r: on_done(r.end_s, r.ideal_s), tag="step",
                                 channel=channel)
-
-    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
-                 channel: str = "") -> tuple[float, float]:
-        host = self._host
-        ideal = self.runtime.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s, None,
-                                        tag="step", channel=channel)
-        return at_s + ideal, ideal
 
 
 class ClusterRuntime:

@@ -25,18 +25,10 @@ class TransferPort(Protocol):
         """Duration of an NVLink transfer of `size_bytes` (latency excluded)."""
         ...
 
-    immediate: bool
-    """The fabric knows a transfer's arrival when it is sent (no contention): use `send_now`."""
-
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
              on_done: Callable[[float, float], None], channel: str = "") -> None:
         """Start a fabric transfer at `at_s`; `on_done(end_s, ideal_s)` fires when it arrives.
         Transfers of one `channel` (the op) between two GPUs share a queue pair."""
-        ...
-
-    def send_now(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
-                 channel: str = "") -> tuple[float, float]:
-        """Start a fabric transfer at `at_s` on a fabric without contention; (end_s, ideal_s)."""
         ...
 
 
@@ -90,7 +82,6 @@ class DagRun:
             dag.kind, dag.latency_s, dag.size_bytes, dag.src, dag.dst, dag.dur_s, dag.op)
         port = self.port
         node_of = port.node_of
-        immediate = port.immediate
         start_s, ready = self.start_s, self._ready
         finish_s, remaining, cause, children = (self.finish_s, self._remaining, self.cause,
                                                 self._children)
@@ -104,12 +95,9 @@ class DagRun:
                 size = size_bytes[i]
                 src, dst = src_of[i], dst_of[i]
                 if size > 0 and node_of(src) != node_of(dst):
-                    if not immediate:
-                        port.send(src, dst, size, t, self._callback(i), op[i])
-                        continue
-                    end, self.ideal_s[i] = port.send_now(src, dst, size, t, op[i])
-                else:
-                    end = t + port.nvlink_s(size) if size > 0 else t
+                    port.send(src, dst, size, t, self._callback(i), op[i])
+                    continue
+                end = t + port.nvlink_s(size) if size > 0 else t
             else:
                 start_s[i] = t
                 end = t + dur_s[i]

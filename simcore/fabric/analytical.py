@@ -1,10 +1,11 @@
-"""The analytical fabric: each message alone on its ECMP path under pipelined store-and-forward,
-with no contention; its completion time is the ideal every backend reports as `ideal_s`.
+"""The analytical fabric: messages on their ECMP paths under pipelined store-and-forward, each link
+serving the messages that cross it one after another (first come, first served), with no other
+interaction; a message alone completes at the ideal time every backend reports as `ideal_s`.
 
 A message of S payload bytes travels as n = max(1, ceil(S / P)) packets, P = mtu - header payload
 bytes each (the last one carries the rest), so it puts W = S + n x header bytes on every link. With
 L1 = min(S, P) + header the first packet's size, C_h and d_h the rate and propagation delay of
-hop h and C_min the slowest hop, it completes after
+hop h and C_min the slowest hop, alone on its path it completes after
 
     T = sum_h (d_h + L1 / C_h) + (W - L1) / C_min
 
@@ -12,6 +13,37 @@ the first packet's store-and-forward latency plus the rest of the bytes at the b
 This is the exact arrival time of the last packet of a back-to-back train on an idle path when
 every packet is full-size (or there is one packet, or all hops have one rate); a short last
 packet behind a bottleneck hop can arrive up to its own serialisation time earlier.
+
+Links are shared by serialisation. Every link l keeps F_l, the time by which it has carried
+every byte reserved on it so far. Messages are reserved in the order they start (start time, then
+send order), each on every link of its path at once. With
+
+    pre_h  = sum_{k<h} (d_k + L1 / C_k)          when its first packet reaches hop h, alone
+    post_h = d_h + sum_{k>h} (d_k + L1 / C_k)    from its last byte leaving hop h to arrival, alone
+
+a message starting at t0 occupies hop h (link l_h) for its W bytes at the link's rate,
+
+    b_h = max(F_{l_h}, t0 + pre_h),    e_h = b_h + W / C_h,    F_{l_h} <- e_h
+
+and completes at
+
+    t0 + max(T, max_h (e_h - t0 + post_h))
+
+(exactly t0 + T where it waits on no link, b_h = t0 + pre_h on every hop). So a message never
+completes before every link of its path has carried everything reserved on it before, plus its
+own W bytes, and a link's spans never overlap: a link carries at most its rate times any
+interval, and its reported utilization (each span's W bytes spread evenly over [b_h, e_h)) is at
+most 1. Alone on its path a message's e_h + post_h is at most t0 + T, with equality at the
+bottleneck, so `ideal_s` keeps its meaning and slowdown = 1 without contention.
+
+What it ignores: every queueing dynamic beyond this serialisation. Each link serves whole
+messages first come, first served (no interleaving of packets, no fair sharing: the first
+message on a busy link is not slowed by the later ones, the last waits for all of them); a
+message's wait at one link does not delay its arrival at the next (each link is a separate
+server, which is optimistic for a message held up on more than one link of its path);
+buffers are unlimited, so nothing is lost; no ECN marking, PFC, congestion control (DCQCN),
+adaptive routing or traffic classes: the settings only the packet backend reads
+(`simcore.fabric.fidelity`). Each message costs one pass over its path when it starts.
 """
 
 from __future__ import annotations
@@ -21,6 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 import heapq
 import itertools
 import math
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,51 +330,116 @@ class MessageFabric:
 
 
 class AnalyticalFabric(MessageFabric):
-    """The contention-free backend: a message sent at t completes at t + ideal_message_s.
+    """The serialising backend: each message reserves the links of its path when it starts (the
+    formula of the module docstring) and completes when that reservation says.
 
-    Lifecycle: `send` fixes each message's completion time and queues it on a heap keyed
-    (time, sequence); `run(until_s)` fires completions in that order. Message ids count from 0 in
-    `send` order. Link figures attribute a message's wire bytes to each link of its path evenly
-    over its lifetime, so a link shared by simultaneous messages can exceed utilization 1 here.
-    Delivered messages are added to the link figures when `stats` asks, in delivery order and
-    to the same bits as one at a time (a serving run delivers hundreds of thousands).
+    Lifecycle: `send` reserves a message at once when it starts at the fabric's clock and no
+    earlier-starting message is waiting, otherwise queues it on a heap keyed (start, sequence)
+    until the clock reaches its start, so links serve messages in the order they start whatever
+    order they are sent in; a reserved message's completion is queued on a heap keyed (time,
+    sequence), and `run(until_s)` processes both in time order (starts first at equal times).
+    Message ids count from 0 in `send` order. Each message's bytes are spread evenly over its span
+    on each link; delivered messages are added to the link figures when `stats` asks, in
+    reservation order (a serving run delivers hundreds of thousands).
     """
 
     _BATCH = 1 << 16
-    """Delivered messages added to the link figures per pass (bounds the temporary arrays)."""
+    """Messages added to the link figures per pass (bounds the temporary arrays)."""
 
     def __init__(self, topology: Topology, settings: FabricSettings | None = None, *,
                  seed: int = 0) -> None:
         super().__init__(topology, settings, seed)
-        self._rates = np.array([lk.rate_bytes_per_s for lk in topology.links])
-        self._load = LinkLoadRecorder(len(topology.links), self.settings.sample_interval_s)
-        self._heap: list[tuple[float, int, int]] = []
-        self._link_bytes_done = np.zeros(len(topology.links), dtype=np.int64)
-        self._recorded = 0          # `_done[:_recorded]` are in the link figures
+        links = topology.links
+        self._rates = np.array([lk.rate_bytes_per_s for lk in links])
+        self._free = [0.0] * len(links)         # F_l: link l has carried all reserved on it
+        self._inv_rate = [1.0 / lk.rate_bytes_per_s for lk in links]
+        self._inv_rate_array = np.array(self._inv_rate)
+        self._delay = [lk.delay_s for lk in links]
+        self._header = topology.header_bytes
+        self._payload = topology.mtu_bytes - topology.header_bytes
+        self._load = LinkLoadRecorder(len(links), self.settings.sample_interval_s)
+        self._heap: list[tuple[float, int, int]] = []      # reserved: (end, sequence, id)
+        self._starts: list[tuple[float, int, int]] = []    # not yet reserved: (start, seq, id)
+        self._order: list[int] = []             # reserved message ids, in reservation order
+        # b_h of every hop of the reserved messages' paths, in reservation order (e_h is
+        # b_h + W / C_h).
+        self._span_begin = array("d")
+        self._link_bytes_done = np.zeros(len(links), dtype=np.int64)
+        self._recorded = 0          # `_order[:_recorded]` are in the link figures
+        self._recorded_spans = 0    # ... and so are their spans
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
              traffic_class: int = 0) -> int:
         """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
         mid = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
-        log = self._log
-        heapq.heappush(self._heap, (log.start_s[mid] + log.ideal_s[mid], next(self._seq), mid))
+        start = self._log.start_s[mid]
+        starts = self._starts
+        if start <= self._now and not (starts and starts[0][0] <= start):
+            self._reserve(mid)
+        else:
+            heapq.heappush(starts, (start, next(self._seq), mid))
         return mid
 
+    def _reserve(self, mid: int) -> None:
+        """Serialise message mid on the links of its path (module docstring); queue its end.
+
+        One pass over the path: x is pre_h on reaching hop h and the sum over the whole path at
+        the end, so e_h + post_h = e_h - pre_h - L1 / C_h + x_end."""
+        log = self._log
+        start, wire, size = log.start_s[mid], log.wire_bytes[mid], log.size_bytes[mid]
+        payload = self._payload
+        first = (size if size < payload else payload) + self._header
+        free, inv_rate, delay = self._free, self._inv_rate, self._delay
+        begin_at = self._span_begin.append
+        x = 0.0
+        slack = -math.inf            # max over the hops waited on of e_h - pre_h - L1 / C_h
+        for li in log.path[mid]:
+            inv = inv_rate[li]
+            b = start + x
+            f = free[li]
+            if f > b:
+                b = f
+                e = b + wire * inv
+                c = e - x - first * inv
+                if c > slack:
+                    slack = c
+            else:
+                e = b + wire * inv
+            free[li] = e
+            begin_at(b)
+            x += delay[li] + first * inv
+        end = start + log.ideal_s[mid]
+        if slack + x > end:
+            end = slack + x
+        self._order.append(mid)
+        heapq.heappush(self._heap, (end, next(self._seq), mid))
+
     def next_event_s(self) -> float:
-        return self._heap[0][0] if self._heap else math.inf
+        heap, starts = self._heap, self._starts
+        t = heap[0][0] if heap else math.inf
+        return starts[0][0] if starts and starts[0][0] < t else t
 
     def run(self, until_s: float | None = None, *,
             stop: Callable[[], bool] | None = None) -> float:
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
         limit = math.inf if until_s is None else until_s
-        heap, done, log = self._heap, self._done, self._log
+        heap, starts, done, log = self._heap, self._starts, self._done, self._log
         end_s, pop_on_done = log.end_s, log.pop_on_done
         pop = heapq.heappop
+        reserve = self._reserve
         self._running = True
         try:
-            while heap and heap[0][0] <= limit:
+            while True:
+                if starts and starts[0][0] <= limit and (not heap or starts[0][0] <= heap[0][0]):
+                    start, _, mid = pop(starts)
+                    if start > self._now:
+                        self._now = start
+                    reserve(mid)
+                    continue
+                if not (heap and heap[0][0] <= limit):
+                    break
                 end, _, mid = pop(heap)
                 if end > self._now:
                     self._now = end
@@ -350,7 +448,8 @@ class AnalyticalFabric(MessageFabric):
                 on_done = pop_on_done(mid)
                 if on_done is not None:
                     on_done(log.result(mid))
-                    if stop is not None and stop() and not (heap and heap[0][0] <= self._now):
+                    if (stop is not None and stop() and not (heap and heap[0][0] <= self._now)
+                            and not (starts and starts[0][0] <= self._now)):
                         return self._now
             if until_s is not None and until_s > self._now:
                 self._now = until_s
@@ -359,40 +458,43 @@ class AnalyticalFabric(MessageFabric):
         return self._now
 
     def _record_done(self) -> None:
-        """Add the delivered messages not yet counted to the link bytes and utilization bins:
-        each message's wire bytes over [start, start + ideal) at a constant rate."""
-        while self._recorded < len(self._done):
-            mids = self._done[self._recorded:self._recorded + self._BATCH]
+        """Add the reserved messages not yet counted, up to the first one not yet delivered, to
+        the link bytes and utilization bins: each span's bytes over [b_h, e_h) at a constant
+        rate."""
+        order, end_s = self._order, self._log.end_s
+        upto = self._recorded
+        while upto < len(order) and end_s[order[upto]] is not None:
+            upto += 1
+        while self._recorded < upto:
+            mids = order[self._recorded:min(upto, self._recorded + self._BATCH)]
             self._recorded += len(mids)
-            self._record(mids)
+            self._recorded_spans = self._record(mids, self._recorded_spans, self._load,
+                                                self._link_bytes_done)
 
-    def _record(self, mids: list[int]) -> None:
+    def _record(self, mids: list[int], first_span: int, load: LinkLoadRecorder,
+                link_bytes: np.ndarray, until_s: float | None = None) -> int:
+        """Add the spans of reserved messages `mids` (consecutive in reservation order, their
+        spans from `first_span` on) to `load` and `link_bytes`, only what lies before `until_s`
+        if given; returns the index of the span after theirs."""
         log = self._log
         n = len(mids)
-        start = np.fromiter(map(log.start_s.__getitem__, mids), dtype=float, count=n)
-        ideal = np.fromiter(map(log.ideal_s.__getitem__, mids), dtype=float, count=n)
         wire = np.fromiter(map(log.wire_bytes.__getitem__, mids), dtype=np.int64, count=n)
         paths = list(map(log.path.__getitem__, mids))
         num_links = np.fromiter(map(len, paths), dtype=np.int64, count=n)
-        links = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64,
-                            count=int(num_links.sum()))
-        np.add.at(self._link_bytes_done, links, np.repeat(wire, num_links))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate = wire / ideal
-        self._load.add_spans(start, start + ideal, rate, links, num_links)
-
-    def _account(self, mid: int, load: LinkLoadRecorder, until_s: float) -> float:
-        """Record message mid's bytes on its links over [start, min(end, until_s)); return the
-        share of its wire bytes that is."""
-        log = self._log
-        start, ideal, path = log.start_s[mid], log.ideal_s[mid], log.path[mid]
-        upto = min(start + ideal, until_s)
-        if upto <= start:
-            return 0.0
-        rate = log.wire_bytes[mid] / ideal
-        if path:
-            load.add(start, upto, rate, list(path))   # a path has no repeated link
-        return (upto - start) / ideal
+        total = int(num_links.sum())
+        links = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=total)
+        last_span = first_span + total
+        begin = np.array(self._span_begin[first_span:last_span], dtype=float)
+        span_wire = np.repeat(wire, num_links)
+        end = begin + span_wire * self._inv_rate_array[links]     # as `_reserve` computes e_h
+        rate = span_wire / (end - begin)
+        if until_s is None:
+            np.add.at(link_bytes, links, span_wire)
+        else:
+            end = np.minimum(end, until_s)
+            np.add.at(link_bytes, links, np.maximum(end - begin, 0.0) * rate)
+        load.add_spans(begin, end, rate, links, np.ones(total, dtype=np.int64))
+        return last_span
 
     def stats(self) -> FabricStats:
         self._record_done()
@@ -401,14 +503,14 @@ class AnalyticalFabric(MessageFabric):
         link_bytes = self._link_bytes_done.astype(float)
         log = self._log
         started = np.array(log.start_s) <= now
-        delivered_mask = np.zeros(len(log), dtype=bool)
-        delivered_mask[self._done] = True
         sent = sum(itertools.compress(log.size_bytes, started.tolist()))
         delivered = sum(map(log.size_bytes.__getitem__, self._done))
-        for mid in np.flatnonzero(started & ~delivered_mask).tolist():     # in flight
-            share = self._account(mid, load, now)
-            for li in log.path[mid]:
-                link_bytes[li] += share * log.wire_bytes[mid]
+        # Reserved messages after the first one not yet delivered: what their spans carried
+        # up to now.
+        first_span = self._recorded_spans
+        for k in range(self._recorded, len(self._order), self._BATCH):
+            first_span = self._record(self._order[k:k + self._BATCH], first_span, load,
+                                      link_bytes, now)
         links = [LinkStats(bytes_sent=int(round(b)), busy_s=float(b / r))
                  for b, r in zip(link_bytes, self._rates)]
         t_s, util = load.samples(self._rates, now)

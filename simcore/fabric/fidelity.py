@@ -3,10 +3,13 @@
 The packet backend reads every field of `FabricSettings` (`simcore.fabric.packet.profiles.resolve`
 turns them into per-port numbers; `PacketFabric` runs DCQCN and the traffic classes) and the
 egress buffers of the topology. The flow backend (max-min fair sharing of link rates) and the
-analytical backend (each message alone on its path) read only the packet framing, through the
-`Topology`, and the utilization sample interval: they have no queues, so marking, flow control,
-congestion control, adaptive routing, retransmission and buffer sizes cannot change their
-results. No setting is read by the flow backend alone.
+analytical backend (messages serialised first come, first served on each link) read only the
+packet framing, through the `Topology`, and the utilization sample interval: they have no
+queues, so marking, flow control, congestion control, adaptive routing, retransmission and buffer
+sizes cannot change their results. No setting is read by the flow backend alone.
+
+`MODEL` says in words what each backend computes and what it leaves out; fabric scenario results
+(`simcore.fabric.run`) and cluster results (`simcore.cluster.config`) state it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ PACKET_ONLY_TOPOLOGY = ("buffer_bytes", "buffer_packets", "discipline")
 capacity and queue discipline."""
 
 BACKENDS = ("packet", "flow", "analytical")
+
+MODEL = {
+    "analytical": "messages serialised first come, first served on each link of their paths, "
+                  "each link on its own (ignored: queueing dynamics beyond that serialisation, "
+                  "fair sharing, congestion control, losses, buffers, ECN, PFC, DCQCN, adaptive "
+                  "routing and traffic classes, which the packet backend reads)",
+    "flow": "max-min fair sharing of link rates (ignored: queues, buffers, losses, ECN, PFC, "
+            "DCQCN, adaptive routing and traffic classes, which the packet backend reads)",
+    "packet": "packets through switch queues with the profile's marking, flow control, "
+              "congestion control and routing",
+}
+"""What each backend computes and what it ignores, in words."""
 
 
 def backends_ignoring(path: str) -> tuple[str, ...]:

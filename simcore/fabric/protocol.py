@@ -14,9 +14,9 @@ class MessageResult(NamedTuple):
     """A delivered message: when it was handed to the sender's NIC and when its last byte arrived.
 
     `ideal_s` is its completion time alone on an idle network along its path (the analytical
-    backend's answer), so `slowdown` = fct_s / ideal_s >= 1 up to rounding. A named tuple (an
-    immutable value, as a frozen dataclass, at a quarter of the cost to build: a serving run's
-    report builds one per message, hundreds of thousands).
+    backend's answer where it waits on no link), so `slowdown` = fct_s / ideal_s >= 1 up to
+    rounding. A named tuple (an immutable value, as a frozen dataclass, at a quarter of the cost
+    to build: a serving run's report builds one per message, hundreds of thousands).
     """
 
     msg_id: int
@@ -80,6 +80,9 @@ class FabricStats:
     utilization_t_s: list[float] = field(default_factory=list)
     utilization: list[list[float]] = field(default_factory=list)   # per sample, per link
     queue_histogram_bytes: dict[int, list[int]] = field(default_factory=dict)  # link -> bins
+    # Ids of unreliable (datagram) messages that lost a packet, hence never delivered; only the
+    # packet backend drops packets.
+    lost_message_ids: list[int] = field(default_factory=list)
 
     def check_conservation(self) -> None:
         """Raise AssertionError unless every payload byte sent is accounted for."""

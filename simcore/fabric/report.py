@@ -48,6 +48,9 @@ def render_fabric_summary(result: dict[str, Any]) -> str:
         _row("Simulated time (us):", _us(result["duration_s"])),
         _row("Messages completed / sent:", f"{flows['num_completed']} / {flows['num_messages']}"),
     ]
+    model = result.get("model")
+    if model:
+        lines += textwrap.wrap(f"Model: {model}", _LINE)
     ignored = result.get("ignored_settings")
     if ignored:
         lines += textwrap.wrap(f"Ignored at fidelity {result['backend']} (read by the packet "

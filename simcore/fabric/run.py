@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from simcore.errors import ConfigError
-from simcore.fabric.fidelity import BACKENDS, unread_settings, unread_topology
+from simcore.fabric.fidelity import BACKENDS, MODEL, unread_settings, unread_topology
 from simcore.fabric.protocol import Fabric, FabricStats, MessageResult
 from simcore.fabric.scenario import (PlannedMessage, Scenario, build_topology, expand_traffic,
                                      load_scenario, resolved_settings)
@@ -71,8 +71,11 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
     planned = expand_traffic(sc, topology, where=where)
     fabric = make_fabric(name, topology, settings, seed=sc.seed)
     for msg in planned:
+        # Only the packet backend loses packets, so only it tells the transports apart.
+        transport = ({"transport": msg.transport}
+                     if name == "packet" and msg.transport != "go_back_n" else {})
         fabric.send(msg.src, msg.dst, msg.size_bytes, at_s=msg.at_s, tag=msg.item,
-                    flow_key=msg.flow_key, traffic_class=msg.traffic_class)
+                    flow_key=msg.flow_key, traffic_class=msg.traffic_class, **transport)
     fabric.run(sc.duration_s)
     stats = fabric.stats()
     conserved = True
@@ -114,7 +117,8 @@ def _coarsen(t_s: list[float], util: np.ndarray, interval_s: float
 
 
 def _messages_block(results: list[MessageResult], planned: list[PlannedMessage],
-                    scenario: Scenario, topology: Topology, listed: bool) -> dict[str, Any]:
+                    scenario: Scenario, topology: Topology, listed: bool,
+                    lost_ids: list[int] | None = None) -> dict[str, Any]:
     fct = [r.fct_s for r in results]
     slowdown = [r.slowdown for r in results]
     by_item: dict[int, list[MessageResult]] = {}
@@ -123,14 +127,25 @@ def _messages_block(results: list[MessageResult], planned: list[PlannedMessage],
     planned_per_item: dict[int, int] = {}
     for p in planned:
         planned_per_item[p.item] = planned_per_item.get(p.item, 0) + 1
+    lost_per_item: dict[int, int] = {}
+    for m in lost_ids or ():
+        lost_per_item[planned[m].item] = lost_per_item.get(planned[m].item, 0) + 1
     per_traffic = []
     for i, item in enumerate(scenario.traffic):
         done = by_item.get(i, [])
-        per_traffic.append({"traffic": i, "kind": item.kind,
-                            "num_messages": planned_per_item.get(i, 0),
-                            "num_completed": len(done),
-                            "fct_s": distribution([r.fct_s for r in done]),
-                            "slowdown": distribution([r.slowdown for r in done])})
+        entry = {"traffic": i, "kind": item.kind, "num_messages": planned_per_item.get(i, 0),
+                 "num_completed": len(done), "fct_s": distribution([r.fct_s for r in done]),
+                 "slowdown": distribution([r.slowdown for r in done])}
+        if item.transport != "go_back_n":
+            entry["transport"] = item.transport
+        if item.transport == "datagram":
+            # A datagram is lost when a switch dropped it; one neither delivered nor lost was
+            # still in flight (or not yet sent) when the run stopped.
+            lost = lost_per_item.get(i, 0)
+            entry["num_lost"] = lost
+            entry["loss_rate"] = lost / entry["num_messages"] if entry["num_messages"] else 0.0
+            entry["delivered_bytes"] = sum(r.size_bytes for r in done)
+        per_traffic.append(entry)
     block: dict[str, Any] = {"num_messages": len(planned), "num_completed": len(results),
                              "num_incomplete": len(planned) - len(results),
                              "fct_s": distribution(fct), "slowdown": distribution(slowdown),
@@ -159,14 +174,17 @@ def ignored_settings(scenario: Scenario, backend: str) -> list[str]:
     if backend != "packet":
         out += [f"traffic[{i}].traffic_class" for i, t in enumerate(scenario.traffic)
                 if t.traffic_class]
+        out += [f"traffic[{i}].transport" for i, t in enumerate(scenario.traffic)
+                if t.transport != "go_back_n"]
     return out
 
 
 def summarize(scenario: Scenario, backend: str, topology: Topology,
               planned: list[PlannedMessage], stats: FabricStats, *, conserved: bool = True,
               include_messages: bool | None = None) -> dict[str, Any]:
-    """The JSON-able result of a run (see run_scenario); `ignored_settings` lists the settings
-    that had no effect at this backend's fidelity."""
+    """The JSON-able result of a run (see run_scenario); `model` says what the backend computes
+    and what it ignores, `ignored_settings` lists the settings that had no effect at this
+    backend's fidelity."""
     duration = stats.duration_s
     names = [nd.name for nd in topology.nodes]
     settings = scenario.settings
@@ -198,13 +216,15 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
         "backend": backend,
         "seed": scenario.seed,
         "profile": settings.profile,
+        "model": f"{backend} fabric: {MODEL[backend]}",
         "ignored_settings": ignored_settings(scenario, backend),
         "topology": {"kind": scenario.topology.kind, "num_hosts": num_hosts,
                      "num_switches": len(topology.nodes) - num_hosts,
                      "num_links": len(topology.links), "mtu_bytes": topology.mtu_bytes,
                      "header_bytes": topology.header_bytes},
         "duration_s": duration,
-        "flows": _messages_block(stats.messages, planned, scenario, topology, listed),
+        "flows": _messages_block(stats.messages, planned, scenario, topology, listed,
+                                 stats.lost_message_ids),
         "links": links,
         "utilization_over_time": {"interval_s": interval, "t_s": t_s,
                                   "per_link": series.T.tolist()},
@@ -215,7 +235,9 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
                        "num_ports_paused": sum(1 for ls in stats.links if ls.paused_s > 0)},
         "losses": {"drops": stats.num_drops, "dropped_bytes": stats.payload_dropped_bytes,
                    "retransmits": stats.num_retransmits,
-                   "retransmitted_bytes": stats.retransmitted_bytes},
+                   "retransmitted_bytes": stats.retransmitted_bytes,
+                   **({"datagrams_lost": len(stats.lost_message_ids)}
+                      if any(t.transport == "datagram" for t in scenario.traffic) else {})},
         "bytes": {"planned": sum(p.size_bytes for p in planned),
                   "sent": stats.payload_sent_bytes, "delivered": stats.payload_delivered_bytes,
                   "dropped": stats.payload_dropped_bytes,

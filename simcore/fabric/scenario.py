@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 
 from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
@@ -44,12 +45,24 @@ class _Frozen(BaseModel):
 
 
 class _Buffered(_Frozen):
-    """An egress-queue capacity given in bytes or in packets (of one MTU each), or unbounded."""
+    """An egress-queue capacity given in bytes or in packets (of one MTU each), or unbounded.
+
+    Either way it is a limit in bytes of frames as they go on the wire, headers included: a data
+    frame counts its payload plus `header_bytes` (for RoCEv2 Ethernet, IP, UDP, BTH, ICRC and
+    FCS; preamble and inter-frame gap are not modelled, on the wire or in a queue), and
+    `buffer_packets` N is N x `mtu_bytes`, N full-size frames, headers included (more frames
+    when they are shorter). The queue holds the data frames waiting and the one being sent (a
+    frame keeps its buffer until its last bit has left); control frames (ACK, NACK, CNP, PAUSE)
+    have a queue of their own and do not count. A lossy frame is refused when the bytes queued
+    plus its own would exceed the capacity. Read by the packet backend only.
+    """
 
     buffer_bytes: Bytes | None = Field(None, gt=0, description="Egress-queue capacity per link in "
-                                       "bytes; leave out (and buffer_packets) for unbounded.")
+                                       "bytes of frames on the wire, headers included; leave out "
+                                       "(and buffer_packets) for unbounded.")
     buffer_packets: int | None = Field(None, gt=0, description="Egress-queue capacity per link in "
-                                       "full-size packets (x mtu_bytes).")
+                                       "full-size packets: buffer_packets x mtu_bytes bytes of "
+                                       "frames, headers included.")
 
     @model_validator(mode="after")
     def _one_unit(self) -> _Buffered:
@@ -163,11 +176,42 @@ TopologySpec = Annotated[Union[DumbbellTopology, StarTopology, LeafSpineTopology
 HostSet = Union[Literal["all"], list[str]]
 
 
+Transport = Literal["go_back_n", "selective_repeat", "datagram"]
+
+_RESENT = ("How lost packets are resent where its class may drop (no PFC or credits, or a class "
+           "outside traffic_classes.lossless): go_back_n (from the first lost packet on) or "
+           "selective_repeat (only the lost ones)")
+
+
 class _Traffic(_Frozen):
     """Fields every traffic entry has."""
 
     traffic_class: int = Field(0, ge=0, le=7, description="Priority (traffic class, InfiniBand "
                                "virtual lane) its packets travel in; the packet backend only.")
+    transport: Transport = Field("go_back_n", description=_RESENT + "; the packet backend only "
+                                 "(the others lose nothing). datagram is for cbr and poisson "
+                                 "sources.")
+
+    @field_validator("transport")
+    @classmethod
+    def _datagrams_from_sources(cls, value: str) -> str:
+        if value == "datagram" and not issubclass(cls, _Source):
+            raise ValueError("datagram is for cbr and poisson sources (one-packet datagrams); "
+                             "use go_back_n or selective_repeat")
+        return value
+
+
+class _Source(_Traffic):
+    """Fields of a packet source (CBR, Poisson), whose packets may also travel as unreliable
+    datagrams: the packet backend hands each to its NIC at its time, sends it once and never
+    acknowledges it; one that a full queue drops is lost, and reported so."""
+
+    transport: Transport = Field("go_back_n", description=_RESENT + "; or datagram: unreliable, "
+                                 "like UDP or InfiniBand UD: each packet sent once, at the "
+                                 "source's times, with no ACKs, retransmission or congestion "
+                                 "control, a dropped one lost. The packet backend only: flow and "
+                                 "analytical carry every datagram as a one-packet message and "
+                                 "lose none.")
 
 
 class MessageTraffic(_Traffic):
@@ -180,9 +224,10 @@ class MessageTraffic(_Traffic):
     at_s: float = Field(0.0, ge=0, description="When it is handed to the sender's NIC, seconds.")
 
 
-class CbrTraffic(_Traffic):
-    """A constant-bit-rate source: one-packet messages of payload_bytes, evenly spaced so the
-    packets (headers included) occupy rate_gbps, from start_s until before stop_s."""
+class CbrTraffic(_Source):
+    """A constant-bit-rate source: one-packet messages (or datagrams) of payload_bytes, evenly
+    spaced so the packets (headers included) occupy rate_gbps, from start_s until before
+    stop_s."""
 
     kind: Literal["cbr"] = Field(description="Traffic variant tag.")
     src: str = Field(description="Sending host.")
@@ -231,9 +276,10 @@ class PermutationTraffic(_Traffic):
     at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
 
 
-class PoissonTraffic(_Traffic):
-    """A Poisson packet source: one-packet messages of payload_bytes with exponential gaps of mean
-    1 / rate_pps, from start_s for duration_s (drawn from the scenario seed)."""
+class PoissonTraffic(_Source):
+    """A Poisson packet source: one-packet messages (or datagrams) of payload_bytes with
+    exponential gaps of mean 1 / rate_pps, from start_s for duration_s (drawn from the scenario
+    seed)."""
 
     kind: Literal["poisson"] = Field(description="Traffic variant tag.")
     src: str = Field(description="Sending host.")
@@ -257,7 +303,8 @@ class Scenario(_Frozen):
                       "Poisson gaps, ECN marking); same seed, same result.")
     backend: Literal["packet", "flow", "analytical"] = Field(
         "packet", description="Backend used unless the command line picks one: packet (queues, "
-        "ECN, PFC, DCQCN), flow (max-min fair sharing) or analytical (no contention).")
+        "ECN, PFC, DCQCN), flow (max-min fair sharing) or analytical (messages serialised "
+        "first come, first served on shared links).")
     duration_s: float | None = Field(None, gt=0, description="Stop the run at this time; "
                                      "messages still in flight are reported as such. Default: "
                                      "run until every message is delivered.")
@@ -281,7 +328,7 @@ class Scenario(_Frozen):
 class PlannedMessage:
     """One message a scenario sends: `flow_key` picks its ECMP path (and, in the packet backend,
     its queue pair); the messages of one CBR or Poisson source share it. `item` is the index of
-    the traffic entry it came from, `traffic_class` that entry's."""
+    the traffic entry it came from, `traffic_class` and `transport` that entry's."""
 
     src: int
     dst: int
@@ -290,6 +337,7 @@ class PlannedMessage:
     flow_key: int
     item: int
     traffic_class: int = 0
+    transport: str = "go_back_n"
 
 
 def load_scenario(source: str | Path | Mapping[str, Any] | Scenario, *,
@@ -474,7 +522,8 @@ def expand_traffic(scenario: Scenario, topology: Topology, *,
     out = []
     for k, (at, i, _, s, d, size) in enumerate(raw):
         key = first_of_train.setdefault(i, k) if i in trains else k
-        out.append(PlannedMessage(s, d, size, at, key, i, scenario.traffic[i].traffic_class))
+        entry = scenario.traffic[i]
+        out.append(PlannedMessage(s, d, size, at, key, i, entry.traffic_class, entry.transport))
     return out
 
 

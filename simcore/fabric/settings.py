@@ -53,7 +53,13 @@ PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
 class EcnSettings(BaseModel):
     """RED/ECN marking at switch egress queues on instantaneous queue bytes q: probability 0 for
     q <= Kmin, Pmax (q - Kmin) / (Kmax - Kmin) up to Kmax, 1 above (RED's marking curve on the
-    instantaneous queue, as DCQCN uses it: Zhu et al., SIGCOMM 2015, section 3.1)."""
+    instantaneous queue, as DCQCN uses it: Zhu et al., SIGCOMM 2015, section 3.1).
+
+    q is what an arriving data frame finds in its egress queue, before it is added: the bytes of
+    the data frames of every class waiting there and of the one being sent, each counted as on
+    the wire, payload plus `header_bytes` (no preamble or inter-frame gap); control frames do not
+    count. Kmin and Kmax are in the same bytes, as are the buffer limits (`buffer_bytes`,
+    `buffer_packets` x `mtu_bytes`)."""
 
     model_config = _FROZEN
 
@@ -258,8 +264,9 @@ class FabricSettings(BaseModel):
     traffic_classes: TrafficClassSettings = Field(
         default_factory=TrafficClassSettings, description="Lossless classes and the scheduler "
         "among classes (packet backend; the others carry every class alike).")
-    retransmit_timeout_s: float = Field(100e-6, gt=0, description="Go-back-N retransmission "
-                                        "timeout when the fabric is lossy.")
+    retransmit_timeout_s: float = Field(100e-6, gt=0, description="Retransmission timeout of the "
+                                        "reliable transport (go-back-N or selective repeat) "
+                                        "when the fabric is lossy.")
     link_disciplines: dict[int, Discipline] = Field(
         default_factory=dict, description="Egress-queue discipline per link index, overriding "
         "ecn.enabled for those links (an explicit topology's per-link `discipline` fills it).")

@@ -1,6 +1,7 @@
 """The packet-level fabric: every packet of every message crosses every link of its path as a
 store-and-forward frame, through egress queues, switches (ECMP or adaptive routing, PFC or
-credits) and NICs (segmentation, pacing, go-back-N, DCQCN), on a virtual clock of its own.
+credits) and NICs (segmentation, pacing, go-back-N or selective repeat, unreliable datagrams,
+DCQCN), on a virtual clock of its own.
 
 The data plane runs in the compiled kernel (`events.run_events`); this class is its Python face:
 it validates and registers messages and traffic sources, answers the kernel's requests (message
@@ -22,10 +23,19 @@ from simcore.fabric.analytical import num_packets, plan_message
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.packet import api, events, nic, stats
 from simcore.fabric.packet.profiles import PacketSettings, resolve
-from simcore.fabric.packet.state import CF_LOSSLESS, CF_REL, NUM_CLASSES, new_state
+from simcore.fabric.packet.state import (CF_LOSSLESS, CF_REL, NUM_CLASSES, REL_GBN, REL_NONE,
+                                         REL_SR, new_state)
 from simcore.fabric.protocol import FabricStats, MessageResult, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import HOST, Topology
+
+
+TRANSPORTS = ("go_back_n", "selective_repeat", "datagram")
+"""How a message's packets travel: reliably, lost packets resent by go-back-N or by selective
+repeat where its class may drop (a lossless class needs neither: no ACKs); or as unreliable
+datagrams, each packet sent once, never acknowledged or resent."""
+
+_REL = {"go_back_n": REL_GBN, "selective_repeat": REL_SR}
 
 
 def _check_class(traffic_class: int) -> None:
@@ -53,7 +63,9 @@ class PacketFabric:
     Lifecycle: `send` messages and `add_source` datagram sources, `run` to a time or until idle
     (callbacks fire inside, in time order, and may send more), read `stats()` at any point.
     Message ids count from 0 in `send` order; flows with the same (src, dst, flow_key) share one
-    queue pair and deliver in order. Not re-entrant: a callback must not call `run`.
+    queue pair and deliver in order. A message sent with `transport="datagram"` that loses a
+    packet is never delivered (`lost_message_ids`). Not re-entrant: a callback must not call
+    `run`.
     """
 
     def __init__(self, topology: Topology, settings: FabricSettings | None = None, *,
@@ -91,12 +103,18 @@ class PacketFabric:
 
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
-             traffic_class: int = 0) -> int:
+             traffic_class: int = 0, transport: str | None = None) -> int:
         """Queue a message of `size_bytes` payload from host src to host dst at at_s (now when
         None) in `traffic_class` (0..7); returns its id. `flow_key` (default: the id) names its
-        queue pair (one per class) and feeds ECMP.
+        queue pair (one per class and transport) and feeds ECMP. `transport` (TRANSPORTS;
+        default `packet.retransmission`): go_back_n, selective_repeat, or datagram (unreliable:
+        no ACKs, no retransmission, no congestion control).
         """
         _check_class(traffic_class)
+        transport = self.packet.retransmission if transport is None else transport
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
+                             f"{transport!r}")
         start = self._now if at_s is None else float(at_s)
         if start < self._now:
             raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
@@ -105,7 +123,8 @@ class PacketFabric:
         rec = plan_message(self.topology, self._salts, msg_id, src, dst, size_bytes, start,
                            tag=tag, on_done=on_done, flow_key=key,
                            routes=self._routes if flow_key is not None else None)
-        f = self._flow(rec.src, rec.dst, key, traffic_class, datagram=False, route=rec.path)
+        f = self._flow(rec.src, rec.dst, key, traffic_class, datagram=False, route=rec.path,
+                       transport=transport)
         npk = num_packets(rec.size_bytes, self.topology.mtu_bytes, self.topology.header_bytes)
         self._messages.append(_Message(msg_id, rec.src, rec.dst, rec.size_bytes, start,
                                        rec.ideal_s, tag, on_done))
@@ -150,7 +169,8 @@ class PacketFabric:
     def stats(self) -> FabricStats:
         """Measurements as of now (see simcore.fabric.packet.stats for the byte accounting)."""
         return stats.build_stats(self._st, self._now, self.message_results(),
-                                 self.settings.sample_interval_s, self.num_rate_cuts())
+                                 self.settings.sample_interval_s, self.num_rate_cuts(),
+                                 self.lost_message_ids())
 
     # ---- beyond the protocol -----------------------------------------------------------------
 
@@ -180,6 +200,11 @@ class PacketFabric:
     def source_delivered_bytes(self, index: int) -> int:
         """Payload bytes source `index` has delivered so far."""
         return int(api.read_flow_datagram_bytes(self._st, self._sources[index]))
+
+    def lost_message_ids(self) -> list[int]:
+        """Ids of datagram messages that lost a packet (never delivered), in id order."""
+        _, end = api.read_messages(self._st)
+        return np.flatnonzero(end == -2.0).tolist()
 
     def message_results(self) -> list[MessageResult]:
         """Delivered messages, in the order their last bytes arrived."""
@@ -223,11 +248,14 @@ class PacketFabric:
             raise ValueError(f"a flow needs two different hosts, got {src} -> {dst}")
 
     def _flow(self, src: int, dst: int, key: int, traffic_class: int, *, datagram: bool,
-              route: tuple[int, ...] | None = None) -> int:
-        """The queue pair of (src, dst, key, traffic_class), created on first use with its ECMP
-        paths (`route`: the data path when the caller already has it); it runs go-back-N when
-        the fabric is reliable or its class may drop."""
-        ident = (src, dst, key, traffic_class)
+              route: tuple[int, ...] | None = None, transport: str = "go_back_n") -> int:
+        """The queue pair of (src, dst, key, traffic_class) for a source (`datagram`) or for
+        messages of `transport`, created on first use with its ECMP paths (`route`: the data
+        path when the caller already has it); reliable messages run their retransmission
+        scheme when the fabric is reliable or their class may drop."""
+        ident: tuple = (src, dst, key, traffic_class)
+        if datagram or transport != "go_back_n":
+            ident += ("source" if datagram else transport,)
         f = self._flows.get(ident)
         if f is not None:
             return f
@@ -240,8 +268,11 @@ class PacketFabric:
                         dtype=np.int64)
         bits = int(np.array([fhash], dtype=np.uint64).view(np.int64)[0])
         line_bps = topo.links[int(fwd[0])].rate_bps
-        cc = int(self.settings.dcqcn.enabled and not datagram)
-        rel = int(not datagram and (self._reliable or not self._lossless >> traffic_class & 1))
+        unreliable = datagram or transport == "datagram"
+        cc = int(self.settings.dcqcn.enabled and not unreliable)
+        rel = REL_NONE
+        if not unreliable and (self._reliable or not self._lossless >> traffic_class & 1):
+            rel = _REL[transport]
         f = api.add_flow(self._st, src, dst, fwd, back, bits, line_bps / 8, cc, int(datagram),
                          traffic_class, rel)
         self._flows[ident] = f

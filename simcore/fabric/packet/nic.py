@@ -10,10 +10,19 @@ passed since the start of its previous one (its pacing rate is the line rate, or
 rate).
 
 Reliability: lossless classes need none, and the receiver accepts packets in any order. Queue
-pairs of a lossy class (every class when the fabric has no flow control) run go-back-N: the
-receiver accepts only the next expected PSN, ACKs every few in-order packets and each message's
-end, NACKs the first gap once; the sender rewinds to the NACKed PSN or, after a retransmission
-timeout without progress, to the oldest unacknowledged one.
+pairs of a lossy class (every class when the fabric has no flow control) run go-back-N or
+selective repeat, per queue pair. Go-back-N: the receiver accepts only the next expected PSN,
+ACKs every few in-order packets and each message's end, NACKs the first gap once; the sender
+rewinds to the NACKed PSN or, after a retransmission timeout without progress, to the oldest
+unacknowledged one. Selective repeat (as RoCE NICs with selective retransmission, IRN): the
+receiver keeps every packet it gets, one bit per packet of each message, and ACKs as go-back-N
+does, also when a resent packet fills a gap; each packet past a gap is answered by a NACK that
+carries the cumulative acknowledgement and the PSN that arrived (a selective acknowledgement).
+The sender records those PSNs, and resends, ahead of new data and once each, every
+unacknowledged PSN below the highest one selectively acknowledged that it has not learnt
+arrived; after a retransmission timeout without progress it resends every such PSN up to the
+last one sent. Queue pairs of unreliable messages (datagrams) have no acknowledgements: a
+dropped packet is lost, and so is its message.
 
 DCQCN: a marked data packet at the receiver asks the notification point whether to send a CNP
 (only once its per-flow quiet interval has passed); a CNP at the sender, a reaction-point timer,
@@ -31,14 +40,17 @@ from simcore.fabric.packet.heap import (EV_CREDIT, EV_MESSAGE, EV_RP_TIMER, EV_R
 from simcore.fabric.packet.link import sendable, start_tx
 from simcore.fabric.packet.queues import (enqueue_ctrl, enqueue_data, level_change, pop_ctrl,
                                           pop_data, top_class)
-from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NACKS, C_NFLOW,
-                                         C_NMSG, C_NPATH, C_NSRC, C_OBN, C_RETX, C_RETX_PAY,
-                                         C_SENT_PAY, C_TIMEOUTS, CF_ACKN, CF_CTRL, CF_FC,
-                                         CF_HDR, CF_PAY, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
-                                         K_CNP, K_DATA, K_NACK, NUM_CLASSES, alloc_packet,
-                                         free_packet,
+from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NACKS, C_NBITS,
+                                         C_NFLOW, C_NMSG, C_NPATH, C_NSRC, C_OBN, C_RETX,
+                                         C_RETX_PAY, C_SENT_PAY, C_TIMEOUTS, CF_ACKN, CF_CTRL,
+                                         CF_FC, CF_HDR, CF_PAY, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
+                                         K_CNP, K_DATA, K_NACK, NUM_CLASSES, REL_NONE, REL_SR,
+                                         alloc_packet, free_packet,
                                          grow_floats, grow_ints, uniform)
 from simcore.fabric.packet.switch import out_port
+
+_ONE = np.int64(1)
+"""Bit k & 63 of a word of the selective-repeat tables is _ONE << (k & 63) (bit 63 too)."""
 
 # Outbox requests for Python.
 O_DONE = 0          # a: message with a callback; its last byte arrived
@@ -94,6 +106,9 @@ def _frame_bytes(st, f):
     """Wire bytes of queue pair f's next packet."""
     m = st.f_msnd[f]
     k = st.f_nxt[f] - st.m_psn0[m]
+    if st.f_rel[f] == REL_SR and _sr_pending(st, f):
+        m = st.f_rtxm[f]
+        k = st.f_rtx[f] - st.m_psn0[m]
     pay = int(st.cfg[CF_PAY])
     if k == st.m_npk[m] - 1:
         pay = st.m_size[m] - k * pay
@@ -113,7 +128,7 @@ def _pull(st, l, k, now):
     earliest = np.inf
     for _ in range(n):
         nxt_f = st.f_anext[f]
-        if win <= 0 or st.f_nxt[f] - st.f_una[f] < win:
+        if win <= 0 or st.f_nxt[f] - st.f_una[f] < win or _unwindowed(st, f):
             t = st.f_next_t[f]
             if t <= now:
                 if st.cfg[CF_FC] == FC_CREDIT and st.credits[k] < _frame_bytes(st, f):
@@ -130,8 +145,19 @@ def _pull(st, l, k, now):
 
 
 @njit
+def _unwindowed(st, f):
+    """Whether queue pair f may send past a full window: it has no acknowledgements, or
+    selective repeat has a packet to resend."""
+    rel = st.f_rel[f]
+    return rel == REL_NONE or (rel == REL_SR and _sr_pending(st, f))
+
+
+@njit
 def _make_data(st, f, l, now):
-    """Cut queue pair f's next packet (PSN f_nxt) and account for it as sent now."""
+    """Cut queue pair f's next packet (PSN f_nxt; under selective repeat, a packet to resend
+    first) and account for it as sent now."""
+    if st.f_rel[f] == REL_SR and _sr_pending(st, f):
+        return _resend(st, f, l, now)
     psn = st.f_nxt[f]
     m = st.f_msnd[f]
     k = psn - st.m_psn0[m]
@@ -164,6 +190,96 @@ def _make_data(st, f, l, now):
     if st.f_nxt[f] >= st.f_end[f]:
         _deactivate(st, f)
     return p
+
+
+@njit
+def _resend(st, f, l, now):
+    """Selective repeat: cut queue pair f's packet f_rtx again and account for it as sent now."""
+    psn = st.f_rtx[f]
+    m = st.f_rtxm[f]
+    k = psn - st.m_psn0[m]
+    pay = int(st.cfg[CF_PAY])
+    if k == st.m_npk[m] - 1:
+        pay = st.m_size[m] - k * pay
+    size = pay + int(st.cfg[CF_HDR])
+    p = alloc_packet(st, K_DATA, f, size)
+    st.p_pay[p] = pay
+    st.p_psn[p] = psn
+    st.p_msg[p] = m
+    st.f_rtx[f] = psn + 1
+    st.f_next_t[f] = now + size / st.f_rate[f]
+    st.cnt[C_SENT_PAY] += pay
+    st.cnt[C_RETX] += 1
+    st.cnt[C_RETX_PAY] += pay
+    level_change(st, l, size, now)
+    if st.f_rto_t[f] == np.inf:
+        st.f_rto_t[f] = now + st.cfg[CF_RTO]
+        _arm_rto(st, f)
+    if st.f_bleft[f] >= 0:
+        st.f_bacc[f] += size
+        if st.f_bacc[f] >= st.f_bleft[f]:
+            st.f_bleft[f] = -1
+            request(st, O_RP_BYTES, f)
+    if st.f_nxt[f] >= st.f_end[f] and not _sr_pending(st, f):
+        _deactivate(st, f)
+    return p
+
+
+@njit
+def _sr_pending(st, f):
+    """Selective repeat: move f_rtx (and f_rtxm) to queue pair f's next PSN to resend, skipping
+    those acknowledged or selectively acknowledged; whether there is one (below f_rlim)."""
+    psn = st.f_rtx[f]
+    lim = st.f_rlim[f]
+    if psn >= lim:
+        return False
+    m = st.f_rtxm[f]
+    if psn <= st.f_una[f]:
+        psn = st.f_una[f]
+        m = st.f_mhead[f]
+    while psn < lim:
+        while st.m_psn0[m] + st.m_npk[m] <= psn:
+            m = st.m_next[m]
+        k = psn - st.m_psn0[m]
+        if (st.sbits[st.m_boff[m] + (k >> 6)] >> (k & 63)) & 1 == 0:
+            break
+        psn += 1
+    st.f_rtx[f] = psn
+    st.f_rtxm[f] = m
+    return psn < lim
+
+
+@njit
+def _sr_nack(st, f, cum, got, m, now):
+    """Selective repeat: the receiver has every PSN below `cum` and PSN `got` (of message m);
+    every PSN between them it lacks is taken as lost and resent."""
+    _acked(st, f, cum, now)
+    if got >= st.f_una[f]:
+        k = got - st.m_psn0[m]
+        st.sbits[st.m_boff[m] + (k >> 6)] |= _ONE << (k & 63)
+        if got > st.f_rlim[f]:
+            st.f_rlim[f] = got
+    _sr_settle(st, f, now)
+
+
+@njit
+def _sr_timeout(st, f, now):
+    """Selective repeat after a retransmission timeout: resend every unacknowledged PSN up to
+    the last one sent that the receiver is not known to hold."""
+    st.f_rtx[f] = st.f_una[f]
+    st.f_rtxm[f] = st.f_mhead[f]
+    st.f_rlim[f] = st.f_nxt[f]
+    _sr_settle(st, f, now)
+
+
+@njit
+def _sr_settle(st, f, now):
+    """Selective repeat: keep queue pair f active exactly while it has a packet to send."""
+    if _sr_pending(st, f):
+        _activate(st, f)
+        nic_kick(st, st.f_link[f], now)
+    elif st.f_nxt[f] >= st.f_end[f]:
+        _deactivate(st, f)
 
 
 @njit
@@ -268,7 +384,10 @@ def rto_check(st, f, now):
         return False
     st.cnt[C_TIMEOUTS] += 1
     st.f_rto_t[f] = np.inf
-    _go_back(st, f, st.f_una[f], now)
+    if st.f_rel[f] == REL_SR:
+        _sr_timeout(st, f, now)
+    else:
+        _go_back(st, f, st.f_una[f], now)
     return True
 
 
@@ -293,6 +412,8 @@ def _acked(st, f, psn, now):
         _arm_rto(st, f)
     else:
         st.f_rto_t[f] = np.inf
+    if st.f_rel[f] == REL_SR and st.f_act[f] != 0 and st.f_nxt[f] >= st.f_end[f]:
+        _sr_settle(st, f, now)
     if st.cfg[CF_WIN] > 0:
         nic_kick(st, st.f_link[f], now)
 
@@ -334,6 +455,10 @@ def nic_receive(st, h, l_in, p, now):
         _acked(st, f, st.p_psn[p], now)
     elif kind == K_NACK:
         psn = st.p_psn[p]
+        if st.f_rel[f] == REL_SR:
+            _sr_nack(st, f, psn, st.p_arg[p], st.p_msg[p], now)
+            free_packet(st, p)
+            return
         _acked(st, f, psn, now)
         if psn < st.f_nxt[f]:
             st.f_rto_t[f] = now + st.cfg[CF_RTO]
@@ -367,8 +492,11 @@ def _receive_data(st, f, p, now):
     if st.p_ecn[p] != 0 and st.f_cc[f] != 0 and now >= st.f_quiet[f]:
         request(st, O_NP, f)
     m = st.p_msg[p]
-    if st.f_rel[f] == 0:
+    if st.f_rel[f] == REL_NONE:
         _accept(st, m, now)
+        return
+    if st.f_rel[f] == REL_SR:
+        _receive_sr(st, f, p, m, now)
         return
     psn = st.p_psn[p]
     expected = st.f_rnxt[f]
@@ -384,6 +512,52 @@ def _receive_data(st, f, p, now):
         st.f_nack[f] = expected
         st.cnt[C_NACKS] += 1
         send_ctrl(st, f, K_NACK, expected, now)
+
+
+@njit
+def _receive_sr(st, f, p, m, now):
+    """Selective repeat at the receiver: keep packet p (of message m) unless it is a duplicate;
+    ACK as go-back-N does, and when it fills a gap; NACK every packet past a gap."""
+    psn = st.p_psn[p]
+    expected = st.f_rnxt[f]
+    if psn < expected:
+        return
+    k = psn - st.m_psn0[m]
+    w = st.m_boff[m] + (k >> 6)
+    bit = _ONE << (k & 63)
+    if st.rbits[w] & bit != 0:
+        return
+    st.rbits[w] |= bit
+    done = _accept(st, m, now)
+    if psn > expected:
+        st.cnt[C_NACKS] += 1
+        q = alloc_packet(st, K_NACK, f, int(st.cfg[CF_CTRL]))
+        st.p_psn[q] = expected
+        st.p_arg[q] = psn
+        st.p_msg[q] = m
+        st.p_rev[q] = 1
+        l0 = st.path[st.f_roff[f]]
+        enqueue_ctrl(st, l0, q, False)
+        nic_kick(st, l0, now)
+        return
+    # In order: move past every packet already held.
+    psn += 1
+    filled = False
+    while True:
+        if psn == st.m_psn0[m] + st.m_npk[m]:
+            m = st.m_next[m]
+            if m < 0:
+                break
+        k = psn - st.m_psn0[m]
+        if (st.rbits[st.m_boff[m] + (k >> 6)] >> (k & 63)) & 1 == 0:
+            break
+        psn += 1
+        filled = True
+    st.f_rnxt[f] = psn
+    st.f_rcnt[f] += 1
+    if done or filled or st.f_rcnt[f] >= st.cfg[CF_ACKN]:
+        st.f_rcnt[f] = 0
+        send_ctrl(st, f, K_ACK, psn, now)
 
 
 @njit
@@ -420,7 +594,7 @@ def source_emit(st, s, now):
 @njit
 def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram, cls, rel):
     """Register a queue pair from host src to host dst with its data and reverse paths, its
-    traffic class and whether it runs go-back-N."""
+    traffic class and its transport `rel` (REL_NONE, REL_GBN or REL_SR)."""
     f = st.cnt[C_NFLOW]
     if f == st.f_cap:
         _grow_flows(st, 2 * f)
@@ -471,6 +645,9 @@ def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram,
     st.f_dgram_pay[f] = 0
     st.f_cls[f] = cls
     st.f_rel[f] = rel
+    st.f_rtx[f] = 0
+    st.f_rtxm[f] = -1
+    st.f_rlim[f] = 0
     return f
 
 
@@ -511,6 +688,9 @@ def _grow_flows(st, n):
     st.f_dgram_pay = grow_ints(st, st.f_dgram_pay, old, n, 0)
     st.f_cls = grow_ints(st, st.f_cls, old, n, 0)
     st.f_rel = grow_ints(st, st.f_rel, old, n, 0)
+    st.f_rtx = grow_ints(st, st.f_rtx, old, n, 0)
+    st.f_rtxm = grow_ints(st, st.f_rtxm, old, n, -1)
+    st.f_rlim = grow_ints(st, st.f_rlim, old, n, 0)
     st.f_cap = n
 
 
@@ -530,6 +710,7 @@ def add_message(st, f, size, num_packets, at_s, has_callback):
         st.m_start = grow_floats(st, st.m_start, m, n, 0.0)
         st.m_end = grow_floats(st, st.m_end, m, n, -1.0)
         st.m_cb = grow_ints(st, st.m_cb, m, n, 0)
+        st.m_boff = grow_ints(st, st.m_boff, m, n, -1)
         st.m_cap = n
     st.cnt[C_NMSG] = m + 1
     st.m_flow[m] = f
@@ -541,12 +722,29 @@ def add_message(st, f, size, num_packets, at_s, has_callback):
     st.m_start[m] = at_s
     st.m_end[m] = -1.0
     st.m_cb[m] = has_callback
+    st.m_boff[m] = -1
+    if st.f_rel[f] == REL_SR:
+        _bit_words(st, m, (num_packets + 63) >> 6)
     now = st.clk[0]
     if at_s > now:
         push(st, at_s, EV_MESSAGE, m, 0)
     else:
         message_start(st, m, now)
     return m
+
+
+@njit
+def _bit_words(st, m, words):
+    """Give message m `words` zeroed words in each selective-repeat bit table."""
+    off = st.cnt[C_NBITS]
+    need = off + words
+    if need > st.b_cap:
+        cap = max(need, 2 * st.b_cap)
+        st.rbits = grow_ints(st, st.rbits, off, cap, 0)
+        st.sbits = grow_ints(st, st.sbits, off, cap, 0)
+        st.b_cap = cap
+    st.m_boff[m] = off
+    st.cnt[C_NBITS] = need
 
 
 @njit

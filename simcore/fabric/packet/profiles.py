@@ -51,13 +51,20 @@ class PacketSettings:
     control_frame_bytes: int = 64
     """On-wire size of ACK, NACK, CNP and PAUSE frames."""
     ack_every_packets: int = 4
-    """Go-back-N: the receiver ACKs every this many in-order packets, and every message's end."""
+    """The reliable transport's receiver ACKs every this many in-order packets, and every
+    message's end."""
     window_packets: int | None = None
-    """Most unacknowledged packets per queue pair under go-back-N (None: no limit, as RoCE);
-    without go-back-N there are no acknowledgements and no window."""
+    """Most unacknowledged packets per queue pair under the reliable transport (None: no limit,
+    as RoCE); without one there are no acknowledgements and no window (selective repeat may
+    resend a lost packet past a full window)."""
     reliable: bool | None = None
-    """Go-back-N with ACKs and a retransmission timeout; None: exactly when the fabric is lossy
-    (no PFC, no credits). Lossless fabrics then skip ACK traffic."""
+    """A reliable transport (ACKs, NACKs, a retransmission timeout) on every class; None: exactly
+    when the fabric is lossy (no PFC, no credits), and on the lossy classes under PFC. Lossless
+    fabrics then skip ACK traffic."""
+    retransmission: str = "go_back_n"
+    """The reliable transport of messages sent without a `transport` of their own: go_back_n
+    (resend from the first lost packet on) or selective_repeat (the receiver keeps packets past
+    a gap; only the lost ones are resent)."""
     lossy_buffer_bytes: int | None = None
     """Egress buffer of a switch port on a lossy fabric where the topology leaves the link's
     buffer_bytes unset (None: unbounded)."""
@@ -77,6 +84,9 @@ class PacketSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"packet.{name} must be at least 1 or null, got {value}")
+        if self.retransmission not in ("go_back_n", "selective_repeat"):
+            raise ConfigError(f"packet.retransmission must be go_back_n or selective_repeat, got "
+                              f"{self.retransmission!r}")
         if self.adaptive_threshold_bytes is not None and self.adaptive_threshold_bytes < 0:
             raise ConfigError(f"packet.adaptive_threshold_bytes must be non-negative, got "
                               f"{self.adaptive_threshold_bytes}")

@@ -6,15 +6,20 @@ lossless classes (PFC or credits upstream) are never refused, because admission 
 the switch's ingress or by the sender's credits.
 
 Queue bytes count data frames of every class waiting and the one on the wire (a frame holds
-buffer until its last bit has left); their time integral and maximum are kept per port. Which
-class a port sends next is the link's business (`link.next_queued`: strict priority).
+buffer until its last bit has left); their time integral and maximum are kept per port. A frame
+counts its size on the wire, payload plus the profile's header bytes (`p_size`, the size it is
+serialised at; preamble and inter-frame gap are not modelled), so the drop-tail capacity
+(`buffer_bytes`, or `buffer_packets` x `mtu_bytes`), the ECN thresholds Kmin and Kmax and the
+reported queue depths are all in those bytes, headers included. Control frames wait in a queue of
+their own and are not counted. Which class a port sends next is the link's business
+(`link.next_queued`: strict priority).
 """
 
 from __future__ import annotations
 
 from simcore.fabric.packet._jit import njit
-from simcore.fabric.packet.state import (C_DROP_PAY, C_DROPS, C_MARKS, CF_HBIN, CF_LOSSLESS,
-                                         NUM_CLASSES, free_packet, uniform)
+from simcore.fabric.packet.state import (C_MARKS, CF_HBIN, CF_LOSSLESS, NUM_CLASSES, drop_data,
+                                         uniform)
 
 
 @njit
@@ -68,9 +73,7 @@ def enqueue_data(st, l, p, now):
     cap = st.l_cap[l]
     if cap >= 0 and q + size > cap and not lossless(st, c):
         st.s_drops[l] += 1
-        st.cnt[C_DROPS] += 1
-        st.cnt[C_DROP_PAY] += st.p_pay[p]
-        free_packet(st, p)
+        drop_data(st, p)
         return False
     if st.l_ecn[l] != 0 and st.p_ecn[p] == 0:
         prob = mark_probability(q, st.l_kmin[l], st.l_kmax[l], st.l_pmax[l])

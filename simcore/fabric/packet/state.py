@@ -60,11 +60,13 @@ C_TIMEOUTS = 21
 C_NACKS = 22
 C_NSMP = 23        # utilization samples taken
 C_DGRAM_PKTS = 24  # datagrams delivered
+C_NBITS = 25       # words used in the selective-repeat bit tables
+C_LOST = 26        # data frames of unreliable messages dropped (never resent)
 NUM_COUNTERS = 32
 
 # Settings (cfg[...]), fixed when the fabric is built.
 CF_FC = 0          # FC_NONE, FC_PFC or FC_CREDIT
-CF_REL = 1         # 1: go-back-N with ACKs, NACKs and a retransmission timeout
+CF_REL = 1         # 1: lossy classes too run a reliable transport (see f_rel)
 CF_AR = 2          # 1: adaptive routing of data on queue depth
 CF_CC = 3          # 1: DCQCN at the NICs
 CF_PAY = 4         # payload bytes of a full packet
@@ -81,6 +83,11 @@ CF_SMP = 15        # utilization sample interval, s (0: off)
 CF_NHOST = 16      # number of hosts
 CF_LOSSLESS = 17   # bit c set: traffic class c is lossless (PFC priority or credited lane)
 NUM_CFG = 24
+
+# Transports of a queue pair (f_rel).
+REL_NONE = 0       # no acknowledgements: lossless class, or unreliable datagram messages
+REL_GBN = 1        # go-back-N with ACKs, NACKs and a retransmission timeout
+REL_SR = 2         # selective repeat: the receiver keeps out-of-order packets, only gaps resent
 
 NUM_CLASSES = 8
 """Traffic classes (802.1p priorities, InfiniBand virtual lanes); per-(port, class) tables are
@@ -196,7 +203,10 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.f_dgram = _ints(st, nf, 0)                # datagrams: no reliability, no messages
     st.f_dgram_pay = _ints(st, nf, 0)            # datagram payload delivered
     st.f_cls = _ints(st, nf, 0)                  # traffic class of its data
-    st.f_rel = _ints(st, nf, 0)                  # 1: go-back-N (its class may drop)
+    st.f_rel = _ints(st, nf, 0)                  # REL_NONE, REL_GBN or REL_SR
+    st.f_rtx = _ints(st, nf, 0)                  # selective repeat: resend PSNs from here
+    st.f_rtxm = _ints(st, nf, -1)                # message holding f_rtx
+    st.f_rlim = _ints(st, nf, 0)                 # to here (those not known to have arrived)
     st.path_cap = 64
     st.path = _ints(st, 64, 0)
     # Messages.
@@ -211,6 +221,12 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.m_start = _floats(st, nm, 0.0)
     st.m_end = _floats(st, nm, -1.0)
     st.m_cb = _ints(st, nm, 0)
+    st.m_boff = _ints(st, nm, -1)                # selective repeat: first word in the bit tables
+    # Selective repeat, one bit per packet of each message (words from m_boff): packets the
+    # receiver holds (`rbits`) and packets the sender has learnt it holds (`sbits`).
+    st.b_cap = 16
+    st.rbits = _ints(st, 16, 0)
+    st.sbits = _ints(st, 16, 0)
     # Packets.
     npk = 1024
     st.p_cap = npk
@@ -463,6 +479,19 @@ def free_packet(st, p):
     st.p_next[p] = st.cnt[C_PFREE]
     st.cnt[C_PFREE] = p
     st.cnt[C_PLIVE] -= 1
+
+
+@njit
+def drop_data(st, p):
+    """Count data packet p as dropped and free it; an unreliable message it belonged to is lost
+    (its end time -2: never delivered)."""
+    st.cnt[C_DROPS] += 1
+    st.cnt[C_DROP_PAY] += st.p_pay[p]
+    m = st.p_msg[p]
+    if m >= 0 and st.f_rel[st.p_flow[p]] == REL_NONE:
+        st.m_end[m] = -2.0
+        st.cnt[C_LOST] += 1
+    free_packet(st, p)
 
 
 @njit

@@ -4,8 +4,9 @@ reports (FabricStats, LinkStats), plus the kernel's own counters.
 Byte accounting is per transmission: payload sent counts every data frame a NIC (or a traffic
 source) put on the wire, retransmissions included; each such frame is later delivered to its
 destination NIC, dropped, or still in flight, so sent = delivered + dropped + in flight holds
-exactly at every instant. Duplicates a go-back-N receiver discards count as delivered; what the
-application got is in `messages`.
+exactly at every instant. Duplicates a go-back-N or selective-repeat receiver discards count as
+delivered; what the application got is in `messages`, and the datagram messages that lost a
+packet (never delivered) in `lost_message_ids`.
 
 Queues count data bytes waiting plus the frame on the wire. The queue histogram of a port counts
 the data packets that arrived at it by the queue they found (bins of queue_histogram_bin_bytes,
@@ -22,8 +23,8 @@ import numpy as np
 
 from simcore.fabric.packet import api
 from simcore.fabric.packet.state import (C_CNPS, C_DATA_HOPS, C_DELIV_PAY, C_DGRAM_PKTS,
-                                         C_DROP_PAY, C_DROPS, C_EVENTS, C_FRAMES, C_MARKS,
-                                         C_NACKS, C_PAUSES, C_PLIVE, C_RETX, C_RETX_PAY,
+                                         C_DROP_PAY, C_DROPS, C_EVENTS, C_FRAMES, C_LOST,
+                                         C_MARKS, C_NACKS, C_PAUSES, C_PLIVE, C_RETX, C_RETX_PAY,
                                          C_SENT_PAY, C_TIMEOUTS)
 from simcore.fabric.protocol import FabricStats, LinkStats, MessageResult
 
@@ -33,7 +34,7 @@ COUNTERS = {
     "payload_dropped_bytes": C_DROP_PAY, "retransmitted_bytes": C_RETX_PAY, "drops": C_DROPS,
     "retransmits": C_RETX, "ecn_marks": C_MARKS, "cnps": C_CNPS, "pause_frames": C_PAUSES,
     "timeouts": C_TIMEOUTS, "nacks": C_NACKS, "datagrams_delivered": C_DGRAM_PKTS,
-    "live_packets": C_PLIVE,
+    "live_packets": C_PLIVE, "unreliable_drops": C_LOST,
 }
 """Name -> index of the kernel counters `PacketFabric.counters()` reports."""
 
@@ -60,7 +61,7 @@ def utilization(st, interval_s: float, now: float) -> tuple[list[float], list[li
 
 
 def build_stats(st, now: float, messages: list[MessageResult], interval_s: float,
-                num_rate_cuts: int) -> FabricStats:
+                num_rate_cuts: int, lost_message_ids: list[int] | None = None) -> FabricStats:
     """FabricStats of the state as of `now`."""
     (sent, busy, maxq, qint, marks, drops, pauses, paused, hist) = api.read_links(st, now)
     links = [LinkStats(bytes_sent=int(sent[i]), busy_s=float(busy[i]),
@@ -82,4 +83,4 @@ def build_stats(st, now: float, messages: list[MessageResult], interval_s: float
         num_retransmits=int(cnt[C_RETX]), num_ecn_marks=int(cnt[C_MARKS]),
         num_cnps=int(cnt[C_CNPS]), num_rate_cuts=num_rate_cuts,
         num_pfc_pause_frames=int(cnt[C_PAUSES]), utilization_t_s=t_s, utilization=util,
-        queue_histogram_bytes=histogram)
+        queue_histogram_bytes=histogram, lost_message_ids=list(lost_message_ids or []))

@@ -24,9 +24,9 @@ from simcore.fabric.packet._jit import HAVE_NUMBA, njit
 from simcore.fabric.packet.heap import EV_CREDIT, EV_XOFF_REFRESH, push
 from simcore.fabric.packet.link import next_queued, start_tx
 from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data, lossless
-from simcore.fabric.packet.state import (C_DROP_PAY, C_DROPS, C_PAUSES, CF_ALPHA, CF_AR, CF_ARTH,
-                                         CF_CTRL, CF_FC, CF_NHOST, CF_XON, FC_CREDIT, FC_PFC,
-                                         K_DATA, K_PAUSE, NUM_CLASSES, alloc_packet, free_packet)
+from simcore.fabric.packet.state import (C_PAUSES, CF_ALPHA, CF_AR, CF_ARTH, CF_CTRL, CF_FC,
+                                         CF_NHOST, CF_XON, FC_CREDIT, FC_PFC, K_DATA, K_PAUSE,
+                                         NUM_CLASSES, alloc_packet, drop_data)
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -110,9 +110,7 @@ def switch_receive(st, n, l_in, p, now):
     if (st.cfg[CF_FC] == FC_PFC and lossless(st, c)
             and not pfc_admit(st, n, l_in, c, size, now)):
         st.s_drops[out] += 1
-        st.cnt[C_DROPS] += 1
-        st.cnt[C_DROP_PAY] += st.p_pay[p]
-        free_packet(st, p)
+        drop_data(st, p)
         return
     st.p_in[p] = l_in
     if not enqueue_data(st, out, p, now):
