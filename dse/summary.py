@@ -209,6 +209,9 @@ def render_summary(r: dict) -> str:
     lines.append(f"{p['profile_label']}: {p['compute_profile']}"
                  f"{f' {version}' if version and version != 'reference' else ''} "
                  f"(step times +/-{unc:.0%})")
+    kind = p.get("compute_kind", "")
+    if "(auto: " in kind:
+        lines += _wrap("compute.kind " + kind.replace("(auto: ", "(the default, auto: "))
     if p["calibrated"] and p["reference_fallbacks"]:
         lines += _wrap("Not from the profile: " + "; ".join(p["reference_fallbacks"]) + ".")
     if p["calibrated"] and p["assumed_parts"]:

@@ -301,10 +301,13 @@ class ComputeConfig(BaseModel):
 
     model_config = _FROZEN
 
-    kind: Literal["roofline", "calibrated"] = Field(
-        "roofline", description="roofline: the uncalibrated reference profile (peak FLOP/s and "
-        "bandwidths with declared efficiencies). calibrated: per-op times from a calibration "
-        "profile fitted to measurements (`profile`), the roofline for ops it does not cover.")
+    kind: Literal["auto", "roofline", "calibrated"] = Field(
+        "auto", description="auto: calibrated where a kernel profile of the configured GPU is "
+        "shipped (vLLM's kernels as measured, every op class; `dse calibrate --list`) or "
+        "`profile` names one, else the roofline; the result names which. roofline: the "
+        "uncalibrated reference profile (peak FLOP/s and bandwidths with declared "
+        "efficiencies). calibrated: per-op times from a calibration profile fitted to "
+        "measurements (`profile`), the roofline for ops it does not cover.")
     profile: str | None = Field(
         None, description="Calibration profile for kind calibrated: a shipped profile's name "
         "(e.g. h100-vidur; `dse calibrate --list`) or a path to a profile file. Default: the "
@@ -324,12 +327,24 @@ class ComputeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ComputeConfig":
-        if self.profile is not None and self.kind != "calibrated":
-            raise ValueError("profile: only used with kind: calibrated")
-        if self.moe_routing is not None and self.kind != "calibrated":
-            raise ValueError("moe_routing: only used with kind: calibrated (the roofline "
+        if self.profile is not None and self.kind == "roofline":
+            raise ValueError("profile: only used with kind: calibrated (or auto)")
+        if self.moe_routing is not None and self.kind == "roofline":
+            raise ValueError("moe_routing: only used with a calibrated profile (the roofline "
                              "routes tokens uniformly)")
         return self
+
+    def resolved_kind(self, gpu: str) -> str:
+        """The compute model a run on `gpu` uses: `kind`, or for auto `calibrated` where
+        `profile` names a profile or a kernel profile of the GPU is shipped, else
+        `roofline`."""
+        if self.kind != "auto":
+            return self.kind
+        if self.profile is not None:
+            return "calibrated"
+        from simcore.calibration.kernels import shipped_kernel_profile_ids
+        return ("calibrated" if f"{gpu.lower()}-aiconfigurator" in shipped_kernel_profile_ids()
+                else "roofline")
 
 
 class UncertaintyConfig(BaseModel):

@@ -176,7 +176,12 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
     kw = dict(tp=tp, pp=pp, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
               assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
               op_scale=op_scale, host=host)
-    if c.kind == "calibrated":
+    kind = c.resolved_kind(gpu.name)
+    if c.moe_routing is not None and kind != "calibrated":
+        raise ConfigError(f"compute.moe_routing: no kernel profile of {gpu.name} is shipped, so "
+                          "the roofline times the experts (routing uniformly); remove it or "
+                          "name a profile in compute.profile")
+    if kind == "calibrated":
         from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel

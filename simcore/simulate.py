@@ -352,6 +352,7 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
                   **({"fabric": cfg.seed, "expert_routing": cfg.seed}
                      if cfg.cluster is not None else {})},
         "compute_profile": m.profile_id,
+        "compute_kind": _compute_kind_line(cfg),
         "profile_version": m.profile_version,
         "calibrated": m.calibrated,
         "reference_fallbacks": m.fallbacks(),
@@ -367,6 +368,20 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
         "numpy": np.__version__,
         "assumptions": dep.assumptions() + _host_lines(cfg, m),
     }
+
+
+def _compute_kind_line(cfg: SimConfig) -> str:
+    """Which compute model ran, and why when `compute.kind` left it to the default (auto)."""
+    c = cfg.compute
+    gpu = cfg.hardware.resolve().name
+    kind = c.resolved_kind(gpu)
+    if c.kind != "auto":
+        return kind
+    if c.profile is not None:
+        return "calibrated (auto: compute.profile names a profile)"
+    return ("calibrated (auto: a kernel profile of " + gpu + " is shipped)"
+            if kind == "calibrated" else
+            "roofline (auto: no kernel profile of " + gpu + " is shipped)")
 
 
 def _host_lines(cfg: SimConfig, model) -> list[str]:

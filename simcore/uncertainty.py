@@ -158,7 +158,8 @@ def envelope_method(cfg: SimConfig) -> str:
     the roofline (whose errors the residuals do not describe)."""
     if cfg.uncertainty.method is not None:
         return cfg.uncertainty.method
-    return "calibrated" if cfg.compute.kind == "calibrated" else "bounds"
+    kind = cfg.compute.resolved_kind(cfg.hardware.resolve().name)
+    return "calibrated" if kind == "calibrated" else "bounds"
 
 
 def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,

@@ -146,7 +146,7 @@ def test_a_profile_file_path_resolves_against_the_config(tmp_path):
 def test_calibrated_run_reports_status_provenance_and_a_narrower_envelope():
     # The bounding runs of each (a calibrated run's default envelope is the calibrated one).
     cal = simulate_with_envelope(cfg(uncertainty={"method": "bounds"}))
-    unc = simulate_with_envelope(cfg(compute=None))
+    unc = simulate_with_envelope(cfg(compute={"kind": "roofline"}))
     pc, pu = cal["provenance"], unc["provenance"]
     assert pc["calibrated"] is True and pu["calibrated"] is False
     assert pc["compute_profile"] == "a100-vidur" and pc["profile_version"].startswith("v1+")
@@ -185,7 +185,7 @@ def test_cli_prints_calibrated_or_uncalibrated_with_the_envelope(tmp_path):
 
     d = copy.deepcopy(BASE)
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(d))
-    d.pop("compute")
+    d["compute"] = {"kind": "roofline"}
     (tmp_path / "ref.yaml").write_text(yaml.safe_dump(d))
     r = _dse("simulate", str(tmp_path / "cal.yaml"), "--quiet", "--out",
              str(tmp_path / "cal.json"))

@@ -53,7 +53,9 @@ def test_simulate_prints_the_summary_and_writes_json(tiny_run):
     assert "Serving Benchmark Result (simulated)" in text
     assert "Successful requests:" in text and text.count("\n") > 30
     assert "Request goodput (req/s):" in text
-    assert "uncalibrated reference profile: roofline/A100-80GB/bf16" in text
+    assert "calibrated profile" in text and ": a100-80gb-aiconfigurator" in text
+    assert ("compute.kind calibrated (the default, auto: a kernel profile of A100-80GB is "
+            "shipped)") in " ".join(text.split())
     assert f"result written to {out}" in text
     r = json.loads(out.read_text())
     assert r["name"] == "tiny"

@@ -108,7 +108,9 @@ def test_the_printed_congestion_agrees_with_the_fabric_counters(tmp_path):
                                  "dataset": {"kind": "random", "input_len": 512,
                                              "output_len": 64}},
                        # No API server path: the first steps fall inside the tenant's 20 ms.
-                       host={"model": "constant"})
+                       host={"model": "constant"},
+                       # The roofline's steps, against which the congestion's share was sized.
+                       compute={"kind": "roofline"})
     r = dse("simulate", cfg, "--quiet", "--out", tmp_path / "r.json")
     assert r.exit_code == 0, r.output
     c = json.loads((tmp_path / "r.json").read_text())["cluster"]

@@ -28,6 +28,8 @@ BASE = {
     "seed": 11,
     "model": {"name": "meta-llama/Llama-3.1-8B"},
     "hardware": {"gpu": "H100-SXM"},
+    # The roofline: these tests hold the cluster runtime to the engine's analytical model.
+    "compute": {"kind": "roofline"},
     "workload": {"num_prompts": 30, "request_rate": 30,
                  "dataset": {"kind": "random", "input_len": 300, "output_len": 24}},
 }

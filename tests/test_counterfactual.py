@@ -12,7 +12,7 @@ from simcore.simulate import simulate
 
 def _cfg(wl: dict, **over):
     d = {"name": "cf", "seed": 0, "model": {"name": "meta-llama/Llama-3.1-8B"},
-         "hardware": {"gpu": "A100-80GB"}, "workload": wl}
+         "hardware": {"gpu": "A100-80GB"}, "compute": {"kind": "roofline"}, "workload": wl}
     d.update(over)
     return parse_config(d)
 

@@ -45,7 +45,7 @@ def test_a_feasible_configuration_is_simulated_and_scored():
     assert out.constraints["request_throughput >= 1e+06"] > 0
     assert out.violations == (f"request_throughput = {m['request_throughput']:.4g} < 1e+06",)
     assert out.feasible is False
-    assert out.profile == "roofline/A100-80GB/bf16" and out.calibrated is False
+    assert out.profile == "a100-80gb-aiconfigurator" and out.calibrated is True
     assert {"p99_ttft_ms", "output_tokens_per_dollar", "p99_tpot_ms", "request_throughput",
             "output_throughput_per_gpu"} <= set(out.summary)
     assert out.elapsed_s > 0

@@ -37,7 +37,7 @@ def test_example_runs_and_has_the_keys(path):
             assert f"p{int(p) if int(p) == p else p}_{m}_ms" in r
     assert r["completed"] + r["failed"] == len(r["requests"]) > 0
     assert r["completed"] > 0
-    calibrated = cfg.compute.kind == "calibrated"
+    calibrated = cfg.compute.resolved_kind(cfg.hardware.resolve().name) == "calibrated"
     assert r["provenance"]["calibrated"] is calibrated
     assert r["provenance"]["profile_label"].startswith(
         "calibrated profile (" if calibrated else "uncalibrated reference profile")

@@ -21,6 +21,8 @@ BASE = {
     "seed": 3,
     "model": {"name": "meta-llama/Llama-3.1-8B"},
     "hardware": {"gpu": "A100-80GB"},
+    # The roofline: the scenarios below are built around its bottlenecks.
+    "compute": {"kind": "roofline"},
     "workload": {"num_prompts": 100, "request_rate": 20,
                  "dataset": {"kind": "random", "input_len": 256, "output_len": 64}},
 }

@@ -424,8 +424,14 @@ def test_default_moe_routing_is_the_one_fitted_on_the_validation_fit_part():
 def test_moe_routing_is_refused_where_it_would_do_nothing():
     base = {"model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "H100-SXM"},
             "workload": {"num_prompts": 4}}
-    with pytest.raises(Exception, match="moe_routing: only used with kind: calibrated"):
-        SimConfig.model_validate({**base, "compute": {"moe_routing": "power_law_1.2"}})
+    with pytest.raises(Exception, match="moe_routing: only used with a calibrated profile"):
+        SimConfig.model_validate({**base, "compute": {"kind": "roofline",
+                                                      "moe_routing": "power_law_1.2"}})
+    # By default (auto) a GPU without a kernel profile is timed by the roofline: refused there.
+    moe = {"model": {"name": "mistralai/Mixtral-8x7B-v0.1"}, "hardware": {"gpu": "A40"},
+           "parallelism": {"tensor_parallel_size": 4}, "workload": {"num_prompts": 4}}
+    with pytest.raises(ConfigError, match="compute.moe_routing: no kernel profile of A40"):
+        simulate(SimConfig.model_validate({**moe, "compute": {"moe_routing": "balanced"}}))
     cfg = SimConfig.model_validate({**base, "compute": {"kind": "calibrated",
                                                        "moe_routing": "power_law_1.2"}})
     with pytest.raises(ConfigError, match="compute.moe_routing: .* dense model"):

@@ -50,6 +50,8 @@ TIER = {
     "seed": 5,
     "model": {"name": "meta-llama/Llama-3.1-8B", "max_model_len": 4096},
     "hardware": {"gpu": "H100-SXM", "gpus_per_node": 2},
+    # The roofline's prefill, against which the workload's prefix reuse was sized.
+    "compute": {"kind": "roofline"},
     "parallelism": {"tensor_parallel_size": 2, "data_parallel_size": 2},
     "engine": {"num_gpu_blocks_override": 600},
     "workload": {"num_prompts": 120, "request_rate": 10,

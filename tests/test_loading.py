@@ -175,7 +175,7 @@ def test_study_with_a_key_given_twice(tmp_path):
     study = tmp_path / "s.yaml"
     study.write_text((DATA / "studies" / "tiny.yaml").read_text().replace(
         "budget: {n_trials: 8}", "budget: {n_trials: 8, n_trials: 80}"))
-    with pytest.raises(ConfigError, match=r"s.yaml: line 24: key 'n_trials' is given twice"):
+    with pytest.raises(ConfigError, match=r"s.yaml: line 26: key 'n_trials' is given twice"):
         load_study(study)
 
 

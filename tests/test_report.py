@@ -34,6 +34,8 @@ BASE = {
     "name": "small", "seed": 1,
     "model": {"name": "meta-llama/Llama-3.1-8B"},
     "hardware": {"gpu": "A100-80GB"},
+    # The roofline: the SLO and the front below are set against its step times.
+    "compute": {"kind": "roofline"},
     "workload": {"num_prompts": 30, "request_rate": 20,
                  "dataset": {"kind": "random", "input_len": 256, "output_len": 64}},
     "engine": {"max_num_seqs": 256},

@@ -66,13 +66,28 @@ def test_result_has_every_vllm_bench_serve_key(base_result):
     assert r["name"] == "small"
 
 
-def test_provenance_says_uncalibrated(base_result):
+def test_provenance_says_calibrated_by_default(base_result):
     p = base_result["provenance"]
     assert p["seed"] == 7
-    assert p["compute_profile"] == "roofline/A100-80GB/bf16"
+    assert p["compute_profile"] == "a100-80gb-aiconfigurator"
+    assert p["compute_kind"] == "calibrated (auto: a kernel profile of A100-80GB is shipped)"
+    assert p["calibrated"] is True
+    assert p["profile_label"].startswith("calibrated profile")
+    assert 0 < p["step_time_relative_uncertainty"] < 1
+
+
+def test_provenance_says_uncalibrated_on_the_roofline():
+    p = run(compute={"kind": "roofline"}, workload={
+        "num_prompts": 4, "dataset": {"kind": "random", "input_len": 64, "output_len": 4}}
+    )["provenance"]
+    assert p["compute_profile"] == "roofline/A100-80GB/bf16" and p["compute_kind"] == "roofline"
     assert p["calibrated"] is False
     assert p["profile_label"] == "uncalibrated reference profile"
-    assert 0 < p["step_time_relative_uncertainty"] < 1
+    # A GPU without a shipped kernel profile falls back to the roofline and says why.
+    p = run(hardware={"gpu": "A40"}, workload={
+        "num_prompts": 4, "dataset": {"kind": "random", "input_len": 64, "output_len": 4}}
+    )["provenance"]
+    assert p["compute_kind"] == "roofline (auto: no kernel profile of A40 is shipped)"
 
 
 def test_result_is_consistent_with_its_requests(base_result):

@@ -19,10 +19,11 @@ SHAPES = [StepShape.from_requests([(1, 500)] * 64),
           StepShape.from_requests([(512, 1000), (1, 300), (1, 4000)])]
 
 
-def _cfg(**uncertainty) -> SimConfig:
+def _cfg(kind: str = "roofline", gpu: str = "H100-SXM", **uncertainty) -> SimConfig:
     return SimConfig.model_validate({
         "seed": 3,
-        "model": {"name": "meta-llama/Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM"},
+        "model": {"name": "meta-llama/Llama-3.1-8B"}, "hardware": {"gpu": gpu},
+        "compute": {"kind": kind},
         "workload": {"num_prompts": 60, "request_rate": 20,
                      "dataset": {"kind": "random", "input_len": 400, "output_len": 40,
                                  "range_ratio": 0.5}},
@@ -181,9 +182,11 @@ def test_default_envelope_follows_the_compute_model():
     from simcore.uncertainty import envelope_method
     roof = _cfg()
     assert roof.uncertainty.method is None and envelope_method(roof) == "bounds"
-    cal = SimConfig.model_validate({**roof.model_dump(exclude={"uncertainty"}),
-                                    "compute": {"kind": "calibrated"}})
+    cal = _cfg("calibrated")
     assert envelope_method(cal) == "calibrated"
+    # By default (auto) a GPU with a shipped kernel profile is calibrated, one without is not.
+    assert envelope_method(_cfg("auto")) == "calibrated"
+    assert envelope_method(_cfg("auto", gpu="A40")) == "bounds"
     env = simulate_with_envelope(cal)["envelope"]
     assert env["method"] == "calibrated" and env["runs"] == 1 and env["calibrated"]
     assert env["metrics"]["output_throughput"]["low"] < env["metrics"]["output_throughput"]["high"]
