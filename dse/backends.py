@@ -87,6 +87,57 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
+class PointsSampler(optuna.samplers.BaseSampler):
+    """A grid given as a list of points that need not be a product (a space searching the
+    serving mode: each mode's own grid): each trial takes the first point, in an order the seed
+    shuffles, that no other trial (but an interrupted one) has taken; trials with fixed
+    parameters (enqueued) take none. The driver stops asking once every point has run."""
+
+    ATTR = "grid_point"
+
+    def __init__(self, points: list[dict[str, Any]], seed: int | None = None) -> None:
+        import numpy as np
+
+        order = np.random.RandomState(seed).permutation(len(points))
+        self.points = [points[i] for i in order]
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return {}
+
+    def sample_relative(self, study, trial, search_space) -> dict:
+        return {}
+
+    def before_trial(self, study, trial) -> None:
+        if "fixed_params" in trial.system_attrs:
+            return
+        from dse.driver import is_interrupted
+
+        taken: set[int] = set()
+        ran: set[str] = set()
+        for t in study.get_trials(deepcopy=False):
+            if t.number == trial.number or is_interrupted(t):
+                continue
+            if self.ATTR in t.system_attrs:
+                taken.add(t.system_attrs[self.ATTR])
+            elif t.params:
+                ran.add(_point_key(t.params))          # an enqueued trial, e.g. the baseline
+        free = next((i for i in range(len(self.points))
+                     if i not in taken and _point_key(self.points[i]) not in ran), None)
+        # Every point taken (the driver asks no more then): repeat the first.
+        study._storage.set_trial_system_attr(trial._trial_id, self.ATTR,
+                                             0 if free is None else free)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        index = trial.system_attrs.get(self.ATTR, 0)
+        return self.points[index][param_name]
+
+
+def _point_key(params: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(params, sort_keys=True, default=str)
+
+
 def make_sampler(study: StudyConfig, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The study's Optuna sampler, seeded with `seed` (default: the study's `sampler.seed`).
     SLOs reach every one of them through the trials' constraints (`Trial.set_constraint`),
@@ -113,6 +164,9 @@ def make_sampler(study: StudyConfig, seed: int | None = None) -> optuna.samplers
         case "random":
             return optuna.samplers.RandomSampler(seed=s.seed)
         case "grid":
+            if study.space.serving is not None:
+                from dse.space import grid_points
+                return PointsSampler(grid_points(study.space, study.base), seed=s.seed)
             return _AskTellGridSampler(study.space.grid(study.base), seed=s.seed)
     raise ConfigError(f"sampler.kind: unknown sampler {s.kind!r}")
 

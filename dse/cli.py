@@ -343,6 +343,9 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
     for line in (rec.lines() if rec is not None
                  else ["No configuration meets every SLO: nothing to recommend."]):
         click.echo(line)
+    if report.serving is not None:
+        click.echo("")
+        click.echo(f"Aggregated against disaggregated: {report.serving.sentence()}")
     problem = outcome.problem()
     if problem:
         click.echo(f"error: {problem}", err=True)

@@ -30,8 +30,10 @@ from simcore.errors import ConfigError
               help="Write the answer and every run as JSON here.")
 @click.option("--quiet", is_flag=True, help="Do not list the runs as they finish.")
 @click.option("--target-rate", type=float, default=None, metavar="RPS",
-              help="Instead: the parallelism (TP x PP x DP of the config's model and GPU) that "
-                   "serves RPS requests/s within the SLOs on the fewest GPUs.")
+              help="Instead: the parallelism (TP x PP x DP of the config's model and GPU; "
+                   "with a cluster section also prefill/decode instances of their own TP, on "
+                   "at most the cluster's GPUs) that serves RPS requests/s within the SLOs on "
+                   "the fewest GPUs.")
 @click.option("--max-gpus", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="With --target-rate: the most GPUs to consider.")
 def capacity(config: Path, slo: str | None, tolerance: float, window_s: float, max_prompts: int,

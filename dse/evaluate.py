@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from dse.space import IntParam, FloatParam, SearchSpace, apply
+from dse.space import (DECODE_COUNT_PATH, SERVING, IntParam, FloatParam, SearchSpace, apply,
+                       serving_mode)
 from dse.study import Constraint, Objective
 from simcore import metric_catalog
 from simcore.config import SimConfig, parse_config
@@ -59,6 +60,11 @@ class EvalSpec:
     usd_per_gpu_hour: float = 2.5
     derive_dp: bool = False
     """With `num_gpus` set and DP not searched, DP = num_gpus / (TP x PP)."""
+    derive_decode: bool = False
+    """With `num_gpus` set and the decode instance count not searched, a disaggregated trial
+    gets as many decode instances as the GPUs its prefill instances leave hold."""
+    max_gpus: int | None = None
+    """At most this many GPUs per configuration (the space's `max_gpus`)."""
     envelope: bool = False
     """Run the config's uncertainty method (perturbed re-runs) and keep every metric's envelope
     (the confirmation stage does; screening keeps the first-order one)."""
@@ -75,7 +81,9 @@ class EvalSpec:
         n = study.space.num_gpus
         derive = n is not None and DP_PATH not in study.space.parameters
         return cls(objectives=tuple(study.objectives), constraints=tuple(study.constraints),
-                   num_gpus=n, usd_per_gpu_hour=study.cost.usd_per_gpu_hour, derive_dp=derive)
+                   num_gpus=n, usd_per_gpu_hour=study.cost.usd_per_gpu_hour, derive_dp=derive,
+                   derive_decode=n is not None and DECODE_COUNT_PATH not in study.space.parameters,
+                   max_gpus=study.space.max_gpus)
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,15 @@ def _check(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
     par = cfg.parallelism
     tp, pp, dp = (par.tensor_parallel_size, par.pipeline_parallel_size,
                   par.data_parallel_size)
+    if par.prefill_decode is not None:
+        cfg, reason = _check_disaggregated(cfg, spec)
+        if cfg is None:
+            return None, reason
+        try:
+            deploy_check(cfg)
+        except ConfigError as err:
+            return None, str(err)
+        return cfg, None
     if spec.derive_dp:
         if spec.num_gpus % (tp * pp):
             return None, (f"parallelism: TP x PP = {tp} x {pp} = {tp * pp} does not divide the "
@@ -142,11 +159,75 @@ def _check(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
     if spec.num_gpus is not None and tp * pp * dp != spec.num_gpus:
         return None, (f"parallelism: TP x PP x DP = {tp} x {pp} x {dp} = {tp * pp * dp} GPUs, "
                       f"but the space requires num_gpus = {spec.num_gpus}")
+    used = cfg.parallelism.num_gpus_used
+    if spec.max_gpus is not None and used > spec.max_gpus:
+        return None, (f"parallelism: TP x PP x DP x replicas = {used} GPUs, but the space "
+                      f"allows at most max_gpus = {spec.max_gpus}")
     try:
         build_deployment(cfg)
     except ConfigError as err:
         return None, str(err)
     return cfg, None
+
+
+def _check_disaggregated(cfg: SimConfig, spec: EvalSpec) -> tuple[SimConfig | None, str | None]:
+    """A disaggregated trial's GPU count against the space's: the decode instances derived
+    from `num_gpus` where they are not searched, then exactly `num_gpus` or at most
+    `max_gpus`; (config, None) or (None, why not)."""
+    par = cfg.parallelism
+    pd = par.prefill_decode
+    pp = par.pipeline_parallel_size
+    tp_p, tp_d = (par.role_tensor_parallel_size("prefill"),
+                  par.role_tensor_parallel_size("decode"))
+    if spec.num_gpus is not None and spec.derive_decode:
+        left = spec.num_gpus - pd.num_prefill_instances * tp_p * pp
+        per = tp_d * pp
+        if left < per or left % per:
+            return None, (f"parallelism.prefill_decode: {pd.num_prefill_instances} prefill "
+                          f"instance{'s' if pd.num_prefill_instances > 1 else ''} of TP {tp_p} "
+                          f"x PP {pp} leave {left} of the space's num_gpus = {spec.num_gpus}, "
+                          f"not a whole number of decode instances of TP {tp_d} x PP {pp}")
+        cfg = cfg.model_copy(update={"parallelism": par.model_copy(update={
+            "prefill_decode": pd.model_copy(update={"num_decode_instances": left // per})})})
+        par = cfg.parallelism
+    used = par.num_gpus_used
+    layout = _pd_layout(cfg)
+    if spec.num_gpus is not None and used != spec.num_gpus:
+        return None, (f"parallelism.prefill_decode: {layout} use {used} GPUs, but the space "
+                      f"requires num_gpus = {spec.num_gpus}")
+    if spec.max_gpus is not None and used > spec.max_gpus:
+        return None, (f"parallelism.prefill_decode: {layout} use {used} GPUs, but the space "
+                      f"allows at most max_gpus = {spec.max_gpus}")
+    return cfg, None
+
+
+def _pd_layout(cfg: SimConfig) -> str:
+    par = cfg.parallelism
+    pd = par.prefill_decode
+    return (f"{pd.num_prefill_instances} prefill x TP {par.role_tensor_parallel_size('prefill')}"
+            f" + {pd.num_decode_instances} decode x TP {par.role_tensor_parallel_size('decode')}"
+            + (f" (PP {par.pipeline_parallel_size})" if par.pipeline_parallel_size > 1 else ""))
+
+
+def deploy_check(cfg: SimConfig) -> None:
+    """vLLM's start-up checks of a configuration (`simcore.setup.build_deployment`); with
+    prefill/decode disaggregation, each role's deployment at its TP and the instances'
+    placement on the cluster's nodes. Raises ConfigError."""
+    from simcore.setup import build_deployment
+
+    par = cfg.parallelism
+    if par.prefill_decode is None:
+        build_deployment(cfg)
+        return
+    if cfg.cluster is None:
+        raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
+                          "network; add a cluster section")
+    from simcore.cluster.roles import build_role_deployments, check_layout
+    if par.per_role_tp:
+        build_role_deployments(cfg)
+    else:
+        build_deployment(cfg)
+    check_layout(cfg)
 
 
 def resolve(base: dict, values: Mapping[str, Any], overrides: Mapping[str, Any],
@@ -378,7 +459,15 @@ def baseline_values(base: dict, space: SearchSpace) -> tuple[dict[str, Any] | No
     except ConfigError:
         pass
     values: dict[str, Any] = {}
+    mode = serving_mode(base)
     for path, p in space.active(base).items():
+        if path == SERVING:
+            if mode not in p.choices:
+                return None, f"serving = {mode} is not one of the choices {list(p.choices)}"
+            values[path] = mode
+            continue
+        if p.when in ("aggregated", "disaggregated") and p.when != mode:
+            continue
         node: Any = dumped
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None

@@ -282,6 +282,39 @@ def _unit_commands(name: str, role: str, members: list[int], ranks, cfg: SimConf
 
 # --- the plan -----------------------------------------------------------------------------
 
+def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
+    """(node, local GPU) of each instance of a disaggregated deployment whose roles have their
+    own TP, as the simulation placed them (`simcore.cluster.placement.place_roles`)."""
+    from simcore.cluster.placement import place_roles
+    from simcore.cluster.roles import check_layout
+
+    check_layout(cfg)
+    par = cfg.parallelism
+    pd = par.prefill_decode
+    placed = place_roles(num_nodes=cfg.cluster.num_nodes, gpus_per_node=gpn,
+                         pp=par.pipeline_parallel_size, num_prefill=pd.num_prefill_instances,
+                         num_decode=pd.num_decode_instances,
+                         prefill_tp=par.role_tensor_parallel_size("prefill"),
+                         decode_tp=par.role_tensor_parallel_size("decode"))
+    return [[divmod(g, gpn) for g in inst.all_gpus] for inst in placed.instances]
+
+
+def _one_role_tp(cfg: SimConfig) -> SimConfig:
+    """`cfg` with prefill and decode TP sizes that are set but equal folded into the shared
+    tensor_parallel_size (the same deployment, which the plan below can write)."""
+    par = cfg.parallelism
+    pd = par.prefill_decode
+    if not par.per_role_tp:
+        return cfg
+    tp = par.role_tensor_parallel_size("prefill")
+    if tp != par.role_tensor_parallel_size("decode"):
+        return cfg
+    return cfg.model_copy(update={"parallelism": par.model_copy(update={
+        "tensor_parallel_size": tp,
+        "prefill_decode": pd.model_copy(update={"prefill_tensor_parallel_size": None,
+                                                "decode_tensor_parallel_size": None})})})
+
+
 def launch_plan(cfg: SimConfig) -> LaunchPlan:
     """The launch of `cfg` with vLLM 0.33: ConfigError (naming the field) when the config has no
     `vllm serve` equivalent or the simulator would refuse it."""
@@ -291,10 +324,25 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
         raise ConfigError("cluster.kv_tier: an external KV tier has no `vllm serve` equivalent "
                           "(it needs a KV connector and a storage service, e.g. LMCache, set "
                           "up beside vLLM); remove it to get the launch of the engines alone")
-    dep = build_deployment(cfg)
+    cfg = _one_role_tp(cfg)
+    roles = None
     warnings: list[str] = []
     notes: list[str] = []
     resolved: list[tuple[str, str, str]] = []
+    if cfg.parallelism.per_role_tp:
+        # Prefill and decode instances of different TP: each role's commands at its TP, on
+        # the GPUs the simulation placed it on.
+        from simcore.cluster.roles import build_role_deployments
+        roles = build_role_deployments(cfg)
+        dep = roles["decode"]
+        p_tp = cfg.parallelism.role_tensor_parallel_size("prefill")
+        d_tp = cfg.parallelism.role_tensor_parallel_size("decode")
+        warnings.append(f"parallelism.prefill_decode: prefill instances of TP {p_tp} hand their "
+                        f"KV caches to decode instances of TP {d_tp}; the NIXL connector must "
+                        "support that pair of TP sizes (heterogeneous TP) in the vLLM "
+                        "release deployed: check its KV-transfer documentation")
+    else:
+        dep = build_deployment(cfg)
     par = cfg.parallelism
     tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
     gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
@@ -316,6 +364,11 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
                      f"{dep.num_blocks:,} of {dep.block_size} tokens",
                      "engine.num_gpu_blocks_override" if dep.memory is None
                      else "vLLM's memory formula"))
+    if roles is not None:
+        pre = roles["prefill"]
+        resolved.append(("KV-cache blocks per prefill engine (simulated; the row above: per "
+                         "decode engine)", f"{pre.num_blocks:,} of {pre.block_size} tokens",
+                         "vLLM's memory formula at the prefill TP"))
     resolved.append(("GPUs per node", str(gpn), "hardware.gpus_per_node"
                      if cfg.hardware.gpus_per_node else f"catalog ({dep.gpu.name})"))
     if dep.memory is not None:
@@ -340,8 +393,11 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
         units = [(f"replica {r}" if reps > 1 else "deployment", "mixed",
                   list(range(r * dp, (r + 1) * dp))) for r in range(reps)]
     num_ranks = sum(len(m) for _, _, m in units)
-    ranks = _pack(num_ranks, tp * pp, gpn)
-    if cfg.cluster is not None:
+    if roles is not None:
+        ranks = _role_ranks(cfg, gpn)
+    else:
+        ranks = _pack(num_ranks, tp * pp, gpn)
+    if cfg.cluster is not None and roles is None:
         _check_placement(cfg, ranks, gpn, warnings)
     num_nodes = max(n for r in ranks for n, _ in r) + 1
     if cfg.cluster is None and num_nodes > 1:
@@ -355,6 +411,14 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
             producer = "kv_producer" if role == "prefill" else "kv_consumer"
             extra = ["--kv-transfer-config", json.dumps(
                 {"kv_connector": "NixlConnector", "kv_role": producer}, separators=(",", ":"))]
+        if roles is not None:
+            role_tp = cfg.parallelism.role_tensor_parallel_size(role)
+            unit_cfg = cfg.with_section("parallelism", tensor_parallel_size=role_tp)
+            unit_head = list(head_args)
+            unit_head[unit_head.index("--tensor-parallel-size") + 1] = str(role_tp)
+            built.append(_unit_commands(name, role, members, ranks, unit_cfg, gpn, unit_head,
+                                        tail + extra, slots))
+            continue
         built.append(_unit_commands(name, role, members, ranks, cfg, gpn, head_args,
                                     tail + extra, slots))
     front, proxy = _front(cfg, built, warnings, notes)

@@ -213,6 +213,9 @@ class StudyReport:
     """`dse.report_pairs.PairMatrix`: the Pareto configurations (and the recommendation and its
     runner-up) re-run over shared draws of the step-time errors, and per pair and objective the
     chance that one does better (set by `write_report`); it orders and merges the cards."""
+    serving: Any = None
+    """`dse.report_serving.ServingComparison` when the space searched aggregated against
+    disaggregated serving (set by `write_report`)."""
 
     def _by_first_objective(self, configs: Iterable[Configuration]) -> list[Configuration]:
         sign = 1.0 if self.objectives[0].direction == "minimize" else -1.0

@@ -20,10 +20,13 @@ def decided_report(study: StudyConfig, *, storage: str | None = None) -> StudyRe
     """The report of `study` (default: its storage) with its notes and decision
     (`dse.recommend.decide`)."""
     from dse.recommend import decide
+    from dse.report_serving import serving_comparison
 
     report = build_report(storage or study.storage_url, study.name, study.objectives,
                           study.constraints)
-    return decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
+    report = decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
+    serving = serving_comparison(report, study)
+    return replace(report, serving=serving) if serving is not None else report
 
 
 def write_report(study: StudyConfig, *, storage: str | None = None,

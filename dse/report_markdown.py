@@ -74,6 +74,8 @@ def render_markdown(report: StudyReport) -> str:
     lines = [f"# Study {_md(report.study_name)}", "",
              f"Storage {_md(report.storage)}, generated {report.generated_at}.", "",
              *_recommendation_md(report),
+             *(["## Aggregated against disaggregated serving", "",
+                _md(report.serving.sentence()), ""] if report.serving is not None else []),
              _md(line1), "", _md(line2), "",
              f"## Pareto configurations ({len(report.pareto)})", ""]
     if not report.pareto:

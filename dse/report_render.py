@@ -322,6 +322,9 @@ def render_html(report: StudyReport) -> str:
            f"<style>{_CSS}</style>",
            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>',
            f"<h1>Study {_e(report.study_name)}</h1>", *_recommendation_html(report),
+           *([f'<section id="serving"><h2>Aggregated against disaggregated serving</h2>'
+              f"<p>{_e(report.serving.sentence())}</p></section>"]
+             if report.serving is not None else []),
            f"<p>{_e(line1)}</p>", f"<p>{_e(line2)}</p>",
            f'<p class="note">Storage {_e(report.storage)} · generated {_e(report.generated_at)}'
            "</p>"]
@@ -476,6 +479,8 @@ def report_json(report: StudyReport) -> dict[str, Any]:
                            if report.recommendation is not None else None),
         "causes": {str(k): list(v) for k, v in report.causes.items()},
         "pairwise": report.pairs.as_dict() if report.pairs is not None else None,
+        "serving_comparison": (report.serving.as_dict() if report.serving is not None
+                               else None),
         "trials": configs,
     })
 

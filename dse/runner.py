@@ -338,7 +338,13 @@ def _grid_open(st: optuna.Study, study: StudyConfig) -> Callable[[], bool]:
     """Whether a grid point is still unrun (or a trial is queued)."""
     grid = study.space.grid(study.base)
     names = list(grid)
-    points = {_params_key(dict(zip(names, combo))) for combo in itertools.product(*grid.values())}
+    if study.space.serving is not None:
+        # Each serving mode's own grid: a trial's point is its parameters, whatever they are.
+        from dse.space import grid_points
+        points = {_params_key(p) for p in grid_points(study.space, study.base)}
+    else:
+        points = {_params_key(dict(zip(names, combo)))
+                  for combo in itertools.product(*grid.values())}
 
     def can_ask() -> bool:
         covered = set()
@@ -346,7 +352,8 @@ def _grid_open(st: optuna.Study, study: StudyConfig) -> Callable[[], bool]:
             if t.state == TrialState.WAITING:
                 return True
             if not is_interrupted(t):
-                covered.add(_params_key({k: t.params.get(k) for k in names}))
+                covered.add(_params_key(t.params if study.space.serving is not None
+                                        else {k: t.params.get(k) for k in names}))
         return bool(points - covered)
 
     return can_ask

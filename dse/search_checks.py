@@ -5,7 +5,7 @@ reads, a base configuration `dse simulate` would refuse, and outputs that cannot
 from __future__ import annotations
 
 from dse.backends import check_storage_writable
-from dse.evaluate import static_metric_names, trial_mapping
+from dse.evaluate import deploy_check, static_metric_names, trial_mapping
 from dse.fidelity import check_parameters_have_effect
 from dse.outputs import write_problem
 from dse.study import StudyConfig
@@ -37,11 +37,9 @@ def check_base(study: StudyConfig) -> None:
     """Refuse a base configuration that `dse simulate` would refuse at start-up (it does not
     validate, or vLLM's checks fail: TP does not divide the heads, the model does not fit),
     with `dse simulate`'s sentence under `base:`. Cheap: nothing is simulated."""
-    from simcore.setup import build_deployment
-
     cfg = parse_config(study.base, source="base")
     try:
-        build_deployment(cfg)
+        deploy_check(cfg)
     except ConfigError as err:
         raise ConfigError(f"base: {err}") from None
 
@@ -72,7 +70,8 @@ def base_metric_names(study: StudyConfig) -> set[str]:
 def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
     """`static_metric_names` of the base with the overrides, after `dse simulate`'s checks
     before a run; their ConfigError, without a source prefix, when one fails."""
-    from simcore.setup import build_deployment
+    from pathlib import Path
+
     from simcore.simulate import check_runnable
     from simcore.workload.generate import request_stream
 
@@ -81,9 +80,9 @@ def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
         cfg = parse_config(trial_mapping(base, {}, overrides), source=source)
     except ConfigError as err:
         raise ConfigError(str(err).removeprefix(f"{source}: ")) from None
-    dep = build_deployment(cfg)
+    deploy_check(cfg)
     check_runnable(cfg, request_stream(cfg.workload, block_size=cfg.engine.block_size,
-                                       seed=cfg.seed, base_dir=dep.base_dir))
+                                       seed=cfg.seed, base_dir=Path(cfg.base_dir)))
     return static_metric_names(cfg)
 
 

@@ -10,6 +10,12 @@ every candidate of that count is run, the one with the widest margin to its tigh
 answer, and its own capacity is measured, so the answer says how much headroom it has beyond
 the target. Candidates that cannot be deployed (the model does not fit, TP does not divide the
 heads) are skipped with their reason.
+
+With a `cluster` section the candidates are run on that cluster (at most its GPUs), and
+disaggregated layouts join them: prefill and decode instances, each role with its own TP over
+the same powers of two, as many of each as the GPU budget allows. Both kinds are ordered by GPU
+count together, so the answer is the mode and layout on the fewest GPUs, the widest margin
+deciding between layouts of one count.
 """
 
 from __future__ import annotations
@@ -32,13 +38,28 @@ class Option:
     dp: int
     run: RateRun | None
     reason: str | None = None
+    num_prefill: int = 0
+    """Disaggregated layouts: prefill instances of TP `prefill_tp` and decode instances of TP
+    `tp`, each of PP `pp` (`dp` is 1); 0 for an aggregated layout."""
+    num_decode: int = 0
+    prefill_tp: int = 0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.num_prefill > 0
 
     @property
     def num_gpus(self) -> int:
+        if self.disaggregated:
+            return self.pp * (self.num_prefill * self.prefill_tp + self.num_decode * self.tp)
         return self.tp * self.pp * self.dp
 
     @property
     def label(self) -> str:
+        if self.disaggregated:
+            return (f"{self.num_prefill} prefill x TP {self.prefill_tp} + {self.num_decode} "
+                    f"decode x TP {self.tp}" + (f", PP {self.pp}" if self.pp > 1 else "")
+                    + f" ({self.num_gpus} GPUs)")
         return f"TP {self.tp} x PP {self.pp} x DP {self.dp} ({self.num_gpus} GPUs)"
 
     def margin(self, slos: tuple[Constraint, ...]) -> float:
@@ -55,14 +76,46 @@ class Sizing:
     best: Option | None
     capacity: Capacity | None
     tried: tuple[Option, ...]
+    with_disaggregated: bool = False
+    """Whether disaggregated layouts were candidates (the config has a cluster section)."""
+
+    def why(self) -> str | None:
+        """Why the answer is the one it is: its mode, GPU count and margin against the rest."""
+        b = self.best
+        if b is None:
+            return None
+        same = [o for o in self.tried if o.run is not None and o.run.meets
+                and o.num_gpus == b.num_gpus]
+        fewer = [o for o in self.tried if o.run is not None and o.num_gpus < b.num_gpus]
+        mode = "disaggregated" if b.disaggregated else "aggregated"
+        text = (f"chose {mode}: no layout of fewer GPUs meets the SLOs at the target "
+                f"({len(fewer)} run)")
+        if len(same) > 1:
+            others = {("disaggregated" if o.disaggregated else "aggregated") for o in same}
+            text += (f", and of the {len(same)} layouts of {b.num_gpus} GPUs that meet "
+                     f"({' and '.join(sorted(others))}) it has the widest margin to its "
+                     "tightest SLO")
+        if self.with_disaggregated:
+            kinds = {o.disaggregated for o in self.tried if o.run is not None}
+            if kinds == {b.disaggregated}:
+                text += ("; no layout of the other mode could be deployed at this GPU count or "
+                         "below")
+        return text
 
     def as_dict(self) -> dict:
         def opt(o: Option) -> dict:
-            return {"tp": o.tp, "pp": o.pp, "dp": o.dp, "num_gpus": o.num_gpus,
-                    "meets": bool(o.run and o.run.meets), "reason": o.reason,
-                    "run": o.run.as_dict() if o.run else None}
+            out = {"serving": "disaggregated" if o.disaggregated else "aggregated",
+                   "tp": o.tp, "pp": o.pp, "dp": o.dp, "num_gpus": o.num_gpus,
+                   "meets": bool(o.run and o.run.meets), "reason": o.reason,
+                   "run": o.run.as_dict() if o.run else None}
+            if o.disaggregated:
+                out.update(num_prefill_instances=o.num_prefill,
+                           num_decode_instances=o.num_decode, prefill_tp=o.prefill_tp,
+                           decode_tp=o.tp)
+            return out
         return {"target_rate": self.target_rate, "slos": [str(c) for c in self.slos],
                 "best": opt(self.best) if self.best else None,
+                "why": self.why(), "with_disaggregated": self.with_disaggregated,
                 "capacity": self.capacity.as_dict() if self.capacity else None,
                 "tried": [opt(o) for o in self.tried]}
 
@@ -79,9 +132,67 @@ def _layouts(cfg: SimConfig, max_gpus: int) -> list[tuple[int, int, int]]:
     return sorted(out, key=lambda x: (x[0] * x[1] * x[2], x[0]))
 
 
+def _pd_layouts(cfg: SimConfig, max_gpus: int) -> list[tuple[int, int, int, int, int]]:
+    """(prefill TP, decode TP, PP, prefill instances, decode instances) within `max_gpus`."""
+    from pathlib import Path
+
+    gpn = cfg.hardware.gpus_per_node or cfg.hardware.resolve().gpus_per_node
+    heads = cfg.model.resolve(Path(cfg.base_dir)).num_attention_heads
+    pp = cfg.parallelism.pipeline_parallel_size
+    tps = [t for t in (1, 2, 4, 8, 16) if t <= gpn and heads % t == 0]
+    out = [(tp_p, tp_d, pp, n_p, n_d) for tp_p in tps for tp_d in tps
+           for n_p in range(1, max_gpus + 1) for n_d in range(1, max_gpus + 1)
+           if pp * (n_p * tp_p + n_d * tp_d) <= max_gpus]
+    return sorted(out, key=lambda x: (x[2] * (x[3] * x[0] + x[4] * x[1]), x[1], x[0]))
+
+
 def _layout_config(cfg: SimConfig, tp: int, pp: int, dp: int) -> SimConfig:
+    if cfg.parallelism.prefill_decode is not None:
+        cfg = cfg.with_section("parallelism", prefill_decode=None)
     return cfg.with_section("parallelism", tensor_parallel_size=tp, pipeline_parallel_size=pp,
                             data_parallel_size=dp)
+
+
+def _option_config(cfg: SimConfig, o: Option) -> SimConfig:
+    """The config of one candidate layout."""
+    if not o.disaggregated:
+        return _layout_config(cfg, o.tp, o.pp, o.dp)
+    from simcore.config import PrefillDecodeConfig
+
+    pd = PrefillDecodeConfig(num_prefill_instances=o.num_prefill,
+                             num_decode_instances=o.num_decode,
+                             prefill_tensor_parallel_size=o.prefill_tp,
+                             decode_tensor_parallel_size=o.tp)
+    return cfg.with_section("parallelism", tensor_parallel_size=o.tp, pipeline_parallel_size=o.pp,
+                            data_parallel_size=1, num_replicas=1, prefill_decode=pd)
+
+
+def _candidates(cfg: SimConfig, max_gpus: int) -> list[Option]:
+    """Every layout to try, by GPU count (aggregated first within a count): the config's TP x
+    PP x DP, and with a cluster section its disaggregated layouts too, on at most its GPUs."""
+    out = [Option(tp, pp, dp, None) for tp, pp, dp in _layouts(cfg, max_gpus)]
+    if cfg.cluster is not None:
+        out += [Option(tp_d, pp, 1, None, num_prefill=n_p, num_decode=n_d, prefill_tp=tp_p)
+                for tp_p, tp_d, pp, n_p, n_d in _pd_layouts(cfg, max_gpus)]
+    return sorted(out, key=lambda o: (o.num_gpus, o.disaggregated))
+
+
+def _deploy_problem(lay: SimConfig) -> str | None:
+    """Why a candidate's config cannot be deployed on its cluster, or None."""
+    from dse.evaluate import deploy_check
+    from simcore.cluster.placement import place
+
+    try:
+        deploy_check(lay)
+        c, par = lay.cluster, lay.parallelism
+        if c is not None and par.prefill_decode is None:
+            gpn = lay.hardware.gpus_per_node or lay.hardware.resolve().gpus_per_node
+            place(num_nodes=c.num_nodes, gpus_per_node=gpn, tp=par.tensor_parallel_size,
+                  pp=par.pipeline_parallel_size, dp=par.data_parallel_size,
+                  expert_parallel=par.enable_expert_parallel, num_replicas=par.num_replicas)
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
@@ -89,43 +200,60 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
                 max_prompts: int = 20_000, progress=None) -> Sizing:
     """The layout on the fewest GPUs whose run at `rate` meets `slos` (see the module
     docstring); raises ConfigError for a workload whose rate cannot vary or a bad target."""
+    from dataclasses import replace
+
     from simcore.setup import build_deployment
 
     if not rate > 0:
         raise ConfigError("--target-rate: must be a positive number of requests per second")
-    if cfg.parallelism.prefill_decode is not None or cfg.cluster is not None:
-        raise ConfigError("--target-rate: sizes a single-node-per-replica deployment; remove "
-                          "parallelism.prefill_decode and the cluster section")
+    if cfg.cluster is None and cfg.parallelism.prefill_decode is not None:
+        raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
+                          "network; add a cluster section")
     _check_workload(cfg)
     base = _with_slo_metrics(cfg, slos)
+    if cfg.cluster is not None:
+        gpn = cfg.hardware.gpus_per_node or cfg.hardware.resolve().gpus_per_node
+        max_gpus = min(max_gpus, cfg.cluster.num_nodes * gpn)
     tried: list[Option] = []
     best_count = None
-    for tp, pp, dp in _layouts(base, max_gpus):
-        n = tp * pp * dp
+    for cand in _candidates(base, max_gpus):
+        n = cand.num_gpus
         if best_count is not None and n > best_count:
             break
-        lay = _layout_config(base, tp, pp, dp)
-        try:
-            build_deployment(lay)
-        except ConfigError as err:
-            tried.append(Option(tp, pp, dp, None, str(err)))
+        lay = _option_config(base, cand)
+        if cfg.cluster is None:
+            try:
+                build_deployment(lay)
+                problem = None
+            except ConfigError as err:
+                problem = str(err)
+        else:
+            problem = _deploy_problem(lay)
+        if problem is not None:
+            tried.append(replace(cand, reason=problem))
             continue
         search = _Search(lay, slos, window_s=window_s, min_prompts=min_prompts,
                          max_prompts=max_prompts, op_scale=None, progress=None)
-        o = Option(tp, pp, dp, search.at(rate))
+        try:
+            o = replace(cand, run=search.at(rate))
+        except (ConfigError, RuntimeError) as err:
+            # e.g. an engine whose KV cache cannot hold what it must keep: no steady state.
+            tried.append(replace(cand, reason=f"the run stopped: {err}"))
+            continue
         tried.append(o)
         if progress is not None:
             progress(o)
         if o.run.meets and best_count is None:
             best_count = n
     meeting = [o for o in tried if o.run is not None and o.run.meets]
+    with_pd = cfg.cluster is not None
     if not meeting:
-        return Sizing(rate, slos, None, None, tuple(tried))
-    best = max(meeting, key=lambda o: (o.margin(slos), -o.tp))
-    cap = find_capacity(_layout_config(cfg, best.tp, best.pp, best.dp), slos,
+        return Sizing(rate, slos, None, None, tuple(tried), with_disaggregated=with_pd)
+    best = max(meeting, key=lambda o: (o.margin(slos), -o.tp, -o.prefill_tp))
+    cap = find_capacity(_option_config(cfg, best), slos,
                         window_s=window_s, min_prompts=min_prompts, max_prompts=max_prompts,
                         envelope=False)
-    return Sizing(rate, slos, best, cap, tuple(tried))
+    return Sizing(rate, slos, best, cap, tuple(tried), with_disaggregated=with_pd)
 
 
 def render_sizing(s: Sizing) -> str:
@@ -137,6 +265,8 @@ def render_sizing(s: Sizing) -> str:
     else:
         b = s.best
         lines.append(f"Fewest GPUs for {s.target_rate:g} req/s within {slos}: {b.label}")
+        if s.with_disaggregated:
+            lines.append(f"  {s.why()}")
         lines.append(f"  its tightest SLO has {b.margin(s.slos):.0%} to spare at the target; "
                      f"its capacity is {s.capacity.rate:,.4g} req/s "
                      f"({s.capacity.rate / s.target_rate:.2f}x the target), "

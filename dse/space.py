@@ -12,11 +12,34 @@ A space file (YAML) looks like:
 
 A parameter's `when` names a condition on the base configuration (`moe`, `dense`, `mla`) under
 which it exists at all; otherwise the base value stands.
+
+Aggregated against disaggregated serving is one more dimension, `serving`:
+
+    serving: [aggregated, disaggregated]
+    parameters:
+      parallelism.tensor_parallel_size: {type: categorical, choices: [2, 4, 8], when: aggregated}
+      parallelism.prefill_decode.num_prefill_instances: {type: int, low: 1, high: 4,
+                                                         when: disaggregated}
+      parallelism.prefill_decode.prefill_tensor_parallel_size: {type: categorical,
+                                                                choices: [2, 4, 8],
+                                                                when: disaggregated}
+      parallelism.prefill_decode.decode_tensor_parallel_size: {type: categorical,
+                                                               choices: [4, 8],
+                                                               when: disaggregated}
+    num_gpus: 16
+
+Each trial first draws `serving` (a categorical parameter of that name), then the parameters
+without a serving condition and those whose `when` is the mode drawn. An aggregated trial runs
+the base without `parallelism.prefill_decode`; a disaggregated one with it (DP 1). With
+`num_gpus`, an aggregated trial derives DP as above, a disaggregated one, unless
+`num_decode_instances` is searched, the decode instances as the GPUs the prefill instances
+leave over TP x PP of a decode instance; `max_gpus` instead bounds the GPUs from above.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,7 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simcore.errors import ConfigError, format_validation_error, show
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
-Condition = Literal["moe", "dense", "mla"]
+Condition = Literal["moe", "dense", "mla", "aggregated", "disaggregated"]
+SERVING = "serving"
+"""The name of the serving-mode parameter (`SearchSpace.serving`)."""
+SERVING_MODES = ("aggregated", "disaggregated")
+PD_PATH = "parallelism.prefill_decode"
+DECODE_COUNT_PATH = "parallelism.prefill_decode.num_decode_instances"
 
 
 class IntParam(BaseModel):
@@ -103,16 +131,52 @@ class SearchSpace(BaseModel):
     num_gpus: int | None = Field(None, ge=1, description="If set, TP x PP x DP must equal this "
                                  "(every configuration uses the whole cluster); when DP is not a "
                                  "parameter it is derived as num_gpus / (TP x PP).")
+    max_gpus: int | None = Field(None, ge=1, description="If set, a configuration may use at "
+                                 "most this many GPUs (nothing is derived from it).")
+    serving: tuple[Literal["aggregated", "disaggregated"], ...] | None = Field(
+        None, min_length=1, description="Search the serving mode too: aggregated (every "
+        "instance runs prompts and generates) and/or disaggregated (prefill and decode "
+        "instances, parallelism.prefill_decode; needs a cluster section). Parameters with "
+        "`when: aggregated` or `when: disaggregated` exist only in trials of that mode.")
+
+    @model_validator(mode="after")
+    def _check_serving(self) -> "SearchSpace":
+        if self.serving is not None and len(set(self.serving)) != len(self.serving):
+            raise ValueError(f"serving: a mode is listed twice ({list(self.serving)})")
+        for path, p in self.parameters.items():
+            if p.when in SERVING_MODES and p.when not in (self.serving or ()):
+                raise ValueError(f"parameters.{path}: when: {p.when} needs serving to list "
+                                 f"{p.when}")
+            if (self.serving is not None and path.startswith(PD_PATH + ".")
+                    and p.when != "disaggregated"):
+                raise ValueError(f"parameters.{path}: with serving searched, a prefill/decode "
+                                 "parameter needs when: disaggregated")
+        if self.num_gpus is not None and self.max_gpus is not None:
+            raise ValueError("set num_gpus (exactly) or max_gpus (at most), not both")
+        return self
 
     def active(self, base: dict) -> dict[str, Param]:
-        """The parameters that exist for this base configuration (conditions resolved)."""
-        kinds = model_kinds(base)
-        return {k: p for k, p in self.parameters.items() if p.when is None or p.when in kinds}
+        """The parameters that exist for this base configuration (conditions resolved); with
+        `serving`, the mode parameter first and every mode's parameters."""
+        kinds = model_kinds(base) | set(self.serving or ())
+        out: dict[str, Param] = {}
+        if self.serving is not None:
+            out[SERVING] = CategoricalParam(type="categorical", choices=self.serving)
+        out.update({k: p for k, p in self.parameters.items()
+                    if p.when is None or p.when in kinds})
+        return out
 
     def suggest(self, trial, base: dict) -> dict[str, Any]:
-        """Ask an Optuna trial for every active parameter; returns path -> value."""
+        """Ask an Optuna trial for every active parameter; returns path -> value. With
+        `serving`, the mode is asked first and only its parameters after it."""
         values: dict[str, Any] = {}
+        mode = None
         for path, p in self.active(base).items():
+            if path == SERVING:
+                mode = values[path] = trial.suggest_categorical(path, list(p.choices))
+                continue
+            if p.when in SERVING_MODES and p.when != mode:
+                continue
             if isinstance(p, IntParam):
                 values[path] = trial.suggest_int(path, p.low, p.high, step=p.step, log=p.log)
             elif isinstance(p, FloatParam):
@@ -145,6 +209,24 @@ class SearchSpace(BaseModel):
         return out
 
 
+def grid_points(space: SearchSpace, base: dict) -> list[dict[str, Any]]:
+    """Every point of the grid (`SearchSpace.grid`), each a mapping path -> value; with
+    `serving`, each mode's own grid (its parameters and those of no mode) one after the other,
+    not the product of both modes' parameters."""
+    grid = space.grid(base)
+    if space.serving is None:
+        names = list(grid)
+        return [dict(zip(names, combo)) for combo in itertools.product(*grid.values())]
+    out: list[dict[str, Any]] = []
+    for mode in space.serving:
+        names = [k for k in grid if k != SERVING
+                 and (space.parameters[k].when not in SERVING_MODES
+                      or space.parameters[k].when == mode)]
+        out += [{SERVING: mode, **dict(zip(names, combo))}
+                for combo in itertools.product(*(grid[k] for k in names))]
+    return out
+
+
 def model_kinds(base: dict) -> set[str]:
     """Conditions that hold for the base config's model: 'moe' or 'dense', and 'mla'."""
     from simcore.model.config import ModelConfig
@@ -160,8 +242,43 @@ def model_kinds(base: dict) -> set[str]:
     return kinds
 
 
+def serving_mode(base: dict) -> str:
+    """The serving mode of a config mapping: disaggregated if it has prefill_decode."""
+    par = base.get("parallelism")
+    return ("disaggregated" if isinstance(par, dict) and par.get("prefill_decode") is not None
+            else "aggregated")
+
+
+def apply_serving(base: dict, values: dict[str, Any]) -> tuple[dict, dict[str, Any]]:
+    """(base, values) with a `serving` value resolved: an aggregated trial drops the base's
+    `parallelism.prefill_decode` and any prefill/decode value; a disaggregated one gets the
+    section (DP 1, one replica) and drops a searched DP. Without `serving`, both unchanged."""
+    if SERVING not in values:
+        return base, values
+    values = dict(values)
+    mode = values.pop(SERVING)
+    if mode not in SERVING_MODES:
+        raise ConfigError(f"space.serving: unknown mode {mode!r} (known: "
+                          f"{', '.join(SERVING_MODES)})")
+    out = copy.deepcopy(base)
+    par = out.setdefault("parallelism", {})
+    if mode == "aggregated":
+        par.pop("prefill_decode", None)
+        values = {k: v for k, v in values.items() if not k.startswith(PD_PATH + ".")}
+    else:
+        if not isinstance(par.get("prefill_decode"), dict):
+            par["prefill_decode"] = {}
+        par["data_parallel_size"] = 1
+        par.pop("num_replicas", None)
+        values = {k: v for k, v in values.items()
+                  if k not in ("parallelism.data_parallel_size", "parallelism.num_replicas")}
+    return out, values
+
+
 def apply(base: dict, values: dict[str, Any]) -> dict:
-    """A copy of the base config mapping with each dotted path set to its value."""
+    """A copy of the base config mapping with each dotted path set to its value (a `serving`
+    value first resolved by `apply_serving`)."""
+    base, values = apply_serving(base, values)
     out = copy.deepcopy(base)
     for path, value in values.items():
         node = out

@@ -30,6 +30,13 @@ class PrefillDecodeConfig(BaseModel):
 
     num_prefill_instances: int = Field(1, ge=1, description="Instances that run prompts.")
     num_decode_instances: int = Field(1, ge=1, description="Instances that generate tokens.")
+    prefill_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="TP of each prefill instance (default: "
+        "parallelism.tensor_parallel_size); its step times, KV-cache size and batch limits are "
+        "those of a deployment at this TP.")
+    decode_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="TP of each decode instance (default: "
+        "parallelism.tensor_parallel_size), likewise.")
 
 
 class ParallelismConfig(BaseModel):
@@ -59,7 +66,8 @@ class ParallelismConfig(BaseModel):
     prefill_decode: PrefillDecodeConfig | None = Field(
         None, description="Prefill/decode disaggregation (needs a cluster): prefill instances "
         "run each prompt and produce its first token, its KV cache crosses the fabric, and a "
-        "decode instance generates the rest. Every instance has TP x PP GPUs; "
+        "decode instance generates the rest. Every instance has TP x PP GPUs (TP its role's "
+        "own where prefill_tensor_parallel_size or decode_tensor_parallel_size is set); "
         "data_parallel_size must be 1.")
 
     @model_validator(mode="after")
@@ -84,6 +92,34 @@ class ParallelismConfig(BaseModel):
         if pd is not None:
             return pd.num_prefill_instances + pd.num_decode_instances
         return self.data_parallel_size * self.num_replicas
+
+    def role_tensor_parallel_size(self, role: str) -> int:
+        """TP of the instances of a role ("prefill", "decode"; anything else: the shared TP)."""
+        pd = self.prefill_decode
+        tp = None
+        if pd is not None and role == "prefill":
+            tp = pd.prefill_tensor_parallel_size
+        elif pd is not None and role == "decode":
+            tp = pd.decode_tensor_parallel_size
+        return self.tensor_parallel_size if tp is None else tp
+
+    @property
+    def per_role_tp(self) -> bool:
+        """Whether prefill and decode instances are declared with a TP of their own."""
+        pd = self.prefill_decode
+        return pd is not None and (pd.prefill_tensor_parallel_size is not None
+                                   or pd.decode_tensor_parallel_size is not None)
+
+    @property
+    def num_gpus_used(self) -> int:
+        """GPUs of every engine instance: DP x replicas x TP x PP, or with disaggregation each
+        role's instances times their TP x PP."""
+        pp = self.pipeline_parallel_size
+        pd = self.prefill_decode
+        if pd is None:
+            return self.num_instances * self.tensor_parallel_size * pp
+        return pp * (pd.num_prefill_instances * self.role_tensor_parallel_size("prefill")
+                     + pd.num_decode_instances * self.role_tensor_parallel_size("decode"))
 
     @property
     def expert_parallel_size(self) -> int:

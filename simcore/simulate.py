@@ -119,7 +119,15 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
 def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
                  op_scale: dict[str, float] | None = None) -> RunResult:
     """Run one configuration on the virtual clock; its typed result (see `simulate`)."""
-    dep = build_deployment(cfg, op_scale=op_scale)
+    roles = None
+    if cfg.parallelism.per_role_tp:
+        # Prefill and decode instances of their own TP: a deployment per role; the decode
+        # role's stands for the run where one is asked for.
+        from simcore.cluster.roles import build_role_deployments
+        roles = build_role_deployments(cfg, op_scale=op_scale)
+        dep = roles["decode"]
+    else:
+        dep = build_deployment(cfg, op_scale=op_scale)
     sched_cfg = scheduler_config(cfg, dep)
     w = cfg.workload
     specs = request_stream(w, block_size=cfg.engine.block_size, seed=cfg.seed,
@@ -136,7 +144,7 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
         from simcore.cluster.build import build_cluster
         from simcore.cluster.kvpaths import KvPaths
         env = simpy.Environment()
-        cluster = build_cluster(env, cfg, dep)
+        cluster = build_cluster(env, cfg, dep, **({"roles": roles} if roles else {}))
         tier = cfg.cluster.kv_tier
         if tier is not None or par.prefill_decode is not None:
             if sched_cfg.kv_cache_groups:
@@ -162,8 +170,44 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
         request_timeout_s=w.request_timeout_s,
-        api_servers=cfg.host.api_server_count, **request_path(cfg, dep))
-    return assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
+        api_servers=cfg.host.api_server_count, **request_path(cfg, dep),
+        **({"sched_configs": role_scheduler_configs(cfg, roles, sched_cfg, cluster)}
+           if roles else {}))
+    result = assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
+    if roles:
+        result = with_roles(result, cfg, roles)
+    return result
+
+
+def role_scheduler_configs(cfg: SimConfig, roles: dict[str, Deployment],
+                           decode_cfg: SchedulerConfig, cluster) -> list[SchedulerConfig]:
+    """Each engine's scheduler settings when prefill and decode instances have their own TP:
+    those of its role's deployment (its KV-cache size); `decode_cfg` is the decode role's."""
+    prefill = scheduler_config(cfg, roles["prefill"])
+    return [prefill if inst.role == "prefill" else decode_cfg
+            for inst in cluster.placement.instances]
+
+
+def with_roles(result: RunResult, cfg: SimConfig,
+               roles: dict[str, Deployment]) -> RunResult:
+    """A per-role-TP run's result: its GPU count and per-GPU figures over every instance's
+    GPUs, and a `roles` part of `kv_cache` with each role's TP, instances and KV-cache size."""
+    m = dict(result.metrics)
+    par = cfg.parallelism
+    pd = par.prefill_decode
+    n_gpu = par.num_gpus_used
+    m["num_gpus"] = n_gpu
+    m["output_throughput_per_gpu"] = m["output_throughput"] / n_gpu
+    m["total_token_throughput_per_gpu"] = m["total_token_throughput"] / n_gpu
+    kv = dict(result.kv_cache)
+    kv["roles"] = {
+        role: {"tensor_parallel_size": par.role_tensor_parallel_size(role),
+               "num_instances": (pd.num_prefill_instances if role == "prefill"
+                                 else pd.num_decode_instances),
+               **{k: v for k, v in d.memory_report().items()
+                  if k != "memory_breakdown_bytes"}}
+        for role, d in roles.items()}
+    return dataclasses.replace(result, metrics=m, kv_cache=kv)
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:

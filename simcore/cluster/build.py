@@ -3,6 +3,8 @@ backend and step-DAG builder, with impossible combinations refused in one senten
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import simpy
 
@@ -18,19 +20,26 @@ from simcore.model.arch import dtype_bytes
 from simcore.setup import Deployment
 
 
-def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment) -> ClusterRuntime:
-    """The runtime of `cfg.cluster` for deployment `dep` on clock `env`."""
+def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
+                  roles: dict[str, Deployment] | None = None) -> ClusterRuntime:
+    """The runtime of `cfg.cluster` for deployment `dep` on clock `env`; with `roles` (prefill
+    and decode instances of their own TP, `simcore.cluster.roles`) each role's instances are
+    placed at, and step by the model of, that role's deployment."""
     c = cfg.cluster
     assert c is not None
     par = cfg.parallelism
     gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     pd = par.prefill_decode
+    per_role = roles is not None and pd is not None
     placement = place(num_nodes=c.num_nodes, gpus_per_node=gpn,
                       tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size,
                       dp=par.data_parallel_size, expert_parallel=par.enable_expert_parallel,
                       num_replicas=par.num_replicas,
                       num_prefill=pd.num_prefill_instances if pd else 0,
-                      num_decode=pd.num_decode_instances if pd else 0)
+                      num_decode=pd.num_decode_instances if pd else 0,
+                      **({"prefill_tp": par.role_tensor_parallel_size("prefill"),
+                          "decode_tp": par.role_tensor_parallel_size("decode")}
+                         if per_role else {}))
     num_gpus = c.num_nodes * gpn
     for i, t in enumerate(c.tenant_traffic):
         for name in ("src_gpu", "dst_gpu"):
@@ -58,6 +67,18 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment) -> Cl
                              interconnect_bytes_per_s=ic, costs=costs,
                              rng=np.random.default_rng([cfg.seed, 0xDA6]), ep_model=ep_model,
                              activation_bytes=max(2.0, dtype_bytes(dep.weight_dtype)))
+    if per_role:
+        from simcore.cluster.roles import RoleBuilders
+        builder = RoleBuilders({
+            role: StepDagBuilder(
+                arch=d.arch, model=d.step_model,
+                placement=dataclasses.replace(placement,
+                                              tp=par.role_tensor_parallel_size(role)),
+                cfg=c.dag, interconnect_bytes_per_s=ic, costs=costs,
+                rng=np.random.default_rng([cfg.seed, 0xDA6, k]),
+                activation_bytes=max(2.0, dtype_bytes(d.weight_dtype)))
+            for k, (role, d) in enumerate(sorted(roles.items()))})
+        rank_model = builder.model
     return ClusterRuntime(env, c, placement=placement, network=network, fabric=fabric,
                           builder=builder, model=rank_model, interconnect_bytes_per_s=ic,
                           host=rank_model.host)

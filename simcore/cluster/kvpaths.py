@@ -6,6 +6,16 @@ in WAITING_FOR_REMOTE_KVS; here its bytes move (every GPU of the receiving engin
 shard: its pipeline stage's layers and its TP rank's KV heads) over the fabric, or over NVLink
 between GPUs of one node (NIXL's UCX picks CUDA IPC there), and when the last byte lands the
 scheduler is told (`finish_remote_load`) and the engine woken.
+
+When prefill and decode instances have different TP sizes, each decode GPU reads, from the
+prefill GPUs of its pipeline stage, the KV heads it holds (`shard_plan`): with H KV heads, TP
+rank r of t holds heads [r H/t, (r+1) H/t) for t <= H, and head r H/t (replicated) for t > H;
+a head held by several prefill ranks is read from one of them, decode rank r taking holder
+r mod (number of holders) so that the reads spread over the replicas. An MLA latent cache is
+whole on every rank: decode rank r reads it from prefill rank r mod prefill TP. So a decode
+instance of TP 8 behind prefill instances of TP 4 (8 KV heads) has ranks 2q and 2q+1 read
+one head each from prefill rank q, and one of TP 4 behind TP 8 has rank r read two heads, one
+from each of prefill ranks 2r and 2r+1.
 """
 
 from __future__ import annotations
@@ -44,6 +54,9 @@ class KvPaths:
         self.tier = (ExternalKVTier(max(1, tier_capacity_tokens // block_size))
                      if tier_capacity_tokens else None)
         self.min_fetch_blocks = min_fetch_blocks
+        self.arch = arch
+        self.kv_cache_dtype = kv_cache_dtype
+        self._plans: dict[tuple[int, int], list[list[tuple[int, int, float]]]] = {}
         self.prefilled_on: dict[str, int] = {}     # request id -> prefill instance
         self._release: dict[str, Callable[[], None]] = {}   # request id -> free prefill blocks
         self._next_decode = 0
@@ -104,6 +117,14 @@ class KvPaths:
             src_index = self.prefilled_on.get(req.request_id)
             pairs = []
             local = []
+            if src_index is not None:
+                src_inst = self.placement.instances[src_index]
+                if len(src_inst.gpus[0]) != len(dst.gpus[0]):
+                    self._resharded(src_inst, dst, num_tokens, pairs, local)
+                    self.runtime.transfer_kv(pairs, lambda req=req, t0=self.runtime.env.now:
+                                             self._loaded(req, t0, on_loaded),
+                                             nvlink_bytes=tuple(local))
+                    continue
             for s, stage in enumerate(dst.gpus):
                 size = int(num_tokens * self.stage_bytes_per_token[s])
                 for r, gpu in enumerate(stage):
@@ -121,6 +142,26 @@ class KvPaths:
                                      self._loaded(req, t0, on_loaded),
                                      nvlink_bytes=tuple(local))
 
+    def _resharded(self, src, dst, num_tokens: int, pairs: list, local: list) -> None:
+        """The transfers of one handoff between instances of different TP (`shard_plan`),
+        appended to `pairs` (fabric) and `local` (NVLink bytes)."""
+        net = self.runtime.network
+        node_of = self.placement.node_of
+        key = (len(src.gpus[0]), len(dst.gpus[0]))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = [
+                shard_plan(self.arch, self.kv_cache_dtype, len(layers), *key)
+                for layers in stage_layers(self.arch.num_layers, self.placement.pp)]
+        for s, stage in enumerate(dst.gpus):
+            for q, r, bytes_per_token in plan[s]:
+                size = int(num_tokens * bytes_per_token)
+                src_gpu, gpu = src.gpus[s][q], stage[r]
+                if node_of(src_gpu) == node_of(gpu):
+                    local.append(size)
+                else:
+                    pairs.append((net.host_of(src_gpu), net.host_of(gpu), size))
+
     def _loaded(self, req: Request, start_s: float, on_loaded: Callable[[Request], None]) -> None:
         """The request waited on the network for its KV: that is network time of its latency."""
         rec = req.client
@@ -129,3 +170,33 @@ class KvPaths:
         self.release(req.request_id)
         on_loaded(req)
 
+
+
+def kv_heads_of_rank(num_heads: int, tp: int, rank: int) -> range:
+    """The KV heads (of `num_heads`) that TP rank `rank` of `tp` holds, as vLLM shards them:
+    a contiguous share for tp <= num_heads, one replicated head for tp > num_heads."""
+    if tp <= num_heads:
+        per = num_heads // tp
+        return range(rank * per, (rank + 1) * per)
+    head = rank * num_heads // tp
+    return range(head, head + 1)
+
+
+def shard_plan(arch: ModelArch, kv_cache_dtype: str, num_layers: int, src_tp: int,
+               dst_tp: int) -> list[tuple[int, int, float]]:
+    """(source TP rank, destination TP rank, bytes per token) of every read that moves
+    `num_layers` layers of one token's KV cache from an instance of TP `src_tp` to one of TP
+    `dst_tp` (see the module's description); the reads of one pair of ranks are one transfer."""
+    heads = 1 if arch.is_mla else arch.num_kv_heads      # an MLA latent: one shard, everywhere
+    per_head = arch.kv_bytes_per_token(kv_cache_dtype, 1, num_layers) / heads
+    holders: dict[int, list[int]] = {}
+    for q in range(src_tp):
+        for h in (range(1) if arch.is_mla else kv_heads_of_rank(heads, src_tp, q)):
+            holders.setdefault(h, []).append(q)
+    reads: dict[tuple[int, int], float] = {}
+    for r in range(dst_tp):
+        for h in (range(1) if arch.is_mla else kv_heads_of_rank(heads, dst_tp, r)):
+            who = holders[h]
+            q = who[r % len(who)]
+            reads[q, r] = reads.get((q, r), 0.0) + per_head
+    return [(q, r, b) for (q, r), b in sorted(reads.items(), key=lambda kv: (kv[0][1], kv[0][0]))]

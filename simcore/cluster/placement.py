@@ -59,9 +59,15 @@ class Placement:
 
 def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
           expert_parallel: bool, num_replicas: int = 1, num_prefill: int = 0,
-          num_decode: int = 0) -> Placement:
+          num_decode: int = 0, prefill_tp: int | None = None,
+          decode_tp: int | None = None) -> Placement:
     """Lay engines out on the cluster (replica after replica, DP rank after DP rank); impossible
-    layouts raise ConfigError naming the field."""
+    layouts raise ConfigError naming the field. `prefill_tp` / `decode_tp` give the instances of
+    a disaggregated deployment a TP of their own (`place_roles`)."""
+    if (prefill_tp is not None or decode_tp is not None) and num_prefill + num_decode > 0:
+        return place_roles(num_nodes=num_nodes, gpus_per_node=gpus_per_node, pp=pp,
+                           num_prefill=num_prefill, num_decode=num_decode,
+                           prefill_tp=prefill_tp or tp, decode_tp=decode_tp or tp)
     disagg = num_prefill + num_decode > 0
     num_instances = num_prefill + num_decode if disagg else dp * num_replicas
     per_instance = tp * pp
@@ -102,3 +108,59 @@ def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
                                       f"group of {ep} GPUs{where} spreads unevenly over nodes "
                                       f"of {gpus_per_node} GPUs ({sorted(counts.values())})")
     return Placement(num_nodes, gpus_per_node, tp, pp, tuple(instances), groups)
+
+
+PREFILL_TP_FIELD = "parallelism.prefill_decode.prefill_tensor_parallel_size"
+DECODE_TP_FIELD = "parallelism.prefill_decode.decode_tensor_parallel_size"
+
+
+def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int,
+                num_decode: int, prefill_tp: int, decode_tp: int) -> Placement:
+    """Prefill and decode instances of their own TP on the cluster.
+
+    Instance indices keep the order prefill first, then decode. GPUs are handed out to the
+    instances of the larger TP first, each instance starting on a multiple of its TP (of the
+    node size for TP across nodes), so no TP group straddles nodes and, TP sizes being divisors
+    or multiples of the node size, no GPU is left between instances. `Placement.tp` is the
+    decode instances' TP; an instance's own is `len(instance.gpus[0])`.
+    """
+    gpn = gpus_per_node
+    for tp, name in ((prefill_tp, PREFILL_TP_FIELD), (decode_tp, DECODE_TP_FIELD)):
+        if tp > gpn:
+            if tp % gpn:
+                raise ConfigError(f"{name}: {tp} spans nodes of {gpn} GPUs unevenly; use a "
+                                  f"multiple of {gpn}")
+        elif gpn % tp:
+            raise ConfigError(f"{name}: {tp} does not divide the {gpn} GPUs of a node, so TP "
+                              f"groups would straddle nodes")
+    tps = [prefill_tp] * num_prefill + [decode_tp] * num_decode
+    needed = sum(tps) * pp
+    available = num_nodes * gpn
+    if needed > available:
+        raise ConfigError(f"cluster.num_nodes: {num_prefill} prefill instance"
+                          f"{'s' if num_prefill > 1 else ''} of TP {prefill_tp} + {num_decode} "
+                          f"decode instance{'s' if num_decode > 1 else ''} of TP {decode_tp} "
+                          f"(PP {pp}) need {needed} GPUs; {num_nodes} node"
+                          f"{'s' if num_nodes > 1 else ''} of {gpn} have {available}")
+    first: dict[int, int] = {}
+    cursor = 0
+    for i in sorted(range(len(tps)), key=lambda i: -tps[i]):
+        align = min(tps[i], gpn)
+        cursor = -(-cursor // align) * align
+        first[i] = cursor
+        cursor += tps[i] * pp
+    if cursor > available:
+        raise ConfigError(f"cluster.num_nodes: aligning every TP group inside a node, the "
+                          f"{num_prefill} prefill and {num_decode} decode instances need "
+                          f"{cursor} GPUs; the cluster has {available}")
+    instances = tuple(
+        Instance(i, PREFILL if i < num_prefill else DECODE,
+                 tuple(tuple(first[i] + s * tps[i] + r for r in range(tps[i]))
+                       for s in range(pp)))
+        for i in range(len(tps)))
+    return Placement(num_nodes, gpn, decode_tp, pp, instances, ())
+
+
+def instance_tp(instance: Instance) -> int:
+    """The TP of one placed instance (its GPUs per pipeline stage)."""
+    return len(instance.gpus[0])

@@ -236,7 +236,10 @@ class ClusterRuntime:
         self._step_index += 1
         if real:
             widest = max(real, key=lambda s: s.num_tokens)
-            cb, mb = self.model.op_bounds(widest)
+            by_role = getattr(self.builder, "for_instance", None)   # per-role TP
+            model = (self.model if by_role is None
+                     else by_role(insts[batches[0][0]]).model)
+            cb, mb = model.op_bounds(widest)
         else:
             cb = mb = 0.0
         bound = ("communication" if comm > cb and comm > mb

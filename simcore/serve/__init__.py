@@ -56,7 +56,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
                 env: simpy.Environment | None = None, cluster=None,
                 kv_paths=None, request_timeout_s: float | None = None,
                 request_cpu_s: Callable[[int], float] | None = None,
-                request_latency_s: float = 0.0, api_servers: int = 1) -> ServingRun:
+                request_latency_s: float = 0.0, api_servers: int = 1,
+                sched_configs: Sequence[SchedulerConfig] | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     `specs` is read once, in order, as the client reaches each request (a RequestStream makes
@@ -85,10 +86,13 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     request to a prefill instance, which runs its prompt (max_tokens 1, its token not streamed);
     then a decode instance loads the KV and generates every output token; with an external KV
     tier, tier hits are fetched from the storage servers before the request is scheduled.
+    `sched_configs` gives engine i its own `sched_configs[i]` (prefill and decode instances of
+    different TP: their own KV-cache sizes); without it every engine has `sched_config`.
     """
     env = env or simpy.Environment()
     space = BlockHashSpace()
-    ranks = [Rank(i, Scheduler(sched_config, space,
+    configs = [sched_config] * num_replicas if sched_configs is None else list(sched_configs)
+    ranks = [Rank(i, Scheduler(configs[i], space,
                                kv_paths.connector(i, space) if kv_paths else None))
              for i in range(num_replicas)]
     entry = (kv_paths.prefill_instances() if kv_paths is not None and kv_paths.disaggregated
