@@ -32,7 +32,8 @@ class LogGrid:
     log-log slope used above its last value.
     """
 
-    __slots__ = ("axes", "values", "caps", "floors", "_log_axes", "_log_values", "_axes_lists")
+    __slots__ = ("axes", "values", "caps", "floors", "_log_axes", "_log_values", "_axes_lists",
+                 "_flat", "_strides")
 
     def __init__(self, axes: list, values: np.ndarray, caps: tuple[float, ...],
                  floors: tuple[float, ...] | None = None):
@@ -52,6 +53,15 @@ class LogGrid:
         self.floors = tuple(float(f) for f in floors) if floors else (0.0,) * len(self.caps)
         self._log_axes = [np.log(a) for a in self.axes]
         self._axes_lists = [la.tolist() for la in self._log_axes]
+        # The log values as Python floats in one row-major list (indexing a list is cheaper
+        # than a numpy scalar, and the arithmetic on the floats is the same).
+        self._flat = self._log_values.ravel().tolist()
+        strides = []
+        step = 1
+        for a in reversed(self.axes):
+            strides.append(step)
+            step *= len(a)
+        self._strides = tuple(reversed(strides))
 
     @property
     def ndim(self) -> int:
@@ -59,39 +69,39 @@ class LogGrid:
 
     def _inside_log(self, lx: list[float]) -> float | None:
         """Log time at a point inside every axis's range (multilinear over measured corners)."""
-        idx: list[tuple[int, float]] = []
-        for ax, x in zip(self._axes_lists, lx):
+        base = 0
+        dims: list[tuple[int, float, bool]] = []     # per axis: stride, fraction, one value
+        for ax, x, stride in zip(self._axes_lists, lx, self._strides):
             n = len(ax)
             if n == 1:
-                idx.append((0, 0.0))
+                dims.append((stride, 0.0, True))
                 continue
             i = bisect.bisect_right(ax, x) - 1
-            i = min(max(i, 0), n - 2)
+            i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
             f = (x - ax[i]) / (ax[i + 1] - ax[i])
-            idx.append((i, min(max(f, 0.0), 1.0)))
+            dims.append((stride, min(max(f, 0.0), 1.0), False))
+            base += i * stride
         total_w = 0.0
         acc = 0.0
-        v = self._log_values
-        nd = len(idx)
-        for corner in range(1 << nd):
+        flat = self._flat
+        for corner in range(1 << len(dims)):
             w = 1.0
-            pos = []
-            for d, (i, f) in enumerate(idx):
+            at = base
+            for d, (stride, f, single) in enumerate(dims):
                 if (corner >> d) & 1:
-                    if f == 0.0 or len(self._axes_lists[d]) == 1:
+                    if f == 0.0 or single:
                         w = 0.0
                         break
                     w *= f
-                    pos.append(i + 1)
+                    at += stride
                 else:
                     if f == 1.0:
                         w = 0.0
                         break
                     w *= 1.0 - f
-                    pos.append(i)
             if w == 0.0:
                 continue
-            y = v[tuple(pos)]
+            y = flat[at]
             if y != y:        # NaN: not measured
                 continue
             acc += w * y

@@ -131,11 +131,11 @@ class EngineLoop:
                     ob.on_admitted(rank, out.new, now)
             shape = shape_of(scheduled)
             counts = (len(sched.running), len(sched.waiting))
-            if leap is not None and leap.next_shape is not None:
-                # A plan already timed this step if it has the shape it left off at.
-                st = leap.next_time if shape == leap.next_shape else \
-                    time_step(indices, (scheduled,), (shape,))
-                leap.next_shape = None
+            if leap is not None and leap.timed is not None:
+                # A plan may have timed this step already (a step's time is its shape's).
+                st = leap.timed.get(shape)
+                if st is None:
+                    st = time_step(indices, (scheduled,), (shape,))
             elif immediate:
                 st = time_step(indices, (scheduled,), (shape,))
             else:

@@ -105,7 +105,7 @@ class QuietLeap:
     requests back, so another engine's output may send one at once)."""
 
     __slots__ = ("env", "sched", "time_step", "all_events", "budget", "block_size",
-                 "max_model_len", "next_shape", "next_time")
+                 "max_model_len", "timed")
 
     def __init__(self, env: simpy.Environment, sched, time_step, all_events):
         self.env = env
@@ -116,10 +116,10 @@ class QuietLeap:
         self.budget = c.token_budget
         self.block_size = c.block_size
         self.max_model_len = c.max_model_len
-        self.next_shape: StepShape | None = None
-        """The shape and time of the step a plan timed but left to single stepping (it would
-        reach the horizon): the loop's next step, if its shape is the same."""
-        self.next_time = None
+        self.timed: dict[StepShape, object] | None = None
+        """The steps the last plan timed but did not take (`StepTime` by shape): the loop's
+        next steps take their times from here when their shapes match (a step's time depends
+        on its shape alone), and so does the next plan."""
 
     @staticmethod
     def supported(sched, immediate: bool) -> bool:
@@ -167,6 +167,8 @@ class QuietLeap:
         # the horizon.
         kv0 = sum(ctx) + num
         time_step = self.time_step
+        known = self.timed
+        left: dict[StepShape, object] = {}
         shapes: list[StepShape] = []
         times = []
         ends: list[float] = []
@@ -174,11 +176,12 @@ class QuietLeap:
         for j in range(steps):
             kv = kv0 + j * num
             shape = StepShape(num, num, num, float(kv), kv, kv)
-            st = time_step(shape)
+            st = known.get(shape) if known else None
+            if st is None:
+                st = time_step(shape)
             t_end = t + st.total_s
             if not t_end < limit:
-                self.next_shape = shape
-                self.next_time = st
+                left[shape] = st
                 break
             shapes.append(shape)
             times.append(st)
@@ -191,6 +194,10 @@ class QuietLeap:
                 break
             k -= 1
         else:
+            k = 0
+        left.update(zip(shapes[k:], times[k:]))
+        self.timed = left or None
+        if not k:
             return None
         if k < len(ends):
             del shapes[k:], times[k:], ends[k:]
