@@ -4,9 +4,10 @@ exists.
 
 Rows:
   (1) the whole Mooncake conversation trace (12,031 requests, 59 minutes) on eight Llama-3.1-8B
-      replicas on H100 (configs/mooncake_full_h100_dp8.yaml): simulated seconds per CPU second,
-      with quiet steps taken together and, as the reference, stepped one at a time; the two
-      results are compared byte for byte;
+      replicas on H100 (configs/mooncake_full_h100_dp8.yaml), with the default compute model
+      (the H100 kernel profile) and with the roofline: simulated seconds per CPU second, with
+      quiet steps taken together and, as the reference, stepped one at a time; the two results
+      are compared byte for byte;
   (2) N requests (default 1,000,000) on one Llama-3.1-8B engine (configs/llama8b_h100_1m.yaml),
       in a child process: CPU seconds and peak memory (ru_maxrss);
   (3) `dse simulate examples/quickstart.yaml` as a whole process, with its default envelope;
@@ -93,22 +94,25 @@ def mooncake() -> None:
     from simcore.config import load_config
     from simcore.simulate import simulate
 
-    cfg = load_config(MOONCAKE)
-    out = {}
-    for leaps in (False, True):
-        loop.QUIET_LEAPS = leaps
-        t = time.process_time()
-        result = simulate(cfg)
-        out[leaps] = (time.process_time() - t, json.dumps(result, sort_keys=True), result)
-    loop.QUIET_LEAPS = True
-    single_s, together_s = out[False][0], out[True][0]
-    result = out[True][2]
-    sim_s = result["duration"]
-    same = "byte-identical" if out[False][1] == out[True][1] else "DIFFERENT (a defect)"
-    row("mooncake", f"(1) Mooncake trace, {result['completed']:,} requests over {sim_s:,.0f} "
-        f"simulated s on {len(result['replicas'])} H100 replicas, {result['num_steps']:,} steps",
-        f"{sim_s / together_s:,.0f}x real time ({together_s:.1f} CPU-s); stepping one at a time "
-        f"in this run {sim_s / single_s:,.0f}x ({single_s:.1f} CPU-s); results {same}")
+    base = load_config(MOONCAKE)
+    for kind in ("auto", "roofline"):
+        cfg = base.model_copy(update={"compute": base.compute.model_copy(update={"kind": kind})})
+        out = {}
+        for leaps in (False, True):
+            loop.QUIET_LEAPS = leaps
+            t = time.process_time()
+            result = simulate(cfg)
+            out[leaps] = (time.process_time() - t, json.dumps(result, sort_keys=True), result)
+        loop.QUIET_LEAPS = True
+        single_s, together_s = out[False][0], out[True][0]
+        result = out[True][2]
+        sim_s = result["duration"]
+        same = "byte-identical" if out[False][1] == out[True][1] else "DIFFERENT (a defect)"
+        row("mooncake", f"(1) Mooncake trace, {result['completed']:,} requests over {sim_s:,.0f} "
+            f"simulated s on {len(result['replicas'])} H100 replicas, {result['num_steps']:,} "
+            f"steps, compute {result['provenance']['compute_profile']}",
+            f"{sim_s / together_s:,.0f}x real time ({together_s:.1f} CPU-s); stepping one at a "
+            f"time in this run {sim_s / single_s:,.0f}x ({single_s:.1f} CPU-s); results {same}")
 
 
 def million(n: int) -> None:
