@@ -160,33 +160,16 @@ def _make_data(st, f, l, now):
         return _resend(st, f, l, now)
     psn = st.f_nxt[f]
     m = st.f_msnd[f]
-    k = psn - st.m_psn0[m]
-    pay = int(st.cfg[CF_PAY])
-    if k == st.m_npk[m] - 1:
-        pay = st.m_size[m] - k * pay
+    if psn - st.m_psn0[m] == st.m_npk[m] - 1:
         st.f_msnd[f] = st.m_next[m]
-    size = pay + int(st.cfg[CF_HDR])
-    p = alloc_packet(st, K_DATA, f, size)
-    st.p_pay[p] = pay
-    st.p_psn[p] = psn
-    st.p_msg[p] = m
+    p, pay, size = _cut_data(st, f, m, psn, now)
     st.f_nxt[f] = psn + 1
-    st.f_next_t[f] = now + size / st.f_rate[f]
-    st.cnt[C_SENT_PAY] += pay
     if psn < st.f_maxsent[f]:
         st.cnt[C_RETX] += 1
         st.cnt[C_RETX_PAY] += pay
     else:
         st.f_maxsent[f] = psn + 1
-    level_change(st, l, size, now)
-    if st.f_rel[f] != 0 and st.f_rto_t[f] == np.inf:
-        st.f_rto_t[f] = now + st.cfg[CF_RTO]
-        _arm_rto(st, f)
-    if st.f_bleft[f] >= 0:
-        st.f_bacc[f] += size
-        if st.f_bacc[f] >= st.f_bleft[f]:
-            st.f_bleft[f] = -1
-            request(st, O_RP_BYTES, f)
+    _data_sent(st, f, l, size, now)
     if st.f_nxt[f] >= st.f_end[f]:
         _deactivate(st, f)
     return p
@@ -196,7 +179,21 @@ def _make_data(st, f, l, now):
 def _resend(st, f, l, now):
     """Selective repeat: cut queue pair f's packet f_rtx again and account for it as sent now."""
     psn = st.f_rtx[f]
-    m = st.f_rtxm[f]
+    p, pay, size = _cut_data(st, f, st.f_rtxm[f], psn, now)
+    st.f_rtx[f] = psn + 1
+    st.cnt[C_RETX] += 1
+    st.cnt[C_RETX_PAY] += pay
+    _data_sent(st, f, l, size, now)
+    if st.f_nxt[f] >= st.f_end[f] and not _sr_pending(st, f):
+        _deactivate(st, f)
+    return p
+
+
+@njit
+def _cut_data(st, f, m, psn, now):
+    """Allocate queue pair f's data packet `psn` of message m (the message's last packet
+    carries the rest of its bytes), pace the pair's next send after it and count its payload
+    as sent; returns (packet, payload bytes, frame bytes)."""
     k = psn - st.m_psn0[m]
     pay = int(st.cfg[CF_PAY])
     if k == st.m_npk[m] - 1:
@@ -206,13 +203,17 @@ def _resend(st, f, l, now):
     st.p_pay[p] = pay
     st.p_psn[p] = psn
     st.p_msg[p] = m
-    st.f_rtx[f] = psn + 1
     st.f_next_t[f] = now + size / st.f_rate[f]
     st.cnt[C_SENT_PAY] += pay
-    st.cnt[C_RETX] += 1
-    st.cnt[C_RETX_PAY] += pay
+    return p, pay, size
+
+
+@njit
+def _data_sent(st, f, l, size, now):
+    """A data frame of `size` bytes of queue pair f joins port l's queue: the retransmission
+    timer starts if a reliable pair has none running, and DCQCN's byte counter advances."""
     level_change(st, l, size, now)
-    if st.f_rto_t[f] == np.inf:
+    if st.f_rel[f] != 0 and st.f_rto_t[f] == np.inf:
         st.f_rto_t[f] = now + st.cfg[CF_RTO]
         _arm_rto(st, f)
     if st.f_bleft[f] >= 0:
@@ -220,9 +221,6 @@ def _resend(st, f, l, now):
         if st.f_bacc[f] >= st.f_bleft[f]:
             st.f_bleft[f] = -1
             request(st, O_RP_BYTES, f)
-    if st.f_nxt[f] >= st.f_end[f] and not _sr_pending(st, f):
-        _deactivate(st, f)
-    return p
 
 
 @njit
