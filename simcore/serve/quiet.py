@@ -126,7 +126,7 @@ class QuietLeap:
         """Whether quiet runs are exact for this engine: a step-time model's immediate step, no
         KV connector, one KV-cache group, no speculative tokens."""
         return (immediate and sched.connector is None and type(sched.kv) is KVCacheManager
-                and not getattr(sched, "num_spec_tokens", 0))
+                and not sched.num_spec_tokens)
 
     def plan(self, last_total_s: float) -> QuietRun | None:
         """The quiet steps ahead of the engine now, or None when fewer than `MIN_STEPS`.
@@ -168,7 +168,7 @@ class QuietLeap:
         kv0 = sum(ctx) + num
         time_step = self.time_step
         known = self.timed
-        left: dict[StepShape, object] = {}
+        unused: dict[StepShape, object] = {}
         shapes: list[StepShape] = []
         times = []
         ends: list[float] = []
@@ -181,7 +181,7 @@ class QuietLeap:
                 st = time_step(shape)
             t_end = t + st.total_s
             if not t_end < limit:
-                left[shape] = st
+                unused[shape] = st
                 break
             shapes.append(shape)
             times.append(st)
@@ -195,8 +195,8 @@ class QuietLeap:
             k -= 1
         else:
             k = 0
-        left.update(zip(shapes[k:], times[k:]))
-        self.timed = left or None
+        unused.update(zip(shapes[k:], times[k:]))
+        self.timed = unused or None
         if not k:
             return None
         if k < len(ends):
