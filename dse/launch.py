@@ -354,6 +354,18 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
                  ("model.kv_cache_dtype", f"{cfg.model.kv_cache_dtype} ({dep.kv_cache_dtype})",
                   "config" if "kv_cache_dtype" in cfg.model.model_fields_set
                   else "default: the activation dtype, as vLLM's auto")]
+    if cfg.model.dtype == "mxfp4":
+        from simcore.model.arch import default_mxfp4_moe_layout
+
+        layout, stock = cfg.model.mxfp4_moe_layout, default_mxfp4_moe_layout(dep.gpu.name)
+        resolved.append(("model.mxfp4_moe_layout", stock if layout == "auto" else layout,
+                         "config" if layout != "auto" else
+                         f"default: vLLM's MXFP4 MoE backend on {dep.gpu.name}"))
+        if layout not in ("auto", stock):
+            notes.append(f"model.mxfp4_moe_layout is {layout}, not vLLM's default on "
+                         f"{dep.gpu.name} ({stock}): vLLM picks its MXFP4 MoE backend itself "
+                         "(VLLM_MXFP4_USE_MARLIN=1 forces Marlin; Triton needs the "
+                         "triton_kernels package); check its start-up log for the backend used")
     engine = engine_flags(cfg, dep, warnings, resolved)
     e = cfg.engine
     for key, stock in (("block_size", "16 on most attention backends"),

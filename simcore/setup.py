@@ -144,7 +144,7 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                 tp=tp, pp=pp, ep=ep, block_size=e.block_size,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len,
+                max_model_len=max_model_len, expert_align=cfg.model.expert_align(gpu.name),
                 **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv}
                    if draft_weights or draft_kv else {}))
         except ConfigError as err:

@@ -73,6 +73,58 @@ def test_experts_alone_are_mxfp4():
     assert arch.weight_bytes("mxfp4") == pytest.approx(experts * 4.25 / 8 + rest * 2, rel=1e-12)
 
 
+# vLLM's own logs of the weights it loaded ("Model loading took X GiB") for gpt-oss-120b on one
+# H100: vLLM 0.10.1 on the Marlin backend (vllm-project/vllm issue 23278, "Model loading took
+# 65.9651 GiB"), vLLM 0.14.1 on the Triton backend (vllm-project/vllm issue 33155, "Model loading
+# took 64.38 GiB memory").
+LOGGED_H100_GIB = {"marlin": 65.9651, "triton": 64.38}
+
+
+@pytest.mark.parametrize("layout", sorted(LOGGED_H100_GIB))
+def test_mxfp4_experts_take_the_memory_vllm_logged_in_its_kernel_layout(layout):
+    from simcore.model.arch import MXFP4_MOE_LAYOUTS
+
+    arch = load_preset("gpt-oss-120b")
+    padded = arch.stage_weight_bytes("mxfp4", expert_align=MXFP4_MOE_LAYOUTS[layout]) / GIB
+    assert padded == pytest.approx(LOGGED_H100_GIB[layout], rel=0.005)
+    # The checkpoint's own shapes are 3.6-5 GiB short of either: the padding is not a rounding.
+    assert arch.weight_bytes("mxfp4") / GIB < LOGGED_H100_GIB[layout] - 3.5
+
+
+def test_marlin_pads_the_hidden_size_to_256_and_the_intermediate_per_rank_to_128():
+    from simcore.model.arch import MXFP4_MOE_LAYOUTS
+
+    arch = load_preset("gpt-oss-120b")
+    h, i, e = 2880, 2880, 128
+    for tp in (1, 2, 4):
+        ip = -(-(i // tp) // 128) * 128        # 2880 -> 2944; 1440 -> 1536; 720 -> 768
+        experts = e * (3072 * 2 * ip + ip * 3072) * 4.25 / 8 + e * (2 * ip + 3072) * 2
+        plain = e * (h * 2 * (i // tp) + (i // tp) * h) * 4.25 / 8 + e * (2 * (i // tp) + h) * 2
+        got = (arch.stage_weight_bytes("mxfp4", tp, expert_align=MXFP4_MOE_LAYOUTS["marlin"])
+               - arch.stage_weight_bytes("mxfp4", tp))
+        assert got == pytest.approx(arch.num_layers * (experts - plain), rel=1e-12)
+
+
+def test_the_layout_follows_the_gpu_and_is_refused_for_other_dtypes():
+    from simcore.errors import ConfigError
+
+    def weights(gpu, **model):
+        cfg = parse_config({"model": {"name": "openai/gpt-oss-120b", "dtype": "mxfp4",
+                                      "max_model_len": 8192, **model},
+                            "hardware": {"gpu": gpu}, "compute": {"kind": "roofline"},
+                            "workload": {"num_prompts": 1}})
+        return build_deployment(cfg).memory.weight_bytes / GIB
+
+    assert weights("H100-SXM") == pytest.approx(weights("H100-SXM", mxfp4_moe_layout="triton"))
+    assert weights("A100-80GB") == pytest.approx(weights("H100-SXM",
+                                                         mxfp4_moe_layout="marlin"))
+    assert weights("B200") > weights("A100-80GB") > weights("H100-SXM") > \
+        weights("H100-SXM", mxfp4_moe_layout="unpadded")
+    with pytest.raises(ConfigError, match="mxfp4_moe_layout"):
+        parse_config({"model": {"name": "llama-3.1-8b", "mxfp4_moe_layout": "marlin"},
+                      "hardware": {"gpu": "H100-SXM"}, "workload": {"num_prompts": 1}})
+
+
 def test_layers_form_vllms_kv_cache_groups():
     # 18 full + 18 sliding layers: group size 18, one group of each kind; a block holds
     # 16 tokens of 18 layers.
@@ -365,3 +417,6 @@ def test_the_gpt_oss_validation_rows_are_accepted():
     ids = [c.id for c in cases if "gpt-oss" in c.id]
     assert len(ids) == 12
     assert all(c.config["model"]["dtype"] == "mxfp4" for c in cases if "gpt-oss" in c.id)
+    # vLLM 0.10-0.11, without triton_kernels: Marlin's layout on every GPU of these rows.
+    assert all(c.config["model"]["mxfp4_moe_layout"] == "marlin"
+               for c in cases if "gpt-oss" in c.id)

@@ -129,6 +129,17 @@ def test_a_checkpoint_quantized_otherwise_than_simulated_is_warned_about():
     assert any(w.startswith("model.dtype int4:") and "AWQ or GPTQ" in w for w in plan.warnings)
 
 
+def test_the_mxfp4_expert_layout_is_named_and_a_non_default_one_explained():
+    gpt_oss = {"name": "openai/gpt-oss-120b", "dtype": "mxfp4", "max_model_len": 8192}
+    plan = launch_plan(_cfg(model=gpt_oss))
+    assert ("model.mxfp4_moe_layout", "triton",
+            "default: vLLM's MXFP4 MoE backend on H100-SXM") in plan.resolved
+    assert not any("mxfp4_moe_layout" in n for n in plan.notes)
+    plan = launch_plan(_cfg(model={**gpt_oss, "mxfp4_moe_layout": "marlin"}))
+    assert ("model.mxfp4_moe_layout", "marlin", "config") in plan.resolved
+    assert any("VLLM_MXFP4_USE_MARLIN=1" in n for n in plan.notes)
+
+
 def test_a_local_hf_config_is_served_from_its_folder(tmp_path):
     (tmp_path / "config.json").write_text(
         (ROOT / "tests" / "data" / "tinymodel_config.json").read_text())

@@ -18,6 +18,50 @@ and every bias stay bf16 (the checkpoint's `modules_to_not_convert`), and vLLM's
 compute with 16-bit activations (W4A16)."""
 
 
+MXFP4_MOE_LAYOUTS: dict[str, tuple[int, int]] = {
+    "marlin": (256, 128),
+    "triton": (256, 64),
+    "flashinfer": (256, 256),
+    "rocm": (128, 128),
+    "rocm_gfx950": (256, 256),
+    "unpadded": (1, 1),
+}
+"""How vLLM stores MXFP4 routed experts on the GPU, by kernel backend: the multiples it pads
+(hidden size, intermediate size per TP rank) to, in both expert matrices, before loading (vLLM's
+`Mxfp4MoEMethod.create_weights`). Marlin (GPUs without FP4 tensor cores, and Hopper when the
+`triton_kernels` package is not installed, which vLLM 0.10-0.11 left to the user: vLLM issue
+27672): n % 256 and k % 128,
+so hidden to 256 and intermediate to 128; gpt-oss-120b on one H100 then holds 65.87 GiB of
+weights, against the 65.97 GiB vLLM 0.10.1 logged ("Model loading took 65.9651 GiB",
+vllm-project/vllm issue 23278). Triton on Hopper (`triton_kernels`' swizzled layout): the
+intermediate size to 64 in vLLM's code and the hidden size to 256 in the swizzled layout, the
+padding that matches the 64.38 GiB vLLM 0.14.1 logged for the same model and GPU (vLLM issue
+33155; 64.45 GiB modelled). FlashInfer on Blackwell: both to 256. ROCm: both to 128 (256 on
+gfx950, MI355X). `unpadded`: the checkpoint's own shapes."""
+
+_HOPPER = ("H100-SXM", "H100-PCIe", "H200", "H800", "GH200-96GB", "GH200-144GB")
+_BLACKWELL = ("B200", "B300", "GB200")
+
+
+def default_mxfp4_moe_layout(gpu_name: str) -> str:
+    """The MXFP4 expert layout vLLM picks by default on `gpu_name` (`MXFP4_MOE_LAYOUTS`):
+    FlashInfer on Blackwell, Triton on Hopper (with `triton_kernels` installed, as current vLLM
+    installs it), ROCm's on AMD GPUs (gfx950 on MI355X), Marlin elsewhere."""
+    if gpu_name in _BLACKWELL:
+        return "flashinfer"
+    if gpu_name in _HOPPER:
+        return "triton"
+    if gpu_name == "MI355X":
+        return "rocm_gfx950"
+    if gpu_name.startswith("MI"):
+        return "rocm"
+    return "marlin"
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
 def dtype_bytes(dtype: str) -> float:
     """Bytes per element of a dtype name (an expert-only format: per expert weight); ConfigError
     for an unknown name."""
@@ -353,15 +397,25 @@ class ModelArch:
 
     # --- weight bytes ----------------------------------------------------------------------------
 
-    def _gemm_bytes(self, gemm: Gemm, dtype: str) -> float:
+    def _gemm_bytes(self, gemm: Gemm, dtype: str,
+                    expert_align: tuple[int, int] = (1, 1)) -> float:
         """Bytes of one Gemm entry: linear layers in `dtype`, routers in bf16 below 16 bits; under
-        an expert-only format the routed experts' weights in it, all else in bf16."""
+        an expert-only format the routed experts' weights in it, all else in bf16, with the
+        experts' hidden and intermediate dimensions padded to `expert_align`
+        (`MXFP4_MOE_LAYOUTS`)."""
         if dtype in EXPERT_ONLY_DTYPES:
             if gemm.group != "expert":
                 return gemm.num_params * _HIGH_PRECISION_BYTES
-            weights = gemm.count * gemm.in_features * gemm.out_features
-            return (weights * EXPERT_ONLY_DTYPES[dtype]
-                    + (gemm.num_params - weights) * _HIGH_PRECISION_BYTES)
+            h_mult, i_mult = expert_align
+            if gemm.name == "experts_gate_up_proj":         # hidden -> 2 x inter
+                rows = _round_up(self.hidden_size, h_mult)
+                cols = 2 * _round_up(gemm.out_features // 2, i_mult)
+            else:                                           # down_proj: inter -> hidden
+                rows = _round_up(gemm.in_features, i_mult)
+                cols = _round_up(self.hidden_size, h_mult)
+            weights = gemm.count * rows * cols
+            bias = gemm.count * cols if gemm.bias else 0
+            return weights * EXPERT_ONLY_DTYPES[dtype] + bias * _HIGH_PRECISION_BYTES
         b = dtype_bytes(dtype)
         if gemm.group == "router" and b < _HIGH_PRECISION_BYTES:
             b = _HIGH_PRECISION_BYTES
@@ -384,12 +438,14 @@ class ModelArch:
         return self.stage_weight_bytes(dtype, tp=1, pp=1, stage=0)
 
     def stage_weight_bytes(self, dtype: str, tp: int = 1, pp: int = 1, stage: int = 0,
-                           ep: int = 1) -> float:
+                           ep: int = 1, expert_align: tuple[int, int] = (1, 1)) -> float:
         """Bytes of weights on one GPU of pipeline stage `stage` (0-based) under TP `tp`, PP `pp`.
 
         The first stage holds the embedding, the last the LM head and final norm (with tied
         embeddings and pp > 1 both ends hold a copy); the vocabulary is split over TP. `ep` > 1
-        splits routed experts whole over `ep` GPUs instead of sharding each over TP.
+        splits routed experts whole over `ep` GPUs instead of sharding each over TP. Under an
+        expert-only format the experts are stored padded to `expert_align` (hidden,
+        intermediate per rank), as vLLM's kernels lay them out (`MXFP4_MOE_LAYOUTS`).
         """
         self.check_tp(tp)
         layers = pp_stage_layers(self.num_layers, pp)
@@ -398,7 +454,7 @@ class ModelArch:
         total = 0.0
         for i in range(first, first + layers[stage]):
             for g in self.attention_gemms(tp) + self.mlp_gemms(i, tp, ep):
-                total += self._gemm_bytes(g, dtype)
+                total += self._gemm_bytes(g, dtype, expert_align)
             total += self.norm_params_per_layer() * other
             if self.attention_sinks:
                 total += self.sink_params_per_layer(tp) * other

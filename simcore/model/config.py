@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcore.errors import ConfigError
-from simcore.model.arch import ModelArch
+from simcore.model.arch import MXFP4_MOE_LAYOUTS, ModelArch, default_mxfp4_moe_layout
 from simcore.model.hf import load_hf_config
 from simcore.model.presets import is_preset, load_preset, preset_names
 
@@ -38,6 +38,14 @@ class ModelConfig(BaseModel):
                     "fp8 scales per 16 elements, Blackwell), mxfp4 (the routed experts alone in "
                     "4-bit values with an e8m0 scale per 32, 16-bit activations; every other "
                     "layer bf16: gpt-oss checkpoints).")
+    mxfp4_moe_layout: Literal["auto", "marlin", "triton", "flashinfer", "rocm", "rocm_gfx950",
+                              "unpadded"] = Field(
+        default="auto",
+        description="How vLLM lays out MXFP4 routed experts in GPU memory (dtype mxfp4 only): "
+                    "the kernel backend whose padded shapes the weights take. 'auto' is vLLM's "
+                    "default for the GPU: flashinfer on Blackwell, triton on Hopper, the ROCm "
+                    "layout on AMD GPUs, marlin elsewhere (and on Hopper with vLLM builds "
+                    "without the triton_kernels package, e.g. vLLM 0.10-0.11's pip wheels).")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto",
         description="KV-cache dtype; 'auto' means the activation dtype (bf16 for quantized weights, "
@@ -54,6 +62,23 @@ class ModelConfig(BaseModel):
             raise ValueError(f"unknown model {name!r}; known presets: {', '.join(preset_names())} "
                              "(or give hf_config: a path to a config.json)")
         return name
+
+    @model_validator(mode="after")
+    def _layout_needs_mxfp4(self) -> ModelConfig:
+        if self.mxfp4_moe_layout != "auto" and self.dtype != "mxfp4":
+            raise ValueError(f"mxfp4_moe_layout {self.mxfp4_moe_layout!r} applies to dtype "
+                             f"mxfp4 only (dtype is {self.dtype!r})")
+        return self
+
+    def expert_align(self, gpu_name: str) -> tuple[int, int]:
+        """(hidden, intermediate-per-rank) multiples the routed experts are padded to on
+        `gpu_name` (`MXFP4_MOE_LAYOUTS`); (1, 1) for every dtype but mxfp4."""
+        if self.dtype != "mxfp4":
+            return (1, 1)
+        layout = self.mxfp4_moe_layout
+        if layout == "auto":
+            layout = default_mxfp4_moe_layout(gpu_name)
+        return MXFP4_MOE_LAYOUTS[layout]
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

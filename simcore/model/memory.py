@@ -183,6 +183,7 @@ def kv_cache_num_blocks(
     sampler_bytes_per_logit: float = DEFAULT_SAMPLER_BYTES_PER_LOGIT,
     draft_weight_bytes: float = 0.0,
     draft_kv_bytes_per_token: float = 0.0,
+    expert_align: tuple[int, int] = (1, 1),
 ) -> KvCacheMemory:
     """KV blocks per GPU by vLLM's formula, with every term of the breakdown.
 
@@ -198,7 +199,8 @@ def kv_cache_num_blocks(
 
     A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU (on the last
     stage) and `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the
-    target's blocks).
+    target's blocks). Under an expert-only weight format (mxfp4) the routed experts take the
+    padded shapes of the kernel layout `expert_align` (`simcore.model.arch.MXFP4_MOE_LAYOUTS`).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -212,7 +214,7 @@ def kv_cache_num_blocks(
 
     best: KvCacheMemory | None = None
     for stage, layers_per_block in enumerate(groups.layers_per_block):
-        weights = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep)
+        weights = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep, expert_align)
         if draft_weight_bytes and stage == pp - 1:
             weights += draft_weight_bytes
         if weights >= requested:
