@@ -33,7 +33,7 @@ ROOT = HERE.parent
 PRESSURE_SCENARIO = ROOT / "simcore/data/conformance/scenarios/pressure.json.gz"
 QUICKSTART_CONFIG = HERE / "configs/llama8b_a100.yaml"
 MOONCAKE_CONFIG = HERE / "configs/mooncake_10k_h100_dp4.yaml"
-VLLM_RECORDER = ROOT / "scripts/vllm_conformance/record.py"
+VLLM_RECORDER = ROOT / "simcore/engine/vllm_recorder.py"
 
 # Fixed reference figures, quoted for this machine class (2 CPU cores), not measured here.
 VLLM_REPLAY_REF_S = 3.0
@@ -54,7 +54,7 @@ SIMULATE_TARGET_S = VIDUR_SIM_REF_S / 3
 VLLM_TIMER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-import record
+import vllm_recorder as record
 t = time.perf_counter()
 record.main(sys.argv[2], sys.argv[3])
 print(time.perf_counter() - t)
@@ -107,7 +107,7 @@ def measure_import(repeats: int) -> None:
 
 def measure_vllm(tmp: Path, env_dir: Path) -> tuple[float, float] | None:
     """(whole process s, replay-only s) of vLLM's scheduler on `pressure`, recorded by
-    scripts/vllm_conformance/record.py in the environment `env_dir` (setup.sh's DIR)."""
+    simcore/engine/vllm_recorder.py in the environment `env_dir` (setup.sh's DIR)."""
     python = env_dir / "venv/bin/python"
     if not python.exists():
         print(f"  --vllm-env {env_dir}: no venv/bin/python there (build it with "

@@ -204,41 +204,81 @@ def _render_cluster(c: dict) -> str:
 
 @main.command()
 @click.argument("scenario", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Write the steps here: a header line, then one JSON object a step "
-                   "(the golden format).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the simulator's steps here: a header line, then one JSON object a "
+                   "step (the golden format).")
 @click.option("--golden", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Compare the steps with this recorded log and report the first difference.")
-def conformance(scenario: Path, out: Path, golden: Path | None) -> None:
-    """Replay a scheduler SCENARIO (JSON) step by step through the vLLM-faithful scheduler."""
+@click.option("--record-with-installed-vllm", "live", is_flag=True,
+              help="Run the installed vLLM's own V1 scheduler on the scenario now (CPU only) "
+                   "and compare its decisions with the simulator's, step by step.")
+@click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --record-with-installed-vllm: the interpreter that can import vLLM "
+                   "(default: this one), e.g. the venv scripts/vllm_conformance/setup.sh "
+                   "builds.")
+@click.option("--vllm-path", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --record-with-installed-vllm: put this folder first on vLLM's "
+                   "PYTHONPATH (setup.sh's DIR/src).")
+@click.option("--vllm-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --record-with-installed-vllm: keep vLLM's step log here (a golden).")
+def conformance(scenario: Path, out: Path | None, golden: Path | None, live: bool,
+                vllm_python: Path | None, vllm_path: Path | None,
+                vllm_out: Path | None) -> None:
+    """Replay a scheduler SCENARIO (JSON) step by step through the vLLM-faithful scheduler,
+    against a recorded log (--golden) or the installed vLLM itself
+    (--record-with-installed-vllm)."""
+    import tempfile
+
     from simcore.engine.conformance import (compare, load_scenario, read_steps, replay,
                                             step_log_header)
 
     try:
+        if live and golden is not None:
+            raise ConfigError("--golden and --record-with-installed-vllm: give one reference")
+        if not live and (vllm_python or vllm_path or vllm_out):
+            raise ConfigError("--vllm-python, --vllm-path and --vllm-out need "
+                              "--record-with-installed-vllm")
+        if out is None and not live:
+            raise ConfigError("--out: give a file for the simulator's steps (or compare with "
+                              "--record-with-installed-vllm)")
         sc = load_scenario(scenario)
-        steps = []
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w") as f:
-            f.write(json.dumps(step_log_header()) + "\n")
-            for rec in replay(sc):
-                f.write(json.dumps(rec) + "\n")
-                steps.append(rec)
-        click.echo(f"{len(steps)} steps written to {out}")
-        if golden is not None:
+        steps = list(replay(sc))
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(out, "w") as f:
+                f.write(json.dumps(step_log_header()) + "\n")
+                f.writelines(json.dumps(rec) + "\n" for rec in steps)
+            click.echo(f"{len(steps)} steps written to {out}")
+        what = str(golden)
+        if live:
+            from simcore.engine.vllm_link import record_with_vllm
+
+            with tempfile.TemporaryDirectory() as d:
+                target = vllm_out or Path(d) / "vllm.jsonl"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                version = record_with_vllm(scenario, target, python=vllm_python,
+                                           vllm_path=vllm_path)
+                ref = read_steps(target)
+            what = f"vLLM {version}'s scheduler"
+            click.echo(f"vLLM {version} scheduled {scenario.name} in {len(ref)} steps"
+                       + (f" (written to {vllm_out})" if vllm_out else ""))
+        elif golden is not None:
             try:
                 ref = read_steps(golden)
             except (OSError, ValueError) as e:
                 raise ConfigError(f"{golden}: cannot be read as a step log ({e})") from None
-            diff = compare(steps, ref)
-            if diff is None:
-                click.echo(f"identical to {golden}: all {len(ref)} steps match")
-            else:
-                click.echo(f"differs from {golden}: {diff}")
-                sys.exit(1)
+        else:
+            return
+        diff = compare(steps, ref)
+        if diff is None:
+            click.echo(f"identical to {what}: all {len(ref)} steps match")
+        else:
+            click.echo(f"differs from {what}: {diff}")
+            sys.exit(1)
     except ConfigError as e:
         _fail(str(e))
     except OSError as e:
-        _fail(f"{out}: cannot write ({e.strerror})")
+        _fail(f"{e.filename or out}: cannot write ({e.strerror})")
 
 
 @main.command()

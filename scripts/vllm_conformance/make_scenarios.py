@@ -1,4 +1,5 @@
-"""Write the conformance scenarios (gzipped JSON) that record.py replays through vLLM.
+"""Write the conformance scenarios (gzipped JSON) that simcore/engine/vllm_recorder.py replays
+through vLLM.
 
 Usage: python make_scenarios.py OUT_DIR [--mooncake TRACE.jsonl] [--only NAME,NAME]
 Deterministic: the same call writes the same files (the first seven are the scenarios of the

@@ -2,7 +2,7 @@
 
 Runs vLLM 0.33's own Python code on this machine's CPU, without a model and without a GPU: the
 V1 `Scheduler` is driven with fake `ModelRunnerOutput`s (one sampled token per request whose
-prompt is done), the way ../vllm_conformance/record.py drives it, and the `EngineCoreOutputs`
+prompt is done), the way simcore/engine/vllm_recorder.py drives it, and the `EngineCoreOutputs`
 it returns are fed to the front end's `OutputProcessor`. Every timed call is wrapped in
 `time.perf_counter_ns()`; nothing else (building fake model outputs, draining the per-request
 output queues, adding and aborting requests between measurements) is timed.
@@ -71,7 +71,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = os.path.join(HERE, "..", "vllm_conformance", "tinymodel", "config.json")
+TINY = os.path.join(HERE, "..", "..", "simcore", "data", "conformance", "tinymodel", "config.json")
 BLOCK = 16
 NUM_BLOCKS = 200_000          # 3.2M tokens of KV: nothing is ever preempted
 MAX_LEN = 131072

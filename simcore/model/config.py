@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcore.errors import ConfigError
-from simcore.model.arch import MXFP4_MOE_LAYOUTS, ModelArch, default_mxfp4_moe_layout
+from simcore.model.arch import (MXFP4_MOE_LAYOUTS, ModelArch,
+                                default_mxfp4_moe_layout)
 from simcore.model.hf import load_hf_config
 from simcore.model.presets import is_preset, load_preset, preset_names
 

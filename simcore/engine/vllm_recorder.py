@@ -1,4 +1,4 @@
-"""Record vLLM's own V1 scheduler, step by step, on a scenario file.
+"""Record vLLM's own V1 scheduler, step by step, on a scenario file (a standalone script).
 
 A scenario is JSON: {"config": {...}, "requests": [...]}.
 
@@ -28,8 +28,11 @@ Output: JSON lines, one per step:
   finished [ids that finished in this step, and ids aborted just before it, in scenario order],
   free_blocks (after the step).
 
-Needs the vLLM environment that setup.sh builds (CPU only, no GPU).
-Usage: python record.py SCENARIO.json[.gz] OUT.jsonl
+It imports nothing from this project: any Python that can import vLLM runs it as a file (the
+environment scripts/vllm_conformance/setup.sh builds, CPU only, no GPU, or a full vLLM
+install). `dse conformance SCENARIO --record-with-installed-vllm` runs it so and compares vLLM's
+steps with the simulator's; the first line it prints is "vllm VERSION".
+Usage: python vllm_recorder.py SCENARIO.json[.gz] OUT.jsonl
 """
 import gzip
 import json
@@ -39,18 +42,9 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+TINY_MODEL = os.path.join(HERE, "..", "data", "conformance", "tinymodel")
+"""A two-layer Llama config without weights: the scheduler never runs the model."""
 
 CONFIG_KEYS = {"max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size",
                "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
@@ -60,18 +54,29 @@ REQUEST_KEYS = {"id", "arrive_step", "prompt_len", "output_len", "block_keys", "
                 "abort_step", "skip_reading_prefix_cache"}
 
 
+UNIQUE_BASE, SAMPLED_BASE, REQUEST_SPAN = 2**26, 2**30, 2**18
+"""Token ids fit int32 (vLLM 0.34 stores them so): shared blocks' tokens below 2**26, then
+each request's own prompt tokens in a span of 2**18 from UNIQUE_BASE (its partial last block
+at 2**17 in it), its sampled tokens in a span of 2**18 from SAMPLED_BASE."""
+
+
 def prompt_tokens(index, req, block_size):
     keys = req.get("block_keys", [])
+    own = UNIQUE_BASE + index * REQUEST_SPAN
     toks = []
     for b in range(req["prompt_len"] // block_size):
         if b < len(keys):
             base = 1_000 + keys[b] * block_size
             toks.extend(base + j for j in range(block_size))
         else:
-            toks.extend(10**12 + index * 10**6 + b * block_size + j for j in range(block_size))
+            toks.extend(own + b * block_size + j for j in range(block_size))
     tail = req["prompt_len"] - len(toks)
-    toks.extend(2 * 10**12 + index * 10**6 + j for j in range(tail))
+    toks.extend(own + REQUEST_SPAN // 2 + j for j in range(tail))
     return toks
+
+
+def sampled_token(index, n):
+    return SAMPLED_BASE + index * REQUEST_SPAN + n
 
 
 def load(path):
@@ -87,6 +92,14 @@ def load(path):
             raise SystemExit(f"{path}: requests[{i}] has unknown fields {extra}")
         if r.get("abort_step") is not None and r["abort_step"] < r["arrive_step"]:
             raise SystemExit(f"{path}: requests[{i}].abort_step is before its arrive_step")
+        if r["prompt_len"] >= REQUEST_SPAN // 2 or r["output_len"] >= REQUEST_SPAN:
+            raise SystemExit(f"{path}: requests[{i}] is longer than this recorder's token ids "
+                             f"allow ({REQUEST_SPAN // 2} prompt, {REQUEST_SPAN} output tokens)")
+        if 1_000 + (max(r.get("block_keys") or [0]) + 1) * sc["config"].get("block_size", 16) \
+                > UNIQUE_BASE:
+            raise SystemExit(f"{path}: requests[{i}] has a block key too large for int32 ids")
+    if len(sc["requests"]) > (2**31 - SAMPLED_BASE) // REQUEST_SPAN:
+        raise SystemExit(f"{path}: more requests than this recorder's token ids allow")
     return sc
 
 
@@ -106,7 +119,7 @@ def make_scheduler(cfg):
         watermark=cfg.get("watermark", 0.0),
         scheduler_reserve_full_isl=cfg.get("reserve_full_isl", True),
     )
-    model_cfg = ModelConfig(model=os.path.join(HERE, "tinymodel"), skip_tokenizer_init=True,
+    model_cfg = ModelConfig(model=TINY_MODEL, skip_tokenizer_init=True,
                             dtype="float16", max_model_len=max_len, seed=0)
     cache_cfg = CacheConfig(block_size=bs, enable_prefix_caching=cfg.get("enable_prefix_caching", True))
     vcfg = VllmConfig(scheduler_config=sched_cfg, model_config=model_cfg, cache_config=cache_cfg)
@@ -120,6 +133,7 @@ def make_scheduler(cfg):
 
 
 def main(scenario_path, out_path):
+    load_vllm()
     sc = load(scenario_path)
     cfg = sc["config"]
     bs = cfg.get("block_size", 16)
@@ -132,6 +146,7 @@ def main(scenario_path, out_path):
     aborts = sorted((r["abort_step"], i, r["id"]) for i, r in enumerate(sc["requests"])
                     if r.get("abort_step") is not None)
     produced = {}
+    admitted = set()
     pending = list(reqs)
     step = idle = 0
     with open(out_path, "w") as out:
@@ -161,28 +176,35 @@ def main(scenario_path, out_path):
             idle = 0 if ids or pending or aborts else idle + 1
             if idle > 1000:
                 raise SystemExit(f"stuck at step {step}: requests wait but nothing can be scheduled")
-            new = [n.req_id for n in so.scheduled_new_reqs]
+            # vLLM < 0.34 sends a request resumed after preemption as a cached request flagged
+            # resumed; 0.34 sends it whole again among the new ones: admitted before = resumed.
             cached = so.scheduled_cached_reqs
             resumed = [rid for rid, flag in zip(cached.req_ids, cached.resumed_from_preemption) if flag] \
                 if hasattr(cached, "resumed_from_preemption") else \
                 [rid for rid in cached.req_ids if rid in getattr(cached, "resumed_req_ids", set())]
-            admit = {n.req_id: n.num_computed_tokens for n in so.scheduled_new_reqs}
-            for rid in resumed:
-                k = cached.req_ids.index(rid)
-                admit[rid] = cached.num_computed_tokens[k]
+            computed = {rid: cached.num_computed_tokens[cached.req_ids.index(rid)]
+                        for rid in resumed}
+            new = []
+            for n in so.scheduled_new_reqs:
+                (resumed if n.req_id in admitted else new).append(n.req_id)
+                computed[n.req_id] = n.num_computed_tokens
+            admitted.update(new)
+            admit = {rid: computed[rid] for rid in new + resumed}
             sampled = []
             for rid in ids:
                 req = s.requests[rid]
                 done_prefill = req.num_computed_tokens >= req.num_tokens
                 if done_prefill:
                     n = produced.get(rid, 0)
-                    sampled.append([3 * 10**12 + index_of[rid] * 10**6 + n])
+                    sampled.append([sampled_token(index_of[rid], n)])
                     produced[rid] = n + 1
                 else:
                     sampled.append([])
             before = set(s.requests)
-            s.update_from_output(so, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=sampled))
+            index = ({"req_id_to_index": {r: k for k, r in enumerate(ids)}}
+                     if "req_id_to_index" in OUTPUT_FIELDS else {})     # vLLM < 0.34 takes it
+            s.update_from_output(so, ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled,
+                                                       **index))
             finished = sorted((before - set(s.requests)) | set(aborted), key=lambda r: index_of[r])
             out.write(json.dumps({
                 "step": step, "scheduled": so.num_scheduled_tokens, "new": new, "resumed": resumed,
@@ -192,5 +214,38 @@ def main(scenario_path, out_path):
             step += 1
 
 
+def load_vllm() -> str:
+    """Import vLLM's scheduler and what drives it (module globals); return vLLM's version."""
+    global torch, CacheConfig, ModelConfig, SchedulerConfig, VllmConfig, SamplingParams, sha256
+    global get_request_block_hasher, init_none_hash, Scheduler, FullAttentionSpec
+    global KVCacheConfig, KVCacheGroupSpec, ModelRunnerOutput, Request, RequestStatus
+    global StructuredOutputManager, OUTPUT_FIELDS
+    import dataclasses
+
+    import torch
+    import vllm
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    try:
+        import vllm.triton_utils as triton_utils
+    except ImportError:
+        triton_utils = None
+    if triton_utils is not None and not getattr(triton_utils, "HAS_TRITON", True):
+        # vLLM 0.34's CPU platform refuses x86 without triton-cpu when the config is built;
+        # the scheduler never runs a kernel, so the check is answered for it.
+        triton_utils.HAS_TRITON = True
+    OUTPUT_FIELDS = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    return vllm.__version__
+
+
 if __name__ == "__main__":
+    print(f"vllm {load_vllm()}", flush=True)
     main(sys.argv[1], sys.argv[2])
