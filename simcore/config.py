@@ -268,6 +268,19 @@ class EngineConfig(BaseModel):
         "num_speculative_tokens tokens per decoding request each step, the target model "
         "verifies them in its next step, and the accepted ones (drawn from the declared "
         "acceptance model) are emitted together. Null: off.")
+    implementation: Literal["simcore", "vllm"] = Field(
+        "simcore", description="Who makes the scheduling decisions: the simulator's own "
+        "vLLM-faithful scheduler, or the installed vLLM's V1 scheduler and KV-cache manager "
+        "(vllm), driven step by step on the virtual clock in a child process: slower, exact "
+        "for whichever vLLM runs it. Not with sliding-window models, speculative decoding, "
+        "KV connectors or this simulator's own preemption_mode and persistent_batch.")
+    vllm_python: Path | None = Field(
+        None, description="implementation vllm: the Python interpreter that can import vLLM "
+        "(default: the simulator's own), e.g. the venv scripts/vllm_conformance/setup.sh "
+        "builds; relative to the config's folder.")
+    vllm_path: Path | None = Field(
+        None, description="implementation vllm: a folder put first on vLLM's PYTHONPATH "
+        "(setup.sh's DIR/src); relative to the config's folder.")
     enable_lora: bool = Field(False, description="LoRA adapters. Not modelled: must be false.",
                               json_schema_extra={NOT_MODELLED: "LoRA"})
     kv_transfer_config: dict | None = Field(None, description="KV connectors (P/D, offload). Not "
@@ -279,6 +292,17 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
+        if self.implementation != "vllm":
+            for name in ("vllm_python", "vllm_path"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: applies to implementation vllm only")
+        else:
+            own = [n for n, bad in (("speculative_config", self.speculative_config is not None),
+                                    ("preemption_mode", self.preemption_mode != "vllm"),
+                                    ("persistent_batch", self.persistent_batch)) if bad]
+            if own:
+                raise ValueError(f"implementation vllm: {own[0]} is not driven through vLLM's "
+                                 "scheduler; remove it or use implementation simcore")
         if self.block_size not in VLLM_BLOCK_SIZES:
             raise ValueError(f"block_size: expected one of "
                              f"{', '.join(map(str, VLLM_BLOCK_SIZES))} (got {self.block_size})")

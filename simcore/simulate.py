@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -65,7 +66,24 @@ def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
         max_num_scheduled_tokens=e.max_num_scheduled_tokens,
         kv_cache_groups=hybrid_kv_groups(dep.arch),
         speculative=spec_decode_params(cfg),
+        vllm=vllm_install(cfg),
     )
+
+
+def vllm_install(cfg: SimConfig):
+    """Where vLLM's own scheduler runs under engine.implementation vllm (None otherwise);
+    relative paths from the config's folder."""
+    e = cfg.engine
+    if e.implementation != "vllm":
+        return None
+    from simcore.engine.vllm_engine import VllmInstall
+
+    def resolve(p):
+        if p is None:
+            return None
+        p = Path(p)
+        return str(p if p.is_absolute() else Path(cfg.base_dir) / p)
+    return VllmInstall(python=resolve(e.vllm_python), path=resolve(e.vllm_path))
 
 
 def spec_decode_params(cfg: SimConfig) -> SpecDecodeParams | None:
@@ -320,6 +338,11 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         }
     ts = run.timeseries
     prov = provenance(cfg, dep)
+    versions = sorted({s.vllm.version for s in run.schedulers if hasattr(s, "vllm")})
+    if versions:        # engine.implementation vllm: the installed vLLM decided
+        prov["engine_semantics"] = prov["engine_semantics"].replace(
+            "vLLM 0.33 V1 scheduler", f"vLLM {', '.join(versions)}'s own V1 scheduler "
+            "(engine.implementation vllm)")
     cluster_part = trace = None
     if cluster is not None:
         summary = cluster_result(cluster, run, kv_paths)

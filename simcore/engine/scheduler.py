@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from simcore.engine.connector import KVConnector
 from simcore.engine.kv_cache import HybridKVCacheManager, KVCacheManager
@@ -57,6 +57,8 @@ class SchedulerConfig:
                                           # layers attend over (0: full attention), as vLLM's
                                           # hybrid manager groups them; () or no window: one group
     speculative: SpecDecodeParams | None = None   # speculative decoding (None: off)
+    vllm: Any = None                      # a VllmInstall: vLLM's own scheduler decides
+                                          # (engine.implementation vllm); None: this one
 
     @property
     def token_budget(self) -> int:

@@ -54,29 +54,38 @@ REQUEST_KEYS = {"id", "arrive_step", "prompt_len", "output_len", "block_keys", "
                 "abort_step", "skip_reading_prefix_cache"}
 
 
-UNIQUE_BASE, SAMPLED_BASE, REQUEST_SPAN = 2**26, 2**30, 2**18
-"""Token ids fit int32 (vLLM 0.34 stores them so): shared blocks' tokens below 2**26, then
-each request's own prompt tokens in a span of 2**18 from UNIQUE_BASE (its partial last block
-at 2**17 in it), its sampled tokens in a span of 2**18 from SAMPLED_BASE."""
+UNIQUE_BASE = 2**26
+"""Token ids fit int32 (vLLM 0.34 stores them so): shared blocks' tokens lie below UNIQUE_BASE
+(1,000 + key x block_size + position), every other token is drawn above it from a 64-bit mix
+of (request index, position), so no two requests' own blocks can hash alike by chance."""
+_SPAN = 2**31 - UNIQUE_BASE
+_M64 = 2**64 - 1
+
+
+def _unique(index, pos):
+    """A token id of request `index` at position `pos` (outputs from 2**40), above UNIQUE_BASE:
+    splitmix64 of the pair."""
+    z = (index * 2**41 + pos + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return UNIQUE_BASE + (z ^ (z >> 31)) % _SPAN
 
 
 def prompt_tokens(index, req, block_size):
-    keys = req.get("block_keys", [])
-    own = UNIQUE_BASE + index * REQUEST_SPAN
+    keys = req.get("block_keys") or []
     toks = []
     for b in range(req["prompt_len"] // block_size):
         if b < len(keys):
             base = 1_000 + keys[b] * block_size
             toks.extend(base + j for j in range(block_size))
         else:
-            toks.extend(own + b * block_size + j for j in range(block_size))
-    tail = req["prompt_len"] - len(toks)
-    toks.extend(own + REQUEST_SPAN // 2 + j for j in range(tail))
+            toks.extend(_unique(index, b * block_size + j) for j in range(block_size))
+    toks.extend(_unique(index, p) for p in range(len(toks), req["prompt_len"]))
     return toks
 
 
 def sampled_token(index, n):
-    return SAMPLED_BASE + index * REQUEST_SPAN + n
+    return _unique(index, 2**40 + n)
 
 
 def load(path):
@@ -92,14 +101,9 @@ def load(path):
             raise SystemExit(f"{path}: requests[{i}] has unknown fields {extra}")
         if r.get("abort_step") is not None and r["abort_step"] < r["arrive_step"]:
             raise SystemExit(f"{path}: requests[{i}].abort_step is before its arrive_step")
-        if r["prompt_len"] >= REQUEST_SPAN // 2 or r["output_len"] >= REQUEST_SPAN:
-            raise SystemExit(f"{path}: requests[{i}] is longer than this recorder's token ids "
-                             f"allow ({REQUEST_SPAN // 2} prompt, {REQUEST_SPAN} output tokens)")
         if 1_000 + (max(r.get("block_keys") or [0]) + 1) * sc["config"].get("block_size", 16) \
                 > UNIQUE_BASE:
             raise SystemExit(f"{path}: requests[{i}] has a block key too large for int32 ids")
-    if len(sc["requests"]) > (2**31 - SAMPLED_BASE) // REQUEST_SPAN:
-        raise SystemExit(f"{path}: more requests than this recorder's token ids allow")
     return sc
 
 
@@ -132,86 +136,142 @@ def make_scheduler(cfg):
                      structured_output_manager=StructuredOutputManager(vcfg), log_stats=False)
 
 
+class Driver:
+    """vLLM's scheduler driven step by step: requests added and aborted between steps, each
+    step scheduled and updated with one sampled token per request whose prompt is done."""
+
+    def __init__(self, cfg):
+        self.sched = make_scheduler(cfg)
+        self.block_size = cfg.get("block_size", 16)
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(self.block_size, sha256)
+        self.index_of = {}
+        self.produced = {}
+        self.admitted = set()
+        self.evictions = 0
+        pool = self.sched.kv_cache_manager.block_pool
+        evict = pool._maybe_evict_cached_block
+
+        def counted(block):     # prefix-cache evictions, as the simulator counts them
+            gone = evict(block)
+            self.evictions += bool(gone)
+            return gone
+        pool._maybe_evict_cached_block = counted
+
+    def add(self, index, r):
+        self.index_of[r["id"]] = index
+        params = SamplingParams(max_tokens=r["output_len"], ignore_eos=True,
+                                skip_reading_prefix_cache=r.get("skip_reading_prefix_cache",
+                                                                False))
+        self.sched.add_request(Request(
+            request_id=r["id"], prompt_token_ids=prompt_tokens(index, r, self.block_size),
+            sampling_params=params, pooling_params=None, arrival_time=float(index),
+            priority=r.get("priority", 0), block_hasher=self.hasher))
+
+    def abort(self, ids):
+        if not ids:
+            return []
+        done = self.sched.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        return [r.request_id for r in done] if done is not None else \
+            [rid for rid in ids if rid not in self.sched.requests]
+
+    def free_blocks(self):
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def step(self, aborted=()):
+        """One step's record (the golden format without "step"); None when nothing is queued."""
+        s, index_of = self.sched, self.index_of
+        if not s.has_requests():
+            return None
+        so = s.schedule()
+        self.free_after_schedule = self.free_blocks()
+        ids = list(so.num_scheduled_tokens)
+        # vLLM < 0.34 sends a request resumed after preemption as a cached request flagged
+        # resumed; 0.34 sends it whole again among the new ones: admitted before = resumed.
+        cached = so.scheduled_cached_reqs
+        resumed = [rid for rid, flag in zip(cached.req_ids, cached.resumed_from_preemption) if flag] \
+            if hasattr(cached, "resumed_from_preemption") else \
+            [rid for rid in cached.req_ids if rid in getattr(cached, "resumed_req_ids", set())]
+        computed = {rid: cached.num_computed_tokens[cached.req_ids.index(rid)]
+                    for rid in resumed}
+        new = []
+        for n in so.scheduled_new_reqs:
+            (resumed if n.req_id in self.admitted else new).append(n.req_id)
+            computed[n.req_id] = n.num_computed_tokens
+        self.admitted.update(new)
+        admit = {rid: computed[rid] for rid in new + resumed}
+        sampled = []
+        for rid in ids:
+            req = s.requests[rid]
+            if req.num_computed_tokens >= req.num_tokens:
+                n = self.produced.get(rid, 0)
+                sampled.append([sampled_token(index_of[rid], n)])
+                self.produced[rid] = n + 1
+            else:
+                sampled.append([])
+        before = set(s.requests)
+        index = ({"req_id_to_index": {r: k for k, r in enumerate(ids)}}
+                 if "req_id_to_index" in OUTPUT_FIELDS else {})     # vLLM < 0.34 takes it
+        s.update_from_output(so, ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled,
+                                                   **index))
+        finished = sorted((before - set(s.requests)) | set(aborted), key=lambda r: index_of[r])
+        return {"scheduled": so.num_scheduled_tokens, "new": new, "resumed": resumed,
+                "preempted": sorted(so.preempted_req_ids, key=lambda r: index_of[r]),
+                "computed_on_admit": admit, "finished": finished,
+                "free_blocks": self.free_blocks()}
+
+
 def main(scenario_path, out_path):
     load_vllm()
     sc = load(scenario_path)
-    cfg = sc["config"]
-    bs = cfg.get("block_size", 16)
-    s = make_scheduler(cfg)
-    init_none_hash(sha256)
-    hasher = get_request_block_hasher(bs, sha256)
-
-    reqs = sorted(enumerate(sc["requests"]), key=lambda p: (p[1]["arrive_step"], p[0]))
-    index_of = {r["id"]: i for i, r in enumerate(sc["requests"])}
+    d = Driver(sc["config"])
+    pending = sorted(enumerate(sc["requests"]), key=lambda p: (p[1]["arrive_step"], p[0]))
     aborts = sorted((r["abort_step"], i, r["id"]) for i, r in enumerate(sc["requests"])
                     if r.get("abort_step") is not None)
-    produced = {}
-    admitted = set()
-    pending = list(reqs)
     step = idle = 0
     with open(out_path, "w") as out:
-        while pending or s.has_requests():
+        while pending or d.sched.has_requests():
             while pending and pending[0][1]["arrive_step"] <= step:
-                i, r = pending.pop(0)
-                params = SamplingParams(max_tokens=r["output_len"], ignore_eos=True,
-                                        skip_reading_prefix_cache=r.get("skip_reading_prefix_cache",
-                                                                        False))
-                s.add_request(Request(
-                    request_id=r["id"], prompt_token_ids=prompt_tokens(i, r, bs),
-                    sampling_params=params, pooling_params=None, arrival_time=float(i),
-                    priority=r.get("priority", 0), block_hasher=hasher))
+                d.add(*pending.pop(0))
             due = []
             while aborts and aborts[0][0] <= step:
                 due.append(aborts.pop(0)[2])
-            aborted = [r.request_id for r in s.finish_requests(due, RequestStatus.FINISHED_ABORTED)] \
-                if due else []
-            if not s.has_requests():
-                out.write(json.dumps({"step": step, "scheduled": {}, "new": [], "resumed": [],
-                                      "preempted": [], "computed_on_admit": {}, "finished": [],
-                                      "free_blocks": s.kv_cache_manager.block_pool.get_num_free_blocks()}) + "\n")
-                step += 1
-                continue
-            so = s.schedule()
-            ids = list(so.num_scheduled_tokens)
-            idle = 0 if ids or pending or aborts else idle + 1
+            aborted = d.abort(due)
+            rec = d.step(aborted)
+            if rec is None:
+                rec = {"scheduled": {}, "new": [], "resumed": [], "preempted": [],
+                       "computed_on_admit": {}, "finished": [], "free_blocks": d.free_blocks()}
+            idle = 0 if rec["scheduled"] or pending or aborts else idle + 1
             if idle > 1000:
                 raise SystemExit(f"stuck at step {step}: requests wait but nothing can be scheduled")
-            # vLLM < 0.34 sends a request resumed after preemption as a cached request flagged
-            # resumed; 0.34 sends it whole again among the new ones: admitted before = resumed.
-            cached = so.scheduled_cached_reqs
-            resumed = [rid for rid, flag in zip(cached.req_ids, cached.resumed_from_preemption) if flag] \
-                if hasattr(cached, "resumed_from_preemption") else \
-                [rid for rid in cached.req_ids if rid in getattr(cached, "resumed_req_ids", set())]
-            computed = {rid: cached.num_computed_tokens[cached.req_ids.index(rid)]
-                        for rid in resumed}
-            new = []
-            for n in so.scheduled_new_reqs:
-                (resumed if n.req_id in admitted else new).append(n.req_id)
-                computed[n.req_id] = n.num_computed_tokens
-            admitted.update(new)
-            admit = {rid: computed[rid] for rid in new + resumed}
-            sampled = []
-            for rid in ids:
-                req = s.requests[rid]
-                done_prefill = req.num_computed_tokens >= req.num_tokens
-                if done_prefill:
-                    n = produced.get(rid, 0)
-                    sampled.append([sampled_token(index_of[rid], n)])
-                    produced[rid] = n + 1
-                else:
-                    sampled.append([])
-            before = set(s.requests)
-            index = ({"req_id_to_index": {r: k for k, r in enumerate(ids)}}
-                     if "req_id_to_index" in OUTPUT_FIELDS else {})     # vLLM < 0.34 takes it
-            s.update_from_output(so, ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled,
-                                                       **index))
-            finished = sorted((before - set(s.requests)) | set(aborted), key=lambda r: index_of[r])
-            out.write(json.dumps({
-                "step": step, "scheduled": so.num_scheduled_tokens, "new": new, "resumed": resumed,
-                "preempted": sorted(so.preempted_req_ids, key=lambda r: index_of[r]),
-                "computed_on_admit": admit, "finished": finished,
-                "free_blocks": s.kv_cache_manager.block_pool.get_num_free_blocks()}) + "\n")
+            out.write(json.dumps({"step": step, **rec}) + "\n")
             step += 1
+
+
+def serve():
+    """Drive vLLM's scheduler for a simulation, one JSON line in and out per command on
+    stdin/stdout: first {"config": {...}} (a scenario's config), answered "vllm VERSION"; then
+    {"add": [requests, each with its "index"], "abort": [ids]}, answered by the step's record
+    ({"idle": true, "finished": [...], "free_blocks": n} when nothing is queued); with "step":
+    false the adds and aborts alone, answered by the free blocks after them.)"""
+    first = json.loads(sys.stdin.readline())
+    version = load_vllm()
+    d = Driver(first["config"])
+    print(f"vllm {version}", flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        for r in cmd.get("add", ()):
+            d.add(r["index"], r)
+        aborted = d.abort(cmd.get("abort", []))
+        if not cmd.get("step", True):         # aborts between steps: their blocks go now
+            rec = {"finished": aborted, "free_blocks": d.free_blocks()}
+        elif (rec := d.step(aborted)) is None:
+            rec = {"idle": True, "finished": aborted, "free_blocks": d.free_blocks()}
+        elif "scheduled" in rec:
+            rec["free_blocks_scheduled"] = d.free_after_schedule
+        rec["evictions"] = d.evictions
+        sys.stdout.write(json.dumps(rec) + "\n")
+        sys.stdout.flush()
 
 
 def load_vllm() -> str:
@@ -247,5 +307,8 @@ def load_vllm() -> str:
 
 
 if __name__ == "__main__":
-    print(f"vllm {load_vllm()}", flush=True)
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        print(f"vllm {load_vllm()}", flush=True)
+        main(sys.argv[1], sys.argv[2])

@@ -16,6 +16,7 @@ import simpy
 from simcore.compute.base import StepTimeModel
 from simcore.engine.request import BlockHashSpace
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
+from simcore.errors import ConfigError
 from simcore.metrics import RequestRecord
 from simcore.router import Router
 from simcore.serve.executor import DagExecutor, ModelExecutor
@@ -45,6 +46,19 @@ class ServingRun:
     """How a session workload's sessions ended; None for independent requests."""
     session_turns: list[tuple[str, int]] | None = None
     """With sessions: record i's session id and 0-based turn."""
+
+
+def _scheduler(config: SchedulerConfig, space: BlockHashSpace, connector):
+    """An engine's scheduler: the simulator's, or vLLM's own driven through a child process
+    (`config.vllm`, engine.implementation vllm)."""
+    if config.vllm is None:
+        return Scheduler(config, space, connector)
+    from simcore.engine.vllm_engine import VllmScheduler
+
+    if connector is not None:
+        raise ConfigError("engine.implementation vllm: KV connectors (P/D disaggregation, an "
+                          "external KV tier) are not driven through vLLM")
+    return VllmScheduler(config, config.vllm)
 
 
 def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
@@ -92,8 +106,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     env = env or simpy.Environment()
     space = BlockHashSpace()
     configs = [sched_config] * num_replicas if sched_configs is None else list(sched_configs)
-    ranks = [Rank(i, Scheduler(configs[i], space,
-                               kv_paths.connector(i, space) if kv_paths else None))
+    ranks = [Rank(i, _scheduler(configs[i], space,
+                                kv_paths.connector(i, space) if kv_paths else None))
              for i in range(num_replicas)]
     entry = (kv_paths.prefill_instances() if kv_paths is not None and kv_paths.disaggregated
              else list(range(num_replicas)))
@@ -132,7 +146,12 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     if len(entry) > 1:
         env.process(frontend.reporter(report_interval_s))
     env.process(sampler.process())
-    env.run(until=frontend.all_done)
+    try:
+        env.run(until=frontend.all_done)
+    finally:
+        for r in ranks:
+            if hasattr(r.sched, "close"):
+                r.sched.close()
     return ServingRun(frontend.records, counters.stats, sampler.series,
                       [r.sched for r in ranks], env.now, router.num_prefix_routed,
                       frontend.outcomes,
