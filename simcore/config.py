@@ -260,9 +260,10 @@ class EngineConfig(BaseModel):
                              "when admitting a waiting or preempted request while others run "
                              "(vLLM --watermark); admission with nothing running ignores it.")
     async_scheduling: bool = Field(False, description="vLLM's one-step-ahead scheduling "
-                                   "(--async-scheduling): the engine core's CPU time of a step "
+                                   "(--async-scheduling): vLLM's scheduler time of a step "
                                    "overlaps the GPU's (host.model vllm) instead of adding to "
-                                   "it. The scheduler's decisions are those of sync mode.")
+                                   "it; the model runner's time still precedes the GPU work. "
+                                   "The scheduler's decisions are those of sync mode.")
     speculative_config: SpeculativeConfig | None = Field(
         None, description="Speculative decoding (vLLM --speculative-config): a drafter proposes "
         "num_speculative_tokens tokens per decoding request each step, the target model "

@@ -191,7 +191,9 @@ class ClusterRuntime:
         real = [s for s in shapes if s is not None]
         cpu_s = self._overhead_s if host is None else host.group_engine_s(real)
         overlapped = host is not None and host.async_scheduling
-        gpu_start = t0 if overlapped else t0 + cpu_s
+        # Async scheduling hides vLLM's scheduler behind the GPU, not the model runner's time.
+        runner_s = host.group_runner_s(real) if overlapped else 0.0
+        gpu_start = t0 + (runner_s if overlapped else cpu_s)
         done = env.event()
         run = DagRun(dag, gpu_start, self.port,
                      lambda r: self._later(self.fabric.now_s, done.succeed))
@@ -206,7 +208,7 @@ class ClusterRuntime:
             # prepares the next step while this one runs, so the step takes the longer of the two.
             end = max(end, t0 + host.group_frontend_s(real))
             if overlapped:
-                end = max(end, t0 + cpu_s)
+                end = max(end, t0 + cpu_s - runner_s)
         if end > env.now:
             yield env.timeout(end - env.now)
         total = end - t0
