@@ -17,32 +17,33 @@ def main() -> None:
     sched = Scheduler(SchedulerConfig(**cfg), BlockHashSpace())
     print("vllm 0.0.0+fake", flush=True)
     reqs: dict[str, Request] = {}
+    step = None
     for line in sys.stdin:
         cmd = json.loads(line)
-        for r in cmd["add"]:
+        for r in cmd.get("add", ()):
             req = Request(r["id"], r["index"], r["prompt_len"], r["output_len"],
                           block_keys=tuple(r["block_keys"]), priority=r["priority"],
                           skip_reading_prefix_cache=r["skip_reading_prefix_cache"])
             reqs[r["id"]] = req
             sched.add_request(req)
-        aborted = [r.request_id for r in sched.finish_requests([reqs[i] for i in cmd["abort"]])]
-        kv = sched.kv
-        if not cmd.get("step", True):
-            rec = {"finished": aborted, "free_blocks": kv.num_free_blocks}
-        elif not sched.has_requests:
-            rec = {"idle": True, "finished": aborted, "free_blocks": kv.num_free_blocks}
+        if cmd["op"] == "abort":
+            rec = {"finished": [r.request_id for r in
+                                sched.finish_requests([reqs[i] for i in cmd["abort"]])]}
+        elif cmd["op"] == "schedule":
+            if not sched.has_requests:
+                rec = {"idle": True}
+            else:
+                step = sched.schedule()
+                rec = {"scheduled": {r.request_id: n for r, n, _ in step.scheduled},
+                       "new": [r.request_id for r in step.new],
+                       "resumed": [r.request_id for r in step.resumed],
+                       "preempted": [r.request_id for r in step.preempted],
+                       "computed_on_admit": step.computed_on_admit}
         else:
-            out = sched.schedule()
-            held = kv.num_free_blocks
-            _, finished = sched.update(out)
-            rec = {"scheduled": {r.request_id: n for r, n, _ in out.scheduled},
-                   "new": [r.request_id for r in out.new],
-                   "resumed": [r.request_id for r in out.resumed],
-                   "preempted": [r.request_id for r in out.preempted],
-                   "computed_on_admit": out.computed_on_admit,
-                   "finished": [r.request_id for r in finished] + aborted,
-                   "free_blocks": kv.num_free_blocks, "free_blocks_scheduled": held}
-        rec["evictions"] = kv.pool.num_evictions
+            _, finished = sched.update(step)
+            rec = {"finished": [r.request_id for r in finished]}
+        rec["free_blocks"] = sched.kv.num_free_blocks
+        rec["evictions"] = sched.kv.pool.num_evictions
         sys.stdout.write(json.dumps(rec) + "\n")
         sys.stdout.flush()
 

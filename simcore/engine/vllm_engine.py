@@ -3,9 +3,11 @@ make every scheduling decision of an engine, on the simulator's virtual clock.
 
 vLLM runs in a child process (`vllm_recorder.py --serve`, in the interpreter that can import
 it: `engine.vllm_python`, with `engine.vllm_path` first on its PYTHONPATH), one JSON line in
-and out per step: the requests that arrived and were aborted since the last step, then vLLM's
-decisions (tokens scheduled per request, admissions with their prefix-cache hits, preemptions,
-finished requests, free blocks). `VllmScheduler` applies them to the simulator's requests, so
+and out per command: at a step's start the requests that arrived since the last one, answered
+by vLLM's decisions (tokens scheduled per request, admissions with their prefix-cache hits,
+preemptions); at its end the sampled tokens, answered by the requests that finished; aborts
+when the simulator makes them (mid-step too, which vLLM's `update_from_output` passes over);
+each answer with vLLM's free blocks. `VllmScheduler` applies them to the simulator's requests, so
 the rest of the simulation (step times from the compute model, the fabric, the API server,
 metrics) runs unchanged. It is slower than the simulator's own scheduler (a process hop and
 vLLM's Python per step) and exact for whichever vLLM is installed; the block pool's state is
@@ -111,12 +113,17 @@ class VllmProcess:
             raise self._failure("stopped")
         return line.strip() if raw else json.loads(line)
 
-    def step(self, add: list[dict], abort: list[str]) -> dict:
-        return self._call({"add": add, "abort": abort})
+    def schedule(self, add: list[dict]) -> dict:
+        """Add requests, then have vLLM schedule a step: its decisions."""
+        return self._call({"op": "schedule", "add": add})
+
+    def update(self) -> dict:
+        """End the step: the requests vLLM finished and its free blocks after."""
+        return self._call({"op": "update"})
 
     def abort(self, add: list[dict], abort: list[str]) -> dict:
-        """Add and abort requests between steps (no step): the free blocks after."""
-        return self._call({"add": add, "abort": abort, "step": False})
+        """Add and abort requests (at any time, mid-step too): the free blocks after."""
+        return self._call({"op": "abort", "add": add, "abort": abort})
 
     def close(self) -> None:
         self._finalizer()
@@ -165,8 +172,6 @@ class VllmScheduler(Scheduler):
         self._by_id: dict[str, Request] = {}
         self._keys: dict[int, int] = {}
         self._add: list[dict] = []
-        self._finished: set[str] = set()
-        self._free_after = config.num_blocks - 1
 
     def _key(self, key) -> int:
         """Block keys as small ints (vLLM's recorder turns each into 16 token ids)."""
@@ -188,22 +193,20 @@ class VllmScheduler(Scheduler):
         """Aborts reach vLLM at once, as the simulator frees their blocks at once."""
         aborted = super().finish_requests(reqs)
         if aborted:
-            rec = self.vllm.abort(self._add, [r.request_id for r in aborted])
+            self._pool(self.vllm.abort(self._add, [r.request_id for r in aborted]))
             self._add = []
-            self.kv.num_free_blocks = self._free_after = rec["free_blocks"]
-            self.kv.pool.num_evictions = rec["evictions"]
         return aborted
 
-    def schedule(self) -> SchedulerOutput:
-        rec = self.vllm.step(self._add, [])
-        self._add = []
+    def _pool(self, rec: dict) -> None:
+        self.kv.num_free_blocks = rec["free_blocks"]
         self.kv.pool.num_evictions = rec["evictions"]
+
+    def schedule(self) -> SchedulerOutput:
+        rec = self.vllm.schedule(self._add)
+        self._add = []
+        self._pool(rec)
         if rec.get("idle"):
-            self.kv.num_free_blocks = rec["free_blocks"]
             return SchedulerOutput([], [], [], [], {}, 0)
-        # Blocks as the step holds them; update() frees the finished requests' ones.
-        self.kv.num_free_blocks = rec["free_blocks_scheduled"]
-        self._free_after = rec["free_blocks"]
         by_id = self._by_id
         preempted = [by_id[rid] for rid in rec["preempted"]]
         if preempted:
@@ -235,16 +238,16 @@ class VllmScheduler(Scheduler):
             req.num_computed_tokens = computed + n
             req.work_done_tokens += n
             total += n
-        self._finished = set(rec["finished"])
         self.num_steps += 1
         return SchedulerOutput(scheduled, new, resumed, preempted, dict(admit), total)
 
     def update(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
+        rec = self.vllm.update()
+        self._pool(rec)
         emitted, finished = super().update(out)
-        self.kv.num_free_blocks = self._free_after
         ours = {r.request_id for r in finished}
-        if ours != self._finished:
-            raise RuntimeError(f"vLLM finished {sorted(self._finished)} in this step, the "
+        if ours != set(rec["finished"]):
+            raise RuntimeError(f"vLLM finished {sorted(rec['finished'])} in this step, the "
                                f"simulator's sampling {sorted(ours)}")
         return emitted, finished
 

@@ -149,6 +149,7 @@ class Driver:
         self.produced = {}
         self.admitted = set()
         self.evictions = 0
+        self.aborted_in_step = set()     # aborted between a step's schedule and its update
         pool = self.sched.kv_cache_manager.block_pool
         evict = pool._maybe_evict_cached_block
 
@@ -172,19 +173,21 @@ class Driver:
         if not ids:
             return []
         done = self.sched.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
-        return [r.request_id for r in done] if done is not None else \
+        done = [r.request_id for r in done] if done is not None else \
             [rid for rid in ids if rid not in self.sched.requests]
+        self.aborted_in_step.update(done)
+        return done
 
     def free_blocks(self):
         return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
 
-    def step(self, aborted=()):
-        """One step's record (the golden format without "step"); None when nothing is queued."""
+    def schedule(self):
+        """vLLM schedules a step: its decisions (the golden format's fields but "finished" and
+        "free_blocks"), or None when nothing is queued. `update()` ends the step."""
         s, index_of = self.sched, self.index_of
         if not s.has_requests():
             return None
         so = s.schedule()
-        self.free_after_schedule = self.free_blocks()
         ids = list(so.num_scheduled_tokens)
         # vLLM < 0.34 sends a request resumed after preemption as a cached request flagged
         # resumed; 0.34 sends it whole again among the new ones: admitted before = resumed.
@@ -209,16 +212,34 @@ class Driver:
                 self.produced[rid] = n + 1
             else:
                 sampled.append([])
-        before = set(s.requests)
+        self._step = (so, ids, sampled, set(s.requests))
+        self.aborted_in_step = set()
+        return {"scheduled": so.num_scheduled_tokens, "new": new, "resumed": resumed,
+                "preempted": sorted(so.preempted_req_ids, key=lambda r: index_of[r]),
+                "computed_on_admit": admit}
+
+    def update(self):
+        """The step's sampled tokens back to vLLM: the requests that finished, in request order
+        (one aborted meanwhile is passed over, as vLLM does)."""
+        so, ids, sampled, before = self._step
+        s = self.sched
         index = ({"req_id_to_index": {r: k for k, r in enumerate(ids)}}
                  if "req_id_to_index" in OUTPUT_FIELDS else {})     # vLLM < 0.34 takes it
         s.update_from_output(so, ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled,
                                                    **index))
-        finished = sorted((before - set(s.requests)) | set(aborted), key=lambda r: index_of[r])
-        return {"scheduled": so.num_scheduled_tokens, "new": new, "resumed": resumed,
-                "preempted": sorted(so.preempted_req_ids, key=lambda r: index_of[r]),
-                "computed_on_admit": admit, "finished": finished,
-                "free_blocks": self.free_blocks()}
+        gone = before - set(s.requests) - self.aborted_in_step
+        return sorted(gone, key=lambda r: self.index_of[r])
+
+    def step(self, aborted=()):
+        """One whole step's record (the golden format without "step"); None when nothing is
+        queued."""
+        rec = self.schedule()
+        if rec is None:
+            return None
+        finished = self.update()
+        rec["finished"] = sorted(set(finished) | set(aborted), key=lambda r: self.index_of[r])
+        rec["free_blocks"] = self.free_blocks()
+        return rec
 
 
 def main(scenario_path, out_path):
@@ -251,9 +272,12 @@ def main(scenario_path, out_path):
 def serve():
     """Drive vLLM's scheduler for a simulation, one JSON line in and out per command on
     stdin/stdout: first {"config": {...}} (a scenario's config), answered "vllm VERSION"; then
-    {"add": [requests, each with its "index"], "abort": [ids]}, answered by the step's record
-    ({"idle": true, "finished": [...], "free_blocks": n} when nothing is queued); with "step":
-    false the adds and aborts alone, answered by the free blocks after them.)"""
+    commands with "op": "abort" ({"add": [requests, each with its "index"], "abort": [ids]}:
+    the adds and aborts alone, answered by the free blocks after them), "schedule" (adds, then
+    vLLM schedules a step: its decisions and the free blocks the step holds, or {"idle": true}
+    when nothing is queued) and "update" (the step's sampled tokens: the requests that
+    finished and the free blocks after). Every answer carries the prefix-cache evictions so
+    far."""
     first = json.loads(sys.stdin.readline())
     version = load_vllm()
     d = Driver(first["config"])
@@ -262,13 +286,14 @@ def serve():
         cmd = json.loads(line)
         for r in cmd.get("add", ()):
             d.add(r["index"], r)
-        aborted = d.abort(cmd.get("abort", []))
-        if not cmd.get("step", True):         # aborts between steps: their blocks go now
-            rec = {"finished": aborted, "free_blocks": d.free_blocks()}
-        elif (rec := d.step(aborted)) is None:
-            rec = {"idle": True, "finished": aborted, "free_blocks": d.free_blocks()}
-        elif "scheduled" in rec:
-            rec["free_blocks_scheduled"] = d.free_after_schedule
+        op = cmd["op"]
+        if op == "abort":
+            rec = {"finished": d.abort(cmd.get("abort", []))}
+        elif op == "schedule":
+            rec = d.schedule() or {"idle": True}
+        else:
+            rec = {"finished": d.update()}
+        rec["free_blocks"] = d.free_blocks()
         rec["evictions"] = d.evictions
         sys.stdout.write(json.dumps(rec) + "\n")
         sys.stdout.flush()
