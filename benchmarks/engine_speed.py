@@ -55,6 +55,7 @@ VLLM_TIMER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import vllm_recorder as record
+record.load_vllm()
 t = time.perf_counter()
 record.main(sys.argv[2], sys.argv[3])
 print(time.perf_counter() - t)
