@@ -357,11 +357,12 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
     if cfg.model.dtype == "mxfp4":
         from simcore.model.arch import default_mxfp4_moe_layout
 
-        layout, stock = cfg.model.mxfp4_moe_layout, default_mxfp4_moe_layout(dep.gpu.name)
-        resolved.append(("model.mxfp4_moe_layout", stock if layout == "auto" else layout,
-                         "config" if layout != "auto" else
+        layout = cfg.model.resolved_mxfp4_moe_layout(dep.gpu.name)
+        stock = default_mxfp4_moe_layout(dep.gpu.name)
+        chosen = cfg.model.mxfp4_moe_layout != "auto"
+        resolved.append(("model.mxfp4_moe_layout", layout, "config" if chosen else
                          f"default: vLLM's MXFP4 MoE backend on {dep.gpu.name}"))
-        if layout not in ("auto", stock):
+        if layout != stock:
             notes.append(f"model.mxfp4_moe_layout is {layout}, not vLLM's default on "
                          f"{dep.gpu.name} ({stock}): vLLM picks its MXFP4 MoE backend itself "
                          "(VLLM_MXFP4_USE_MARLIN=1 forces Marlin; Triton needs the "

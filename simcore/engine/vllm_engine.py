@@ -17,7 +17,6 @@ vLLM's (KV usage from its free blocks, evictions counted in its pool).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,8 @@ from pathlib import Path
 
 from simcore.engine.request import PREEMPTED, RUNNING, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from simcore.engine.vllm_link import RECORDER
+from simcore.engine.vllm_link import (RECORDER, announced_version, missing_module,
+                                      vllm_environ)
 from simcore.errors import ConfigError
 
 ENGINE_HINT = ("build a CPU-only vLLM environment with scripts/vllm_conformance/setup.sh DIR "
@@ -60,10 +60,7 @@ class VllmProcess:
 
     def __init__(self, config: SchedulerConfig, install: VllmInstall) -> None:
         interpreter = install.python or sys.executable
-        env = dict(os.environ)
-        if install.path:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (install.path,
-                                                            env.get("PYTHONPATH", "")) if p)
+        env = vllm_environ(install.path)
         self._log = tempfile.TemporaryFile(mode="w+")      # vLLM's own messages
         try:
             self._proc = subprocess.Popen([interpreter, str(RECORDER), "--serve"],
@@ -86,9 +83,10 @@ class VllmProcess:
                     "max_num_scheduled_tokens": c.max_num_scheduled_tokens,
                     "reserve_full_isl": c.reserve_full_isl}
         first = self._call({"config": settings}, raw=True)
-        if not first.startswith("vllm "):
+        version = announced_version(first)
+        if version is None:
             raise self._failure(f"did not say which vLLM it runs (first line {first!r})")
-        self.version = first.split()[1]
+        self.version = version
 
     def _failure(self, what: str) -> ConfigError:
         self._proc.kill()
@@ -96,10 +94,10 @@ class VllmProcess:
         self._log.seek(0)
         lines = self._log.read().strip().splitlines()
         last = lines[-1] if lines else "no message"
-        if last in ("ModuleNotFoundError: No module named 'vllm'",
-                    "ModuleNotFoundError: No module named 'torch'"):
+        missing = missing_module(last)
+        if missing:
             return ConfigError(f"engine.implementation vllm: {self._proc.args[0]} cannot import "
-                               f"{last.rsplit(' ', 1)[-1].strip(chr(39))}; {ENGINE_HINT}")
+                               f"{missing}; {ENGINE_HINT}")
         return ConfigError(f"engine.implementation vllm: vLLM's scheduler {what}: {last}")
 
     def _call(self, message: dict, raw: bool = False):

@@ -27,18 +27,36 @@ SETUP_HINT = ("build a CPU-only vLLM environment with scripts/vllm_conformance/s
               "[VERSION] and pass --vllm-python DIR/venv/bin/python --vllm-path DIR/src")
 
 
+def vllm_environ(vllm_path: str | Path | None) -> dict[str, str]:
+    """This process's environment with `vllm_path` (if any) first on PYTHONPATH."""
+    env = dict(os.environ)
+    if vllm_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(vllm_path), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def missing_module(last_line: str) -> str | None:
+    """'vllm' or 'torch' when the recorder's last words say the interpreter lacks it."""
+    m = re.fullmatch(r"ModuleNotFoundError: No module named '(vllm|torch)'", last_line.strip())
+    return m.group(1) if m else None
+
+
+def announced_version(first_line: str) -> str | None:
+    """The vLLM version of the recorder's first line ("vllm VERSION"), None if it is not one."""
+    m = re.fullmatch(r"vllm (\S+)", first_line.strip())
+    return m.group(1) if m else None
+
+
 def record_with_vllm(scenario: str | Path, out: str | Path, *, python: str | Path | None = None,
                      vllm_path: str | Path | None = None, timeout_s: float | None = None) -> str:
     """Run vLLM's scheduler on `scenario` (a scenario file the simulator has accepted) and
     write its step log to `out`; return the vLLM version that ran. ConfigError, with the
     interpreter's last words, when vLLM cannot be imported or the recorder fails."""
     interpreter = str(python or sys.executable)
-    env = dict(os.environ)
-    if vllm_path is not None:
-        if not Path(vllm_path).is_dir():
-            raise ConfigError(f"--vllm-path {vllm_path}: no such directory ({SETUP_HINT})")
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(vllm_path), env.get("PYTHONPATH", "")) if p)
+    if vllm_path is not None and not Path(vllm_path).is_dir():
+        raise ConfigError(f"--vllm-path {vllm_path}: no such directory ({SETUP_HINT})")
+    env = vllm_environ(vllm_path)
     cmd = [interpreter, str(RECORDER), str(scenario), str(out)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
@@ -51,15 +69,15 @@ def record_with_vllm(scenario: str | Path, out: str | Path, *, python: str | Pat
                           ) from None
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode != 0:
-        missing = re.fullmatch(r"ModuleNotFoundError: No module named '(vllm|torch)'", last)
+        missing = missing_module(last)
         if missing:
-            raise ConfigError(f"{interpreter} cannot import {missing.group(1)}: vLLM is not "
+            raise ConfigError(f"{interpreter} cannot import {missing}: vLLM is not "
                               f"installed there; {SETUP_HINT}")
         raise ConfigError(f"vLLM's scheduler failed on {scenario} (exit {proc.returncode}): "
                           f"{last or 'no message'}")
     first = (proc.stdout.strip().splitlines() or [""])[0]
-    m = re.fullmatch(r"vllm (\S+)", first.strip())
-    if m is None:
+    version = announced_version(first)
+    if version is None:
         raise ConfigError(f"{interpreter} ran the recorder but did not say which vLLM it ran "
                           f"(first line {first!r})")
-    return m.group(1)
+    return version

@@ -172,9 +172,8 @@ class Driver:
     def abort(self, ids):
         if not ids:
             return []
-        done = self.sched.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
-        done = [r.request_id for r in done] if done is not None else \
-            [rid for rid in ids if rid not in self.sched.requests]
+        done = [r.request_id for r in
+                self.sched.finish_requests(ids, RequestStatus.FINISHED_ABORTED)]
         self.aborted_in_step.update(done)
         return done
 

@@ -71,15 +71,17 @@ class ModelConfig(BaseModel):
                              f"mxfp4 only (dtype is {self.dtype!r})")
         return self
 
+    def resolved_mxfp4_moe_layout(self, gpu_name: str) -> str:
+        """`mxfp4_moe_layout` with 'auto' replaced by vLLM's default on `gpu_name`."""
+        layout = self.mxfp4_moe_layout
+        return default_mxfp4_moe_layout(gpu_name) if layout == "auto" else layout
+
     def expert_align(self, gpu_name: str) -> tuple[int, int]:
         """(hidden, intermediate-per-rank) multiples the routed experts are padded to on
         `gpu_name` (`MXFP4_MOE_LAYOUTS`); (1, 1) for every dtype but mxfp4."""
         if self.dtype != "mxfp4":
             return (1, 1)
-        layout = self.mxfp4_moe_layout
-        if layout == "auto":
-            layout = default_mxfp4_moe_layout(gpu_name)
-        return MXFP4_MOE_LAYOUTS[layout]
+        return MXFP4_MOE_LAYOUTS[self.resolved_mxfp4_moe_layout(gpu_name)]
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
