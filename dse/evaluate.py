@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dse.space import (DECODE_COUNT_PATH, SERVING, IntParam, FloatParam, SearchSpace, apply,
                        serving_mode)
-from dse.study import Constraint, Objective
+from dse.study import Constraint, Objective, hourly_usd
 from simcore import metric_catalog
 from simcore.config import SimConfig, parse_config
 from simcore.errors import ConfigError
@@ -58,6 +58,8 @@ class EvalSpec:
     constraints: tuple[Constraint, ...] = ()
     num_gpus: int | None = None
     usd_per_gpu_hour: float = 2.5
+    usd_per_gpu_hour_by_gpu: tuple[tuple[str, float], ...] = ()
+    """Prices of named GPUs ((catalog name, USD per hour) pairs); others at usd_per_gpu_hour."""
     derive_dp: bool = False
     """With `num_gpus` set and DP not searched, DP = num_gpus / (TP x PP)."""
     derive_decode: bool = False
@@ -81,7 +83,9 @@ class EvalSpec:
         n = study.space.num_gpus
         derive = n is not None and DP_PATH not in study.space.parameters
         return cls(objectives=tuple(study.objectives), constraints=tuple(study.constraints),
-                   num_gpus=n, usd_per_gpu_hour=study.cost.usd_per_gpu_hour, derive_dp=derive,
+                   num_gpus=n, usd_per_gpu_hour=study.cost.usd_per_gpu_hour,
+                   usd_per_gpu_hour_by_gpu=tuple(sorted(
+                       study.cost.usd_per_gpu_hour_by_gpu.items())), derive_dp=derive,
                    derive_decode=n is not None and DECODE_COUNT_PATH not in study.space.parameters,
                    max_gpus=study.space.max_gpus)
 
@@ -204,8 +208,14 @@ def _check_disaggregated(cfg: SimConfig, spec: EvalSpec) -> tuple[SimConfig | No
 def _pd_layout(cfg: SimConfig) -> str:
     par = cfg.parallelism
     pd = par.prefill_decode
+
+    def on(role: str) -> str:
+        gpu = par.role_gpu(role)
+        return f" on {gpu}" if gpu else ""
+
     return (f"{pd.num_prefill_instances} prefill x TP {par.role_tensor_parallel_size('prefill')}"
-            f" + {pd.num_decode_instances} decode x TP {par.role_tensor_parallel_size('decode')}"
+            f"{on('prefill')} + {pd.num_decode_instances} decode x TP "
+            f"{par.role_tensor_parallel_size('decode')}{on('decode')}"
             + (f" (PP {par.pipeline_parallel_size})" if par.pipeline_parallel_size > 1 else ""))
 
 
@@ -223,7 +233,7 @@ def deploy_check(cfg: SimConfig) -> None:
         raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
                           "network; add a cluster section")
     from simcore.cluster.roles import build_role_deployments, check_layout
-    if par.per_role_tp:
+    if par.per_role:
         build_role_deployments(cfg)
     else:
         build_deployment(cfg)
@@ -262,10 +272,14 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def result_metrics(result: Mapping[str, Any], usd_per_gpu_hour: float) -> dict[str, float]:
+def result_metrics(result: Mapping[str, Any], usd_per_gpu_hour: float,
+                   usd_per_gpu_hour_by_gpu: Mapping[str, float] | None = None
+                   ) -> dict[str, float]:
     """Every numeric top-level key of a simulate result, plus the per-GPU and per-cost ones.
 
-    `output_tokens_per_dollar` = output_throughput x 3600 / (num_gpus x usd_per_gpu_hour);
+    `output_tokens_per_dollar` = output_throughput x 3600 / the hourly cost of the result's
+    GPUs (`num_gpus_by_type`, each type at its price in `usd_per_gpu_hour_by_gpu`, else
+    `usd_per_gpu_hour`; a result without the breakdown: num_gpus x usd_per_gpu_hour);
     `cost_per_million_output_tokens_usd` is its inverse times 1e6 (inf with no output).
     """
     m = {k: float(v) for k, v in result.items() if _is_number(v)}
@@ -274,7 +288,9 @@ def result_metrics(result: Mapping[str, Any], usd_per_gpu_hour: float) -> dict[s
         if "request_throughput" in m:
             m["request_throughput_per_gpu"] = m["request_throughput"] / n_gpus
         if "output_throughput" in m:
-            per_dollar = m["output_throughput"] * 3600 / (n_gpus * usd_per_gpu_hour)
+            by_type = result.get("num_gpus_by_type") or {"": n_gpus}
+            hourly = hourly_usd(by_type, usd_per_gpu_hour, usd_per_gpu_hour_by_gpu)
+            per_dollar = m["output_throughput"] * 3600 / hourly
             m["output_tokens_per_dollar"] = per_dollar
             m["cost_per_million_output_tokens_usd"] = (1e6 / per_dollar if per_dollar > 0
                                                        else math.inf)
@@ -313,7 +329,7 @@ def score(result: Mapping[str, Any], spec: EvalSpec, *, elapsed_s: float = 0.0,
     A metric named by an objective or constraint that the result lacks raises ConfigError; a
     non-finite objective or constraint metric makes the trial "failed" (Optuna cannot rank it).
     """
-    metrics = result_metrics(result, spec.usd_per_gpu_hour)
+    metrics = result_metrics(result, spec.usd_per_gpu_hour, dict(spec.usd_per_gpu_hour_by_gpu))
     check_metric_names(spec, set(metrics))
     prov = result["provenance"]
     common = dict(profile=prov["compute_profile"], calibrated=prov["calibrated"],
@@ -362,8 +378,8 @@ def capacity_metrics(cfg: SimConfig, spec: EvalSpec, num_gpus: int) -> dict[str,
     cap = find_capacity(cfg, latency_upper_bounds(spec.constraints), envelope=False)
     return {"max_sustainable_rate": cap.rate,
             "max_sustainable_rate_per_gpu": cap.rate / num_gpus,
-            "max_sustainable_requests_per_dollar": cap.rate * 3600 / (num_gpus
-                                                                     * spec.usd_per_gpu_hour)}
+            "max_sustainable_requests_per_dollar": cap.rate * 3600 / hourly_usd(
+                cfg.gpus_by_type(), spec.usd_per_gpu_hour, dict(spec.usd_per_gpu_hour_by_gpu))}
 
 
 

@@ -89,7 +89,10 @@ def study_digest(study: StudyConfig) -> dict[str, str]:
         "constraints": [str(c) for c in study.constraints],
         "fidelity": by_content({"screen": study.fidelity.screen,
                                 "confirm": study.fidelity.confirm}),
-        "cost": study.cost.model_dump(mode="json"),
+        # Prices per GPU type only when set: a study stored before they existed resumes.
+        "cost": study.cost.model_dump(
+            mode="json", exclude={"usd_per_gpu_hour_by_gpu"}
+            if not study.cost.usd_per_gpu_hour_by_gpu else None),
     }
     return {name: _sha256_json(parts[name]) for name in PARTS}
 

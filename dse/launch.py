@@ -284,9 +284,11 @@ def _unit_commands(name: str, role: str, members: list[int], ranks, cfg: SimConf
 
 def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
     """(node, local GPU) of each instance of a disaggregated deployment whose roles have their
-    own TP, as the simulation placed them (`simcore.cluster.placement.place_roles`)."""
+    own TP or GPU, as the simulation placed them (`simcore.cluster.placement.place_roles`)."""
     from simcore.cluster.placement import place_roles
     from simcore.cluster.roles import check_layout
+
+    from simcore.cluster.roles import separate_role_nodes
 
     check_layout(cfg)
     par = cfg.parallelism
@@ -295,7 +297,8 @@ def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
                          pp=par.pipeline_parallel_size, num_prefill=pd.num_prefill_instances,
                          num_decode=pd.num_decode_instances,
                          prefill_tp=par.role_tensor_parallel_size("prefill"),
-                         decode_tp=par.role_tensor_parallel_size("decode"))
+                         decode_tp=par.role_tensor_parallel_size("decode"),
+                         separate_roles=separate_role_nodes(cfg))
     return [[divmod(g, gpn) for g in inst.all_gpus] for inst in placed.instances]
 
 
@@ -329,23 +332,32 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
     warnings: list[str] = []
     notes: list[str] = []
     resolved: list[tuple[str, str, str]] = []
-    if cfg.parallelism.per_role_tp:
-        # Prefill and decode instances of different TP: each role's commands at its TP, on
-        # the GPUs the simulation placed it on.
-        from simcore.cluster.roles import build_role_deployments
+    if cfg.parallelism.per_role:
+        # Prefill and decode instances of different TP or GPU: each role's commands at its TP,
+        # on the GPUs the simulation placed it on.
+        from simcore.cluster.roles import build_role_deployments, role_gpus_per_node
         roles = build_role_deployments(cfg)
         dep = roles["decode"]
         p_tp = cfg.parallelism.role_tensor_parallel_size("prefill")
         d_tp = cfg.parallelism.role_tensor_parallel_size("decode")
-        warnings.append(f"parallelism.prefill_decode: prefill instances of TP {p_tp} hand their "
-                        f"KV caches to decode instances of TP {d_tp}; the NIXL connector must "
-                        "support that pair of TP sizes (heterogeneous TP) in the vLLM "
-                        "release deployed: check its KV-transfer documentation")
+        if p_tp != d_tp:
+            warnings.append(f"parallelism.prefill_decode: prefill instances of TP {p_tp} hand "
+                            f"their KV caches to decode instances of TP {d_tp}; the NIXL "
+                            "connector must support that pair of TP sizes (heterogeneous TP) in "
+                            "the vLLM release deployed: check its KV-transfer documentation")
+        p_gpu, d_gpu = roles["prefill"].gpu.name, dep.gpu.name
+        if p_gpu != d_gpu:
+            resolved.append(("GPU per role", f"prefill {p_gpu}, decode {d_gpu}",
+                             "parallelism.prefill_decode"))
+            notes.append(f"prefill instances run on {p_gpu} nodes and decode instances on "
+                         f"{d_gpu} nodes (no node holds both); the KV cache crosses the fabric "
+                         "between them, so both kinds of node need NICs on the same network")
+        gpn = role_gpus_per_node(cfg)
     else:
         dep = build_deployment(cfg)
+        gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     par = cfg.parallelism
     tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
-    gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     model, quant = model_ref(cfg, dep.arch.name, warnings, notes)
     weights = weight_flags(cfg.model.dtype, quant, model, warnings, notes)
     kv = KV_DTYPES[cfg.model.kv_cache_dtype]
@@ -377,11 +389,20 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
                      f"{dep.num_blocks:,} of {dep.block_size} tokens",
                      "engine.num_gpu_blocks_override" if dep.memory is None
                      else "vLLM's memory formula"))
+    prefill_tail = None
     if roles is not None:
         pre = roles["prefill"]
         resolved.append(("KV-cache blocks per prefill engine (simulated; the row above: per "
                          "decode engine)", f"{pre.num_blocks:,} of {pre.block_size} tokens",
-                         "vLLM's memory formula at the prefill TP"))
+                         "vLLM's memory formula at the prefill TP"
+                         + (f" on {pre.gpu.name}" if pre.gpu.name != dep.gpu.name else "")))
+        if pre.gpu.name != dep.gpu.name:
+            # The prefill instances' batch limits are their GPU's (the rows above: decode's).
+            rows: list[tuple[str, str, str]] = []
+            prefill_tail = (weights + ["--kv-cache-dtype", kv]
+                            + engine_flags(cfg, pre, warnings, rows))
+            resolved += [(f"{k} (prefill instances, {pre.gpu.name})", v, w)
+                         for k, v, w in rows if k.startswith("engine.")]
     resolved.append(("GPUs per node", str(gpn), "hardware.gpus_per_node"
                      if cfg.hardware.gpus_per_node else f"catalog ({dep.gpu.name})"))
     if dep.memory is not None:
@@ -429,8 +450,9 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
             unit_cfg = cfg.with_section("parallelism", tensor_parallel_size=role_tp)
             unit_head = list(head_args)
             unit_head[unit_head.index("--tensor-parallel-size") + 1] = str(role_tp)
+            role_tail = prefill_tail if role == "prefill" and prefill_tail else tail
             built.append(_unit_commands(name, role, members, ranks, unit_cfg, gpn, unit_head,
-                                        tail + extra, slots))
+                                        role_tail + extra, slots))
             continue
         built.append(_unit_commands(name, role, members, ranks, cfg, gpn, head_args,
                                     tail + extra, slots))
@@ -440,7 +462,10 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
     if cfg.cluster is not None:
         fabric = fabric_rows(cfg.cluster)
         notes.extend(fabric_caveats(cfg.cluster))
-    return LaunchPlan(cfg.name, VLLM_VERSION, model, dep.gpu.name, gpn, num_nodes,
+    gpu_label = dep.gpu.name
+    if roles is not None and roles["prefill"].gpu.name != dep.gpu.name:
+        gpu_label = f"{roles['prefill'].gpu.name} (prefill) and {dep.gpu.name} (decode)"
+    return LaunchPlan(cfg.name, VLLM_VERSION, model, gpu_label, gpn, num_nodes,
                       tuple(resolved), tuple(built), front, proxy, tuple(fabric),
                       tuple(warnings), tuple(notes))
 

@@ -184,7 +184,7 @@ def causes(study: StudyConfig | None, c: Configuration, report: StudyReport, *,
         return ()
 
     def metrics(r: dict) -> dict:
-        return result_metrics(r, study.cost.usd_per_gpu_hour)
+        return result_metrics(r, study.cost.usd_per_gpu_hour, study.cost.usd_per_gpu_hour_by_gpu)
 
     try:
         base = simulate(cfg)

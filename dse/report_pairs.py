@@ -181,7 +181,8 @@ def pair_matrix(study: StudyConfig | None, report: StudyReport,
     runs: dict[int, tuple[dict[str, float], ...]] = {}
     for c, cfg, profile in members:
         try:
-            results = [result_metrics(simulate(cfg, op_scale=s), study.cost.usd_per_gpu_hour)
+            results = [result_metrics(simulate(cfg, op_scale=s), study.cost.usd_per_gpu_hour,
+                                      study.cost.usd_per_gpu_hour_by_gpu)
                        for s in scales[profile]]
         except ConfigError:
             failed.append(c.number)

@@ -97,15 +97,20 @@ class ServingComparison:
 
 
 def layout_of(cfg) -> str:
-    """A configuration's GPU layout in short: `TP8 x DP2` or `2P(TP4)+1D(TP8)` (PP if > 1)."""
+    """A configuration's GPU layout in short: `TP8 x DP2` or `2P(TP4)+1D(TP8)` (PP if > 1; a
+    role's own GPU where one is declared: `2P(TP4 H100-SXM)+1D(TP8 H200)`)."""
     par = cfg.parallelism
     pp = f" x PP{par.pipeline_parallel_size}" if par.pipeline_parallel_size > 1 else ""
     pd = par.prefill_decode
     if pd is None:
         reps = f" x {par.num_replicas} replicas" if par.num_replicas > 1 else ""
         return f"TP{par.tensor_parallel_size}{pp} x DP{par.data_parallel_size}{reps}"
-    return (f"{pd.num_prefill_instances}P(TP{par.role_tensor_parallel_size('prefill')}{pp})+"
-            f"{pd.num_decode_instances}D(TP{par.role_tensor_parallel_size('decode')}{pp})")
+    parts = []
+    for role, n in (("prefill", pd.num_prefill_instances), ("decode", pd.num_decode_instances)):
+        gpu = par.role_gpu(role)
+        parts.append(f"{n}{role[0].upper()}(TP{par.role_tensor_parallel_size(role)}{pp}"
+                     f"{' ' + gpu if gpu else ''})")
+    return "+".join(parts)
 
 
 def _side(report: StudyReport, study: StudyConfig, mode: str,

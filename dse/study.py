@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -148,7 +149,30 @@ class Cost(BaseModel):
     """Prices behind the per-cost metrics."""
 
     model_config = _FROZEN
-    usd_per_gpu_hour: float = Field(2.5, gt=0, description="Price of one GPU-hour.")
+    usd_per_gpu_hour: float = Field(2.5, gt=0, description="Price of one GPU-hour (of any GPU "
+                                    "usd_per_gpu_hour_by_gpu does not price).")
+    usd_per_gpu_hour_by_gpu: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="Price of one GPU-hour by catalog GPU name, e.g. "
+        "{H100-SXM: 2.5, H200: 3.5}: a configuration's hourly cost is the sum over its GPUs "
+        "(prefill and decode instances on GPUs of their own priced each at their own).")
+
+    @field_validator("usd_per_gpu_hour_by_gpu")
+    @classmethod
+    def _known_gpus(cls, prices: dict[str, float]) -> dict[str, float]:
+        from simcore.hardware import get_gpu
+
+        return {get_gpu(name).name: price for name, price in prices.items()}
+
+    def hourly_usd(self, gpus_by_type: Mapping[str, int]) -> float:
+        """The price of one hour of these GPUs (catalog name -> count)."""
+        return hourly_usd(gpus_by_type, self.usd_per_gpu_hour, self.usd_per_gpu_hour_by_gpu)
+
+
+def hourly_usd(gpus_by_type: Mapping[str, int], usd_per_gpu_hour: float,
+               by_gpu: Mapping[str, float] | None = None) -> float:
+    """Sum over the GPU types of count x price (by_gpu's price, else usd_per_gpu_hour)."""
+    by_gpu = by_gpu or {}
+    return sum(n * by_gpu.get(gpu, usd_per_gpu_hour) for gpu, n in gpus_by_type.items())
 
 
 class StudyConfig(BaseModel):

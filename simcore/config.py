@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
 from simcore.errors import NOT_MODELLED, ConfigError, format_validation_error
 from simcore.host import HostConfig
-from simcore.hardware import HardwareConfig
+from simcore.hardware import HardwareConfig, get_gpu
 from simcore.loading import load_yaml
 from simcore.model.config import ModelConfig
 from simcore.workload.config import WorkloadConfig
@@ -37,6 +38,18 @@ class PrefillDecodeConfig(BaseModel):
     decode_tensor_parallel_size: int | None = Field(
         None, ge=1, description="TP of each decode instance (default: "
         "parallelism.tensor_parallel_size), likewise.")
+    prefill_gpu: str | None = Field(
+        None, description="GPU of the prefill instances, from the catalog (default: "
+        "hardware.gpu, with its overrides); its step times, memory and KV-cache size are those "
+        "of a deployment on that GPU. Instances of different GPUs never share a node: each "
+        "role's instances fill nodes of their own.")
+    decode_gpu: str | None = Field(
+        None, description="GPU of the decode instances (default: hardware.gpu), likewise.")
+
+    @field_validator("prefill_gpu", "decode_gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str | None) -> str | None:
+        return None if gpu is None else get_gpu(gpu).name     # the catalog's spelling
 
 
 class ParallelismConfig(BaseModel):
@@ -109,6 +122,23 @@ class ParallelismConfig(BaseModel):
         pd = self.prefill_decode
         return pd is not None and (pd.prefill_tensor_parallel_size is not None
                                    or pd.decode_tensor_parallel_size is not None)
+
+    def role_gpu(self, role: str) -> str | None:
+        """The GPU declared for the instances of a role ("prefill", "decode"), or None: the
+        deployment's (hardware.gpu)."""
+        pd = self.prefill_decode
+        if pd is None:
+            return None
+        return pd.prefill_gpu if role == "prefill" else pd.decode_gpu if role == "decode" \
+            else None
+
+    @property
+    def per_role(self) -> bool:
+        """Whether prefill and decode instances are declared with a TP or a GPU of their own:
+        each role is then a deployment of its own (`simcore.cluster.roles`)."""
+        pd = self.prefill_decode
+        return self.per_role_tp or (pd is not None and (pd.prefill_gpu is not None
+                                                        or pd.decode_gpu is not None))
 
     @property
     def num_gpus_used(self) -> int:
@@ -473,6 +503,22 @@ class SimConfig(BaseModel):
                                           "communication is timed by the roofline's formulas.")
     base_dir: str = Field(".", description="Directory that relative paths in this config are "
                           "resolved against (set by the loader to the file's directory).")
+
+    def gpus_by_type(self) -> dict[str, int]:
+        """GPUs of every engine instance by catalog name: hardware.gpu's, or with prefill and
+        decode instances on GPUs of their own, each role's (prefill's first)."""
+        par = self.parallelism
+        pd = par.prefill_decode
+        base = get_gpu(self.hardware.gpu).name
+        if pd is None:
+            return {base: par.num_gpus_used}
+        out: dict[str, int] = {}
+        for role, n in (("prefill", pd.num_prefill_instances),
+                        ("decode", pd.num_decode_instances)):
+            gpu = par.role_gpu(role) or base
+            out[gpu] = (out.get(gpu, 0)
+                        + n * par.role_tensor_parallel_size(role) * par.pipeline_parallel_size)
+        return out
 
     def with_section(self, section: str, **changes: Any) -> "SimConfig":
         """A copy with fields of one section changed (e.g. `with_section("workload",

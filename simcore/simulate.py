@@ -138,9 +138,9 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
                  op_scale: dict[str, float] | None = None) -> RunResult:
     """Run one configuration on the virtual clock; its typed result (see `simulate`)."""
     roles = None
-    if cfg.parallelism.per_role_tp:
-        # Prefill and decode instances of their own TP: a deployment per role; the decode
-        # role's stands for the run where one is asked for.
+    if cfg.parallelism.per_role:
+        # Prefill and decode instances of their own TP or GPU: a deployment per role; the
+        # decode role's stands for the run where one is asked for.
         from simcore.cluster.roles import build_role_deployments
         roles = build_role_deployments(cfg, op_scale=op_scale)
         dep = roles["decode"]
@@ -208,8 +208,12 @@ def role_scheduler_configs(cfg: SimConfig, roles: dict[str, Deployment],
 
 def with_roles(result: RunResult, cfg: SimConfig,
                roles: dict[str, Deployment]) -> RunResult:
-    """A per-role-TP run's result: its GPU count and per-GPU figures over every instance's
-    GPUs, and a `roles` part of `kv_cache` with each role's TP, instances and KV-cache size."""
+    """A per-role run's result: its GPU count (by GPU type) and per-GPU figures over every
+    instance's GPUs, a `roles` part of `kv_cache` with each role's GPU, TP, instances and
+    KV-cache size, and, where the roles run on different GPUs, each role's compute model in the
+    provenance."""
+    from simcore.cluster.roles import role_config
+
     m = dict(result.metrics)
     par = cfg.parallelism
     pd = par.prefill_decode
@@ -217,15 +221,40 @@ def with_roles(result: RunResult, cfg: SimConfig,
     m["num_gpus"] = n_gpu
     m["output_throughput_per_gpu"] = m["output_throughput"] / n_gpu
     m["total_token_throughput_per_gpu"] = m["total_token_throughput"] / n_gpu
+    count = {"prefill": pd.num_prefill_instances, "decode": pd.num_decode_instances}
+    by_type: dict[str, int] = {}
+    for role, d in sorted(roles.items(), key=lambda kv: kv[0] != "prefill"):
+        n = count[role] * par.role_tensor_parallel_size(role) * par.pipeline_parallel_size
+        by_type[d.gpu.name] = by_type.get(d.gpu.name, 0) + n
+    m["num_gpus_by_type"] = by_type
     kv = dict(result.kv_cache)
     kv["roles"] = {
-        role: {"tensor_parallel_size": par.role_tensor_parallel_size(role),
-               "num_instances": (pd.num_prefill_instances if role == "prefill"
-                                 else pd.num_decode_instances),
+        role: {"gpu": d.gpu.name,
+               "tensor_parallel_size": par.role_tensor_parallel_size(role),
+               "num_instances": count[role],
                **{k: v for k, v in d.memory_report().items()
                   if k != "memory_breakdown_bytes"}}
         for role, d in roles.items()}
-    return dataclasses.replace(result, metrics=m, kv_cache=kv)
+    prov = result.provenance
+    if set(by_type) != {cfg.hardware.resolve().name}:
+        prov = dict(prov)
+        prov["compute_kind"] = "; ".join(
+            f"{role} on {roles[role].gpu.name}: {_compute_kind_line(role_config(cfg, role))}"
+            for role in ("prefill", "decode"))
+        prov["roles"] = {role: {"gpu": roles[role].gpu.name,
+                                "compute_profile": roles[role].step_model.profile_id,
+                                "reference_fallbacks": roles[role].step_model.fallbacks()}
+                         for role in ("prefill", "decode")}
+        prov["reference_fallbacks"] = sorted({f for d in roles.values()
+                                              for f in d.step_model.fallbacks()})
+        decode_lines = roles["decode"].step_model.assumption_lines()
+        prov["assumptions"] = (
+            [f"prefill instances on {roles['prefill'].gpu.name}: {line}"
+             for line in roles["prefill"].step_model.assumption_lines()]
+            + [f"decode instances on {roles['decode'].gpu.name}: {line}"
+               for line in decode_lines]
+            + list(prov["assumptions"])[len(decode_lines):])
+    return dataclasses.replace(result, metrics=m, kv_cache=kv, provenance=prov)
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:
@@ -290,6 +319,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
     busy = sum(s.busy_s for s in stats)
     n_gpu = dep.gpus_per_replica * len(stats)
     m["num_gpus"] = n_gpu
+    m["num_gpus_by_type"] = {dep.gpu.name: n_gpu}
     wall = duration * len(stats)
     m["gpu_busy_fraction"] = busy / wall if wall > 0 else 0.0
     # How full the running steps are, apart from how long they run: a step can run all the

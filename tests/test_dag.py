@@ -31,7 +31,7 @@ class FakePort:
     def node_of(self, gpu: int) -> int:
         return gpu // 2
 
-    def nvlink_s(self, size_bytes: int) -> float:
+    def nvlink_s(self, size_bytes: int, gpu: int | None = None) -> float:
         return size_bytes / NVLINK_BYTES_PER_S
 
     def send(self, src_gpu, dst_gpu, size_bytes, at_s, on_done, channel="") -> None:

@@ -28,9 +28,13 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
     c = cfg.cluster
     assert c is not None
     par = cfg.parallelism
-    gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     pd = par.prefill_decode
     per_role = roles is not None and pd is not None
+    if per_role:
+        from simcore.cluster.roles import role_gpus_per_node, separate_role_nodes
+        gpn = role_gpus_per_node(cfg)
+    else:
+        gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     placement = place(num_nodes=c.num_nodes, gpus_per_node=gpn,
                       tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size,
                       dp=par.data_parallel_size, expert_parallel=par.enable_expert_parallel,
@@ -38,7 +42,8 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
                       num_prefill=pd.num_prefill_instances if pd else 0,
                       num_decode=pd.num_decode_instances if pd else 0,
                       **({"prefill_tp": par.role_tensor_parallel_size("prefill"),
-                          "decode_tp": par.role_tensor_parallel_size("decode")}
+                          "decode_tp": par.role_tensor_parallel_size("decode"),
+                          "separate_roles": separate_role_nodes(cfg)}
                          if per_role else {}))
     num_gpus = c.num_nodes * gpn
     for i, t in enumerate(c.tenant_traffic):
@@ -56,6 +61,9 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
     fabric = make_fabric(c.fabric.backend, network.topology, settings, seed=cfg.seed)
     a = cfg.compute.roofline
     ic = dep.gpu.interconnect_bandwidth_bytes_per_s * a.interconnect_bandwidth_fraction
+    # Each role's TP collectives run over its own GPU's intra-node interconnect.
+    role_ic = {role: d.gpu.interconnect_bandwidth_bytes_per_s * a.interconnect_bandwidth_fraction
+               for role, d in (roles or {}).items()}
     cc = c.dag.collectives
     costs = LinkCosts(a.collective_hop_latency_s if cc.intra_node_latency_s is None
                       else cc.intra_node_latency_s,
@@ -74,12 +82,17 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
                 arch=d.arch, model=d.step_model,
                 placement=dataclasses.replace(placement,
                                               tp=par.role_tensor_parallel_size(role)),
-                cfg=c.dag, interconnect_bytes_per_s=ic, costs=costs,
+                cfg=c.dag, interconnect_bytes_per_s=role_ic[role], costs=costs,
                 rng=np.random.default_rng([cfg.seed, 0xDA6, k]),
                 activation_bytes=max(2.0, dtype_bytes(d.weight_dtype)))
             for k, (role, d) in enumerate(sorted(roles.items()))})
         rank_model = builder.model
+    gpu_ic = None
+    if per_role and len(set(role_ic.values())) > 1:
+        by_gpu = {g: role_ic[inst.role] for inst in placement.instances for g in inst.all_gpus}
+        node_ic = {placement.node_of(g): v for g, v in by_gpu.items()}
+        gpu_ic = tuple(node_ic.get(placement.node_of(g), ic) for g in range(network.num_gpus))
     return ClusterRuntime(env, c, placement=placement, network=network, fabric=fabric,
                           builder=builder, model=rank_model, interconnect_bytes_per_s=ic,
-                          host=rank_model.host)
+                          host=rank_model.host, gpu_interconnect_bytes_per_s=gpu_ic)
 

@@ -60,14 +60,17 @@ class Placement:
 def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
           expert_parallel: bool, num_replicas: int = 1, num_prefill: int = 0,
           num_decode: int = 0, prefill_tp: int | None = None,
-          decode_tp: int | None = None) -> Placement:
+          decode_tp: int | None = None, separate_roles: bool = False) -> Placement:
     """Lay engines out on the cluster (replica after replica, DP rank after DP rank); impossible
     layouts raise ConfigError naming the field. `prefill_tp` / `decode_tp` give the instances of
-    a disaggregated deployment a TP of their own (`place_roles`)."""
-    if (prefill_tp is not None or decode_tp is not None) and num_prefill + num_decode > 0:
+    a disaggregated deployment a TP of their own, `separate_roles` nodes of their own per role
+    (`place_roles`)."""
+    if ((prefill_tp is not None or decode_tp is not None or separate_roles)
+            and num_prefill + num_decode > 0):
         return place_roles(num_nodes=num_nodes, gpus_per_node=gpus_per_node, pp=pp,
                            num_prefill=num_prefill, num_decode=num_decode,
-                           prefill_tp=prefill_tp or tp, decode_tp=decode_tp or tp)
+                           prefill_tp=prefill_tp or tp, decode_tp=decode_tp or tp,
+                           separate_roles=separate_roles)
     disagg = num_prefill + num_decode > 0
     num_instances = num_prefill + num_decode if disagg else dp * num_replicas
     per_instance = tp * pp
@@ -115,13 +118,16 @@ DECODE_TP_FIELD = "parallelism.prefill_decode.decode_tensor_parallel_size"
 
 
 def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int,
-                num_decode: int, prefill_tp: int, decode_tp: int) -> Placement:
+                num_decode: int, prefill_tp: int, decode_tp: int,
+                separate_roles: bool = False) -> Placement:
     """Prefill and decode instances of their own TP on the cluster.
 
     Instance indices keep the order prefill first, then decode. GPUs are handed out to the
     instances of the larger TP first, each instance starting on a multiple of its TP (of the
     node size for TP across nodes), so no TP group straddles nodes and, TP sizes being divisors
-    or multiples of the node size, no GPU is left between instances. `Placement.tp` is the
+    or multiples of the node size, no GPU is left between instances. With `separate_roles`
+    (prefill and decode on different GPUs) the prefill instances fill the first nodes and the
+    decode instances start on the next whole node, so no node holds both. `Placement.tp` is the
     decode instances' TP; an instance's own is `len(instance.gpus[0])`.
     """
     gpn = gpus_per_node
@@ -144,15 +150,22 @@ def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int
                           f"{'s' if num_nodes > 1 else ''} of {gpn} have {available}")
     first: dict[int, int] = {}
     cursor = 0
-    for i in sorted(range(len(tps)), key=lambda i: -tps[i]):
-        align = min(tps[i], gpn)
-        cursor = -(-cursor // align) * align
-        first[i] = cursor
-        cursor += tps[i] * pp
+    pools = ([list(range(num_prefill)), list(range(num_prefill, len(tps)))] if separate_roles
+             else [list(range(len(tps)))])
+    for pool in pools:
+        cursor = -(-cursor // gpn) * gpn if separate_roles else cursor
+        for i in sorted(pool, key=lambda i: -tps[i]):
+            align = min(tps[i], gpn)
+            cursor = -(-cursor // align) * align
+            first[i] = cursor
+            cursor += tps[i] * pp
     if cursor > available:
-        raise ConfigError(f"cluster.num_nodes: aligning every TP group inside a node, the "
+        how = ("with each role on nodes of its own and every TP group inside a node"
+               if separate_roles else "aligning every TP group inside a node")
+        raise ConfigError(f"cluster.num_nodes: {how}, the "
                           f"{num_prefill} prefill and {num_decode} decode instances need "
-                          f"{cursor} GPUs; the cluster has {available}")
+                          f"{-(-cursor // gpn) * gpn if separate_roles else cursor} GPUs; "
+                          f"the cluster has {available}")
     instances = tuple(
         Instance(i, PREFILL if i < num_prefill else DECODE,
                  tuple(tuple(first[i] + s * tps[i] + r for r in range(tps[i]))

@@ -1,11 +1,13 @@
-"""Prefill and decode instances of their own tensor-parallel size (xPyD): one deployment per role,
-each built as `simcore.setup.build_deployment` builds one at that TP (its step-time model, its
-KV-cache size from the memory left at that TP, its batch limits), and a step-DAG builder per
-role that dispatches each step to the builder of the stepping instance's role.
+"""Prefill and decode instances of their own tensor-parallel size and GPU (xPyD): one deployment
+per role, each built as `simcore.setup.build_deployment` builds one at that TP on that GPU (its
+step-time model, its KV-cache size from the memory left, its batch limits), and a step-DAG
+builder per role that dispatches each step to the builder of the stepping instance's role.
 
-Used only when `parallelism.prefill_decode` sets `prefill_tensor_parallel_size` or
-`decode_tensor_parallel_size`; without them a disaggregated run has one deployment for all
-instances, as before.
+Used only when `parallelism.prefill_decode` sets `prefill_tensor_parallel_size`,
+`decode_tensor_parallel_size`, `prefill_gpu` or `decode_gpu`; without them a disaggregated run
+has one deployment for all instances, as before. A role on a GPU other than `hardware.gpu` takes
+that GPU's catalog entry (the overrides of `hardware` describe `hardware.gpu` alone) and nodes of
+its own; both kinds of node must hold the same number of GPUs.
 """
 
 from __future__ import annotations
@@ -14,19 +16,59 @@ from simcore.cluster.placement import (DECODE, DECODE_TP_FIELD, PREFILL, PREFILL
                                        Instance, place)
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
+from simcore.hardware import HardwareConfig, get_gpu
 from simcore.setup import Deployment, build_deployment
 
 ROLES = (PREFILL, DECODE)
 ROLE_TP_FIELDS = {PREFILL: PREFILL_TP_FIELD, DECODE: DECODE_TP_FIELD}
+ROLE_GPU_FIELDS = {PREFILL: "parallelism.prefill_decode.prefill_gpu",
+                   DECODE: "parallelism.prefill_decode.decode_gpu"}
 TP_FIELD = "parallelism.tensor_parallel_size"
 
 
+def role_gpu_name(cfg: SimConfig, role: str) -> str:
+    """The catalog name of the GPU the instances of `role` run on."""
+    return cfg.parallelism.role_gpu(role) or get_gpu(cfg.hardware.gpu).name
+
+
+def separate_role_nodes(cfg: SimConfig) -> bool:
+    """Whether prefill and decode instances run on different GPUs, hence on nodes of their own."""
+    return role_gpu_name(cfg, PREFILL) != role_gpu_name(cfg, DECODE)
+
+
+def role_hardware(cfg: SimConfig, role: str) -> HardwareConfig:
+    """The hardware section as one instance of `role` sees it: `hardware` itself on its GPU,
+    else the role's GPU from the catalog on nodes of `hardware.gpus_per_node` GPUs."""
+    gpu = role_gpu_name(cfg, role)
+    if gpu == get_gpu(cfg.hardware.gpu).name:
+        return cfg.hardware
+    return HardwareConfig(gpu=gpu, gpus_per_node=cfg.hardware.gpus_per_node)
+
+
+def role_gpus_per_node(cfg: SimConfig) -> int:
+    """GPUs per node of a disaggregated cluster: both roles' nodes must hold the same number
+    (the cluster's GPUs are numbered node x gpus_per_node + local rank)."""
+    sizes = {}
+    for role in ROLES:
+        hw = role_hardware(cfg, role)
+        sizes[role] = hw.gpus_per_node or hw.resolve().gpus_per_node
+    if sizes[PREFILL] != sizes[DECODE]:
+        field = ROLE_GPU_FIELDS[DECODE if cfg.parallelism.role_gpu(DECODE) else PREFILL]
+        raise ConfigError(
+            f"{field}: {role_gpu_name(cfg, PREFILL)} nodes hold {sizes[PREFILL]} GPUs and "
+            f"{role_gpu_name(cfg, DECODE)} nodes {sizes[DECODE]}; set hardware.gpus_per_node to "
+            "model nodes of one size")
+    return sizes[DECODE]
+
+
 def role_config(cfg: SimConfig, role: str) -> SimConfig:
-    """The config as one instance of `role` sees it: the shared TP replaced by the role's."""
+    """The config as one instance of `role` sees it: the shared TP and GPU replaced by the
+    role's."""
     par = cfg.parallelism
     tp = par.role_tensor_parallel_size(role)
-    return cfg.model_copy(update={"parallelism": par.model_copy(
-        update={"tensor_parallel_size": tp})})
+    return cfg.model_copy(update={
+        "parallelism": par.model_copy(update={"tensor_parallel_size": tp}),
+        "hardware": role_hardware(cfg, role)})
 
 
 def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
@@ -38,10 +80,12 @@ def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None 
     if cfg.cluster is None:
         raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
                           "network; add a cluster section")
+    role_gpus_per_node(cfg)
     out: dict[str, Deployment] = {}
     for role in ROLES:
         explicit = (pd.prefill_tensor_parallel_size if role == PREFILL
                     else pd.decode_tensor_parallel_size) is not None
+        own_gpu = role_gpu_name(cfg, role) != get_gpu(cfg.hardware.gpu).name
         try:
             out[role] = build_deployment(role_config(cfg, role), op_scale=op_scale)
         except ConfigError as err:
@@ -50,6 +94,9 @@ def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None 
                 text = ROLE_TP_FIELDS[role] + text[len(TP_FIELD):]
             elif explicit:
                 text = f"{ROLE_TP_FIELDS[role]} ({role} instances): {text}"
+            elif own_gpu:
+                text = (f"{ROLE_GPU_FIELDS[role]} ({role} instances on "
+                        f"{role_gpu_name(cfg, role)}): {text}")
             raise ConfigError(text) from None
     return out
 
@@ -61,13 +108,13 @@ def check_layout(cfg: SimConfig) -> None:
     pd = par.prefill_decode
     if c is None or pd is None:
         return
-    gpu = cfg.hardware.resolve()
-    place(num_nodes=c.num_nodes, gpus_per_node=cfg.hardware.gpus_per_node or gpu.gpus_per_node,
+    place(num_nodes=c.num_nodes, gpus_per_node=role_gpus_per_node(cfg),
           tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size, dp=1,
           expert_parallel=False, num_prefill=pd.num_prefill_instances,
           num_decode=pd.num_decode_instances,
           prefill_tp=par.role_tensor_parallel_size(PREFILL),
-          decode_tp=par.role_tensor_parallel_size(DECODE))
+          decode_tp=par.role_tensor_parallel_size(DECODE),
+          separate_roles=separate_role_nodes(cfg))
 
 
 class RoleBuilders:

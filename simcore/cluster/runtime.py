@@ -53,17 +53,23 @@ class ClusterStats:
 class _Port:
     """The executor's TransferPort: NVLink by formula, the fabric through the runtime."""
 
-    __slots__ = ("runtime", "node_of", "_ic", "_host")
+    __slots__ = ("runtime", "node_of", "_ic", "_ic_of", "_host")
 
-    def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float) -> None:
+    def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float,
+                 gpu_interconnect_bytes_per_s: tuple[float, ...] | None = None) -> None:
         self.runtime = runtime
         # A table lookup: the executor asks for every transfer.
         self.node_of = tuple(runtime.placement.node_of(g)
                              for g in range(runtime.network.num_gpus)).__getitem__
         self._host = runtime.network.gpu_host
         self._ic = interconnect_bytes_per_s
+        self._ic_of = gpu_interconnect_bytes_per_s
 
-    def nvlink_s(self, size_bytes: int) -> float:
+    def nvlink_s(self, size_bytes: int, gpu: int | None = None) -> float:
+        """Time of `size_bytes` between two GPUs of one node (of `gpu`'s node where GPUs
+        differ by node)."""
+        if self._ic_of is not None and gpu is not None:
+            return size_bytes / self._ic_of[gpu]
         return size_bytes / self._ic
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
@@ -85,7 +91,8 @@ class ClusterRuntime:
     def __init__(self, env: simpy.Environment, cfg: ClusterConfig, *, placement: Placement,
                  network: ClusterNetwork, fabric: Fabric, builder: StepDagBuilder,
                  model: RooflineModel, interconnect_bytes_per_s: float,
-                 host: HostOverheads | None = None) -> None:
+                 host: HostOverheads | None = None,
+                 gpu_interconnect_bytes_per_s: tuple[float, ...] | None = None) -> None:
         self.env = env
         self.cfg = cfg
         self.placement = placement
@@ -93,7 +100,7 @@ class ClusterRuntime:
         self.fabric = fabric
         self.builder = builder
         self.model = model
-        self.port = _Port(self, interconnect_bytes_per_s)
+        self.port = _Port(self, interconnect_bytes_per_s, gpu_interconnect_bytes_per_s)
         self.stats = ClusterStats()
         a = model.assumptions
         self._overhead_s = a.step_overhead_s

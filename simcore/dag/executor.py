@@ -97,7 +97,7 @@ class DagRun:
                 if size > 0 and node_of(src) != node_of(dst):
                     port.send(src, dst, size, t, self._callback(i), op[i])
                     continue
-                end = t + port.nvlink_s(size) if size > 0 else t
+                end = t + port.nvlink_s(size, src) if size > 0 else t
             else:
                 start_s[i] = t
                 end = t + dur_s[i]
