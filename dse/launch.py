@@ -298,7 +298,8 @@ def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
                          num_decode=pd.num_decode_instances,
                          prefill_tp=par.role_tensor_parallel_size("prefill"),
                          decode_tp=par.role_tensor_parallel_size("decode"),
-                         separate_roles=separate_role_nodes(cfg))
+                         separate_roles=separate_role_nodes(cfg),
+                         expert_parallel=par.enable_expert_parallel)
     return [[divmod(g, gpn) for g in inst.all_gpus] for inst in placed.instances]
 
 
@@ -418,7 +419,12 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
 
     pd = par.prefill_decode
     units: list[tuple[str, str, list[int]]] = []
-    if pd is not None:
+    if pd is not None and par.enable_expert_parallel:
+        # Each role one vLLM deployment whose DP ranks form its expert-parallel group.
+        n_p, n_d = pd.num_prefill_instances, pd.num_decode_instances
+        units = [("prefill", "prefill", list(range(n_p))),
+                 ("decode", "decode", list(range(n_p, n_p + n_d)))]
+    elif pd is not None:
         units = [(f"prefill {i}", "prefill", [i]) for i in range(pd.num_prefill_instances)]
         units += [(f"decode {i}", "decode", [pd.num_prefill_instances + i])
                   for i in range(pd.num_decode_instances)]

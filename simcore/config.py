@@ -70,7 +70,9 @@ class ParallelismConfig(BaseModel):
                                          "GPUs (per pipeline stage), attention data-parallel, "
                                          "the DP ranks stepping in lock-step (idle ranks run "
                                          "dummy batches) with an all-to-all dispatch and "
-                                         "combine per MoE layer. MoE models only.")
+                                         "combine per MoE layer. MoE models only. With "
+                                         "prefill_decode, each role's instances are one EP group "
+                                         "(EP = its instances x its TP).")
 
     num_replicas: int = Field(1, ge=1, description="Independent copies of the whole deployment "
                               "(DP x TP x PP GPUs each, with expert parallelism each its own "
@@ -90,9 +92,6 @@ class ParallelismConfig(BaseModel):
                 raise ValueError("prefill_decode: data_parallel_size must be 1 with "
                                  "disaggregation (set num_prefill_instances and "
                                  "num_decode_instances instead)")
-            if self.enable_expert_parallel:
-                raise ValueError("prefill_decode: disaggregation with expert parallelism is "
-                                 "not modelled")
             if self.num_replicas != 1:
                 raise ValueError("prefill_decode: num_replicas must be 1 with disaggregation "
                                  "(set the numbers of prefill and decode instances instead)")
@@ -134,11 +133,13 @@ class ParallelismConfig(BaseModel):
 
     @property
     def per_role(self) -> bool:
-        """Whether prefill and decode instances are declared with a TP or a GPU of their own:
-        each role is then a deployment of its own (`simcore.cluster.roles`)."""
+        """Whether prefill and decode instances are declared with a TP or a GPU of their own, or
+        form expert-parallel groups: each role is then a deployment of its own
+        (`simcore.cluster.roles`)."""
         pd = self.prefill_decode
-        return self.per_role_tp or (pd is not None and (pd.prefill_gpu is not None
-                                                        or pd.decode_gpu is not None))
+        return self.per_role_tp or (pd is not None and (
+            pd.prefill_gpu is not None or pd.decode_gpu is not None
+            or self.enable_expert_parallel))
 
     @property
     def num_gpus_used(self) -> int:

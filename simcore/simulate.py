@@ -180,6 +180,9 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
     # EP group.
     groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
               if dep.expert_parallel else None)
+    if roles and dep.expert_parallel:
+        # Disaggregated expert parallelism: each role's instances step as one group.
+        groups = [g for g in cluster.placement.ep_groups if g]
     run = run_serving(
         specs, sched_config=sched_cfg, num_replicas=num_engines,
         step_model=dep.step_model, router_policy=cfg.router.policy,
@@ -235,6 +238,15 @@ def with_roles(result: RunResult, cfg: SimConfig,
                **{k: v for k, v in d.memory_report().items()
                   if k != "memory_breakdown_bytes"}}
         for role, d in roles.items()}
+    ep = result.expert_parallel
+    if ep is not None:
+        # Each role's instances are an expert-parallel group of its own (the rest of the
+        # section, and ep_size among the metrics, are the decode role's).
+        ep = dict(ep)
+        ep["roles"] = {role: {"ep_size": d.ep_size, "num_lockstep_ranks": d.step_model.num_ranks,
+                              "experts_per_gpu": d.step_model.experts_per_gpu,
+                              "ep_gpus_per_node": d.step_model.ep_local}
+                       for role, d in roles.items()}
     prov = result.provenance
     if set(by_type) != {cfg.hardware.resolve().name}:
         prov = dict(prov)
@@ -254,7 +266,8 @@ def with_roles(result: RunResult, cfg: SimConfig,
             + [f"decode instances on {roles['decode'].gpu.name}: {line}"
                for line in decode_lines]
             + list(prov["assumptions"])[len(decode_lines):])
-    return dataclasses.replace(result, metrics=m, kv_cache=kv, provenance=prov)
+    return dataclasses.replace(result, metrics=m, kv_cache=kv, provenance=prov,
+                               expert_parallel=ep)
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:

@@ -45,6 +45,9 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
                           "decode_tp": par.role_tensor_parallel_size("decode"),
                           "separate_roles": separate_role_nodes(cfg)}
                          if per_role else {}))
+    if per_role and par.enable_expert_parallel:
+        # Each role's instances are one expert-parallel group, modelled by its deployment.
+        assert all(d.expert_parallel for d in roles.values())
     num_gpus = c.num_nodes * gpn
     for i, t in enumerate(c.tenant_traffic):
         for name in ("src_gpu", "dst_gpu"):
@@ -79,11 +82,12 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
         from simcore.cluster.roles import RoleBuilders
         builder = RoleBuilders({
             role: StepDagBuilder(
-                arch=d.arch, model=d.step_model,
+                arch=d.arch, model=d.step_model.rank_model if d.expert_parallel else d.step_model,
                 placement=dataclasses.replace(placement,
                                               tp=par.role_tensor_parallel_size(role)),
                 cfg=c.dag, interconnect_bytes_per_s=role_ic[role], costs=costs,
                 rng=np.random.default_rng([cfg.seed, 0xDA6, k]),
+                ep_model=d.step_model if d.expert_parallel else None,
                 activation_bytes=max(2.0, dtype_bytes(d.weight_dtype)))
             for k, (role, d) in enumerate(sorted(roles.items()))})
         rank_model = builder.model

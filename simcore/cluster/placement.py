@@ -65,12 +65,12 @@ def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
     layouts raise ConfigError naming the field. `prefill_tp` / `decode_tp` give the instances of
     a disaggregated deployment a TP of their own, `separate_roles` nodes of their own per role
     (`place_roles`)."""
-    if ((prefill_tp is not None or decode_tp is not None or separate_roles)
+    if ((prefill_tp is not None or decode_tp is not None or separate_roles or expert_parallel)
             and num_prefill + num_decode > 0):
         return place_roles(num_nodes=num_nodes, gpus_per_node=gpus_per_node, pp=pp,
                            num_prefill=num_prefill, num_decode=num_decode,
                            prefill_tp=prefill_tp or tp, decode_tp=decode_tp or tp,
-                           separate_roles=separate_roles)
+                           separate_roles=separate_roles, expert_parallel=expert_parallel)
     disagg = num_prefill + num_decode > 0
     num_instances = num_prefill + num_decode if disagg else dp * num_replicas
     per_instance = tp * pp
@@ -100,17 +100,25 @@ def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
     groups: tuple[tuple[int, ...], ...] = ()
     if expert_parallel:
         groups = tuple(tuple(range(k * dp, (k + 1) * dp)) for k in range(num_replicas))
-        ep = dp * tp
         for g in groups:
-            for s in range(pp):          # each stage's experts spread over its own GPUs
-                nodes = [gpu // gpus_per_node for i in g for gpu in instances[i].gpus[s]]
-                counts = {n: nodes.count(n) for n in nodes}
-                if len(set(counts.values())) > 1:
-                    where = f" in pipeline stage {s}" if pp > 1 else ""
-                    raise ConfigError(f"parallelism.data_parallel_size: an expert-parallel "
-                                      f"group of {ep} GPUs{where} spreads unevenly over nodes "
-                                      f"of {gpus_per_node} GPUs ({sorted(counts.values())})")
+            check_ep_group(instances, g, pp, gpus_per_node, "parallelism.data_parallel_size")
     return Placement(num_nodes, gpus_per_node, tp, pp, tuple(instances), groups)
+
+
+def check_ep_group(instances, group: tuple[int, ...], pp: int, gpus_per_node: int,
+                   field: str) -> None:
+    """Raise ConfigError (naming `field`) unless each pipeline stage of the expert-parallel
+    group `group` (instance indices) holds the same number of GPUs on every node it uses: the
+    stage's experts spread evenly over its GPUs."""
+    ep = sum(len(instances[i].gpus[0]) for i in group)
+    for s in range(pp):          # each stage's experts spread over its own GPUs
+        nodes = [gpu // gpus_per_node for i in group for gpu in instances[i].gpus[s]]
+        counts = {n: nodes.count(n) for n in nodes}
+        if len(set(counts.values())) > 1:
+            where = f" in pipeline stage {s}" if pp > 1 else ""
+            raise ConfigError(f"{field}: an expert-parallel group of {ep} GPUs{where} spreads "
+                              f"unevenly over nodes of {gpus_per_node} GPUs "
+                              f"({sorted(counts.values())})")
 
 
 PREFILL_TP_FIELD = "parallelism.prefill_decode.prefill_tensor_parallel_size"
@@ -119,7 +127,7 @@ DECODE_TP_FIELD = "parallelism.prefill_decode.decode_tensor_parallel_size"
 
 def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int,
                 num_decode: int, prefill_tp: int, decode_tp: int,
-                separate_roles: bool = False) -> Placement:
+                separate_roles: bool = False, expert_parallel: bool = False) -> Placement:
     """Prefill and decode instances of their own TP on the cluster.
 
     Instance indices keep the order prefill first, then decode. GPUs are handed out to the
@@ -127,7 +135,9 @@ def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int
     node size for TP across nodes), so no TP group straddles nodes and, TP sizes being divisors
     or multiples of the node size, no GPU is left between instances. With `separate_roles`
     (prefill and decode on different GPUs) the prefill instances fill the first nodes and the
-    decode instances start on the next whole node, so no node holds both. `Placement.tp` is the
+    decode instances start on the next whole node, so no node holds both. With
+    `expert_parallel` each role's instances are one expert-parallel group (`ep_groups`: the
+    prefill instances, then the decode instances), stepping in lock-step. `Placement.tp` is the
     decode instances' TP; an instance's own is `len(instance.gpus[0])`.
     """
     gpn = gpus_per_node
@@ -171,7 +181,13 @@ def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int
                  tuple(tuple(first[i] + s * tps[i] + r for r in range(tps[i]))
                        for s in range(pp)))
         for i in range(len(tps)))
-    return Placement(num_nodes, gpn, decode_tp, pp, instances, ())
+    groups: tuple[tuple[int, ...], ...] = ()
+    if expert_parallel:
+        groups = (tuple(range(num_prefill)), tuple(range(num_prefill, len(tps))))
+        for g, role in zip(groups, (PREFILL, DECODE)):
+            check_ep_group(instances, g, pp, gpn,
+                           f"parallelism.prefill_decode.num_{role}_instances")
+    return Placement(num_nodes, gpn, decode_tp, pp, instances, groups)
 
 
 def instance_tp(instance: Instance) -> int:

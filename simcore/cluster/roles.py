@@ -63,11 +63,16 @@ def role_gpus_per_node(cfg: SimConfig) -> int:
 
 def role_config(cfg: SimConfig, role: str) -> SimConfig:
     """The config as one instance of `role` sees it: the shared TP and GPU replaced by the
-    role's."""
+    role's; with expert parallelism, the role's instances as the DP ranks of one expert-parallel
+    deployment (EP = the role's instances x its TP)."""
     par = cfg.parallelism
-    tp = par.role_tensor_parallel_size(role)
+    update: dict = {"tensor_parallel_size": par.role_tensor_parallel_size(role)}
+    if par.enable_expert_parallel:
+        pd = par.prefill_decode
+        update.update(prefill_decode=None, data_parallel_size=(
+            pd.num_prefill_instances if role == PREFILL else pd.num_decode_instances))
     return cfg.model_copy(update={
-        "parallelism": par.model_copy(update={"tensor_parallel_size": tp}),
+        "parallelism": par.model_copy(update=update),
         "hardware": role_hardware(cfg, role)})
 
 
@@ -110,7 +115,7 @@ def check_layout(cfg: SimConfig) -> None:
         return
     place(num_nodes=c.num_nodes, gpus_per_node=role_gpus_per_node(cfg),
           tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size, dp=1,
-          expert_parallel=False, num_prefill=pd.num_prefill_instances,
+          expert_parallel=par.enable_expert_parallel, num_prefill=pd.num_prefill_instances,
           num_decode=pd.num_decode_instances,
           prefill_tp=par.role_tensor_parallel_size(PREFILL),
           decode_tp=par.role_tensor_parallel_size(DECODE),
