@@ -14,9 +14,12 @@ Rows:
   (4) Qwen3-235B-A22B, expert parallelism over 8 nodes (examples/cluster/moe_ep_8node.yaml),
       1,000 requests, analytical fabric;
   (5) the flow backend's all-to-all at 64 to 256 hosts (benchmarks/fabric_speed.py has 512);
-  (6) `dse search` overhead per trial on SQLite (benchmarks/search_overhead.py has the detail).
-Rows of the scale table without a runnable case yet (64 nodes at packet fidelity, cluster memory
-per idle GPU) are printed as such.
+  (6) `dse search` overhead per trial on SQLite (benchmarks/search_overhead.py has the detail);
+  (7) one TP-8 engine on a cluster of 1 and of 512 idle-but-for-it nodes (8 and 4,096 GPUs,
+      configs/llama8b_idle_cluster.yaml), analytical fabric, in child processes: CPU seconds
+      and peak memory, and the memory each idle GPU adds.
+The row of the scale table without a runnable case yet (64 nodes at packet fidelity) is printed
+as such.
 
 Figures are printed, never asserted: timings depend on the machine and on whatever else runs on
 it. Usage: python benchmarks/scale.py [--only 123456] [--requests N]
@@ -42,6 +45,7 @@ MOONCAKE = HERE / "configs/mooncake_full_h100_dp8.yaml"
 MILLION = HERE / "configs/llama8b_h100_1m.yaml"
 QUICKSTART = ROOT / "examples/quickstart.yaml"
 MOE_8NODE = ROOT / "examples/cluster/moe_ep_8node.yaml"
+IDLE = HERE / "configs/llama8b_idle_cluster.yaml"
 
 # Figures before the work on scale (2-core machine), and targets, from the scale table.
 BEFORE = {
@@ -50,7 +54,9 @@ BEFORE = {
     "quickstart": "1.8-2.4 s",
     "moe8": "11.7-13.5 s",
     "moe64": "killed at 600 CPU-s",
-    "memory": "~6 MB per GPU even when idle",
+    "memory": "~6 MB per GPU even when idle; in this run's setup, before routes were computed "
+              "per destination on first use: 10.5 CPU-s and 0.54 GB peak at 2,048 GPUs, "
+              "45.5 CPU-s and 1.77 GB at 4,096 (quadratic)",
     "flow": "0.3 / 1.6 / 25 / 206 CPU-s at 64 / 128 / 256 / 512 hosts",
     "search": "~0.3 s per trial (24 SQLite commits)",
 }
@@ -151,7 +157,36 @@ def moe8() -> None:
         f"analytical", f"{wall:.1f} s")
     row("moe64", "    Qwen3-235B-A22B EP over 64 nodes (512 GPUs), packet",
         "no 64-node example is shipped yet: not measured")
-    row("memory", "    cluster memory per idle GPU", "not measured by this script")
+
+
+IDLE_CHILD = """
+import json, resource, sys, time
+from simcore.config import load_config
+from simcore.simulate import simulate
+cfg = load_config(sys.argv[1])
+cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
+    update={"num_nodes": int(sys.argv[2])})})
+t = time.process_time()
+r = simulate(cfg)
+print(json.dumps({"cpu_s": time.process_time() - t, "completed": r["completed"],
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def idle() -> None:
+    out = {}
+    for nodes in (1, 512):
+        proc = subprocess.run([sys.executable, "-c", IDLE_CHILD, str(IDLE), str(nodes)],
+                              capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode:
+            print(f"  (7) failed: {proc.stderr.strip().splitlines()[-1:]}")
+            return
+        out[nodes] = json.loads(proc.stdout.strip().splitlines()[-1])
+    small, big = out[1], out[512]
+    per_gpu_kb = (big["peak_mb"] - small["peak_mb"]) * 1024 / (4096 - 8)
+    row("memory", "(7) one TP-8 engine, 20 requests, on 8 and on 4,096 GPUs (all but 8 idle), "
+        "analytical", f"{small['cpu_s']:.2f} / {big['cpu_s']:.2f} CPU-s, {small['peak_mb']:.0f} / "
+        f"{big['peak_mb']:.0f} MB peak: {per_gpu_kb:.0f} KB per idle GPU")
 
 
 def flow() -> None:
@@ -186,14 +221,14 @@ def search(n: int = 50) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="123456", help="rows to run, e.g. 13")
+    parser.add_argument("--only", default="1234567", help="rows to run, e.g. 13")
     parser.add_argument("--requests", type=int, default=1_000_000,
                         help="requests of row (2) (default 1,000,000)")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}")
     steps = {"1": mooncake, "2": lambda: million(args.requests), "3": quickstart, "4": moe8,
-             "5": flow, "6": search}
+             "5": flow, "6": search, "7": idle}
     for k in args.only:
         steps[k]()
         sys.stdout.flush()

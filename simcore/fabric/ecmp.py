@@ -33,7 +33,7 @@ def source_port(flow_key: int) -> int:
 
 def choose(topology: Topology, node: int, dst: int, fhash: int, salt: int) -> int:
     """The out-link `node` sends flow `fhash` on toward host `dst`."""
-    hops = topology.next_hops[node][dst]
+    hops = topology.hops(node, dst)
     if len(hops) == 1:
         return hops[0]
     return hops[mix64(fhash ^ salt) % len(hops)]

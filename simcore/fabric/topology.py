@@ -49,13 +49,55 @@ class Link:
         return self.rate_bps / 8
 
 
+class _Routes:
+    """`Topology.next_hops[node]`: a read-only mapping of host -> the node's equal-cost out-links
+    toward it, each destination's routes computed on first use (`Topology.hops`)."""
+
+    __slots__ = ("_topology", "_node")
+
+    def __init__(self, topology: Topology, node: int) -> None:
+        self._topology = topology
+        self._node = node
+
+    def __getitem__(self, dst: int) -> tuple[int, ...]:
+        hops = self._topology.hops(self._node, dst)
+        if not hops:
+            raise KeyError(dst)
+        return hops
+
+    def get(self, dst: int, default=None):
+        hops = self._topology.hops(self._node, dst) if dst in self._topology.host_set else ()
+        return hops if hops else default
+
+    def __contains__(self, dst: object) -> bool:
+        return self.get(dst) is not None
+
+
+class _NextHops:
+    """`Topology.next_hops`: per node, its routes (`_Routes`)."""
+
+    __slots__ = ("_topology",)
+
+    def __init__(self, topology: Topology) -> None:
+        self._topology = topology
+
+    def __getitem__(self, node: int) -> _Routes:
+        return _Routes(self._topology, node)
+
+    def __len__(self) -> int:
+        return len(self._topology.nodes)
+
+
 @dataclass
 class Topology:
     """Nodes, directed links and, per (node, destination host), the equal-cost next-hop links.
 
     Invariants: links come in pairs (u->v and v->u); every host can reach every other host;
     `next_hops[node][dst]` lists, in link-index order, the out-links of `node` on a shortest path
-    (in hops) to host `dst`. MTU and header overhead are per topology (one fabric, one setting).
+    (in hops) to host `dst`. The routes toward a host are computed the first time any node's are
+    asked for (one breadth-first search), so a large fabric whose hosts are mostly idle costs
+    only its nodes and links. MTU and header overhead are per topology (one fabric, one
+    setting).
     """
 
     name: str
@@ -64,18 +106,36 @@ class Topology:
     mtu_bytes: int = 4096
     header_bytes: int = 48
     out_links: list[list[int]] = field(default_factory=list)
-    next_hops: list[dict[int, tuple[int, ...]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
         self.out_links = [[] for _ in range(n)]
+        self._in_links: list[list[int]] = [[] for _ in range(n)]
         for link in self.links:
             self.out_links[link.src].append(link.index)
-        self._route()
+            self._in_links[link.dst].append(link.index)
+        self.host_set = frozenset(nd.index for nd in self.nodes if nd.kind == HOST)
+        self._toward: dict[int, list[tuple[int, ...]]] = {}
+        self._check_reachable()
 
     @property
     def hosts(self) -> list[int]:
         return [nd.index for nd in self.nodes if nd.kind == HOST]
+
+    @property
+    def next_hops(self) -> _NextHops:
+        """`next_hops[node][dst]`: the out-links of `node` on a shortest path to host `dst`."""
+        return _NextHops(self)
+
+    def hops(self, node: int, dst: int) -> tuple[int, ...]:
+        """The out-links of `node` on a shortest path (in hops) to host `dst`, in link-index
+        order; () where there is none (node == dst, or dst unreachable from node)."""
+        toward = self._toward.get(dst)
+        if toward is None:
+            if dst not in self.host_set:
+                raise KeyError(dst)
+            toward = self._toward[dst] = self._route_to(dst)
+        return toward[node]
 
     def node_index(self, name: str) -> int:
         for nd in self.nodes:
@@ -91,36 +151,69 @@ class Topology:
         raise ConfigError(f"topology {self.name}: no link {self.nodes[src].name} -> "
                           f"{self.nodes[dst].name}")
 
-    def _route(self) -> None:
-        """BFS from every host over reversed links: next hops are out-links that get one closer."""
+    def _distances_to(self, dst: int) -> list[int]:
+        """Hops from every node to host `dst` (-1: none): BFS over reversed links, through
+        nodes that forward (switches, relaying hosts) only."""
         n = len(self.nodes)
-        in_links: list[list[int]] = [[] for _ in range(n)]
-        for link in self.links:
-            in_links[link.dst].append(link.index)
-        self.next_hops = [dict() for _ in range(n)]
-        for dst in self.hosts:
-            dist = [-1] * n
-            dist[dst] = 0
-            q = deque([dst])
-            while q:
-                v = q.popleft()
-                for li in in_links[v]:
-                    u = self.links[li].src
-                    if dist[u] < 0:
-                        dist[u] = dist[v] + 1
-                        # Hosts do not forward (unless they relay, as PXN GPUs do).
-                        if self.nodes[u].kind != HOST or self.nodes[u].forwards:
-                            q.append(u)
-            for u in range(n):
-                if u == dst or dist[u] < 0:
-                    continue
-                hops = tuple(li for li in self.out_links[u]
-                             if dist[self.links[li].dst] == dist[u] - 1)
-                if hops:
-                    self.next_hops[u][dst] = hops
+        links, nodes, in_links = self.links, self.nodes, self._in_links
+        dist = [-1] * n
+        dist[dst] = 0
+        q = deque([dst])
+        while q:
+            v = q.popleft()
+            for li in in_links[v]:
+                u = links[li].src
+                if dist[u] < 0:
+                    dist[u] = dist[v] + 1
+                    # Hosts do not forward (unless they relay, as PXN GPUs do).
+                    if nodes[u].kind != HOST or nodes[u].forwards:
+                        q.append(u)
+        return dist
+
+    def _route_to(self, dst: int) -> list[tuple[int, ...]]:
+        """Per node, its next hops toward host `dst`."""
+        dist = self._distances_to(dst)
+        links, out_links = self.links, self.out_links
+        toward: list[tuple[int, ...]] = []
+        for u, d in enumerate(dist):
+            if u == dst or d < 0:
+                toward.append(())
+                continue
+            toward.append(tuple(li for li in out_links[u] if dist[links[li].dst] == d - 1))
+        return toward
+
+    def _check_reachable(self) -> None:
+        """ConfigError unless every host reaches every other host. Cheap when the nodes that
+        forward, taken together, touch every host (every fabric the builders make): any two
+        hosts then meet in that connected set. Otherwise each host is searched from."""
+        nodes, links = self.nodes, self.links
+        fwd = [nd.kind != HOST or nd.forwards for nd in nodes]
+        parent = list(range(len(nodes)))
+
+        def root(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for link in links:
+            if fwd[link.src] and fwd[link.dst]:
+                a, b = root(link.src), root(link.dst)
+                if a != b:
+                    parent[a] = b
+        touching: set[int] | None = None
+        for h in self.host_set:
+            comps = {root(h)} if fwd[h] else set()
+            comps.update(root(links[li].dst) for li in self.out_links[h] if fwd[links[li].dst])
+            touching = comps if touching is None else touching & comps
+            if not touching:
+                break
+        if touching or len(self.host_set) < 2:
+            return
+        dist = {d: self._distances_to(d) for d in self.hosts}
         for s in self.hosts:
             for d in self.hosts:
-                if s != d and d not in self.next_hops[s]:
+                if s != d and dist[d][s] < 0:
                     raise ConfigError(f"topology {self.name}: host {self.nodes[s].name} cannot "
                                       f"reach {self.nodes[d].name}")
 
@@ -134,7 +227,7 @@ class Topology:
             if u == dst:
                 paths.append(list(acc))
                 return
-            for li in self.next_hops[u].get(dst, ()):
+            for li in self.hops(u, dst):
                 acc.append(li)
                 walk(self.links[li].dst, acc)
                 acc.pop()

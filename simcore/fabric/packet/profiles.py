@@ -253,7 +253,7 @@ def resolve(topology: Topology, settings: FabricSettings, packet: PacketSettings
     if adaptive:
         for n in range(num_nodes):
             for j, h in enumerate(hosts):
-                nh_links.extend(topology.next_hops[n].get(h, ()))
+                nh_links.extend(topology.hops(n, h))
                 nh_off[n * num_hosts + j + 1] = len(nh_links)
     threshold = (packet.adaptive_threshold_bytes if packet.adaptive_threshold_bytes is not None
                  else mtu)
