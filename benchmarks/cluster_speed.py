@@ -1,8 +1,10 @@
-"""How fast cluster mode runs: wall time of simulate() per fabric fidelity on the 8-node examples.
+"""How fast cluster mode runs: wall time of simulate() per fabric fidelity on the cluster examples.
 
-Two scenarios, the shipped examples in examples/cluster/ (see the README there), 1,000 requests
-each: `dense` (Llama-3.1-70B, TP 8 x PP 2 x DP 4 on 64 H100s, pipeline hops across nodes) and
-`moe` (Qwen3-235B-A22B, four replicas of EP 16 on 64 H200s, dispatch and combine across nodes).
+Four scenarios, the shipped examples in examples/cluster/ (see the README there): `dense`
+(Llama-3.1-70B, TP 8 x PP 2 x DP 4 on 64 H100s, pipeline hops across nodes) and `moe`
+(Qwen3-235B-A22B, four replicas of EP 16 on 64 H200s, dispatch and combine across nodes), 1,000
+requests each, the default; and their 64-node versions `dense64` (32 replicas on 512 H100s) and
+`moe64` (32 replicas of EP 16 on 512 H200s), 1,024 requests each, eight times the load.
 Each is run with the fabric backend switched to analytical, flow and packet, nothing else
 changed. Targets per run: analytical under 10 s, flow under 60 s, packet under 10 min.
 
@@ -10,7 +12,7 @@ Figures are printed, never asserted: timings depend on the machine and on whatev
 it. The packet kernel is compiled (or loaded from numba's cache) before any timing, on a small
 warm-up scenario, and that time is printed separately.
 Usage: python benchmarks/cluster_speed.py [--fidelity analytical flow packet]
-       [--config dense moe] [--num-prompts N]
+       [--config dense moe dense64 moe64] [--num-prompts N]
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ ROOT = HERE.parent
 CONFIGS = {
     "dense": ROOT / "examples/cluster/dense_pp_8node.yaml",
     "moe": ROOT / "examples/cluster/moe_ep_8node.yaml",
+    "dense64": ROOT / "examples/cluster/dense_pp_64node.yaml",
+    "moe64": ROOT / "examples/cluster/moe_ep_64node.yaml",
 }
+DEFAULT_CONFIGS = ("dense", "moe")
 FIDELITIES = ("analytical", "flow", "packet")
 TARGET_S = {"analytical": 10.0, "flow": 60.0, "packet": 600.0}
 """Wall-time target of one simulate() call per fidelity, 1,000 requests, seconds."""
@@ -72,8 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fidelity", nargs="+", choices=FIDELITIES, default=list(FIDELITIES),
                         help="Fabric backends to time (default: all three).")
-    parser.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
-                        help="Examples to time (default: dense and moe).")
+    parser.add_argument("--config", nargs="+", choices=sorted(CONFIGS),
+                        default=list(DEFAULT_CONFIGS),
+                        help="Examples to time (default: dense and moe, the 8-node ones).")
     parser.add_argument("--num-prompts", type=int, default=None,
                         help="Override the examples' request count (default: theirs, 1,000); "
                              "the targets are for 1,000.")

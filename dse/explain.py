@@ -299,6 +299,11 @@ def headroom_sentence(h: Mapping) -> str:
     """Where the offered load stands against the measured throughput capacity
     (`simcore.saturation.headroom`), and what binds first as load rises."""
     cap = f"{h['throughput_capacity_rps']:,.3g} req/s"
+    if h.get("capacity_run_replicas_scaled_to"):
+        cap += (f" (one replica measured on the analytical fabric, times "
+                f"{h['capacity_run_replicas_scaled_to']})")
+    elif h.get("capacity_run_fabric"):
+        cap += f" (measured on the {h['capacity_run_fabric']} fabric)"
     rate = f"{h['offered_rps']:,.3g} req/s"
     if h["state"] == "over_capacity":
         growth = h["queue_growth_rps"]

@@ -100,7 +100,10 @@ def headroom(cfg, result: dict) -> dict | None:
 
     The capacity is measured, not estimated, by one more run (`capacity_config`): the same kind of
     requests kept at the engines' full concurrency (max_num_seqs per engine) by a client that
-    sends the next as one finishes, until four times that many have been sent. Its completion
+    sends the next as one finishes, until four times that many have been sent. With a cluster
+    that run is of one replica on the analytical fabric, scaled by the replicas
+    (`capacity_copies`; the result says so: `capacity_run_fabric`,
+    `capacity_run_replicas_scaled_to`). Its completion
     rate over the middle half of the completions, the engines full throughout, is
     `throughput_capacity_rps`, and its top resource factor (`simcore.attribution`, queueing and
     the offered load left aside) is what binds first as load rises. `load_fraction` = the
@@ -113,9 +116,15 @@ def headroom(cfg, result: dict) -> dict | None:
     # A finite rate is the config's own: a ramp-up or a trace's timestamps need it left inf.
     if not math.isfinite(w.request_rate) or "offered_request_rate" not in result:
         return None
+    copies = capacity_copies(cfg)
     full = _capacity(capacity_config(cfg, result))
     if full is None:
         return None
+    if copies > 1:
+        full = {**full, "throughput_capacity_rps": full["throughput_capacity_rps"] * copies,
+                "capacity_run_replicas_measured": 1, "capacity_run_replicas_scaled_to": copies}
+    if cfg.cluster is not None:
+        full = {**full, "capacity_run_fabric": "analytical"}
     load = w.request_rate / full["throughput_capacity_rps"]
     state = ("over_capacity" if result["over_capacity"] or load >= 1.0
              else "near_capacity" if load >= NEAR_CAPACITY else "headroom")
@@ -158,13 +167,36 @@ CAPACITY_RUN_MAX_REQUESTS = 20_000
 """The most requests the capacity run sends (its concurrency is cut to a quarter of it)."""
 
 
+def capacity_copies(cfg) -> int:
+    """How many identical copies of the deployment's unit the capacity run measures one of: with
+    a cluster, its `num_replicas` (the replicas of a cluster run are alike, each its own engines
+    or expert-parallel group on GPUs of its own; the run measures one and the capacity is that
+    times their number, leaving out contention between replicas on the shared fabric); else 1
+    (the whole deployment is measured)."""
+    par = cfg.parallelism
+    if cfg.cluster is None or par.prefill_decode is not None:
+        return 1
+    return par.num_replicas
+
+
 def capacity_config(cfg, result: dict):
-    """The config of the run that measures the throughput capacity (see `headroom`)."""
-    concurrency = min(result["limits"]["max_num_seqs"] * len(result["replicas"]),
+    """The config of the run that measures the throughput capacity (see `headroom`). With a
+    cluster, one replica (`capacity_copies`) on the analytical fabric: a cluster's capacity run
+    holds thousands of requests, which a flow or packet fabric would take hours over."""
+    copies = capacity_copies(cfg)
+    engines = len(result["replicas"]) // copies
+    concurrency = min(result["limits"]["max_num_seqs"] * engines,
                       CAPACITY_RUN_MAX_REQUESTS // 4)
-    n = max(cfg.workload.resolved_num_prompts or 0, 4 * concurrency)
-    return cfg.with_section("workload", request_rate=math.inf, num_prompts=n,
-                            max_concurrency=concurrency)
+    n = max((cfg.workload.resolved_num_prompts or 0) // copies, 4 * concurrency)
+    out = cfg.with_section("workload", request_rate=math.inf, num_prompts=n,
+                           max_concurrency=concurrency)
+    if cfg.cluster is not None:
+        c = cfg.cluster
+        out = out.model_copy(update={"cluster": c.model_copy(update={
+            "fabric": c.fabric.model_copy(update={"backend": "analytical"})})})
+    if copies > 1:
+        out = out.with_section("parallelism", num_replicas=1)
+    return out
 
 
 def middle_completion_rate(run: dict) -> float:

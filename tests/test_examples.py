@@ -1,6 +1,7 @@
 """Every shipped example simulates to completion and its result carries the documented keys."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,30 @@ def test_eight_node_example_is_the_motivating_experiment(path):
     assert (par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
             * par.num_replicas) == 64
     assert cfg.workload.num_prompts == 1000
+
+
+SIXTY_FOUR_NODE_EXAMPLES = [CLUSTER_DIR / "dense_pp_64node.yaml",
+                            CLUSTER_DIR / "moe_ep_64node.yaml"]
+
+
+@pytest.mark.parametrize("path", SIXTY_FOUR_NODE_EXAMPLES, ids=lambda p: p.stem)
+def test_sixty_four_node_examples_load_every_node(path):
+    """512 GPUs on 64 nodes, 1,024 requests: at least one per engine, and the router gives an
+    idle engine the next request, so every engine (hence every node) works. Checked on the
+    analytical fabric with one short request per engine, all sent at once."""
+    cfg = load_config(path)
+    par = cfg.parallelism
+    engines = 512 // (par.tensor_parallel_size * par.pipeline_parallel_size)
+    assert cfg.cluster.num_nodes == 64 and cfg.workload.num_prompts == 1024 >= engines
+    assert (par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size
+            * par.num_replicas) == 512
+    small = small_on_analytical(path, num_prompts=engines)
+    dataset = small.workload.dataset.model_copy(update={"input_len": 64, "output_len": 2})
+    small = small.model_copy(update={"workload": small.workload.model_copy(update={
+        "request_rate": math.inf, "dataset": dataset})})
+    r = simulate(small)
+    assert r["completed"] == engines
+    assert r["cluster"]["gpus_used"] == 512
+    assert len(r["replicas"]) == engines
+    assert all(x["num_steps"] > 0 and x["num_prefill_tokens"] > 0 for x in r["replicas"])
+    assert r["cluster"]["fabric"]["num_step_messages"] > 0

@@ -90,3 +90,26 @@ def test_seventy_b_on_two_nodes_gets_three_different_correct_verdicts():
     assert mid["load_fraction"] == pytest.approx(40.0 / cap)
     assert mid["state"] != "headroom" or mid["load_fraction"] < 0.85
     assert len({v[1] for v in verdicts.values()}) == 3
+
+
+def test_a_clusters_capacity_is_one_replica_on_the_analytical_fabric_times_the_replicas():
+    from simcore.saturation import _capacity, capacity_config
+
+    d = {"name": "hc", "seed": 0, "model": {"name": "meta-llama/Llama-3.1-8B"},
+         "hardware": {"gpu": "A100-80GB"}, "engine": {"max_num_seqs": 8},
+         "parallelism": {"num_replicas": 2}, "uncertainty": {"method": "first_order"},
+         "workload": {"num_prompts": 40, "request_rate": 4.0,
+                      "dataset": {"kind": "random", "input_len": 256, "output_len": 32}},
+         "cluster": {"num_nodes": 1, "fabric": {"backend": "flow"}}}
+    r = simulate_with_envelope(parse_config(d))
+    h = r["headroom"]
+    assert h["capacity_run_replicas_measured"] == 1
+    assert h["capacity_run_replicas_scaled_to"] == 2
+    assert h["capacity_run_fabric"] == "analytical"
+    one = capacity_config(parse_config(d), r)
+    assert one.parallelism.num_replicas == 1 and one.cluster.fabric.backend == "analytical"
+    assert one.workload.max_concurrency == 8          # one replica's engine, full
+    assert h["throughput_capacity_rps"] == pytest.approx(
+        2 * _capacity(one)["throughput_capacity_rps"], rel=1e-12)
+    assert "(one replica measured on the analytical fabric, times 2)" in \
+        explain(r)["sentences"][0]
