@@ -288,7 +288,7 @@ def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
     from simcore.cluster.placement import place_roles
     from simcore.cluster.roles import check_layout
 
-    from simcore.cluster.roles import separate_role_nodes
+    from simcore.cluster.roles import role_ep_flags, separate_role_nodes
 
     check_layout(cfg)
     par = cfg.parallelism
@@ -299,7 +299,7 @@ def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
                          prefill_tp=par.role_tensor_parallel_size("prefill"),
                          decode_tp=par.role_tensor_parallel_size("decode"),
                          separate_roles=separate_role_nodes(cfg),
-                         expert_parallel=par.enable_expert_parallel)
+                         expert_parallel=role_ep_flags(cfg))
     return [[divmod(g, gpn) for g in inst.all_gpus] for inst in placed.instances]
 
 
@@ -419,15 +419,17 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
 
     pd = par.prefill_decode
     units: list[tuple[str, str, list[int]]] = []
-    if pd is not None and par.enable_expert_parallel:
-        # Each role one vLLM deployment whose DP ranks form its expert-parallel group.
-        n_p, n_d = pd.num_prefill_instances, pd.num_decode_instances
-        units = [("prefill", "prefill", list(range(n_p))),
-                 ("decode", "decode", list(range(n_p, n_p + n_d)))]
-    elif pd is not None:
-        units = [(f"prefill {i}", "prefill", [i]) for i in range(pd.num_prefill_instances)]
-        units += [(f"decode {i}", "decode", [pd.num_prefill_instances + i])
-                  for i in range(pd.num_decode_instances)]
+    if pd is not None:
+        # An expert-parallel role is one vLLM deployment whose DP ranks form its group; the
+        # instances of another role are deployments of their own.
+        first = {"prefill": 0, "decode": pd.num_prefill_instances}
+        for role, n in (("prefill", pd.num_prefill_instances),
+                        ("decode", pd.num_decode_instances)):
+            members = list(range(first[role], first[role] + n))
+            if par.role_expert_parallel(role):
+                units.append((role, role, members))
+            else:
+                units += [(f"{role} {i}", role, [m]) for i, m in enumerate(members)]
     else:
         dp, reps = par.data_parallel_size, par.num_replicas
         units = [(f"replica {r}" if reps > 1 else "deployment", "mixed",
@@ -454,8 +456,11 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
         if roles is not None:
             role_tp = cfg.parallelism.role_tensor_parallel_size(role)
             unit_cfg = cfg.with_section("parallelism", tensor_parallel_size=role_tp)
-            unit_head = list(head_args)
+            unit_head = [a for a in head_args if a != "--enable-expert-parallel"]
             unit_head[unit_head.index("--tensor-parallel-size") + 1] = str(role_tp)
+            if par.role_expert_parallel(role):
+                unit_head.insert(unit_head.index("--pipeline-parallel-size") + 2,
+                                 "--enable-expert-parallel")
             role_tail = prefill_tail if role == "prefill" and prefill_tail else tail
             built.append(_unit_commands(name, role, members, ranks, unit_cfg, gpn, unit_head,
                                         role_tail + extra, slots))

@@ -45,6 +45,12 @@ class PrefillDecodeConfig(BaseModel):
         "role's instances fill nodes of their own.")
     decode_gpu: str | None = Field(
         None, description="GPU of the decode instances (default: hardware.gpu), likewise.")
+    prefill_expert_parallel: bool | None = Field(
+        None, description="Whether the prefill instances form one expert-parallel group (EP = "
+        "their number x their TP; default: parallelism.enable_expert_parallel). MoE models "
+        "only.")
+    decode_expert_parallel: bool | None = Field(None, description="Likewise for the decode "
+                                                "instances.")
 
     @field_validator("prefill_gpu", "decode_gpu")
     @classmethod
@@ -131,6 +137,16 @@ class ParallelismConfig(BaseModel):
         return pd.prefill_gpu if role == "prefill" else pd.decode_gpu if role == "decode" \
             else None
 
+    def role_expert_parallel(self, role: str) -> bool:
+        """Whether the instances of a role ("prefill", "decode") form an expert-parallel group:
+        the role's own setting, else enable_expert_parallel."""
+        pd = self.prefill_decode
+        own = None
+        if pd is not None:
+            own = (pd.prefill_expert_parallel if role == "prefill"
+                   else pd.decode_expert_parallel if role == "decode" else None)
+        return self.enable_expert_parallel if own is None else own
+
     @property
     def per_role(self) -> bool:
         """Whether prefill and decode instances are declared with a TP or a GPU of their own, or
@@ -139,7 +155,7 @@ class ParallelismConfig(BaseModel):
         pd = self.prefill_decode
         return self.per_role_tp or (pd is not None and (
             pd.prefill_gpu is not None or pd.decode_gpu is not None
-            or self.enable_expert_parallel))
+            or self.role_expert_parallel("prefill") or self.role_expert_parallel("decode")))
 
     @property
     def num_gpus_used(self) -> int:

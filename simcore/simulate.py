@@ -180,9 +180,14 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
     # EP group.
     groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
               if dep.expert_parallel else None)
-    if roles and dep.expert_parallel:
-        # Disaggregated expert parallelism: each role's instances step as one group.
-        groups = [g for g in cluster.placement.ep_groups if g]
+    if roles and any(d.expert_parallel for d in roles.values()):
+        # Disaggregated expert parallelism: an expert-parallel role's instances step as one
+        # group, each instance of another role on its own.
+        grouped = {i for g in cluster.placement.ep_groups for i in g}
+        groups = [g for g in cluster.placement.ep_groups if g] + [
+            (i,) for i in range(num_engines) if i not in grouped]
+    elif roles:
+        groups = None
     run = run_serving(
         specs, sched_config=sched_cfg, num_replicas=num_engines,
         step_model=dep.step_model, router_policy=cfg.router.policy,
@@ -239,14 +244,15 @@ def with_roles(result: RunResult, cfg: SimConfig,
                   if k != "memory_breakdown_bytes"}}
         for role, d in roles.items()}
     ep = result.expert_parallel
-    if ep is not None:
-        # Each role's instances are an expert-parallel group of its own (the rest of the
-        # section, and ep_size among the metrics, are the decode role's).
-        ep = dict(ep)
+    ep_roles = {role: d for role, d in roles.items() if d.expert_parallel}
+    if ep_roles:
+        # An expert-parallel role's instances are a group of their own (the rest of the
+        # section, and ep_size among the metrics, are the decode role's where it has one).
+        ep = dict(ep or {})
         ep["roles"] = {role: {"ep_size": d.ep_size, "num_lockstep_ranks": d.step_model.num_ranks,
                               "experts_per_gpu": d.step_model.experts_per_gpu,
                               "ep_gpus_per_node": d.step_model.ep_local}
-                       for role, d in roles.items()}
+                       for role, d in ep_roles.items()}
     prov = result.provenance
     if set(by_type) != {cfg.hardware.resolve().name}:
         prov = dict(prov)

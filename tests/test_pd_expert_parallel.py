@@ -84,3 +84,34 @@ def test_the_launch_plan_starts_each_role_as_one_data_parallel_deployment():
         argv = list(unit.commands[0].argv)
         assert "--enable-expert-parallel" in argv
         assert argv[argv.index("--data-parallel-size") + 1] == str(dp)
+
+
+def test_expert_parallelism_may_be_one_roles_alone():
+    # One TP-4 prefill instance without expert parallelism, eight decode ranks of EP 8.
+    cfg = parse_config(mapping(n_p=1, n_d=8, prefill_tensor_parallel_size=4,
+                               decode_tensor_parallel_size=1, prefill_expert_parallel=False))
+    roles = build_role_deployments(cfg)
+    assert not roles["prefill"].expert_parallel and roles["decode"].ep_size == 8
+    r = simulate(cfg)
+    assert r["completed"] == 48
+    steps = [x["num_steps"] for x in r["replicas"]]
+    assert len(set(steps[1:])) == 1                 # the decode group in lock-step
+    assert r["replicas"][0]["dummy_steps"] == 0     # the prefill instance steps alone
+    assert set(r["expert_parallel"]["roles"]) == {"decode"}
+    assert r["num_gpus"] == 12
+
+    from dse.launch import launch_plan
+
+    plan = launch_plan(cfg)
+    assert [u.name for u in plan.units] == ["prefill 0", "decode"]
+    pre, dec = (list(u.commands[0].argv) for u in plan.units)
+    assert "--enable-expert-parallel" not in pre and "--enable-expert-parallel" in dec
+    assert pre[pre.index("--tensor-parallel-size") + 1] == "4"
+
+
+def test_a_roles_own_expert_parallelism_of_a_dense_model_names_its_field():
+    m = mapping(model="meta-llama/Llama-3.1-8B", decode_expert_parallel=True)
+    m["parallelism"]["enable_expert_parallel"] = False
+    with pytest.raises(ConfigError, match=r"^parallelism.prefill_decode.decode_expert_parallel: "
+                                          ".* is a dense model"):
+        simulate(parse_config(m))

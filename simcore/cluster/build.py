@@ -30,14 +30,16 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
     par = cfg.parallelism
     pd = par.prefill_decode
     per_role = roles is not None and pd is not None
+    ep: bool | tuple[bool, bool] = par.enable_expert_parallel
     if per_role:
-        from simcore.cluster.roles import role_gpus_per_node, separate_role_nodes
+        from simcore.cluster.roles import role_ep_flags, role_gpus_per_node, separate_role_nodes
         gpn = role_gpus_per_node(cfg)
+        ep = role_ep_flags(cfg)
     else:
         gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     placement = place(num_nodes=c.num_nodes, gpus_per_node=gpn,
                       tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size,
-                      dp=par.data_parallel_size, expert_parallel=par.enable_expert_parallel,
+                      dp=par.data_parallel_size, expert_parallel=ep,
                       num_replicas=par.num_replicas,
                       num_prefill=pd.num_prefill_instances if pd else 0,
                       num_decode=pd.num_decode_instances if pd else 0,
@@ -45,9 +47,9 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
                           "decode_tp": par.role_tensor_parallel_size("decode"),
                           "separate_roles": separate_role_nodes(cfg)}
                          if per_role else {}))
-    if per_role and par.enable_expert_parallel:
-        # Each role's instances are one expert-parallel group, modelled by its deployment.
-        assert all(d.expert_parallel for d in roles.values())
+    if per_role:
+        # A role's expert-parallel group is modelled by its deployment.
+        assert tuple(roles[r].expert_parallel for r in ("prefill", "decode")) == ep
     num_gpus = c.num_nodes * gpn
     for i, t in enumerate(c.tenant_traffic):
         for name in ("src_gpu", "dst_gpu"):

@@ -58,15 +58,15 @@ class Placement:
 
 
 def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
-          expert_parallel: bool, num_replicas: int = 1, num_prefill: int = 0,
+          expert_parallel: bool | tuple[bool, bool], num_replicas: int = 1, num_prefill: int = 0,
           num_decode: int = 0, prefill_tp: int | None = None,
           decode_tp: int | None = None, separate_roles: bool = False) -> Placement:
     """Lay engines out on the cluster (replica after replica, DP rank after DP rank); impossible
     layouts raise ConfigError naming the field. `prefill_tp` / `decode_tp` give the instances of
     a disaggregated deployment a TP of their own, `separate_roles` nodes of their own per role
     (`place_roles`)."""
-    if ((prefill_tp is not None or decode_tp is not None or separate_roles or expert_parallel)
-            and num_prefill + num_decode > 0):
+    if ((prefill_tp is not None or decode_tp is not None or separate_roles
+            or any(_pair(expert_parallel))) and num_prefill + num_decode > 0):
         return place_roles(num_nodes=num_nodes, gpus_per_node=gpus_per_node, pp=pp,
                            num_prefill=num_prefill, num_decode=num_decode,
                            prefill_tp=prefill_tp or tp, decode_tp=decode_tp or tp,
@@ -98,11 +98,16 @@ def place(*, num_nodes: int, gpus_per_node: int, tp: int, pp: int, dp: int,
         role = MIXED if not disagg else (PREFILL if i < num_prefill else DECODE)
         instances.append(Instance(i, role, gpus))
     groups: tuple[tuple[int, ...], ...] = ()
-    if expert_parallel:
+    if expert_parallel is True:
         groups = tuple(tuple(range(k * dp, (k + 1) * dp)) for k in range(num_replicas))
         for g in groups:
             check_ep_group(instances, g, pp, gpus_per_node, "parallelism.data_parallel_size")
     return Placement(num_nodes, gpus_per_node, tp, pp, tuple(instances), groups)
+
+
+def _pair(flag: bool | tuple[bool, bool]) -> tuple[bool, bool]:
+    """(prefill, decode) expert-parallel flags from one flag for both or a pair."""
+    return flag if isinstance(flag, tuple) else (flag, flag)
 
 
 def check_ep_group(instances, group: tuple[int, ...], pp: int, gpus_per_node: int,
@@ -127,7 +132,8 @@ DECODE_TP_FIELD = "parallelism.prefill_decode.decode_tensor_parallel_size"
 
 def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int,
                 num_decode: int, prefill_tp: int, decode_tp: int,
-                separate_roles: bool = False, expert_parallel: bool = False) -> Placement:
+                separate_roles: bool = False,
+                expert_parallel: bool | tuple[bool, bool] = False) -> Placement:
     """Prefill and decode instances of their own TP on the cluster.
 
     Instance indices keep the order prefill first, then decode. GPUs are handed out to the
@@ -136,8 +142,9 @@ def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int
     or multiples of the node size, no GPU is left between instances. With `separate_roles`
     (prefill and decode on different GPUs) the prefill instances fill the first nodes and the
     decode instances start on the next whole node, so no node holds both. With
-    `expert_parallel` each role's instances are one expert-parallel group (`ep_groups`: the
-    prefill instances, then the decode instances), stepping in lock-step. `Placement.tp` is the
+    `expert_parallel` (one flag for both roles, or a (prefill, decode) pair) each such role's
+    instances are one expert-parallel group (`ep_groups`, prefill's first), stepping in
+    lock-step. `Placement.tp` is the
     decode instances' TP; an instance's own is `len(instance.gpus[0])`.
     """
     gpn = gpus_per_node
@@ -181,13 +188,14 @@ def place_roles(*, num_nodes: int, gpus_per_node: int, pp: int, num_prefill: int
                  tuple(tuple(first[i] + s * tps[i] + r for r in range(tps[i]))
                        for s in range(pp)))
         for i in range(len(tps)))
-    groups: tuple[tuple[int, ...], ...] = ()
-    if expert_parallel:
-        groups = (tuple(range(num_prefill)), tuple(range(num_prefill, len(tps))))
-        for g, role in zip(groups, (PREFILL, DECODE)):
+    groups: list[tuple[int, ...]] = []
+    for g, role, on in zip((tuple(range(num_prefill)), tuple(range(num_prefill, len(tps)))),
+                           (PREFILL, DECODE), _pair(expert_parallel)):
+        if on:
             check_ep_group(instances, g, pp, gpn,
                            f"parallelism.prefill_decode.num_{role}_instances")
-    return Placement(num_nodes, gpn, decode_tp, pp, instances, groups)
+            groups.append(g)
+    return Placement(num_nodes, gpn, decode_tp, pp, instances, tuple(groups))
 
 
 def instance_tp(instance: Instance) -> int:

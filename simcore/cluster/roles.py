@@ -24,6 +24,7 @@ ROLE_TP_FIELDS = {PREFILL: PREFILL_TP_FIELD, DECODE: DECODE_TP_FIELD}
 ROLE_GPU_FIELDS = {PREFILL: "parallelism.prefill_decode.prefill_gpu",
                    DECODE: "parallelism.prefill_decode.decode_gpu"}
 TP_FIELD = "parallelism.tensor_parallel_size"
+EP_FIELD = "parallelism.enable_expert_parallel"
 
 
 def role_gpu_name(cfg: SimConfig, role: str) -> str:
@@ -61,13 +62,20 @@ def role_gpus_per_node(cfg: SimConfig) -> int:
     return sizes[DECODE]
 
 
+def role_ep_flags(cfg: SimConfig) -> tuple[bool, bool]:
+    """(prefill, decode): whether each role's instances form an expert-parallel group."""
+    par = cfg.parallelism
+    return par.role_expert_parallel(PREFILL), par.role_expert_parallel(DECODE)
+
+
 def role_config(cfg: SimConfig, role: str) -> SimConfig:
     """The config as one instance of `role` sees it: the shared TP and GPU replaced by the
     role's; with expert parallelism, the role's instances as the DP ranks of one expert-parallel
     deployment (EP = the role's instances x its TP)."""
     par = cfg.parallelism
-    update: dict = {"tensor_parallel_size": par.role_tensor_parallel_size(role)}
-    if par.enable_expert_parallel:
+    update: dict = {"tensor_parallel_size": par.role_tensor_parallel_size(role),
+                    "enable_expert_parallel": par.role_expert_parallel(role)}
+    if par.role_expert_parallel(role):
         pd = par.prefill_decode
         update.update(prefill_decode=None, data_parallel_size=(
             pd.num_prefill_instances if role == PREFILL else pd.num_decode_instances))
@@ -95,7 +103,11 @@ def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None 
             out[role] = build_deployment(role_config(cfg, role), op_scale=op_scale)
         except ConfigError as err:
             text = str(err)
-            if explicit and text.startswith(TP_FIELD + ":"):
+            ep_field = f"parallelism.prefill_decode.{role}_expert_parallel"
+            own_ep = getattr(pd, f"{role}_expert_parallel") is not None
+            if own_ep and text.startswith(EP_FIELD + ":"):
+                text = ep_field + text[len(EP_FIELD):]
+            elif explicit and text.startswith(TP_FIELD + ":"):
                 text = ROLE_TP_FIELDS[role] + text[len(TP_FIELD):]
             elif explicit:
                 text = f"{ROLE_TP_FIELDS[role]} ({role} instances): {text}"
@@ -115,7 +127,7 @@ def check_layout(cfg: SimConfig) -> None:
         return
     place(num_nodes=c.num_nodes, gpus_per_node=role_gpus_per_node(cfg),
           tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size, dp=1,
-          expert_parallel=par.enable_expert_parallel, num_prefill=pd.num_prefill_instances,
+          expert_parallel=role_ep_flags(cfg), num_prefill=pd.num_prefill_instances,
           num_decode=pd.num_decode_instances,
           prefill_tp=par.role_tensor_parallel_size(PREFILL),
           decode_tp=par.role_tensor_parallel_size(DECODE),
