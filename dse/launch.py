@@ -284,23 +284,10 @@ def _unit_commands(name: str, role: str, members: list[int], ranks, cfg: SimConf
 
 def _role_ranks(cfg: SimConfig, gpn: int) -> list[list[tuple[int, int]]]:
     """(node, local GPU) of each instance of a disaggregated deployment whose roles have their
-    own TP or GPU, as the simulation placed them (`simcore.cluster.placement.place_roles`)."""
-    from simcore.cluster.placement import place_roles
+    own TP or GPU, as the simulation placed them (`simcore.cluster.roles.check_layout`)."""
     from simcore.cluster.roles import check_layout
 
-    from simcore.cluster.roles import role_ep_flags, separate_role_nodes
-
-    check_layout(cfg)
-    par = cfg.parallelism
-    pd = par.prefill_decode
-    placed = place_roles(num_nodes=cfg.cluster.num_nodes, gpus_per_node=gpn,
-                         pp=par.pipeline_parallel_size, num_prefill=pd.num_prefill_instances,
-                         num_decode=pd.num_decode_instances,
-                         prefill_tp=par.role_tensor_parallel_size("prefill"),
-                         decode_tp=par.role_tensor_parallel_size("decode"),
-                         separate_roles=separate_role_nodes(cfg),
-                         expert_parallel=role_ep_flags(cfg))
-    return [[divmod(g, gpn) for g in inst.all_gpus] for inst in placed.instances]
+    return [[divmod(g, gpn) for g in inst.all_gpus] for inst in check_layout(cfg).instances]
 
 
 def _one_role_tp(cfg: SimConfig) -> SimConfig:

@@ -107,7 +107,8 @@ def measure_noise(study, report: StudyReport) -> dict[str, float]:
     try:
         for k in range(NOISE_SEEDS + 1):
             r = simulate(cfg.model_copy(update={"seed": cfg.seed + k}))
-            runs.append(result_metrics(r, study.cost.usd_per_gpu_hour, study.cost.usd_per_gpu_hour_by_gpu))
+            runs.append(result_metrics(r, study.cost.usd_per_gpu_hour,
+                                       study.cost.usd_per_gpu_hour_by_gpu))
     except ConfigError:
         return {}
     out = {}

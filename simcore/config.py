@@ -113,38 +113,32 @@ class ParallelismConfig(BaseModel):
 
     def role_tensor_parallel_size(self, role: str) -> int:
         """TP of the instances of a role ("prefill", "decode"; anything else: the shared TP)."""
-        pd = self.prefill_decode
-        tp = None
-        if pd is not None and role == "prefill":
-            tp = pd.prefill_tensor_parallel_size
-        elif pd is not None and role == "decode":
-            tp = pd.decode_tensor_parallel_size
+        tp = self.role_setting(role, "tensor_parallel_size")
         return self.tensor_parallel_size if tp is None else tp
+
+    def role_setting(self, role: str, name: str) -> Any:
+        """prefill_decode's `<role>_<name>` setting of a role ("prefill", "decode"); None where
+        it is not set, there is no prefill_decode, or `role` is neither."""
+        pd = self.prefill_decode
+        if pd is None or role not in ("prefill", "decode"):
+            return None
+        return getattr(pd, f"{role}_{name}")
 
     @property
     def per_role_tp(self) -> bool:
         """Whether prefill and decode instances are declared with a TP of their own."""
-        pd = self.prefill_decode
-        return pd is not None and (pd.prefill_tensor_parallel_size is not None
-                                   or pd.decode_tensor_parallel_size is not None)
+        return any(self.role_setting(r, "tensor_parallel_size") is not None
+                   for r in ("prefill", "decode"))
 
     def role_gpu(self, role: str) -> str | None:
         """The GPU declared for the instances of a role ("prefill", "decode"), or None: the
         deployment's (hardware.gpu)."""
-        pd = self.prefill_decode
-        if pd is None:
-            return None
-        return pd.prefill_gpu if role == "prefill" else pd.decode_gpu if role == "decode" \
-            else None
+        return self.role_setting(role, "gpu")
 
     def role_expert_parallel(self, role: str) -> bool:
         """Whether the instances of a role ("prefill", "decode") form an expert-parallel group:
         the role's own setting, else enable_expert_parallel."""
-        pd = self.prefill_decode
-        own = None
-        if pd is not None:
-            own = (pd.prefill_expert_parallel if role == "prefill"
-                   else pd.decode_expert_parallel if role == "decode" else None)
+        own = self.role_setting(role, "expert_parallel")
         return self.enable_expert_parallel if own is None else own
 
     @property
@@ -152,10 +146,9 @@ class ParallelismConfig(BaseModel):
         """Whether prefill and decode instances are declared with a TP or a GPU of their own, or
         form expert-parallel groups: each role is then a deployment of its own
         (`simcore.cluster.roles`)."""
-        pd = self.prefill_decode
-        return self.per_role_tp or (pd is not None and (
-            pd.prefill_gpu is not None or pd.decode_gpu is not None
-            or self.role_expert_parallel("prefill") or self.role_expert_parallel("decode")))
+        return self.prefill_decode is not None and any(
+            self.role_setting(r, "tensor_parallel_size") is not None or self.role_gpu(r)
+            or self.role_expert_parallel(r) for r in ("prefill", "decode"))
 
     @property
     def num_gpus_used(self) -> int:

@@ -178,16 +178,16 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
                                             max_kvc_ready_requests=tier.max_kvc_ready_requests)
     # With expert parallelism EP = DP x TP: the DP ranks of each replica form one lock-step
     # EP group.
-    groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
-              if dep.expert_parallel else None)
-    if roles and any(d.expert_parallel for d in roles.values()):
-        # Disaggregated expert parallelism: an expert-parallel role's instances step as one
-        # group, each instance of another role on its own.
-        grouped = {i for g in cluster.placement.ep_groups for i in g}
-        groups = [g for g in cluster.placement.ep_groups if g] + [
-            (i,) for i in range(num_engines) if i not in grouped]
-    elif roles:
-        groups = None
+    if roles:
+        # Disaggregation: an expert-parallel role's instances step as one group, each
+        # instance of another role on its own.
+        ep_groups = cluster.placement.ep_groups
+        grouped = {i for g in ep_groups for i in g}
+        groups = ([*ep_groups, *((i,) for i in range(num_engines) if i not in grouped)]
+                  if ep_groups else None)
+    else:
+        groups = ([tuple(range(k * dp, (k + 1) * dp)) for k in range(par.num_replicas)]
+                  if dep.expert_parallel else None)
     run = run_serving(
         specs, sched_config=sched_cfg, num_replicas=num_engines,
         step_model=dep.step_model, router_policy=cfg.router.policy,
@@ -230,11 +230,7 @@ def with_roles(result: RunResult, cfg: SimConfig,
     m["output_throughput_per_gpu"] = m["output_throughput"] / n_gpu
     m["total_token_throughput_per_gpu"] = m["total_token_throughput"] / n_gpu
     count = {"prefill": pd.num_prefill_instances, "decode": pd.num_decode_instances}
-    by_type: dict[str, int] = {}
-    for role, d in sorted(roles.items(), key=lambda kv: kv[0] != "prefill"):
-        n = count[role] * par.role_tensor_parallel_size(role) * par.pipeline_parallel_size
-        by_type[d.gpu.name] = by_type.get(d.gpu.name, 0) + n
-    m["num_gpus_by_type"] = by_type
+    by_type = m["num_gpus_by_type"] = cfg.gpus_by_type()
     kv = dict(result.kv_cache)
     kv["roles"] = {
         role: {"gpu": d.gpu.name,

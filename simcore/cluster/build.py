@@ -30,26 +30,21 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
     par = cfg.parallelism
     pd = par.prefill_decode
     per_role = roles is not None and pd is not None
-    ep: bool | tuple[bool, bool] = par.enable_expert_parallel
     if per_role:
-        from simcore.cluster.roles import role_ep_flags, role_gpus_per_node, separate_role_nodes
-        gpn = role_gpus_per_node(cfg)
-        ep = role_ep_flags(cfg)
-    else:
-        gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
-    placement = place(num_nodes=c.num_nodes, gpus_per_node=gpn,
-                      tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size,
-                      dp=par.data_parallel_size, expert_parallel=ep,
-                      num_replicas=par.num_replicas,
-                      num_prefill=pd.num_prefill_instances if pd else 0,
-                      num_decode=pd.num_decode_instances if pd else 0,
-                      **({"prefill_tp": par.role_tensor_parallel_size("prefill"),
-                          "decode_tp": par.role_tensor_parallel_size("decode"),
-                          "separate_roles": separate_role_nodes(cfg)}
-                         if per_role else {}))
-    if per_role:
+        from simcore.cluster.roles import check_layout
+        placement = check_layout(cfg)
         # A role's expert-parallel group is modelled by its deployment.
-        assert tuple(roles[r].expert_parallel for r in ("prefill", "decode")) == ep
+        assert all(roles[inst.role].expert_parallel for g in placement.ep_groups
+                   for inst in (placement.instances[i] for i in g))
+    else:
+        placement = place(num_nodes=c.num_nodes,
+                          gpus_per_node=cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node,
+                          tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size,
+                          dp=par.data_parallel_size, expert_parallel=par.enable_expert_parallel,
+                          num_replicas=par.num_replicas,
+                          num_prefill=pd.num_prefill_instances if pd else 0,
+                          num_decode=pd.num_decode_instances if pd else 0)
+    gpn = placement.gpus_per_node
     num_gpus = c.num_nodes * gpn
     for i, t in enumerate(c.tenant_traffic):
         for name in ("src_gpu", "dst_gpu"):

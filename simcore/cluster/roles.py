@@ -13,7 +13,7 @@ its own; both kinds of node must hold the same number of GPUs.
 from __future__ import annotations
 
 from simcore.cluster.placement import (DECODE, DECODE_TP_FIELD, PREFILL, PREFILL_TP_FIELD,
-                                       Instance, place)
+                                       Instance, Placement, place)
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
 from simcore.hardware import HardwareConfig, get_gpu
@@ -95,16 +95,16 @@ def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None 
                           "network; add a cluster section")
     role_gpus_per_node(cfg)
     out: dict[str, Deployment] = {}
+    par = cfg.parallelism
     for role in ROLES:
-        explicit = (pd.prefill_tensor_parallel_size if role == PREFILL
-                    else pd.decode_tensor_parallel_size) is not None
+        explicit = par.role_setting(role, "tensor_parallel_size") is not None
         own_gpu = role_gpu_name(cfg, role) != get_gpu(cfg.hardware.gpu).name
         try:
             out[role] = build_deployment(role_config(cfg, role), op_scale=op_scale)
         except ConfigError as err:
             text = str(err)
             ep_field = f"parallelism.prefill_decode.{role}_expert_parallel"
-            own_ep = getattr(pd, f"{role}_expert_parallel") is not None
+            own_ep = par.role_setting(role, "expert_parallel") is not None
             if own_ep and text.startswith(EP_FIELD + ":"):
                 text = ep_field + text[len(EP_FIELD):]
             elif explicit and text.startswith(TP_FIELD + ":"):
@@ -118,20 +118,21 @@ def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None 
     return out
 
 
-def check_layout(cfg: SimConfig) -> None:
-    """Raise ConfigError unless the instances fit the cluster's nodes (cheap: no simulation)."""
+def check_layout(cfg: SimConfig) -> Placement | None:
+    """The placement of a disaggregated deployment's instances on the cluster's nodes (None
+    without a cluster or disaggregation); ConfigError unless they fit (cheap: no simulation)."""
     c = cfg.cluster
     par = cfg.parallelism
     pd = par.prefill_decode
     if c is None or pd is None:
-        return
-    place(num_nodes=c.num_nodes, gpus_per_node=role_gpus_per_node(cfg),
-          tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size, dp=1,
-          expert_parallel=role_ep_flags(cfg), num_prefill=pd.num_prefill_instances,
-          num_decode=pd.num_decode_instances,
-          prefill_tp=par.role_tensor_parallel_size(PREFILL),
-          decode_tp=par.role_tensor_parallel_size(DECODE),
-          separate_roles=separate_role_nodes(cfg))
+        return None
+    return place(num_nodes=c.num_nodes, gpus_per_node=role_gpus_per_node(cfg),
+                 tp=par.tensor_parallel_size, pp=par.pipeline_parallel_size, dp=1,
+                 expert_parallel=role_ep_flags(cfg), num_prefill=pd.num_prefill_instances,
+                 num_decode=pd.num_decode_instances,
+                 prefill_tp=par.role_tensor_parallel_size(PREFILL),
+                 decode_tp=par.role_tensor_parallel_size(DECODE),
+                 separate_roles=separate_role_nodes(cfg))
 
 
 class RoleBuilders:
