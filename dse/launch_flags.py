@@ -167,6 +167,8 @@ def engine_flags(cfg: SimConfig, dep, warnings: list[str],
     if not e.scheduler_reserve_full_isl:
         f.append("--no-scheduler-reserve-full-isl")
     f.append("--async-scheduling" if e.async_scheduling else "--no-async-scheduling")
+    if e.speculative_config is not None:
+        f += ["--speculative-config", speculative_flag(e.speculative_config, warnings)]
     if e.preemption_mode != "vllm":
         warnings.append(f"engine.preemption_mode {e.preemption_mode}: {SIMULATOR_ONLY} "
                         "(vLLM preempts the last-admitted, or lowest-priority, request)")
@@ -217,3 +219,23 @@ def more_warnings(cfg: SimConfig, num_nodes: int, warnings: list[str],
         notes.append("multi-node: every node needs the same vLLM version, model files and "
                      "Python environment; point NCCL at the RDMA NICs (NCCL_IB_HCA, "
                      "NCCL_SOCKET_IFNAME) and, with Ray, set VLLM_HOST_IP to each node's address")
+
+
+def speculative_flag(spec, warnings: list[str]) -> str:
+    """`--speculative-config`'s JSON for `engine.speculative_config` (vLLM's keys: method, model,
+    num_speculative_tokens, prompt_lookup_min / max); the acceptance model is the simulator's
+    stand-in for token contents and is not passed. An EAGLE head named by nothing gets a
+    placeholder and a warning: vLLM needs its checkpoint."""
+    out: dict = {"method": spec.method}
+    if spec.model:
+        out["model"] = spec.model
+    elif spec.method in ("eagle", "eagle3"):
+        out["model"] = "<EAGLE head checkpoint>"
+        warnings.append(f"engine.speculative_config.model not set: vLLM's {spec.method} needs "
+                        "the draft head's checkpoint; replace <EAGLE head checkpoint> in "
+                        "--speculative-config")
+    out["num_speculative_tokens"] = spec.num_speculative_tokens
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if getattr(spec, key) is not None:
+            out[key] = getattr(spec, key)
+    return json.dumps(out, separators=(", ", ": "))

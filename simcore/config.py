@@ -308,7 +308,10 @@ class EngineConfig(BaseModel):
         None, description="Speculative decoding (vLLM --speculative-config): a drafter proposes "
         "num_speculative_tokens tokens per decoding request each step, the target model "
         "verifies them in its next step, and the accepted ones (drawn from the declared "
-        "acceptance model) are emitted together. Null: off.")
+        "acceptance model) are emitted together. Composes with a cluster section (the "
+        "drafter's forwards in each step's DAG) and prefill/decode disaggregation (both roles "
+        "run the drafter, whose KV moves with the target's); refused with pipeline or expert "
+        "parallelism. Null: off.")
     implementation: Literal["simcore", "vllm"] = Field(
         "simcore", description="Who makes the scheduling decisions: the simulator's own "
         "vLLM-faithful scheduler, or the installed vLLM's V1 scheduler and KV-cache manager "

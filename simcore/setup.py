@@ -213,16 +213,9 @@ def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
                           f"{par.pipeline_parallel_size} is refused (vLLM does not compose "
                           "the two except EAGLE-3 in recent versions, which is not modelled); "
                           "use pipeline_parallel_size 1")
-    if par.prefill_decode is not None:
-        raise ConfigError(f"{where}: speculative decoding with prefill/decode disaggregation is "
-                          "not modelled (the drafter's KV on the prefill instance and its "
-                          "hand-off); remove one")
     if par.enable_expert_parallel:
         raise ConfigError(f"{where}: speculative decoding with expert parallelism is not "
                           "modelled (the drafter's time in a lock-step group); remove one")
-    if cfg.cluster is not None:
-        raise ConfigError(f"{where}: speculative decoding over a simulated fabric (a cluster "
-                          "section) is not modelled; remove one")
     if spec.method == "mtp":
         if arch.num_mtp_layers <= 0:
             raise ConfigError(f"{where}.method: mtp needs a model with multi-token-prediction "
@@ -273,6 +266,21 @@ def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
     own_head = vocab_shard if spec.method == "eagle3" else 0.0
     return (head.stage_weight_bytes(weight_dtype, tp) - shared + own_head,
             head.kv_bytes_per_token(kv_cache_dtype, tp))
+
+
+def drafter_kv_arch(cfg: SimConfig, arch: ModelArch) -> ModelArch | None:
+    """The architecture of the layers whose KV the speculative-decoding drafter keeps beside the
+    target's (None without one, or for n-gram lookup): a draft model's own, or the one decoder
+    layer of an EAGLE head or MTP layer (`draft_head_arch`). Its KV sits in the same blocks as
+    the target's, so it moves with them (a prefill-to-decode handoff)."""
+    spec = cfg.engine.speculative_config
+    if spec is None or spec.method == "ngram":
+        return None
+    if spec.method == "draft_model":
+        from simcore.model.presets import load_preset
+        return load_preset(spec.model)
+    from simcore.compute.speculative import draft_head_arch
+    return draft_head_arch(arch, spec.method)
 
 
 def speculative_step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec,

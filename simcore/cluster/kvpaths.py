@@ -42,7 +42,7 @@ class KvPaths:
 
     def __init__(self, runtime: ClusterRuntime, *, arch: ModelArch, kv_cache_dtype: str,
                  block_size: int, tier_capacity_tokens: int | None = None,
-                 min_fetch_blocks: int = 1) -> None:
+                 min_fetch_blocks: int = 1, draft_arch: ModelArch | None = None) -> None:
         self.runtime = runtime
         self.placement: Placement = runtime.placement
         self.block_size = block_size
@@ -51,6 +51,12 @@ class KvPaths:
         self.stage_bytes_per_token = [arch.kv_bytes_per_token(kv_cache_dtype, tp, len(layers))
                                       for layers in stage_layers(arch.num_layers,
                                                                  self.placement.pp)]
+        # A speculative-decoding drafter's KV layers (`draft_arch`) share the target's blocks
+        # and move with them; the drafter runs beside the last stage.
+        self.draft_arch = draft_arch
+        if draft_arch is not None:
+            self.stage_bytes_per_token[-1] += draft_arch.kv_bytes_per_token(
+                kv_cache_dtype, tp, draft_arch.num_layers)
         self.tier = (ExternalKVTier(max(1, tier_capacity_tokens // block_size))
                      if tier_capacity_tokens else None)
         self.min_fetch_blocks = min_fetch_blocks
@@ -153,6 +159,14 @@ class KvPaths:
             plan = self._plans[key] = [
                 shard_plan(self.arch, self.kv_cache_dtype, len(layers), *key)
                 for layers in stage_layers(self.arch.num_layers, self.placement.pp)]
+            d = self.draft_arch
+            if d is not None:
+                # The drafter's heads are read as the target's are; one read per GPU pair.
+                both: dict[tuple[int, int], float] = {}
+                for q, r, b in plan[-1] + shard_plan(d, self.kv_cache_dtype, d.num_layers,
+                                                     *key):
+                    both[q, r] = both.get((q, r), 0.0) + b
+                plan[-1] = [(q, r, b) for (q, r), b in both.items()]
         for s, stage in enumerate(dst.gpus):
             for q, r, bytes_per_token in plan[s]:
                 size = int(num_tokens * bytes_per_token)

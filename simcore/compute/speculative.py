@@ -64,32 +64,64 @@ class SpeculativeStepModel:
             raise AttributeError(name)
         return getattr(self.target, name)
 
-    def draft_time(self, shape: StepShape) -> StepTime | None:
-        """The drafter's forwards after a step of `shape` (None: no GPU time)."""
-        draft = self.draft
-        if draft is None or shape.num_seqs <= 0:
-            return None
-        first = draft.step_time(shape)
-        total, compute, comm = first.total_s, first.compute_s, first.comm_s
+    def draft_shapes(self, shape: StepShape) -> list[StepShape]:
+        """The shapes of the drafter's forwards after a step of `shape` ([] when it has no GPU
+        work): one over the step's tokens, then k - 1 of one token per request, each reading
+        the KV of the drafts before it."""
+        if self.draft is None or shape.num_seqs <= 0:
+            return []
         b = shape.num_seqs
         ctx = shape.kv_tokens_read
+        out = [shape]
         for j in range(1, self.k):
             kv = ctx + b * j
-            st = draft.step_time(StepShape(b, b, b, float(kv), kv, kv))
+            out.append(StepShape(b, b, b, float(kv), kv, kv))
+        return out
+
+    def draft_time(self, shape: StepShape) -> StepTime | None:
+        """The drafter's forwards after a step of `shape` (None: no GPU time)."""
+        shapes = self.draft_shapes(shape)
+        if not shapes:
+            return None
+        draft = self.draft
+        first = draft.step_time(shapes[0])
+        total, compute, comm = first.total_s, first.compute_s, first.comm_s
+        for s in shapes[1:]:
+            st = draft.step_time(s)
             total += st.total_s
             compute += st.compute_s
             comm += st.comm_s
         return StepTime(total, compute, comm, first.bound, total - compute - comm)
 
     def step_time(self, shape: StepShape) -> StepTime:
-        st = self.target.step_time(shape)
+        """The target's step with the drafter's forwards on the GPU after it: where the target
+        is a roofline-family model, the step is assembled whole (its launch floor and its CPU
+        side, async scheduling's overlap and the API server's pace, over the target's and the
+        drafter's GPU time together, as a step DAG times it); else the drafter's time is added
+        to the target's step."""
         d = self.draft_time(shape)
+        target = self.target
         if d is None:
-            return st
-        total = st.total_s + d.total_s
-        compute = st.compute_s + d.compute_s
-        comm = st.comm_s + d.comm_s
-        return StepTime(total, compute, comm, st.bound, total - compute - comm, st.all_to_all_s)
+            return target.step_time(shape)
+        assemble = getattr(target, "assemble", None)
+        if assemble is None or shape.num_tokens <= 0:
+            st = target.step_time(shape)
+            total = st.total_s + d.total_s
+            compute = st.compute_s + d.compute_s
+            comm = st.comm_s + d.comm_s
+            return StepTime(total, compute, comm, st.bound, total - compute - comm,
+                            st.all_to_all_s)
+        cb, mb = target.op_bounds(shape)
+        # The drafter's GPU time (its launch floors included) counts on the bound its
+        # forwards name; its collectives are communication.
+        draft_gpu = d.total_s - d.comm_s
+        if d.bound == "compute":
+            cb += draft_gpu
+        else:
+            mb += draft_gpu
+        full_graph = (shape.num_decode_seqs + shape.num_spec_tokens == shape.num_tokens
+                      and shape.num_tokens <= target.cuda_graph_max_num_tokens)
+        return assemble(cb, mb, target.comm_s(shape) + d.comm_s, full_graph, shape=shape)
 
     def assumption_lines(self) -> list[str]:
         lines = list(self.target.assumption_lines())

@@ -91,6 +91,12 @@ class StepDagBuilder(ExpertParallelSteps):
                                 for a, b in zip(bounds, bounds[1:])])
         self.num_moe = arch.num_moe_layers()
         self.num_dense = arch.num_layers - self.num_moe
+        # Speculative decoding: verifications are decodes carrying drafts, and the drafter's
+        # forwards follow the target's on the last stage.
+        self.speculative = getattr(model, "draft_shapes", None) is not None
+        self.shape_of = (StepShape.from_scheduled_spec if self.speculative
+                         else StepShape.from_scheduled)
+        self.draft = getattr(model, "draft", None)
         self.alpha = model.assumptions.collective_hop_latency_s
         self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
         self._lanes: dict[int, list[Lane]] = {}            # instance -> its lanes (immutable)
@@ -177,27 +183,27 @@ class StepDagBuilder(ExpertParallelSteps):
         wholes: list[StepShape | None] = []
         dummy = StepShape.dummy()
         for inst, sched in batches:
-            whole = StepShape.from_scheduled(sched) if sched else None
+            whole = self.shape_of(sched) if sched else None
             wholes.append(whole)
             mbs = []
             for part in split_batch(sched or [], outer):
                 subs = split_batch(part, inner)
                 # An unsplit batch is its own shape; an empty sub-batch is a dummy one (every
                 # rank of an expert-parallel group joins every all-to-all).
-                shapes = [whole if sub is sched else StepShape.from_scheduled(sub) if sub
+                shapes = [whole if sub is sched else self.shape_of(sub) if sub
                           else dummy for sub in subs]
                 if self.ep_model is not None:
                     shapes += [dummy] * (inner - len(shapes))
                 mbs.append(shapes)
             plans.append(mbs)
-            if whole is not None and (whole.num_decode_seqs != whole.num_tokens
+            if whole is not None and (whole.num_decode_tokens != whole.num_tokens
                                       or whole.num_tokens > limit):
                 full_graph = False
         if self.ep_model is not None:
             self._build_ep(dag, batches, plans, lane_ids, comm_stream)
         else:
-            for (inst, _), mbs, ids in zip(batches, plans, lane_ids):
-                self._build_engine(dag, mbs, ids, comm_stream)
+            for (inst, _), mbs, ids, whole in zip(batches, plans, lane_ids, wholes):
+                self._build_engine(dag, mbs, ids, comm_stream, whole)
         return dag, full_graph, wholes
 
     def _ops(self, shape: StepShape,
@@ -217,8 +223,10 @@ class StepDagBuilder(ExpertParallelSteps):
         return attn, mlp
 
     def _build_engine(self, dag: StepDag, mbs: list[list[StepShape]], lanes: list[int],
-                      comm_stream: int) -> None:
-        """One engine (no expert parallelism): stages in order, micro-batches through them."""
+                      comm_stream: int, whole: StepShape | None = None) -> None:
+        """One engine (no expert parallelism): stages in order, micro-batches through them;
+        with speculative decoding the drafter's forwards over the `whole` batch close the
+        last stage."""
         h, ab = self.arch.hidden_size, self.ab
         prev_stage_out: list[list[tuple[int, ...]]] = []   # per outer mb, per sub: ready nodes
         for s, lane in enumerate(lanes):
@@ -255,6 +263,46 @@ class StepDagBuilder(ExpertParallelSteps):
                                                         ready[k], comm_stream)
                 stage_out.append(ready)
             prev_stage_out = stage_out
+        if self.draft is not None and whole is not None:
+            last = tuple(n for mb in prev_stage_out for sub in mb for n in sub)
+            self._draft_forwards(dag, lanes[-1], whole, last, comm_stream)
+
+    def _draft_forwards(self, dag: StepDag, lane: int, whole: StepShape,
+                        deps: tuple[int, ...], comm_stream: int) -> None:
+        """The drafter's forwards after the target's (`SpeculativeStepModel.draft_shapes`),
+        each as the target's layers are built: the vocabulary-parallel embedding's all-reduce,
+        the drafter's attention side and the all-reduces after it, its MLP side and the
+        all-reduces after that, its LM head and the logits' all-gather; compute timed by the
+        drafter's step model (its launch floor on the attention side), collectives as the
+        target's (inside a node by the ring formulas, across nodes over the fabric)."""
+        draft = self.draft
+        arch = draft.arch
+        h, ab, layers = arch.hidden_size, self.ab, arch.num_layers
+        tp = self.tp
+        ready = deps
+        for shape in self.model.draft_shapes(whole):
+            by_op: dict[str, float] = {}
+            draft.op_bounds(shape, by_op=by_op)
+            gpu = sum(by_op.values())
+            busy = draft.step_time(shape).total_s - draft.comm_s(shape)
+            attn = by_op.get("attention", 0.0) + by_op.get("elementwise", 0.0) + (busy - gpu)
+            mlp = by_op.get("mlp", 0.0) + by_op.get("moe", 0.0)
+            size = shape.num_tokens * h * ab
+            if tp > 1:
+                ready = self._collective(dag, lane, "all_reduce", size, 1, ready, comm_stream)
+            ready = (dag.compute(lane, "draft", attn, ready),)
+            if tp > 1:
+                ready = self._collective(dag, lane, "all_reduce", size, layers, ready,
+                                         comm_stream)
+            ready = (dag.compute(lane, "draft", mlp, ready),)
+            if tp > 1:
+                ready = self._collective(dag, lane, "all_reduce", size, layers, ready,
+                                         comm_stream)
+            ready = (dag.compute(lane, "draft", by_op.get("lm_head", 0.0), ready),)
+            if tp > 1 and shape.num_seqs:
+                ready = self._collective(dag, lane, "all_gather",
+                                         shape.num_seqs * arch.vocab_size * ab, 1, ready,
+                                         comm_stream)
 
     def _pp_hop(self, dag: StepDag, src_lane: int, dst_lane: int, num_tokens: int,
                 deps: tuple[int, ...], comm_stream: int) -> tuple[int, ...]:
