@@ -310,7 +310,8 @@ class EngineConfig(BaseModel):
         "verifies them in its next step, and the accepted ones (drawn from the declared "
         "acceptance model) are emitted together. Composes with a cluster section (the "
         "drafter's forwards in each step's DAG) and prefill/decode disaggregation (both roles "
-        "run the drafter, whose KV moves with the target's); refused with pipeline or expert "
+        "run the drafter, whose KV moves with the target's) and expert parallelism (every "
+        "rank of a group drafts; not on a cluster section); refused with pipeline "
         "parallelism. Null: off.")
     implementation: Literal["simcore", "vllm"] = Field(
         "simcore", description="Who makes the scheduling decisions: the simulator's own "

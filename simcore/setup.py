@@ -213,9 +213,11 @@ def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
                           f"{par.pipeline_parallel_size} is refused (vLLM does not compose "
                           "the two except EAGLE-3 in recent versions, which is not modelled); "
                           "use pipeline_parallel_size 1")
-    if par.enable_expert_parallel:
-        raise ConfigError(f"{where}: speculative decoding with expert parallelism is not "
-                          "modelled (the drafter's time in a lock-step group); remove one")
+    if par.enable_expert_parallel and cfg.cluster is not None:
+        raise ConfigError(f"{where}: speculative decoding with expert parallelism on a cluster "
+                          "section is not modelled (the drafter's forwards and all-to-alls in "
+                          "the step DAGs); remove one, or the cluster section for the "
+                          "analytical group model")
     if spec.method == "mtp":
         if arch.num_mtp_layers <= 0:
             raise ConfigError(f"{where}.method: mtp needs a model with multi-token-prediction "
@@ -252,7 +254,10 @@ def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
     spec = cfg.engine.speculative_config
     if spec is None or spec.method == "ngram":
         return 0.0, 0.0
-    tp = cfg.parallelism.tensor_parallel_size
+    par = cfg.parallelism
+    tp = par.tensor_parallel_size
+    # With expert parallelism an MTP layer's routed experts spread whole over the EP group.
+    ep = tp * par.data_parallel_size if par.enable_expert_parallel else 1
     if spec.method == "draft_model":
         from simcore.model.presets import load_preset
         draft = load_preset(spec.model)
@@ -264,8 +269,8 @@ def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
     vocab_shard = head.embedding_params / tp * other
     shared = vocab_shard * (1 if head.tie_word_embeddings else 2) + head.hidden_size * other
     own_head = vocab_shard if spec.method == "eagle3" else 0.0
-    return (head.stage_weight_bytes(weight_dtype, tp) - shared + own_head,
-            head.kv_bytes_per_token(kv_cache_dtype, tp))
+    return (head.stage_weight_bytes(weight_dtype, tp, ep=ep if head.is_moe else 1) - shared
+            + own_head, head.kv_bytes_per_token(kv_cache_dtype, tp))
 
 
 def drafter_kv_arch(cfg: SimConfig, arch: ModelArch) -> ModelArch | None:
@@ -289,7 +294,8 @@ def speculative_step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec,
     """The target's step model plus the drafter's forwards of each step
     (`simcore.compute.speculative`): the drafter timed by a model of the same kind, TP and
     profile, with no CPU time of its own."""
-    from simcore.compute.speculative import SpeculativeStepModel, draft_head_arch
+    from simcore.compute.speculative import (SpeculativeGroupModel, SpeculativeStepModel,
+                                             draft_head_arch)
 
     spec = cfg.engine.speculative_config
     draft = None
@@ -303,13 +309,18 @@ def speculative_step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec,
         label = f"one decoder layer and the LM head of {arch.name} ({spec.method})"
     if spec.method != "ngram":
         c = cfg.compute
+        par = {"pipeline_parallel_size": 1}
+        if cfg.parallelism.enable_expert_parallel and not draft_arch.is_moe:
+            # A dense drafter runs on each rank of an expert-parallel group alone.
+            par.update(enable_expert_parallel=False, data_parallel_size=1)
         bare = cfg.model_copy(update={
-            "parallelism": cfg.parallelism.model_copy(update={"pipeline_parallel_size": 1}),
+            "parallelism": cfg.parallelism.model_copy(update=par),
             "compute": c.model_copy(update={"roofline": c.roofline.model_copy(
                 update={"step_overhead_s": 0.0})}),
             "host": cfg.host.model_copy(update={"model": "constant"})})
         draft = step_model(bare, draft_arch, gpu, weight_dtype=weight_dtype,
                            kv_cache_dtype=kv_cache_dtype, op_scale=op_scale)
-    return SpeculativeStepModel(target, draft, method=spec.method,
-                                num_speculative_tokens=spec.num_speculative_tokens,
-                                draft_label=label)
+    kind = (SpeculativeGroupModel if cfg.parallelism.enable_expert_parallel
+            else SpeculativeStepModel)
+    return kind(target, draft, method=spec.method,
+                num_speculative_tokens=spec.num_speculative_tokens, draft_label=label)

@@ -299,9 +299,10 @@ def test_combinations_vllm_refuses_are_refused(spec, sections, field, words):
     assert words in msg
 
 
-def test_expert_parallelism_and_disaggregation_are_refused_as_not_modelled():
+def test_expert_parallelism_on_a_cluster_is_refused_as_not_modelled():
     msg = refusal(EAGLE3, deploy=True, model={"name": "Qwen/Qwen3-30B-A3B"},
-                  parallelism={"enable_expert_parallel": True, "data_parallel_size": 2})
+                  parallelism={"enable_expert_parallel": True, "data_parallel_size": 2},
+                  cluster={"num_nodes": 1})
     assert msg.startswith("engine.speculative_config: ") and "not modelled" in msg
 
 

@@ -165,7 +165,7 @@ def test_the_launch_plan_passes_the_drafter_to_every_instance():
     assert any("speculative_config.model not set" in w for w in plan.warnings)
 
 
-def test_expert_parallelism_with_speculation_is_still_refused():
+def test_expert_parallelism_with_speculation_on_a_cluster_is_refused():
     cfg = config(EAGLE3, model={"name": "Qwen/Qwen3-30B-A3B"},
                  parallelism={"enable_expert_parallel": True, "data_parallel_size": 2},
                  cluster={"num_nodes": 1})

@@ -220,8 +220,12 @@ class ExpertParallelRoofline:
 
     # -- step times -----------------------------------------------------------------------------
 
-    def step_time_group(self, shapes: list[StepShape]) -> StepTime:
-        """The common duration of one lock-step step in which rank r runs `shapes[r]`."""
+    def group_parts(self, shapes: list[StepShape]
+                    ) -> tuple[float, float, float, float, bool] | None:
+        """(compute-bound, memory-bound, communication, all-to-all, full CUDA graph) of one
+        lock-step step in which rank r runs `shapes[r]`: the slowest rank's non-MoE part, the
+        experts over the group's tokens and the all-to-alls (in the communication too); None
+        when no rank has a token."""
         if len(shapes) != self.num_ranks:
             raise ValueError(f"expected {self.num_ranks} shapes (one per DP rank), "
                              f"got {len(shapes)}")
@@ -244,11 +248,18 @@ class ExpertParallelRoofline:
             if s > slowest_s:
                 slowest, slowest_s = part, s
         if total_tokens == 0:
-            return StepTime(0.0, 0.0, 0.0, "compute")
+            return None
         moe_c, moe_m = self.moe_bounds(total_tokens)
         a2a = self.all_to_all_s(max_tokens)
-        return self.rank_model.assemble(slowest[0] + moe_c, slowest[1] + moe_m,
-                                        slowest[2] + a2a, full_graph, a2a, group=shapes)
+        return slowest[0] + moe_c, slowest[1] + moe_m, slowest[2] + a2a, a2a, full_graph
+
+    def step_time_group(self, shapes: list[StepShape]) -> StepTime:
+        """The common duration of one lock-step step in which rank r runs `shapes[r]`."""
+        parts = self.group_parts(shapes)
+        if parts is None:
+            return StepTime(0.0, 0.0, 0.0, "compute")
+        cb, mb, comm, a2a, full_graph = parts
+        return self.rank_model.assemble(cb, mb, comm, full_graph, a2a, group=shapes)
 
     def step_time(self, shape: StepShape) -> StepTime:
         """The group step with one rank running `shape` and every other rank a dummy batch."""

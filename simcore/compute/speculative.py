@@ -152,3 +152,66 @@ class SpeculativeStepModel:
                          "per token for a head, the draft model's own layers) come out of the "
                          "KV-cache memory; its activations and CUDA graphs are not counted")
         return lines
+
+
+class SpeculativeGroupModel(SpeculativeStepModel):
+    """An expert-parallel group's step model (`ExpertParallelRoofline`) plus the drafter's
+    forwards on every rank of each lock-step step.
+
+    A rank with sequences drafts after its target forward (`draft_shapes`); a rank with none
+    (a dummy batch) runs the drafter's dummy forward, as vLLM's dummy run does. A drafter with
+    routed experts (an MTP layer of a MoE model) is itself an expert-parallel group model: each
+    of its k forwards is a lock-step step of the group, the experts over every rank's tokens
+    and its all-to-alls set by the rank with the most. A dense drafter (an EAGLE head, a draft
+    model) runs on each rank alone; the group waits for the slowest rank's forwards. The step
+    is assembled whole (launch floor, CPU side) over the target's and the drafter's times.
+    """
+
+    __slots__ = ()
+
+    def _draft_parts(self, shapes: list[StepShape]) -> tuple[float, float, float, float]:
+        """(compute-bound, memory-bound, communication, all-to-all) of the drafter's forwards
+        in a step whose ranks run `shapes`."""
+        draft = self.draft
+        if draft is None:
+            return 0.0, 0.0, 0.0, 0.0
+        per_rank = [self.draft_shapes(s) for s in shapes]
+        if not any(per_rank):
+            return 0.0, 0.0, 0.0, 0.0
+        group_parts = getattr(draft, "group_parts", None)
+        if group_parts is not None:
+            dummy = StepShape.dummy()
+            cb = mb = comm = a2a = 0.0
+            for j in range(self.k):
+                parts = group_parts([f[j] if f else dummy for f in per_rank])
+                if parts is not None:
+                    cb += parts[0]
+                    mb += parts[1]
+                    comm += parts[2]
+                    a2a += parts[3]
+            return cb, mb, comm, a2a
+        slowest = (0.0, 0.0, 0.0)
+        for forwards in per_rank:
+            cb = mb = comm = 0.0
+            for s in forwards:
+                c, m = draft.op_bounds(s)
+                cb += c
+                mb += m
+                comm += draft.comm_s(s)
+            if cb + mb + comm > sum(slowest):
+                slowest = (cb, mb, comm)
+        return (*slowest, 0.0)
+
+    def step_time_group(self, shapes: list[StepShape]) -> StepTime:
+        target = self.target
+        parts = target.group_parts(shapes)
+        if parts is None:
+            return StepTime(0.0, 0.0, 0.0, "compute")
+        cb, mb, comm, a2a, full_graph = parts
+        dc, dm, dcomm, da2a = self._draft_parts(shapes)
+        return target.rank_model.assemble(cb + dc, mb + dm, comm + dcomm, full_graph,
+                                          a2a + da2a, group=shapes)
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        """The group step with one rank running `shape` and every other rank a dummy batch."""
+        return self.step_time_group([shape] + [StepShape.dummy()] * (self.num_ranks - 1))
