@@ -3,6 +3,7 @@ profile format, the shipped profiles (re-fitted byte for byte from the installed
 the step-time model that uses them."""
 
 import gzip
+import hashlib
 import json
 import math
 
@@ -436,3 +437,11 @@ def test_moe_routing_is_refused_where_it_would_do_nothing():
                                                        "moe_routing": "power_law_1.2"}})
     with pytest.raises(ConfigError, match="compute.moe_routing: .* dense model"):
         simulate(cfg)
+
+
+@pytest.mark.parametrize("profile_id", shipped_kernel_profile_ids())
+def test_a_shipped_profiles_digest_is_that_of_its_json_text(profile_id):
+    """A shipped profile's digest is taken from its file's bytes; they are exactly the JSON text
+    `save` writes, so the digest is the one `to_json` gives (results record it)."""
+    p = shipped_kernel_profile(profile_id)
+    assert p.digest == hashlib.sha256(p.to_json().encode()).hexdigest()[:16]

@@ -272,8 +272,66 @@ class KernelProfileData(BaseModel):
                                           "'all_gather/nccl', 'memory/<kernel>'.")
 
 
+def _gemm_grid(t: GemmTable) -> LogGrid:
+    return LogGrid([t.m, t.n, t.k], _grid_values(t.time_us, (len(t.m), len(t.n), len(t.k))),
+                   GEMM_CAPS, GEMM_FLOORS)
+
+
+def _attention_grid(t: AttentionTable) -> LogGrid:
+    caps = CONTEXT_CAPS if t.phase == "context" else DECODE_CAPS
+    return LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))), caps)
+
+
+def _mla_grid(t: MlaTable) -> LogGrid:
+    return LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))), t.caps)
+
+
+def _moe_curve(c: MoeCurve) -> KnotCurve:
+    return KnotCurve(c.num_tokens, np.asarray(c.time_us) / US_PER_S, log_log=True)
+
+
+def _elements_curve(c: CommCurve) -> KnotCurve:
+    return KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S, log_log=True)
+
+
+class _Built:
+    """A read-only mapping from keys to tables whose values are built from the tables on first
+    lookup (and kept): iteration and membership see the keys, lookups the built objects."""
+
+    __slots__ = ("_tables", "_build", "_built")
+
+    def __init__(self, tables: dict, build):
+        self._tables = tables
+        self._build = build
+        self._built: dict = {}
+
+    def get(self, key, default=None):
+        got = self._built.get(key)
+        if got is None:
+            table = self._tables.get(key)
+            if table is None:
+                return default
+            got = self._built[key] = self._build(table)
+        return got
+
+    def __getitem__(self, key):
+        got = self.get(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+    def __contains__(self, key) -> bool:
+        return key in self._tables
+
+    def __iter__(self):
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+
 class KernelProfile:
-    """A validated kernel profile with its grids built for lookups; immutable.
+    """A validated kernel profile with its grids built for lookups (each on its first); immutable.
 
     Lookups return None where the profile has nothing for the asked kernel, shape or dtype: the
     caller times that op otherwise and says so."""
@@ -282,34 +340,22 @@ class KernelProfile:
         self.data = data
         self.source = source
         self._digest: str | None = None
-        self._gemm = {t.dtype: LogGrid([t.m, t.n, t.k],
-                                       _grid_values(t.time_us, (len(t.m), len(t.n), len(t.k))),
-                                       GEMM_CAPS, GEMM_FLOORS)
-                      for t in data.gemm}
+        # The grids and curves are built from their tables on first lookup: a profile holds
+        # hundreds of them (every head shape, MoE shape and dtype measured) and a run looks up
+        # a few.
+        self._gemm = _Built({t.dtype: t for t in data.gemm}, _gemm_grid)
         self._gemm_m = {t.dtype: t.m for t in data.gemm}
         self._host_ratio: dict[str, float | None] = {}
-        self._attn: dict[tuple, LogGrid] = {}
-        for t in data.attention:
-            caps = CONTEXT_CAPS if t.phase == "context" else DECODE_CAPS
-            self._attn[(t.phase, t.kv_cache_dtype, t.num_heads, t.num_kv_heads, t.head_dim,
-                        t.window)] = \
-                LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))),
-                        caps)
-        self._moe = {(c.dtype, c.hidden, c.inter, c.topk, c.num_experts, c.tp, c.ep, c.routing):
-                     KnotCurve(c.num_tokens, np.asarray(c.time_us) / US_PER_S, log_log=True)
-                     for c in data.moe}
-        self._ar = {(c.mode, c.num_gpus): KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S,
-                                                    log_log=True)
-                    for c in data.all_reduce}
-        self._ag = {c.num_gpus: KnotCurve(c.elements, np.asarray(c.time_us) / US_PER_S,
-                                          log_log=True)
-                    for c in data.all_gather}
+        self._attn = _Built({(t.phase, t.kv_cache_dtype, t.num_heads, t.num_kv_heads, t.head_dim,
+                              t.window): t for t in data.attention}, _attention_grid)
+        self._moe = _Built({(c.dtype, c.hidden, c.inter, c.topk, c.num_experts, c.tp, c.ep,
+                             c.routing): c for c in data.moe}, _moe_curve)
+        self._ar = _Built({(c.mode, c.num_gpus): c for c in data.all_reduce}, _elements_curve)
+        self._ag = _Built({c.num_gpus: c for c in data.all_gather}, _elements_curve)
         self._mem = [(c.kernel, KnotCurve(c.bytes, np.asarray(c.time_us) / US_PER_S,
                                           log_log=True)) for c in data.memory]
-        self._mla = {(t.phase, t.kv_cache_dtype, t.gemm_dtype, t.num_heads, t.shape):
-                     LogGrid([t.batch, t.seq], _grid_values(t.time_us, (len(t.batch), len(t.seq))),
-                             t.caps)
-                     for t in data.mla}
+        self._mla = _Built({(t.phase, t.kv_cache_dtype, t.gemm_dtype, t.num_heads, t.shape): t
+                            for t in data.mla}, _mla_grid)
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -362,7 +408,7 @@ class KernelProfile:
     def digest(self) -> str:
         """The first 16 hex digits of the sha256 of the profile's JSON text (computed once)."""
         if self._digest is None:
-            self._digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+            self._digest = _digest_of(self.to_json().encode())
         return self._digest
 
     @property
@@ -493,8 +539,16 @@ def shipped_kernel_profile(profile_id: str) -> KernelProfile:
     if profile_id not in known:
         raise ConfigError(f"unknown kernel profile {profile_id!r}; shipped: {', '.join(known)}")
     raw = (resources.files("simcore").joinpath(*_FOLDER, f"{profile_id}.json.gz")).read_bytes()
-    return KernelProfile.from_dict(json.loads(gzip.decompress(raw)),
-                                   source=f"{profile_id}.json.gz")
+    text = gzip.decompress(raw)
+    profile = KernelProfile.from_dict(json.loads(text), source=f"{profile_id}.json.gz")
+    # A shipped profile's file is the profile's JSON text, written by `save`: its digest is that
+    # of the file's bytes, with no need to write the text again.
+    profile._digest = _digest_of(text)
+    return profile
+
+
+def _digest_of(text: bytes) -> str:
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 def relative_errors(predicted: list[float | None], measured: list[float]) -> list[float]:

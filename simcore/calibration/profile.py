@@ -492,16 +492,23 @@ def _is_leaf(value: Any) -> bool:
     return True
 
 
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+"""`json.dumps(value, separators=(",", ":"))`, its encoder made once."""
+
+_key = json.JSONEncoder().encode
+"""`json.dumps(key)`, likewise."""
+
+
 def _dump(value: Any, indent: int) -> str:
     if isinstance(value, dict) and not all(_is_leaf(v) for v in value.values()):
         pad = " " * indent
-        items = [f"{pad} {json.dumps(k)}: {_dump(v, indent + 1)}" for k, v in value.items()]
+        items = [f"{pad} {_key(k)}: {_dump(v, indent + 1)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"
     if isinstance(value, list) and not all(_is_leaf(v) for v in value):
         pad = " " * indent
         items = [f"{pad} {_dump(v, indent + 1)}" for v in value]
         return "[\n" + ",\n".join(items) + "\n" + pad + "]"
-    return json.dumps(value, separators=(",", ":"))
+    return _compact(value)
 
 
 def dumps_profile(data: dict) -> str:
