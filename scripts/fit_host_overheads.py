@@ -1,13 +1,15 @@
-"""Fit the CPU-side parameters that could not be measured (`simcore.host`) on the `fit` part of
-the end-to-end validation set, and write them to simcore/data/cpu_costs/fitted.json.
+"""Fit the parameters that could not be measured on the `fit` part of the end-to-end validation
+set, and write them to simcore/data/cpu_costs/fitted.json.
 
 The parameters: the model runner's CPU time per step and per scheduled sequence, the API
-server's per streamed token and per request. The objective: the mean over the fit cases and their
-metric families of |log(predicted / measured)|; with the result, the quantiles of the fit cases'
-residuals log(measured / predicted) per metric family, which calibrated envelopes use. The search: coordinate descent over log-spaced
-grids (each parameter in turn, all others fixed), two rounds, then a finer grid around the best,
-the API server's two parameters kept under `BOUNDS` (a published whole-server measurement); the
-held-out cases are never simulated here.
+server's per streamed token and per request (`simcore.host`), and the calibrated compute
+model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks). The
+objective: the mean over the fit cases and their metric families of |log(predicted /
+measured)|; with the result, the quantiles of the fit cases' residuals log(measured / predicted)
+per metric family, which calibrated envelopes use. The search: coordinate descent over grids
+(each parameter in turn, all others fixed), two rounds, then a finer grid around the best, the
+API server's two parameters and the compute-bound scale kept under `BOUNDS` (published
+measurements); the held-out cases are never simulated here.
 
 With the parameters, the objective over the fit cases of mixture-of-experts models under each
 measured MoE routing (`moe_routing_objective`), from which the default routing was chosen.
@@ -35,13 +37,15 @@ from simcore.host import FITTED, FITTED_KEYS  # noqa: E402
 from simcore.model.presets import load_preset  # noqa: E402
 
 GRIDS = {
+    "compute_bound_scale": [1.0, 1.05, 1.1, 1.15, 1.2, 1.25],
     "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
     "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
     "api_server_per_token_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5],
     "request_overhead_s": [0.0, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 0.012, 0.015],
 }
 
-BOUNDS = {"api_server_per_token_s": 6e-5, "request_overhead_s": 0.015}
+BOUNDS = {"api_server_per_token_s": 6e-5, "request_overhead_s": 0.015,
+          "compute_bound_scale": 1.25}
 """Upper bounds from a published measurement of a whole vLLM server, so that the fit cannot
 give the API server costs no real one has: Llama-3.1-8B on H100 under ShareGPT at 200 req/s
 offered served 129.9 req/s on 1.71 replicas on average (about 76 req/s, some 15,000 output
@@ -50,13 +54,27 @@ pull request 1025, 2026-04-17, real vLLM on one H100 per replica). One API serve
 up with 15,000 tokens/s spends at most 66 us per token, and at a 6.5 ms step with about 100
 streams at most 60 us beyond the output processor's measured cost; a 28.6 ms median TTFT that
 also holds the prompt's prefill and a step's wait leaves at most about 15 ms of latency on the
-request's path."""
+request's path.
+
+The compute-bound scale (`compute.compute_bound_scale`) stands for the tensor cores' sustained
+clock under serving load against the boost clock the kernel databases measured at: at its power
+limit an A100 sustains 1,305 of its 1,410 MHz (the clock NVIDIA took for its HPL peak; G. Lockwood,
+"Peak FLOPS", glennklockwood.com/garden/peak-FLOPS), and an H100 PCIe under sustained GEMM load
+was seen averaging 1,384 of its 1,755 MHz boost (0.79; reanimator/bee, benchmark clock
+calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest ratio."""
+
+
+FLOORS = {"compute_bound_scale": 1.0}
+"""Lower bounds: a sustained clock is never above the boost clock."""
 
 
 def _residuals(args):
     case, params, *routing = args
-    compute = ({**case.config.get("compute", {}), "moe_routing": routing[0]}
-               if routing and routing[0] else None)
+    params = dict(params)
+    compute = dict(case.config.get("compute", {}))
+    compute["compute_bound_scale"] = params.pop("compute_bound_scale", 1.0)
+    if routing and routing[0]:
+        compute["moe_routing"] = routing[0]
     pred, _ = run_case(case, compute, host={"model": "vllm", **params})
     return {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
 
@@ -105,17 +123,17 @@ def main() -> None:
         args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
         print(json.dumps(out["residuals"], indent=1))
         return
-    params = dict.fromkeys(FITTED_KEYS, 0.0)
+    params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0}
     with ProcessPoolExecutor(args.workers) as pool:
         best = objective(fit, params, pool)
         print(f"start {best:.4f}", flush=True)
         for rnd in range(3):
-            for key in FITTED_KEYS:
+            for key in GRIDS:
                 grid = GRIDS[key]
                 if rnd == 2:      # refine around the current value
                     v = params[key]
                     cap = BOUNDS.get(key, math.inf)
-                    grid = sorted({min(cap, max(0.0, v * f))
+                    grid = sorted({min(cap, max(FLOORS.get(key, 0.0), v * f))
                                    for f in (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)} | {v})
                 for v in grid:
                     if v == params[key]:

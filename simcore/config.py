@@ -429,6 +429,13 @@ class ComputeConfig(BaseModel):
         "profile measured it, chosen on the fit part of the end-to-end validation set. Only "
         "with kind: calibrated and a MoE model; where the experts are timed by the roofline "
         "(expert parallelism, no measured shape) routing is uniform and the result says so.")
+    compute_bound_scale: float | None = Field(
+        None, ge=1.0, le=2.0, description="Multiplier on the time of a calibrated model's "
+        "compute-bound ops (measured kernels and roofline fallbacks alike): kernel databases "
+        "time each kernel in short runs at boost clocks, while a serving GPU's tensor cores "
+        "sustain lower clocks at its power limit. Default: the value fitted on the fit part of "
+        "the end-to-end validation set (simcore/data/cpu_costs/fitted.json), bounded by "
+        "published sustained-to-boost clock ratios. Only with a calibrated profile.")
 
     @model_validator(mode="after")
     def _check(self) -> "ComputeConfig":
@@ -437,7 +444,17 @@ class ComputeConfig(BaseModel):
         if self.moe_routing is not None and self.kind == "roofline":
             raise ValueError("moe_routing: only used with a calibrated profile (the roofline "
                              "routes tokens uniformly)")
+        if self.compute_bound_scale is not None and self.kind == "roofline":
+            raise ValueError("compute_bound_scale: only used with a calibrated profile (the "
+                             "roofline's efficiencies are compute.roofline's)")
         return self
+
+    def resolved_compute_bound_scale(self) -> float:
+        """`compute_bound_scale`, or the fitted value when it is null."""
+        if self.compute_bound_scale is not None:
+            return float(self.compute_bound_scale)
+        from simcore.host import fitted_compute_bound_scale
+        return fitted_compute_bound_scale()
 
     def resolved_kind(self, gpu: str) -> str:
         """The compute model a run on `gpu` uses: `kind`, or for auto `calibrated` where

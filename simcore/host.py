@@ -32,7 +32,9 @@ hand-offs), paid by every request concurrently.
 
 The four parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
-fitted.json`); their defaults are those fitted values.
+fitted.json`); their defaults are those fitted values. The calibrated compute model's
+compute-bound scale (`compute.compute_bound_scale`, sustained against boost clocks) is fitted
+with them, on the same cases, and kept in the same file (`fitted_compute_bound_scale`).
 """
 
 from __future__ import annotations
@@ -130,6 +132,12 @@ def fitted_parameters() -> dict[str, float]:
     """The four fitted parameters (zero where no fit has been written)."""
     params = _fitted().get("parameters", {})
     return {k: float(params.get(k, 0.0)) for k in FITTED_KEYS}
+
+
+def fitted_compute_bound_scale() -> float:
+    """The fitted `compute.compute_bound_scale` (1 where no fit has written one): fitted with the
+    CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
+    return float(_fitted().get("parameters", {}).get("compute_bound_scale", 1.0))
 
 
 def fitted_residuals() -> dict[str, dict]:

@@ -181,7 +181,12 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         raise ConfigError(f"compute.moe_routing: no kernel profile of {gpu.name} is shipped, so "
                           "the roofline times the experts (routing uniformly); remove it or "
                           "name a profile in compute.profile")
+    if c.compute_bound_scale is not None and kind != "calibrated":
+        raise ConfigError(f"compute.compute_bound_scale: no kernel profile of {gpu.name} is "
+                          "shipped, so the roofline times every op with its own efficiencies "
+                          "(compute.roofline); remove it or name a profile in compute.profile")
     if kind == "calibrated":
+        kw["compute_bound_scale"] = c.resolved_compute_bound_scale()
         from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel

@@ -355,7 +355,8 @@ def test_sliding_layers_make_long_contexts_cheaper():
     model = build_deployment(parse_config(cfg, source="t")).step_model
     full = dataclasses.replace(arch, sliding_window=0, sliding_window_layers=())
     from simcore.compute.kernel_model import KernelModel
-    full_model = KernelModel(full, model.gpu, profile=model.profile, weight_dtype="mxfp4")
+    full_model = KernelModel(full, model.gpu, profile=model.profile, weight_dtype="mxfp4",
+                             compute_bound_scale=model._cscale)
     for shape in (StepShape.from_requests([(1, 20000)] * 32),
                   StepShape.from_requests([(4096, 8000)])):
         a, b = {}, {}

@@ -162,15 +162,15 @@ def test_watermark_and_max_num_scheduled_tokens_reach_the_scheduler():
 
 
 def test_client_timeouts_fail_the_requests_not_finished_in_time():
-    workload = {**BASE["workload"], "request_rate": "inf", "request_timeout_s": 2.55}
+    workload = {**BASE["workload"], "request_rate": "inf", "request_timeout_s": 2.85}
     r = run(workload=workload)
     assert r["failed"] > 0 and r["completed"] > 0 and r["completed"] + r["failed"] == 100
     done = [q for q in r["requests"] if q["success"]]
     assert r["total_output_tokens"] == sum(q["output_len"] for q in done)
     assert r["num_failed_by_error"] == {
-        "client timed out after 2.55 s (workload.request_timeout_s)": r["failed"]}
+        "client timed out after 2.85 s (workload.request_timeout_s)": r["failed"]}
     # Every latency statistic is taken over the completed requests alone.
-    assert r["p99_e2el_ms"] <= 2550
+    assert r["p99_e2el_ms"] <= 2850
 
 
 def test_a_small_kv_pool_under_load_preempts():

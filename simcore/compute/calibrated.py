@@ -227,11 +227,13 @@ class CalibratedModel(MeasuredModel):
                  tp: int = 1, pp: int = 1, weight_dtype: str = "bf16",
                  kv_cache_dtype: str = "bf16", assumptions=None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
-                 op_scale: dict[str, float] | None = None, host=None) -> None:
+                 op_scale: dict[str, float] | None = None, host=None,
+                 compute_bound_scale: float = 1.0) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
-                         multi_node_tp=multi_node_tp, op_scale=op_scale, host=host)
+                         multi_node_tp=multi_node_tp, op_scale=op_scale, host=host,
+                         compute_bound_scale=compute_bound_scale)
         self._check_gpu(profile, gpu)
         if weight_dtype not in ("bf16", "fp16"):
             raise ConfigError(f"compute.profile: {profile.profile_id} measured 16-bit GEMMs; "
@@ -374,7 +376,7 @@ class CalibratedModel(MeasuredModel):
                 f"({self.profile.gpu}; {src}) "
                 f"for {', '.join(measured) or 'no op class'}; the rest from the roofline "
                 f"reference (+/-{self.assumptions.relative_uncertainty:.0%}); step-time bound "
-                f"+/-{self.relative_uncertainty:.0%}"] + (
+                f"+/-{self.relative_uncertainty:.0%}"] + self.compute_scale_lines() + (
                     ["TP all-reduce times are NCCL's as measured (vLLM's custom all-reduce can "
                      "be faster for small messages inside a node)"]
                     if self._ar_meas is not None else [])

@@ -188,7 +188,7 @@ class ExpertParallelRoofline:
         c = load * self._flop_s_per_assignment
         m = active * self._byte_s_per_expert + load * self._byte_s_per_assignment
         if c >= m and c >= self._floor_s:
-            return c, 0.0
+            return c * self.rank_model._cscale, 0.0
         return 0.0, (m if m > self._floor_s else self._floor_s)
 
     def all_to_all_bytes(self, num_tokens: int) -> float:

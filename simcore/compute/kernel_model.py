@@ -260,11 +260,13 @@ class KernelModel(MeasuredModel):
                  pp: int = 1, weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions=None, sequence_parallel_moe: bool = False,
                  multi_node_tp: bool = False, op_scale: dict[str, float] | None = None,
-                 host=None, moe_routing: str | None = None) -> None:
+                 host=None, moe_routing: str | None = None,
+                 compute_bound_scale: float = 1.0) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
-                         multi_node_tp=multi_node_tp, op_scale=op_scale, host=host)
+                         multi_node_tp=multi_node_tp, op_scale=op_scale, host=host,
+                         compute_bound_scale=compute_bound_scale)
         self._check_gpu(profile, gpu)
         self.profile = profile
         self.moe_routing: str | None = None     # the routing of the MoE table used, if one is
@@ -560,4 +562,4 @@ class KernelModel(MeasuredModel):
                 + (f" (fused MoE at {self.moe_routing} routing)" if self.moe_routing else "")
                 + "; the rest from the roofline reference "
                 f"(+/-{self.assumptions.relative_uncertainty:.0%}); step-time bound "
-                f"+/-{self.relative_uncertainty:.0%}"]
+                f"+/-{self.relative_uncertainty:.0%}"] + self.compute_scale_lines()

@@ -192,14 +192,15 @@ class RooflineModel:
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
         "_pp_s_per_token", "_pp_latency_s",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
-        "_linear_cache",
+        "_linear_cache", "_cscale",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  weight_dtype: str = "bf16", kv_cache_dtype: str = "bf16",
                  assumptions: RooflineAssumptions | None = None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
-                 op_scale: dict[str, float] | None = None, host=None) -> None:
+                 op_scale: dict[str, float] | None = None, host=None,
+                 compute_bound_scale: float = 1.0) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
         if tp > gpu.gpus_per_node and not multi_node_tp:
@@ -396,6 +397,9 @@ class RooflineModel:
         self._step_overhead_s = a.step_overhead_s
         self._eager_launch_s = num_layers * a.eager_launch_s_per_layer
         self._graph_max_tokens = a.cuda_graph_max_num_tokens
+        self._cscale = float(compute_bound_scale)
+        """Multiplier on the time of every op on the compute bound (a calibrated model's
+        `compute.compute_bound_scale`; 1 for the roofline)."""
         self._linear_cache: dict[int, tuple[float, float]] | None = None
         """`_linear_bounds` by token count (negative: without routed experts), made on the
         first step timed, once every coefficient and measured curve is set."""
@@ -432,6 +436,15 @@ class RooflineModel:
         """Where this model's step times come from, in plain words."""
         return [f"step times from the {self.profile_id} roofline (uncalibrated reference "
                 f"profile, +/-{self.relative_uncertainty:.0%})"]
+
+    def compute_scale_lines(self) -> list[str]:
+        """The assumption line of `compute.compute_bound_scale` where it is not 1."""
+        if self._cscale == 1.0:
+            return []
+        return [f"compute-bound ops x{self._cscale:g}: the tensor cores' sustained clock under "
+                "serving load against the boost clock the kernels were measured at "
+                "(compute.compute_bound_scale, fitted on the end-to-end validation set's fit "
+                "part)"]
 
     def measured_share(self) -> float:
         """The share of a step's time that comes from measurements: none."""
@@ -475,6 +488,7 @@ class RooflineModel:
         s = shape.num_seqs
         d = shape.num_decode_seqs
         kv = shape.kv_tokens_read
+        sc = self._cscale
         if by_op is None:
             # The linear layers' and routed experts' sums depend on the token count alone.
             cache = self._linear_cache
@@ -499,8 +513,8 @@ class RooflineModel:
                 c = rows * self._kvb_flop_s_per_row
                 m = self._kvb_byte_s_fixed + rows * self._kvb_byte_s_per_row
                 if c >= m and c >= self._kvb_floor_s:
-                    x = c
-                    compute_bound += c
+                    x = c * sc
+                    compute_bound += x
                 else:
                     x = m if m > self._kvb_floor_s else self._kvb_floor_s
                     memory_bound += x
@@ -517,10 +531,12 @@ class RooflineModel:
                 bound_is_compute = c >= m
                 c = self._attn_meas(shape)
                 if bound_is_compute:
+                    c *= sc
                     compute_bound += c
                 else:
                     memory_bound += c
             elif c >= m and c >= self._attn_floor_s:
+                c *= sc
                 compute_bound += c
             else:
                 c = m if m > self._attn_floor_s else self._attn_floor_s
@@ -543,12 +559,13 @@ class RooflineModel:
             if self._lm_meas is not None:
                 x = self._lm_meas(s)
                 if c >= m:
+                    x *= sc
                     compute_bound += x
                 else:
                     memory_bound += x
             elif c >= m and c >= self._lm_floor_s:
-                compute_bound += c
-                x = c
+                x = c * sc
+                compute_bound += x
             else:
                 x = m if m > self._lm_floor_s else self._lm_floor_s
                 memory_bound += x
@@ -569,6 +586,7 @@ class RooflineModel:
         order; `by_op` as there."""
         compute_bound = 0.0
         memory_bound = 0.0
+        sc = self._cscale
         for (flop_s, fixed_s, byte_s, floor_s), op, meas in zip(
                 self._token_gemms, self._token_gemm_ops, self._token_gemm_meas):
             c = t * flop_s
@@ -576,12 +594,13 @@ class RooflineModel:
             if meas is not None:       # a measured time, on the bound the roofline names
                 x = meas(t)
                 if c >= m:
+                    x *= sc
                     compute_bound += x
                 else:
                     memory_bound += x
             elif c >= m and c >= floor_s:
-                x = c
-                compute_bound += c
+                x = c * sc
+                compute_bound += x
             else:
                 x = m if m > floor_s else floor_s
                 memory_bound += x
@@ -595,12 +614,13 @@ class RooflineModel:
             if self._moe_meas is not None:
                 x = self._moe_meas(t)
                 if c >= m:
+                    x *= sc
                     compute_bound += x
                 else:
                     memory_bound += x
             elif c >= m and c >= self._e_floor_s:
-                x = c
-                compute_bound += c
+                x = c * sc
+                compute_bound += x
             else:
                 x = m if m > self._e_floor_s else self._e_floor_s
                 memory_bound += x
