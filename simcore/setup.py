@@ -12,7 +12,7 @@ from simcore.config import SimConfig, check_batch_limits, default_batch_limits
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
-from simcore.model.memory import KvCacheMemory, kv_cache_num_blocks
+from simcore.model.memory import KvCacheMemory, kv_cache_groups, kv_cache_num_blocks
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,16 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     draft_weights, draft_kv = drafter_memory(cfg, arch, weight_dtype, kv_dtype)
     if e.num_gpu_blocks_override is not None:
         num_blocks = e.num_gpu_blocks_override
-        if (num_blocks - 1) * e.block_size < max_model_len:
+        # One max_model_len request must fit beside the reserved null block: the whole
+        # sequence in a full-attention group, its window's admission need in a sliding-window
+        # one (vLLM's max_admission_blocks_per_request), over every KV-cache group.
+        needed = kv_cache_groups(arch, pp).max_blocks_per_request(
+            e.block_size, max_model_len, max_num_batched_tokens)
+        if num_blocks - 1 < needed:
             raise ConfigError(
                 f"engine.num_gpu_blocks_override: {num_blocks} blocks of {e.block_size} tokens "
-                f"cannot hold one max_model_len ({max_model_len}) request; lower "
-                f"model.max_model_len or raise the block count")
+                f"cannot hold one max_model_len ({max_model_len}) request ({needed} blocks "
+                f"and the null block); lower model.max_model_len or raise the block count")
     else:
         try:
             memory = kv_cache_num_blocks(

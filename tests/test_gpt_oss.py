@@ -17,6 +17,7 @@ from simcore.engine.kv_cache import (GROUP_KEY_BITS, GroupHits, HybridKVCacheMan
                                      KVCacheManager, sliding_window_blocks)
 from simcore.engine.request import BlockHashSpace, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
+from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
 from simcore.model.memory import kv_cache_groups, kv_cache_num_blocks
 from simcore.model.presets import load_preset
@@ -106,8 +107,6 @@ def test_marlin_pads_the_hidden_size_to_256_and_the_intermediate_per_rank_to_128
 
 
 def test_the_layout_follows_the_gpu_and_is_refused_for_other_dtypes():
-    from simcore.errors import ConfigError
-
     def weights(gpu, **model):
         cfg = parse_config({"model": {"name": "openai/gpt-oss-120b", "dtype": "mxfp4",
                                       "max_model_len": 8192, **model},
@@ -329,6 +328,25 @@ def test_blocks_are_conserved_under_any_load(reqs, num_blocks, caching):
             assert _real(sliding) <= -(-(64 - 1) // BS) + 1 + -(-256 // BS) + 1
     assert not s.has_requests
     assert kv.num_free_blocks == num_blocks - 1
+
+
+def test_a_block_count_override_must_hold_one_request_in_every_group():
+    """gpt-oss-20b at max_model_len 1024, 16-token blocks and 256-token chunks: a request needs
+    64 blocks of full attention and, for its 128-token window, the 127 tokens before its newest
+    chunk plus the chunk (383 tokens: 24 blocks) and one block for a window not aligned to a
+    block, 25: 89 blocks and the null block."""
+    def deploy(num_blocks):
+        return build_deployment(parse_config({
+            "model": {"name": "openai/gpt-oss-20b", "dtype": "mxfp4", "max_model_len": 1024},
+            "hardware": {"gpu": "H100-SXM"},
+            "engine": {"num_gpu_blocks_override": num_blocks, "max_num_batched_tokens": 256,
+                       "max_num_seqs": 8},
+            "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
+                                                       "output_len": 1}}}, source="t"))
+    assert deploy(90).num_blocks == 90
+    with pytest.raises(ConfigError, match=r"^engine\.num_gpu_blocks_override: 89 blocks .*"
+                                          r"\(89 blocks and the null block\)"):
+        deploy(89)
 
 
 def test_the_window_view_of_a_step():
