@@ -311,8 +311,8 @@ class EngineConfig(BaseModel):
         "acceptance model) are emitted together. Composes with a cluster section (the "
         "drafter's forwards in each step's DAG) and prefill/decode disaggregation (both roles "
         "run the drafter, whose KV moves with the target's) and expert parallelism (every "
-        "rank of a group drafts; not on a cluster section); refused with pipeline "
-        "parallelism. Null: off.")
+        "rank of a group drafts; an MoE model's MTP layer not on a cluster section); refused "
+        "with pipeline parallelism. Null: off.")
     implementation: Literal["simcore", "vllm"] = Field(
         "simcore", description="Who makes the scheduling decisions: the simulator's own "
         "vLLM-faithful scheduler, or the installed vLLM's V1 scheduler and KV-cache manager "

@@ -223,11 +223,12 @@ def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
                           f"{par.pipeline_parallel_size} is refused (vLLM does not compose "
                           "the two except EAGLE-3 in recent versions, which is not modelled); "
                           "use pipeline_parallel_size 1")
-    if par.enable_expert_parallel and cfg.cluster is not None:
-        raise ConfigError(f"{where}: speculative decoding with expert parallelism on a cluster "
-                          "section is not modelled (the drafter's forwards and all-to-alls in "
-                          "the step DAGs); remove one, or the cluster section for the "
-                          "analytical group model")
+    if par.enable_expert_parallel and cfg.cluster is not None and spec.method == "mtp" \
+            and arch.is_moe:
+        raise ConfigError(f"{where}.method: mtp with expert parallelism on a cluster section is "
+                          "not modelled (the MTP layer's expert all-to-alls in the step DAGs); "
+                          "use a dense drafter (eagle, eagle3, draft_model, ngram), or remove "
+                          "the cluster section for the analytical group model")
     if spec.method == "mtp":
         if arch.num_mtp_layers <= 0:
             raise ConfigError(f"{where}.method: mtp needs a model with multi-token-prediction "

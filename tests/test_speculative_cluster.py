@@ -165,9 +165,41 @@ def test_the_launch_plan_passes_the_drafter_to_every_instance():
     assert any("speculative_config.model not set" in w for w in plan.warnings)
 
 
-def test_expert_parallelism_with_speculation_on_a_cluster_is_refused():
-    cfg = config(EAGLE3, model={"name": "Qwen/Qwen3-30B-A3B"},
-                 parallelism={"enable_expert_parallel": True, "data_parallel_size": 2},
+# -- expert-parallel groups on a cluster ---------------------------------------------------------
+
+def ep_config(spec=EAGLE3):
+    return config(spec, model={"name": "Qwen/Qwen3-30B-A3B"},
+                  parallelism={"enable_expert_parallel": True, "data_parallel_size": 4},
+                  cluster={"num_nodes": 1, "fabric": {"backend": "analytical"}})
+
+
+def test_a_dense_drafter_drafts_on_each_busy_rank_of_an_expert_parallel_group():
+    """A lock-step step in which rank 0 runs a batch and the others dummy batches: only rank 0's
+    lane carries the EAGLE-3 head's forwards (k = 2, each an attention side, an MLP side and an
+    LM head)."""
+    cfg = ep_config()
+    dep = build_deployment(cfg)
+    rt = build_cluster(simpy.Environment(), cfg, dep)
+    insts = rt.placement.instances
+    dag, _, _ = rt.builder.build([(insts[0], BATCH)] + [(i, None) for i in insts[1:]])
+    drafts = [dag.lanes[dag.lane[i]].engine for i in range(len(dag)) if dag.op[i] == "draft"]
+    assert drafts == [insts[0].index] * (2 * 3)
+
+
+def test_speculation_shortens_tpot_in_an_expert_parallel_group_on_a_cluster():
+    off = simulate(ep_config(None))
+    on = simulate(ep_config())
+    assert on["ep_size"] == off["ep_size"] == 4
+    assert on["spec_decode_acceptance_length"] > 1.5
+    assert on["mean_tpot_ms"] < 0.8 * off["mean_tpot_ms"]
+
+
+def test_mtp_in_an_expert_parallel_group_on_a_cluster_is_refused():
+    cfg = config({"method": "mtp", "num_speculative_tokens": 1, "acceptance_rate": 0.8},
+                 model={"name": "deepseek-ai/DeepSeek-V3", "dtype": "fp8"},
+                 hardware={"gpu": "H200"}, engine={"block_size": 64},
+                 parallelism={"enable_expert_parallel": True, "data_parallel_size": 8},
                  cluster={"num_nodes": 1})
-    with pytest.raises(ConfigError, match=r"^engine\.speculative_config: .*expert parallelism"):
+    with pytest.raises(ConfigError, match=r"^engine\.speculative_config\.method: mtp with "
+                                          r"expert parallelism on a cluster"):
         build_deployment(cfg)

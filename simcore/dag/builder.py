@@ -92,11 +92,14 @@ class StepDagBuilder(ExpertParallelSteps):
         self.num_moe = arch.num_moe_layers()
         self.num_dense = arch.num_layers - self.num_moe
         # Speculative decoding: verifications are decodes carrying drafts, and the drafter's
-        # forwards follow the target's on the last stage.
-        self.speculative = getattr(model, "draft_shapes", None) is not None
+        # forwards follow the target's on the last stage (an expert-parallel group's wrapper
+        # is its group model; its ranks' model is the bare one).
+        spec = ep_model if getattr(ep_model, "draft_shapes", None) is not None else model
+        self.speculative = getattr(spec, "draft_shapes", None) is not None
         self.shape_of = (StepShape.from_scheduled_spec if self.speculative
                          else StepShape.from_scheduled)
-        self.draft = getattr(model, "draft", None)
+        self.draft = getattr(spec, "draft", None)
+        self._spec = spec
         self.alpha = model.assumptions.collective_hop_latency_s
         self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
         self._lanes: dict[int, list[Lane]] = {}            # instance -> its lanes (immutable)
@@ -200,7 +203,7 @@ class StepDagBuilder(ExpertParallelSteps):
                                       or whole.num_tokens > limit):
                 full_graph = False
         if self.ep_model is not None:
-            self._build_ep(dag, batches, plans, lane_ids, comm_stream)
+            self._build_ep(dag, batches, plans, lane_ids, comm_stream, wholes)
         else:
             for (inst, _), mbs, ids, whole in zip(batches, plans, lane_ids, wholes):
                 self._build_engine(dag, mbs, ids, comm_stream, whole)
@@ -280,7 +283,7 @@ class StepDagBuilder(ExpertParallelSteps):
         h, ab, layers = arch.hidden_size, self.ab, arch.num_layers
         tp = self.tp
         ready = deps
-        for shape in self.model.draft_shapes(whole):
+        for shape in self._spec.draft_shapes(whole):
             by_op: dict[str, float] = {}
             draft.op_bounds(shape, by_op=by_op)
             gpu = sum(by_op.values())

@@ -41,9 +41,12 @@ class ExpertParallelSteps:
         w = w[self.rng.permutation(e)]
         return w / w.sum()
 
-    def _build_ep(self, dag: StepDag, batches, plans, lane_ids, comm_stream: int) -> None:
+    def _build_ep(self, dag: StepDag, batches, plans, lane_ids, comm_stream: int,
+                  wholes=None) -> None:
         """An expert-parallel group in lock-step: per stage and layer group, each rank's attention,
-        the dispatch all-to-all over every GPU of the stage, each GPU's experts, the combine."""
+        the dispatch all-to-all over every GPU of the stage, each GPU's experts, the combine;
+        with a dense speculative drafter, each rank with a batch (its shape in `wholes`) then
+        drafts on its own lane."""
         ep = self.ep_model
         arch = self.arch
         h, k_top = arch.hidden_size, arch.num_experts_per_tok
@@ -118,6 +121,11 @@ class ExpertParallelSteps:
                         shape, by_op = ops[r][k]
                         ready[r][k] = (dag.compute(ln, "lm_head", by_op.get("lm_head", 0.0),
                                                    ready[r][k]),)
+                    whole = wholes[r] if wholes else None
+                    if self.draft is not None and whole is not None:
+                        self._draft_forwards(dag, ln, whole,
+                                             tuple(n for sub in ready[r] for n in sub),
+                                             comm_stream)
 
     def _gpu_reach(self, gpus: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(node of each GPU, P(a token needs GPU j), P(a token needs node n)) for a stage's
