@@ -2,7 +2,8 @@
 set, and write them to simcore/data/cpu_costs/fitted.json.
 
 The parameters: the model runner's CPU time per step and per scheduled sequence, the API
-server's per streamed token and per request (`simcore.host`), and the calibrated compute
+server's per streamed token and per request (its latency, and its work that holds it:
+`simcore.host`), and the calibrated compute
 model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks). The
 objective: the mean over the fit cases and their metric families of |log(predicted /
 measured)|; with the result, the quantiles of the fit cases' residuals log(measured / predicted)
@@ -41,11 +42,12 @@ GRIDS = {
     "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
     "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
     "api_server_per_token_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5],
-    "request_overhead_s": [0.0, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 0.012, 0.015],
+    "request_overhead_s": [0.0, 4e-3, 8e-3, 0.012, 0.015],
+    "api_server_per_request_s": [0.0, 2e-3, 4e-3, 6e-3, 7e-3],
 }
 
 BOUNDS = {"api_server_per_token_s": 6e-5, "request_overhead_s": 0.015,
-          "compute_bound_scale": 1.25}
+          "api_server_per_request_s": 7e-3, "compute_bound_scale": 1.25}
 """Upper bounds from a published measurement of a whole vLLM server, so that the fit cannot
 give the API server costs no real one has: Llama-3.1-8B on H100 under ShareGPT at 200 req/s
 offered served 129.9 req/s on 1.71 replicas on average (about 76 req/s, some 15,000 output
@@ -54,7 +56,11 @@ pull request 1025, 2026-04-17, real vLLM on one H100 per replica). One API serve
 up with 15,000 tokens/s spends at most 66 us per token, and at a 6.5 ms step with about 100
 streams at most 60 us beyond the output processor's measured cost; a 28.6 ms median TTFT that
 also holds the prompt's prefill and a step's wait leaves at most about 15 ms of latency on the
-request's path.
+request's path, held or not (`REQUEST_PATH_BOUND`: request_overhead_s and
+api_server_per_request_s together). The server's unmeasured work per request holds it: at 76
+req/s and 15,000 tokens/s, with the measured output processor's 21 us a token (0.32 s of each
+second) and the measured 2 ms of a ShareGPT request's own work (0.15 s), at most 0.53 s of each
+second remains for 76 requests, 7 ms each.
 
 The compute-bound scale (`compute.compute_bound_scale`) stands for the tensor cores' sustained
 clock under serving load against the boost clock the kernel databases measured at: at its power
@@ -65,6 +71,34 @@ calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest rat
 
 
 FLOORS = {"compute_bound_scale": 1.0}
+REQUEST_PATH_BOUND = 0.015
+"""request_overhead_s + api_server_per_request_s, at most (see `BOUNDS`)."""
+PATH_KEYS = ("request_overhead_s", "api_server_per_request_s")
+
+
+UNITS = [("compute_bound_scale",), ("model_runner_step_s",), ("model_runner_per_seq_s",),
+         ("api_server_per_token_s",), PATH_KEYS]
+"""The coordinates of the descent: one parameter each, but for the request path's two, searched
+together (their sum is bounded)."""
+
+
+def unit_trials(unit: tuple[str, ...], params: dict, refine: bool) -> list[dict]:
+    """The trial values of one coordinate: its grid (each value within its bounds), or, to
+    refine, factors around the current value; the request path's pair over both grids, their
+    sum within `REQUEST_PATH_BOUND`."""
+    grids = []
+    for key in unit:
+        v = params[key]
+        grid = (sorted({max(FLOORS.get(key, 0.0), v * f)
+                        for f in (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)} | {v}) if refine
+                else GRIDS[key])
+        grids.append([g for g in grid if g <= BOUNDS.get(key, math.inf) + 1e-12])
+    trials = [{}]
+    for key, grid in zip(unit, grids):
+        trials = [{**t, key: g} for t in trials for g in grid]
+    if unit == PATH_KEYS:
+        trials = [t for t in trials if sum(t.values()) <= REQUEST_PATH_BOUND + 1e-12]
+    return [t for t in trials if any(t[k] != params[k] for k in unit)]
 """Lower bounds: a sustained clock is never above the boost clock."""
 
 
@@ -128,22 +162,14 @@ def main() -> None:
         best = objective(fit, params, pool)
         print(f"start {best:.4f}", flush=True)
         for rnd in range(3):
-            for key in GRIDS:
-                grid = GRIDS[key]
-                if rnd == 2:      # refine around the current value
-                    v = params[key]
-                    cap = BOUNDS.get(key, math.inf)
-                    grid = sorted({min(cap, max(FLOORS.get(key, 0.0), v * f))
-                                   for f in (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)} | {v})
-                for v in grid:
-                    if v == params[key]:
-                        continue
-                    trial = {**params, key: v}
+            for unit in UNITS:           # the third round refines around the current values
+                for change in unit_trials(unit, params, refine=rnd == 2):
+                    trial = {**params, **change}
                     score = objective(fit, trial, pool)
                     if score < best:
                         best, params = score, trial
-                print(f"round {rnd} {key} = {params[key]:.3g}  objective {best:.4f}",
-                      flush=True)
+                values = ", ".join(f"{k} = {params[k]:.3g}" for k in unit)
+                print(f"round {rnd} {values}  objective {best:.4f}", flush=True)
         routings = routing_objectives(fit, params, pool)
         residuals = residual_quantiles(fit, params, pool)
     out = {"format": "simcore-host-fit", "version": 1,

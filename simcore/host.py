@@ -25,12 +25,14 @@ Per request, on the API server's path before the engine sees it (between the cli
 the request's arrival in the scheduler): the front end's CPU work, measured as above
 (`request_cpu_s`: tokenizing the prompt and vLLM's input processing, the output processor's
 request state and the request's msgpack hand-off to the engine core, a + c x prompt tokens,
-scaled by the host speed), which holds the server process: the server is one Python process (or
+scaled by the host speed, plus the work not measured here: the HTTP route, request validation,
+chat-template rendering and the response's set-up, `api_server_per_request_s`), which holds the
+server process: the server is one Python process (or
 `api_server_count` of them), so the work of a burst runs one request after another. Then a
 latency that does not hold it (`request_overhead_s`: HTTP handling, the event loop's
 hand-offs), paid by every request concurrently.
 
-The four parameters that were not measurable here are fitted on the declared `fit` part of the
+The five parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
 fitted.json`); their defaults are those fitted values. The calibrated compute model's
 compute-bound scale (`compute.compute_bound_scale`, sustained against boost clocks) is fitted
@@ -52,7 +54,7 @@ CPU_COSTS_DIR = DATA_DIR / "cpu_costs"
 DEFAULT_CPU_COSTS = "vllm-0.33-cpu-amd-epyc-zen3-2vcpu"
 FITTED = CPU_COSTS_DIR / "fitted.json"
 FITTED_KEYS = ("model_runner_step_s", "model_runner_per_seq_s", "api_server_per_token_s",
-               "request_overhead_s")
+               "request_overhead_s", "api_server_per_request_s")
 
 
 class HostConfig(BaseModel):
@@ -89,6 +91,11 @@ class HostConfig(BaseModel):
                                              "work (HTTP handling, the event loop's hand-offs), "
                                              "s; it delays each request without holding the "
                                              "server process. Null: fitted.")
+    api_server_per_request_s: float | None = Field(
+        None, ge=0, description="API server CPU time per request beyond its measured work "
+        "(the HTTP route, request validation, chat-template rendering, the response's set-up), "
+        "s; it holds the server process like the measured work, so a burst's requests wait for "
+        "one another. Null: fitted.")
     api_server_count: int = Field(1, ge=1, description="API server processes (vLLM "
                                   "--api-server-count): requests arriving faster than they "
                                   "handle their paths queue before the engine.")
@@ -129,7 +136,7 @@ def _fitted() -> dict:
 
 
 def fitted_parameters() -> dict[str, float]:
-    """The four fitted parameters (zero where no fit has been written)."""
+    """The five fitted CPU-side parameters (zero where no fit has written one)."""
     params = _fitted().get("parameters", {})
     return {k: float(params.get(k, 0.0)) for k in FITTED_KEYS}
 
@@ -163,7 +170,7 @@ class HostOverheads:
     __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
                  "api_server_count", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
-                 "_api_tok", "_req_a", "_req_c")
+                 "_api_tok", "_req_a", "_req_c", "_req_x")
 
     def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
         fits = _cpu_costs(cfg.cpu_costs)["fits"]
@@ -196,11 +203,14 @@ class HostOverheads:
                 fits["add_request_ipc"])
         self._req_a = s * sum(f["a"] for f in path) if server else 0.0
         self._req_c = s * sum(f["c_per_token"] for f in path) if server else 0.0
+        # The server's own work on a request beyond what was measured (fitted).
+        self._req_x = (scale * host_parameter(cfg, "api_server_per_request_s") if server
+                       else 0.0)
 
     def request_cpu_s(self, prompt_len: int) -> float:
         """The API server's CPU time on one request of `prompt_len` tokens before the engine
         sees it, s (0 without an API server): it holds a server process."""
-        return self._req_a + self._req_c * prompt_len
+        return self._req_a + self._req_x + self._req_c * prompt_len
 
     def engine_s(self, num_seqs: int, num_tokens: int, num_decode: int) -> float:
         """The engine core's CPU time of one step, s."""
@@ -264,8 +274,9 @@ class HostOverheads:
                 f"{self._mr_step * 1e6:.0f} us + {self._mr_seq * 1e6:.1f} us/sequence per step, "
                 + (f"API server {self._api_tok * 1e6:.1f} us/token and "
                    f"{self.request_overhead_s * 1e3:.1f} ms/request of latency (fitted on the "
-                   f"end-to-end set) after its measured work on each request "
-                   f"({self._req_a * 1e3:.2f} ms + {self._req_c * 1e6:.2f} us/prompt token), "
+                   f"end-to-end set) after its work on each request ({self._req_a * 1e3:.2f} "
+                   f"ms + {self._req_c * 1e6:.2f} us/prompt token measured, "
+                   f"{self._req_x * 1e3:.1f} ms fitted), "
                    f"one request at a time on {self.api_server_count} server process"
                    f"{'es' if self.api_server_count > 1 else ''}; "
                    if self.entrypoint == "api_server" else

@@ -18,7 +18,8 @@ from simcore.uncertainty import (
     calibrated_range, conformal, metric_family, simulate_with_envelope)
 
 EXPLICIT = dict(model_runner_step_s=1e-3, model_runner_per_seq_s=2e-5,
-                api_server_per_token_s=3e-5, request_overhead_s=0.04)
+                api_server_per_token_s=3e-5, request_overhead_s=0.04,
+                api_server_per_request_s=2e-3)
 
 
 def test_engine_time_is_the_measured_scheduler_scaled_plus_the_model_runner():
@@ -120,6 +121,24 @@ def test_a_burst_queues_on_the_api_servers_measured_work_one_request_at_a_time()
     assert eight["mean_api_server_ms"] == pytest.approx(cpu_s * 1e3, rel=1e-9)
 
 
+def test_the_servers_unmeasured_work_per_request_holds_it():
+    """Eight requests of one length sent at once to one server process: the k-th waits k times
+    one request's work, so 7 / 2 of it on average; the unmeasured work (5 ms) adds 17.5 ms to
+    the mean wait and, with the request's own 5 ms, 22.5 ms to its path and to TTFT."""
+    w = {"num_prompts": 8, "request_rate": "inf",
+         "dataset": {"kind": "random", "input_len": 256, "output_len": 4}}
+    host = {**EXPLICIT, "request_overhead_s": 0.0, "api_server_per_request_s": 0.0}
+    base = simulate(_cfg(host=host, workload=w))
+    held = simulate(_cfg(host={**host, "api_server_per_request_s": 0.005}, workload=w))
+    assert held["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] == pytest.approx(
+        3.5 * 5.0, rel=1e-9)
+    assert held["mean_api_server_ms"] - base["mean_api_server_ms"] == pytest.approx(
+        4.5 * 5.0, rel=1e-9)
+    assert HostOverheads(HostConfig(**{**host, "entrypoint": "offline",
+                                       "api_server_per_request_s": 0.005})).request_cpu_s(256) \
+        == 0.0
+
+
 def test_api_server_count_without_an_api_server_is_refused():
     with pytest.raises(Exception, match="api_server_count has no effect"):
         _cfg(host={"entrypoint": "offline", "api_server_count": 2})
@@ -170,7 +189,8 @@ def test_constant_host_keeps_the_declared_overhead_and_no_request_delay():
 def test_fitted_parameters_are_shipped_and_non_negative():
     params = fitted_parameters()
     assert set(params) == {"model_runner_step_s", "model_runner_per_seq_s",
-                           "api_server_per_token_s", "request_overhead_s"}
+                           "api_server_per_token_s", "request_overhead_s",
+                           "api_server_per_request_s"}
     assert all(v >= 0 and math.isfinite(v) for v in params.values())
 
 
