@@ -363,7 +363,7 @@ SPEEDUP_TOLERANCE = 0.30
 """Simulated over measured TPOT speedup, relative. The simulator is optimistic here: it takes
 the drafter as k GPU forwards of one decoder layer with no CPU time of its own, and the vLLM
 of the measurement spent more per draft step (preparing the drafter's inputs, its kernels
-outside the target's CUDA graphs): at k = 3 the simulated speedup is about 2.2x against the
+outside the target's CUDA graphs): at k = 3 the simulated speedup is about 2.1x against the
 measured 1.73x. The bound says the model is of the right size, not that it matches."""
 
 
