@@ -8,7 +8,8 @@ model's compute-bound scale (`compute.compute_bound_scale`: sustained against bo
 objective: the mean over the fit cases and their metric families of |log(predicted /
 measured)|; with the result, the quantiles of the fit cases' residuals log(measured / predicted)
 per metric family, which calibrated envelopes use. The search: coordinate descent over grids
-(each parameter in turn, all others fixed), two rounds, then a finer grid around the best, the
+(each parameter in turn, all others fixed; the request path's two together, `UNITS`), two
+rounds, then a finer grid around the best, the
 API server's two parameters and the compute-bound scale kept under `BOUNDS` (published
 measurements); the held-out cases are never simulated here.
 
@@ -71,6 +72,7 @@ calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest rat
 
 
 FLOORS = {"compute_bound_scale": 1.0}
+"""Lower bounds: a sustained clock is never above the boost clock."""
 REQUEST_PATH_BOUND = 0.015
 """request_overhead_s + api_server_per_request_s, at most (see `BOUNDS`)."""
 PATH_KEYS = ("request_overhead_s", "api_server_per_request_s")
@@ -99,7 +101,6 @@ def unit_trials(unit: tuple[str, ...], params: dict, refine: bool) -> list[dict]
     if unit == PATH_KEYS:
         trials = [t for t in trials if sum(t.values()) <= REQUEST_PATH_BOUND + 1e-12]
     return [t for t in trials if any(t[k] != params[k] for k in unit)]
-"""Lower bounds: a sustained clock is never above the boost clock."""
 
 
 def _residuals(args):

@@ -256,39 +256,11 @@ def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
                               f"parallelism: {err}") from None
 
 
-def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
-                   kv_cache_dtype: str) -> tuple[float, float]:
-    """(weight bytes per GPU, KV-cache bytes per token per GPU) of the speculative-decoding
-    drafter, (0, 0) without one: a draft model whole; an EAGLE head or an MTP layer one decoder
-    layer of the target (sharing its embedding, and but for EAGLE-3 its LM head: EAGLE-3's own
-    is taken at the target's vocabulary), with one layer of KV; n-gram lookup nothing."""
-    spec = cfg.engine.speculative_config
-    if spec is None or spec.method == "ngram":
-        return 0.0, 0.0
-    par = cfg.parallelism
-    tp = par.tensor_parallel_size
-    # With expert parallelism an MTP layer's routed experts spread whole over the EP group.
-    ep = tp * par.data_parallel_size if par.enable_expert_parallel else 1
-    if spec.method == "draft_model":
-        from simcore.model.presets import load_preset
-        draft = load_preset(spec.model)
-        return (draft.weight_bytes_per_gpu(weight_dtype, tp),
-                draft.kv_bytes_per_token(kv_cache_dtype, tp))
-    from simcore.compute.speculative import draft_head_arch
-    head = draft_head_arch(arch, spec.method)
-    other = max(dtype_bytes(weight_dtype), 2.0)      # embeddings, LM head, norms: 16-bit
-    vocab_shard = head.embedding_params / tp * other
-    shared = vocab_shard * (1 if head.tie_word_embeddings else 2) + head.hidden_size * other
-    own_head = vocab_shard if spec.method == "eagle3" else 0.0
-    return (head.stage_weight_bytes(weight_dtype, tp, ep=ep if head.is_moe else 1) - shared
-            + own_head, head.kv_bytes_per_token(kv_cache_dtype, tp))
-
-
-def drafter_kv_arch(cfg: SimConfig, arch: ModelArch) -> ModelArch | None:
-    """The architecture of the layers whose KV the speculative-decoding drafter keeps beside the
-    target's (None without one, or for n-gram lookup): a draft model's own, or the one decoder
-    layer of an EAGLE head or MTP layer (`draft_head_arch`). Its KV sits in the same blocks as
-    the target's, so it moves with them (a prefill-to-decode handoff)."""
+def drafter_arch(cfg: SimConfig, arch: ModelArch) -> ModelArch | None:
+    """The architecture that times and holds the speculative-decoding drafter (None without one,
+    or for n-gram lookup): a draft model's own, or the one decoder layer of an EAGLE head or MTP
+    layer (`draft_head_arch`). Its KV sits in the same blocks as the target's, so it moves with
+    them (a prefill-to-decode handoff)."""
     spec = cfg.engine.speculative_config
     if spec is None or spec.method == "ngram":
         return None
@@ -299,26 +271,45 @@ def drafter_kv_arch(cfg: SimConfig, arch: ModelArch) -> ModelArch | None:
     return draft_head_arch(arch, spec.method)
 
 
+def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
+                   kv_cache_dtype: str) -> tuple[float, float]:
+    """(weight bytes per GPU, KV-cache bytes per token per GPU) of the speculative-decoding
+    drafter, (0, 0) without one: a draft model whole; an EAGLE head or an MTP layer one decoder
+    layer of the target (sharing its embedding, and but for EAGLE-3 its LM head: EAGLE-3's own
+    is taken at the target's vocabulary), with one layer of KV; n-gram lookup nothing."""
+    draft = drafter_arch(cfg, arch)
+    if draft is None:
+        return 0.0, 0.0
+    method = cfg.engine.speculative_config.method
+    par = cfg.parallelism
+    tp = par.tensor_parallel_size
+    kv = draft.kv_bytes_per_token(kv_cache_dtype, tp)
+    if method == "draft_model":
+        return draft.weight_bytes_per_gpu(weight_dtype, tp), kv
+    # With expert parallelism an MTP layer's routed experts spread whole over the EP group.
+    ep = tp * par.data_parallel_size if par.enable_expert_parallel and draft.is_moe else 1
+    other = max(dtype_bytes(weight_dtype), 2.0)      # embeddings, LM head, norms: 16-bit
+    vocab_shard = draft.embedding_params / tp * other
+    shared = vocab_shard * (1 if draft.tie_word_embeddings else 2) + draft.hidden_size * other
+    own_head = vocab_shard if method == "eagle3" else 0.0
+    return draft.stage_weight_bytes(weight_dtype, tp, ep=ep) - shared + own_head, kv
+
+
 def speculative_step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec,
                            target: StepTimeModel, *, weight_dtype: str, kv_cache_dtype: str,
                            op_scale: dict[str, float] | None = None) -> StepTimeModel:
     """The target's step model plus the drafter's forwards of each step
     (`simcore.compute.speculative`): the drafter timed by a model of the same kind, TP and
     profile, with no CPU time of its own."""
-    from simcore.compute.speculative import (SpeculativeGroupModel, SpeculativeStepModel,
-                                             draft_head_arch)
+    from simcore.compute.speculative import SpeculativeGroupModel, SpeculativeStepModel
 
     spec = cfg.engine.speculative_config
     draft = None
     label = ""
-    if spec.method == "draft_model":
-        from simcore.model.presets import load_preset
-        draft_arch = load_preset(spec.model)
-        label = f"the draft model {draft_arch.name}"
-    elif spec.method != "ngram":
-        draft_arch = draft_head_arch(arch, spec.method)
-        label = f"one decoder layer and the LM head of {arch.name} ({spec.method})"
-    if spec.method != "ngram":
+    draft_arch = drafter_arch(cfg, arch)
+    if draft_arch is not None:
+        label = (f"the draft model {draft_arch.name}" if spec.method == "draft_model"
+                 else f"one decoder layer and the LM head of {arch.name} ({spec.method})")
         c = cfg.compute
         par = {"pipeline_parallel_size": 1}
         if cfg.parallelism.enable_expert_parallel and not draft_arch.is_moe:

@@ -25,7 +25,7 @@ from simcore.model.memory import kv_cache_groups
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
 from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
-from simcore.setup import Deployment, build_deployment, drafter_kv_arch
+from simcore.setup import Deployment, build_deployment, drafter_arch
 from simcore.workload.generate import request_stream
 from simcore.workload.sessions import session_summary
 
@@ -173,7 +173,7 @@ def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] 
                                block_size=cfg.engine.block_size,
                                tier_capacity_tokens=tier.capacity_tokens if tier else None,
                                min_fetch_blocks=tier.min_fetch_blocks if tier else 1,
-                               draft_arch=drafter_kv_arch(cfg, dep.arch))
+                               draft_arch=drafter_arch(cfg, dep.arch))
         if tier is not None:
             sched_cfg = dataclasses.replace(sched_cfg,
                                             max_kvc_ready_requests=tier.max_kvc_ready_requests)

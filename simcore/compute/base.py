@@ -70,6 +70,11 @@ class StepShape:
         """Query tokens of the decodes, drafts under verification included."""
         return self.num_decode_seqs + self.num_spec_tokens
 
+    def runs_full_graph(self, max_tokens: int) -> bool:
+        """Whether the step runs as one full CUDA graph: decodes only (drafts under
+        verification included) and no more than `max_tokens` tokens."""
+        return self.num_decode_seqs + self.num_spec_tokens == self.num_tokens <= max_tokens
+
     @staticmethod
     def from_requests(items: list[tuple[int, int]]) -> "StepShape":
         """Build from (new_tokens, context_tokens) pairs, one per scheduled request."""

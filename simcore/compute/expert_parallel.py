@@ -240,8 +240,7 @@ class ExpertParallelRoofline:
             total_tokens += t
             if t > max_tokens:
                 max_tokens = t
-            if not shape.is_dummy and (shape.num_decode_seqs + shape.num_spec_tokens != t
-                                       or t > self._graph_max_tokens):
+            if not shape.is_dummy and not shape.runs_full_graph(self._graph_max_tokens):
                 full_graph = False
             part = self.rank_time(shape)
             s = part[0] + part[1] + part[2]

@@ -469,8 +469,7 @@ class RooflineModel:
         if t <= 0:
             return StepTime(0.0, 0.0, 0.0, "compute")
         compute_bound, memory_bound = self.op_bounds(shape)
-        full_graph = shape.num_decode_seqs + shape.num_spec_tokens == t \
-            and t <= self._graph_max_tokens
+        full_graph = shape.runs_full_graph(self._graph_max_tokens)
         return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph,
                              shape=shape)
 

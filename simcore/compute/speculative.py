@@ -94,23 +94,14 @@ class SpeculativeStepModel:
         return StepTime(total, compute, comm, first.bound, total - compute - comm)
 
     def step_time(self, shape: StepShape) -> StepTime:
-        """The target's step with the drafter's forwards on the GPU after it: where the target
-        is a roofline-family model, the step is assembled whole (its launch floor and its CPU
-        side, async scheduling's overlap and the API server's pace, over the target's and the
-        drafter's GPU time together, as a step DAG times it); else the drafter's time is added
-        to the target's step."""
+        """The target's step with the drafter's forwards on the GPU after it, assembled whole
+        by the target (its launch floor and its CPU side, async scheduling's overlap and the API
+        server's pace, over the target's and the drafter's GPU time together, as a step DAG
+        times it)."""
         d = self.draft_time(shape)
         target = self.target
         if d is None:
             return target.step_time(shape)
-        assemble = getattr(target, "assemble", None)
-        if assemble is None or shape.num_tokens <= 0:
-            st = target.step_time(shape)
-            total = st.total_s + d.total_s
-            compute = st.compute_s + d.compute_s
-            comm = st.comm_s + d.comm_s
-            return StepTime(total, compute, comm, st.bound, total - compute - comm,
-                            st.all_to_all_s)
         cb, mb = target.op_bounds(shape)
         # The drafter's GPU time (its launch floors included) counts on the bound its
         # forwards name; its collectives are communication.
@@ -119,9 +110,9 @@ class SpeculativeStepModel:
             cb += draft_gpu
         else:
             mb += draft_gpu
-        full_graph = (shape.num_decode_seqs + shape.num_spec_tokens == shape.num_tokens
-                      and shape.num_tokens <= target.cuda_graph_max_num_tokens)
-        return assemble(cb, mb, target.comm_s(shape) + d.comm_s, full_graph, shape=shape)
+        full_graph = shape.runs_full_graph(target.cuda_graph_max_num_tokens)
+        return target.assemble(cb, mb, target.comm_s(shape) + d.comm_s, full_graph,
+                               shape=shape)
 
     def assumption_lines(self) -> list[str]:
         lines = list(self.target.assumption_lines())

@@ -199,8 +199,7 @@ class StepDagBuilder(ExpertParallelSteps):
                     shapes += [dummy] * (inner - len(shapes))
                 mbs.append(shapes)
             plans.append(mbs)
-            if whole is not None and (whole.num_decode_tokens != whole.num_tokens
-                                      or whole.num_tokens > limit):
+            if whole is not None and not whole.runs_full_graph(limit):
                 full_graph = False
         if self.ep_model is not None:
             self._build_ep(dag, batches, plans, lane_ids, comm_stream, wholes)
