@@ -215,14 +215,18 @@ def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
     spec = cfg.engine.speculative_config
     par = cfg.parallelism
     where = "engine.speculative_config"
-    if par.pipeline_parallel_size > 1:
-        # vLLM's docs state speculative decoding is not composable with pipeline parallelism
-        # (through 0.15); later versions run EAGLE-3 with PP only, and MTP with PP fails
-        # (vllm-project/vllm#49355). The simulator's PP stages do not model either.
-        raise ConfigError(f"{where}: speculative decoding with pipeline_parallel_size "
-                          f"{par.pipeline_parallel_size} is refused (vLLM does not compose "
-                          "the two except EAGLE-3 in recent versions, which is not modelled); "
-                          "use pipeline_parallel_size 1")
+    if par.pipeline_parallel_size > 1 and spec.method != "eagle3":
+        # vLLM runs EAGLE-3 with pipeline parallelism (Model Runner V2 relays the head's
+        # auxiliary hidden states over the stages: vllm-project/vllm#50514, its docs since
+        # #55623); other methods are not composable with PP, and MTP with PP fails (#49355).
+        raise ConfigError(f"{where}.method: {spec.method} with pipeline_parallel_size "
+                          f"{par.pipeline_parallel_size} is refused: vLLM runs only eagle3 "
+                          "with pipeline parallelism; use eagle3 or pipeline_parallel_size 1")
+    if par.pipeline_parallel_size > 1 and par.enable_expert_parallel:
+        raise ConfigError(f"{where}: speculative decoding with pipeline parallelism and "
+                          "expert parallelism together is not modelled (the EAGLE-3 head's "
+                          "hidden states over an expert-parallel group's stages); use "
+                          "pipeline_parallel_size 1 or enable_expert_parallel false")
     if par.enable_expert_parallel and cfg.cluster is not None and spec.method == "mtp" \
             and arch.is_moe:
         raise ConfigError(f"{where}.method: mtp with expert parallelism on a cluster section is "
@@ -276,7 +280,9 @@ def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
     """(weight bytes per GPU, KV-cache bytes per token per GPU) of the speculative-decoding
     drafter, (0, 0) without one: a draft model whole; an EAGLE head or an MTP layer one decoder
     layer of the target (sharing its embedding, and but for EAGLE-3 its LM head: EAGLE-3's own
-    is taken at the target's vocabulary), with one layer of KV; n-gram lookup nothing."""
+    is taken at the target's vocabulary), with one layer of KV; n-gram lookup nothing. With
+    pipeline parallelism the drafter sits on the last stage, which holds no embedding, so the
+    head loads its own (vLLM shares the target's only without PP)."""
     draft = drafter_arch(cfg, arch)
     if draft is None:
         return 0.0, 0.0
@@ -292,7 +298,9 @@ def drafter_memory(cfg: SimConfig, arch: ModelArch, weight_dtype: str,
     vocab_shard = draft.embedding_params / tp * other
     shared = vocab_shard * (1 if draft.tie_word_embeddings else 2) + draft.hidden_size * other
     own_head = vocab_shard if method == "eagle3" else 0.0
-    return draft.stage_weight_bytes(weight_dtype, tp, ep=ep) - shared + own_head, kv
+    own_embedding = vocab_shard if par.pipeline_parallel_size > 1 else 0.0
+    return (draft.stage_weight_bytes(weight_dtype, tp, ep=ep) - shared + own_head
+            + own_embedding, kv)
 
 
 def speculative_step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec,

@@ -284,8 +284,12 @@ def test_bad_speculative_configs_are_refused_naming_the_field(spec, field):
 
 
 @pytest.mark.parametrize("spec, sections, field, words", [
-    (EAGLE3, {"parallelism": {"pipeline_parallel_size": 2}}, "speculative_config",
+    ({"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.6},
+     {"parallelism": {"pipeline_parallel_size": 2}}, "speculative_config.method",
      "pipeline_parallel_size"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6},
+     {"parallelism": {"pipeline_parallel_size": 2}}, "speculative_config.method",
+     "only eagle3"),
     ({"method": "mtp", "num_speculative_tokens": 1, "acceptance_rate": 0.8}, {},
      "speculative_config.method", "multi-token-prediction"),
     ({"method": "draft_model", "model": "no-such-model", "num_speculative_tokens": 3,

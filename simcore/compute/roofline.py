@@ -190,7 +190,7 @@ class RooflineModel:
         "_lm_flop_s_per_row", "_lm_byte_s_fixed", "_lm_byte_s_per_row", "_lm_floor_s",
         "_smp_byte_s_per_row", "_smp_floor_s",
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
-        "_pp_s_per_token", "_pp_latency_s",
+        "_pp_s_per_token", "_pp_latency_s", "_pp_hop_s_per_byte",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
         "_linear_cache", "_cscale",
     )
@@ -393,6 +393,12 @@ class RooflineModel:
             self._pp_latency_s = local_hops * alpha + cross_hops * a.inter_node_latency_s
         else:
             self._pp_s_per_token = self._pp_latency_s = 0.0
+        # Seconds per byte of each hop (stage i to i + 1; stage s on node s // stages_per_node,
+        # so hop i leaves its node when (i + 1) is a multiple of stages_per_node).
+        spn = max(1, gpu.gpus_per_node // tp)
+        self._pp_hop_s_per_byte = tuple(
+            1.0 / a.inter_node_bandwidth_bytes_per_s if (i + 1) % spn == 0 else 1.0 / ic
+            for i in range(pp - 1))
 
         self._step_overhead_s = a.step_overhead_s
         self._eager_launch_s = num_layers * a.eager_launch_s_per_layer
@@ -431,6 +437,7 @@ class RooflineModel:
                 (("_step_overhead_s", "_eager_launch_s"), "overhead")):
             for name in names:
                 setattr(self, name, getattr(self, name) * f[op])
+        self._pp_hop_s_per_byte = tuple(x * f["communication"] for x in self._pp_hop_s_per_byte)
 
     def assumption_lines(self) -> list[str]:
         """Where this model's step times come from, in plain words."""
@@ -637,6 +644,12 @@ class RooflineModel:
                   else s * self._gather_s_per_row + self._gather_latency_s)
         return (ar + gather
                 + t * self._pp_s_per_token + self._pp_latency_s)
+
+    def pp_extra_s(self, bytes_per_hop: Sequence[float]) -> float:
+        """Seconds the pipeline's hops take to carry `bytes_per_hop[i]` more bytes from stage i
+        to stage i + 1 (in the same message as the hidden states: no latency of their own), at
+        each hop's link and the communication op scale."""
+        return sum(b * x for b, x in zip(bytes_per_hop, self._pp_hop_s_per_byte))
 
     @property
     def cuda_graph_max_num_tokens(self) -> int:

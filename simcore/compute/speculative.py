@@ -16,6 +16,11 @@ engine's CPU side):
 - mtp: one of the target's own MTP layers (a decoder layer of its kind, MoE included) and the
   shared LM head;
 - ngram: no GPU time; the n-gram lookup runs on the CPU and is taken as free.
+
+With pipeline parallelism (EAGLE-3 only, as vLLM's Model Runner V2 runs it) the drafter sits
+on the last stage's GPUs, and the hidden states its head reads from earlier target layers
+(`eagle3_aux_layers`) travel with the hidden states and residual over each hop between the
+stage that captured them and the last (`aux_states_per_hop`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,29 @@ import dataclasses
 
 from simcore.compute.base import StepShape, StepTime
 from simcore.engine.speculative import EAGLE_FAMILY
+from simcore.model.arch import pp_stage_layers
+
+AUX_STATE_BYTES = 2.0
+"""Bytes per element of an auxiliary hidden state (16-bit activations)."""
+
+
+def eagle3_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """The target layers whose input (hidden states plus residual) an EAGLE-3 head reads:
+    vLLM's default, one early, one middle and one late (`get_eagle3_aux_hidden_state_layers`:
+    2, num_layers // 2, num_layers - 3)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def aux_states_per_hop(num_layers: int, pp: int) -> tuple[int, ...]:
+    """How many EAGLE-3 auxiliary hidden states each pipeline hop (stage i to i + 1) carries to
+    the drafter on the last stage: a state captured at the input of layer j travels every hop
+    after the stage that holds layer j."""
+    aux = eagle3_aux_layers(num_layers)
+    out, end = [], 0
+    for n in pp_stage_layers(num_layers, pp)[:-1]:
+        end += n
+        out.append(sum(1 for j in aux if j < end))
+    return tuple(out)
 
 
 def draft_head_arch(arch, method: str):
@@ -49,7 +77,8 @@ class SpeculativeStepModel:
     TP and PP, its CPU-side model).
     """
 
-    __slots__ = ("target", "draft", "method", "k", "draft_label")
+    __slots__ = ("target", "draft", "method", "k", "draft_label", "aux_states_per_hop",
+                 "_aux_s_per_token")
 
     def __init__(self, target, draft, *, method: str, num_speculative_tokens: int,
                  draft_label: str) -> None:
@@ -58,6 +87,14 @@ class SpeculativeStepModel:
         self.method = method
         self.k = num_speculative_tokens
         self.draft_label = draft_label
+        pp = getattr(target, "pp", 1)
+        self.aux_states_per_hop = (aux_states_per_hop(target.arch.num_layers, pp)
+                                   if method == "eagle3" and pp > 1 else ())
+        """EAGLE-3's auxiliary hidden states each pipeline hop carries (() without PP)."""
+        per_state = target.arch.hidden_size * AUX_STATE_BYTES
+        self._aux_s_per_token = (target.pp_extra_s([c * per_state
+                                                    for c in self.aux_states_per_hop])
+                                 if self.aux_states_per_hop else 0.0)
 
     def __getattr__(self, name: str):
         if name == "target":        # not set yet (a copy being built)
@@ -111,8 +148,8 @@ class SpeculativeStepModel:
         else:
             mb += draft_gpu
         full_graph = shape.runs_full_graph(target.cuda_graph_max_num_tokens)
-        return target.assemble(cb, mb, target.comm_s(shape) + d.comm_s, full_graph,
-                               shape=shape)
+        comm = target.comm_s(shape) + d.comm_s + shape.num_tokens * self._aux_s_per_token
+        return target.assemble(cb, mb, comm, full_graph, shape=shape)
 
     def assumption_lines(self) -> list[str]:
         lines = list(self.target.assumption_lines())
@@ -127,6 +164,14 @@ class SpeculativeStepModel:
                          f"drafter, {self.draft_label}, timed by the same compute model: one "
                          f"forward over the step's tokens and {k - 1} more of one token per "
                          "request; no CPU time of its own, and not overlapped with the target")
+            if self.aux_states_per_hop:
+                aux = ", ".join(map(str, eagle3_aux_layers(self.target.arch.num_layers)))
+                hops = ", ".join(map(str, self.aux_states_per_hop))
+                lines.append("speculative decoding with pipeline parallelism: the drafter on "
+                             f"the last stage; the EAGLE-3 head's auxiliary hidden states "
+                             f"(the inputs of layers {aux}) ride the stage hops with the "
+                             f"hidden states ({hops} per hop); the sampled and draft tokens' "
+                             "return to the first stage is not timed")
             if self.method in EAGLE_FAMILY:
                 lines.append("draft head: the fc that joins the target's hidden states to the "
                              "head's input (EAGLE 2h->h, EAGLE-3 3h->h, MTP's eh_proj) is not "

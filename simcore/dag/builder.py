@@ -100,6 +100,10 @@ class StepDagBuilder(ExpertParallelSteps):
                          else StepShape.from_scheduled)
         self.draft = getattr(spec, "draft", None)
         self._spec = spec
+        # Activation vectors per token each PP hop carries: hidden states and residual, plus
+        # the EAGLE-3 head's auxiliary hidden states on their way to the last stage.
+        aux = getattr(spec, "aux_states_per_hop", ()) or (0,) * (self.pp - 1)
+        self._hop_states = tuple(2 + c for c in aux)
         self.alpha = model.assumptions.collective_hop_latency_s
         self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
         self._lanes: dict[int, list[Lane]] = {}            # instance -> its lanes (immutable)
@@ -238,7 +242,8 @@ class StepDagBuilder(ExpertParallelSteps):
                 ready = [prev_stage_out[m][k] if s else () for k in range(len(subs))]
                 if s:
                     ready = [self._pp_hop(dag, lanes[s - 1], lane, ops[k][0].num_tokens,
-                                          ready[k], comm_stream) for k in range(len(subs))]
+                                          ready[k], comm_stream, self._hop_states[s - 1])
+                             for k in range(len(subs))]
                 if s == 0 and self.tp > 1:      # the vocabulary-parallel embedding's all-reduce
                     ready = [self._collective(dag, lane, "all_reduce", ops[k][0].num_tokens * h
                                               * ab, 1, ready[k], comm_stream)
@@ -307,10 +312,11 @@ class StepDagBuilder(ExpertParallelSteps):
                                          comm_stream)
 
     def _pp_hop(self, dag: StepDag, src_lane: int, dst_lane: int, num_tokens: int,
-                deps: tuple[int, ...], comm_stream: int) -> tuple[int, ...]:
-        """Hidden states and residual from one stage to the next: by formula inside a node,
-        else each TP rank sends its 1/tp slice to its peer and the receivers all-gather."""
-        size = 2 * self.arch.hidden_size * self.ab * num_tokens
+                deps: tuple[int, ...], comm_stream: int, states: int = 2) -> tuple[int, ...]:
+        """Hidden states and residual (and any other of the `states` activation vectors per
+        token) from one stage to the next: by formula inside a node, else each TP rank sends
+        its 1/tp slice to its peer and the receivers all-gather."""
+        size = states * self.arch.hidden_size * self.ab * num_tokens
         src = dag.lanes[src_lane].gpus
         dst = dag.lanes[dst_lane].gpus
         node_of = self.placement.node_of

@@ -197,9 +197,9 @@ def kv_cache_num_blocks(
     `max_model_len` request would not fit (vLLM refuses to start then; a sliding-window group
     needs only its window and a chunk of it).
 
-    A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU (on the last
-    stage) and `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the
-    target's blocks). Under an expert-only weight format (mxfp4) the routed experts take the
+    A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU and
+    `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the target's
+    blocks), both on the last stage, where it runs. Under an expert-only weight format (mxfp4) the routed experts take the
     padded shapes of the kernel layout `expert_align` (`simcore.model.arch.MXFP4_MOE_LAYOUTS`).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -231,7 +231,7 @@ def kv_cache_num_blocks(
         kv_bytes = requested - weights - activation - cuda_graph_bytes - non_torch_bytes
         per_block = block_size * layers_per_block * arch.kv_elems_per_token_per_layer(tp) \
             * kv_elem_bytes
-        if draft_kv_bytes_per_token:
+        if draft_kv_bytes_per_token and stage == pp - 1:
             per_block += block_size * draft_kv_bytes_per_token
         num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if num_blocks <= 0:
