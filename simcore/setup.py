@@ -227,12 +227,6 @@ def check_speculative(cfg: SimConfig, arch: ModelArch) -> None:
                           "expert parallelism together is not modelled (the EAGLE-3 head's "
                           "hidden states over an expert-parallel group's stages); use "
                           "pipeline_parallel_size 1 or enable_expert_parallel false")
-    if par.enable_expert_parallel and cfg.cluster is not None and spec.method == "mtp" \
-            and arch.is_moe:
-        raise ConfigError(f"{where}.method: mtp with expert parallelism on a cluster section is "
-                          "not modelled (the MTP layer's expert all-to-alls in the step DAGs); "
-                          "use a dense drafter (eagle, eagle3, draft_model, ngram), or remove "
-                          "the cluster section for the analytical group model")
     if spec.method == "mtp":
         if arch.num_mtp_layers <= 0:
             raise ConfigError(f"{where}.method: mtp needs a model with multi-token-prediction "

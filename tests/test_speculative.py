@@ -303,15 +303,6 @@ def test_combinations_vllm_refuses_are_refused(spec, sections, field, words):
     assert words in msg
 
 
-def test_mtp_with_expert_parallelism_on_a_cluster_is_refused_as_not_modelled():
-    msg = refusal({"method": "mtp", "num_speculative_tokens": 1, "acceptance_rate": 0.8},
-                  deploy=True, model={"name": "deepseek-ai/DeepSeek-V3", "dtype": "fp8"},
-                  hardware={"gpu": "H200"}, engine={"block_size": 64},
-                  parallelism={"enable_expert_parallel": True, "data_parallel_size": 8},
-                  cluster={"num_nodes": 1})
-    assert msg.startswith("engine.speculative_config.method: ") and "not modelled" in msg
-
-
 def test_mtp_on_a_model_with_mtp_layers_and_a_draft_model_are_accepted():
     dep = build_deployment(config({"method": "mtp", "num_speculative_tokens": 2,
                                    "acceptance_rate": 0.8},

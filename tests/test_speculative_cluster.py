@@ -11,7 +11,6 @@ import simpy
 
 from simcore.cluster.build import build_cluster
 from simcore.config import parse_config
-from simcore.errors import ConfigError
 from simcore.setup import build_deployment
 from simcore.simulate import simulate
 from tests.test_cluster import AB, BASE, H, R, VOCAB, cross_node_bytes
@@ -193,13 +192,3 @@ def test_speculation_shortens_tpot_in_an_expert_parallel_group_on_a_cluster():
     assert on["spec_decode_acceptance_length"] > 1.5
     assert on["mean_tpot_ms"] < 0.8 * off["mean_tpot_ms"]
 
-
-def test_mtp_in_an_expert_parallel_group_on_a_cluster_is_refused():
-    cfg = config({"method": "mtp", "num_speculative_tokens": 1, "acceptance_rate": 0.8},
-                 model={"name": "deepseek-ai/DeepSeek-V3", "dtype": "fp8"},
-                 hardware={"gpu": "H200"}, engine={"block_size": 64},
-                 parallelism={"enable_expert_parallel": True, "data_parallel_size": 8},
-                 cluster={"num_nodes": 1})
-    with pytest.raises(ConfigError, match=r"^engine\.speculative_config\.method: mtp with "
-                                          r"expert parallelism on a cluster"):
-        build_deployment(cfg)

@@ -99,6 +99,10 @@ class StepDagBuilder(ExpertParallelSteps):
         self.shape_of = (StepShape.from_scheduled_spec if self.speculative
                          else StepShape.from_scheduled)
         self.draft = getattr(spec, "draft", None)
+        # A drafter with routed experts (an MTP layer of a MoE model) under expert parallelism
+        # is a group model of its own: its forwards are lock-step steps with all-to-alls.
+        self._draft_ep = (ep_model is not None
+                          and getattr(self.draft, "group_parts", None) is not None)
         self._spec = spec
         # Activation vectors per token each PP hop carries: hidden states and residual, plus
         # the EAGLE-3 head's auxiliary hidden states on their way to the last stage.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simcore.compute.base import StepShape
 from simcore.dag import collectives as coll
 from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, LOCAL, StepDag
 
@@ -122,10 +123,84 @@ class ExpertParallelSteps:
                         ready[r][k] = (dag.compute(ln, "lm_head", by_op.get("lm_head", 0.0),
                                                    ready[r][k]),)
                     whole = wholes[r] if wholes else None
-                    if self.draft is not None and whole is not None:
+                    if self.draft is not None and whole is not None and not self._draft_ep:
                         self._draft_forwards(dag, ln, whole,
                                              tuple(n for sub in ready[r] for n in sub),
                                              comm_stream)
+                if self._draft_ep and wholes:
+                    self._ep_draft_forwards(dag, gpus, lanes, lane_of, lane_idx, wholes,
+                                            [tuple(n for sub in ready[r] for n in sub)
+                                             for r in range(ranks)], comm_stream)
+
+    def _ep_draft_forwards(self, dag: StepDag, gpus: list[int], lanes: list[int],
+                           lane_of: dict[int, int], lane_idx: list[list[int]], wholes,
+                           ready: list[tuple[int, ...]], comm_stream: int) -> None:
+        """The forwards of a drafter with routed experts (an MTP layer of a MoE model) on the
+        last stage's EP group, each a lock-step step of the group as the target's layers are
+        built: per rank the vocabulary-parallel embedding's all-reduce and the layer's attention
+        side (shared experts and router included), the dispatch all-to-all of the layer's
+        routed tokens, each GPU's experts (timed by the drafter's group model), the combine
+        (and the sequence-parallel all-gather with TP), the LM head and the logits' all-gather.
+        A rank with no batch runs the drafter's dummy forward (`StepShape.dummy()`), as vLLM's
+        dummy run does, and joins every all-to-all."""
+        draft = self.draft
+        rank_model = draft.rank_model
+        arch = draft.arch
+        h, ab, k_top = arch.hidden_size, self.ab, arch.num_experts_per_tok
+        per_rank = [self._spec.draft_shapes(w) if w is not None else [] for w in wholes]
+        if not any(per_rank):
+            return
+        ranks = len(lanes)
+        dummy = StepShape.dummy()
+        starts = np.arange(0, arch.num_experts, draft.experts_per_gpu)
+        ep_size = len(gpus)
+        for j in range(self._spec.k):
+            shapes = [f[j] if f else dummy for f in per_rank]
+            ops = []
+            for r, ln in enumerate(lanes):
+                by_op: dict[str, float] = {}
+                rank_model.op_bounds(shapes[r], routed_experts=False, by_op=by_op)
+                ops.append(by_op)
+                size = shapes[r].num_tokens * h * ab
+                if self.tp > 1:
+                    ready[r] = self._collective(dag, ln, "all_reduce", size, 1, ready[r],
+                                                comm_stream)
+                side = (by_op.get("attention", 0.0) + by_op.get("elementwise", 0.0)
+                        + by_op.get("mlp", 0.0) + by_op.get("moe", 0.0))
+                ready[r] = (dag.compute(ln, "draft", side, ready[r]),)
+            trials = sum(s.num_tokens * k_top for s in shapes)
+            per_expert = self.rng.multinomial(trials, self._popularity)
+            loads = [0] * ep_size
+            loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
+            active = [0] * ep_size
+            active[:len(starts)] = np.add.reduceat((per_expert > 0).astype(np.int64),
+                                                   starts).tolist()
+            tokens = [0] * ep_size
+            for r in range(ranks):
+                src = lane_idx[r]
+                t = shapes[r].num_tokens
+                for i, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
+                    tokens[gi] += t * (i + 1) // len(src) - t * i // len(src)
+            held = np.array(tokens, dtype=np.int64)
+            sent = {ln: ready[r] for r, ln in enumerate(lanes)}
+            arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
+                                                comm_stream, 1)
+            expert_s = self._experts_s(loads, active, 1, ep=draft)
+            expert_nodes = {ln: dag.compute(ln, "draft", max(expert_s[gi] for gi in lane_idx[r]),
+                                            arrived[ln])
+                            for r, ln in enumerate(lanes)}
+            back = back_of({ln: (node,) for ln, node in expert_nodes.items()})
+            for r, ln in enumerate(lanes):
+                ready[r] = back[ln]
+                if self.tp > 1:
+                    ready[r] = self._collective(dag, ln, "all_gather",
+                                                shapes[r].num_tokens * h * ab, 1, ready[r],
+                                                comm_stream)
+                ready[r] = (dag.compute(ln, "draft", ops[r].get("lm_head", 0.0), ready[r]),)
+                if self.tp > 1 and shapes[r].num_seqs:
+                    ready[r] = self._collective(dag, ln, "all_gather", shapes[r].num_seqs
+                                                * arch.vocab_size * ab, 1, ready[r],
+                                                comm_stream)
 
     def _gpu_reach(self, gpus: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(node of each GPU, P(a token needs GPU j), P(a token needs node n)) for a stage's
@@ -292,12 +367,16 @@ class ExpertParallelSteps:
                 touching[lane_of[t.dst]].append(i)
         return {ln: (dag.barrier(ln, op, tuple(touching[ln]), stream),) for ln in lanes}
 
-    def _experts_s(self, loads: list[int], active: list[int], nm: int) -> list[float]:
+    def _experts_s(self, loads: list[int], active: list[int], nm: int,
+                   ep=None) -> list[float]:
         """Routed-expert GEMMs of each GPU over nm MoE layers: `loads` token-expert assignments,
         `active` distinct experts hit (weights read once per layer); 0 for a GPU with none.
-        Elementwise the same operations, in the same order, as one GPU at a time."""
-        ep = self.ep_model
-        share = nm / self.num_moe
+        Elementwise the same operations, in the same order, as one GPU at a time. `ep`: the
+        group model whose experts these are (default the target's)."""
+        if ep is None:
+            ep, share = self.ep_model, nm / self.num_moe
+        else:
+            share = nm / ep._num_moe
         load = np.array(loads, dtype=np.int64)
         per_layer_load = load / nm
         cpu = per_layer_load * ep._flop_s_per_assignment * share
