@@ -55,7 +55,8 @@ SCENARIOS = {
                          "parallelism": {"tensor_parallel_size": 8},
                          "workload": _workload(60, 30, 8000, 8)},
     # Engine queueing: the API server's path is taken as free, so the engine is what waits.
-    "flood": {"workload": _workload(200, 2000, 512, 64), "host": {"request_overhead_s": 0.0}},
+    "flood": {"workload": _workload(200, 2000, 512, 64),
+              "host": {"request_overhead_s": 0.0, "api_server_per_request_s": 0.0}},
     # 200 requests at once through one API server process on a host CPU 20x slower than the
     # one vLLM's costs were measured on: about 80 ms of work a request, below what the engine
     # serves.
