@@ -78,7 +78,8 @@ def render_envelope(r: dict) -> list[str]:
                                   if len(set(env["seeds"])) > 1 else "")),
            "first_order": "first order in the step-time bound, no extra run",
            "calibrated": ("a split-conformal interval from the end-to-end validation set's "
-                          "fit-part errors, centred on their median, no extra run")}[env["method"]]
+                          "fit-part errors out of sample (cross-validated), centred on their "
+                          "median, no extra run")}[env["method"]]
     how = how() if callable(how) else how
     lines = [_title(" Envelope ", "-")]
     status = "calibrated" if env["calibrated"] else "UNCALIBRATED (reference profile)"

@@ -433,7 +433,7 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
 GUARDS = {
     "throughput": {"median_abs": 0.18, "median_signed": 0.07, "outside": 0.20},
     "ttft": {"median_abs": 0.22, "median_signed": 0.22, "outside": 0.20},
-    "tpot": {"median_abs": 0.24, "median_signed": 0.16, "outside": 0.50},
+    "tpot": {"median_abs": 0.24, "median_signed": 0.16, "outside": 0.36},
     "e2e": {"median_abs": 0.12, "median_signed": 0.10, "outside": 0.20},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
@@ -443,8 +443,8 @@ that holds the server), with MXFP4 experts stored in the padded layout of the ke
 row's vLLM ran and async scheduling hiding vLLM's scheduler but not the model runner's fitted
 time (32 held-out cases, 22 with a throughput figure: throughput 13.7% / -2.8%, TTFT 17.2% /
 -17.1%, TPOT 19.1% / +11.5%, E2E 7.7% / +5.4% median |error| / median signed error; envelope
-coverage 82%, 86%, 54%, 80%) with a margin; the envelope's bound is the coverage target itself
-where it is met. History: with the checkpoint's MXFP4 shapes (5.1 GiB less weight and twice the
+coverage 82%, 86%, 69%, 100%, the envelope built from the fit part's cross-validated residuals)
+with a margin; the envelope's bound is the coverage target itself where it is met. History: with the checkpoint's MXFP4 shapes (5.1 GiB less weight and twice the
 KV cache of vLLM's for gpt-oss-120b on one H100) TTFT was 31.3% and TPOT 23.9%; with the padded
 layout and the whole engine time hidden by async scheduling, 22.8% and 9.0%; with the model
 runner's time kept on the GPU's path under async scheduling (chosen on the fit part's one async
@@ -454,7 +454,11 @@ the fit part (objective 0.255 -> 0.227, by a rule set before the held-out cases 
 least 3% lower): throughput 12.6% / -1.0%, TTFT 25.1% / -25.1%, TPOT 23.2% / +10.3%, E2E 7.5% /
 +4.2%, coverage 73%, 79%, 46%, 80%. The API server's per-request work that holds it was adopted
 by the same rule (objective 0.227 -> 0.214): a burst of requests now queues at the server, which
-lowered TTFT's error by 8 points and raised every family's coverage. TTFT misses its targets,
+lowered TTFT's error by 8 points and raised every family's coverage (to 82%, 86%, 54%, 80%).
+The envelope then took the fit part's out-of-sample residuals (5 folds of whole sources, each
+at parameters fitted on the others) in place of the in-sample ones, chosen for the method, not
+the figure: TPOT's coverage 54% -> 69% and E2E's 80% -> 100%, the others unchanged (the folds'
+parameters hardly differ, so only TPOT's interval widened much). TTFT misses its targets,
 mostly under-predicted, from gpt-oss under saturating loads (1,000 ShareGPT prompts or 500
 4,000-token prompts sent at once) and Qwen3-235B FP8 on 4 A100. The issue's targets
 (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are reported beside them."""

@@ -6,8 +6,11 @@ server's per streamed token and per request (its latency, and its work that hold
 `simcore.host`), and the calibrated compute
 model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks). The
 objective: the mean over the fit cases and their metric families of |log(predicted /
-measured)|; with the result, the quantiles of the fit cases' residuals log(measured / predicted)
-per metric family, which calibrated envelopes use. The search: coordinate descent over grids
+measured)|; with the result, per metric family the fit cases' residuals log(measured /
+predicted), which calibrated envelopes use: out of sample, by cross-validation over the fit part
+(`CV_FOLDS` folds of whole sources, `cv_fold`: each fold's residuals at parameters fitted on the
+other folds), since residuals at parameters fitted on the same cases understate the error a new
+case meets; the in-sample residuals are kept beside them. The search: coordinate descent over grids
 (each parameter in turn, all others fixed; the request path's two together, `UNITS`), two
 rounds, then a finer grid around the best, the
 API server's two parameters and the compute-bound scale kept under `BOUNDS` (published
@@ -17,11 +20,13 @@ With the parameters, the objective over the fit cases of mixture-of-experts mode
 measured MoE routing (`moe_routing_objective`), from which the default routing was chosen.
 
     python scripts/fit_host_overheads.py [--workers 2] [--out simcore/data/cpu_costs/fitted.json]
+    python scripts/fit_host_overheads.py --residuals-only   # keep the parameters, redo residuals
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -103,6 +108,17 @@ def unit_trials(unit: tuple[str, ...], params: dict, refine: bool) -> list[dict]
     return [t for t in trials if any(t[k] != params[k] for k in unit)]
 
 
+CV_FOLDS = 5
+"""Folds of the cross-validation that gives the envelope's out-of-sample residuals."""
+
+
+def cv_fold(case) -> int:
+    """The declared fold of a fit case: by its source (a page or CI build measures several
+    cases, which leave and join the fit together), the first 8 hex digits of the sha256 of the
+    source's URL modulo `CV_FOLDS`."""
+    return int(hashlib.sha256(case.source.encode()).hexdigest()[:8], 16) % CV_FOLDS
+
+
 def _residuals(args):
     case, params, *routing = args
     params = dict(params)
@@ -116,8 +132,28 @@ def _residuals(args):
 
 def residual_quantiles(cases, params, pool) -> dict:
     """Per metric family, quantiles of log(measured / predicted) over `cases`."""
+    return _quantiles(pool.map(_residuals, [(c, params) for c in cases]))
+
+
+def cv_residuals(cases, pool, log=print) -> tuple[dict, dict]:
+    """Out-of-sample residuals of `cases` (quantiles per family, as `residual_quantiles`): each
+    fold's at the parameters `descend` fits on the other folds; and those parameters by fold."""
+    out, fitted = [], {}
+    for f in range(CV_FOLDS):
+        train = [c for c in cases if cv_fold(c) != f]
+        test = [c for c in cases if cv_fold(c) == f]
+        if not test:
+            continue
+        params, score = descend(train, pool, log=lambda m: log(f"fold {f}: {m}"))
+        fitted[f] = {"parameters": params, "train_objective": score,
+                     "cases": sorted(c.id for c in test)}
+        out += pool.map(_residuals, [(c, params) for c in test])
+    return _quantiles(out), fitted
+
+
+def _quantiles(rows) -> dict:
     by: dict[str, list[float]] = {}
-    for r in pool.map(_residuals, [(c, params) for c in cases]):
+    for r in rows:
         for f, v in r.items():
             by.setdefault(f, []).append(v)
     return {f: {"n": len(v), "p10": float(np.quantile(v, 0.1)),
@@ -141,6 +177,28 @@ def routing_objectives(cases, params, pool) -> dict[str, float]:
     return {r: round(objective(moe, params, pool, r), 6) for r in MOE_ROUTINGS}
 
 
+def descend(cases, pool, log=print) -> tuple[dict, float]:
+    """The parameters of least `objective` over `cases`, by coordinate descent from zero (the
+    scale from 1): two rounds over each unit's grid, then a round refining around the best."""
+    params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0}
+    best = objective(cases, params, pool)
+    log(f"start {best:.4f}")
+    for rnd in range(3):
+        for unit in UNITS:           # the third round refines around the current values
+            for change in unit_trials(unit, params, refine=rnd == 2):
+                trial = {**params, **change}
+                score = objective(cases, trial, pool)
+                if score < best:
+                    best, params = score, trial
+            values = ", ".join(f"{k} = {params[k]:.3g}" for k in unit)
+            log(f"round {rnd} {values}  objective {best:.4f}")
+    return params, best
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -150,40 +208,29 @@ def main() -> None:
     args = ap.parse_args()
     cases, _ = load_cases()
     fit = [c for c in cases if c.split == "fit"]
-    if args.residuals_only:
-        out = json.loads(args.out.read_text(encoding="utf-8"))
-        with ProcessPoolExecutor(args.workers) as pool:
-            out["moe_routing_objective"] = routing_objectives(fit, out["parameters"], pool)
-            out["residuals"] = residual_quantiles(fit, out["parameters"], pool)
-        args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-        print(json.dumps(out["residuals"], indent=1))
-        return
-    params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0}
     with ProcessPoolExecutor(args.workers) as pool:
-        best = objective(fit, params, pool)
-        print(f"start {best:.4f}", flush=True)
-        for rnd in range(3):
-            for unit in UNITS:           # the third round refines around the current values
-                for change in unit_trials(unit, params, refine=rnd == 2):
-                    trial = {**params, **change}
-                    score = objective(fit, trial, pool)
-                    if score < best:
-                        best, params = score, trial
-                values = ", ".join(f"{k} = {params[k]:.3g}" for k in unit)
-                print(f"round {rnd} {values}  objective {best:.4f}", flush=True)
-        routings = routing_objectives(fit, params, pool)
-        residuals = residual_quantiles(fit, params, pool)
-    out = {"format": "simcore-host-fit", "version": 1,
-           "parameters": params,
-           "objective": "mean |log(predicted / measured)| over the fit cases' metric families",
-           "objective_value": best,
-           "fit_cases": sorted(c.id for c in fit),
-           "moe_routing_objective": routings,
-           "residuals": residuals,
-           "method": "coordinate descent over log-spaced grids, 2 rounds, then a refinement "
-                     "round around the best (scripts/fit_host_overheads.py)"}
+        if args.residuals_only:
+            out = json.loads(args.out.read_text(encoding="utf-8"))
+            params = out["parameters"]
+        else:
+            params, best = descend(fit, pool, log=_log)
+            out = {"format": "simcore-host-fit", "version": 1,
+                   "parameters": params,
+                   "objective": "mean |log(predicted / measured)| over the fit cases' metric "
+                                "families",
+                   "objective_value": best,
+                   "fit_cases": sorted(c.id for c in fit),
+                   "method": "coordinate descent over log-spaced grids, 2 rounds, then a "
+                             "refinement round around the best (scripts/fit_host_overheads.py)"}
+        out["moe_routing_objective"] = routing_objectives(fit, params, pool)
+        out["in_sample_residuals"] = residual_quantiles(fit, params, pool)
+        out["residuals"], out["cv_folds"] = cv_residuals(fit, pool, log=_log)
+        out["residuals_method"] = (
+            f"{CV_FOLDS}-fold cross-validation over the fit cases, folds of whole sources "
+            "(scripts/fit_host_overheads.py cv_fold): each fold's residuals at the parameters "
+            "fitted the same way on the other folds")
     args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(params, indent=1))
+    print(json.dumps(out["residuals"], indent=1))
 
 
 if __name__ == "__main__":

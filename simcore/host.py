@@ -148,8 +148,9 @@ def fitted_compute_bound_scale() -> float:
 
 
 def fitted_residuals() -> dict[str, dict]:
-    """Per metric family, the residuals log(measured / predicted) of the fit cases at the fitted
-    parameters (`values`) and their quantiles; empty when none were written."""
+    """Per metric family, the out-of-sample residuals log(measured / predicted) of the fit cases
+    (`values`: each fold of sources at parameters fitted on the other folds) and their
+    quantiles; empty when none were written."""
     return _fitted().get("residuals", {})
 
 

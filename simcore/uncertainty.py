@@ -16,9 +16,11 @@ propagates it through batching and queueing, which a first-order scaling cannot:
   step-time bound. Near saturation queueing amplifies latency beyond this.
 - `calibrated`: no extra run; a split-conformal interval per metric family (throughput, TTFT,
   TPOT/ITL, E2E latency) from the residuals r = log(measured / predicted) of the fit part of the
-  end-to-end validation set (`simcore/data/cpu_costs/fitted.json`): centre c = median(r), half
-  width w = the ceil((n + 1) x 0.8)-th smallest |r - c| (the largest when that exceeds n), so
-  that a new case like those has at least an 80% chance to fall inside; the envelope is nominal
+  end-to-end validation set (`simcore/data/cpu_costs/fitted.json`), out of sample (each fold of
+  sources at parameters fitted on the others, `scripts/fit_host_overheads.py`): centre
+  c = median(r), half width w = the ceil((n + 1) x 0.8)-th smallest |r - c| (the largest when
+  that exceeds n), so that a new case like those has at least an 80% chance to fall inside (a
+  residual at parameters fitted on its own case would understate that); the envelope is nominal
   x exp(c -/+ w) and its `median` nominal x exp(c): width and centre from measured errors. Where
   the step model has roofline parts (its op bounds wider than the validated profiles'), the
   first-order range is taken where it is wider. Its coverage is measured on the held-out part

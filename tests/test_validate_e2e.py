@@ -50,6 +50,33 @@ def test_the_split_is_declared_by_the_id_hash_and_used_by_the_fit(cases):
     assert set(fitted["residuals"]) == set(FAMILIES)
 
 
+def test_the_envelopes_residuals_are_cross_validated_over_folds_of_whole_sources(cases):
+    """Each fit case is in exactly one fold, the fold of its source; every fit measurement has
+    one out-of-sample residual."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts/fit_host_overheads.py"
+    spec = importlib.util.spec_from_file_location("fit_host_overheads", path)
+    fit_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_script)
+    ok, _ = cases
+    fit = {c.id: c for c in ok if c.split == "fit"}
+    fitted = json.loads(FITTED.read_text())
+    folds = fitted["cv_folds"]
+    seen = [i for f in folds.values() for i in f["cases"]]
+    assert sorted(seen) == sorted(fit)
+    for f, fold in folds.items():
+        assert {fit_script.cv_fold(fit[i]) for i in fold["cases"]} == {int(f)}
+        assert set(fold["parameters"]) == set(fitted["parameters"])
+    by_source: dict[str, set[int]] = {}
+    for c in fit.values():
+        by_source.setdefault(c.source, set()).add(fit_script.cv_fold(c))
+    assert all(len(v) == 1 for v in by_source.values())
+    for fam, q in fitted["residuals"].items():
+        assert q["n"] == sum(fam in c.measured for c in fit.values()) == len(q["values"])
+
+
 def test_a_latency_row_is_one_batch_of_fixed_lengths():
     row = next(r for r in load_rows() if r["id"] == "bk9555-latency-llama8B_tp1-h100")
     c = row_case(row)
