@@ -48,20 +48,15 @@ class ExpertParallelSteps:
         the dispatch all-to-all over every GPU of the stage, each GPU's experts, the combine;
         with a dense speculative drafter, each rank with a batch (its shape in `wholes`) then
         drafts on its own lane."""
-        ep = self.ep_model
-        arch = self.arch
-        h, k_top = arch.hidden_size, arch.num_experts_per_tok
+        h = self.arch.hidden_size
         ranks = len(batches)
         num_sub = len(plans[0][0])
-        epg = ep.experts_per_gpu
         for s in range(self.pp):
             lanes = [ids[s] for ids in lane_ids]
             gpus = [g for ln in lanes for g in dag.lanes[ln].gpus]
             lane_of = {g: ln for ln in lanes for g in dag.lanes[ln].gpus}
             gidx = {g: i for i, g in enumerate(gpus)}
-            ep_size = len(gpus)
             lane_idx = [[gidx[g] for g in dag.lanes[ln].gpus] for ln in lanes]
-            starts = np.arange(0, arch.num_experts, epg)
             ops = [[self._ops(shape, False) for shape in plans[r][0]] for r in range(ranks)]
             ready = [[() for _ in range(num_sub)] for _ in range(ranks)]
             if s:
@@ -83,39 +78,12 @@ class ExpertParallelSteps:
                 if nm == 0:
                     continue
                 for k in range(num_sub):
-                    # Routing. Expert loads: the group's token-expert assignments (a multinomial
-                    # over the experts' popularity). Traffic: a token goes once to each GPU
-                    # holding any of its experts (DeepEP deduplicates per rank), and across
-                    # nodes once to each node holding any (per node, then NVLink inside it).
-                    trials = sum(nm * ops[r][k][0].num_tokens * k_top for r in range(ranks))
-                    per_expert = self.rng.multinomial(trials, self._popularity)
-                    loads = [0] * ep_size
-                    loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
-                    active_per_gpu = [0] * ep_size
-                    active_per_gpu[:len(starts)] = np.add.reduceat(
-                        (per_expert > 0).astype(np.int64), starts).tolist()
-                    tokens = [0] * ep_size                        # layer-tokens on each GPU
+                    done = self._moe_layers(dag, gpus, lanes, lane_of, lane_idx,
+                                            [ops[r][k][0].num_tokens for r in range(ranks)], nm,
+                                            [ready[r][k] for r in range(ranks)], comm_stream,
+                                            "experts")
                     for r in range(ranks):
-                        src = lane_idx[r]
-                        t = nm * ops[r][k][0].num_tokens
-                        for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
-                            tokens[gi] += t * (j + 1) // len(src) - t * j // len(src)
-                    held = np.array(tokens, dtype=np.int64)
-                    sent = {ln: ready[r][k] for r, ln in enumerate(lanes)}
-                    arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
-                                                        comm_stream, nm)
-                    expert_s = self._experts_s(loads, active_per_gpu, nm)
-                    expert_nodes = {}
-                    for r, ln in enumerate(lanes):
-                        dur = max(expert_s[gi] for gi in lane_idx[r])
-                        expert_nodes[ln] = dag.compute(ln, "experts", dur, arrived[ln])
-                    back = back_of({ln: (expert_nodes[ln],) for ln in lanes})
-                    for r, ln in enumerate(lanes):
-                        ready[r][k] = back[ln]
-                        if self.tp > 1:          # sequence-parallel MoE: gather the tokens
-                            ready[r][k] = self._collective(
-                                dag, ln, "all_gather", ops[r][k][0].num_tokens * h * self.ab,
-                                nm, ready[r][k], comm_stream)
+                        ready[r][k] = done[r]
             if s == self.pp - 1:
                 for r, ln in enumerate(lanes):
                     for k in range(num_sub):
@@ -146,14 +114,11 @@ class ExpertParallelSteps:
         draft = self.draft
         rank_model = draft.rank_model
         arch = draft.arch
-        h, ab, k_top = arch.hidden_size, self.ab, arch.num_experts_per_tok
+        h, ab = arch.hidden_size, self.ab
         per_rank = [self._spec.draft_shapes(w) if w is not None else [] for w in wholes]
         if not any(per_rank):
             return
-        ranks = len(lanes)
         dummy = StepShape.dummy()
-        starts = np.arange(0, arch.num_experts, draft.experts_per_gpu)
-        ep_size = len(gpus)
         for j in range(self._spec.k):
             shapes = [f[j] if f else dummy for f in per_rank]
             ops = []
@@ -168,39 +133,63 @@ class ExpertParallelSteps:
                 side = (by_op.get("attention", 0.0) + by_op.get("elementwise", 0.0)
                         + by_op.get("mlp", 0.0) + by_op.get("moe", 0.0))
                 ready[r] = (dag.compute(ln, "draft", side, ready[r]),)
-            trials = sum(s.num_tokens * k_top for s in shapes)
-            per_expert = self.rng.multinomial(trials, self._popularity)
-            loads = [0] * ep_size
-            loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
-            active = [0] * ep_size
-            active[:len(starts)] = np.add.reduceat((per_expert > 0).astype(np.int64),
-                                                   starts).tolist()
-            tokens = [0] * ep_size
-            for r in range(ranks):
-                src = lane_idx[r]
-                t = shapes[r].num_tokens
-                for i, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
-                    tokens[gi] += t * (i + 1) // len(src) - t * i // len(src)
-            held = np.array(tokens, dtype=np.int64)
-            sent = {ln: ready[r] for r, ln in enumerate(lanes)}
-            arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
-                                                comm_stream, 1)
-            expert_s = self._experts_s(loads, active, 1, ep=draft)
-            expert_nodes = {ln: dag.compute(ln, "draft", max(expert_s[gi] for gi in lane_idx[r]),
-                                            arrived[ln])
-                            for r, ln in enumerate(lanes)}
-            back = back_of({ln: (node,) for ln, node in expert_nodes.items()})
+            ready = self._moe_layers(dag, gpus, lanes, lane_of, lane_idx,
+                                     [sh.num_tokens for sh in shapes], 1, ready, comm_stream,
+                                     "draft", ep=draft)
             for r, ln in enumerate(lanes):
-                ready[r] = back[ln]
-                if self.tp > 1:
-                    ready[r] = self._collective(dag, ln, "all_gather",
-                                                shapes[r].num_tokens * h * ab, 1, ready[r],
-                                                comm_stream)
                 ready[r] = (dag.compute(ln, "draft", ops[r].get("lm_head", 0.0), ready[r]),)
                 if self.tp > 1 and shapes[r].num_seqs:
                     ready[r] = self._collective(dag, ln, "all_gather", shapes[r].num_seqs
                                                 * arch.vocab_size * ab, 1, ready[r],
                                                 comm_stream)
+
+    def _moe_layers(self, dag: StepDag, gpus: list[int], lanes: list[int],
+                    lane_of: dict[int, int], lane_idx: list[list[int]], tokens: list[int],
+                    nm: int, ready: list[tuple[int, ...]], comm_stream: int, op: str,
+                    ep=None) -> list[tuple[int, ...]]:
+        """The routed experts of `nm` MoE layers for one batch of each rank (`tokens[r]` its
+        tokens): routing, the dispatch all-to-all over the stage's GPUs, each GPU's experts
+        (compute op `op`, timed by the group model `ep`, default the target's), the combine,
+        and with TP the sequence-parallel all-gather; returns what each rank's next op waits
+        for.
+
+        Routing. Expert loads: the group's token-expert assignments (a multinomial over the
+        experts' popularity). Traffic: a token goes once to each GPU holding any of its experts
+        (DeepEP deduplicates per rank), and across nodes once to each node holding any (per
+        node, then NVLink inside it)."""
+        ep_size = len(gpus)
+        starts = np.arange(0, self.arch.num_experts,
+                           (ep or self.ep_model).experts_per_gpu)
+        k_top = self.arch.num_experts_per_tok
+        trials = sum(nm * t * k_top for t in tokens)
+        per_expert = self.rng.multinomial(trials, self._popularity)
+        loads = [0] * ep_size
+        loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
+        active_per_gpu = [0] * ep_size
+        active_per_gpu[:len(starts)] = np.add.reduceat(
+            (per_expert > 0).astype(np.int64), starts).tolist()
+        held_by = [0] * ep_size                          # layer-tokens on each GPU
+        for r, src in enumerate(lane_idx):
+            t = nm * tokens[r]
+            for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
+                held_by[gi] += t * (j + 1) // len(src) - t * j // len(src)
+        held = np.array(held_by, dtype=np.int64)
+        sent = {ln: ready[r] for r, ln in enumerate(lanes)}
+        arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
+                                            comm_stream, nm)
+        expert_s = self._experts_s(loads, active_per_gpu, nm, ep=ep)
+        expert_nodes = {ln: dag.compute(ln, op, max(expert_s[gi] for gi in lane_idx[r]),
+                                        arrived[ln])
+                        for r, ln in enumerate(lanes)}
+        back = back_of({ln: (node,) for ln, node in expert_nodes.items()})
+        out = []
+        for r, ln in enumerate(lanes):
+            done = back[ln]
+            if self.tp > 1:          # sequence-parallel MoE: gather the tokens
+                done = self._collective(dag, ln, "all_gather", tokens[r] * self.arch.hidden_size
+                                        * self.ab, nm, done, comm_stream)
+            out.append(done)
+        return out
 
     def _gpu_reach(self, gpus: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(node of each GPU, P(a token needs GPU j), P(a token needs node n)) for a stage's
