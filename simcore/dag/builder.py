@@ -293,9 +293,14 @@ class StepDagBuilder(ExpertParallelSteps):
         ready = deps
         for shape in self._spec.draft_shapes(whole):
             by_op: dict[str, float] = {}
-            draft.op_bounds(shape, by_op=by_op)
+            cb, mb = draft.op_bounds(shape, by_op=by_op)
             gpu = sum(by_op.values())
-            busy = draft.step_time(shape).total_s - draft.comm_s(shape)
+            # The drafter's step as its model assembles it (launch floor; no CPU time of its
+            # own), less its collectives, which the DAG places itself.
+            comm = draft.comm_s(shape)
+            busy = draft.assemble(cb, mb, comm,
+                                  shape.runs_full_graph(draft.cuda_graph_max_num_tokens),
+                                  shape=shape).total_s - comm
             attn = by_op.get("attention", 0.0) + by_op.get("elementwise", 0.0) + (busy - gpu)
             mlp = by_op.get("mlp", 0.0) + by_op.get("moe", 0.0)
             size = shape.num_tokens * h * ab
