@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, model_validator
 
 from simcore.errors import ConfigError
-from simcore.fabric.scenario import _Buffered, _Frozen
+from simcore.fabric.settings import _Buffered, _Frozen
 from simcore.fabric.topology import HOST, SWITCH, Topology, _Builder
 
 DEFAULT_NODES_PER_LEAF = 4

@@ -10,70 +10,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      field_validator, model_validator)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
-from simcore.fabric.settings import Discipline, FabricSettings
+from simcore.fabric.settings import Bytes, Discipline, FabricSettings, _Buffered, _Frozen
 from simcore.fabric.topology import HOST, Topology
 
 MAX_MESSAGES = 2_000_000
 """Most messages one scenario may expand to (a CBR or Poisson source over a long time is the usual
 way to hit it); beyond it the run would not fit in memory or time."""
-
-
-def _whole_number(value: Any) -> Any:
-    """Accept 1e6 (YAML reads it as a string) or 1000000.0 where a whole number is expected."""
-    if isinstance(value, str):
-        try:
-            value = float(value.replace("_", ""))
-        except ValueError:
-            return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-Bytes = Annotated[int, BeforeValidator(_whole_number)]
-
-
-class _Frozen(BaseModel):
-    """Base of the scenario models: immutable, unknown keys rejected."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Buffered(_Frozen):
-    """An egress-queue capacity given in bytes or in packets (of one MTU each), or unbounded.
-
-    Either way it is a limit in bytes of frames as they go on the wire, headers included: a data
-    frame counts its payload plus `header_bytes` (for RoCEv2 Ethernet, IP, UDP, BTH, ICRC and
-    FCS; preamble and inter-frame gap are not modelled, on the wire or in a queue), and
-    `buffer_packets` N is N x `mtu_bytes`, N full-size frames, headers included (more frames
-    when they are shorter). The queue holds the data frames waiting and the one being sent (a
-    frame keeps its buffer until its last bit has left); control frames (ACK, NACK, CNP, PAUSE)
-    have a queue of their own and do not count. A lossy frame is refused when the bytes queued
-    plus its own would exceed the capacity. Read by the packet backend only.
-    """
-
-    buffer_bytes: Bytes | None = Field(None, gt=0, description="Egress-queue capacity per link in "
-                                       "bytes of frames on the wire, headers included; leave out "
-                                       "(and buffer_packets) for unbounded.")
-    buffer_packets: int | None = Field(None, gt=0, description="Egress-queue capacity per link in "
-                                       "full-size packets: buffer_packets x mtu_bytes bytes of "
-                                       "frames, headers included.")
-
-    @model_validator(mode="after")
-    def _one_unit(self) -> _Buffered:
-        if self.buffer_bytes is not None and self.buffer_packets is not None:
-            raise ValueError("give buffer_bytes or buffer_packets, not both")
-        return self
-
-    def buffer(self, mtu_bytes: int) -> int | None:
-        if self.buffer_packets is not None:
-            return self.buffer_packets * mtu_bytes
-        return self.buffer_bytes
 
 
 class DumbbellTopology(_Buffered):
