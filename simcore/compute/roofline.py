@@ -383,9 +383,12 @@ class RooflineModel:
         else:
             self._ar_s_per_token = self._ar_latency_s = 0.0
             self._gather_s_per_row = self._gather_latency_s = 0.0
+        # Hop i (stage i to i + 1; stage s on node s // stages_per_node) leaves its node when
+        # i + 1 is a multiple of stages_per_node.
+        stages_per_node = max(1, gpu.gpus_per_node // tp)
+        crosses = [(i + 1) % stages_per_node == 0 for i in range(pp - 1)]
         if pp > 1:
-            stages_per_node = max(1, gpu.gpus_per_node // tp)
-            cross_hops = math.ceil(pp / stages_per_node) - 1
+            cross_hops = sum(crosses)
             local_hops = pp - 1 - cross_hops
             hop_bytes = 2 * h * ab  # hidden states and residual
             self._pp_s_per_token = (local_hops * hop_bytes / ic
@@ -393,12 +396,8 @@ class RooflineModel:
             self._pp_latency_s = local_hops * alpha + cross_hops * a.inter_node_latency_s
         else:
             self._pp_s_per_token = self._pp_latency_s = 0.0
-        # Seconds per byte of each hop (stage i to i + 1; stage s on node s // stages_per_node,
-        # so hop i leaves its node when (i + 1) is a multiple of stages_per_node).
-        spn = max(1, gpu.gpus_per_node // tp)
-        self._pp_hop_s_per_byte = tuple(
-            1.0 / a.inter_node_bandwidth_bytes_per_s if (i + 1) % spn == 0 else 1.0 / ic
-            for i in range(pp - 1))
+        self._pp_hop_s_per_byte = tuple(     # seconds per byte of each hop
+            1.0 / a.inter_node_bandwidth_bytes_per_s if cross else 1.0 / ic for cross in crosses)
 
         self._step_overhead_s = a.step_overhead_s
         self._eager_launch_s = num_layers * a.eager_launch_s_per_layer

@@ -31,19 +31,16 @@ from simcore.compute.roofline import RooflineModel
 from simcore.dag import collectives as coll
 from simcore.dag.expert_steps import DeepEpLayout, ExpertParallelSteps
 from simcore.dag.graph import COMM_STREAM, COMPUTE_STREAM, Lane, StepDag
-from simcore.model.arch import ModelArch
+from simcore.model.arch import ModelArch, pp_stage_layers
 
 Scheduled = list[tuple[object, int, int]]
 
 
 def stage_layers(num_layers: int, pp: int) -> list[range]:
-    """vLLM's split of the layers over pipeline stages (`get_pp_indices`): equal shares, the
-    remainder going to the stages before the last, from the second-to-last backwards."""
-    parts = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        parts[-i] += 1
+    """vLLM's split of the layers over pipeline stages (`pp_stage_layers`), as each stage's
+    range of layer indices."""
     out, start = [], 0
-    for n in parts:
+    for n in pp_stage_layers(num_layers, pp):
         out.append(range(start, start + n))
         start += n
     return out
