@@ -28,8 +28,8 @@ def _check_blocks_conserved(s: Scheduler) -> None:
             holders[b] += 1
     for b in range(1, pool.num_blocks):
         assert pool.ref_cnt[b] == holders[b], b
-        assert (b in pool.free) == (holders[b] == 0), b
-    assert len(pool.free) + sum(1 for h in holders[1:] if h) == pool.num_blocks - 1
+        assert pool.is_free(b) == (holders[b] == 0), b
+    assert pool.num_free + sum(1 for h in holders[1:] if h) == pool.num_blocks - 1
     for h, blocks in pool.cached.items():
         for b in blocks:
             assert pool.block_hash[b] == h

@@ -34,17 +34,17 @@ class FakePort:
     def nvlink_s(self, size_bytes: int, gpu: int | None = None) -> float:
         return size_bytes / NVLINK_BYTES_PER_S
 
-    def send(self, src_gpu, dst_gpu, size_bytes, at_s, on_done, channel="") -> None:
+    def send(self, src_gpu, dst_gpu, size_bytes, at_s, on_done, arg, channel="") -> None:
         assert at_s >= self.now_s, "a send behind the fabric clock"
         self.sent.append((src_gpu, dst_gpu, size_bytes, at_s))
         heapq.heappush(self._heap, (at_s + self.delay_s(size_bytes), next(self._seq),
-                                    self.ideal_s(size_bytes), on_done))
+                                    self.ideal_s(size_bytes), on_done, arg))
 
     def deliver(self) -> None:
         while self._heap:
-            end, _, ideal, on_done = heapq.heappop(self._heap)
+            end, _, ideal, on_done, arg = heapq.heappop(self._heap)
             self.now_s = end
-            on_done(end, ideal)
+            on_done(arg, end, ideal)
 
 
 def two_stage_lanes() -> list[Lane]:

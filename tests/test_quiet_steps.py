@@ -89,7 +89,7 @@ def snapshot(r) -> str:
     """Everything a run produced, as text compared byte for byte."""
     recs = [{k: getattr(x, k) for k in x.__slots__} if hasattr(x, "__slots__") else vars(x)
             for x in r.records]
-    pools = [(list(s.kv.pool.free), canonical_hashes(s.kv.pool), s.kv.pool.num_evictions,
+    pools = [(s.kv.pool.free_queue(), canonical_hashes(s.kv.pool), s.kv.pool.num_evictions,
               s.num_steps, s.kv.num_hit_blocks) for s in r.schedulers]
     return json.dumps([recs, [vars(x) if not hasattr(x, "__slots__") else
                               {k: getattr(x, k) for k in x.__slots__} for x in r.replicas],
@@ -194,7 +194,7 @@ def test_apply_leaves_the_pool_as_single_steps_do(seed):
         emitted, finished = s.update(out)
         assert not finished
     leap.apply(got)
-    state = lambda x: (list(x.kv.pool.free), x.kv.pool.cached, x.kv.pool.block_hash,
+    state = lambda x: (x.kv.pool.free_queue(), x.kv.pool.cached, x.kv.pool.block_hash,
                        x.kv.pool.ref_cnt, x.kv.req_blocks, x.kv.num_tokens_fit,
                        x.kv.num_cached_block, x.num_steps,
                        [(r.num_computed_tokens, r.num_output_tokens, r.work_done_tokens,
@@ -209,7 +209,7 @@ def test_a_run_stops_before_a_request_finishes_or_blocks_run_out():
     assert got.num_steps == shortest - 1
     # With the pool nearly full the run is cut where the free blocks run out.
     s = _decoding_scheduler(10, 150, 2)
-    free = len(s.kv.pool.free)
+    free = s.kv.pool.num_free
     got = QuietLeap(simpy.Environment(), s, KvStep().step_time, lambda: False).plan(0.0)
     if got is not None:
         need = sum(max(0, -(-(r.num_computed_tokens + got.num_steps) // 16)

@@ -73,11 +73,16 @@ class _Port:
         return size_bytes / self._ic
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
-             on_done: Callable[[float, float], None], channel: str = "") -> None:
+             on_done: Callable[[Any, float, float], None], arg: Any, channel: str = "") -> None:
         host = self._host
-        self.runtime.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s,
-                                lambda r: on_done(r.end_s, r.ideal_s), tag="step",
-                                channel=channel)
+        rt = self.runtime
+        if rt.fabric_timed:
+            rt.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s, (on_done, arg),
+                          tag="step", channel=channel)
+        else:
+            rt.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s,
+                          lambda r: on_done(arg, r.end_s, r.ideal_s), tag="step",
+                          channel=channel)
 
 
 class ClusterRuntime:
@@ -98,6 +103,8 @@ class ClusterRuntime:
         self.placement = placement
         self.network = network
         self.fabric = fabric
+        # Whether the fabric takes timed callbacks (`MessageFabric.timed_callbacks`).
+        self.fabric_timed = getattr(fabric, "timed_callbacks", False)
         self.builder = builder
         self.model = model
         self.port = _Port(self, interconnect_bytes_per_s, gpu_interconnect_bytes_per_s)
@@ -148,10 +155,11 @@ class ClusterRuntime:
         ev.callbacks.append(lambda _: fn())
 
     def send_hosts(self, src: int, dst: int, size_bytes: int, at_s: float,
-                   on_done: Callable[[MessageResult], None] | None, *,
+                   on_done: Callable[[MessageResult], None] | tuple | None, *,
                    tag: Any = None, channel: str = "") -> float:
         """Put a message on the fabric between two hosts at at_s (>= the fabric's clock); returns
-        its ideal time (alone on an idle network). Messages of one `channel` between two hosts
+        its ideal time (alone on an idle network). `on_done` may be a timed callback (fn, arg)
+        where the fabric takes them (`fabric_timed`). Messages of one `channel` between two hosts
         share a queue pair (they queue behind each other at the NIC and take one ECMP path);
         each channel (a collective kind, KV transfers, a tenant) has its own, as NCCL and
         DeepEP open several."""

@@ -108,6 +108,7 @@ class StepDagBuilder(ExpertParallelSteps):
         self.alpha = model.assumptions.collective_hop_latency_s
         self._one_node: dict[tuple[int, ...], bool] = {}   # GPU group -> inside one node
         self._lanes: dict[int, list[Lane]] = {}            # instance -> its lanes (immutable)
+        self._ops_memo: dict[tuple[StepShape, bool], tuple[StepShape, dict[str, float]]] = {}
         if ep_model is not None:
             self._popularity = self._expert_popularity()
             self._reach: dict[tuple[int, ...], tuple] = {}
@@ -213,11 +214,24 @@ class StepDagBuilder(ExpertParallelSteps):
                 self._build_engine(dag, mbs, ids, comm_stream, whole)
         return dag, full_graph, wholes
 
+    _OPS_MEMO_SIZE = 4096
+    """Shapes whose op times `_ops` keeps (an expert-parallel group's idle ranks all run the
+    dummy shape, and ranks decoding alike share theirs)."""
+
     def _ops(self, shape: StepShape,
              routed_experts: bool) -> tuple[StepShape, dict[str, float]]:
-        by_op: dict[str, float] = {}
-        self.model.op_bounds(shape, routed_experts=routed_experts, by_op=by_op)
-        return shape, by_op
+        """(shape, its op times by op): the model's op_bounds, a pure function of the shape,
+        kept for the shapes seen last (callers only read the mapping)."""
+        memo = self._ops_memo
+        key = (shape, routed_experts)
+        hit = memo.get(key)
+        if hit is None:
+            by_op: dict[str, float] = {}
+            self.model.op_bounds(shape, routed_experts=routed_experts, by_op=by_op)
+            if len(memo) >= self._OPS_MEMO_SIZE:
+                memo.clear()
+            hit = memo[key] = (shape, by_op)
+        return hit
 
     def _layer_s(self, by_op: dict[str, float], n: int, nd: int, nm: int,
                  routed: bool) -> tuple[float, float]:

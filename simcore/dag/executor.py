@@ -11,7 +11,7 @@ few operations per node and waits only where the network decides.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from simcore.dag.graph import COMPUTE, COMPUTE_STREAM, LOCAL, TRANSFER, StepDag
 
@@ -26,9 +26,10 @@ class TransferPort(Protocol):
         ...
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
-             on_done: Callable[[float, float], None], channel: str = "") -> None:
-        """Start a fabric transfer at `at_s`; `on_done(end_s, ideal_s)` fires when it arrives.
-        Transfers of one `channel` (the op) between two GPUs share a queue pair."""
+             on_done: Callable[[Any, float, float], None], arg: Any,
+             channel: str = "") -> None:
+        """Start a fabric transfer at `at_s`; `on_done(arg, end_s, ideal_s)` fires when it
+        arrives. Transfers of one `channel` (the op) between two GPUs share a queue pair."""
         ...
 
 
@@ -86,6 +87,9 @@ class DagRun:
         finish_s, remaining, cause, children = (self.finish_s, self._remaining, self.cause,
                                                 self._children)
         pop, push = stack.pop, stack.append
+        # Bound here, not kept on the run: a run holding its own bound method is a reference
+        # cycle, left for the garbage collector with the whole DAG.
+        on_transfer = self._transfer_done
         while stack:
             i = pop()
             t = ready[i]
@@ -95,7 +99,7 @@ class DagRun:
                 size = size_bytes[i]
                 src, dst = src_of[i], dst_of[i]
                 if size > 0 and node_of(src) != node_of(dst):
-                    port.send(src, dst, size, t, self._callback(i), op[i])
+                    port.send(src, dst, size, t, on_transfer, i, op[i])
                     continue
                 end = t + port.nvlink_s(size, src) if size > 0 else t
             else:
@@ -126,15 +130,14 @@ class DagRun:
             if remaining[c] == 0:
                 stack.append(c)
 
-    def _callback(self, i: int) -> Callable[[float, float], None]:
-        def on_done(end_s: float, ideal_s: float) -> None:
-            self.ideal_s[i] = ideal_s
-            stack: list[int] = []
-            self._release(i, end_s, stack)
-            self._drain(stack)
-            if self._unresolved == 0:
-                self._complete()
-        return on_done
+    def _transfer_done(self, i: int, end_s: float, ideal_s: float) -> None:
+        """Fabric transfer i has arrived (the port's callback)."""
+        self.ideal_s[i] = ideal_s
+        stack: list[int] = []
+        self._release(i, end_s, stack)
+        self._drain(stack)
+        if self._unresolved == 0:
+            self._complete()
 
     def _complete(self) -> None:
         self.end_s = max(max(self.finish_s, default=self.t0_s), self.t0_s)

@@ -16,10 +16,15 @@ class BlockPool:
     requests counts once). The free queue is ordered for eviction: allocation pops the head,
     evicting the popped block's hash; freeing appends hashed blocks at the tail (least recently
     used go first) and, in vLLM 0.33, puts unhashed blocks at the head (they hold nothing reusable).
+
+    The queue is kept in three parts, head first: `front` (freed unhashed blocks, the latest
+    freed first), the blocks never handed out (`fresh` to `num_blocks - 1`, in order, held as a
+    range rather than one entry each, so an idle engine's pool costs nothing per block), and
+    `free` (freed hashed blocks, least recently used first). `free_queue()` lists it whole.
     """
 
-    __slots__ = ("num_blocks", "ref_cnt", "block_hash", "free", "cached", "enable_caching",
-                 "num_evictions")
+    __slots__ = ("num_blocks", "ref_cnt", "block_hash", "front", "fresh", "free", "cached",
+                 "enable_caching", "num_evictions")
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         if num_blocks < 2:
@@ -27,7 +32,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int] = [0] * num_blocks     # 0 = no hash
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.front: OrderedDict[int, None] = OrderedDict()
+        self.fresh = 1
+        self.free: OrderedDict[int, None] = OrderedDict()
         self.ref_cnt[0] = 1                                # the null block is never free
         self.cached: dict[int, list[int]] = {}            # hash -> block ids, first inserted first
         self.enable_caching = enable_caching
@@ -35,7 +42,14 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return len(self.front) + self.num_blocks - self.fresh + len(self.free)
+
+    def free_queue(self) -> list[int]:
+        """The free blocks in eviction order (the next allocation's first)."""
+        return [*self.front, *range(self.fresh, self.num_blocks), *self.free]
+
+    def is_free(self, b: int) -> bool:
+        return b >= self.fresh or b in self.front or b in self.free
 
     def get_cached(self, h: int) -> int:
         """A block holding content hash `h`, or 0 if none is cached."""
@@ -46,11 +60,24 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Pop `n` blocks from the head of the free queue (caller checked there are enough)."""
-        popitem = self.free.popitem
         ref = self.ref_cnt
         hashes = self.block_hash
         cached = self.cached
-        out = [popitem(False)[0] for _ in range(n)]
+        front = self.front
+        k = len(front)
+        if k >= n:
+            popitem = front.popitem
+            out = [popitem(False)[0] for _ in range(n)]
+        else:
+            out = [front.popitem(False)[0] for _ in range(k)] if k else []
+            fresh = self.fresh
+            take = min(n - k, self.num_blocks - fresh)
+            if take:
+                out.extend(range(fresh, fresh + take))
+                self.fresh = fresh + take
+            if n - k - take:
+                popitem = self.free.popitem
+                out.extend([popitem(False)[0] for _ in range(n - k - take)])
         num_evicted = 0
         for b in out:
             ref[b] = 1
@@ -71,7 +98,11 @@ class BlockPool:
         free = self.free
         for b in blocks:
             if ref[b] == 0:
-                del free[b]
+                # A hit block holds a hash, so it was freed to the tail (never fresh).
+                if b in free:
+                    del free[b]
+                else:
+                    del self.front[b]
             ref[b] += 1
 
     def cache(self, b: int, h: int) -> None:
@@ -99,14 +130,17 @@ class BlockPool:
         """Drop one reference on each block, walking the request's blocks from last to first."""
         ref = self.ref_cnt
         free = self.free
+        front = self.front
         hashes = self.block_hash
         for b in reversed(blocks):
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
-                free[b] = None
-                if not hashes[b]:
-                    free.move_to_end(b, last=False)
+                if hashes[b]:
+                    free[b] = None
+                else:
+                    front[b] = None
+                    front.move_to_end(b, last=False)
 
 
 class KVCacheManager:
@@ -142,12 +176,12 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.pool.free)
+        return self.pool.num_free
 
     @property
     def usage(self) -> float:
         """Fraction of usable blocks referenced by some request (vLLM's kv_cache_usage)."""
-        return 1.0 - len(self.pool.free) / (self.pool.num_blocks - 1)
+        return 1.0 - self.pool.num_free / (self.pool.num_blocks - 1)
 
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Longest run of cached full blocks from block 0, never covering the request's last token;
@@ -209,7 +243,7 @@ class KVCacheManager:
         num_new_blocks = num_required - num_hit - num_held
         if num_new_blocks < 0:
             num_new_blocks = 0
-        num_free = len(pool.free) - reserved_blocks
+        num_free = pool.num_free - reserved_blocks
         num_tokens = req.prompt_len + req.num_output_tokens
         if full_sequence_must_fit:
             full = num_tokens if num_tokens < self.max_model_len else self.max_model_len
@@ -435,7 +469,7 @@ class HybridKVCacheManager(KVCacheManager):
         num_new_blocks = -(-num_tokens_need // bs) - num_hit - num_held
         if num_new_blocks < 0:
             num_new_blocks = 0
-        num_free = len(pool.free) - reserved_blocks
+        num_free = pool.num_free - reserved_blocks
         num_tokens = req.prompt_len + req.num_output_tokens
         if full_sequence_must_fit:
             full = -(-(num_tokens if num_tokens < max_len else max_len) // bs)

@@ -244,8 +244,9 @@ class MessageLog:
             self._on_done[msg_id] = on_done
         return msg_id
 
-    def pop_on_done(self, msg_id: int) -> OnDone | None:
-        """The message's callback, once (None if it has none)."""
+    def pop_on_done(self, msg_id: int) -> OnDone | tuple | None:
+        """The message's callback, once (None if it has none): a callable taking its
+        MessageResult, or a timed callback (fn, arg) (`MessageFabric.timed_callbacks`)."""
         return self._on_done.pop(msg_id, None)
 
     def result(self, msg_id: int) -> MessageResult:
@@ -292,6 +293,11 @@ class MessageFabric:
     settings, ECMP salts and each queue pair's cached route, the clock, and every message
     accepted (`_log`, ids counting from 0 in send order). Subclasses queue the id `_accept`
     returns and append delivered ids to `_done`."""
+
+    timed_callbacks = True
+    """`send` takes, as `on_done`, either a callable given the delivered message's MessageResult or
+    a pair (fn, arg), called fn(arg, end_s, ideal_s) without building the result (the step DAGs'
+    transfers: hundreds of thousands in a run)."""
 
     def __init__(self, topology: Topology, settings: FabricSettings | None, seed: int) -> None:
         self.topology = topology
@@ -426,7 +432,7 @@ class AnalyticalFabric(MessageFabric):
             raise RuntimeError("run() was called from inside a completion callback")
         limit = math.inf if until_s is None else until_s
         heap, starts, done, log = self._heap, self._starts, self._done, self._log
-        end_s, pop_on_done = log.end_s, log.pop_on_done
+        end_s, pop_on_done, ideal_s = log.end_s, log.pop_on_done, log.ideal_s
         pop = heapq.heappop
         reserve = self._reserve
         self._running = True
@@ -447,7 +453,10 @@ class AnalyticalFabric(MessageFabric):
                 done.append(mid)
                 on_done = pop_on_done(mid)
                 if on_done is not None:
-                    on_done(log.result(mid))
+                    if on_done.__class__ is tuple:
+                        on_done[0](on_done[1], end, ideal_s[mid])
+                    else:
+                        on_done(log.result(mid))
                     if (stop is not None and stop() and not (heap and heap[0][0] <= self._now)
                             and not (starts and starts[0][0] <= self._now)):
                         return self._now

@@ -370,7 +370,10 @@ class FlowFabric(MessageFabric):
         on_done = log.pop_on_done(mid)
         if on_done is not None:
             self._num_callbacks += 1
-            on_done(log.result(mid))
+            if on_done.__class__ is tuple:
+                on_done[0](on_done[1], t, log.ideal_s[mid])
+            else:
+                on_done(log.result(mid))
 
     def _recompute(self, t: float) -> None:
         idx = self._live = np.flatnonzero(self._active)

@@ -207,7 +207,7 @@ class QuietLeap:
         """The most of `steps` quiet steps whose new blocks the free pool holds (so no
         allocation fails and nothing is preempted)."""
         kv = self.sched.kv
-        free = len(kv.pool.free)
+        free = kv.pool.num_free
         bs = self.block_size
         req_blocks = kv.req_blocks
         held = [len(req_blocks[r.request_id]) for r in running]
