@@ -373,6 +373,11 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
                        ("gpu_memory_utilization", "the same")):
         resolved.append((f"engine.{key}", f"{getattr(e, key):g}", "config" if key in
                          e.model_fields_set else f"default (vLLM {VLLM_VERSION}'s: {stock})"))
+    if not e.profile_cuda_graph_memory:
+        resolved.append(("engine.profile_cuda_graph_memory", "false", "config"))
+        notes.append("engine.profile_cuda_graph_memory is false: run vLLM with "
+                     "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 so that it sizes the KV cache "
+                     "before capturing the CUDA graphs, as the simulation did")
     resolved.append(("KV-cache blocks per engine (simulated)",
                      f"{dep.num_blocks:,} of {dep.block_size} tokens",
                      "engine.num_gpu_blocks_override" if dep.memory is None

@@ -273,6 +273,12 @@ class EngineConfig(BaseModel):
     block_size: int = Field(16, description="Tokens per KV-cache block.")
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Fraction of GPU memory "
                                           "vLLM may use for weights, activations and KV cache.")
+    profile_cuda_graph_memory: bool = Field(True, description="Subtract the CUDA graphs' "
+                                            "estimated memory before sizing the KV cache, as "
+                                            "vLLM does by default since 0.21 "
+                                            "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS); false "
+                                            "for earlier releases, which captured the graphs "
+                                            "after allocating the KV cache.")
     num_gpu_blocks_override: int | None = Field(None, ge=2, description="Use this many KV blocks "
                                                 "instead of the memory-derived number.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps.")

@@ -34,7 +34,8 @@ class GpuSpec:
     fp8_flops: float | None
     """Dense fp8 tensor-core peak, FLOP/s; None when the GPU has no fp8 tensor cores."""
     memory_bytes: int
-    """Device memory the driver reports as total (what vLLM scales by gpu_memory_utilization)."""
+    """Device memory as CUDA reports it (what vLLM scales by gpu_memory_utilization) where a vLLM
+    log shows it, else the driver's total (`simcore/data/gpus.yaml`)."""
     hbm_bandwidth_bytes_per_s: float
     """Peak device-memory bandwidth."""
     interconnect_bandwidth_bytes_per_s: float

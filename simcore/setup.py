@@ -12,7 +12,8 @@ from simcore.config import SimConfig, check_batch_limits, default_batch_limits
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
-from simcore.model.memory import KvCacheMemory, kv_cache_groups, kv_cache_num_blocks
+from simcore.model.memory import (DEFAULT_CUDA_GRAPH_BYTES, KvCacheMemory, kv_cache_groups,
+                                  kv_cache_num_blocks, non_torch_bytes)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                 max_model_len=max_model_len, expert_align=cfg.model.expert_align(gpu.name),
+                cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES if e.profile_cuda_graph_memory else 0.0,
+                non_torch_bytes=non_torch_bytes(tp, "pcie" not in gpu.interconnect.lower()),
                 **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv}
                    if draft_weights or draft_kv else {}))
         except ConfigError as err:

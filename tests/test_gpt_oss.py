@@ -111,6 +111,7 @@ def test_the_layout_follows_the_gpu_and_is_refused_for_other_dtypes():
         cfg = parse_config({"model": {"name": "openai/gpt-oss-120b", "dtype": "mxfp4",
                                       "max_model_len": 8192, **model},
                             "hardware": {"gpu": gpu}, "compute": {"kind": "roofline"},
+                            "engine": {"max_num_seqs": 128},
                             "workload": {"num_prompts": 1}})
         return build_deployment(cfg).memory.weight_bytes / GIB
 
@@ -225,8 +226,13 @@ def test_the_sliding_group_frees_blocks_as_the_request_decodes():
 
 
 def _cache(kv: HybridKVCacheManager, group: int, blocks: dict[int, int], hashes: list[int]):
+    """Blocks `blocks` (free) hold group `group`'s blocks `i` of `hashes`, as if a finished
+    request had left them cached: handed out once and freed, then given their hashes."""
+    pool = kv.pool
+    if pool.fresh < max(blocks.values()) + 1:
+        pool.release(pool.allocate(pool.num_free))
     for i, b in blocks.items():
-        kv.pool.cache(b, hashes[i] << GROUP_KEY_BITS | group)
+        pool.cache(b, hashes[i] << GROUP_KEY_BITS | group)
 
 
 @pytest.mark.parametrize("sliding_cached, hit, real", [
@@ -395,8 +401,10 @@ def test_sliding_layers_make_long_contexts_cheaper():
 
 def test_h100_times_the_experts_from_the_mxfp4_moe_table_and_a100_says_why_not():
     def model(gpu):
-        cfg = {"model": {"name": "openai/gpt-oss-120b", "dtype": "mxfp4"},
+        cfg = {"model": {"name": "openai/gpt-oss-120b", "dtype": "mxfp4",
+                         "max_model_len": 32768},
                "hardware": {"gpu": gpu}, "compute": {"kind": "calibrated"},
+               "engine": {"max_num_seqs": 256},
                "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
                                                          "output_len": 1}}}
         return build_deployment(parse_config(cfg, source="t")).step_model
@@ -439,9 +447,16 @@ def test_the_gpt_oss_validation_rows_are_accepted():
     from dse.validate_e2e import load_cases
 
     cases, refused = load_cases()
-    assert not [rid for rid, _ in refused if "gpt-oss" in rid]
+    # gpt-oss-120b on one H100 does not start at vLLM 0.10-0.11's defaults: the 1,024-sequence
+    # sampler run and Marlin's 66 GiB of weights leave no KV cache (vLLM issue 23278 logs
+    # -2.14 GiB), so GPUStack's four runs used settings their source does not quote.
+    out = {rid: why for rid, why in refused if "gpt-oss" in rid}
+    assert sorted(out) == sorted(f"gpustack-gpt-oss-120b-tp1-{x}" for x in (
+        "h100sxm-sharegpt", "async-h100sxm-sharegpt", "h100sxm-sharegpt100-conc4",
+        "h100sxm-rand4000x200"))
+    assert all("no memory left for the KV cache" in why for why in out.values())
     ids = [c.id for c in cases if "gpt-oss" in c.id]
-    assert len(ids) == 12
+    assert len(ids) == 8
     assert all(c.config["model"]["dtype"] == "mxfp4" for c in cases if "gpt-oss" in c.id)
     # vLLM 0.10-0.11, without triton_kernels: Marlin's layout on every GPU of these rows.
     assert all(c.config["model"]["mxfp4_moe_layout"] == "marlin"

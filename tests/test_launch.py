@@ -131,11 +131,13 @@ def test_a_checkpoint_quantized_otherwise_than_simulated_is_warned_about():
 
 def test_the_mxfp4_expert_layout_is_named_and_a_non_default_one_explained():
     gpt_oss = {"name": "openai/gpt-oss-120b", "dtype": "mxfp4", "max_model_len": 8192}
-    plan = launch_plan(_cfg(model=gpt_oss))
+    # 256 sequences: at vLLM's 1,024 the sampler's profiling run leaves one H100 no KV cache.
+    engine = {"max_num_seqs": 256}
+    plan = launch_plan(_cfg(model=gpt_oss, engine=engine))
     assert ("model.mxfp4_moe_layout", "triton",
             "default: vLLM's MXFP4 MoE backend on H100-SXM") in plan.resolved
     assert not any("mxfp4_moe_layout" in n for n in plan.notes)
-    plan = launch_plan(_cfg(model={**gpt_oss, "mxfp4_moe_layout": "marlin"}))
+    plan = launch_plan(_cfg(model={**gpt_oss, "mxfp4_moe_layout": "marlin"}, engine=engine))
     assert ("model.mxfp4_moe_layout", "marlin", "config") in plan.resolved
     assert any("VLLM_MXFP4_USE_MARLIN=1" in n for n in plan.notes)
 
@@ -400,3 +402,11 @@ def test_every_generated_command_parses_with_vllms_own_parser(monkeypatch):
                 assert args.kv_transfer_config.kv_connector == "NixlConnector"
             checked += 1
     assert checked >= 20
+
+
+def test_cuda_graph_memory_left_out_of_the_kv_sizing_is_carried_to_the_plan():
+    plan = launch_plan(_cfg(engine={"profile_cuda_graph_memory": False}))
+    assert ("engine.profile_cuda_graph_memory", "false", "config") in plan.resolved
+    assert any("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in n for n in plan.notes)
+    assert not any("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS" in n
+                   for n in launch_plan(_cfg()).notes)

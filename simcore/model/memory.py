@@ -10,13 +10,35 @@ from simcore.model.arch import ModelArch, dtype_bytes, pp_stage_layers
 from simcore.units import GIB
 
 DEFAULT_CUDA_GRAPH_BYTES = 0.5 * GIB
-"""Declared allowance for captured CUDA graphs: vLLM logs ~0.3-1 GiB for 8B-70B models."""
-DEFAULT_NON_TORCH_BYTES = 0.25 * GIB
-"""Declared allowance for memory outside PyTorch's allocator (cuBLAS workspaces, NCCL buffers)."""
-DEFAULT_SAMPLER_BYTES_PER_LOGIT = 16.0
-"""Sampler working memory per vocabulary entry of each sampled row: fp32 logits, an fp32
-working copy (temperature, softmax) and sort/selection scratch. An estimate: vLLM versions differ
-in what the profiling sampler run exercises (measured ~8-40 bytes)."""
+"""Declared estimate of the captured CUDA graphs, which vLLM subtracts before sizing the KV cache
+since 0.21 (its CUDA-graph memory profiling, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS); earlier
+releases captured the graphs after allocating the KV cache, out of the memory
+gpu_memory_utilization leaves (`engine.profile_cuda_graph_memory`). Logged captures: 0.2-3.5 GiB."""
+SAMPLER_BYTES_PER_LOGIT = 38.4
+"""Peak working memory of vLLM's profiling sampler run per vocabulary entry of each of its
+max_num_seqs rows (fp32 logits and their working copies, sorting scratch). Measured: vLLM 0.10-0.11
+start-up logs' torch activation peak, less the T x hidden term below, over max_num_seqs x vocab,
+is 38.25-38.55 bytes on gpt-oss-20b/120b, Llama-3.1-8B, Llama-3.3-70B (TP 2), Qwen3-32B (TP 1 and
+2) on H100 and Qwen3-235B (TP 4) on H200, whatever the vocabulary (128k-201k), TP or MoE
+(`simcore/data/measurements/vllm_startup_memory.csv`, the rows marked fit)."""
+DEFAULT_SAMPLER_BYTES_PER_LOGIT = SAMPLER_BYTES_PER_LOGIT
+
+
+def non_torch_bytes(tp: int, nvlink: bool) -> float:
+    """Memory outside PyTorch's allocator on each GPU at start-up (CUDA context, cuBLAS
+    workspaces, NCCL and custom all-reduce buffers), as vLLM 0.10-0.11 logs it: 0.13 GiB alone
+    (H100, TP 1), 0.55 GiB at TP 2 over NVLink (H100), 2.04 GiB at TP 4 over NVLink (H200; NCCL's
+    NVLink-SHARP buffers on NVSwitch systems; taken for TP 8 too, unlogged), 0.21 GiB at TP 8
+    over PCIe (L40S: no custom all-reduce or NVLink buffers). The start-up logs of
+    `simcore/data/measurements/vllm_startup_memory.csv`."""
+    if tp <= 1:
+        return 0.13 * GIB
+    if not nvlink:
+        return 0.21 * GIB
+    return 0.55 * GIB if tp == 2 else 2.04 * GIB
+
+
+DEFAULT_NON_TORCH_BYTES = non_torch_bytes(1, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +62,9 @@ class KvCacheMemory:
     activation_peak_bytes: float
     """Peak activation memory of the profiling forward pass (and sampler run)."""
     cuda_graph_bytes: float
-    """Declared allowance for CUDA graphs."""
+    """Declared estimate of the CUDA graphs subtracted (0 where vLLM captures them after)."""
     non_torch_bytes: float
-    """Declared allowance for memory outside PyTorch's allocator."""
+    """Memory outside PyTorch's allocator (`non_torch_bytes`)."""
     kv_cache_bytes: float
     """What is left for the KV cache."""
     bytes_per_block: float
