@@ -85,6 +85,27 @@ def test_a_train_of_full_packets_pipelines_exactly_through_the_bottleneck():
     assert msg.slowdown == pytest.approx(1.0, rel=1e-12)
 
 
+def test_instants_meant_to_coincide_tie_and_run_in_the_order_they_were_scheduled():
+    """The kernel keeps time in whole picoseconds: 0.1 us + 1.3 us (1.3999999999999997e-06 s in
+    floating point) and 1.4 us (1.4e-06 s) are one instant, so two frames started then reach
+    the shared port together and leave in the order their messages were sent, not in the order
+    rounding put them."""
+    topo = T.star(3, rate_bps=10e9, delay_s=1e-6)
+    dst, a, b = topo.hosts
+    at = {a: 1e-7 + 13e-7, b: 14e-7}
+    assert at[a] != at[b]
+    for first, second in ((a, b), (b, a)):
+        fab = PacketFabric(topo, lossless())
+        fab.send(first, dst, 1000, at_s=at[first])
+        fab.send(second, dst, 1000, at_s=at[second])
+        fab.run()
+        msgs = sorted(fab.stats().messages, key=lambda m: m.end_s)
+        assert [m.src for m in msgs] == [first, second]
+        frame = (1000 + topo.header_bytes) * 8 / 10e9
+        # The second waits exactly one frame behind the first at the shared port.
+        assert msgs[1].end_s - msgs[0].end_s == pytest.approx(frame, abs=1e-12)
+
+
 # ---- M/D/1 ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rho,wait_us,num_packets", [

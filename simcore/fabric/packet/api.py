@@ -8,9 +8,9 @@ import numpy as np
 from simcore.fabric.packet import events, heap, nic
 from simcore.fabric.packet._jit import njit, view
 from simcore.fabric.packet.link import busy_done_s
-from simcore.fabric.packet.state import (C_NMSG, C_NSMP, K_DATA, NUM_CLASSES, NUM_COUNTERS,
-                                         kernel_view,
-                                         load_topology as _load_topology)
+from simcore.fabric.packet.state import (C_LAST, C_NMSG, C_NOW, C_NSMP, K_DATA, NUM_CLASSES,
+                                         NUM_COUNTERS, kernel_view,
+                                         load_topology as _load_topology, to_ps)
 
 
 @njit
@@ -76,6 +76,8 @@ def set_clock(ref, t):
     st = kernel_view(ref)
     st.clk[0] = t
     st.clk[2] = t
+    st.cnt[C_NOW] = to_ps(t)
+    st.cnt[C_LAST] = st.cnt[C_NOW]
 
 
 @njit

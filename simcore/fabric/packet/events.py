@@ -8,11 +8,17 @@ retransmission timer already re-armed) are recognised by generation numbers and 
 nothing is left the clock is set back to the last event that did something, so they never extend
 a run. Utilization samples are taken here too: before the first event at or after each sample
 instant, every link's busy time up to that instant.
+
+Time. Events are keyed by whole picoseconds (`state.PS_PER_S`): a duration (serialisation,
+propagation, a pause, a timeout, a pacing gap) is rounded once to the nearest picosecond and
+added to the integer clock, so sums are exact and two events meant for the same instant tie and
+run in scheduling order. Instants handed in from Python are taken to the nearest picosecond
+(message and source starts), or to the first at or after them where Python's own clock must
+have reached them when the event runs (DCQCN timers, the CNP pacing window). Handlers see the
+clock in seconds too (`clk[0]`, the picosecond count over `PS_PER_S`), which measurements use.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from simcore.fabric.packet._jit import njit
 from simcore.fabric.packet.heap import (EV_ARRIVE, EV_CREDIT, EV_MESSAGE, EV_PAUSE_END,
@@ -21,8 +27,9 @@ from simcore.fabric.packet.heap import (EV_ARRIVE, EV_CREDIT, EV_MESSAGE, EV_PAU
 from simcore.fabric.packet.link import busy_done_s, finish_tx, set_paused
 from simcore.fabric.packet.nic import (message_start, nic_kick, nic_receive, rp_timer, rto_check,
                                        source_emit)
-from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_NSMP, C_OBN, CF_SMP, K_DATA, K_PAUSE,
-                                         NUM_CLASSES, free_packet, grow_floats)
+from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_LAST, C_NOW, C_NSMP, C_OBN, CF_SMP,
+                                         K_DATA, K_PAUSE, NEVER, NUM_CLASSES, PS_PER_S,
+                                         free_packet, grow_floats, ps_at_or_before, to_ps)
 from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_release, xoff_refresh
 
 IDLE = 0        # no events left
@@ -50,7 +57,8 @@ def _arrive(st, l, p, now):
         if set_paused(st, k, xoff, now):
             kick(st, port, now)
         elif xoff != 0:
-            push(st, now + st.l_pause_s[port], EV_PAUSE_END, k, st.pause_gen[k])
+            push(st, st.cnt[C_NOW] + to_ps(st.l_pause_s[port]), EV_PAUSE_END, k,
+                 st.pause_gen[k])
         return
     if st.n_host[n] != 0:
         nic_receive(st, n, l, p, now)
@@ -83,17 +91,21 @@ def _sample(st):
 
 @njit
 def run_events(st, stop_t):
-    """Process events up to and including time stop_t. Returns IDLE, STOPPED or REQUESTS."""
+    """Process events up to and including time stop_t (seconds, on the picosecond grid).
+    Returns IDLE, STOPPED or REQUESTS."""
     cnt = st.cnt
     sampling = st.cfg[CF_SMP] > 0.0
+    stop_ps = ps_at_or_before(stop_t)
     while cnt[C_HN] > 0:
-        t = st.h_t[0]
-        if t > stop_t:
+        t_ps = st.h_t[0]
+        if t_ps > stop_ps:
             return STOPPED
+        t = t_ps / PS_PER_S
         if sampling:
             while t >= st.clk[1]:
                 _sample(st)
-        t, code, b = pop(st)
+        t_ps, code, b = pop(st)
+        cnt[C_NOW] = t_ps
         st.clk[0] = t
         cnt[C_EVENTS] += 1
         kind = code % NUM_KINDS
@@ -104,8 +116,8 @@ def run_events(st, stop_t):
         elif kind == EV_TX_DONE:
             _tx_done(st, a, t)
         elif kind == EV_WAKE:
-            if t >= st.wake_t[a]:
-                st.wake_t[a] = np.inf
+            if t_ps >= st.wake_t[a]:
+                st.wake_t[a] = NEVER
             nic_kick(st, a, t)
         elif kind == EV_CREDIT:
             st.credits[a] += b
@@ -126,9 +138,11 @@ def run_events(st, stop_t):
             source_emit(st, a, t)
         if active:
             st.clk[2] = t
+            cnt[C_LAST] = t_ps
         if cnt[C_OBN] > 0:
             return REQUESTS
     # Only superseded timers (stale pauses, refreshes, timeouts) may have run since the last
     # event that did something: idle since then.
     st.clk[0] = st.clk[2]
+    cnt[C_NOW] = cnt[C_LAST]
     return IDLE

@@ -1,5 +1,6 @@
 """The event heap of one fabric: a binary min-heap over parallel arrays keyed (time, sequence
-number), so events at the same instant run in the order they were scheduled. An event is a kind,
+number), times in whole picoseconds, so events at the same instant run in the order they were
+scheduled. An event is a kind,
 an integer subject `a` (a link, flow, message or source) and an integer argument `b` (a packet
 or a generation number that lets stale timers be recognised and skipped)."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.fabric.packet._jit import njit
-from simcore.fabric.packet.state import C_HN, C_SEQ, grow_floats, grow_ints
+from simcore.fabric.packet.state import C_HN, C_SEQ, PS_PER_S, grow_ints
 
 EV_ARRIVE = 0       # a: link, b: packet; the packet's last bit reaches the link's far end
 EV_TX_DONE = 1      # a: link; the port finished serialising its frame
@@ -25,7 +26,7 @@ NUM_KINDS = 16
 
 @njit
 def push(st, t, kind, a, b):
-    """Schedule event (kind, a, b) at time t."""
+    """Schedule event (kind, a, b) at time t (picoseconds)."""
     n = st.cnt[C_HN]
     if n == st.h_cap:
         _grow(st)
@@ -56,7 +57,8 @@ def push(st, t, kind, a, b):
 
 @njit
 def pop(st):
-    """Remove the earliest event; returns (time, code, b). The heap must not be empty."""
+    """Remove the earliest event; returns (time in picoseconds, code, b). The heap must not be
+    empty."""
     ht = st.h_t
     hs = st.h_seq
     hc = st.h_code
@@ -95,16 +97,16 @@ def pop(st):
 
 @njit
 def next_time(st):
-    """Time of the earliest event, inf when there is none."""
+    """Time of the earliest event in seconds, inf when there is none."""
     if st.cnt[C_HN] == 0:
         return np.inf
-    return st.h_t[0]
+    return st.h_t[0] / PS_PER_S
 
 
 @njit
 def _grow(st):
     n = st.h_cap
-    st.h_t = grow_floats(st, st.h_t, n, 2 * n, 0.0)
+    st.h_t = grow_ints(st, st.h_t, n, 2 * n, 0)
     st.h_seq = grow_ints(st, st.h_seq, n, 2 * n, 0)
     st.h_code = grow_ints(st, st.h_code, n, 2 * n, 0)
     st.h_b = grow_ints(st, st.h_b, n, 2 * n, 0)

@@ -1,8 +1,8 @@
 """A link's transmitter and wire: store-and-forward serialisation at the link rate, then the
 propagation delay. Starting a frame at t schedules the port free at t + L/C and the frame's
-arrival at the far end at t + L/C + d. The port obeys PFC pauses per traffic class (data only)
-and, under credit-based flow control, sends a class's data only against the credits the
-receiver advertised for that class's virtual lane.
+arrival at the far end at t + L/C + d, each duration to the nearest picosecond. The port obeys
+PFC pauses per traffic class (data only) and, under credit-based flow control, sends a class's
+data only against the credits the receiver advertised for that class's virtual lane.
 
 Scheduling between classes is strict priority: control frames first, then the highest class
 (7 highest, as 802.1p priorities) that has data and is neither paused nor short of credits; a
@@ -13,28 +13,28 @@ from __future__ import annotations
 from simcore.fabric.packet._jit import njit
 from simcore.fabric.packet.heap import EV_ARRIVE, EV_TX_DONE, push
 from simcore.fabric.packet.queues import level_change, pop_ctrl, pop_data, top_class
-from simcore.fabric.packet.state import (C_DATA_HOPS, C_FRAMES, CF_FC, FC_CREDIT, K_DATA,
-                                         NUM_CLASSES)
+from simcore.fabric.packet.state import (C_DATA_HOPS, C_FRAMES, C_NOW, CF_FC, FC_CREDIT, K_DATA,
+                                         NUM_CLASSES, PS_PER_S, to_ps)
 
 
 @njit
 def start_tx(st, l, p, now):
     """Put frame p on link l now (the port must be idle)."""
     size = st.p_size[p]
-    ser = size / st.l_rate[l]
-    end = now + ser
+    ser_ps = to_ps(size / st.l_rate[l])
+    end_ps = st.cnt[C_NOW] + ser_ps
     st.busy[l] = 1
     st.tx_pkt[l] = p
-    st.tx_end[l] = end
+    st.tx_end[l] = end_ps / PS_PER_S
     st.s_bytes[l] += size
-    st.s_busy[l] += ser
+    st.s_busy[l] += ser_ps / PS_PER_S
     st.cnt[C_FRAMES] += 1
     if st.p_kind[p] == K_DATA:
         st.cnt[C_DATA_HOPS] += 1
         if st.cfg[CF_FC] == FC_CREDIT:
             st.credits[l * NUM_CLASSES + st.f_cls[st.p_flow[p]]] -= size
-    push(st, end, EV_TX_DONE, l, p)
-    push(st, end + st.l_delay[l], EV_ARRIVE, l, p)
+    push(st, end_ps, EV_TX_DONE, l, p)
+    push(st, end_ps + to_ps(st.l_delay[l]), EV_ARRIVE, l, p)
 
 
 @njit

@@ -41,12 +41,13 @@ from simcore.fabric.packet.link import sendable, start_tx
 from simcore.fabric.packet.queues import (enqueue_ctrl, enqueue_data, level_change, pop_ctrl,
                                           pop_data, top_class)
 from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NACKS, C_NBITS,
-                                         C_NFLOW, C_NMSG, C_NPATH, C_NSRC, C_OBN, C_RETX,
+                                         C_NFLOW, C_NMSG, C_NOW, C_NPATH, C_NSRC, C_OBN, C_RETX,
                                          C_RETX_PAY, C_SENT_PAY, C_TIMEOUTS, CF_ACKN, CF_CTRL,
                                          CF_FC, CF_HDR, CF_PAY, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
-                                         K_CNP, K_DATA, K_NACK, NUM_CLASSES, REL_NONE, REL_SR,
-                                         alloc_packet, free_packet,
-                                         grow_floats, grow_ints, uniform)
+                                         K_CNP, K_DATA, K_NACK, NEVER, NUM_CLASSES, REL_NONE,
+                                         REL_SR, alloc_packet, free_packet,
+                                         grow_floats, grow_ints, ps_at_or_after, to_ps,
+                                         uniform)
 from simcore.fabric.packet.switch import out_port
 
 _ONE = np.int64(1)
@@ -125,12 +126,13 @@ def _pull(st, l, k, now):
         return -1
     f = st.act_cur[k]
     win = st.cfg[CF_WIN]
-    earliest = np.inf
+    earliest = NEVER
+    now_ps = st.cnt[C_NOW]
     for _ in range(n):
         nxt_f = st.f_anext[f]
         if win <= 0 or st.f_nxt[f] - st.f_una[f] < win or _unwindowed(st, f):
             t = st.f_next_t[f]
-            if t <= now:
+            if t <= now_ps:
                 if st.cfg[CF_FC] == FC_CREDIT and st.credits[k] < _frame_bytes(st, f):
                     return -1
                 st.act_cur[k] = nxt_f
@@ -203,7 +205,7 @@ def _cut_data(st, f, m, psn, now):
     st.p_pay[p] = pay
     st.p_psn[p] = psn
     st.p_msg[p] = m
-    st.f_next_t[f] = now + size / st.f_rate[f]
+    st.f_next_t[f] = st.cnt[C_NOW] + to_ps(size / st.f_rate[f])
     st.cnt[C_SENT_PAY] += pay
     return p, pay, size
 
@@ -213,8 +215,8 @@ def _data_sent(st, f, l, size, now):
     """A data frame of `size` bytes of queue pair f joins port l's queue: the retransmission
     timer starts if a reliable pair has none running, and DCQCN's byte counter advances."""
     level_change(st, l, size, now)
-    if st.f_rel[f] != 0 and st.f_rto_t[f] == np.inf:
-        st.f_rto_t[f] = now + st.cfg[CF_RTO]
+    if st.f_rel[f] != 0 and st.f_rto_t[f] == NEVER:
+        st.f_rto_t[f] = st.cnt[C_NOW] + to_ps(st.cfg[CF_RTO])
         _arm_rto(st, f)
     if st.f_bleft[f] >= 0:
         st.f_bacc[f] += size
@@ -364,7 +366,7 @@ def _go_back(st, f, psn, now):
 
 @njit
 def _arm_rto(st, f):
-    if st.f_rto_pend[f] == 0 and st.f_rto_t[f] < np.inf:
+    if st.f_rto_pend[f] == 0 and st.f_rto_t[f] < NEVER:
         st.f_rto_pend[f] = 1
         push(st, st.f_rto_t[f], EV_RTO, f, 0)
 
@@ -375,13 +377,13 @@ def rto_check(st, f, now):
     whether it fired."""
     st.f_rto_pend[f] = 0
     deadline = st.f_rto_t[f]
-    if deadline == np.inf:
+    if deadline == NEVER:
         return False
-    if now < deadline:
+    if st.cnt[C_NOW] < deadline:
         _arm_rto(st, f)
         return False
     st.cnt[C_TIMEOUTS] += 1
-    st.f_rto_t[f] = np.inf
+    st.f_rto_t[f] = NEVER
     if st.f_rel[f] == REL_SR:
         _sr_timeout(st, f, now)
     else:
@@ -406,10 +408,10 @@ def _acked(st, f, psn, now):
         if psn >= st.f_end[f]:
             _deactivate(st, f)
     if st.f_una[f] < st.f_nxt[f]:
-        st.f_rto_t[f] = now + st.cfg[CF_RTO]
+        st.f_rto_t[f] = st.cnt[C_NOW] + to_ps(st.cfg[CF_RTO])
         _arm_rto(st, f)
     else:
-        st.f_rto_t[f] = np.inf
+        st.f_rto_t[f] = NEVER
     if st.f_rel[f] == REL_SR and st.f_act[f] != 0 and st.f_nxt[f] >= st.f_end[f]:
         _sr_settle(st, f, now)
     if st.cfg[CF_WIN] > 0:
@@ -435,8 +437,8 @@ def nic_receive(st, h, l_in, p, now):
     kind = st.p_kind[p]
     f = st.p_flow[p]
     if kind == K_DATA and st.cfg[CF_FC] == FC_CREDIT:
-        push(st, now + st.l_delay[l_in], EV_CREDIT, l_in * NUM_CLASSES + st.f_cls[f],
-             st.p_size[p])
+        push(st, st.cnt[C_NOW] + to_ps(st.l_delay[l_in]), EV_CREDIT,
+             l_in * NUM_CLASSES + st.f_cls[f], st.p_size[p])
     dest = st.f_src[f] if st.p_rev[p] != 0 else st.f_dst[f]
     if dest != h:
         out = out_port(st, h, p)
@@ -459,7 +461,7 @@ def nic_receive(st, h, l_in, p, now):
             return
         _acked(st, f, psn, now)
         if psn < st.f_nxt[f]:
-            st.f_rto_t[f] = now + st.cfg[CF_RTO]
+            st.f_rto_t[f] = st.cnt[C_NOW] + to_ps(st.cfg[CF_RTO])
             _arm_rto(st, f)
             _go_back(st, f, psn, now)
     elif kind == K_CNP:
@@ -487,7 +489,7 @@ def _receive_data(st, f, p, now):
         st.f_dgram_pay[f] += pay
         st.cnt[C_DGRAM_PKTS] += 1
         return
-    if st.p_ecn[p] != 0 and st.f_cc[f] != 0 and now >= st.f_quiet[f]:
+    if st.p_ecn[p] != 0 and st.f_cc[f] != 0 and st.cnt[C_NOW] >= st.f_quiet[f]:
         request(st, O_NP, f)
     m = st.p_msg[p]
     if st.f_rel[f] == REL_NONE:
@@ -562,7 +564,7 @@ def _receive_sr(st, f, p, m, now):
 def send_cnp(st, f, quiet_until_s, now):
     """The notification point decided to answer flow f's marked packet with a CNP."""
     st.cnt[C_CNPS] += 1
-    st.f_quiet[f] = quiet_until_s
+    st.f_quiet[f] = ps_at_or_after(quiet_until_s)
     send_ctrl(st, f, K_CNP, 0, now)
 
 
@@ -582,8 +584,8 @@ def source_emit(st, s, now):
     gap = st.s_gap[s]
     if st.s_poisson[s] != 0:
         gap = -gap * np.log(1.0 - uniform(st))
-    t = now + gap
-    if t < st.s_stop[s]:
+    t = st.cnt[C_NOW] + to_ps(gap)
+    if t < ps_at_or_after(st.s_stop[s]):
         push(st, t, EV_SOURCE, s, 0)
 
 
@@ -617,7 +619,7 @@ def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram,
     st.f_hash[f] = fhash_bits
     st.f_rate[f] = line_bytes_per_s
     st.f_line[f] = line_bytes_per_s
-    st.f_next_t[f] = 0.0
+    st.f_next_t[f] = 0
     st.f_nxt[f] = 0
     st.f_una[f] = 0
     st.f_end[f] = 0
@@ -631,14 +633,14 @@ def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram,
     st.f_rnxt[f] = 0
     st.f_rcnt[f] = 0
     st.f_nack[f] = -1
-    st.f_rto_t[f] = np.inf
+    st.f_rto_t[f] = NEVER
     st.f_rto_pend[f] = 0
     st.f_cc[f] = cc
     st.f_bacc[f] = 0
     st.f_bleft[f] = -1
     st.f_rpgen[f] = 0
     st.f_rpwait[f] = 0
-    st.f_quiet[f] = 0.0
+    st.f_quiet[f] = 0
     st.f_dgram[f] = dgram
     st.f_dgram_pay[f] = 0
     st.f_cls[f] = cls
@@ -660,7 +662,7 @@ def _grow_flows(st, n):
     st.f_hash = grow_ints(st, st.f_hash, old, n, 0)
     st.f_rate = grow_floats(st, st.f_rate, old, n, 0.0)
     st.f_line = grow_floats(st, st.f_line, old, n, 0.0)
-    st.f_next_t = grow_floats(st, st.f_next_t, old, n, 0.0)
+    st.f_next_t = grow_ints(st, st.f_next_t, old, n, 0)
     st.f_nxt = grow_ints(st, st.f_nxt, old, n, 0)
     st.f_una = grow_ints(st, st.f_una, old, n, 0)
     st.f_end = grow_ints(st, st.f_end, old, n, 0)
@@ -674,14 +676,14 @@ def _grow_flows(st, n):
     st.f_rnxt = grow_ints(st, st.f_rnxt, old, n, 0)
     st.f_rcnt = grow_ints(st, st.f_rcnt, old, n, 0)
     st.f_nack = grow_ints(st, st.f_nack, old, n, -1)
-    st.f_rto_t = grow_floats(st, st.f_rto_t, old, n, np.inf)
+    st.f_rto_t = grow_ints(st, st.f_rto_t, old, n, NEVER)
     st.f_rto_pend = grow_ints(st, st.f_rto_pend, old, n, 0)
     st.f_cc = grow_ints(st, st.f_cc, old, n, 0)
     st.f_bacc = grow_ints(st, st.f_bacc, old, n, 0)
     st.f_bleft = grow_ints(st, st.f_bleft, old, n, -1)
     st.f_rpgen = grow_ints(st, st.f_rpgen, old, n, 0)
     st.f_rpwait = grow_ints(st, st.f_rpwait, old, n, 0)
-    st.f_quiet = grow_floats(st, st.f_quiet, old, n, 0.0)
+    st.f_quiet = grow_ints(st, st.f_quiet, old, n, 0)
     st.f_dgram = grow_ints(st, st.f_dgram, old, n, 0)
     st.f_dgram_pay = grow_ints(st, st.f_dgram_pay, old, n, 0)
     st.f_cls = grow_ints(st, st.f_cls, old, n, 0)
@@ -725,7 +727,7 @@ def add_message(st, f, size, num_packets, at_s, has_callback):
         _bit_words(st, m, (num_packets + 63) >> 6)
     now = st.clk[0]
     if at_s > now:
-        push(st, at_s, EV_MESSAGE, m, 0)
+        push(st, max(to_ps(at_s), st.cnt[C_NOW]), EV_MESSAGE, m, 0)
     else:
         message_start(st, m, now)
     return m
@@ -765,7 +767,7 @@ def add_source(st, f, payload_bytes, gap_s, poisson, start_s, stop_s):
     st.s_gap[s] = gap_s
     st.s_stop[s] = stop_s
     if start_s < stop_s:
-        push(st, max(start_s, st.clk[0]), EV_SOURCE, s, 0)
+        push(st, max(to_ps(start_s), st.cnt[C_NOW]), EV_SOURCE, s, 0)
     return s
 
 
@@ -796,7 +798,8 @@ def set_flow_rate(st, f, rate_bytes_per_s, next_event_s, bytes_left):
     st.f_rpgen[f] += 1
     if next_event_s < np.inf and st.f_act[f] != 0:
         st.f_rpwait[f] = 1
-        push(st, max(next_event_s, st.clk[0]), EV_RP_TIMER, f, st.f_rpgen[f])
+        push(st, max(ps_at_or_after(next_event_s), st.cnt[C_NOW]), EV_RP_TIMER, f,
+             st.f_rpgen[f])
     else:
         st.f_rpwait[f] = 0
 

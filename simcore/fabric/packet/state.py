@@ -62,6 +62,8 @@ C_NSMP = 23        # utilization samples taken
 C_DGRAM_PKTS = 24  # datagrams delivered
 C_NBITS = 25       # words used in the selective-repeat bit tables
 C_LOST = 26        # data frames of unreliable messages dropped (never resent)
+C_NOW = 27         # the clock in whole picoseconds (clk[0] is the same instant in seconds)
+C_LAST = 28        # the last event that did something, in picoseconds (clk[2] in seconds)
 NUM_COUNTERS = 32
 
 # Settings (cfg[...]), fixed when the fabric is built.
@@ -94,6 +96,12 @@ NUM_CLASSES = 8
 indexed link * NUM_CLASSES + class."""
 
 INF = np.inf
+PS_PER_S = 1e12
+"""The kernel's time base: event times and the deadlines compared with them are whole
+picoseconds (int64), so two events meant for the same instant tie exactly, whatever sums of
+seconds led to them, and run in the order they were scheduled."""
+NEVER = 1 << 62
+"""A deadline that never comes (picoseconds; about 53 days)."""
 NUM_UNIFORMS = 4096
 """Uniform random numbers drawn from the fabric's Generator at a time."""
 
@@ -144,7 +152,7 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.pause_gen = _ints(st, nk, 0)
     st.paused_at = _floats(st, nk, 0.0)
     st.credits = _ints(st, nk, 0)                # bytes the receiver's lane can still take
-    st.wake_t = _floats(st, num_links, INF)      # pending NIC pacing wake-up
+    st.wake_t = _ints(st, num_links, NEVER)      # pending NIC pacing wake-up, ps
     st.act_cur = _ints(st, nk, -1)               # round-robin ring of active queue pairs per class
     st.act_n = _ints(st, nk, 0)
     st.act_mask = _ints(st, num_links, 0)        # bit c: class c has active queue pairs
@@ -178,7 +186,7 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.f_hash = _ints(st, nf, 0)
     st.f_rate = _floats(st, nf, 0.0)             # pacing rate, bytes/s
     st.f_line = _floats(st, nf, 0.0)
-    st.f_next_t = _floats(st, nf, 0.0)           # earliest start of the next frame
+    st.f_next_t = _ints(st, nf, 0)               # earliest start of the next frame, ps
     st.f_nxt = _ints(st, nf, 0)                  # next PSN to send
     st.f_una = _ints(st, nf, 0)                  # oldest unacknowledged PSN
     st.f_end = _ints(st, nf, 0)                  # one past the last PSN queued
@@ -192,14 +200,14 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.f_rnxt = _ints(st, nf, 0)                 # receiver: next PSN expected
     st.f_rcnt = _ints(st, nf, 0)                 # receiver: in-order packets since last ACK
     st.f_nack = _ints(st, nf, -1)                # receiver: PSN last NACKed
-    st.f_rto_t = _floats(st, nf, INF)
+    st.f_rto_t = _ints(st, nf, NEVER)            # retransmission deadline, ps
     st.f_rto_pend = _ints(st, nf, 0)
     st.f_cc = _ints(st, nf, 0)                   # DCQCN reaction point attached
     st.f_bacc = _ints(st, nf, 0)                 # bytes sent not yet told to the reaction point
     st.f_bleft = _ints(st, nf, -1)               # bytes until its byte counter fires (-1 none)
     st.f_rpgen = _ints(st, nf, 0)
     st.f_rpwait = _ints(st, nf, 0)               # a reaction-point timer is scheduled
-    st.f_quiet = _floats(st, nf, 0.0)            # no CNP query before this time
+    st.f_quiet = _ints(st, nf, 0)                # no CNP query before this time, ps
     st.f_dgram = _ints(st, nf, 0)                # datagrams: no reliability, no messages
     st.f_dgram_pay = _ints(st, nf, 0)            # datagram payload delivered
     st.f_cls = _ints(st, nf, 0)                  # traffic class of its data
@@ -248,7 +256,7 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     # Event heap keyed (time, sequence); code = a * NUM_KINDS + kind.
     nh = 1024
     st.h_cap = nh
-    st.h_t = _floats(st, nh, 0.0)
+    st.h_t = _ints(st, nh, 0)                    # ps
     st.h_seq = _ints(st, nh, 0)
     st.h_code = _ints(st, nh, 0)
     st.h_b = _ints(st, nh, 0)
@@ -323,6 +331,43 @@ def grow_ints(st, ptr, old_n, new_n, fill):
     a[:old_n] = view(ptr, old_n)
     st.own_i.append(a)
     return data_ptr(a)
+
+
+@njit
+def to_ps(t):
+    """Seconds `t` (a duration) as whole picoseconds (nearest), `NEVER` from about 53 days on
+    (inf too)."""
+    if not t < 4.6e6:
+        return NEVER
+    return np.int64(np.rint(t * PS_PER_S))
+
+
+@njit
+def ps_at_or_after(t):
+    """The first whole picosecond k whose time in seconds, k / PS_PER_S, is not before instant
+    `t` (an instant given in seconds from Python: an event at k sees a clock of at least t);
+    `NEVER` from about 53 days on."""
+    if not t < 4.6e6:
+        return NEVER
+    k = np.int64(np.ceil(t * PS_PER_S))
+    while k / PS_PER_S < t:
+        k += 1
+    while k > 0 and (k - 1) / PS_PER_S >= t:
+        k -= 1
+    return k
+
+
+@njit
+def ps_at_or_before(t):
+    """The last whole picosecond k with k / PS_PER_S not after instant `t` (seconds)."""
+    if not t < 4.6e6:
+        return NEVER
+    k = np.int64(np.floor(t * PS_PER_S))
+    while k / PS_PER_S > t:
+        k -= 1
+    while (k + 1) / PS_PER_S <= t:
+        k += 1
+    return k
 
 
 @njit
