@@ -244,6 +244,24 @@ def held_out_rows() -> list[Row]:
                         1.0 - st["coverage"], st["n"], "cases", g["outside"], src, "statistic",
                         note=f"coverage {st['coverage']:.0%}; target >= {COVERAGE_TARGET:.0%}: "
                              f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}"))
+    return rows + class_rows(outcomes, src)
+
+
+def class_rows(outcomes, src: str) -> list[Row]:
+    """The held-out statistics again for dense and for mixture-of-experts models apart
+    (informational, no bound): where the model is weaker, a planner should read its envelope
+    wider."""
+    from dse.validate_e2e import summarize
+    from simcore.model.presets import load_preset
+
+    rows = []
+    for label, moe in (("dense", False), ("MoE", True)):
+        part = [o for o in outcomes if load_preset(o.case.config["model"]["name"]).is_moe == moe]
+        for fam, st in summarize(part).items():
+            rows.append(Row("end_to_end", f"held-out {label} {fam}: median |error|",
+                            st["median_abs"], st["n"], "cases", math.inf, src, "statistic",
+                            note=f"median signed {st['median_signed']:+.1%}, coverage "
+                                 f"{st['coverage']:.0%} (informational)"))
     return rows
 
 

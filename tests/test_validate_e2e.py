@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dse.validate_e2e import (
-    FAMILIES, GUARDS, OFFLINE_TOOLS, case_config, load_cases, load_rows, row_case, sharegpt_first_turns,
-    split_of, summarize, evaluate)
+    FAMILIES, GUARDS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows, row_case,
+    sharegpt_first_turns, split_of, summarize, evaluate)
 from simcore.host import FITTED
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
@@ -186,3 +186,27 @@ def test_offline_benchmarks_run_without_an_api_server_and_serving_ones_with_it(c
         assert offline == (tools[c.id] in ("benchmark_latency.py", "benchmark_throughput.py",
                                            "vllm bench latency", "vllm bench throughput")), c.id
     assert any(tools[c.id] == "benchmark_serving.py" for c in ok)
+
+
+def test_the_held_out_statistics_are_also_given_for_dense_and_moe_models_apart(cases):
+    from dse.validate import class_rows
+    from simcore.model.presets import load_preset
+
+    ok, _ = cases
+    held = [c for c in ok if c.split == "held_out"]
+    # Synthetic predictions (no simulation): dense cases 10% over, MoE cases 20% under.
+    outcomes = []
+    for c in held:
+        f = 0.8 if load_preset(c.config["model"]["name"]).is_moe else 1.1
+        pred = {fam: m * f for fam, m in c.measured.items()}
+        outcomes.append(Outcome(c, pred, dict(c.measured), dict(c.measured)))
+    rows = {r.name: r for r in class_rows(outcomes, "src")}
+    totals = summarize(outcomes)
+    for fam, st in totals.items():
+        parts = [rows.get(f"held-out {label} {fam}: median |error|") for label in ("dense", "MoE")]
+        assert sum(r.reference for r in parts if r is not None) == st["n"]
+    dense = rows["held-out dense throughput: median |error|"]
+    moe = rows["held-out MoE throughput: median |error|"]
+    assert dense.predicted == pytest.approx(0.1) and "+10.0%" in dense.note
+    assert moe.predicted == pytest.approx(0.2) and "-20.0%" in moe.note
+    assert all(r.tolerance == float("inf") for r in rows.values())
