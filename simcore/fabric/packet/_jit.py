@@ -27,8 +27,8 @@ except ImportError:  # pragma: no cover - exercised only where numba is absent
 HAVE_NUMBA = numba is not None
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_KERNEL_MODULES = ("_jit.py", "state.py", "heap.py", "queues.py", "link.py", "switch.py",
-                   "nic.py", "events.py", "stats.py", "api.py")
+_KERNEL_MODULES = ("_jit.py", "state.py", "clock.py", "heap.py", "queues.py", "link.py",
+                   "switch.py", "nic.py", "events.py", "stats.py", "api.py")
 
 
 def refresh_cache() -> None:

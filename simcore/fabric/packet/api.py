@@ -8,9 +8,10 @@ import numpy as np
 from simcore.fabric.packet import events, heap, nic
 from simcore.fabric.packet._jit import njit, view
 from simcore.fabric.packet.link import busy_done_s
+from simcore.fabric.packet.clock import to_ps
 from simcore.fabric.packet.state import (C_LAST, C_NMSG, C_NOW, C_NSMP, K_DATA, NUM_CLASSES,
                                          NUM_COUNTERS, kernel_view,
-                                         load_topology as _load_topology, to_ps)
+                                         load_topology as _load_topology)
 
 
 @njit

@@ -9,7 +9,7 @@ nothing is left the clock is set back to the last event that did something, so t
 a run. Utilization samples are taken here too: before the first event at or after each sample
 instant, every link's busy time up to that instant.
 
-Time. Events are keyed by whole picoseconds (`state.PS_PER_S`): a duration (serialisation,
+Time. Events are keyed by whole picoseconds (`clock`): a duration (serialisation,
 propagation, a pause, a timeout, a pacing gap) is rounded once to the nearest picosecond and
 added to the integer clock, so sums are exact and two events meant for the same instant tie and
 run in scheduling order. Instants handed in from Python are taken to the nearest picosecond
@@ -21,6 +21,7 @@ clock in seconds too (`clk[0]`, the picosecond count over `PS_PER_S`), which mea
 from __future__ import annotations
 
 from simcore.fabric.packet._jit import njit
+from simcore.fabric.packet.clock import PS_PER_S, ps_at_or_before, ps_later
 from simcore.fabric.packet.heap import (EV_ARRIVE, EV_CREDIT, EV_MESSAGE, EV_PAUSE_END,
                                         EV_RP_TIMER, EV_RTO, EV_SOURCE, EV_TX_DONE, EV_WAKE,
                                         EV_XOFF_REFRESH, NUM_KINDS, pop, push)
@@ -28,8 +29,8 @@ from simcore.fabric.packet.link import busy_done_s, finish_tx, set_paused
 from simcore.fabric.packet.nic import (message_start, nic_kick, nic_receive, rp_timer, rto_check,
                                        source_emit)
 from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_LAST, C_NOW, C_NSMP, C_OBN, CF_SMP,
-                                         K_DATA, K_PAUSE, NEVER, NUM_CLASSES, PS_PER_S,
-                                         free_packet, grow_floats, ps_at_or_before, to_ps)
+                                         K_DATA, K_PAUSE, NEVER, NUM_CLASSES, free_packet,
+                                         grow_floats)
 from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_release, xoff_refresh
 
 IDLE = 0        # no events left
@@ -57,8 +58,7 @@ def _arrive(st, l, p, now):
         if set_paused(st, k, xoff, now):
             kick(st, port, now)
         elif xoff != 0:
-            push(st, st.cnt[C_NOW] + to_ps(st.l_pause_s[port]), EV_PAUSE_END, k,
-                 st.pause_gen[k])
+            push(st, ps_later(st, st.l_pause_s[port]), EV_PAUSE_END, k, st.pause_gen[k])
         return
     if st.n_host[n] != 0:
         nic_receive(st, n, l, p, now)

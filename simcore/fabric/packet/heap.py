@@ -1,15 +1,16 @@
-"""The event heap of one fabric: a binary min-heap over parallel arrays keyed (time, sequence
-number), times in whole picoseconds, so events at the same instant run in the order they were
-scheduled. An event is a kind,
-an integer subject `a` (a link, flow, message or source) and an integer argument `b` (a packet
-or a generation number that lets stale timers be recognised and skipped)."""
+"""The event heap of one fabric: a binary min-heap over parallel arrays keyed (time in whole
+picoseconds, sequence number), so events at the same instant run in the order they were
+scheduled. An event is a kind, an integer subject `a` (a link, flow, message or source) and an
+integer argument `b` (a packet or a generation number that lets stale timers be recognised and
+skipped)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from simcore.fabric.packet._jit import njit
-from simcore.fabric.packet.state import C_HN, C_SEQ, PS_PER_S, grow_ints
+from simcore.fabric.packet.clock import PS_PER_S
+from simcore.fabric.packet.state import C_HN, C_SEQ, grow_ints
 
 EV_ARRIVE = 0       # a: link, b: packet; the packet's last bit reaches the link's far end
 EV_TX_DONE = 1      # a: link; the port finished serialising its frame

@@ -11,10 +11,11 @@ paused class never blocks another."""
 from __future__ import annotations
 
 from simcore.fabric.packet._jit import njit
+from simcore.fabric.packet.clock import PS_PER_S, to_ps
 from simcore.fabric.packet.heap import EV_ARRIVE, EV_TX_DONE, push
 from simcore.fabric.packet.queues import level_change, pop_ctrl, pop_data, top_class
 from simcore.fabric.packet.state import (C_DATA_HOPS, C_FRAMES, C_NOW, CF_FC, FC_CREDIT, K_DATA,
-                                         NUM_CLASSES, PS_PER_S, to_ps)
+                                         NUM_CLASSES)
 
 
 @njit

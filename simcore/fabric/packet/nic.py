@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.fabric.packet._jit import njit, view
+from simcore.fabric.packet.clock import ps_at_or_after, ps_later, to_ps
 from simcore.fabric.packet.heap import (EV_CREDIT, EV_MESSAGE, EV_RP_TIMER, EV_RTO, EV_SOURCE,
                                         EV_WAKE, push)
 from simcore.fabric.packet.link import sendable, start_tx
@@ -46,8 +47,7 @@ from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NA
                                          CF_FC, CF_HDR, CF_PAY, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
                                          K_CNP, K_DATA, K_NACK, NEVER, NUM_CLASSES, REL_NONE,
                                          REL_SR, alloc_packet, free_packet,
-                                         grow_floats, grow_ints, ps_at_or_after, to_ps,
-                                         uniform)
+                                         grow_floats, grow_ints, uniform)
 from simcore.fabric.packet.switch import out_port
 
 _ONE = np.int64(1)
@@ -205,7 +205,7 @@ def _cut_data(st, f, m, psn, now):
     st.p_pay[p] = pay
     st.p_psn[p] = psn
     st.p_msg[p] = m
-    st.f_next_t[f] = st.cnt[C_NOW] + to_ps(size / st.f_rate[f])
+    st.f_next_t[f] = ps_later(st, size / st.f_rate[f])
     st.cnt[C_SENT_PAY] += pay
     return p, pay, size
 
@@ -216,7 +216,7 @@ def _data_sent(st, f, l, size, now):
     timer starts if a reliable pair has none running, and DCQCN's byte counter advances."""
     level_change(st, l, size, now)
     if st.f_rel[f] != 0 and st.f_rto_t[f] == NEVER:
-        st.f_rto_t[f] = st.cnt[C_NOW] + to_ps(st.cfg[CF_RTO])
+        st.f_rto_t[f] = ps_later(st, st.cfg[CF_RTO])
         _arm_rto(st, f)
     if st.f_bleft[f] >= 0:
         st.f_bacc[f] += size
@@ -408,7 +408,7 @@ def _acked(st, f, psn, now):
         if psn >= st.f_end[f]:
             _deactivate(st, f)
     if st.f_una[f] < st.f_nxt[f]:
-        st.f_rto_t[f] = st.cnt[C_NOW] + to_ps(st.cfg[CF_RTO])
+        st.f_rto_t[f] = ps_later(st, st.cfg[CF_RTO])
         _arm_rto(st, f)
     else:
         st.f_rto_t[f] = NEVER
@@ -437,8 +437,8 @@ def nic_receive(st, h, l_in, p, now):
     kind = st.p_kind[p]
     f = st.p_flow[p]
     if kind == K_DATA and st.cfg[CF_FC] == FC_CREDIT:
-        push(st, st.cnt[C_NOW] + to_ps(st.l_delay[l_in]), EV_CREDIT,
-             l_in * NUM_CLASSES + st.f_cls[f], st.p_size[p])
+        push(st, ps_later(st, st.l_delay[l_in]), EV_CREDIT, l_in * NUM_CLASSES + st.f_cls[f],
+             st.p_size[p])
     dest = st.f_src[f] if st.p_rev[p] != 0 else st.f_dst[f]
     if dest != h:
         out = out_port(st, h, p)
@@ -461,7 +461,7 @@ def nic_receive(st, h, l_in, p, now):
             return
         _acked(st, f, psn, now)
         if psn < st.f_nxt[f]:
-            st.f_rto_t[f] = st.cnt[C_NOW] + to_ps(st.cfg[CF_RTO])
+            st.f_rto_t[f] = ps_later(st, st.cfg[CF_RTO])
             _arm_rto(st, f)
             _go_back(st, f, psn, now)
     elif kind == K_CNP:
@@ -584,7 +584,7 @@ def source_emit(st, s, now):
     gap = st.s_gap[s]
     if st.s_poisson[s] != 0:
         gap = -gap * np.log(1.0 - uniform(st))
-    t = st.cnt[C_NOW] + to_ps(gap)
+    t = ps_later(st, gap)
     if t < ps_at_or_after(st.s_stop[s]):
         push(st, t, EV_SOURCE, s, 0)
 

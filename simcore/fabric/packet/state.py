@@ -96,12 +96,8 @@ NUM_CLASSES = 8
 indexed link * NUM_CLASSES + class."""
 
 INF = np.inf
-PS_PER_S = 1e12
-"""The kernel's time base: event times and the deadlines compared with them are whole
-picoseconds (int64), so two events meant for the same instant tie exactly, whatever sums of
-seconds led to them, and run in the order they were scheduled."""
 NEVER = 1 << 62
-"""A deadline that never comes (picoseconds; about 53 days)."""
+"""A deadline that never comes (picoseconds, the kernel's time base: `clock`; about 53 days)."""
 NUM_UNIFORMS = 4096
 """Uniform random numbers drawn from the fabric's Generator at a time."""
 
@@ -331,43 +327,6 @@ def grow_ints(st, ptr, old_n, new_n, fill):
     a[:old_n] = view(ptr, old_n)
     st.own_i.append(a)
     return data_ptr(a)
-
-
-@njit
-def to_ps(t):
-    """Seconds `t` (a duration) as whole picoseconds (nearest), `NEVER` from about 53 days on
-    (inf too)."""
-    if not t < 4.6e6:
-        return NEVER
-    return np.int64(np.rint(t * PS_PER_S))
-
-
-@njit
-def ps_at_or_after(t):
-    """The first whole picosecond k whose time in seconds, k / PS_PER_S, is not before instant
-    `t` (an instant given in seconds from Python: an event at k sees a clock of at least t);
-    `NEVER` from about 53 days on."""
-    if not t < 4.6e6:
-        return NEVER
-    k = np.int64(np.ceil(t * PS_PER_S))
-    while k / PS_PER_S < t:
-        k += 1
-    while k > 0 and (k - 1) / PS_PER_S >= t:
-        k -= 1
-    return k
-
-
-@njit
-def ps_at_or_before(t):
-    """The last whole picosecond k with k / PS_PER_S not after instant `t` (seconds)."""
-    if not t < 4.6e6:
-        return NEVER
-    k = np.int64(np.floor(t * PS_PER_S))
-    while k / PS_PER_S > t:
-        k -= 1
-    while (k + 1) / PS_PER_S <= t:
-        k += 1
-    return k
 
 
 @njit

@@ -21,12 +21,13 @@ import numpy as np
 
 from simcore.fabric import ecmp
 from simcore.fabric.packet._jit import HAVE_NUMBA, njit
+from simcore.fabric.packet.clock import ps_later
 from simcore.fabric.packet.heap import EV_CREDIT, EV_XOFF_REFRESH, push
 from simcore.fabric.packet.link import next_queued, start_tx
 from simcore.fabric.packet.queues import enqueue_ctrl, enqueue_data, lossless
-from simcore.fabric.packet.state import (C_NOW, C_PAUSES, CF_ALPHA, CF_AR, CF_ARTH, CF_CTRL,
-                                         CF_FC, CF_NHOST, CF_XON, FC_CREDIT, FC_PFC, K_DATA,
-                                         K_PAUSE, NUM_CLASSES, alloc_packet, drop_data, to_ps)
+from simcore.fabric.packet.state import (C_PAUSES, CF_ALPHA, CF_AR, CF_ARTH, CF_CTRL, CF_FC,
+                                         CF_NHOST, CF_XON, FC_CREDIT, FC_PFC, K_DATA, K_PAUSE,
+                                         NUM_CLASSES, alloc_packet, drop_data)
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -135,8 +136,7 @@ def switch_release(st, n, p, now):
         if lossless(st, c):
             pfc_release(st, n, l_in, c, size, now)
     elif fc == FC_CREDIT:
-        push(st, st.cnt[C_NOW] + to_ps(st.l_delay[l_in]), EV_CREDIT, l_in * NUM_CLASSES + c,
-             size)
+        push(st, ps_later(st, st.l_delay[l_in]), EV_CREDIT, l_in * NUM_CLASSES + c, size)
 
 
 @njit
@@ -195,8 +195,7 @@ def send_pause(st, k, xoff, now):
     if xoff != 0:
         st.s_pauses[k] += 1
         st.cnt[C_PAUSES] += 1
-        push(st, st.cnt[C_NOW] + to_ps(0.5 * st.l_pause_s[l]), EV_XOFF_REFRESH, k,
-             st.xoff_gen[k])
+        push(st, ps_later(st, 0.5 * st.l_pause_s[l]), EV_XOFF_REFRESH, k, st.xoff_gen[k])
     switch_kick(st, back, now)
 
 
