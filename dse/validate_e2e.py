@@ -62,6 +62,10 @@ _BLOCK_FP8 = ("qwen/qwen3", "deepseek-ai/")
 _LLAMA3 = re.compile(r"llama-3", re.IGNORECASE)
 """Models that use the Llama-3 tokenizer the shipped ShareGPT lengths were counted with."""
 
+_CHAT = re.compile(r"openai-chat|/v1/chat/completions")
+"""A quoted benchmark command that sends chat requests (vllm bench serve --backend or
+--endpoint-type openai-chat, --endpoint /v1/chat/completions)."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -212,7 +216,7 @@ def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
 
 def row_case(row: dict) -> Case | str:
     """The case of one row, or the reason the simulator cannot represent it."""
-    from simcore.model.presets import is_preset
+    from simcore.model.presets import is_preset, load_preset
 
     rid = row["id"]
     hw, model, par = row.get("hardware") or {}, row.get("model") or {}, row.get("parallelism") or {}
@@ -312,6 +316,13 @@ def row_case(row: dict) -> Case | str:
             workload["max_concurrency"] = int(bench["max_concurrency"])
     if tool in OFFLINE_TOOLS:        # vLLM's LLM class, no API server
         cfg["host"] = {"entrypoint": "offline"}
+    elif _CHAT.search(str((row.get("source") or {}).get("quote") or "")):
+        workload["endpoint"] = "chat_completions"
+        if str(row.get("vllm_version")) == "0.11.0" and load_preset(name).chat_format == "jinja":
+            cfg["host"] = {"chat_template_parse": "per_request"}
+            notes.append("chat requests; vLLM 0.11.0 parses the chat template for each one")
+        else:
+            notes.append("chat requests")
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload
@@ -441,21 +452,23 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
     return out
 
 GUARDS = {
-    "throughput": {"median_abs": 0.20, "median_signed": 0.12, "outside": 0.32},
-    "ttft": {"median_abs": 0.17, "median_signed": 0.13, "outside": 0.35},
-    "tpot": {"median_abs": 0.15, "median_signed": 0.11, "outside": 0.27},
-    "e2e": {"median_abs": 0.10, "median_signed": 0.09, "outside": 0.20},
+    "throughput": {"median_abs": 0.21, "median_signed": 0.12, "outside": 0.38},
+    "ttft": {"median_abs": 0.14, "median_signed": 0.12, "outside": 0.25},
+    "tpot": {"median_abs": 0.17, "median_signed": 0.10, "outside": 0.15},
+    "e2e": {"median_abs": 0.10, "median_signed": 0.08, "outside": 0.25},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
-parameters and the calibrated model's compute-bound scale were last fitted (29 fit cases:
-1.25, 0.9 ms + 88 us per sequence in the model runner, 8 ms of request latency and 7 ms of
-API-server work that holds the server), with the KV cache sized as vLLM's start-up logs show
+parameters and the calibrated model's compute-bound scale were last fitted (28 fit cases:
+1.25, 0.6 ms + 108 us per sequence in the model runner, 8 ms of request latency and 7 ms of
+API-server work that holds the server), with chat requests costing the API server the chat
+path's measured extra work (vLLM 0.11.0's parse of the chat template on every request,
+`host.chat_template_parse`), the KV cache sized as vLLM's start-up logs show
 (`simcore.model.memory`: the sampler's profiling run, the memory outside PyTorch by TP, the
 CUDA-reported total, the CUDA graphs captured after the KV cache before vLLM 0.21), MXFP4
 experts in the padded layout of the row's vLLM, and async scheduling hiding vLLM's scheduler
 but not the model runner's fitted time (27 held-out cases, 18 with a throughput figure:
-throughput 17.4% / -9.7%, TTFT 13.7% / -10.0%, TPOT 12.0% / -7.9%, E2E 7.4% / +6.1% median
-|error| / median signed error; envelope coverage 72%, 70%, 78%, 100%, the envelope built from
+throughput 18.4% / -8.8%, TTFT 11.5% / -8.9%, TPOT 14.0% / -7.0%, E2E 7.5% / +4.3% median
+|error| / median signed error; envelope coverage 67%, 80%, 100%, 80%, the envelope built from
 the fit part's cross-validated residuals), with a margin.
 
 History. With the checkpoint's MXFP4 shapes (5.1 GiB less weight and twice the KV cache of
@@ -477,5 +490,10 @@ started at the settings they quote (three held out: gpt-oss-120b on one H100, Qw
 A100 at its default max_model_len). On the 23 held-out cases common to both, before -> after:
 throughput 15.3% -> 17.4% (signed -9.5% -> -9.7%), TTFT 11.6% -> 13.7% (-11.0% -> -10.0%),
 TPOT 16.7% -> 12.0% (+5.6% -> -7.9%), E2E 7.7% -> 7.4%; coverage 78% -> 72%, 80% -> 70%,
-78% -> 78%, 100%. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are
+78% -> 78%, 100%. Chat requests then took the chat path's cost measured on vLLM's own code
+(adopted as a measurement, the CPU side refitted the same way: fit-part objective 0.221 ->
+0.195 with the old parameters, 0.192 refitted; the held-out mean |log error| 0.193 -> 0.190):
+throughput 17.4% -> 18.4% (signed -9.7% -> -8.8%), TTFT 13.7% -> 11.5% (-10.0% -> -8.9%),
+TPOT 12.0% -> 14.0% (-7.9% -> -7.0%), E2E 7.4% -> 7.5% (+6.1% -> +4.3%); coverage 72% -> 67%,
+70% -> 80%, 78% -> 100%, 100% -> 80%. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are
 reported beside them."""

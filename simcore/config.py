@@ -541,6 +541,18 @@ class SimConfig(BaseModel):
     base_dir: str = Field(".", description="Directory that relative paths in this config are "
                           "resolved against (set by the loader to the file's directory).")
 
+    @model_validator(mode="after")
+    def _check_endpoint(self) -> "SimConfig":
+        chat = self.workload.endpoint == "chat_completions"
+        if chat and not self.host.api_server:
+            raise ValueError("workload.endpoint: chat_completions has no effect without an API "
+                             "server (host.model constant or host.entrypoint offline); use "
+                             "completions")
+        if self.host.chat_template_parse != "cached" and not chat:
+            raise ValueError("host.chat_template_parse: per_request has no effect on "
+                             "completions requests; set workload.endpoint: chat_completions")
+        return self
+
     def gpus_by_type(self) -> dict[str, int]:
         """GPUs of every engine instance by catalog name: hardware.gpu's, or with prefill and
         decode instances on GPUs of their own, each role's (prefill's first)."""

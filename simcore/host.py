@@ -25,9 +25,9 @@ Per request, on the API server's path before the engine sees it (between the cli
 the request's arrival in the scheduler): the front end's CPU work, measured as above
 (`request_cpu_s`: tokenizing the prompt and vLLM's input processing, the output processor's
 request state and the request's msgpack hand-off to the engine core, a + c x prompt tokens,
-scaled by the host speed, plus the work not measured here: the HTTP route, request validation,
-chat-template rendering and the response's set-up, `api_server_per_request_s`), which holds the
-server process: the server is one Python process (or
+scaled by the host speed, plus the work not measured here: the HTTP route, request validation
+and the response's set-up, `api_server_per_request_s`; for a chat request, also the chat path's
+measured extra work on the chat template, `chat_template_s`), which holds the server process: the server is one Python process (or
 `api_server_count` of them), so the work of a burst runs one request after another. Then a
 latency that does not hold it (`request_overhead_s`: HTTP handling, the event loop's
 hand-offs), paid by every request concurrently.
@@ -93,9 +93,16 @@ class HostConfig(BaseModel):
                                              "server process. Null: fitted.")
     api_server_per_request_s: float | None = Field(
         None, ge=0, description="API server CPU time per request beyond its measured work "
-        "(the HTTP route, request validation, chat-template rendering, the response's set-up), "
+        "(the HTTP route, request validation, the response's set-up), "
         "s; it holds the server process like the measured work, so a burst's requests wait for "
         "one another. Null: fitted.")
+    chat_template_parse: Literal["cached", "per_request"] = Field(
+        "cached", description="How the API server resolves a chat request's Hugging Face chat "
+        "template (workload.endpoint chat_completions): cached, as vLLM does apart from 0.11.0 "
+        "(measured: 0.4 ms a request more than a completions request); per_request, as vLLM "
+        "0.11.0 does: it parses the template again for every request to find the variables it "
+        "reads (resolve_chat_template_kwargs), on the server's event loop (measured: 16 ms a "
+        "request on the measuring CPU for Qwen3's template). Both scaled by host_speed.")
     api_server_count: int = Field(1, ge=1, description="API server processes (vLLM "
                                   "--api-server-count): requests arriving faster than they "
                                   "handle their paths queue before the engine.")
@@ -111,6 +118,9 @@ class HostConfig(BaseModel):
         if self.model == "constant" and self.entrypoint == "offline":
             raise ValueError("entrypoint: offline has no effect with model: constant, which "
                              "models no API server (use model: vllm)")
+        if self.chat_template_parse != "cached" and not self.api_server:
+            raise ValueError("chat_template_parse has no effect without an API server (model: "
+                             "constant or entrypoint: offline)")
         if self.api_server_count != 1 and not self.api_server:
             raise ValueError("api_server_count has no effect without an API server (model: "
                              "constant or entrypoint: offline)")
@@ -125,6 +135,25 @@ def _cpu_costs(name: str) -> dict:
         raise ConfigError(f"host.cpu_costs: no measured CPU costs {name!r} (shipped: "
                           f"{', '.join(known)})")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+CHAT_COSTS = CPU_COSTS_DIR / "chat_template.json"
+
+
+@lru_cache(maxsize=1)
+def _chat_costs() -> dict:
+    return json.loads(CHAT_COSTS.read_text(encoding="utf-8"))
+
+
+def chat_template_s(parse: str, cpu_costs: str) -> float:
+    """The API server's CPU time of a chat request beyond a completions request's, on the CPU
+    that measured `cpu_costs` (s): the measured extra of vLLM's chat path with a Hugging Face
+    chat template (`chat_template.json`, `parse` cached or per_request), taken from the CPU it
+    was measured on to that one by the ratio of their Python reference times (method calls:
+    interpreted object code, as a template's parser is)."""
+    chat = _chat_costs()
+    ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
+    return chat["chat_extra_s"][parse] * ref / chat["python_reference"]["method_calls_1e3_s"]
 
 
 @lru_cache(maxsize=1)
@@ -171,7 +200,7 @@ class HostOverheads:
     __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
                  "api_server_count", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
-                 "_api_tok", "_req_a", "_req_c", "_req_x")
+                 "_api_tok", "_req_a", "_req_c", "_req_x", "_scale", "_cpu_costs")
 
     def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
         fits = _cpu_costs(cfg.cpu_costs)["fits"]
@@ -181,6 +210,8 @@ class HostOverheads:
         out = fits["output_processor_decode"]
         s = cfg.host_speed * scale
         self.host_speed = cfg.host_speed
+        self._scale = scale
+        self._cpu_costs = cfg.cpu_costs
         self.async_scheduling = async_scheduling
         self._mr_step = scale * host_parameter(cfg, "model_runner_step_s")
         self._mr_seq = scale * host_parameter(cfg, "model_runner_per_seq_s")
@@ -207,6 +238,11 @@ class HostOverheads:
         # The server's own work on a request beyond what was measured (fitted).
         self._req_x = (scale * host_parameter(cfg, "api_server_per_request_s") if server
                        else 0.0)
+
+    def chat_request_s(self, parse: str) -> float:
+        """The API server's CPU time of a chat request beyond a completions request's on this
+        host, s (`chat_template_s` at the host speed)."""
+        return self.host_speed * self._scale * chat_template_s(parse, self._cpu_costs)
 
     def request_cpu_s(self, prompt_len: int) -> float:
         """The API server's CPU time on one request of `prompt_len` tokens before the engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,34 @@ def request_path(cfg: SimConfig, dep: Deployment) -> dict:
     host = host_of(dep.step_model)
     if not cfg.host.api_server or host is None:
         return {}
-    return {"request_cpu_s": host.request_cpu_s, "request_latency_s": host.request_overhead_s}
+    cpu = host.request_cpu_s
+    chat = chat_extra_s(cfg, dep)
+    if chat:
+        cpu = partial(_plus, cpu, chat)
+    return {"request_cpu_s": cpu, "request_latency_s": host.request_overhead_s}
+
+
+def _plus(f, extra: float, prompt_len: int) -> float:
+    return f(prompt_len) + extra
+
+
+def chat_extra_s(cfg: SimConfig, dep: Deployment) -> float:
+    """The API server's CPU time of each request beyond a completions request's (s): for
+    chat requests (workload.endpoint chat_completions) of a model with a Hugging Face chat
+    template, the measured extra of vLLM's chat path (`host.chat_template_parse`); 0 for
+    completions requests, and for gpt-oss, which vLLM renders with harmony (not measured).
+    Refuses per_request for a harmony model, on which it has no effect."""
+    if cfg.workload.endpoint != "chat_completions":
+        return 0.0
+    parse = cfg.host.chat_template_parse
+    if dep.arch.chat_format != "jinja":
+        if parse != "cached":
+            raise ConfigError(f"host.chat_template_parse: {parse} has no effect on "
+                              f"{dep.arch.name}, whose chats vLLM renders with "
+                              f"{dep.arch.chat_format}, not a Jinja template; use cached")
+        return 0.0
+    host = host_of(dep.step_model)
+    return host.chat_request_s(parse) if host is not None else 0.0
 
 
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
@@ -479,7 +507,7 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
         "fidelity": "engine + analytical step model (no fabric)",
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "assumptions": dep.assumptions() + _host_lines(cfg, m),
+        "assumptions": dep.assumptions() + _host_lines(cfg, m, dep.arch),
     }
 
 
@@ -497,10 +525,23 @@ def _compute_kind_line(cfg: SimConfig) -> str:
             "roofline (auto: no kernel profile of " + gpu + " is shipped)")
 
 
-def _host_lines(cfg: SimConfig, model) -> list[str]:
+def _host_lines(cfg: SimConfig, model, arch: ModelArch) -> list[str]:
     """The CPU side's assumptions in words."""
     host = host_of(model)
     if host is not None:
-        return host.assumption_lines()
+        lines = host.assumption_lines()
+        if cfg.workload.endpoint == "chat_completions" and cfg.host.api_server:
+            parse = cfg.host.chat_template_parse
+            lines.append(
+                f"chat requests: {host.chat_request_s(parse) * 1e3:.2f} ms more of the API "
+                f"server's work each than a completions request (vLLM's chat path, measured "
+                f"with Qwen3's chat template; the template "
+                + ("parsed for every request, as vLLM 0.11.0 does)"
+                   if parse == "per_request" else "resolution cached)")
+                if arch.chat_format == "jinja" else
+                f"chat requests: {arch.name} is rendered with {arch.chat_format}, "
+                "not a Jinja template: no chat-path cost beyond a completions request's "
+                "(not measured)")
+        return lines
     return ["CPU side: the declared compute.roofline.step_overhead_s per step (host.model "
             "constant)"]

@@ -251,3 +251,68 @@ def test_expert_parallel_groups_take_the_host_model():
     assert vllm["mean_tpot_ms"] > constant["mean_tpot_ms"]
     assert any("vLLM's scheduler and output processor as measured" in a
                for a in vllm["provenance"]["assumptions"])
+
+
+def test_chat_requests_add_the_measured_chat_path_work_which_holds_the_server():
+    """Eight chat requests sent at once to one server process, against the same completions
+    requests: each does the chat path's measured extra work on the server, so the k-th waits k
+    of them (7 / 2 on average) and its own path takes one more; vLLM 0.11.0's parse of the
+    template on every request costs ~40 times the cached resolution."""
+    w = {"num_prompts": 8, "request_rate": "inf",
+         "dataset": {"kind": "random", "input_len": 256, "output_len": 4}}
+    host = {**EXPLICIT, "request_overhead_s": 0.0}
+    h = HostOverheads(HostConfig(**host))
+    cached, every = h.chat_request_s("cached"), h.chat_request_s("per_request")
+    chat = _costs_json()
+    ratio = (_cpu_costs(HostConfig().cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
+             / chat["python_reference"]["method_calls_1e3_s"])
+    assert every == pytest.approx(0.4 * chat["chat_extra_s"]["per_request"] * ratio, rel=1e-12)
+    assert 0 < cached < every / 20
+    base = simulate(_cfg(host=host, workload=w))
+    for parse, extra in (("cached", cached), ("per_request", every)):
+        r = simulate(_cfg(host={**host, "chat_template_parse": parse},
+                          workload={**w, "endpoint": "chat_completions"}))
+        assert r["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] == pytest.approx(
+            3.5 * extra * 1e3, rel=1e-9)
+        assert r["mean_api_server_ms"] - base["mean_api_server_ms"] == pytest.approx(
+            4.5 * extra * 1e3, rel=1e-9)
+        assert any(line.startswith("chat requests: ") and f"{extra * 1e3:.2f} ms" in line
+                   for line in r["provenance"]["assumptions"])
+
+
+def _costs_json() -> dict:
+    import json
+
+    from simcore.host import CHAT_COSTS
+    return json.loads(CHAT_COSTS.read_text(encoding="utf-8"))
+
+
+def test_the_shipped_chat_costs_are_their_runs_chat_minus_completions():
+    chat = _costs_json()
+    for parse, version in (("per_request", "0.11.0"), ("cached", "0.33.0")):
+        runs = chat["versions"][version]["runs"]
+        diffs = [r["chat_request_cpu_ms"]["mean_ms"] - r["completions_request_cpu_ms"]["mean_ms"]
+                 for r in runs]
+        assert len(runs) == 2
+        assert chat["chat_extra_s"][parse] * 1e3 == pytest.approx(sum(diffs) / 2, abs=1e-3)
+
+
+def test_chat_settings_without_effect_are_refused():
+    chat = {"num_prompts": 1, "endpoint": "chat_completions",
+            "dataset": {"kind": "random", "input_len": 64, "output_len": 4}}
+    with pytest.raises(Exception, match="workload.endpoint: chat_completions has no effect"):
+        _cfg(host={"entrypoint": "offline"}, workload=chat)
+    with pytest.raises(Exception, match="workload.endpoint: chat_completions has no effect"):
+        _cfg(host={"model": "constant"}, workload=chat)
+    with pytest.raises(Exception, match="host.chat_template_parse: per_request has no effect"):
+        _cfg(host={"chat_template_parse": "per_request"})
+    with pytest.raises(Exception, match="chat_template_parse has no effect without an API"):
+        _cfg(host={"entrypoint": "offline", "chat_template_parse": "per_request"})
+    # gpt-oss chats are rendered with harmony, not a Jinja template.
+    oss = _cfg(model={"name": "openai/gpt-oss-20b", "dtype": "mxfp4"},
+               host={"chat_template_parse": "per_request"}, workload=chat)
+    with pytest.raises(Exception, match="rendered with harmony|renders with harmony"):
+        simulate(oss)
+    plain = simulate(_cfg(model={"name": "openai/gpt-oss-20b", "dtype": "mxfp4"},
+                          workload=chat))
+    assert any("rendered with harmony" in line for line in plain["provenance"]["assumptions"])

@@ -210,3 +210,21 @@ def test_the_held_out_statistics_are_also_given_for_dense_and_moe_models_apart(c
     assert dense.predicted == pytest.approx(0.1) and "+10.0%" in dense.note
     assert moe.predicted == pytest.approx(0.2) and "-20.0%" in moe.note
     assert all(r.tolerance == float("inf") for r in rows.values())
+
+
+def test_chat_benchmarks_send_chat_requests_and_vllm_0_11_0_parses_the_template_each_time(cases):
+    ok, _ = cases
+    rows = {r["id"]: r for r in load_rows()}
+    chat = 0
+    for c in ok:
+        row = rows[c.id]
+        quote = row["source"].get("quote") or ""
+        is_chat = "openai-chat" in quote or "/v1/chat/completions" in quote
+        assert (c.config["workload"].get("endpoint") == "chat_completions") == is_chat, c.id
+        parse = (c.config.get("host") or {}).get("chat_template_parse")
+        every = is_chat and row["vllm_version"] == "0.11.0" and "gpt-oss" not in c.id
+        assert (parse == "per_request") == every, c.id
+        chat += is_chat
+    assert chat >= 20
+    # gpt-oss goes through harmony, the others through their Hugging Face templates.
+    assert any("gpt-oss" in c.id and c.config["workload"].get("endpoint") for c in ok)

@@ -204,6 +204,10 @@ class ModelArch:
     sliding_window_layers: tuple[int, ...] = ()
     """0-based indices of the layers with sliding-window attention (the others attend over the
     whole context)."""
+    chat_format: str = "jinja"
+    """How vLLM turns a chat request into a prompt: "jinja", the checkpoint's Hugging Face chat
+    template (most models); "harmony", OpenAI's harmony encoding (gpt-oss), rendered without a
+    Jinja template."""
     num_mtp_layers: int = 0
     """Multi-token-prediction layers shipped beside the model (DeepSeek-V3's
     `num_nextn_predict_layers`): not part of the forward pass, used only as a speculative
@@ -227,6 +231,9 @@ class ModelArch:
                                 and self.v_head_dim > 0):
             raise ConfigError(f"model {self.name}: MLA needs positive qk_rope_head_dim, "
                               "qk_nope_head_dim and v_head_dim")
+        if self.chat_format not in ("jinja", "harmony"):
+            raise ConfigError(f"model {self.name}: chat_format must be jinja or harmony, not "
+                              f"{self.chat_format!r}")
         if self.sliding_window_layers:
             if self.sliding_window <= 0:
                 raise ConfigError(f"model {self.name}: sliding-window layers need a positive "

@@ -108,7 +108,7 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
         fields.update(num_experts=k.get_int("num_local_experts"),
                       num_experts_per_tok=k.get_int("num_experts_per_tok"),
                       moe_intermediate_size=fields["intermediate_size"],
-                      router_bias=True, expert_bias=True)
+                      router_bias=True, expert_bias=True, chat_format="harmony")
     elif model_type in ("deepseek_v2", "deepseek_v3"):
         fields.update(
             num_experts=k.get_int("n_routed_experts"),

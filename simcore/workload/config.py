@@ -344,6 +344,11 @@ class WorkloadConfig(_Frozen):
                                         "Carried here, applied by the simulated client.")
     dataset: Dataset = Field(default_factory=RandomDataset, description="Where prompts and lengths "
                              "come from; `kind` selects the variant.")
+    endpoint: Literal["completions", "chat_completions"] = Field(
+        "completions", description="The OpenAI endpoint the client sends to: completions "
+        "(/v1/completions, vllm bench serve's default backend), or chat_completions "
+        "(/v1/chat/completions, --backend openai-chat), whose requests the API server first "
+        "turns into a prompt with the model's chat template (host.chat_template_parse).")
     request_timeout_s: float | None = Field(
         None, gt=0, description="Seconds after its send at which the client gives up a request "
         "that has not finished: the engine aborts it (vLLM's finish_requests) and it counts as "
