@@ -153,9 +153,16 @@ def test_every_message_is_delivered_or_a_lost_datagram_and_bytes_are_conserved(
             for s, d, size, at, key, transport in messages if s != d]
     for src, dst, size, at_s, key, transport in sent:
         fab.send(src, dst, size, at_s=at_s, flow_key=key, transport=transport)
-    fab.run(cut)
-    fab.stats().check_conservation()
-    fab.run()
+    try:
+        fab.run(cut)
+        fab.stats().check_conservation()
+        fab.run()
+    except ConfigError as err:
+        # Go-back-N without a window can livelock on these drop-tail queues; the run says so
+        # (test_a_go_back_n_livelock_stops_with_an_error) instead of resending forever.
+        assert window is None and "go_back_n queue pair" in str(err), err
+        fab.stats().check_conservation()
+        return
     stats = fab.stats()
     stats.check_conservation()
     assert stats.payload_in_flight_bytes == 0
@@ -163,6 +170,29 @@ def test_every_message_is_delivered_or_a_lost_datagram_and_bytes_are_conserved(
     assert sorted(delivered + stats.lost_message_ids) == list(range(len(sent)))
     assert all(sent[m][5] == "datagram" for m in stats.lost_message_ids)
     assert fab.counters()["live_packets"] == 0
+
+
+def test_a_go_back_n_livelock_stops_with_an_error():
+    """Two go-back-N queue pairs without a window into a 10 Gb/s bottleneck with 8 kB of
+    buffer: each timeout resends the whole window while the queue still holds the previous
+    round, so the packet each receiver waits for is dropped every time and nothing is ever
+    delivered. The run stops with an error naming the queue pair once it has timed out
+    nic.STALL_TIMEOUTS times in a row, instead of resending forever."""
+    from simcore.fabric.packet.nic import STALL_TIMEOUTS
+
+    topo = T.dumbbell(3, 3, rate_bps=25e9, delay_s=1e-6, bottleneck_rate_bps=10e9,
+                      buffer_bytes=8000)
+    hosts = topo.hosts
+    fab = PacketFabric(topo, lossy(retransmit_timeout_s=30e-6),
+                       packet=PacketSettings(retransmission="selective_repeat"))
+    fab.send(hosts[4], hosts[1], 32939, at_s=26.874e-6, flow_key=1, transport="go_back_n")
+    fab.send(hosts[5], hosts[1], 131073, at_s=12.699e-6, flow_key=2, transport="go_back_n")
+    fab.run(2e-3)
+    assert fab.stats().messages == [] and fab.counters()["timeouts"] > 100
+    with pytest.raises(ConfigError, match=r"go_back_n queue pair R\d -> L1 .* timed out "
+                       rf"{STALL_TIMEOUTS} times in a row"):
+        fab.run()
+    assert fab.counters()["timeouts"] >= STALL_TIMEOUTS
 
 
 def test_bad_retransmission_setting_is_refused():

@@ -321,7 +321,9 @@ class FabricSettings(BaseModel):
         "among classes (packet backend; the others carry every class alike).")
     retransmit_timeout_s: float = Field(100e-6, gt=0, description="Retransmission timeout of the "
                                         "reliable transport (go-back-N or selective repeat) "
-                                        "when the fabric is lossy.")
+                                        "when the fabric is lossy (fixed, no back-off; 1,000 "
+                                        "timeouts in a row without an acknowledgement stop the "
+                                        "run with an error).")
     link_disciplines: dict[int, Discipline] = Field(
         default_factory=dict, description="Egress-queue discipline per link index, overriding "
         "ecn.enabled for those links (an explicit topology's per-link `discipline` fills it).")

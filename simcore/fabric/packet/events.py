@@ -28,7 +28,8 @@ from simcore.fabric.packet.heap import (EV_ARRIVE, EV_CREDIT, EV_MESSAGE, EV_PAU
 from simcore.fabric.packet.link import busy_done_s, finish_tx, set_paused
 from simcore.fabric.packet.nic import (message_start, nic_kick, nic_receive, rp_timer, rto_check,
                                        source_emit)
-from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_LAST, C_NOW, C_NSMP, C_OBN, CF_SMP,
+from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_LAST, C_NOW, C_NSMP, C_OBN, C_STALL,
+                                         CF_SMP,
                                          K_DATA, K_PAUSE, NEVER, NUM_CLASSES, free_packet,
                                          grow_floats)
 from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_release, xoff_refresh
@@ -36,6 +37,7 @@ from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_rel
 IDLE = 0        # no events left
 STOPPED = 1     # the next event is later than the stop time
 REQUESTS = 2    # the outbox holds requests for Python
+STALLED = 3     # a queue pair reached nic.STALL_TIMEOUTS timeouts in a row (cnt[C_STALL])
 
 
 @njit
@@ -92,7 +94,7 @@ def _sample(st):
 @njit
 def run_events(st, stop_t):
     """Process events up to and including time stop_t (seconds, on the picosecond grid).
-    Returns IDLE, STOPPED or REQUESTS."""
+    Returns IDLE, STOPPED, REQUESTS or STALLED."""
     cnt = st.cnt
     sampling = st.cfg[CF_SMP] > 0.0
     stop_ps = ps_at_or_before(stop_t)
@@ -141,6 +143,8 @@ def run_events(st, stop_t):
             cnt[C_LAST] = t_ps
         if cnt[C_OBN] > 0:
             return REQUESTS
+        if cnt[C_STALL] > 0:
+            return STALLED
     # Only superseded timers (stale pauses, refreshes, timeouts) may have run since the last
     # event that did something: idle since then.
     st.clk[0] = st.clk[2]

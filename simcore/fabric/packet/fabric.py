@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from simcore.errors import ConfigError
 from simcore.fabric.analytical import num_packets, plan_message
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.packet import api, events, nic, stats
 from simcore.fabric.packet.profiles import PacketSettings, resolve
+from simcore.fabric.packet.state import C_STALL as STALL_COUNTER
 from simcore.fabric.packet.state import (CF_LOSSLESS, CF_REL, NUM_CLASSES, REL_GBN, REL_NONE,
                                          REL_SR, new_state)
 from simcore.fabric.protocol import FabricStats, MessageResult, OnDone
@@ -153,6 +155,8 @@ class PacketFabric:
             while True:
                 why = api.run_events(self._st, limit)
                 self._now = max(self._now, float(api.read_clock(self._st)))
+                if why == events.STALLED:
+                    raise self._stalled()
                 if why != events.REQUESTS:
                     break
                 fired = self._num_callbacks
@@ -165,6 +169,21 @@ class PacketFabric:
         finally:
             self._running = False
         return self._now
+
+    def _stalled(self) -> ConfigError:
+        """The error of a queue pair that timed out `nic.STALL_TIMEOUTS` times in a row."""
+        f = int(api.read_counters(self._st)[STALL_COUNTER]) - 1
+        src, dst, key = self._flow_ends[f]
+        nodes = self.topology.nodes
+        scheme = next((ident[4] for ident, g in self._flows.items()
+                       if g == f and len(ident) > 4), "go_back_n")
+        return ConfigError(
+            f"fabric: the {scheme} queue pair {nodes[src].name} -> {nodes[dst].name} (flow key "
+            f"{key}) timed out {nic.STALL_TIMEOUTS} times in a row without an acknowledgement "
+            f"by {self._now * 1e6:.0f} us: its retransmissions never get through (e.g. "
+            "go-back-N resending its whole window into a drop-tail queue still full of the "
+            "previous round); bound packet.window_packets, make the class lossless (PFC), "
+            "enable DCQCN, or lengthen retransmit_timeout_s")
 
     def stats(self) -> FabricStats:
         """Measurements as of now (see simcore.fabric.packet.stats for the byte accounting)."""

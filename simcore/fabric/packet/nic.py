@@ -43,7 +43,8 @@ from simcore.fabric.packet.queues import (enqueue_ctrl, enqueue_data, level_chan
                                           pop_data, top_class)
 from simcore.fabric.packet.state import (C_CNPS, C_DELIV_PAY, C_DGRAM_PKTS, C_NACKS, C_NBITS,
                                          C_NFLOW, C_NMSG, C_NOW, C_NPATH, C_NSRC, C_OBN, C_RETX,
-                                         C_RETX_PAY, C_SENT_PAY, C_TIMEOUTS, CF_ACKN, CF_CTRL,
+                                         C_RETX_PAY, C_SENT_PAY, C_STALL, C_TIMEOUTS, CF_ACKN,
+                                         CF_CTRL,
                                          CF_FC, CF_HDR, CF_PAY, CF_RTO, CF_WIN, FC_CREDIT, K_ACK,
                                          K_CNP, K_DATA, K_NACK, NEVER, NUM_CLASSES, REL_NONE,
                                          REL_SR, alloc_packet, free_packet,
@@ -54,6 +55,13 @@ _ONE = np.int64(1)
 """Bit k & 63 of a word of the selective-repeat tables is _ONE << (k & 63) (bit 63 too)."""
 
 # Outbox requests for Python.
+STALL_TIMEOUTS = 1000
+"""Retransmission timeouts in a row, with no acknowledgement between them, after which a queue
+pair is declared stalled and the run stops with an error instead of resending forever (e.g.
+go-back-N without a window resending its whole window, every timeout, into a drop-tail queue
+still full of the previous round's packets, so that the one packet the receiver waits for never
+gets through)."""
+
 O_DONE = 0          # a: message with a callback; its last byte arrived
 O_CNP = 1           # a: flow; a CNP reached its sender
 O_NP = 2            # a: flow; a marked packet reached its receiver: send a CNP?
@@ -384,6 +392,9 @@ def rto_check(st, f, now):
         return False
     st.cnt[C_TIMEOUTS] += 1
     st.f_rto_t[f] = NEVER
+    st.f_tmo[f] += 1
+    if st.f_tmo[f] >= STALL_TIMEOUTS and st.cnt[C_STALL] == 0:
+        st.cnt[C_STALL] = f + 1
     if st.f_rel[f] == REL_SR:
         _sr_timeout(st, f, now)
     else:
@@ -397,6 +408,7 @@ def _acked(st, f, psn, now):
     if psn <= st.f_una[f]:
         return
     st.f_una[f] = psn
+    st.f_tmo[f] = 0
     m = st.f_mhead[f]
     while m >= 0 and st.m_psn0[m] + st.m_npk[m] <= psn:
         m = st.m_next[m]
@@ -635,6 +647,7 @@ def add_flow(st, src, dst, path, rpath, fhash_bits, line_bytes_per_s, cc, dgram,
     st.f_nack[f] = -1
     st.f_rto_t[f] = NEVER
     st.f_rto_pend[f] = 0
+    st.f_tmo[f] = 0
     st.f_cc[f] = cc
     st.f_bacc[f] = 0
     st.f_bleft[f] = -1
@@ -678,6 +691,7 @@ def _grow_flows(st, n):
     st.f_nack = grow_ints(st, st.f_nack, old, n, -1)
     st.f_rto_t = grow_ints(st, st.f_rto_t, old, n, NEVER)
     st.f_rto_pend = grow_ints(st, st.f_rto_pend, old, n, 0)
+    st.f_tmo = grow_ints(st, st.f_tmo, old, n, 0)
     st.f_cc = grow_ints(st, st.f_cc, old, n, 0)
     st.f_bacc = grow_ints(st, st.f_bacc, old, n, 0)
     st.f_bleft = grow_ints(st, st.f_bleft, old, n, -1)

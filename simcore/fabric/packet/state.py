@@ -64,6 +64,7 @@ C_NBITS = 25       # words used in the selective-repeat bit tables
 C_LOST = 26        # data frames of unreliable messages dropped (never resent)
 C_NOW = 27         # the clock in whole picoseconds (clk[0] is the same instant in seconds)
 C_LAST = 28        # the last event that did something, in picoseconds (clk[2] in seconds)
+C_STALL = 29       # 1 + the queue pair whose timeouts in a row reached STALL_TIMEOUTS (0: none)
 NUM_COUNTERS = 32
 
 # Settings (cfg[...]), fixed when the fabric is built.
@@ -198,6 +199,7 @@ def _allocate(st, num_nodes, num_links, num_hist, num_nh):
     st.f_nack = _ints(st, nf, -1)                # receiver: PSN last NACKed
     st.f_rto_t = _ints(st, nf, NEVER)            # retransmission deadline, ps
     st.f_rto_pend = _ints(st, nf, 0)
+    st.f_tmo = _ints(st, nf, 0)                  # retransmission timeouts since its last ACK
     st.f_cc = _ints(st, nf, 0)                   # DCQCN reaction point attached
     st.f_bacc = _ints(st, nf, 0)                 # bytes sent not yet told to the reaction point
     st.f_bleft = _ints(st, nf, -1)               # bytes until its byte counter fires (-1 none)
