@@ -200,7 +200,7 @@ class HostOverheads:
     __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
                  "api_server_count", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
-                 "_api_tok", "_req_a", "_req_c", "_req_x", "_scale", "_cpu_costs")
+                 "_api_tok", "_req_a", "_req_c", "_req_x", "chat_request_s")
 
     def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
         fits = _cpu_costs(cfg.cpu_costs)["fits"]
@@ -210,8 +210,6 @@ class HostOverheads:
         out = fits["output_processor_decode"]
         s = cfg.host_speed * scale
         self.host_speed = cfg.host_speed
-        self._scale = scale
-        self._cpu_costs = cfg.cpu_costs
         self.async_scheduling = async_scheduling
         self._mr_step = scale * host_parameter(cfg, "model_runner_step_s")
         self._mr_seq = scale * host_parameter(cfg, "model_runner_per_seq_s")
@@ -238,11 +236,10 @@ class HostOverheads:
         # The server's own work on a request beyond what was measured (fitted).
         self._req_x = (scale * host_parameter(cfg, "api_server_per_request_s") if server
                        else 0.0)
-
-    def chat_request_s(self, parse: str) -> float:
-        """The API server's CPU time of a chat request beyond a completions request's on this
-        host, s (`chat_template_s` at the host speed)."""
-        return self.host_speed * self._scale * chat_template_s(parse, self._cpu_costs)
+        # A chat request's extra work on its chat template (`chat_template_parse`), where the
+        # request is a chat request of a model with a Jinja template (`simcore.simulate`).
+        self.chat_request_s = (s * chat_template_s(cfg.chat_template_parse, cfg.cpu_costs)
+                               if server else 0.0)
 
     def request_cpu_s(self, prompt_len: int) -> float:
         """The API server's CPU time on one request of `prompt_len` tokens before the engine

@@ -71,7 +71,7 @@ def chat_extra_s(cfg: SimConfig, dep: Deployment) -> float:
                               f"{dep.arch.chat_format}, not a Jinja template; use cached")
         return 0.0
     host = host_of(dep.step_model)
-    return host.chat_request_s(parse) if host is not None else 0.0
+    return host.chat_request_s if host is not None else 0.0
 
 
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
@@ -507,7 +507,7 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
         "fidelity": "engine + analytical step model (no fabric)",
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "assumptions": dep.assumptions() + _host_lines(cfg, m, dep.arch),
+        "assumptions": dep.assumptions() + _host_lines(cfg, dep),
     }
 
 
@@ -525,19 +525,19 @@ def _compute_kind_line(cfg: SimConfig) -> str:
             "roofline (auto: no kernel profile of " + gpu + " is shipped)")
 
 
-def _host_lines(cfg: SimConfig, model, arch: ModelArch) -> list[str]:
+def _host_lines(cfg: SimConfig, dep: Deployment) -> list[str]:
     """The CPU side's assumptions in words."""
-    host = host_of(model)
+    host = host_of(dep.step_model)
     if host is not None:
         lines = host.assumption_lines()
         if cfg.workload.endpoint == "chat_completions" and cfg.host.api_server:
-            parse = cfg.host.chat_template_parse
+            arch = dep.arch
             lines.append(
-                f"chat requests: {host.chat_request_s(parse) * 1e3:.2f} ms more of the API "
+                f"chat requests: {chat_extra_s(cfg, dep) * 1e3:.2f} ms more of the API "
                 f"server's work each than a completions request (vLLM's chat path, measured "
                 f"with Qwen3's chat template; the template "
                 + ("parsed for every request, as vLLM 0.11.0 does)"
-                   if parse == "per_request" else "resolution cached)")
+                   if cfg.host.chat_template_parse == "per_request" else "resolution cached)")
                 if arch.chat_format == "jinja" else
                 f"chat requests: {arch.name} is rendered with {arch.chat_format}, "
                 "not a Jinja template: no chat-path cost beyond a completions request's "

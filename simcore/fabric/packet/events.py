@@ -134,6 +134,8 @@ def run_events(st, stop_t):
             active = xoff_refresh(st, a, b, t)
         elif kind == EV_RTO:
             active = rto_check(st, a, t)
+            if cnt[C_STALL] > 0:
+                return STALLED
         elif kind == EV_RP_TIMER:
             active = rp_timer(st, a, b)
         elif kind == EV_SOURCE:
@@ -143,8 +145,6 @@ def run_events(st, stop_t):
             cnt[C_LAST] = t_ps
         if cnt[C_OBN] > 0:
             return REQUESTS
-        if cnt[C_STALL] > 0:
-            return STALLED
     # Only superseded timers (stale pauses, refreshes, timeouts) may have run since the last
     # event that did something: idle since then.
     st.clk[0] = st.clk[2]
