@@ -63,6 +63,34 @@ def test_grid_uses_measured_corners_and_none_without_any():
     assert g(1.5, 1.5) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n0=st.integers(1, 5), n1=st.integers(1, 6),
+       caps=st.tuples(st.floats(0, 2), st.floats(0, 2)),
+       floors=st.tuples(st.floats(0, 0.5), st.floats(0, 0.5)))
+def test_grid_along_its_last_axis_is_the_grid_to_the_bit(data, n0, n1, caps, floors):
+    """`along` repeats `__call__`'s arithmetic: missing corners, single-value axes, points
+    below, inside and above each axis, a fixed value above its axis."""
+    steps = st.floats(0.1, 100.0)
+    a0 = np.cumsum(data.draw(st.lists(steps, min_size=n0, max_size=n0)))
+    a1 = np.cumsum(data.draw(st.lists(steps, min_size=n1, max_size=n1)))
+    flat = data.draw(st.lists(st.one_of(st.floats(1e-6, 1.0), st.just(math.nan)),
+                              min_size=n0 * n1, max_size=n0 * n1))
+    g = LogGrid([a0, a1], np.array(flat).reshape(n0, n1), caps,
+                floors if data.draw(st.booleans()) else None)
+    points = st.one_of(st.floats(-1.0, 500.0), st.sampled_from([*a0.tolist(), *a1.tolist()]))
+    for p in data.draw(st.lists(points, min_size=1, max_size=3)):
+        along = g.along(p)
+        for x in data.draw(st.lists(points, min_size=1, max_size=10)):
+            assert along(x) == g(p, x)
+
+
+def test_grid_along_checks_its_fixed_values_and_passes_other_grids_through():
+    g3 = LogGrid([[1, 2], [1, 2], [1, 4]], np.arange(1.0, 9.0).reshape(2, 2, 2), (1, 1, 1))
+    assert g3.along(1.5, 1.2)(3.0) == g3(1.5, 1.2, 3.0)
+    with pytest.raises(ValueError, match="2 fixed values"):
+        LogGrid([[1, 2], [1, 2]], np.ones((2, 2)), (1, 1)).along(1.0, 2.0)
+
+
 def test_fill_extends_each_line_with_its_last_slope():
     vals = np.array([[1.0, 2.0, np.nan, np.nan], [1.0, 1.0, 1.0, np.nan]])
     out = fill_along(vals, np.array([1, 2, 4, 8]), 1, cap=1.0)

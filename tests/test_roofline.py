@@ -190,3 +190,42 @@ def test_linear_sums_are_cached_only_once_the_model_is_built(example):
     assert [model.op_bounds(s) for s in shapes] == first
     by_op: dict[str, float] = {}
     assert [model.op_bounds(s, by_op=by_op) for s in shapes] == first
+
+
+@pytest.mark.parametrize("example", ["quickstart.yaml", "llama70b_a100_calibrated.yaml",
+                                     "qwen3_moe_h200.yaml", "deepseek_v3_fp8_h200.yaml",
+                                     "llama70b_h100_tp4_sharegpt.yaml"])
+@pytest.mark.parametrize("variant", ["as_shipped", "roofline", "async_offline", "constant_host",
+                                     "scaled"])
+def test_a_decode_timer_gives_the_step_time_of_its_shape_to_the_bit(example, variant):
+    """A decode-only step timed by its batch size's `decode_timer` (as `step_time` and a quiet
+    run time it) takes the StepTime that timing its shape op by op gives, to the last bit."""
+    from simcore.config import load_config
+    from simcore.setup import build_deployment
+
+    cfg = load_config(Path(__file__).parent.parent / "examples" / example)
+    update: dict = {}
+    if variant == "roofline":
+        update["compute"] = cfg.compute.model_copy(update={"kind": "roofline"})
+    elif variant == "async_offline":
+        update["engine"] = cfg.engine.model_copy(update={"async_scheduling": True})
+        update["host"] = cfg.host.model_copy(update={"entrypoint": "offline"})
+    elif variant == "constant_host":
+        update["host"] = cfg.host.model_copy(update={"model": "constant"})
+    cfg = cfg.model_copy(update=update)
+    scale = ({"attention": 1.3, "gemm": 0.8, "overhead": 1.7, "lm_head": 1.1}
+             if variant == "scaled" else None)
+    model = build_deployment(cfg, op_scale=scale).step_model
+    for num in (1, 3, 16, 100, 257, 1024):
+        timer = model.decode_timer(num)
+        assert model.decode_timer(num) is timer
+        for ctx in (2, 17, 900, 4095, 30000, 200000):
+            kv = num * ctx + (num // 2)
+            shape = StepShape(num, num, num, float(kv), kv, kv)
+            want = model._step_time(shape)
+            assert timer(kv) == want
+            assert model.step_time(shape) == want
+            # The same step as the scheduler shapes it.
+            assert model.step_time(StepShape.from_scheduled(
+                [(None, 1, c) for c in [ctx - 1] * (num - 1) + [kv - (num - 1) * ctx - 1]]
+            )) == want

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -137,6 +138,118 @@ class LogGrid:
                 slope = self.caps[d] if y0 is None else (y - y0) / (ax[-1] - ax[-2])
             y += min(max(slope, self.floors[d]), self.caps[d]) * excess
         return math.exp(y)
+
+
+    def along(self, *prefix: float) -> Callable[[float], float | None]:
+        """`x -> self(*prefix, x)`: the grid along its last axis with the other axes' values
+        fixed, their part of the interpolation worked out once (a decode step's attention at a
+        fixed batch, over growing lengths). The same float as calling the grid, to the bit:
+        a two-axis grid's closure repeats `__call__`'s operations in their order (a test holds
+        them equal); other grids call it."""
+        if len(prefix) != len(self.axes) - 1:
+            raise ValueError(f"{len(prefix)} fixed values for a grid of {len(self.axes)} axes")
+        if len(self.axes) != 2:
+            return lambda x: self(*prefix, x)
+        ax0, ax1 = self._axes_lists
+        s0, s1 = self._strides
+        flat = self._flat
+        cap0, cap1 = self.caps
+        floor0, floor1 = self.floors
+        log, exp, bisect_right = math.log, math.exp, bisect.bisect_right
+
+        def dim(ax: list[float], stride: int, l: float) -> tuple[int, float, bool]:
+            # `_inside_log`'s per-axis part: (offset into the table, fraction, one value).
+            n = len(ax)
+            if n == 1:
+                return 0, 0.0, True
+            i = bisect_right(ax, l) - 1
+            i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
+            f = (l - ax[i]) / (ax[i + 1] - ax[i])
+            return i * stride, min(max(f, 0.0), 1.0), False
+
+        def corners(a: tuple[int, float, bool], b: tuple[int, float, bool]) -> float | None:
+            # `_inside_log`'s corner loop for two axes, unrolled in its order (corner bits:
+            # axis 0 low, axis 1 high).
+            base = a[0] + b[0]
+            f0, one0 = a[1], a[2]
+            f1, one1 = b[1], b[2]
+            acc = total_w = 0.0
+            lo0 = f0 != 1.0
+            hi0 = not (f0 == 0.0 or one0)
+            lo1 = f1 != 1.0
+            hi1 = not (f1 == 0.0 or one1)
+            if lo1:
+                if lo0:
+                    w = (1.0 - f0) * (1.0 - f1)
+                    y = flat[base]
+                    if w != 0.0 and y == y:
+                        acc += w * y
+                        total_w += w
+                if hi0:
+                    w = f0 * (1.0 - f1)
+                    y = flat[base + s0]
+                    if w != 0.0 and y == y:
+                        acc += w * y
+                        total_w += w
+            if hi1:
+                if lo0:
+                    w = (1.0 - f0) * f1
+                    y = flat[base + s1]
+                    if w != 0.0 and y == y:
+                        acc += w * y
+                        total_w += w
+                if hi0:
+                    w = f0 * f1
+                    y = flat[base + s0 + s1]
+                    if w != 0.0 and y == y:
+                        acc += w * y
+                        total_w += w
+            if total_w <= 0.0:
+                return None
+            return acc / total_w
+
+        p = prefix[0]
+        l0 = log(p) if p > 0 else -math.inf
+        above0 = 0.0
+        if l0 < ax0[0]:
+            l0 = ax0[0]
+        elif l0 > ax0[-1]:
+            above0 = l0 - ax0[-1]
+            l0 = ax0[-1]
+        d0 = dim(ax0, s0, l0)
+        d0_prev = dim(ax0, s0, ax0[-2]) if len(ax0) > 1 else None
+        lo, hi = ax1[0], ax1[-1]
+        d1_prev = dim(ax1, s1, ax1[-2]) if len(ax1) > 1 else None
+        y1_prev = corners(d0, d1_prev) if d1_prev is not None else None
+
+        def at(x: float) -> float | None:
+            l1 = log(x) if x > 0 else -math.inf
+            above1 = 0.0
+            if l1 < lo:
+                l1 = lo
+            elif l1 > hi:
+                above1 = l1 - hi
+                l1 = hi
+            d1 = dim(ax1, s1, l1)
+            y = corners(d0, d1)
+            if y is None:
+                return None
+            if above0:
+                if d0_prev is None:
+                    slope = cap0
+                else:
+                    y0 = corners(d0_prev, d1)
+                    slope = cap0 if y0 is None else (y - y0) / (ax0[-1] - ax0[-2])
+                y += min(max(slope, floor0), cap0) * above0
+            if above1:
+                if d1_prev is None:
+                    slope = cap1
+                else:
+                    slope = cap1 if y1_prev is None else (y - y1_prev) / (hi - ax1[-2])
+                y += min(max(slope, floor1), cap1) * above1
+            return exp(y)
+
+        return at
 
 
 def check_axis(name: str, axis: list) -> None:

@@ -428,6 +428,11 @@ class KernelModel(MeasuredModel):
                     "their mean KV length within the window, prefills at the prompts keeping "
                     f"their tokens and the window's query-key pairs); no window-{w} "
                     "measurement of this head shape")
+            if self._attn_meas is attention:
+                # A decode-only step's measured attention: `attention` at (d, d, d, kv, kv, kv)
+                # is fa x gen(d, kv / d), the grid taken along its lengths at the batch size.
+                self._attn_decode = (lambda d, gen=gen, fa=fa:
+                                     lambda kv, g=gen.along(d): fa * g(kv / d))
             self._sources["attention"].add("measured")
             families = [f"attention/{ph}/{kvd}" for ph in ("context", "generation")]
             if gen_w is not None and ctx_w is not None:

@@ -58,7 +58,7 @@ calibrated profile.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -167,6 +167,14 @@ class RooflineAssumptions(BaseModel):
                     "uncalibrated roofline is typically within +/-35% of measured vLLM steps.")
 
 
+def _bound(compute_bound: float, memory_bound: float, comm: float) -> str:
+    """What a step's time is bound by: the largest of its three sums (compute on ties with
+    memory)."""
+    if comm > compute_bound and comm > memory_bound:
+        return "communication"
+    return "compute" if compute_bound >= memory_bound else "memory"
+
+
 class RooflineModel:
     """StepTimeModel from FLOPs and bytes against one GPU's peaks; immutable after construction.
 
@@ -192,7 +200,7 @@ class RooflineModel:
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
         "_pp_s_per_token", "_pp_latency_s", "_pp_hop_s_per_byte",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
-        "_linear_cache", "_cscale",
+        "_linear_cache", "_cscale", "_attn_decode", "_decode_timers",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
@@ -279,6 +287,11 @@ class RooflineModel:
         self._moe_meas = None
         self._lm_meas = None
         self._smp_meas = None       # the sampler, of the step's sequences
+        # The measured attention of decode-only steps of a batch size: `d -> (kv -> seconds)`,
+        # the same floats as `_attn_meas` of such a step; None where `_attn_meas` has no such
+        # form (the decode timers then call it with the step's shape).
+        self._attn_decode = None
+        self._decode_timers: dict = {}
 
         # Routed experts.
         experts = tuple(g for g in moe_mlp if g.group == "expert")
@@ -470,10 +483,125 @@ class RooflineModel:
         return dict.fromkeys(OP_CLASSES, self.relative_uncertainty)
 
     def step_time(self, shape: StepShape) -> StepTime:
-        """Modelled duration of one engine step of `shape` on this deployment."""
+        """Modelled duration of one engine step of `shape` on this deployment. A decode-only
+        step (every sequence decodes one token) is timed by its batch size's `decode_timer`."""
         t = shape.num_tokens
         if t <= 0:
             return StepTime(0.0, 0.0, 0.0, "compute")
+        kv = shape.kv_tokens_read
+        if (t == shape.num_decode_seqs == shape.num_seqs and not shape.num_spec_tokens
+                and kv == shape.decode_kv_tokens == shape.attn_qk_pairs):
+            timer = self._decode_timers.get(t)
+            if timer is None:
+                timer = self.decode_timer(t)
+            return timer(kv)
+        return self._step_time(shape)
+
+    def decode_timer(self, num: int) -> Callable[[int], StepTime]:
+        """`kv -> StepTime` of a decode-only step of `num` sequences that read `kv` KV tokens
+        in all (`StepShape(num, num, num, kv, kv, kv)`): every part that depends on the batch
+        size alone (the linear layers, LM head, sampler, collectives, CPU side) worked out once,
+        the attention per call. The same floats as timing the shape op by op, in the same order
+        (a test holds them equal); a quiet run times its steps with it. Kept per batch size."""
+        timer = self._decode_timers.get(num)
+        if timer is None:
+            timer = self._decode_timers[num] = self._make_decode_timer(num)
+        return timer
+
+    def _make_decode_timer(self, num: int) -> Callable[[int], StepTime]:
+        general = self._step_time
+        if self._mla or self._window or (self._attn_meas is not None
+                                         and self._attn_decode is None):
+            return lambda kv: general(StepShape(num, num, num, float(kv), kv, kv))
+        # op_bounds' parts at this batch size, from a probe step: the linear layers (their
+        # cache), the elementwise ops, LM head and sampler, and which bound each takes.
+        probe = StepShape(num, num, num, float(num), num, num)
+        t = num
+        sc = self._cscale
+        cache = self._linear_cache
+        if cache is None:
+            cache = self._linear_cache = {}
+        linear = cache.get(t)
+        if linear is None:
+            linear = cache[t] = self._linear_bounds(t, True, None)
+        lin_c, lin_m = linear
+        spec = probe.spec_qk_pairs
+        fpp = self._attn_flop_s_per_pair
+        bpk = self._attn_byte_s_per_kv
+        tok_m = t * self._attn_byte_s_per_token
+        floor = self._attn_floor_s
+        attn = self._attn_decode(num) if self._attn_meas is not None else None
+        if self._ew_meas is not None:
+            ew = self._ew_meas(t)
+        else:
+            ew = t * self._ew_byte_s_per_token
+            ew = ew if ew > self._ew_floor_s else self._ew_floor_s
+        s = num
+        c = s * self._lm_flop_s_per_row
+        m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
+        if self._lm_meas is not None:
+            lm = self._lm_meas(s)
+            lm_compute = c >= m
+            if lm_compute:
+                lm *= sc
+        elif c >= m and c >= self._lm_floor_s:
+            lm, lm_compute = c * sc, True
+        else:
+            lm, lm_compute = (m if m > self._lm_floor_s else self._lm_floor_s), False
+        if self._smp_meas is not None:
+            smp = self._smp_meas(s)
+        else:
+            smp = s * self._smp_byte_s_per_row
+            smp = smp if smp > self._smp_floor_s else self._smp_floor_s
+        # assemble's parts at this batch size.
+        comm = self.comm_s(probe)
+        full_graph = probe.runs_full_graph(self._graph_max_tokens)
+        eager = self._eager_launch_s
+        host = self.host
+        if host is not None:
+            period = host._period
+            engine = host.engine_s(s, t, num)
+            frontend = host.frontend_s(num)
+            runner = host.runner_s(s)
+        overhead = self._step_overhead_s
+
+        def timer(kv: int) -> StepTime:
+            # op_bounds
+            compute_bound = lin_c
+            memory_bound = lin_m
+            c = (float(kv) + spec) * fpp
+            m = kv * bpk + tok_m
+            if attn is not None:
+                x = attn(kv)
+                if c >= m:
+                    compute_bound += x * sc
+                else:
+                    memory_bound += x
+            elif c >= m and c >= floor:
+                compute_bound += c * sc
+            else:
+                memory_bound += m if m > floor else floor
+            memory_bound += ew
+            if lm_compute:
+                compute_bound += lm
+            else:
+                memory_bound += lm
+            memory_bound += smp
+            # assemble
+            compute = compute_bound + memory_bound
+            gpu = compute + comm
+            busy = gpu if full_graph or gpu >= eager else eager
+            if host is not None:
+                total = period(busy, engine, frontend, runner)
+            else:
+                total = busy + overhead
+            return StepTime(total, compute, comm, _bound(compute_bound, memory_bound, comm),
+                            total - gpu, 0.0)
+
+        return timer
+
+    def _step_time(self, shape: StepShape) -> StepTime:
+        """`step_time` op by op, for any shape."""
         compute_bound, memory_bound = self.op_bounds(shape)
         full_graph = shape.runs_full_graph(self._graph_max_tokens)
         return self.assemble(compute_bound, memory_bound, self.comm_s(shape), full_graph,
@@ -673,10 +801,5 @@ class RooflineModel:
             total = self.host.group_total_s(busy, group)
         else:
             total = busy + self._step_overhead_s
-        if comm > compute_bound and comm > memory_bound:
-            bound = "communication"
-        elif compute_bound >= memory_bound:
-            bound = "compute"
-        else:
-            bound = "memory"
-        return StepTime(total, compute, comm, bound, total - gpu, all_to_all_s)
+        return StepTime(total, compute, comm, _bound(compute_bound, memory_bound, comm),
+                        total - gpu, all_to_all_s)

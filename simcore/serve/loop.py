@@ -62,8 +62,12 @@ class EngineLoop:
                 and QuietLeap.supported(self.ranks[0].sched, executor.immediate)):
             time = executor.time
             indices = (self.ranks[0].index,)
+            model = getattr(executor, "model", None)
             self.leap = QuietLeap(env, self.ranks[0].sched,
-                                  lambda shape: time(indices, (None,), (shape,)), all_events)
+                                  lambda shape: time(indices, (None,), (shape,)), all_events,
+                                  decode_timer=(getattr(model, "decode_timer", None)
+                                                if not getattr(executor, "lockstep", True)
+                                                else None))
 
     def _sleep(self):
         """Wait until any rank is notified."""
@@ -131,12 +135,7 @@ class EngineLoop:
                     ob.on_admitted(rank, out.new, now)
             shape = shape_of(scheduled)
             counts = (len(sched.running), len(sched.waiting))
-            if leap is not None and leap.timed is not None:
-                # A plan may have timed this step already (a step's time is its shape's).
-                st = leap.timed.get(shape)
-                if st is None:
-                    st = time_step(indices, (scheduled,), (shape,))
-            elif immediate:
+            if immediate:
                 st = time_step(indices, (scheduled,), (shape,))
             else:
                 st = yield from run_step(indices, (scheduled,), (shape,))

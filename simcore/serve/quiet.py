@@ -7,9 +7,10 @@ the previous one (every context one token longer). Such steps repeat until a req
 the block pool runs short, or something from outside the engine loops changes the scheduler: a
 request arrives (the client, the API server's path), a client gives up, a sample of the
 engines' state is taken. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
-these can happen and times them with the step-time model one by one (the same calls, in the
-same order, with the same shapes, so every step time and every end time is the same float as
-when stepping); the loop then waits once, for their total, and `QuietLeap.apply` brings the
+these can happen and times them with the step-time model one by one (the same shapes in the
+same order; a model with a `decode_timer` gives each the StepTime its `step_time` gives, with
+the batch size's constant parts worked out once, so every step time and every end time is the
+same float as when stepping); the loop then waits once, for their total, and `QuietLeap.apply` brings the
 scheduler to where the steps would have left it: every request `k` tokens further, and the
 block allocations of the steps that cross a block boundary made in the steps' order, request by
 request in batch order, so the pool's free queue, the prefix cache and its evictions are those
@@ -84,10 +85,11 @@ def horizon(env: simpy.Environment, all_events: bool) -> float:
 @dataclass(slots=True)
 class QuietRun:
     """`num_steps` quiet steps of `requests` (the batch, in order), starting at `start_s`: each
-    step's shape, `StepTime` and end time, and the single wait that covers them."""
+    step's `StepTime` and end time, and the single wait that covers them. The first step's
+    sequences read `kv0` KV tokens in all, each next step one more per sequence."""
 
     requests: list
-    shapes: list[StepShape]
+    kv0: int
     times: list
     ends_s: list[float]
     start_s: float
@@ -97,29 +99,36 @@ class QuietRun:
     def num_steps(self) -> int:
         return len(self.ends_s)
 
+    @property
+    def shapes(self) -> list[StepShape]:
+        """Each step's shape."""
+        num = len(self.requests)
+        return [StepShape(num, num, num, float(kv), kv, kv)
+                for kv in range(self.kv0, self.kv0 + num * len(self.ends_s), num)]
+
 
 class QuietLeap:
-    """Plans and applies quiet runs for one engine (`sched`) timed by `time_step(shape)`.
+    """Plans and applies quiet runs for one engine (`sched`) timed by `time_step(shape)`, or by
+    `decode_timer(num)(kv)` where the step-time model has one (`RooflineModel.decode_timer`:
+    the same StepTime, with the batch size's constant parts worked out once).
 
     `all_events()` says whether every queued event must count as external (the client holds
     requests back, so another engine's output may send one at once)."""
 
-    __slots__ = ("env", "sched", "time_step", "all_events", "budget", "block_size",
-                 "max_model_len", "timed")
+    __slots__ = ("env", "sched", "time_step", "decode_timer", "all_events", "budget",
+                 "block_size", "max_model_len")
 
-    def __init__(self, env: simpy.Environment, sched, time_step, all_events):
+    def __init__(self, env: simpy.Environment, sched, time_step, all_events,
+                 decode_timer=None):
         self.env = env
         self.sched = sched
         self.time_step = time_step
+        self.decode_timer = decode_timer
         self.all_events = all_events
         c = sched.config
         self.budget = c.token_budget
         self.block_size = c.block_size
         self.max_model_len = c.max_model_len
-        self.timed: dict[StepShape, object] | None = None
-        """The steps the last plan timed but did not take (`StepTime` by shape): the loop's
-        next steps take their times from here when their shapes match (a step's time depends
-        on its shape alone), and so does the next plan."""
 
     @staticmethod
     def supported(sched, immediate: bool) -> bool:
@@ -166,26 +175,24 @@ class QuietLeap:
         # Time the steps one by one, as single stepping would, until one would end at or after
         # the horizon.
         kv0 = sum(ctx) + num
-        time_step = self.time_step
-        known = self.timed
-        unused: dict[StepShape, object] = {}
-        shapes: list[StepShape] = []
+        if self.decode_timer is not None:
+            timer = self.decode_timer(num)
+        else:
+            time_step = self.time_step
+
+            def timer(kv: int):
+                return time_step(StepShape(num, num, num, float(kv), kv, kv))
         times = []
         ends: list[float] = []
+        append_time, append_end = times.append, ends.append
         t = now
-        for j in range(steps):
-            kv = kv0 + j * num
-            shape = StepShape(num, num, num, float(kv), kv, kv)
-            st = known.get(shape) if known else None
-            if st is None:
-                st = time_step(shape)
+        for kv in range(kv0, kv0 + steps * num, num):
+            st = timer(kv)
             t_end = t + st.total_s
             if not t_end < limit:
-                unused[shape] = st
                 break
-            shapes.append(shape)
-            times.append(st)
-            ends.append(t_end)
+            append_time(st)
+            append_end(t_end)
             t = t_end
         k = len(ends)
         while k >= MIN_STEPS:
@@ -195,13 +202,11 @@ class QuietLeap:
             k -= 1
         else:
             k = 0
-        unused.update(zip(shapes[k:], times[k:]))
-        self.timed = unused or None
         if not k:
             return None
         if k < len(ends):
-            del shapes[k:], times[k:], ends[k:]
-        return QuietRun(list(running), shapes, times, ends, now, delay)
+            del times[k:], ends[k:]
+        return QuietRun(list(running), kv0, times, ends, now, delay)
 
     def _block_limit(self, running, ctx: list[int], steps: int) -> int:
         """The most of `steps` quiet steps whose new blocks the free pool holds (so no
