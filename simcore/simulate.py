@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -162,9 +164,34 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     return simulate_run(cfg, progress=progress, op_scale=op_scale).to_dict()
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, as it was after.
+
+    A run allocates millions of short-lived containers (step times, scheduler outputs, token
+    lists) and makes almost no reference cycles (measured: a few hundred objects in a run of
+    20,000 requests, none in most examples), so the collector's passes find nothing while they
+    cost a fifth of a long run's CPU time (the Mooncake hour: 7.7 of 38.7 CPU-s, most of it in
+    passes over young objects that are still in use). Reference counting frees everything
+    else as before; cycles left at the end are collected once the collector is back on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
                  op_scale: dict[str, float] | None = None) -> RunResult:
     """Run one configuration on the virtual clock; its typed result (see `simulate`)."""
+    with cyclic_gc_paused():
+        return _simulate_run(cfg, progress=progress, op_scale=op_scale)
+
+
+def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None,
+                  op_scale: dict[str, float] | None) -> RunResult:
     roles = None
     if cfg.parallelism.per_role:
         # Prefill and decode instances of their own TP or GPU: a deployment per role; the

@@ -311,3 +311,36 @@ def test_requests_too_long_for_the_model_are_failed_not_dropped():
     assert r["completed"] == 40 - len(too_long)
     assert all(not row["success"] and "max_model_len (300)" in row["error"] for row in too_long)
     json.dumps(r, allow_nan=False)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_pauses_the_cyclic_collector_and_restores_it(enabled, monkeypatch):
+    """The collector is off while a run steps (it finds nothing there) and as it was after,
+    when the run ends and when it fails."""
+    import gc
+
+    import simcore.simulate as sim
+
+    seen = []
+    real = sim.run_serving
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim, "run_serving", spy)
+    (gc.enable if enabled else gc.disable)()
+    try:
+        run(workload={"num_prompts": 5, "request_rate": 20,
+                      "dataset": {"kind": "random", "input_len": 64, "output_len": 8}})
+        assert seen == [False] and gc.isenabled() is enabled
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(sim, "run_serving", broken)
+        with pytest.raises(RuntimeError, match="boom"):
+            run()
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
