@@ -79,35 +79,50 @@ def percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def latency_stats(values_s: np.ndarray, metric: str, percentiles: Sequence[float]) -> dict[str, float]:
+def latency_stats(values_s: np.ndarray, metric: str, percentiles: Sequence[float], *,
+                  consume: bool = False) -> dict[str, float]:
     """`mean_/median_/std_/p{P}_{metric}_ms` of latencies given in seconds, as vLLM reports them.
 
     Population std (ddof 0), percentiles by numpy's linear interpolation, each statistic taken
     in seconds and then multiplied by 1000. An empty list gives 0 everywhere: vLLM takes its
-    statistics of `values or 0`.
+    statistics of `values or 0`. With `consume`, `values_s` is sorted in place once its mean
+    and std are taken, and the median and percentiles are read from it without copies (the
+    same floats: order statistics do not depend on the order; a run's pooled ITLs, one per
+    token, are the array this saves copying).
     """
     x = values_s if values_s.size else np.zeros(1)
+    mean = float(np.mean(x) * MS_PER_S)
+    std = float(np.std(x) * MS_PER_S)
+    if consume:
+        x.sort()
     stats = {
-        f"mean_{metric}_ms": float(np.mean(x) * MS_PER_S),
-        f"median_{metric}_ms": float(np.median(x) * MS_PER_S),
-        f"std_{metric}_ms": float(np.std(x) * MS_PER_S),
+        f"mean_{metric}_ms": mean,
+        f"median_{metric}_ms": float(np.median(x, overwrite_input=consume) * MS_PER_S),
+        f"std_{metric}_ms": std,
     }
     for p in percentiles:
-        stats[f"p{percentile_word(p)}_{metric}_ms"] = float(np.percentile(x, float(p)) * MS_PER_S)
+        stats[f"p{percentile_word(p)}_{metric}_ms"] = float(
+            np.percentile(x, float(p), overwrite_input=consume) * MS_PER_S)
     return stats
 
 
 @dataclass(frozen=True, slots=True)
 class _Streams:
-    """Successful requests' token streams packed into flat arrays (one pass over all tokens)."""
+    """Successful requests' token streams reduced to what `summarize` reports (one pass over
+    all tokens; the per-token arrays are not kept)."""
 
     send_s: np.ndarray  # per successful request
     prompt_len: np.ndarray  # per successful request
     num_output_tokens: np.ndarray  # per successful request: tokens received
     ttft_s: np.ndarray  # per successful request
     e2el_s: np.ndarray  # per successful request
-    chunk_times_s: np.ndarray  # every distinct arrival instant of each request, request after request
     itl_s: np.ndarray  # every gap between consecutive chunks of a request, request after request
+    max_output_tokens_per_s: float  # `_peaks`
+    max_concurrent_requests: int
+
+
+_BLOCK = 1 << 20
+"""Elements per pass of the in-place array work on per-token arrays (bounds its temporaries)."""
 
 
 def _pack(successes: Sequence[RequestRecord]) -> _Streams:
@@ -132,22 +147,52 @@ def _pack(successes: Sequence[RequestRecord]) -> _Streams:
     new_chunk = np.empty(times.size, dtype=bool)
     np.not_equal(times[1:], times[:-1], out=new_chunk[1:])
     new_chunk[first] = True
-    chunk_times = times[new_chunk]
     chunks = np.add.reduceat(new_chunk, first, dtype=np.int64) if n else num_tokens
+    # Every token its own chunk (no speculative decoding): the token times are the chunk times.
+    chunk_times = times if new_chunk.all() else times[new_chunk]
     del times, new_chunk
-    # The gaps between consecutive chunks, but the one before each request's first chunk.
-    gaps = np.diff(chunk_times)
-    same_request = np.ones(gaps.size, dtype=bool)
-    same_request[(np.cumsum(chunks) - chunks)[1:] - 1] = False
+    peak_tokens, peak_requests = _peaks(send, e2el_s, chunk_times)
     return _Streams(
         send_s=send,
         prompt_len=np.fromiter((r.prompt_len for r in successes), dtype=np.int64, count=n),
         num_output_tokens=num_tokens,
         ttft_s=ttft_s,
         e2el_s=e2el_s,
-        chunk_times_s=chunk_times,
-        itl_s=gaps[same_request],
+        itl_s=_gaps_within(chunk_times, chunks),
+        max_output_tokens_per_s=peak_tokens,
+        max_concurrent_requests=peak_requests,
     )
+
+
+def _gaps_within(chunk_times: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """The gaps between consecutive chunks of each request, request after request (the gap
+    before each request's first chunk left out): `np.diff` of `chunk_times` without the gaps
+    that cross from one request to the next, computed in `chunk_times`' own buffer, block by
+    block, which it consumes (a view of it is returned)."""
+    c = chunk_times
+    m = c.size - 1
+    if m <= 0:
+        return c[:0]
+    # c[i] = c[i + 1] - c[i], front to back: each block reads the next element before a later
+    # block writes it (numpy copies an overlapping block's operands first).
+    for a in range(0, m, _BLOCK):
+        b = min(a + _BLOCK, m)
+        np.subtract(c[a + 1:b + 1], c[a:b], out=c[a:b])
+    # Drop the gap at each request's last chunk (but the last request's), keeping the order.
+    cross = (np.cumsum(chunks) - chunks)[1:] - 1
+    w = 0
+    for a in range(0, m, _BLOCK):
+        b = min(a + _BLOCK, m)
+        lo, hi = np.searchsorted(cross, (a, b))
+        if lo == hi and w == a:
+            w = b
+            continue
+        keep = np.ones(b - a, dtype=bool)
+        keep[cross[lo:hi] - a] = False
+        block = c[a:b][keep]
+        c[w:w + block.size] = block
+        w += block.size
+    return c[:w]
 
 
 def _validate_slos(goodput_slos_ms: Mapping[str, float]) -> None:
@@ -158,22 +203,24 @@ def _validate_slos(goodput_slos_ms: Mapping[str, float]) -> None:
             raise ConfigError(f"goodput SLO {name!r} is {value_ms} ms; it must be non-negative")
 
 
-def _peaks(s: _Streams) -> tuple[float, int]:
+def _peaks(send_s: np.ndarray, e2el_s: np.ndarray, chunk_times_s: np.ndarray) -> tuple[float, int]:
     """vLLM's `max_output_tokens_per_s` and `max_concurrent_requests`, from one-second buckets.
 
     Buckets start at the earliest send of a successful request. A chunk counts once in the
     bucket `int(t - t0)`; a request counts as in flight in every bucket from `int(send - t0)`
     to `int(send + e2el - t0)`, both included.
     """
-    if s.send_s.size == 0:
+    if send_s.size == 0:
         return 0.0, 0
-    t0 = float(s.send_s.min())
-    end_s = s.send_s + s.e2el_s
+    t0 = float(send_s.min())
+    end_s = send_s + e2el_s
     num_buckets = int(np.ceil(end_s.max() - t0)) + 1
-    bucket = (s.chunk_times_s - t0).astype(np.int64)  # truncation toward zero, as int()
-    bucket = bucket[(bucket >= 0) & (bucket < num_buckets)]
-    tokens_per_bucket = np.bincount(bucket, minlength=num_buckets)
-    first_bucket = (s.send_s - t0).astype(np.int64)
+    tokens_per_bucket = np.zeros(num_buckets, dtype=np.int64)
+    for a in range(0, chunk_times_s.size, _BLOCK):      # per block: bounded temporaries
+        bucket = (chunk_times_s[a:a + _BLOCK] - t0).astype(np.int64)  # toward zero, as int()
+        bucket = bucket[(bucket >= 0) & (bucket < num_buckets)]
+        tokens_per_bucket += np.bincount(bucket, minlength=num_buckets)
+    first_bucket = (send_s - t0).astype(np.int64)
     last_bucket = (end_s - t0).astype(np.int64)
     in_flight_delta = np.bincount(first_bucket, minlength=num_buckets + 1) - np.bincount(
         last_bucket + 1, minlength=num_buckets + 1
@@ -252,7 +299,8 @@ def summarize(
             good &= slos["e2el"] / MS_PER_S >= s.e2el_s
         request_goodput = per_s(int(good.sum()))
 
-    max_output_tokens_per_s, max_concurrent_requests = _peaks(s)
+    max_output_tokens_per_s = s.max_output_tokens_per_s
+    max_concurrent_requests = s.max_concurrent_requests
 
     result: dict = {
         "model_id": model_id,
@@ -274,7 +322,7 @@ def summarize(
     }
     result |= latency_stats(s.ttft_s, "ttft", percentiles)
     result |= latency_stats(tpot_s, "tpot", percentiles)
-    result |= latency_stats(itl_s, "itl", percentiles)
+    result |= latency_stats(itl_s, "itl", percentiles, consume=True)
     result |= latency_stats(s.e2el_s, "e2el", percentiles)
     if max_concurrency is not None:
         arrival = np.fromiter((r.arrival_s for r in successes), dtype=np.float64, count=completed)

@@ -272,7 +272,12 @@ def naive_vllm_summary(records, percentiles, slos_ms):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_matches_per_request_loops_on_random_runs(seed):
+@pytest.mark.parametrize("block", [5, None])
+def test_matches_per_request_loops_on_random_runs(seed, block, monkeypatch):
+    """Also with the per-token arrays worked in blocks of 5 elements (a run's per-token work
+    goes block by block, in place), so every block boundary case is crossed."""
+    if block is not None:
+        monkeypatch.setattr("simcore.metrics._BLOCK", block)
     rng = np.random.default_rng(seed)
     records = []
     for i in range(200):
