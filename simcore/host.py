@@ -17,9 +17,12 @@ and TPOT this way, against 32-57% off with the whole engine time hidden (its thr
 over-predicted by 37%).
 
 Per step, in the API server process, concurrently with the engine (`frontend_s`): the output
-processor (detokenizing and queueing each sampled token, measured as above) and the HTTP
-streaming of each token (`api_server_per_token_s`). When the server needs longer than the
-engine's step, clients receive tokens at the server's pace: the step period is the longer one.
+processor (detokenizing and queueing each sampled token, measured as above) and the streaming
+of each token to its client: vLLM's response generator for the request's endpoint (building and
+serializing the chunk) and the HTTP layer's send, measured (`streaming_token_s`,
+`simcore/data/cpu_costs/streaming.json`), plus a fitted extra (`api_server_per_token_s`). When
+the server needs longer than the engine's step, clients receive tokens at the server's pace:
+the step period is the longer one.
 
 Per request, on the API server's path before the engine sees it (between the client's send and
 the request's arrival in the scheduler): the front end's CPU work, measured as above
@@ -85,7 +88,9 @@ class HostConfig(BaseModel):
     model_runner_per_seq_s: float | None = Field(None, ge=0, description="Model-runner CPU time "
                                                  "per scheduled sequence, s. Null: fitted.")
     api_server_per_token_s: float | None = Field(None, ge=0, description="API server time per "
-                                                 "streamed token (HTTP, SSE), s. Null: fitted.")
+                                                 "streamed token beyond the measured streaming "
+                                                 "work (response generator, HTTP send), s. "
+                                                 "Null: fitted.")
     request_overhead_s: float | None = Field(None, ge=0, description="Latency of one "
                                              "request's API-server path beyond its measured CPU "
                                              "work (HTTP handling, the event loop's hand-offs), "
@@ -145,6 +150,25 @@ def _chat_costs() -> dict:
     return json.loads(CHAT_COSTS.read_text(encoding="utf-8"))
 
 
+STREAMING_COSTS = CPU_COSTS_DIR / "streaming.json"
+
+
+@lru_cache(maxsize=1)
+def _streaming_costs() -> dict:
+    return json.loads(STREAMING_COSTS.read_text(encoding="utf-8"))
+
+
+def streaming_token_s(endpoint: str, cpu_costs: str) -> float:
+    """The API server's CPU time to stream one token to a client (s) on the CPU that measured
+    `cpu_costs`: vLLM's streaming response generator for `endpoint` (completions or
+    chat_completions: building the chunk's pydantic objects, serializing them) and the HTTP
+    layer's send of the chunk (FastAPI's StreamingResponse under uvicorn), as measured
+    (`streaming.json`), taken to that CPU by the ratio of the Python reference times."""
+    data = _streaming_costs()
+    ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
+    return data["per_token_s"][endpoint] * ref / data["python_reference"]["method_calls_1e3_s"]
+
+
 def chat_template_s(parse: str, cpu_costs: str) -> float:
     """The API server's CPU time of a chat request beyond a completions request's, on the CPU
     that measured `cpu_costs` (s): the measured extra of vLLM's chat path with a Hugging Face
@@ -195,14 +219,17 @@ class HostOverheads:
     Per step, the engine core's time is a + b_decode x decoding sequences + b_prefill x
     prefilling sequences + c_prefill x their tokens (the measured scheduler's schedule, update
     and output encoding, scaled by the host speed, plus the model runner's terms); the API
-    server's is out_a + (out_b + api_server_per_token_s) x sampled tokens."""
+    server's is out_a + (out_b + streaming + api_server_per_token_s) x sampled tokens, the
+    streaming that of the requests' `endpoint` (completions or chat_completions)."""
 
     __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
                  "api_server_count", "_a", "_b_decode",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
-                 "_api_tok", "_req_a", "_req_c", "_req_x", "chat_request_s")
+                 "_api_tok", "_req_a", "_req_c", "_req_x", "chat_request_s", "endpoint",
+                 "_stream_tok")
 
-    def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0):
+    def __init__(self, cfg: HostConfig, *, async_scheduling: bool = False, scale: float = 1.0,
+                 endpoint: str = "completions"):
         fits = _cpu_costs(cfg.cpu_costs)["fits"]
         sd, sp = fits["schedule_decode"], fits["schedule_prefill"]
         ud, up = fits["update_decode"], fits["update_prefill"]
@@ -226,7 +253,12 @@ class HostOverheads:
         self._b_prefill = self._mr_seq + s * (sp["b_per_seq"] + up["b_per_seq"])
         self._c_prefill = s * (sp["c_per_token"] + up["c_per_token"])
         self._out_a = s * (out["a"] + dec["a"])
-        self._out_b = s * (out["b_per_seq"] + dec["b_per_seq"]) + self._api_tok
+        # Streaming each sampled token to its client (`endpoint`'s response generator and the
+        # HTTP send), measured; api_server_per_token_s is what the fit adds beyond it.
+        self.endpoint = endpoint
+        self._stream_tok = s * streaming_token_s(endpoint, cfg.cpu_costs) if server else 0.0
+        self._out_b = (s * (out["b_per_seq"] + dec["b_per_seq"]) + self._stream_tok
+                       + self._api_tok)
         # The front end's work on a new request: tokenization and input processing of a text
         # prompt, the output processor's request state, the msgpack hand-off (both ends).
         path = (fits["input_processor_text"], fits["add_request_output_processor"],
@@ -306,7 +338,9 @@ class HostOverheads:
         return [f"CPU side: vLLM's scheduler and output processor as measured, x "
                 f"{self.host_speed:g} for the host's CPU speed (declared), model runner "
                 f"{self._mr_step * 1e6:.0f} us + {self._mr_seq * 1e6:.1f} us/sequence per step, "
-                + (f"API server {self._api_tok * 1e6:.1f} us/token and "
+                + (f"API server streaming {self._stream_tok * 1e6:.1f} us/token measured "
+                   f"({self.endpoint.replace('_', ' ')} responses) + "
+                   f"{self._api_tok * 1e6:.1f} us/token fitted, "
                    f"{self.request_overhead_s * 1e3:.1f} ms/request of latency (fitted on the "
                    f"end-to-end set) after its work on each request ({self._req_a * 1e3:.2f} "
                    f"ms + {self._req_c * 1e6:.2f} us/prompt token measured, "

@@ -180,7 +180,8 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
     tp, pp, dp = par.tensor_parallel_size, par.pipeline_parallel_size, par.data_parallel_size
     multi_node = cfg.cluster is not None
     seq_moe = par.enable_expert_parallel and dp > 1
-    host = (cfg.host, cfg.engine.async_scheduling) if cfg.host.model == "vllm" else None
+    host = ((cfg.host, cfg.engine.async_scheduling, cfg.workload.endpoint)
+            if cfg.host.model == "vllm" else None)
     kw = dict(tp=tp, pp=pp, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
               assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
               op_scale=op_scale, host=host)

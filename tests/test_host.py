@@ -11,7 +11,8 @@ from simcore.compute.base import StepShape
 from simcore.compute.roofline import RooflineModel
 from simcore.config import parse_config
 from simcore.hardware import get_gpu
-from simcore.host import HostConfig, HostOverheads, _cpu_costs, fitted_parameters
+from simcore.host import (HostConfig, HostOverheads, _cpu_costs, fitted_parameters,
+                          streaming_token_s)
 from simcore.model.presets import load_preset
 from simcore.simulate import simulate
 from simcore.uncertainty import (
@@ -161,8 +162,11 @@ def test_offline_entrypoint_has_no_api_server_pace_or_request_delay():
     offline = HostOverheads(HostConfig(entrypoint="offline", **EXPLICIT))
     assert offline.request_overhead_s == 0.0 and offline.request_cpu_s(1000) == 0.0
     assert offline.engine_s(64, 64, 64) == served.engine_s(64, 64, 64)
-    # The output processor's measured cost stays; the per-token streaming goes.
-    assert 0 < offline.frontend_s(64) == pytest.approx(served.frontend_s(64) - 64 * 3e-5)
+    # The output processor's measured cost stays; the per-token streaming (measured, and the
+    # fitted extra) goes.
+    stream = HostConfig().host_speed * streaming_token_s("completions", HostConfig().cpu_costs)
+    assert 0 < offline.frontend_s(64) == pytest.approx(
+        served.frontend_s(64) - 64 * (3e-5 + stream))
     base = simulate(_cfg(host={**EXPLICIT, "request_overhead_s": 0.0}))
     off = simulate(_cfg(host={**EXPLICIT, "entrypoint": "offline"}))
     # One request: the engine sees it as soon as it is sent, without the API server's work.
@@ -316,3 +320,61 @@ def test_chat_settings_without_effect_are_refused():
     plain = simulate(_cfg(model={"name": "openai/gpt-oss-20b", "dtype": "mxfp4"},
                           workload=chat))
     assert any("rendered with harmony" in line for line in plain["provenance"]["assumptions"])
+
+
+def _streaming_json() -> dict:
+    import json
+
+    from simcore.host import STREAMING_COSTS
+    return json.loads(STREAMING_COSTS.read_text(encoding="utf-8"))
+
+
+def test_streaming_each_token_costs_the_measured_generator_and_http_send():
+    """Each sampled token costs the API server its endpoint's measured streaming work (the
+    response generator and the HTTP send), scaled to the reference CPU and by host_speed, on top
+    of the output processor's measured work and the fitted per-token extra; offline runs stream
+    nothing."""
+    data = _streaming_json()
+    ratio = (_cpu_costs(HostConfig().cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
+             / data["python_reference"]["method_calls_1e3_s"])
+    none = HostConfig(**{**EXPLICIT, "api_server_per_token_s": 0.0}, host_speed=0.5)
+    cmpl = HostOverheads(none)
+    chat = HostOverheads(none, endpoint="chat_completions")
+    offline = HostOverheads(none.model_copy(update={"entrypoint": "offline"}))
+    n = 256
+    for h, endpoint in ((cmpl, "completions"), (chat, "chat_completions")):
+        per_token = 0.5 * data["per_token_s"][endpoint] * ratio
+        assert h.frontend_s(n) - offline.frontend_s(n) == pytest.approx(n * per_token,
+                                                                         rel=1e-9)
+        assert f"{per_token * 1e6:.1f} us/token measured" in h.assumption_lines()[0]
+    assert chat.frontend_s(n) > cmpl.frontend_s(n) > offline.frontend_s(n)
+
+
+def test_the_shipped_streaming_costs_are_their_measured_parts():
+    """per_token_s is, per endpoint, the response generator's measured per-token CPU (streams
+    interleaved as the engine's steps feed them, less the harness's own share) plus the HTTP
+    layer's per-chunk CPU, as the file's runs record them."""
+    data = _streaming_json()
+    parts = data["parts_us"]
+    for endpoint, key in (("completions", "cmpl"), ("chat_completions", "chat")):
+        want = parts["generator"][key] + parts["http_send"]
+        assert data["per_token_s"][endpoint] * 1e6 == pytest.approx(want, abs=1e-6)
+        assert 1.0 < want < 100.0
+
+
+def test_a_server_streaming_many_chat_tokens_paces_the_steps():
+    """With no model-runner time, async scheduling (the engine core's scheduler hidden behind
+    the GPU) and a host as fast as the measuring CPU, 1,024 streams take the API server longer
+    per step than the GPU and the engine core: clients
+    get their tokens at the server's pace, so chat responses (whose chunks cost more to build)
+    stream slower than completions ones."""
+    w = {"num_prompts": 1024, "request_rate": "inf",
+         "dataset": {"kind": "random", "input_len": 64, "output_len": 64}}
+    eng = {"max_num_seqs": 1024, "max_num_batched_tokens": 65536, "async_scheduling": True}
+    host = {**EXPLICIT, "model_runner_step_s": 0.0, "model_runner_per_seq_s": 0.0,
+            "api_server_per_token_s": 0.0, "request_overhead_s": 0.0,
+            "api_server_per_request_s": 0.0, "host_speed": 1.0}
+    cmpl = simulate(_cfg(host=host, workload=w, engine=eng))
+    chat = simulate(_cfg(host=host, workload={**w, "endpoint": "chat_completions"},
+                         engine=eng))
+    assert chat["median_itl_ms"] > cmpl["median_itl_ms"]

@@ -338,20 +338,27 @@ def setup_011(model, served):
 
 
 # ---------------------------------------------------------------- 0.33 set-up
-def setup_033(model, served):
+def online_renderer_033(model):
+    """vLLM 0.33's model config, engine config, renderer, tokenizer and online renderer (the
+    API server's request rendering) for the model folder `model`, warmed up."""
     from vllm.config import ModelConfig, VllmConfig
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.renderers import renderer_from_config
     from vllm.renderers.online_renderer import OnlineRenderer
 
     mc = ModelConfig(model=model, tokenizer=model, dtype="bfloat16", max_model_len=40960)
     vcfg = VllmConfig(model_config=mc)
     renderer = renderer_from_config(vcfg)
-    tok = renderer.tokenizer
     onl = OnlineRenderer(model_config=mc, renderer=renderer, request_logger=None,
                          chat_template=None, chat_template_content_format="auto")
     onl.warmup()
+    return mc, vcfg, renderer, renderer.tokenizer, onl
+
+
+def setup_033(model, served):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    mc, vcfg, renderer, tok, onl = online_renderer_033(model)
     dsp = mc.get_diff_sampling_param()
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 

@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import vllm  # noqa: E402
+from pyref import python_reference  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.inputs.engine import tokens_input  # noqa: E402
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
@@ -416,23 +417,6 @@ def fit(points):
     if "b_per_seq" not in use or "c_per_token" not in use:
         res["note"] = "num_seqs and num_tokens are equal or constant in this series: " \
                       "one slope carries both (the other is 0)"
-    return res
-
-
-def python_reference():
-    """Fixed pure-Python workloads (best of 5), to scale these costs to another CPU and to see
-    contention: the same numbers taken at the start and at the end of the run."""
-    import timeit
-    res = {}
-    res["sum_range_1e6_s"] = min(timeit.repeat("sum(range(10**6))", number=5, repeat=5)) / 5
-    setup = ("class A:\n def __init__(s): s.x = 0\n def f(s, y):\n  s.x += y\n  return s.x\n"
-             "a = A(); d = {i: i for i in range(1000)}")
-    res["method_calls_1e3_s"] = min(timeit.repeat("for i in range(1000): a.f(i)", setup,
-                                                  number=200, repeat=5)) / 200
-    res["dict_update_1e3_s"] = min(timeit.repeat("for k in d: d[k] += 1", setup,
-                                                 number=200, repeat=5)) / 200
-    res["loadavg"] = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") \
-        else None
     return res
 
 

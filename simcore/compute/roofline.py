@@ -427,7 +427,8 @@ class RooflineModel:
         # The CPU side (`simcore.host.HostConfig`): vLLM's engine and API server costs per step,
         # in place of the declared step_overhead_s; None keeps the declared constant.
         self.host = None if host is None else HostOverheads(
-            host[0], async_scheduling=host[1], scale=self.op_scale["overhead"])
+            host[0], async_scheduling=host[1], scale=self.op_scale["overhead"],
+            endpoint=host[2] if len(host) > 2 else "completions")
 
     def _apply_scale(self, f: dict[str, float]) -> None:
         """Multiply every coefficient of each op class by its factor, so that each op's time
