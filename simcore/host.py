@@ -143,19 +143,21 @@ def _cpu_costs(name: str) -> dict:
 
 
 CHAT_COSTS = CPU_COSTS_DIR / "chat_template.json"
-
-
-@lru_cache(maxsize=1)
-def _chat_costs() -> dict:
-    return json.loads(CHAT_COSTS.read_text(encoding="utf-8"))
-
-
 STREAMING_COSTS = CPU_COSTS_DIR / "streaming.json"
 
 
-@lru_cache(maxsize=1)
-def _streaming_costs() -> dict:
-    return json.loads(STREAMING_COSTS.read_text(encoding="utf-8"))
+@lru_cache(maxsize=None)
+def _measured(path) -> dict:
+    """A measurement file's contents (chat_template.json, streaming.json), read once."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _on_cpu_of(seconds: float, measured: dict, cpu_costs: str) -> float:
+    """`seconds` measured on the CPU of file `measured`, taken to the CPU that measured
+    `cpu_costs` by the ratio of their Python reference times (method calls: interpreted
+    object code, as vLLM's serving code is)."""
+    ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
+    return seconds * ref / measured["python_reference"]["method_calls_1e3_s"]
 
 
 def streaming_token_s(endpoint: str, cpu_costs: str) -> float:
@@ -163,21 +165,17 @@ def streaming_token_s(endpoint: str, cpu_costs: str) -> float:
     `cpu_costs`: vLLM's streaming response generator for `endpoint` (completions or
     chat_completions: building the chunk's pydantic objects, serializing them) and the HTTP
     layer's send of the chunk (FastAPI's StreamingResponse under uvicorn), as measured
-    (`streaming.json`), taken to that CPU by the ratio of the Python reference times."""
-    data = _streaming_costs()
-    ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
-    return data["per_token_s"][endpoint] * ref / data["python_reference"]["method_calls_1e3_s"]
+    (`streaming.json`)."""
+    data = _measured(STREAMING_COSTS)
+    return _on_cpu_of(data["per_token_s"][endpoint], data, cpu_costs)
 
 
 def chat_template_s(parse: str, cpu_costs: str) -> float:
     """The API server's CPU time of a chat request beyond a completions request's, on the CPU
     that measured `cpu_costs` (s): the measured extra of vLLM's chat path with a Hugging Face
-    chat template (`chat_template.json`, `parse` cached or per_request), taken from the CPU it
-    was measured on to that one by the ratio of their Python reference times (method calls:
-    interpreted object code, as a template's parser is)."""
-    chat = _chat_costs()
-    ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
-    return chat["chat_extra_s"][parse] * ref / chat["python_reference"]["method_calls_1e3_s"]
+    chat template (`chat_template.json`, `parse` cached or per_request)."""
+    chat = _measured(CHAT_COSTS)
+    return _on_cpu_of(chat["chat_extra_s"][parse], chat, cpu_costs)
 
 
 @lru_cache(maxsize=1)

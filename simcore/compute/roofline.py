@@ -514,46 +514,21 @@ class RooflineModel:
         if self._mla or self._window or (self._attn_meas is not None
                                          and self._attn_decode is None):
             return lambda kv: general(StepShape(num, num, num, float(kv), kv, kv))
-        # op_bounds' parts at this batch size, from a probe step: the linear layers (their
-        # cache), the elementwise ops, LM head and sampler, and which bound each takes.
+        # op_bounds' parts at this batch size (a probe step has its shape): the linear
+        # layers, the elementwise ops, LM head and sampler, and which bound each takes.
         probe = StepShape(num, num, num, float(num), num, num)
-        t = num
+        t = s = num
         sc = self._cscale
-        cache = self._linear_cache
-        if cache is None:
-            cache = self._linear_cache = {}
-        linear = cache.get(t)
-        if linear is None:
-            linear = cache[t] = self._linear_bounds(t, True, None)
-        lin_c, lin_m = linear
+        lin_c, lin_m = self._cached_linear(t, True)
         spec = probe.spec_qk_pairs
         fpp = self._attn_flop_s_per_pair
         bpk = self._attn_byte_s_per_kv
         tok_m = t * self._attn_byte_s_per_token
         floor = self._attn_floor_s
         attn = self._attn_decode(num) if self._attn_meas is not None else None
-        if self._ew_meas is not None:
-            ew = self._ew_meas(t)
-        else:
-            ew = t * self._ew_byte_s_per_token
-            ew = ew if ew > self._ew_floor_s else self._ew_floor_s
-        s = num
-        c = s * self._lm_flop_s_per_row
-        m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
-        if self._lm_meas is not None:
-            lm = self._lm_meas(s)
-            lm_compute = c >= m
-            if lm_compute:
-                lm *= sc
-        elif c >= m and c >= self._lm_floor_s:
-            lm, lm_compute = c * sc, True
-        else:
-            lm, lm_compute = (m if m > self._lm_floor_s else self._lm_floor_s), False
-        if self._smp_meas is not None:
-            smp = self._smp_meas(s)
-        else:
-            smp = s * self._smp_byte_s_per_row
-            smp = smp if smp > self._smp_floor_s else self._smp_floor_s
+        ew = self._elementwise_s(t)
+        lm, lm_compute = self._lm_head_s(s)
+        smp = self._sampler_s(s)
         # assemble's parts at this batch size.
         comm = self.comm_s(probe)
         full_graph = probe.runs_full_graph(self._graph_max_tokens)
@@ -624,15 +599,7 @@ class RooflineModel:
         kv = shape.kv_tokens_read
         sc = self._cscale
         if by_op is None:
-            # The linear layers' and routed experts' sums depend on the token count alone.
-            cache = self._linear_cache
-            if cache is None:
-                cache = self._linear_cache = {}
-            key = t if routed_experts else -t
-            linear = cache.get(key)
-            if linear is None:
-                linear = cache[key] = self._linear_bounds(t, routed_experts, None)
-            compute_bound, memory_bound = linear
+            compute_bound, memory_bound = self._cached_linear(t, routed_experts)
         else:
             compute_bound, memory_bound = self._linear_bounds(t, routed_experts, by_op)
 
@@ -678,40 +645,59 @@ class RooflineModel:
             if by_op is not None:
                 by_op["attention"] = by_op.get("attention", 0.0) + x + c
 
-        if self._ew_meas is not None:
-            m = self._ew_meas(t)
-        else:
-            m = t * self._ew_byte_s_per_token
-            m = m if m > self._ew_floor_s else self._ew_floor_s
+        m = self._elementwise_s(t)
         memory_bound += m
         if by_op is not None:
             by_op["elementwise"] = by_op.get("elementwise", 0.0) + m
 
         if s:
-            c = s * self._lm_flop_s_per_row
-            m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
-            if self._lm_meas is not None:
-                x = self._lm_meas(s)
-                if c >= m:
-                    x *= sc
-                    compute_bound += x
-                else:
-                    memory_bound += x
-            elif c >= m and c >= self._lm_floor_s:
-                x = c * sc
+            x, on_compute = self._lm_head_s(s)
+            if on_compute:
                 compute_bound += x
             else:
-                x = m if m > self._lm_floor_s else self._lm_floor_s
                 memory_bound += x
-            if self._smp_meas is not None:
-                m = self._smp_meas(s)
-            else:
-                m = s * self._smp_byte_s_per_row
-                m = m if m > self._smp_floor_s else self._smp_floor_s
+            m = self._sampler_s(s)
             memory_bound += m
             if by_op is not None:
                 by_op["lm_head"] = by_op.get("lm_head", 0.0) + x + m
         return compute_bound, memory_bound
+
+    def _cached_linear(self, t: int, routed_experts: bool) -> tuple[float, float]:
+        """`_linear_bounds` of `t` tokens, kept by token count (the linear layers' and routed
+        experts' sums depend on it alone)."""
+        cache = self._linear_cache
+        if cache is None:
+            cache = self._linear_cache = {}
+        key = t if routed_experts else -t
+        linear = cache.get(key)
+        if linear is None:
+            linear = cache[key] = self._linear_bounds(t, routed_experts, None)
+        return linear
+
+    def _elementwise_s(self, t: int) -> float:
+        """Seconds of the elementwise ops of a step of `t` tokens (memory-bound)."""
+        if self._ew_meas is not None:
+            return self._ew_meas(t)
+        m = t * self._ew_byte_s_per_token
+        return m if m > self._ew_floor_s else self._ew_floor_s
+
+    def _lm_head_s(self, s: int) -> tuple[float, bool]:
+        """(seconds, whether on the compute bound) of the LM head over `s` sequences."""
+        c = s * self._lm_flop_s_per_row
+        m = self._lm_byte_s_fixed + s * self._lm_byte_s_per_row
+        if self._lm_meas is not None:
+            x = self._lm_meas(s)
+            return (x * self._cscale, True) if c >= m else (x, False)
+        if c >= m and c >= self._lm_floor_s:
+            return c * self._cscale, True
+        return (m if m > self._lm_floor_s else self._lm_floor_s), False
+
+    def _sampler_s(self, s: int) -> float:
+        """Seconds of the sampler over `s` sequences (memory-bound)."""
+        if self._smp_meas is not None:
+            return self._smp_meas(s)
+        m = s * self._smp_byte_s_per_row
+        return m if m > self._smp_floor_s else self._smp_floor_s
 
     def _linear_bounds(self, t: int, routed_experts: bool,
                        by_op: dict[str, float] | None) -> tuple[float, float]:

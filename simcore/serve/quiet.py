@@ -10,11 +10,11 @@ engines' state is taken. `QuietLeap.plan` finds how many quiet steps lie ahead b
 these can happen and times them with the step-time model one by one (the same shapes in the
 same order; a model with a `decode_timer` gives each the StepTime its `step_time` gives, with
 the batch size's constant parts worked out once, so every step time and every end time is the
-same float as when stepping); the loop then waits once, for their total, and `QuietLeap.apply` brings the
-scheduler to where the steps would have left it: every request `k` tokens further, and the
-block allocations of the steps that cross a block boundary made in the steps' order, request by
-request in batch order, so the pool's free queue, the prefix cache and its evictions are those
-of single steps. Observers take the steps together (`StepObserver.on_quiet_steps`).
+same float as when stepping); the loop then waits once, for their total, and
+`QuietLeap.apply` brings the scheduler to where the steps would have left it: every request `k`
+tokens further, and the block allocations of the steps that cross a block boundary made in the
+steps' order, request by request in batch order, so the pool's free queue, the prefix cache and
+its evictions are those of single steps. Observers take the steps together (`StepObserver.on_quiet_steps`).
 
 *Outside the engine loops* is read from SimPy's event queue: the earliest queued event that
 is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
