@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from simcore.errors import ConfigError
-from simcore.metrics import RequestRecord, engine_summary, percentile_word, summarize
+from simcore.metrics import (DeliveryLog, RequestRecord, TokenTimes, _pack, _std,
+                             engine_summary, latency_stats, pairwise_sum, percentile_word,
+                             pooled_latency_stats, summarize)
 
 
 def approx(x):
@@ -294,3 +296,136 @@ def test_matches_per_request_loops_on_random_runs(seed, block, monkeypatch):
     got = summarize(records, selected_percentiles=[25, 99.9], goodput_slos_ms=slos)
     for key, value in naive_vllm_summary(records, [25, 99.9], slos).items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+
+
+def _as_token_times(times: list[float], rng, log: DeliveryLog | None = None) -> TokenTimes:
+    """`times` received as an engine delivers them: some as single times, most as ranges of
+    the engine's delivery log `log` (shared by the requests of a test), runs of one or more
+    steps, now and then two tokens of one step."""
+    log = log if log is not None else DeliveryLog()
+    out = TokenTimes()
+    i = 0
+    while i < len(times):
+        k = int(rng.integers(1, 6))
+        u = rng.random()
+        if u < 0.3:
+            out.append(times[i])
+            i += 1
+        else:
+            run = times[i:i + k]
+            a = len(log.times)
+            log.times.extend(run)
+            if u < 0.4:                 # not contiguous with what came before
+                log.times.append(-1.0)
+            out.add_range(log, a, a + len(run))
+            i += len(run)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_token_times_read_as_the_list_of_their_times(seed):
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.05, size=int(rng.integers(1, 60)))).tolist()
+    tt = _as_token_times(times, rng)
+    assert len(tt) == len(times)
+    assert list(tt) == times
+    assert [tt[i] for i in range(len(times))] == times
+    assert [tt[-i] for i in range(1, len(times) + 1)] == [times[-i] for i in range(1, len(times) + 1)]
+    assert np.asarray(tt).tolist() == times and np.asarray(tt).dtype == np.float64
+    assert tt == times and tt == TokenTimes(times)
+    with pytest.raises(IndexError):
+        tt[len(times)]
+    with pytest.raises(IndexError):
+        tt[-len(times) - 1]
+
+
+def test_contiguous_ranges_of_a_log_are_one_range():
+    log = DeliveryLog()
+    log.times.extend([1.0, 2.0, 3.0, 4.0])
+    tt = TokenTimes([0.5])
+    for i in range(4):
+        tt.add_range(log, i, i + 1)
+    assert tt._parts == [0.5] and (tt._log, tt._a, tt._b) == (log, 0, 4)
+    assert list(tt) == [0.5, 1.0, 2.0, 3.0, 4.0] and tt[-1] == 4.0
+    tt.append(4.0)                      # a second token of the last step
+    tt.add_range(log, 2, 3)             # not contiguous: a range of its own
+    assert list(tt) == [0.5, 1.0, 2.0, 3.0, 4.0, 4.0, 3.0] and len(tt) == 7
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_summary_of_token_times_equals_that_of_lists(seed):
+    rng = np.random.default_rng(seed)
+    log = DeliveryLog()
+    lists, runs = [], []
+    for i in range(150):
+        send = float(rng.uniform(0, 20))
+        n = int(rng.integers(1, 40))
+        times = (send + np.cumsum(rng.exponential(0.05, size=n))).tolist()
+        if rng.random() < 0.3:          # tokens that arrive together (one chunk)
+            times[n // 2:] = [times[n // 2]] * (n - n // 2)
+        lists.append(RequestRecord(str(i), 100, n, send, send, token_times_s=times, success=True))
+        runs.append(RequestRecord(str(i), 100, n, send, send,
+                                  token_times_s=_as_token_times(times, rng, log), success=True))
+    assert summarize(runs, selected_percentiles=[50, 99]) == summarize(lists,
+                                                                       selected_percentiles=[50, 99])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pairwise_sum_and_blockwise_std_are_numpys_to_the_bit(seed, monkeypatch):
+    """The sum by numpy's pairwise tree with leaves summed apart, and the std whose squared
+    deviations are made a block at a time, equal numpy's own floats (all sizes around the
+    tree's splits, leaves of 128 elements up to more than the array)."""
+    rng = np.random.default_rng(seed)
+    for n in (1, 7, 8, 9, 127, 128, 129, 255, 1000, 4097, 65_537, 300_001):
+        x = rng.exponential(0.01, n) * float(rng.choice([1e-3, 1.0, 1e3]))
+        for leaf in (1, 128, 256, 1000, 1 << 16, 1 << 20):
+            assert pairwise_sum(x, leaf=leaf) == np.add.reduce(x), (n, leaf)
+        for block in (128, 1000, 1 << 20):
+            monkeypatch.setattr("simcore.metrics._BLOCK", block)
+            assert _std(x) == np.std(x), (n, block)
+
+
+def _pooled_itls(records) -> np.ndarray:
+    """Every request's gaps between distinct consecutive token times, request after request."""
+    out = []
+    for r in records:
+        t = np.asarray(list(r.token_times_s), dtype=np.float64)
+        d = np.diff(t)
+        out.append(d[d != 0])
+    return np.concatenate(out) if out else np.empty(0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("block", [5, 300, 1 << 20])
+def test_pooled_itl_statistics_are_those_of_the_whole_array(seed, block, monkeypatch):
+    """Made a block of requests at a time and never held whole, the pooled ITLs' mean, std,
+    median and percentiles are the floats numpy gives on the whole array: many requests
+    sharing the same step gaps (one value thousands of times, as steady decoding gives),
+    tokens arriving together, requests with one token."""
+    monkeypatch.setattr("simcore.metrics._BLOCK", block)
+    rng = np.random.default_rng(seed)
+    steps = np.cumsum(rng.choice([0.008, 0.0081, 0.012, float(rng.exponential(0.01))],
+                                 size=3000, p=[0.6, 0.2, 0.1, 0.1]))
+    log = DeliveryLog()
+    log.times.extend(steps.tolist())
+    records = []
+    for i in range(400):
+        a = int(rng.integers(0, 2900))
+        k = int(rng.integers(1, 100))
+        b = min(a + k, 3000)
+        tt = TokenTimes()
+        tt.add_range(log, a, b)
+        if rng.random() < 0.2:
+            tt.append(float(steps[b - 1]))          # a second token of the last step
+        records.append(RequestRecord(str(i), 10, len(tt), float(steps[a]) - 0.01,
+                                     float(steps[a]) - 0.01, token_times_s=tt, success=True))
+    pcts = [0.0, 1.0, 25.0, 50.0, 90.0, 99.0, 99.9, 100.0, float(rng.uniform(0, 100))]
+    expected = latency_stats(_pooled_itls(records), "itl", pcts)
+    got = pooled_latency_stats(_pack(records).itl, "itl", pcts)
+    assert got == expected
+
+
+def test_pooled_itl_statistics_without_gaps_are_zero():
+    records = [RequestRecord("a", 1, 1, 0.0, 0.0, token_times_s=[1.0], success=True)]
+    assert pooled_latency_stats(_pack(records).itl, "itl", [99.0]) == latency_stats(
+        np.empty(0), "itl", [99.0])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import simpy
 
 from simcore.engine.request import Request
-from simcore.metrics import RequestRecord
+from simcore.metrics import DeliveryLog, RequestRecord
 from simcore.router import Router
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
@@ -70,7 +70,7 @@ class Frontend(StepObserver):
     __slots__ = ("env", "specs", "ranks", "client", "server", "router", "entry", "prefill_of",
                  "kv", "records", "progress", "total", "done", "all_done", "all_sent",
                  "backlog", "in_flight", "in_server", "server_free", "sessions", "session_of",
-                 "outcomes", "thinking", "context_limit")
+                 "outcomes", "thinking", "context_limit", "delivery_logs")
 
     def __init__(self, env: simpy.Environment,
                  specs: Sequence[RequestSpec] | SessionStream, ranks: list[Rank],
@@ -104,6 +104,7 @@ class Frontend(StepObserver):
         self.outcomes: SessionOutcomes | None = None
         self.thinking = 0
         self.context_limit = client.max_model_len
+        self.delivery_logs: dict[int, DeliveryLog] = {}   # per engine, its token-delivery steps
         if self.sessions is not None:
             self.outcomes = SessionOutcomes(num_sessions=len(self.sessions.sessions),
                                             turns_planned=self.total)
@@ -275,8 +276,20 @@ class Frontend(StepObserver):
             for req in finished:
                 self.kv.handoff(req, rank)
             return
-        for req in emitted:
-            req.client.token_times_s.append(now)
+        if emitted:
+            log = self._delivery_log(rank)
+            i = len(log.times)
+            log.times.append(now)
+            j = i + 1
+            for req in emitted:
+                tt = req.client.token_times_s
+                if tt._b == i and tt._log is log:     # the common case, inlined
+                    tt._b = j
+                    tt._n += 1
+                elif tt._b == j and tt._log is log:   # a second token of this step
+                    tt.append(now)
+                else:
+                    tt.add_range(log, i, j)
         for req in finished:
             rec = req.client
             rec.success = True
@@ -289,14 +302,23 @@ class Frontend(StepObserver):
                 rec.num_cached_prompt_tokens = max(req.num_cached_tokens - external, 0)
             self.finish(req.index)
 
+    def _delivery_log(self, rank) -> DeliveryLog:
+        log = self.delivery_logs.get(rank.index)
+        if log is None:
+            log = self.delivery_logs[rank.index] = DeliveryLog()
+        return log
+
     def on_quiet_steps(self, rank, run) -> None:
         """Every request of a quiet run receives a token at the end of each of its steps."""
         if rank.index in self.prefill_of:
             super().on_quiet_steps(rank, run)
             return
-        ends = run.ends_s
+        log = self._delivery_log(rank)
+        a = len(log.times)
+        log.times.extend(run.ends_s)
+        b = len(log.times)
         for req in run.requests:
-            req.client.token_times_s.extend(ends)
+            req.client.token_times_s.add_range(log, a, b)
 
     @property
     def sends_on_output(self) -> bool:
