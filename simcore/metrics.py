@@ -3,123 +3,21 @@
 from __future__ import annotations
 
 import math
-from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
 from simcore.errors import ConfigError
+from simcore import token_times as _tt
+from simcore.token_times import (TokenTimes, _gaps_within, _kth_values, _median_of,
+                                 _percentile_of, _PooledGaps, _Reader, _std, pairwise_sum)
 
 GOODPUT_SLO_NAMES = ("ttft", "tpot", "e2el")
 """Metrics a goodput SLO may bound (`vllm bench serve --goodput NAME:MS`)."""
 
 MS_PER_S = 1000
 """vLLM scales seconds to milliseconds by multiplying by this after taking each statistic."""
-
-
-class TokenTimes:
-    """A request's token arrival times as they reach the client, in order, held as ranges of
-    its engine's delivery log (`DeliveryLog`: one entry per step that delivered tokens, shared
-    by every request of the engine) where they come from one, and as single times otherwise, so
-    that a request costs a few words however many tokens it streams. Reads like a sequence of
-    floats: `len`, iteration (flat, in order), `[i]` and `numpy.asarray`."""
-
-    __slots__ = ("_parts", "_log", "_a", "_b", "_n")
-
-    def __init__(self, times: Iterable[float] = ()) -> None:
-        self._parts: list = [float(t) for t in times]   # single times and closed (log, a, b)
-        self._log = None                                  # the open range: _log[_a:_b]
-        self._a = self._b = 0
-        self._n = len(self._parts)
-
-    def _close(self) -> None:
-        if self._b > self._a:
-            self._parts.append((self._log, self._a, self._b))
-        self._log = None
-        self._a = self._b = 0
-
-    def append(self, t: float) -> None:
-        """One token at `t`, not from a delivery log."""
-        if self._log is not None:
-            self._close()
-        self._parts.append(t)
-        self._n += 1
-
-    def extend(self, times: Iterable[float]) -> None:
-        for t in times:
-            self.append(t)
-
-    def add_range(self, log: "DeliveryLog", a: int, b: int) -> None:
-        """One token at each of `log`'s entries a .. b - 1 (a < b)."""
-        if log is self._log and a == self._b:
-            self._b = b
-        else:
-            if self._log is not None:
-                self._close()
-            if a < b:
-                self._log, self._a, self._b = log, a, b
-        self._n += b - a
-
-    def _chunks(self):
-        for p in self._parts:
-            if type(p) is tuple:
-                log, a, b = p
-                yield log.times[a:b]
-            else:
-                yield (p,)
-        if self._b > self._a:
-            yield self._log.times[self._a:self._b]
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __iter__(self):
-        return chain.from_iterable(self._chunks())
-
-    def __getitem__(self, i: int) -> float:
-        if not isinstance(i, int):
-            raise TypeError("token times are indexed by an integer")
-        n = self._n
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("token index out of range")
-        if i == n - 1 and self._b > self._a:
-            return self._log.times[self._b - 1]
-        for c in self._chunks():
-            if i < len(c):
-                return c[i]
-            i -= len(c)
-        raise IndexError("token index out of range")   # unreachable: counts are kept
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.fromiter(self, dtype=np.float64 if dtype is None else dtype, count=self._n)
-
-    def __eq__(self, other) -> bool:
-        try:
-            return len(other) == self._n and all(a == b for a, b in zip(self, other))
-        except TypeError:
-            return NotImplemented
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return f"TokenTimes({list(self)!r})"
-
-
-class DeliveryLog:
-    """An engine's token-delivery instants, one per step that delivered tokens to clients, in
-    order (`array('d')`, 8 bytes a step); requests' `TokenTimes` hold ranges of it."""
-
-    __slots__ = ("times",)
-
-    def __init__(self) -> None:
-        self.times = array("d")
-
-    def __len__(self) -> int:
-        return len(self.times)
 
 
 @dataclass(slots=True)
@@ -183,37 +81,6 @@ def percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def pairwise_sum(x: np.ndarray | None, part=None, leaf: int = 1 << 16,
-                 size: int | None = None) -> float:
-    """`np.add.reduce(x)` of a contiguous float64 array to the bit, by numpy's own pairwise
-    summation tree (halves rounded down to a multiple of 8, recursively), reducing leaves of at
-    most `leaf` (at least 128) elements with numpy itself: the same tree, with `part(a, b)`
-    (default `x[a:b]`) giving each leaf's values, so that a sum of a transform of `x`, or of
-    values made as they are read (`size` of them, no `x`), never holds all of them. Leaves are
-    asked for in order, each starting where the last ended."""
-    get = part if part is not None else (lambda a, b: x[a:b])
-    leaf = max(leaf, 128)       # numpy sums at most 128 elements without splitting
-
-    def rec(a: int, m: int) -> float:
-        if m <= leaf:
-            return np.add.reduce(get(a, a + m))
-        m2 = m // 2
-        m2 -= m2 % 8
-        left = rec(a, m2)
-        return left + rec(a + m2, m - m2)
-    return rec(0, x.size if size is None else size)
-
-
-def _std(x: np.ndarray) -> np.float64:
-    """`np.std(x)` to the bit without its full-size temporary (x - mean)**2: the same
-    deviations, squared a block at a time and summed in numpy's tree (`pairwise_sum`)."""
-    if x.size <= _BLOCK:
-        return np.std(x)
-    n = x.size
-    mean = np.add.reduce(x) / n
-    return np.sqrt(pairwise_sum(x, lambda a, b: np.square(x[a:b] - mean), leaf=_BLOCK) / n)
-
-
 def latency_stats(values_s: np.ndarray, metric: str,
                   percentiles: Sequence[float]) -> dict[str, float]:
     """`mean_/median_/std_/p{P}_{metric}_ms` of latencies given in seconds, as vLLM reports them.
@@ -249,154 +116,6 @@ class _Streams:
     max_concurrent_requests: int
 
 
-_BLOCK = 1 << 20
-"""Elements per pass of the array work on per-token arrays (bounds their temporaries)."""
-
-_KEY_SHIFT = 44
-"""Order statistics of the pooled gaps are found by the top 20 bits of their float64 patterns
-(sign, exponent and 8 bits of mantissa: buckets 0.4% wide), which order non-negative floats."""
-
-
-class _PooledGaps:
-    """The pooled ITLs of a run: the gaps between consecutive chunks of each successful request,
-    request after request (`np.diff` of the chunk times without the gaps that cross from one
-    request to the next), made from the requests' token times a block of requests at a time
-    (`blocks`, as often as asked) and never all held. Made by `_pack`'s pass, which counts them
-    (`size`) and the top bits of their floats (`key_counts`)."""
-
-    __slots__ = ("_successes", "_num_tokens", "size", "key_counts")
-
-    def __init__(self, successes, num_tokens: np.ndarray) -> None:
-        self._successes = successes
-        self._num_tokens = num_tokens
-        self.size = 0
-        self.key_counts = np.zeros(1 << (64 - _KEY_SHIFT), dtype=np.int64)
-
-    def _chunk_blocks(self):
-        """(chunk times, chunks per request, first request, end request) per block of whole
-        requests of about `_BLOCK` tokens (one request of more tokens is a block of its own);
-        the chunk times are the block's own buffer."""
-        recs, nt = self._successes, self._num_tokens
-        ends = np.cumsum(nt)
-        i, n = 0, len(recs)
-        while i < n:
-            base = ends[i] - nt[i]
-            j = max(i + 1, int(np.searchsorted(ends, base + _BLOCK, side="right")))
-            k = int(ends[j - 1] - base)
-            times = np.fromiter(chain.from_iterable(r.token_times_s for r in recs[i:j]),
-                                dtype=np.float64, count=k)
-            last = ends[i:j] - base - 1
-            first = last - nt[i:j] + 1
-            # A token that arrives at the same instant as the previous one of its request
-            # travels in the same chunk: vLLM's client times chunks, not tokens.
-            new_chunk = np.empty(k, dtype=bool)
-            np.not_equal(times[1:], times[:-1], out=new_chunk[1:])
-            new_chunk[first] = True
-            chunks = np.add.reduceat(new_chunk, first, dtype=np.int64)
-            # Every token its own chunk (no speculative decoding): the token times are the
-            # chunk times.
-            chunk_times = times if new_chunk.all() else times[new_chunk]
-            yield chunk_times, chunks, i, j
-            i = j
-
-    def blocks(self):
-        """The gaps, in order, an array per block."""
-        for chunk_times, chunks, _, _ in self._chunk_blocks():
-            yield _gaps_within(chunk_times, chunks)
-
-    def _count(self, gaps: np.ndarray) -> None:
-        if gaps.size and gaps.min() < 0:
-            raise ValueError("a request's token times decrease")
-        self.size += gaps.size
-        self.key_counts += np.bincount(gaps.view(np.int64) >> _KEY_SHIFT,
-                                       minlength=self.key_counts.size)
-
-
-class _Reader:
-    """Consecutive ranges of the concatenation of `blocks` (each range starting where the last
-    ended), as `pairwise_sum` asks for its leaves."""
-
-    __slots__ = ("_blocks", "_block", "_at", "_pos", "transform")
-
-    def __init__(self, blocks, transform=None) -> None:
-        self._blocks = iter(blocks)
-        self._block = np.empty(0)
-        self._at = 0          # position in the current block
-        self._pos = 0         # position in the concatenation
-        self.transform = transform
-
-    def take(self, a: int, b: int) -> np.ndarray:
-        if a != self._pos:
-            raise ValueError("ranges must be read in order")
-        parts = []
-        m = b - a
-        while m:
-            blk, at = self._block, self._at
-            if at == blk.size:
-                self._block = blk = next(self._blocks)
-                if self.transform is not None:
-                    self._block = blk = self.transform(blk)
-                self._at = at = 0
-                continue
-            k = min(m, blk.size - at)
-            parts.append(blk[at:at + k])
-            self._at = at + k
-            m -= k
-        self._pos = b
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _kth_values(pooled: _PooledGaps, ranks: set[int], blocks=None) -> dict[int, float]:
-    """The order statistics of the pooled gaps at `ranks` (0 the smallest), exactly: the
-    buckets that hold them by `key_counts`, then those buckets' distinct values and counts
-    over a pass (`blocks`, default a fresh one)."""
-    cum = np.cumsum(pooled.key_counts)
-    where = {r: int(np.searchsorted(cum, r, side="right")) for r in ranks}
-    keys = np.array(sorted(set(where.values())), dtype=np.int64)
-    found_v, found_c = [], []
-    for gaps in (blocks if blocks is not None else pooled.blocks()):
-        sel = gaps[np.isin(gaps.view(np.int64) >> _KEY_SHIFT, keys)]
-        if sel.size:
-            v, c = np.unique(sel, return_counts=True)
-            found_v.append(v)
-            found_c.append(c)
-    values, inverse = np.unique(np.concatenate(found_v), return_inverse=True)
-    counts = np.bincount(inverse, weights=np.concatenate(found_c)).astype(np.int64)
-    value_keys = values.view(np.int64) >> _KEY_SHIFT
-    out = {}
-    for r in ranks:
-        key = where[r]
-        in_key = value_keys == key
-        c = counts[in_key]
-        # The rank of each distinct value's first copy: the gaps in the buckets below its
-        # own, then the copies before it in its bucket.
-        start = (cum[key - 1] if key > 0 else 0) + np.cumsum(c) - c
-        out[r] = float(values[in_key][int(np.searchsorted(start, r, side="right")) - 1])
-    return out
-
-
-def _percentile_of(kth: Callable[[int], float], n: int, q: float) -> np.float64:
-    """`np.percentile` (linear) of n values whose k-th smallest is `kth(k)`, to the bit:
-    numpy's virtual index (n - 1) x q / 100 and its two-sided interpolation."""
-    quantile = np.true_divide(np.float64(q), 100)
-    virtual = (n - 1) * quantile
-    lo = int(np.floor(virtual))
-    hi = min(lo + 1, n - 1)
-    gamma = virtual - lo
-    a, b = np.float64(kth(lo)), np.float64(kth(hi))
-    diff = b - a
-    if gamma >= 0.5:
-        return b - diff * (1 - gamma)
-    return a + diff * gamma
-
-
-def _median_of(kth: Callable[[int], float], n: int) -> np.float64:
-    """`np.median` of n values whose k-th smallest is `kth(k)`, to the bit."""
-    if n % 2:
-        return np.float64(kth(n // 2))
-    return np.add.reduce(np.array([kth(n // 2 - 1), kth(n // 2)])) / 2
-
-
 def pooled_latency_stats(pooled: _PooledGaps, metric: str,
                          percentiles: Sequence[float]) -> dict[str, float]:
     """`latency_stats` of the pooled gaps, the same floats, with no per-token array: the mean
@@ -405,10 +124,10 @@ def pooled_latency_stats(pooled: _PooledGaps, metric: str,
     n = pooled.size
     if n == 0:
         return latency_stats(np.empty(0), metric, percentiles)
-    total = pairwise_sum(None, _Reader(pooled.blocks()).take, leaf=_BLOCK, size=n)
+    total = pairwise_sum(None, _Reader(pooled.blocks()).take, leaf=_tt._BLOCK, size=n)
     mean = total / n
     dev = _Reader(pooled.blocks(), transform=lambda g: np.square(g - mean))
-    std = np.sqrt(pairwise_sum(None, dev.take, leaf=_BLOCK, size=n) / n)
+    std = np.sqrt(pairwise_sum(None, dev.take, leaf=_tt._BLOCK, size=n) / n)
     ranks = {n // 2} | ({n // 2 - 1} if n % 2 == 0 else set())
     for p in percentiles:
         lo = int(np.floor((n - 1) * np.true_divide(np.float64(p), 100)))
@@ -459,37 +178,6 @@ def _pack(successes: Sequence[RequestRecord]) -> _Streams:
     )
 
 
-def _gaps_within(chunk_times: np.ndarray, chunks: np.ndarray) -> np.ndarray:
-    """The gaps between consecutive chunks of each request, request after request (the gap
-    before each request's first chunk left out): `np.diff` of `chunk_times` without the gaps
-    that cross from one request to the next, computed in `chunk_times`' own buffer, block by
-    block, which it consumes (a view of it is returned)."""
-    c = chunk_times
-    m = c.size - 1
-    if m <= 0:
-        return c[:0]
-    # c[i] = c[i + 1] - c[i], front to back: each block reads the next element before a later
-    # block writes it (numpy copies an overlapping block's operands first).
-    for a in range(0, m, _BLOCK):
-        b = min(a + _BLOCK, m)
-        np.subtract(c[a + 1:b + 1], c[a:b], out=c[a:b])
-    # Drop the gap at each request's last chunk (but the last request's), keeping the order.
-    cross = (np.cumsum(chunks) - chunks)[1:] - 1
-    w = 0
-    for a in range(0, m, _BLOCK):
-        b = min(a + _BLOCK, m)
-        lo, hi = np.searchsorted(cross, (a, b))
-        if lo == hi and w == a:
-            w = b
-            continue
-        keep = np.ones(b - a, dtype=bool)
-        keep[cross[lo:hi] - a] = False
-        block = c[a:b][keep]
-        c[w:w + block.size] = block
-        w += block.size
-    return c[:w]
-
-
 def _validate_slos(goodput_slos_ms: Mapping[str, float]) -> None:
     for name, value_ms in goodput_slos_ms.items():
         if name not in GOODPUT_SLO_NAMES:
@@ -518,8 +206,9 @@ class _Peaks:
 
     def add(self, chunk_times_s: np.ndarray) -> None:
         num_buckets = self.tokens_per_bucket.size
-        for a in range(0, chunk_times_s.size, _BLOCK):      # per block: bounded temporaries
-            bucket = (chunk_times_s[a:a + _BLOCK] - self.t0).astype(np.int64)  # as int()
+        block = _tt._BLOCK
+        for a in range(0, chunk_times_s.size, block):      # per block: bounded temporaries
+            bucket = (chunk_times_s[a:a + block] - self.t0).astype(np.int64)  # as int()
             bucket = bucket[(bucket >= 0) & (bucket < num_buckets)]
             self.tokens_per_bucket += np.bincount(bucket, minlength=num_buckets)
 

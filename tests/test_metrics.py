@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from simcore.errors import ConfigError
-from simcore.metrics import (DeliveryLog, RequestRecord, TokenTimes, _pack, _std,
-                             engine_summary, latency_stats, pairwise_sum, percentile_word,
-                             pooled_latency_stats, summarize)
+from simcore.metrics import (RequestRecord, _pack, engine_summary, latency_stats,
+                             percentile_word, pooled_latency_stats, summarize)
+from simcore.token_times import DeliveryLog, TokenTimes, _std, pairwise_sum
 
 
 def approx(x):
@@ -279,7 +279,7 @@ def test_matches_per_request_loops_on_random_runs(seed, block, monkeypatch):
     """Also with the per-token arrays worked in blocks of 5 elements (a run's per-token work
     goes block by block, in place), so every block boundary case is crossed."""
     if block is not None:
-        monkeypatch.setattr("simcore.metrics._BLOCK", block)
+        monkeypatch.setattr("simcore.token_times._BLOCK", block)
     rng = np.random.default_rng(seed)
     records = []
     for i in range(200):
@@ -381,7 +381,7 @@ def test_pairwise_sum_and_blockwise_std_are_numpys_to_the_bit(seed, monkeypatch)
         for leaf in (1, 128, 256, 1000, 1 << 16, 1 << 20):
             assert pairwise_sum(x, leaf=leaf) == np.add.reduce(x), (n, leaf)
         for block in (128, 1000, 1 << 20):
-            monkeypatch.setattr("simcore.metrics._BLOCK", block)
+            monkeypatch.setattr("simcore.token_times._BLOCK", block)
             assert _std(x) == np.std(x), (n, block)
 
 
@@ -402,7 +402,7 @@ def test_pooled_itl_statistics_are_those_of_the_whole_array(seed, block, monkeyp
     median and percentiles are the floats numpy gives on the whole array: many requests
     sharing the same step gaps (one value thousands of times, as steady decoding gives),
     tokens arriving together, requests with one token."""
-    monkeypatch.setattr("simcore.metrics._BLOCK", block)
+    monkeypatch.setattr("simcore.token_times._BLOCK", block)
     rng = np.random.default_rng(seed)
     steps = np.cumsum(rng.choice([0.008, 0.0081, 0.012, float(rng.exponential(0.01))],
                                  size=3000, p=[0.6, 0.2, 0.1, 0.1]))

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import simpy
 
 from simcore.engine.request import Request
-from simcore.metrics import DeliveryLog, RequestRecord
+from simcore.metrics import RequestRecord
+from simcore.token_times import DeliveryLog
 from simcore.router import Router
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
