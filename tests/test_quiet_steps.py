@@ -14,7 +14,7 @@ import simpy
 import simcore.serve.loop as loop
 from simcore.compute.base import StepShape, StepTime
 from simcore.config import load_config
-from simcore.engine.request import Request
+from simcore.engine.request import FINISHED, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.serve import run_serving
 from simcore.serve import quiet
@@ -188,11 +188,13 @@ def test_apply_leaves_the_pool_as_single_steps_do(seed):
     leap = QuietLeap(env, t, KvStep().step_time, lambda: False)
     got = leap.plan(0.0)
     assert got is not None and got.num_steps >= 2
-    for _ in range(got.num_steps):
+    for j in range(got.num_steps):
         out = s.schedule()
         assert not out.new and not out.preempted and len(out.scheduled) == len(s.running)
         emitted, finished = s.update(out)
-        assert not finished
+        # Only the run's last step may finish requests: those the run says.
+        want = got.finished if j == got.num_steps - 1 else []
+        assert [r.request_id for r in finished] == [r.request_id for r in want]
     leap.apply(got)
     state = lambda x: (x.kv.pool.free_queue(), x.kv.pool.cached, x.kv.pool.block_hash,
                        x.kv.pool.ref_cnt, x.kv.req_blocks, x.kv.num_tokens_fit,
@@ -202,11 +204,19 @@ def test_apply_leaves_the_pool_as_single_steps_do(seed):
     assert state(t) == state(s)
 
 
-def test_a_run_stops_before_a_request_finishes_or_blocks_run_out():
+def test_a_run_ends_with_a_request_s_last_token_or_where_blocks_run_out():
     s = _decoding_scheduler(10, 10_000, 1)
-    shortest = min(r.max_tokens - r.num_output_tokens for r in s.running)
-    got = QuietLeap(simpy.Environment(), s, KvStep().step_time, lambda: False).plan(0.0)
-    assert got.num_steps == shortest - 1
+    left = [r.max_tokens - r.num_output_tokens for r in s.running]
+    shortest = min(left)
+    leap = QuietLeap(simpy.Environment(), s, KvStep().step_time, lambda: False)
+    got = leap.plan(0.0)
+    assert got.num_steps == shortest
+    assert got.finished == [r for r, n in zip(s.running, left) if n == shortest]
+    # Applied, those requests have finished (their blocks freed) and the others run on.
+    leap.apply(got)
+    assert all(r.status == FINISHED and r.request_id not in s.kv.req_blocks
+               for r in got.finished)
+    assert [r for r in got.requests if r not in got.finished] == s.running
     # With the pool nearly full the run is cut where the free blocks run out.
     s = _decoding_scheduler(10, 150, 2)
     free = s.kv.pool.num_free

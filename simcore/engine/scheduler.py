@@ -449,19 +449,24 @@ class Scheduler:
                     if num_output >= req.max_tokens or req.prompt_len + num_output >= max_len:
                         finished.append(req)
         if finished:
-            done = set(map(id, finished))
-            self.running = [r for r in self.running if id(r) not in done]
-            connector = self.connector
-            for req in finished:
-                req.status = FINISHED
-                # Before the blocks go, as vLLM's _free_request; the connector may keep them
-                # until another instance has read the KV.
-                if connector is not None and connector.request_finished(req):
-                    self.sending[req.request_id] = req
-                    continue
-                self.kv.free(req)
-            self._completed_since_admit = True
+            self.finish_sampled(finished)
         return emitted, finished
+
+    def finish_sampled(self, finished: list[Request]) -> None:
+        """`finished` (running, in batch order) have sampled their last token: they leave the
+        running list and free their blocks, as `update_from_output` finishes requests."""
+        done = set(map(id, finished))
+        self.running = [r for r in self.running if id(r) not in done]
+        connector = self.connector
+        for req in finished:
+            req.status = FINISHED
+            # Before the blocks go, as vLLM's _free_request; the connector may keep them
+            # until another instance has read the KV.
+            if connector is not None and connector.request_finished(req):
+                self.sending[req.request_id] = req
+                continue
+            self.kv.free(req)
+        self._completed_since_admit = True
 
     def _sample_with_drafts(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """vLLM's `update_from_output` with speculative decoding, then `update_draft_token_ids`.

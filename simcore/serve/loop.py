@@ -114,6 +114,10 @@ class EngineLoop:
                     leap.apply(run)
                     for ob in observers:
                         ob.on_quiet_steps(rank, run)
+                    if run.finished:         # their last tokens came with the run's steps
+                        now = env.now
+                        for ob in observers:
+                            ob.on_outputs(rank, [], run.finished, now)
                     continue
             out = schedule()
             for ob in observers:

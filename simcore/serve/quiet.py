@@ -2,9 +2,11 @@
 steps at once, with exactly the decisions, times and records of stepping one at a time.
 
 A step is *quiet* when the batch is the running requests, each decoding one token, and nothing is
-waiting: nothing is admitted, finished, preempted or blocked, and the step's shape follows from
-the previous one (every context one token longer). Such steps repeat until a request finishes,
-the block pool runs short, or something from outside the engine loops changes the scheduler: a
+waiting: nothing is admitted, preempted or blocked, and the step's shape follows from the
+previous one (every context one token longer). Such steps repeat up to the one that samples a
+request's last token (the run's last step: its requests finish at its end, as
+`Scheduler.update` finishes them, and the observers hear of it as of a step's outputs), until
+the block pool runs short, or until something from outside the engine loops changes the scheduler: a
 request arrives (the client, the API server's path), a client gives up, a sample of the
 engines' state is taken. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
 these can happen and times them with the step-time model one by one (the same shapes in the
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -94,6 +96,9 @@ class QuietRun:
     ends_s: list[float]
     start_s: float
     delay_s: float
+    finished: list = field(default_factory=list)
+    """The requests whose last token the run's last step samples (batch order): they finish
+    at its end, as `Scheduler.update` finishes them (`QuietLeap.apply`)."""
 
     @property
     def num_steps(self) -> int:
@@ -155,18 +160,20 @@ class QuietLeap:
         max_len = self.max_model_len
         steps = MAX_STEPS
         ctx = []
+        lefts = []
         for req in running:
             tokens = req.prompt_len + req.num_output_tokens
             c = req.num_computed_tokens
             if c != tokens - 1:                # not decoding one token
                 return None
-            # Steps before the one that finishes it (that step is taken on its own).
+            # Steps up to the one that samples its last token (the run's last step at most).
             left = req.max_tokens - req.num_output_tokens
             if max_len - tokens < left:
                 left = max_len - tokens
-            if left - 1 < steps:
-                steps = left - 1
+            if left < steps:
+                steps = left
             ctx.append(c)
+            lefts.append(left)
         if steps < MIN_STEPS:
             return None
         steps = self._block_limit(running, ctx, steps)
@@ -206,7 +213,8 @@ class QuietLeap:
             return None
         if k < len(ends):
             del times[k:], ends[k:]
-        return QuietRun(list(running), kv0, times, ends, now, delay)
+        finished = [r for r, left in zip(running, lefts) if left == k]
+        return QuietRun(list(running), kv0, times, ends, now, delay, finished)
 
     def _block_limit(self, running, ctx: list[int], steps: int) -> int:
         """The most of `steps` quiet steps whose new blocks the free pool holds (so no
@@ -273,6 +281,8 @@ class QuietLeap:
             r.num_output_tokens = o0 + k
             r.work_done_tokens += k
         sched.num_steps += k
+        if run.finished:
+            sched.finish_sampled(run.finished)
 
 
 def _exact_delay(now: float, end: float) -> float | None:
