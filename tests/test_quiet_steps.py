@@ -235,3 +235,18 @@ def test_a_run_ends_before_the_next_external_event():
     assert got.ends_s[-1] < 0.05
     assert got.ends_s[-1] + KvStep().step_time(got.shapes[-1]).total_s >= 0.05 - 1e-3
     assert quiet.MIN_STEPS <= got.num_steps
+
+
+def test_a_run_leaves_a_finishing_step_that_ties_with_an_event_to_single_stepping():
+    """A load report due at the very end of the step where a request finishes reads the
+    running count; which comes first is SimPy's order of queueing, which a run changes, so
+    the run stops one step short of it."""
+    s = _decoding_scheduler(10, 10_000, 1)
+    shortest = min(r.max_tokens - r.num_output_tokens for r in s.running)
+    plan = QuietLeap(simpy.Environment(), s, KvStep().step_time, lambda: False).plan(0.0)
+    assert plan.num_steps == shortest and plan.finished
+    env = simpy.Environment()
+    InertTimeout(env, plan.ends_s[-1])         # e.g. the router's load report, inert
+    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+    assert got.num_steps == shortest - 1 and not got.finished
+    assert got.ends_s == plan.ends_s[:-1]

@@ -201,19 +201,20 @@ class QuietLeap:
             append_time(st)
             append_end(t_end)
             t = t_end
-        k = len(ends)
-        while k >= MIN_STEPS:
-            delay = _exact_delay(now, ends[k - 1])
-            if delay is not None:
-                break
-            k -= 1
-        else:
-            k = 0
+        k, delay = _longest_exact(now, ends, len(ends))
         if not k:
             return None
+        finished = [r for r, left in zip(running, lefts) if left == k]
+        if finished and _queued_at(env, ends[k - 1]):
+            # Another event at the very instant the requests finish (a load report reading
+            # the running count) is ordered against the finishing step by when each was
+            # queued, which a run changes: that step is left to single stepping.
+            finished = []
+            k, delay = _longest_exact(now, ends, k - 1)
+            if not k:
+                return None
         if k < len(ends):
             del times[k:], ends[k:]
-        finished = [r for r, left in zip(running, lefts) if left == k]
         return QuietRun(list(running), kv0, times, ends, now, delay, finished)
 
     def _block_limit(self, running, ctx: list[int], steps: int) -> int:
@@ -283,6 +284,22 @@ class QuietLeap:
         sched.num_steps += k
         if run.finished:
             sched.finish_sampled(run.finished)
+
+
+def _longest_exact(now: float, ends: list[float], k: int) -> tuple[int, float | None]:
+    """The most steps, at most `k` and at least `MIN_STEPS`, whose end one delay from `now`
+    reaches exactly (`_exact_delay`), and that delay; (0, None) if none."""
+    while k >= MIN_STEPS:
+        delay = _exact_delay(now, ends[k - 1])
+        if delay is not None:
+            return k, delay
+        k -= 1
+    return 0, None
+
+
+def _queued_at(env: simpy.Environment, t: float) -> bool:
+    """Whether any queued event is due at exactly `t`."""
+    return any(entry[0] == t for entry in env._queue)
 
 
 def _exact_delay(now: float, end: float) -> float | None:
