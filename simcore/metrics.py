@@ -10,8 +10,8 @@ import numpy as np
 
 from simcore.errors import ConfigError
 from simcore import token_times as _tt
-from simcore.token_times import (TokenTimes, _gaps_within, _kth_values, _median_of,
-                                 _percentile_of, _PooledGaps, _Reader, _std, pairwise_sum)
+from simcore.token_times import (PooledGaps, TokenTimes, blockwise_std, median_of, median_ranks,
+                                 percentile_of, percentile_points)
 
 GOODPUT_SLO_NAMES = ("ttft", "tpot", "e2el")
 """Metrics a goodput SLO may bound (`vllm bench serve --goodput NAME:MS`)."""
@@ -27,11 +27,12 @@ class RequestRecord:
     Lifecycle: created when the request arrives at the client (`arrival_s`, the intended send
     time); `send_s` is set when it leaves the client, after any `--max-concurrency` wait; one
     time is added to `token_times_s` (a `TokenTimes`; a list in hand-made records) each time
-    an output token reaches the client, in order; at the end `success` is set, or `error` says why the request failed. Tokens that
-    reach the client at the same instant count as one streamed chunk, as several tokens in
-    one server-sent event do for vLLM's client. The engine fills `first_scheduled_s` (first
-    time the scheduler gave it tokens), `num_preemptions`, `num_cached_prompt_tokens`
-    (prefix-cache hit at first admission) and `replica`.
+    an output token reaches the client, in order; at the end `success` is set, or `error`
+    says why the request failed. Tokens that reach the client at the same instant count as
+    one streamed chunk, as several tokens in one server-sent event do for vLLM's client. The
+    engine fills `first_scheduled_s` (first time the scheduler gave it tokens),
+    `num_preemptions`, `num_cached_prompt_tokens` (prefix-cache hit at first admission) and
+    `replica`.
 
     Invariants when `success` is true: `send_s` is set, `token_times_s` is non-empty,
     non-decreasing and not before `send_s`.
@@ -94,7 +95,7 @@ def latency_stats(values_s: np.ndarray, metric: str,
     stats = {
         f"mean_{metric}_ms": float(np.mean(x) * MS_PER_S),
         f"median_{metric}_ms": float(np.median(x) * MS_PER_S),
-        f"std_{metric}_ms": float(_std(x) * MS_PER_S),
+        f"std_{metric}_ms": float(blockwise_std(x) * MS_PER_S),
     }
     for p in percentiles:
         stats[f"p{percentile_word(p)}_{metric}_ms"] = float(np.percentile(x, float(p)) * MS_PER_S)
@@ -111,35 +112,31 @@ class _Streams:
     num_output_tokens: np.ndarray  # per successful request: tokens received
     ttft_s: np.ndarray  # per successful request
     e2el_s: np.ndarray  # per successful request
-    itl: "_PooledGaps"  # every gap between consecutive chunks of a request, request after request
+    itl: PooledGaps  # every gap between consecutive chunks of a request, request after request
     max_output_tokens_per_s: float  # `_Peaks`
     max_concurrent_requests: int
 
 
-def pooled_latency_stats(pooled: _PooledGaps, metric: str,
+def pooled_latency_stats(pooled: PooledGaps, metric: str,
                          percentiles: Sequence[float]) -> dict[str, float]:
     """`latency_stats` of the pooled gaps, the same floats, with no per-token array: the mean
-    and the std by numpy's pairwise summation over the gaps made a block at a time (a pass
-    each), the median and percentiles from the order statistics (`_kth_values`, a pass)."""
+    and the std by numpy's pairwise summation over the gaps made a block at a time, the median
+    and percentiles from their order statistics (`PooledGaps`)."""
     n = pooled.size
     if n == 0:
         return latency_stats(np.empty(0), metric, percentiles)
-    total = pairwise_sum(None, _Reader(pooled.blocks()).take, leaf=_tt._BLOCK, size=n)
-    mean = total / n
-    dev = _Reader(pooled.blocks(), transform=lambda g: np.square(g - mean))
-    std = np.sqrt(pairwise_sum(None, dev.take, leaf=_tt._BLOCK, size=n) / n)
-    ranks = {n // 2} | ({n // 2 - 1} if n % 2 == 0 else set())
+    mean, std = pooled.mean_std()
+    ranks = set(median_ranks(n))
     for p in percentiles:
-        lo = int(np.floor((n - 1) * np.true_divide(np.float64(p), 100)))
-        ranks |= {lo, min(lo + 1, n - 1)}
-    kth = _kth_values(pooled, ranks).__getitem__
+        ranks |= set(percentile_points(n, float(p))[:2])
+    kth = pooled.order_statistics(ranks).__getitem__
     stats = {
         f"mean_{metric}_ms": float(mean * MS_PER_S),
-        f"median_{metric}_ms": float(_median_of(kth, n) * MS_PER_S),
+        f"median_{metric}_ms": float(median_of(kth, n) * MS_PER_S),
         f"std_{metric}_ms": float(std * MS_PER_S),
     }
     for p in percentiles:
-        stats[f"p{percentile_word(p)}_{metric}_ms"] = float(_percentile_of(kth, n, float(p))
+        stats[f"p{percentile_word(p)}_{metric}_ms"] = float(percentile_of(kth, n, float(p))
                                                             * MS_PER_S)
     return stats
 
@@ -160,11 +157,9 @@ def _pack(successes: Sequence[RequestRecord]) -> _Streams:
     del first, last
     # One pass over the tokens, a block of requests at a time: the chunks per request, the
     # one-second buckets of the chunk times, the pooled gaps counted.
-    itl = _PooledGaps(successes, num_tokens)
+    itl = PooledGaps(successes, num_tokens)
     peaks = _Peaks(send, e2el_s)
-    for chunk_times, chunks, _, _ in itl._chunk_blocks():
-        peaks.add(chunk_times)
-        itl._count(_gaps_within(chunk_times, chunks))
+    itl.scan(peaks.add)
     peak_tokens, peak_requests = peaks.result()
     return _Streams(
         send_s=send,

@@ -39,9 +39,14 @@ class TokenTimes:
         self._parts.append(t)
         self._n += 1
 
-    def extend(self, times: Iterable[float]) -> None:
-        for t in times:
-            self.append(t)
+    def add_step(self, log: "DeliveryLog", i: int) -> None:
+        """One token at `log`'s entry i (a step's delivery): the open range grows when it
+        ends there, as it does step after step."""
+        if self._b == i and self._log is log:
+            self._b = i + 1
+            self._n += 1
+        else:
+            self.add_range(log, i, i + 1)
 
     def add_range(self, log: "DeliveryLog", a: int, b: int) -> None:
         """One token at each of `log`'s entries a .. b - 1 (a < b)."""
@@ -110,9 +115,6 @@ class DeliveryLog:
     def __init__(self) -> None:
         self.times = array("d")
 
-    def __len__(self) -> int:
-        return len(self.times)
-
 
 def pairwise_sum(x: np.ndarray | None, part=None, leaf: int = 1 << 16,
                  size: int | None = None) -> float:
@@ -135,7 +137,7 @@ def pairwise_sum(x: np.ndarray | None, part=None, leaf: int = 1 << 16,
     return rec(0, x.size if size is None else size)
 
 
-def _std(x: np.ndarray) -> np.float64:
+def blockwise_std(x: np.ndarray) -> np.float64:
     """`np.std(x)` to the bit without its full-size temporary (x - mean)**2: the same
     deviations, squared a block at a time and summed in numpy's tree (`pairwise_sum`)."""
     if x.size <= _BLOCK:
@@ -153,12 +155,12 @@ _KEY_SHIFT = 44
 (sign, exponent and 8 bits of mantissa: buckets 0.4% wide), which order non-negative floats."""
 
 
-class _PooledGaps:
+class PooledGaps:
     """The pooled ITLs of a run: the gaps between consecutive chunks of each successful request,
     request after request (`np.diff` of the chunk times without the gaps that cross from one
     request to the next), made from the requests' token times a block of requests at a time
-    (`blocks`, as often as asked) and never all held. Made by `_pack`'s pass, which counts them
-    (`size`) and the top bits of their floats (`key_counts`)."""
+    and never all held. `scan` makes them once and counts them (`size`) and the top bits of
+    their floats (`key_counts`); `mean_std` and `order_statistics` make them again."""
 
     __slots__ = ("_successes", "_num_tokens", "size", "key_counts")
 
@@ -169,9 +171,9 @@ class _PooledGaps:
         self.key_counts = np.zeros(1 << (64 - _KEY_SHIFT), dtype=np.int64)
 
     def _chunk_blocks(self):
-        """(chunk times, chunks per request, first request, end request) per block of whole
-        requests of about `_BLOCK` tokens (one request of more tokens is a block of its own);
-        the chunk times are the block's own buffer."""
+        """(chunk times, chunks per request) per block of whole requests of about `_BLOCK`
+        tokens (one request of more tokens is a block of its own); the chunk times are the
+        block's own buffer."""
         recs, nt = self._successes, self._num_tokens
         ends = np.cumsum(nt)
         i, n = 0, len(recs)
@@ -192,20 +194,60 @@ class _PooledGaps:
             # Every token its own chunk (no speculative decoding): the token times are the
             # chunk times.
             chunk_times = times if new_chunk.all() else times[new_chunk]
-            yield chunk_times, chunks, i, j
+            yield chunk_times, chunks
             i = j
 
-    def blocks(self):
+    def _blocks(self):
         """The gaps, in order, an array per block."""
-        for chunk_times, chunks, _, _ in self._chunk_blocks():
+        for chunk_times, chunks in self._chunk_blocks():
             yield _gaps_within(chunk_times, chunks)
 
-    def _count(self, gaps: np.ndarray) -> None:
-        if gaps.size and gaps.min() < 0:
-            raise ValueError("a request's token times decrease")
-        self.size += gaps.size
-        self.key_counts += np.bincount(gaps.view(np.int64) >> _KEY_SHIFT,
-                                       minlength=self.key_counts.size)
+    def scan(self, on_chunk_times: Callable[[np.ndarray], None]) -> None:
+        """The first pass: each block's chunk times to `on_chunk_times` (before its gaps are
+        taken in their buffer), then its gaps counted."""
+        for chunk_times, chunks in self._chunk_blocks():
+            on_chunk_times(chunk_times)
+            gaps = _gaps_within(chunk_times, chunks)
+            if gaps.size and gaps.min() < 0:
+                raise ValueError("a request's token times decrease")
+            self.size += gaps.size
+            self.key_counts += np.bincount(gaps.view(np.int64) >> _KEY_SHIFT,
+                                           minlength=self.key_counts.size)
+
+    def mean_std(self) -> tuple[np.float64, np.float64]:
+        """`np.mean` and `np.std` of the gaps, to the bit: numpy's pairwise summation over the
+        gaps made as the tree reads them (a pass for the sum, one for the deviations)."""
+        n = self.size
+        mean = pairwise_sum(None, _Reader(self._blocks()).take, leaf=_BLOCK, size=n) / n
+        dev = _Reader(self._blocks(), transform=lambda g: np.square(g - mean))
+        return mean, np.sqrt(pairwise_sum(None, dev.take, leaf=_BLOCK, size=n) / n)
+
+    def order_statistics(self, ranks: set[int]) -> dict[int, float]:
+        """The gaps at `ranks` (0 the smallest) in sorted order, exactly: the buckets that hold
+        them by `key_counts`, then those buckets' distinct values and counts over a pass."""
+        cum = np.cumsum(self.key_counts)
+        where = {r: int(np.searchsorted(cum, r, side="right")) for r in ranks}
+        keys = np.array(sorted(set(where.values())), dtype=np.int64)
+        found_v, found_c = [], []
+        for gaps in self._blocks():
+            sel = gaps[np.isin(gaps.view(np.int64) >> _KEY_SHIFT, keys)]
+            if sel.size:
+                v, c = np.unique(sel, return_counts=True)
+                found_v.append(v)
+                found_c.append(c)
+        values, inverse = np.unique(np.concatenate(found_v), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate(found_c)).astype(np.int64)
+        value_keys = values.view(np.int64) >> _KEY_SHIFT
+        out = {}
+        for r in ranks:
+            key = where[r]
+            in_key = value_keys == key
+            c = counts[in_key]
+            # The rank of each distinct value's first copy: the gaps in the buckets below its
+            # own, then the copies before it in its bucket.
+            start = (cum[key - 1] if key > 0 else 0) + np.cumsum(c) - c
+            out[r] = float(values[in_key][int(np.searchsorted(start, r, side="right")) - 1])
+        return out
 
 
 class _Reader:
@@ -242,43 +284,18 @@ class _Reader:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _kth_values(pooled: _PooledGaps, ranks: set[int], blocks=None) -> dict[int, float]:
-    """The order statistics of the pooled gaps at `ranks` (0 the smallest), exactly: the
-    buckets that hold them by `key_counts`, then those buckets' distinct values and counts
-    over a pass (`blocks`, default a fresh one)."""
-    cum = np.cumsum(pooled.key_counts)
-    where = {r: int(np.searchsorted(cum, r, side="right")) for r in ranks}
-    keys = np.array(sorted(set(where.values())), dtype=np.int64)
-    found_v, found_c = [], []
-    for gaps in (blocks if blocks is not None else pooled.blocks()):
-        sel = gaps[np.isin(gaps.view(np.int64) >> _KEY_SHIFT, keys)]
-        if sel.size:
-            v, c = np.unique(sel, return_counts=True)
-            found_v.append(v)
-            found_c.append(c)
-    values, inverse = np.unique(np.concatenate(found_v), return_inverse=True)
-    counts = np.bincount(inverse, weights=np.concatenate(found_c)).astype(np.int64)
-    value_keys = values.view(np.int64) >> _KEY_SHIFT
-    out = {}
-    for r in ranks:
-        key = where[r]
-        in_key = value_keys == key
-        c = counts[in_key]
-        # The rank of each distinct value's first copy: the gaps in the buckets below its
-        # own, then the copies before it in its bucket.
-        start = (cum[key - 1] if key > 0 else 0) + np.cumsum(c) - c
-        out[r] = float(values[in_key][int(np.searchsorted(start, r, side="right")) - 1])
-    return out
-
-
-def _percentile_of(kth: Callable[[int], float], n: int, q: float) -> np.float64:
-    """`np.percentile` (linear) of n values whose k-th smallest is `kth(k)`, to the bit:
-    numpy's virtual index (n - 1) x q / 100 and its two-sided interpolation."""
-    quantile = np.true_divide(np.float64(q), 100)
-    virtual = (n - 1) * quantile
+def percentile_points(n: int, q: float) -> tuple[int, int, np.float64]:
+    """numpy's linear percentile q of n values: the ranks of the two values it interpolates
+    between and the weight of the upper one (virtual index (n - 1) x q / 100)."""
+    virtual = (n - 1) * np.true_divide(np.float64(q), 100)
     lo = int(np.floor(virtual))
-    hi = min(lo + 1, n - 1)
-    gamma = virtual - lo
+    return lo, min(lo + 1, n - 1), virtual - lo
+
+
+def percentile_of(kth: Callable[[int], float], n: int, q: float) -> np.float64:
+    """`np.percentile` (linear) of n values whose k-th smallest is `kth(k)`, to the bit:
+    numpy's two-sided interpolation between `percentile_points`."""
+    lo, hi, gamma = percentile_points(n, q)
     a, b = np.float64(kth(lo)), np.float64(kth(hi))
     diff = b - a
     if gamma >= 0.5:
@@ -286,11 +303,16 @@ def _percentile_of(kth: Callable[[int], float], n: int, q: float) -> np.float64:
     return a + diff * gamma
 
 
-def _median_of(kth: Callable[[int], float], n: int) -> np.float64:
+def median_ranks(n: int) -> tuple[int, ...]:
+    """The ranks `np.median` of n values reads."""
+    return (n // 2,) if n % 2 else (n // 2 - 1, n // 2)
+
+
+def median_of(kth: Callable[[int], float], n: int) -> np.float64:
     """`np.median` of n values whose k-th smallest is `kth(k)`, to the bit."""
     if n % 2:
         return np.float64(kth(n // 2))
-    return np.add.reduce(np.array([kth(n // 2 - 1), kth(n // 2)])) / 2
+    return np.add.reduce(np.array([kth(r) for r in median_ranks(n)])) / 2
 
 
 def _gaps_within(chunk_times: np.ndarray, chunks: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 from simcore.errors import ConfigError
 from simcore.metrics import (RequestRecord, _pack, engine_summary, latency_stats,
                              percentile_word, pooled_latency_stats, summarize)
-from simcore.token_times import DeliveryLog, TokenTimes, _std, pairwise_sum
+from simcore.token_times import DeliveryLog, TokenTimes, blockwise_std, pairwise_sum
 
 
 def approx(x):
@@ -350,6 +350,12 @@ def test_contiguous_ranges_of_a_log_are_one_range():
     tt.append(4.0)                      # a second token of the last step
     tt.add_range(log, 2, 3)             # not contiguous: a range of its own
     assert list(tt) == [0.5, 1.0, 2.0, 3.0, 4.0, 4.0, 3.0] and len(tt) == 7
+    # Step by step, as an engine delivers: one range, and a step's second token its own.
+    steps = TokenTimes()
+    for i in (0, 1, 2, 2, 3):
+        steps.add_step(log, i)
+    assert list(steps) == [1.0, 2.0, 3.0, 3.0, 4.0] and len(steps) == 5
+    assert steps._parts == [(log, 0, 3)] and (steps._a, steps._b) == (2, 4)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -382,7 +388,7 @@ def test_pairwise_sum_and_blockwise_std_are_numpys_to_the_bit(seed, monkeypatch)
             assert pairwise_sum(x, leaf=leaf) == np.add.reduce(x), (n, leaf)
         for block in (128, 1000, 1 << 20):
             monkeypatch.setattr("simcore.token_times._BLOCK", block)
-            assert _std(x) == np.std(x), (n, block)
+            assert blockwise_std(x) == np.std(x), (n, block)
 
 
 def _pooled_itls(records) -> np.ndarray:

@@ -281,16 +281,8 @@ class Frontend(StepObserver):
             log = self._delivery_log(rank)
             i = len(log.times)
             log.times.append(now)
-            j = i + 1
             for req in emitted:
-                tt = req.client.token_times_s
-                if tt._b == i and tt._log is log:     # the common case, inlined
-                    tt._b = j
-                    tt._n += 1
-                elif tt._b == j and tt._log is log:   # a second token of this step
-                    tt.append(now)
-                else:
-                    tt.add_range(log, i, j)
+                req.client.token_times_s.add_step(log, i)
         for req in finished:
             rec = req.client
             rec.success = True

@@ -6,8 +6,8 @@ waiting: nothing is admitted, preempted or blocked, and the step's shape follows
 previous one (every context one token longer). Such steps repeat up to the one that samples a
 request's last token (the run's last step: its requests finish at its end, as
 `Scheduler.update` finishes them, and the observers hear of it as of a step's outputs), until
-the block pool runs short, or until something from outside the engine loops changes the scheduler: a
-request arrives (the client, the API server's path), a client gives up, a sample of the
+the block pool runs short, or until something from outside the engine loops changes the
+scheduler: a request arrives (the client, the API server's path), a client gives up, a sample of the
 engines' state is taken. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
 these can happen and times them with the step-time model one by one (the same shapes in the
 same order; a model with a `decode_timer` gives each the StepTime its `step_time` gives, with
@@ -16,7 +16,8 @@ same float as when stepping); the loop then waits once, for their total, and
 `QuietLeap.apply` brings the scheduler to where the steps would have left it: every request `k`
 tokens further, and the block allocations of the steps that cross a block boundary made in the
 steps' order, request by request in batch order, so the pool's free queue, the prefix cache and
-its evictions are those of single steps. Observers take the steps together (`StepObserver.on_quiet_steps`).
+its evictions are those of single steps. Observers take the steps together
+(`StepObserver.on_quiet_steps`).
 
 *Outside the engine loops* is read from SimPy's event queue: the earliest queued event that
 is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
