@@ -9,7 +9,8 @@ Rows:
       quiet steps taken together and, as the reference, stepped one at a time; the two results
       are compared byte for byte;
   (2) N requests (default 1,000,000) on one Llama-3.1-8B engine (configs/llama8b_h100_1m.yaml),
-      in a child process: CPU seconds and peak memory (ru_maxrss);
+      in a child process, the result's request rows as columns (`simulate(cfg, plain=False)`,
+      as `dse simulate` runs): CPU seconds and peak memory (ru_maxrss);
   (3) `dse simulate examples/quickstart.yaml` as a whole process, with its default envelope;
   (4) Qwen3-235B-A22B, expert parallelism over 8 nodes (examples/cluster/moe_ep_8node.yaml),
       1,000 requests, analytical fabric;
@@ -82,7 +83,7 @@ if int(sys.argv[2]):
     cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(
         update={"num_prompts": int(sys.argv[2])})})
 t = time.process_time()
-r = simulate(cfg)
+r = simulate(cfg, plain=False)
 cpu = time.process_time() - t
 print(json.dumps({"cpu_s": cpu, "duration_s": r["duration"], "completed": r["completed"],
                   "steps": r["num_steps"],
@@ -175,7 +176,7 @@ cfg = load_config(sys.argv[1])
 cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
     update={"num_nodes": int(sys.argv[2])})})
 t = time.process_time()
-r = simulate(cfg)
+r = simulate(cfg, plain=False)
 print(json.dumps({"cpu_s": time.process_time() - t, "completed": r["completed"],
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -189,7 +190,7 @@ cfg = load_config(sys.argv[1])
 cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={
     "fabric": cfg.cluster.fabric.model_copy(update={"backend": "packet"})})})
 t = time.process_time()
-r = simulate(cfg)
+r = simulate(cfg, plain=False)
 print(json.dumps({"cpu_s": time.process_time() - t, "completed": r["completed"],
                   "steps": r["num_steps"], "duration_s": r["duration"],
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

@@ -97,8 +97,10 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
             bar = tqdm(total=cfg.workload.resolved_num_prompts, unit="req", desc="simulating",
                        leave=False)
         try:
+            # The request rows stay columns: --out streams them (`_write_json`).
             result = run(cfg, progress=_bar_progress(bar) if bar is not None else None,
-                         run_progress=_runs_progress(bar) if bar is not None else None)
+                         run_progress=_runs_progress(bar) if bar is not None else None,
+                         plain=False)
         finally:
             if bar is not None:
                 bar.close()

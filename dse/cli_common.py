@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from simcore.errors import ConfigError
+from simcore.request_rows import json_default_streaming
 
 
 def _fail(message: str) -> None:
@@ -28,7 +29,7 @@ def _write_json(out: Path, data: dict, what: str, **dump_kw) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
-            json.dump(data, f, indent=1, **dump_kw)
+            json.dump(data, f, indent=1, default=json_default_streaming, **dump_kw)
     except OSError as e:
         _fail(f"{out}: cannot write the {what} ({e.strerror})")
     click.echo(f"{what} written to {out}")

@@ -12,9 +12,11 @@ it, never a default.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from simcore.request_rows import RequestRows, rows_of
 
 if TYPE_CHECKING:
     from simcore.serve.observers import ReplicaStats
@@ -180,7 +182,8 @@ class RunResult:
     limits: Limits
     replicas: tuple[ReplicaResult, ...]
     timeseries: TimeSeriesResult
-    requests: tuple[Mapping[str, Any], ...]
+    requests: Sequence[Mapping[str, Any]]
+    """One row a request (`RequestRows` from a run, a tuple of dicts read from JSON)."""
     provenance: Mapping[str, Any]
     expert_parallel: Mapping[str, Any] | None = None
     cluster: ClusterResult | None = None
@@ -205,9 +208,11 @@ class RunResult:
     def num_gpus_per_replica(self) -> int:
         return self.metrics["num_gpus"] // len(self.replicas)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, plain: bool = True) -> dict:
         """The JSON layout: name, the top-level metrics, the sections, the cluster's headline
-        figures after its section, then what later stages added."""
+        figures after its section, then what later stages added. `plain`: the request rows as
+        a list of dicts (plain JSON); False keeps `RequestRows` as they are (columns, a row
+        made when read; `json.dump` then needs `simcore.request_rows.json_default`)."""
         out: dict = {"name": self.name, **self.metrics}
         if self.expert_parallel is not None:
             out["expert_parallel"] = self.expert_parallel
@@ -215,7 +220,8 @@ class RunResult:
         out["limits"] = self.limits.to_dict()
         out["replicas"] = [r.to_dict() for r in self.replicas]
         out["timeseries"] = self.timeseries.to_dict()
-        out["requests"] = list(self.requests)
+        out["requests"] = (self.requests if not plain and isinstance(self.requests, RequestRows)
+                           else list(self.requests))
         out["provenance"] = self.provenance
         if self.cluster is not None:
             out["cluster"] = self.cluster.summary
@@ -258,7 +264,7 @@ class RunResult:
             limits=Limits.from_dict(_need(d, "limits", "result")),
             replicas=tuple(ReplicaResult.from_dict(r) for r in _need(d, "replicas", "result")),
             timeseries=TimeSeriesResult.from_dict(_need(d, "timeseries", "result")),
-            requests=tuple(_need(d, "requests", "result")),
+            requests=rows_of(_need(d, "requests", "result")),
             provenance=_need(d, "provenance", "result"),
             expert_parallel=d.get("expert_parallel"), cluster=cluster, trace=d.get("trace"),
             headroom=d.get("headroom"), envelope=d.get("envelope"), extras=extras)

@@ -25,6 +25,7 @@ from simcore.host import HostOverheads
 from simcore.metrics import engine_summary, summarize
 from simcore.model.arch import ModelArch
 from simcore.model.memory import kv_cache_groups
+from simcore.request_rows import RequestRows
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
 from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
@@ -137,7 +138,7 @@ def hybrid_kv_groups(arch: ModelArch) -> tuple[int, ...]:
 
 
 def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | None = None,
-             op_scale: dict[str, float] | None = None) -> dict:
+             op_scale: dict[str, float] | None = None, plain: bool = True) -> dict:
     """Run one configuration on the virtual clock and return its result as a JSON-able dict
     (`simulate_run(...).to_dict()`).
 
@@ -159,9 +160,12 @@ def simulate(cfg: SimConfig, *, progress: Callable[[float, int, int], None] | No
     includes: an idle rank of a lock-step group is still occupied),
     `all_to_all_fraction_of_busy`, an `expert_parallel` section, and per replica `dummy_steps`,
     `dummy_busy_s` and `all_to_all_s`. `op_scale` scales the compute model's op classes (a
-    perturbed run of an envelope; see `simcore.uncertainty`).
+    perturbed run of an envelope; see `simcore.uncertainty`). With `plain` false, `requests` is
+    a `RequestRows`, the rows as columns, each made as a dict when read (a run of a million
+    requests holds ~100 bytes a row instead of ~650), and the result is JSON with
+    `json.dump(..., default=simcore.request_rows.json_default)`.
     """
-    return simulate_run(cfg, progress=progress, op_scale=op_scale).to_dict()
+    return simulate_run(cfg, progress=progress, op_scale=op_scale).to_dict(plain=plain)
 
 
 @contextmanager
@@ -469,40 +473,9 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         provenance=prov, expert_parallel=ep, cluster=cluster_part, trace=trace)
 
 
-def _request_rows(run: ServingRun) -> tuple[dict, ...]:
-    """One row a request; with sessions, each names its session and turn."""
-    rows = tuple(_request_row(r) for r in run.records)
-    if run.session_turns is not None:
-        for row, (session_id, turn) in zip(rows, run.session_turns):
-            row["session_id"] = session_id
-            row["turn"] = turn
-    return rows
-
-
-def _request_row(r) -> dict:
-    row = {"request_id": r.request_id, "replica": r.replica, "prompt_len": r.prompt_len,
-           "output_len": r.output_len, "success": r.success, "error": r.error,
-           "arrival_s": r.arrival_s, "send_s": r.send_s}
-    t = r.token_times_s
-    if r.success and len(t):
-        ttft = t[0] - r.send_s
-        e2el = t[-1] - r.send_s
-        row["ttft_ms"] = ttft * 1e3
-        row["e2el_ms"] = e2el * 1e3
-        row["tpot_ms"] = (e2el - ttft) / (len(t) - 1) * 1e3 if len(t) > 1 else None
-        if len(t) > 1:
-            gaps = np.diff(np.asarray(t))
-            if not gaps.all():
-                # Tokens of one instant are one streamed chunk (several tokens of one step with
-                # speculative decoding): one gap per chunk, as `summarize` counts ITL.
-                gaps = gaps[gaps != 0]
-            row["mean_itl_ms"] = float(gaps.mean()) * 1e3 if gaps.size else None
-            row["max_itl_ms"] = float(gaps.max()) * 1e3 if gaps.size else None
-    row["queue_ms"] = (max(0.0, r.first_scheduled_s - r.send_s - r.server_s) * 1e3
-                       if r.first_scheduled_s is not None and r.send_s is not None else None)
-    row["num_preemptions"] = r.num_preemptions
-    row["num_cached_prompt_tokens"] = r.num_cached_prompt_tokens
-    return row
+def _request_rows(run: ServingRun) -> RequestRows:
+    """One row a request, as columns; with sessions, each names its session and turn."""
+    return RequestRows.from_records(run.records, run.session_turns)
 
 
 def provenance(cfg: SimConfig, dep: Deployment) -> dict:

@@ -21,14 +21,22 @@ class TokenTimes:
     __slots__ = ("_parts", "_log", "_a", "_b", "_n")
 
     def __init__(self, times: Iterable[float] = ()) -> None:
-        self._parts: list = [float(t) for t in times]   # single times and closed (log, a, b)
+        # Single times and closed ranges (log, a, b), in order; None until there is one (a
+        # request whose tokens all come from one range of one log, most of them, has none).
+        self._parts: list | None = [float(t) for t in times] or None
         self._log = None                                  # the open range: _log[_a:_b]
         self._a = self._b = 0
-        self._n = len(self._parts)
+        self._n = len(self._parts) if self._parts else 0
+
+    def _add_part(self, part) -> None:
+        if self._parts is None:
+            self._parts = [part]
+        else:
+            self._parts.append(part)
 
     def _close(self) -> None:
         if self._b > self._a:
-            self._parts.append((self._log, self._a, self._b))
+            self._add_part((self._log, self._a, self._b))
         self._log = None
         self._a = self._b = 0
 
@@ -36,7 +44,7 @@ class TokenTimes:
         """One token at `t`, not from a delivery log."""
         if self._log is not None:
             self._close()
-        self._parts.append(t)
+        self._add_part(t)
         self._n += 1
 
     def add_step(self, log: "DeliveryLog", i: int) -> None:
@@ -60,7 +68,7 @@ class TokenTimes:
         self._n += b - a
 
     def _chunks(self):
-        for p in self._parts:
+        for p in self._parts or ():
             if type(p) is tuple:
                 log, a, b = p
                 yield log.times[a:b]
@@ -85,6 +93,11 @@ class TokenTimes:
             raise IndexError("token index out of range")
         if i == n - 1 and self._b > self._a:
             return self._log.times[self._b - 1]
+        if i == 0:                  # the first token, without copying a range
+            if not self._parts:
+                return self._log.times[self._a]
+            p = self._parts[0]
+            return p[0].times[p[1]] if type(p) is tuple else p
         for c in self._chunks():
             if i < len(c):
                 return c[i]

@@ -66,6 +66,12 @@ def test_simulate_prints_the_summary_and_writes_json(tiny_run):
     assert f"{r['request_throughput']:.2f}" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("Successful requests:"))
     assert line.split()[-1] == "20"
+    # The request rows, held as columns in the run, are written as the plain result's rows.
+    from simcore.config import load_config
+    from simcore.uncertainty import simulate_with_envelope
+
+    assert r["requests"] == simulate_with_envelope(load_config(CONFIGS / "tiny.yaml"))["requests"]
+    assert len(r["requests"]) == 20 and r["requests"][0]["request_id"]
 
 
 @pytest.mark.slow
