@@ -228,9 +228,9 @@ def _queueing(s: Mapping, f: Factor, a: Attribution) -> list[str]:
 def _api_server(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     first = (f"The API server limits TTFT: {pct(s['api_server_wait_fraction_of_ttft'])} of it "
              f"(mean {s['mean_api_server_wait_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms) is "
-             f"waiting for a free API server process before the engine sees the request "
-             f"({_arrived(s)}; a process handles one request's path at a time, "
-             f"{s['mean_api_server_ms'] - s['mean_api_server_wait_ms']:.0f} ms each).")
+             f"waiting on the API server before the engine sees the request "
+             f"({_arrived(s)}; a process shares its CPU among the requests it works on, "
+             f"{s['mean_api_server_ms'] - s['mean_api_server_wait_ms']:.0f} ms of work each).")
     second = ("More API server processes (vllm serve --api-server-count, "
               "host.api_server_count) would cut it; a faster engine would not.")
     return [first, second]

@@ -54,9 +54,9 @@ Scores:
 - `scheduler_token_budget` = f_budget_mem.
 - `queueing` = max(q, o) * free: waiting that no engine limit explains, i.e. arrivals beyond
   the compute capacity (or bursts).
-- `api_server` = `mean_api_server_wait_ms / mean_ttft_ms`: the share of TTFT spent waiting for
-  a free API server process before the engine sees a request (a burst whose paths run one at
-  a time; `host.request_overhead_s`, `host.api_server_count`). The path's own handling time
+- `api_server` = `mean_api_server_wait_ms / mean_ttft_ms`: the share of TTFT spent waiting on
+  the API server before the engine sees a request (a burst whose paths share a process's CPU;
+  `host.request_overhead_s`, `host.api_server_count`). The path's own handling time
   is a fixed latency, not a limit that load reaches.
 
 The GPU-time factors and queueing are scaled by `free` because while an engine limit keeps

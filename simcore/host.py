@@ -31,9 +31,12 @@ request state and the request's msgpack hand-off to the engine core, a + c x pro
 scaled by the host speed, plus the work not measured here: the HTTP route, request validation
 and the response's set-up, `api_server_per_request_s`; for a chat request, also the chat path's
 measured extra work on the chat template, `chat_template_s`), which holds the server process: the server is one Python process (or
-`api_server_count` of them), so the work of a burst runs one request after another. Then a
-latency that does not hold it (`request_overhead_s`: HTTP handling, the event loop's
-hand-offs), paid by every request concurrently.
+`api_server_count` of them) whose event loop advances every request it is working on a slice at
+a time, so the requests of a burst share its CPU and reach the engine together, after all of
+their work (processor sharing, `simcore.serve.frontend.SharedCpu`; measured on vLLM 0.11's own
+server: `simcore/data/cpu_costs/api_server_burst.json`). Then a latency that does not hold it
+(`request_overhead_s`: HTTP handling, the event loop's hand-offs), paid by every request
+concurrently.
 
 The five parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
@@ -99,8 +102,8 @@ class HostConfig(BaseModel):
     api_server_per_request_s: float | None = Field(
         None, ge=0, description="API server CPU time per request beyond its measured work "
         "(the HTTP route, request validation, the response's set-up), "
-        "s; it holds the server process like the measured work, so a burst's requests wait for "
-        "one another. Null: fitted.")
+        "s; it holds the server process like the measured work, so a burst's requests share "
+        "it and wait for one another. Null: fitted.")
     chat_template_parse: Literal["cached", "per_request"] = Field(
         "cached", description="How the API server resolves a chat request's Hugging Face chat "
         "template (workload.endpoint chat_completions): cached, as vLLM does apart from 0.11.0 "
@@ -343,7 +346,7 @@ class HostOverheads:
                    f"end-to-end set) after its work on each request ({self._req_a * 1e3:.2f} "
                    f"ms + {self._req_c * 1e6:.2f} us/prompt token measured, "
                    f"{self._req_x * 1e3:.1f} ms fitted), "
-                   f"one request at a time on {self.api_server_count} server process"
+                   f"requests sharing the CPU of {self.api_server_count} server process"
                    f"{'es' if self.api_server_count > 1 else ''}; "
                    if self.entrypoint == "api_server" else
                    "offline (LLM class): no API server; ")

@@ -146,7 +146,8 @@ METRICS: tuple[Metric, ...] = (
     _m("mean_api_server_ms", "ms", MIN, 1, "prediction",
        "Mean time on the API server's path before the engine saw a request."),
     _m("mean_api_server_wait_ms", "ms", MIN, 1, "prediction",
-       "Mean wait for a free API server process."),
+       "Mean time on the API server's path beyond the request's own work (the requests "
+       "sharing its process)."),
     # -- the deployment (simcore.simulate.assemble_result) -------------------------------------
     _m("num_gpus", "GPUs", None, 0, "input", "GPUs of the deployment."),
     _m("gpu_busy_fraction", "fraction", None, 0, "prediction",

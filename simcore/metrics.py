@@ -54,7 +54,8 @@ class RequestRecord:
     server process, its work there, the path's latency): part of TTFT, not of the engine's
     queue."""
     server_wait_s: float = 0.0
-    """The part of `server_s` spent waiting for a free API server process."""
+    """The part of `server_s` beyond the request's own work on the API server: the other
+    requests sharing its process."""
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
     num_external_prompt_tokens: int = 0

@@ -180,17 +180,17 @@ def test_a_burst_through_one_api_server_process_is_blamed_on_the_api_server():
     r = result("flood_api")
     e = explain(r)
     assert e["bottleneck"] == "api_server"
-    # 200 requests' work one after another: the k-th ends after k x its work.
+    # 200 requests' work sharing one process: all end after 200 x one's work.
     from simcore.host import HostConfig, HostOverheads
 
     cpu_ms = 1e3 * HostOverheads(HostConfig(**SCENARIOS["flood_api"]["host"])).request_cpu_s(512)
     assert 50 < cpu_ms < 150
-    assert r["mean_api_server_ms"] == pytest.approx(cpu_ms * 201 / 2, rel=1e-9)
-    assert r["mean_api_server_wait_ms"] == pytest.approx(cpu_ms * 199 / 2, rel=1e-9)
+    assert r["mean_api_server_ms"] == pytest.approx(cpu_ms * 200, rel=1e-9)
+    assert r["mean_api_server_wait_ms"] == pytest.approx(cpu_ms * 199, rel=1e-9)
     share = r["mean_api_server_wait_ms"] / r["mean_ttft_ms"]
-    assert share > 0.8
+    assert share > 0.7          # the rest: the engine's prefill of the burst, all at once
     assert f"The API server limits TTFT: {pct(share)} of it" in text(e)
-    assert f"{cpu_ms:.0f} ms each" in text(e)
+    assert f"{cpu_ms:.0f} ms of work each" in text(e)
     assert "--api-server-count" in text(e)
     # Four processes cut the path's share of TTFT: the intervention the sentence names.
     d = copy.deepcopy(BASE)

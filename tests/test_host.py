@@ -105,7 +105,7 @@ def test_the_request_latency_does_not_hold_the_server_process():
     assert late["mean_api_server_wait_ms"] == pytest.approx(base["mean_api_server_wait_ms"])
 
 
-def test_a_burst_queues_on_the_api_servers_measured_work_one_request_at_a_time():
+def test_a_burst_shares_the_api_servers_measured_work_and_arrives_together():
     prompt = 4096
     w = {"num_prompts": 8, "request_rate": "inf",
          "dataset": {"kind": "random", "input_len": prompt, "output_len": 4}}
@@ -116,25 +116,27 @@ def test_a_burst_queues_on_the_api_servers_measured_work_one_request_at_a_time()
     assert cpu_s > 0.4 * (tokenize["a"] + tokenize["c_per_token"] * prompt)  # host speed 0.4
     one = simulate(_cfg(host=host, workload=w))
     eight = simulate(_cfg(host={**host, "api_server_count": 8}, workload=w))
-    # On one process the k-th request waits k x its work (3.5 on average); on eight, none waits.
-    assert one["mean_api_server_wait_ms"] == pytest.approx(3.5 * cpu_s * 1e3, rel=1e-9)
+    # On one process the eight share its CPU and all finish after eight requests' work, so each
+    # waits seven of them; on eight, none waits.
+    assert one["mean_api_server_wait_ms"] == pytest.approx(7 * cpu_s * 1e3, rel=1e-9)
+    assert one["mean_api_server_ms"] == pytest.approx(8 * cpu_s * 1e3, rel=1e-9)
     assert eight["mean_api_server_wait_ms"] == 0.0
     assert eight["mean_api_server_ms"] == pytest.approx(cpu_s * 1e3, rel=1e-9)
 
 
 def test_the_servers_unmeasured_work_per_request_holds_it():
-    """Eight requests of one length sent at once to one server process: the k-th waits k times
-    one request's work, so 7 / 2 of it on average; the unmeasured work (5 ms) adds 17.5 ms to
-    the mean wait and, with the request's own 5 ms, 22.5 ms to its path and to TTFT."""
+    """Eight requests of one length sent at once to one server process share it and finish
+    together, after eight requests' work: the unmeasured work (5 ms) adds 35 ms to each one's
+    wait and, with its own 5 ms, 40 ms to its path and to TTFT."""
     w = {"num_prompts": 8, "request_rate": "inf",
          "dataset": {"kind": "random", "input_len": 256, "output_len": 4}}
     host = {**EXPLICIT, "request_overhead_s": 0.0, "api_server_per_request_s": 0.0}
     base = simulate(_cfg(host=host, workload=w))
     held = simulate(_cfg(host={**host, "api_server_per_request_s": 0.005}, workload=w))
     assert held["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] == pytest.approx(
-        3.5 * 5.0, rel=1e-9)
+        7 * 5.0, rel=1e-9)
     assert held["mean_api_server_ms"] - base["mean_api_server_ms"] == pytest.approx(
-        4.5 * 5.0, rel=1e-9)
+        8 * 5.0, rel=1e-9)
     assert HostOverheads(HostConfig(**{**host, "entrypoint": "offline",
                                        "api_server_per_request_s": 0.005})).request_cpu_s(256) \
         == 0.0
@@ -259,8 +261,8 @@ def test_expert_parallel_groups_take_the_host_model():
 
 def test_chat_requests_add_the_measured_chat_path_work_which_holds_the_server():
     """Eight chat requests sent at once to one server process, against the same completions
-    requests: each does the chat path's measured extra work on the server, so the k-th waits k
-    of them (7 / 2 on average) and its own path takes one more; vLLM 0.11.0's parse of the
+    requests: each does the chat path's measured extra work on the server, which they share, so
+    each waits seven of them and its own path takes one more; vLLM 0.11.0's parse of the
     template on every request costs ~40 times the cached resolution."""
     w = {"num_prompts": 8, "request_rate": "inf",
          "dataset": {"kind": "random", "input_len": 256, "output_len": 4}}
@@ -277,9 +279,9 @@ def test_chat_requests_add_the_measured_chat_path_work_which_holds_the_server():
         r = simulate(_cfg(host={**host, "chat_template_parse": parse},
                           workload={**w, "endpoint": "chat_completions"}))
         assert r["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] == pytest.approx(
-            3.5 * extra * 1e3, rel=1e-9)
+            7 * extra * 1e3, rel=1e-9)
         assert r["mean_api_server_ms"] - base["mean_api_server_ms"] == pytest.approx(
-            4.5 * extra * 1e3, rel=1e-9)
+            8 * extra * 1e3, rel=1e-9)
         assert any(line.startswith("chat requests: ") and f"{extra * 1e3:.2f} ms" in line
                    for line in r["provenance"]["assumptions"])
 
@@ -378,3 +380,27 @@ def test_a_server_streaming_many_chat_tokens_paces_the_steps():
     chat = simulate(_cfg(host=host, workload={**w, "endpoint": "chat_completions"},
                          engine=eng))
     assert chat["median_itl_ms"] > cmpl["median_itl_ms"]
+
+
+def test_the_api_server_shares_its_cpu_among_the_requests_it_works_on():
+    """Processor sharing, as vLLM's event loop runs request handlers a slice at a time: a job
+    alone gets the whole CPU, two get half each, and a later arrival slows the earlier job."""
+    import simpy
+
+    from simcore.serve.frontend import SharedCpu
+
+    env = simpy.Environment()
+    cpu = SharedCpu(env)
+    ends: dict[str, float] = {}
+
+    def start(name: str, work_s: float, at_s: float):
+        yield env.timeout(at_s)
+        cpu.add(work_s, lambda end, name=name: ends.__setitem__(name, end))
+
+    for name, work, at in (("a", 1.0, 0.0), ("b", 1.0, 0.5), ("c", 0.25, 2.5), ("d", 0.25, 2.5)):
+        env.process(start(name, work, at))
+    env.run()
+    # a: 0.5 alone, then its last 0.5 at half speed; b: 0.5 shared, its last 0.5 alone; c and
+    # d: sent together, each at half speed, finish together.
+    assert ends == pytest.approx({"a": 1.5, "b": 2.0, "c": 3.0, "d": 3.0}, abs=1e-12)
+    assert len(cpu) == 0

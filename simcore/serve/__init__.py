@@ -84,8 +84,9 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
     Between a request's send and its arrival in the scheduler lies the API server's path
     (`ApiServerPath`): its work, `request_cpu_s(prompt_len)`, on one of `api_servers` server
-    processes, each doing one request's work at a time, in send order, so that a burst of
-    requests queues there; then `request_latency_s`, which every request pays concurrently.
+    processes, each sharing its CPU among the requests it works on (`SharedCpu`), so that a
+    burst of requests reaches the engine together after all of their work; then
+    `request_latency_s`, which every request pays concurrently.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of

@@ -18,6 +18,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import simpy
 
@@ -37,8 +38,8 @@ from simcore.workload.spec import RequestSpec
 class ApiServerPath:
     """The API server's path before the engine sees a request: its work,
     `request_cpu_s(prompt_len)` (tokenization, input processing), on one of `num_servers`
-    processes, each doing one request's work at a time in send order; then `latency_s`, paid
-    by every request concurrently."""
+    processes, each sharing its CPU equally among the requests it is working on (`SharedCpu`);
+    then `latency_s`, paid by every request concurrently."""
 
     request_cpu_s: Callable[[int], float] | None = None
     latency_s: float = 0.0
@@ -59,6 +60,67 @@ class ClientSettings:
     request_timeout_s: float | None = None
 
 
+class SharedCpu:
+    """One API server process working on several requests at once, each getting an equal share
+    of its CPU (processor sharing): the server's event loop runs every ready request handler a
+    slice at a time, so a burst's requests advance together and finish together, rather than
+    one after another. (Measured with vLLM 0.11's own server and front end in front of a
+    stand-in engine core: 1,000 chat requests sent at once all reached the engine within one
+    second of each other, 12-13 s after they were sent; `scripts/vllm_cpu_costs/
+    burst_measure.py`.)
+
+    Lifecycle: `add(work_s, done)` starts a job of `work_s` CPU seconds now; `done(end_s)` is
+    called when it has had them. Kept as virtual time: with n jobs, every job's received CPU
+    grows at 1/n a second, so a job finishes when the virtual time reaches its start's plus its
+    work; the completion due next is scheduled, and a stale one (an arrival changed the share
+    since) is ignored."""
+
+    __slots__ = ("env", "jobs", "vtime", "at_s", "gen", "seq")
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.jobs: list = []         # heap of (virtual finish, sequence, done)
+        self.vtime = 0.0             # CPU seconds each job in progress has had since `at_s`...
+        self.at_s = 0.0              # ... as of this time
+        self.gen = 0
+        self.seq = 0
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def _advance(self) -> None:
+        now = self.env.now
+        if self.jobs and now > self.at_s:
+            self.vtime += (now - self.at_s) / len(self.jobs)
+        self.at_s = now
+
+    def add(self, work_s: float, done) -> None:
+        self._advance()
+        heapq.heappush(self.jobs, (self.vtime + work_s, self.seq, done))
+        self.seq += 1
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self.gen += 1
+        if self.jobs:
+            delay = (self.jobs[0][0] - self.vtime) * len(self.jobs)
+            self.env.timeout(max(delay, 0.0)).callbacks.append(
+                lambda _, gen=self.gen: self._finish(gen))
+
+    def _finish(self, gen: int) -> None:
+        if gen != self.gen:
+            return                   # the share changed since this was scheduled
+        self.at_s = self.env.now
+        jobs = self.jobs
+        self.vtime = jobs[0][0]      # exactly: the job due now has had all its work
+        finished = []
+        while jobs and jobs[0][0] <= self.vtime:
+            finished.append(heapq.heappop(jobs)[2])
+        self._schedule()
+        for done in finished:
+            done(self.env.now)
+
+
 class Frontend(StepObserver):
     """Client, API server, router and request records for the engines `ranks`.
 
@@ -70,7 +132,7 @@ class Frontend(StepObserver):
 
     __slots__ = ("env", "specs", "ranks", "client", "server", "router", "entry", "prefill_of",
                  "kv", "records", "progress", "total", "done", "all_done", "all_sent",
-                 "backlog", "in_flight", "in_server", "server_free", "sessions", "session_of",
+                 "backlog", "in_flight", "in_server", "servers", "sessions", "session_of",
                  "outcomes", "thinking", "context_limit", "delivery_logs")
 
     def __init__(self, env: simpy.Environment,
@@ -99,7 +161,7 @@ class Frontend(StepObserver):
         self.backlog: deque[tuple[int, RequestSpec]] = deque()   # held by max_concurrency
         self.in_flight = 0
         self.in_server = 0           # sent, still on the API server's path to an engine
-        self.server_free = [0.0] * server.num_servers   # when each process is next free (a heap)
+        self.servers = [SharedCpu(env) for _ in range(server.num_servers)]
         self.sessions = specs if isinstance(specs, SessionStream) else None
         self.session_of: list[tuple[Session, int]] = []
         self.outcomes: SessionOutcomes | None = None
@@ -226,23 +288,27 @@ class Frontend(StepObserver):
             req.block_hashes = router.last_hashes
         server = self.server
         if server.active:
-            # The API server's path: its work on the first free server process, then the
-            # path's latency.
+            # The API server's path: its work on the server process with the fewest requests in
+            # progress (shared with them), then the path's latency.
             self.in_server += 1
-            free = heapq.heappop(self.server_free)
-            start = free if free > env.now else env.now
-            done = start + (server.request_cpu_s(spec.prompt_len)
-                            if server.request_cpu_s is not None else 0.0)
-            heapq.heappush(self.server_free, done)
-            rec.server_wait_s = start - env.now
-            rec.server_s = done + server.latency_s - env.now
+            sent = env.now
 
             def arrive(_, rank=rank, req=req) -> None:
                 self.in_server -= 1
                 rank.sched.add_request(req)
                 rank.notify()
 
-            env.timeout(rec.server_s).callbacks.append(arrive)
+            def worked(end_s: float, rec=rec, sent=sent, work=0.0) -> None:
+                rec.server_wait_s = end_s - sent - work
+                rec.server_s = end_s + server.latency_s - sent
+                env.timeout(server.latency_s).callbacks.append(arrive)
+
+            if server.request_cpu_s is None:
+                worked(sent)
+            else:
+                work = server.request_cpu_s(spec.prompt_len)
+                cpu = min(self.servers, key=len)
+                cpu.add(work, partial(worked, work=work))
         else:
             rank.sched.add_request(req)
             rank.notify()
