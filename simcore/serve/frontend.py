@@ -18,7 +18,6 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import simpy
 
@@ -292,13 +291,15 @@ class Frontend(StepObserver):
             # progress (shared with them), then the path's latency.
             self.in_server += 1
             sent = env.now
+            work = (server.request_cpu_s(spec.prompt_len) if server.request_cpu_s is not None
+                    else 0.0)
 
             def arrive(_, rank=rank, req=req) -> None:
                 self.in_server -= 1
                 rank.sched.add_request(req)
                 rank.notify()
 
-            def worked(end_s: float, rec=rec, sent=sent, work=0.0) -> None:
+            def worked(end_s: float, rec=rec) -> None:
                 rec.server_wait_s = end_s - sent - work
                 rec.server_s = end_s + server.latency_s - sent
                 env.timeout(server.latency_s).callbacks.append(arrive)
@@ -306,9 +307,7 @@ class Frontend(StepObserver):
             if server.request_cpu_s is None:
                 worked(sent)
             else:
-                work = server.request_cpu_s(spec.prompt_len)
-                cpu = min(self.servers, key=len)
-                cpu.add(work, partial(worked, work=work))
+                min(self.servers, key=len).add(work, worked)
         else:
             rank.sched.add_request(req)
             rank.notify()
