@@ -229,7 +229,8 @@ def _api_server(s: Mapping, f: Factor, a: Attribution) -> list[str]:
     first = (f"The API server limits TTFT: {pct(s['api_server_wait_fraction_of_ttft'])} of it "
              f"(mean {s['mean_api_server_wait_ms']:.0f} of {s['mean_ttft_ms']:.0f} ms) is "
              f"waiting on the API server before the engine sees the request "
-             f"({_arrived(s)}; a process shares its CPU among the requests it works on, "
+             f"({_arrived(s)}; a process tokenizes prompts one at a time and shares its "
+             f"event loop among the requests it works on, "
              f"{s['mean_api_server_ms'] - s['mean_api_server_wait_ms']:.0f} ms of work each).")
     second = ("More API server processes (vllm serve --api-server-count, "
               "host.api_server_count) would cut it; a faster engine would not.")

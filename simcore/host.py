@@ -25,18 +25,24 @@ the server needs longer than the engine's step, clients receive tokens at the se
 the step period is the longer one.
 
 Per request, on the API server's path before the engine sees it (between the client's send and
-the request's arrival in the scheduler): the front end's CPU work, measured as above
-(`request_cpu_s`: tokenizing the prompt and vLLM's input processing, the output processor's
-request state and the request's msgpack hand-off to the engine core, a + c x prompt tokens,
-scaled by the host speed, plus the work not measured here: the HTTP route, request validation
-and the response's set-up, `api_server_per_request_s`; for a chat request, also the chat path's
-measured extra work on the chat template, `chat_template_s`), which holds the server process: the server is one Python process (or
-`api_server_count` of them) whose event loop advances every request it is working on a slice at
-a time, so the requests of a burst share its CPU and reach the engine together, after all of
-their work (processor sharing, `simcore.serve.frontend.SharedCpu`; measured on vLLM 0.11's own
-server: `simcore/data/cpu_costs/api_server_burst.json`). Then a latency that does not hold it
-(`request_overhead_s`: HTTP handling, the event loop's hand-offs), paid by every request
-concurrently.
+the request's arrival in the scheduler), on one of the server's `api_server_count` processes:
+- its prompt's tokenization (`tokenize_s`: vLLM's text-prompt input processing less the same
+  prompt's as token ids, measured as above, a + c x prompt tokens, scaled by the host speed), on
+  the process's tokenizer thread, one prompt after another: vLLM hands prompts to a one-worker
+  thread pool, and the tokenizer's Rust encoder releases the GIL, so the thread runs beside the
+  event loop, not on it (`simcore.serve.frontend.TokenizerThread`;
+  `scripts/vllm_cpu_costs/tokenizer_thread_measure.py`);
+- the event loop's work (`request_cpu_s`: vLLM's input processing of the token ids, the output
+  processor's request state and the request's msgpack hand-off to the engine core, measured as
+  above, plus the work not measured here: the HTTP route, request validation and the response's
+  set-up, `api_server_per_request_s`; for a chat request, also the chat path's measured extra
+  work on the chat template, `chat_template_s`), which holds the process: its event loop
+  advances every request it is working on a slice at a time, so the requests of a burst share
+  its CPU and reach the engine together, after all of their work (processor sharing,
+  `simcore.serve.frontend.SharedCpu`; measured on vLLM 0.11's own server:
+  `simcore/data/cpu_costs/api_server_burst.json`);
+- then a latency that does not hold it (`request_overhead_s`: HTTP handling, the event loop's
+  hand-offs), paid by every request concurrently.
 
 The five parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
@@ -224,7 +230,7 @@ class HostOverheads:
     streaming that of the requests' `endpoint` (completions or chat_completions)."""
 
     __slots__ = ("async_scheduling", "request_overhead_s", "host_speed", "entrypoint",
-                 "api_server_count", "_a", "_b_decode",
+                 "api_server_count", "_a", "_b_decode", "_tok_a", "_tok_c",
                  "_b_prefill", "_c_prefill", "_out_a", "_out_b", "_mr_step", "_mr_seq",
                  "_api_tok", "_req_a", "_req_c", "_req_x", "chat_request_s", "endpoint",
                  "_stream_tok")
@@ -260,12 +266,18 @@ class HostOverheads:
         self._stream_tok = s * streaming_token_s(endpoint, cfg.cpu_costs) if server else 0.0
         self._out_b = (s * (out["b_per_seq"] + dec["b_per_seq"]) + self._stream_tok
                        + self._api_tok)
-        # The front end's work on a new request: tokenization and input processing of a text
-        # prompt, the output processor's request state, the msgpack hand-off (both ends).
-        path = (fits["input_processor_text"], fits["add_request_output_processor"],
+        # The front end's work on a new request on the event loop: input processing of the
+        # tokenized prompt, the output processor's request state, the msgpack hand-off (both
+        # ends).
+        path = (fits["add_request_input_processor"], fits["add_request_output_processor"],
                 fits["add_request_ipc"])
         self._req_a = s * sum(f["a"] for f in path) if server else 0.0
         self._req_c = s * sum(f["c_per_token"] for f in path) if server else 0.0
+        # Tokenizing the text prompt, on the server's tokenizer thread: input processing of a
+        # text prompt less that of the same prompt's token ids.
+        text, ids = fits["input_processor_text"], fits["add_request_input_processor"]
+        self._tok_a = s * max(text["a"] - ids["a"], 0.0) if server else 0.0
+        self._tok_c = s * max(text["c_per_token"] - ids["c_per_token"], 0.0) if server else 0.0
         # The server's own work on a request beyond what was measured (fitted).
         self._req_x = (scale * host_parameter(cfg, "api_server_per_request_s") if server
                        else 0.0)
@@ -275,9 +287,14 @@ class HostOverheads:
                                if server else 0.0)
 
     def request_cpu_s(self, prompt_len: int) -> float:
-        """The API server's CPU time on one request of `prompt_len` tokens before the engine
-        sees it, s (0 without an API server): it holds a server process."""
+        """The API server event loop's CPU time on one request of `prompt_len` tokens before the
+        engine sees it, s (0 without an API server): it holds a server process."""
         return self._req_a + self._req_x + self._req_c * prompt_len
+
+    def tokenize_s(self, prompt_len: int) -> float:
+        """The API server's tokenizer thread's time on one prompt of `prompt_len` tokens, s (0
+        without an API server): beside the event loop, one prompt after another."""
+        return self._tok_a + self._tok_c * prompt_len
 
     def engine_s(self, num_seqs: int, num_tokens: int, num_decode: int) -> float:
         """The engine core's CPU time of one step, s."""
@@ -343,10 +360,12 @@ class HostOverheads:
                    f"({self.endpoint.replace('_', ' ')} responses) + "
                    f"{self._api_tok * 1e6:.1f} us/token fitted, "
                    f"{self.request_overhead_s * 1e3:.1f} ms/request of latency (fitted on the "
-                   f"end-to-end set) after its work on each request ({self._req_a * 1e3:.2f} "
-                   f"ms + {self._req_c * 1e6:.2f} us/prompt token measured, "
-                   f"{self._req_x * 1e3:.1f} ms fitted), "
-                   f"requests sharing the CPU of {self.api_server_count} server process"
+                   f"end-to-end set) after its work on each request: the prompt tokenized on "
+                   f"the tokenizer thread, one at a time ({self._tok_a * 1e3:.2f} ms + "
+                   f"{self._tok_c * 1e6:.2f} us/prompt token measured), then the event loop's "
+                   f"work ({self._req_a * 1e3:.2f} ms + {self._req_c * 1e6:.2f} us/prompt "
+                   f"token measured, {self._req_x * 1e3:.1f} ms fitted), "
+                   f"requests sharing the event loop of {self.api_server_count} server process"
                    f"{'es' if self.api_server_count > 1 else ''}; "
                    if self.entrypoint == "api_server" else
                    "offline (LLM class): no API server; ")

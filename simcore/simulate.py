@@ -51,7 +51,8 @@ def request_path(cfg: SimConfig, dep: Deployment) -> dict:
     chat = chat_extra_s(cfg, dep)
     if chat:
         cpu = partial(_plus, cpu, chat)
-    return {"request_cpu_s": cpu, "request_latency_s": host.request_overhead_s}
+    return {"request_cpu_s": cpu, "request_latency_s": host.request_overhead_s,
+            "request_tokenize_s": host.tokenize_s}
 
 
 def _plus(f, extra: float, prompt_len: int) -> float:

@@ -71,6 +71,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
                 kv_paths=None, request_timeout_s: float | None = None,
                 request_cpu_s: Callable[[int], float] | None = None,
                 request_latency_s: float = 0.0, api_servers: int = 1,
+                request_tokenize_s: Callable[[int], float] | None = None,
                 sched_configs: Sequence[SchedulerConfig] | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
@@ -83,10 +84,12 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     that long after its send is given up by the client: aborted in the engine
     (`Scheduler.finish_requests`) and recorded as failed, its tokens left out of the metrics.
     Between a request's send and its arrival in the scheduler lies the API server's path
-    (`ApiServerPath`): its work, `request_cpu_s(prompt_len)`, on one of `api_servers` server
-    processes, each sharing its CPU among the requests it works on (`SharedCpu`), so that a
-    burst of requests reaches the engine together after all of their work; then
-    `request_latency_s`, which every request pays concurrently.
+    (`ApiServerPath`) on one of `api_servers` server processes: its prompt's tokenization,
+    `request_tokenize_s(prompt_len)`, on the process's tokenizer thread, one prompt after
+    another (`TokenizerThread`); then its work on the event loop, `request_cpu_s(prompt_len)`,
+    the loop sharing its CPU among the requests it works on (`SharedCpu`), so that a burst of
+    requests reaches the engine together after all of their work; then `request_latency_s`,
+    which every request pays concurrently.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -116,7 +119,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     kv = KvHandoff(kv_paths, ranks) if kv_paths is not None else None
     frontend = Frontend(env, specs, ranks, router, entry,
                         ClientSettings(max_model_len, max_concurrency, request_timeout_s),
-                        ApiServerPath(request_cpu_s, request_latency_s, api_servers),
+                        ApiServerPath(request_cpu_s, request_latency_s, api_servers,
+                                      request_tokenize_s),
                         kv=kv, progress=progress)
     counters = ReplicaCounters(num_replicas)
     observers = (counters, *([NetworkShares()] if cluster is not None else []),

@@ -1,0 +1,127 @@
+"""Whether tokenizing on a worker thread holds up the API server's event loop.
+
+vLLM's OpenAI server tokenizes each prompt on a one-worker thread pool beside its asyncio event
+loop (`make_async(tokenizer, executor=ThreadPoolExecutor(max_workers=1))`; 0.10 to 0.2x batch the
+queued prompts into one call, `AsyncMicrobatchTokenizer`; 0.3x's renderer keeps the one-worker
+pool). Whether that thread competes with the event loop for the CPU depends on the GIL: the Hugging
+Face tokenizer encodes in Rust and may release it. This measures it directly: a pure-Python
+workload (the event loop's stand-in) runs alone, then beside a thread that tokenizes prompts back to
+back with the tokenizer as vLLM loads it (transformers' `AutoTokenizer`, a fast tokenizer); and the
+tokenizer's own rate, alone and beside the workload.
+
+    python tokenizer_thread_measure.py --tokenizer /tmp/qwen3-8b --out tokenizer_thread.json
+
+Prompts are random token ids decoded to text, as `vllm bench serve --dataset-name random` makes
+them. Needs two idle cores (the two threads run at once when the GIL allows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+
+
+def busy(iters: int) -> int:
+    """A pure-Python workload that holds the GIL the whole time it runs."""
+    s = 0
+    for i in range(iters):
+        s += i * i % 7
+    return s
+
+
+def tokenize_alone(tok, prompt: str, reps: int) -> float:
+    t = time.perf_counter()
+    for _ in range(reps):
+        tok(prompt)
+    return (time.perf_counter() - t) / reps
+
+
+def beside(tok, prompt: str, iters: int) -> tuple[float, float]:
+    """(seconds the workload took, tokenizations per second) with a tokenizing thread beside it."""
+    stop = threading.Event()
+    done = [0]
+
+    def worker() -> None:
+        while not stop.is_set():
+            tok(prompt)
+            done[0] += 1
+
+    th = threading.Thread(target=worker)
+    th.start()
+    time.sleep(0.05)
+    before = done[0]
+    t = time.perf_counter()
+    busy(iters)
+    took = time.perf_counter() - t
+    after = done[0]
+    stop.set()
+    th.join()
+    return took, (after - before) / took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
+    ap.add_argument("--lengths", default="256,2048,8192")
+    ap.add_argument("--iters", type=int, default=3_000_000, help="the workload's size")
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import tokenizers
+    import transformers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    rng = random.Random(0)
+    busy(args.iters // 10)
+    alone = [0.0] * args.trials
+    for k in range(args.trials):
+        t = time.perf_counter()
+        busy(args.iters)
+        alone[k] = time.perf_counter() - t
+    out = {"format": "simcore-tokenizer-thread", "version": 1,
+           "python": sys.version.split()[0], "tokenizers": tokenizers.__version__,
+           "transformers": transformers.__version__, "machine": platform.machine(),
+           "cores": os.cpu_count(), "switch_interval_s": sys.getswitchinterval(),
+           "tokenizer": os.path.abspath(args.tokenizer),
+           "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
+           "workload_alone_s": {"median": statistics.median(alone), "all": alone},
+           "lengths": []}
+    for n in (int(x) for x in args.lengths.split(",")):
+        ids = [rng.randrange(1000, min(tok.vocab_size, 100_000)) for _ in range(n)]
+        prompt = tok.decode(ids)
+        tokens = len(tok(prompt).input_ids)
+        tokenize_alone(tok, prompt, 3)
+        reps = max(3, int(0.3 / max(tokenize_alone(tok, prompt, 3), 1e-4)))
+        t_alone = [tokenize_alone(tok, prompt, reps) for _ in range(args.trials)]
+        runs = [beside(tok, prompt, args.iters) for _ in range(args.trials)]
+        took = [r[0] for r in runs]
+        rate = [r[1] for r in runs]
+        row = {"prompt_tokens": tokens,
+               "tokenize_alone_s": statistics.median(t_alone),
+               "workload_beside_s": statistics.median(took),
+               "workload_slowdown": statistics.median(took) / statistics.median(alone),
+               "tokenize_rate_beside_per_s": statistics.median(rate),
+               "tokenize_rate_alone_per_s": 1 / statistics.median(t_alone),
+               "trials": {"tokenize_alone_s": t_alone, "workload_beside_s": took,
+                          "tokenize_rate_beside_per_s": rate}}
+        out["lengths"].append(row)
+        print(f"{tokens} tokens: tokenize {row['tokenize_alone_s'] * 1e3:.2f} ms alone; "
+              f"workload x{row['workload_slowdown']:.2f} beside a tokenizing thread; "
+              f"tokenizer at {row['tokenize_rate_beside_per_s'] / row['tokenize_rate_alone_per_s']:.0%}"
+              " of its rate alone", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
