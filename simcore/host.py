@@ -26,11 +26,12 @@ the step period is the longer one.
 
 Per request, on the API server's path before the engine sees it (between the client's send and
 the request's arrival in the scheduler), on one of the server's `api_server_count` processes:
-- its prompt's tokenization (`tokenize_s`: vLLM's text-prompt input processing less the same
-  prompt's as token ids, measured as above, a + c x prompt tokens, scaled by the host speed), on
-  the process's tokenizer thread, one prompt after another: vLLM hands prompts to a one-worker
-  thread pool, and the tokenizer's Rust encoder releases the GIL, so the thread runs beside the
-  event loop, not on it (`simcore.serve.frontend.TokenizerThread`;
+- its prompt's tokenization (`tokenize_s`: the Hugging Face tokenizer's call as vLLM makes it,
+  measured alone on the measuring CPU, a + c x prompt tokens, scaled by the host speed:
+  `tokenizer_thread.json`, `TOKENIZE_RUN`), on the process's tokenizer thread, one prompt after
+  another: vLLM hands prompts to a one-worker thread pool, and the tokenizer's Rust encoder
+  releases the GIL, so the thread runs beside the event loop, not on it
+  (`simcore.serve.frontend.TokenizerThread`;
   `scripts/vllm_cpu_costs/tokenizer_thread_measure.py`);
 - the event loop's work (`request_cpu_s`: vLLM's input processing of the token ids, the output
   processor's request state and the request's msgpack hand-off to the engine core, measured as
@@ -153,6 +154,12 @@ def _cpu_costs(name: str) -> dict:
 
 CHAT_COSTS = CPU_COSTS_DIR / "chat_template.json"
 STREAMING_COSTS = CPU_COSTS_DIR / "streaming.json"
+TOKENIZER_COSTS = CPU_COSTS_DIR / "tokenizer_thread.json"
+TOKENIZE_RUN = "Llama 3"
+"""The tokenizer of `tokenizer_thread.json` whose measured cost the tokenizer thread takes:
+Llama 3's, the tokenizer of the shipped CPU-cost measurement, measured on the same machine on
+an idle CPU (the text-prompt series of `vllm-0.33-cpu-amd-epyc-zen3-2vcpu.json`, measured while
+other work loaded the machine, gives some 5x more per token)."""
 
 
 @lru_cache(maxsize=None)
@@ -167,6 +174,15 @@ def _on_cpu_of(seconds: float, measured: dict, cpu_costs: str) -> float:
     object code, as vLLM's serving code is)."""
     ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
     return seconds * ref / measured["python_reference"]["method_calls_1e3_s"]
+
+
+def tokenize_fit() -> dict:
+    """a (s) and c_per_token (s) of one prompt's tokenization on the measuring CPU, measured
+    alone (`tokenizer_thread.json`, the `TOKENIZE_RUN` tokenizer's fit)."""
+    for run in _measured(TOKENIZER_COSTS)["runs"]:
+        if run["tokenizer"].startswith(TOKENIZE_RUN):
+            return run["fit"]
+    raise ConfigError(f"{TOKENIZER_COSTS.name}: no {TOKENIZE_RUN} tokenizer run")
 
 
 def streaming_token_s(endpoint: str, cpu_costs: str) -> float:
@@ -273,11 +289,11 @@ class HostOverheads:
                 fits["add_request_ipc"])
         self._req_a = s * sum(f["a"] for f in path) if server else 0.0
         self._req_c = s * sum(f["c_per_token"] for f in path) if server else 0.0
-        # Tokenizing the text prompt, on the server's tokenizer thread: input processing of a
-        # text prompt less that of the same prompt's token ids.
-        text, ids = fits["input_processor_text"], fits["add_request_input_processor"]
-        self._tok_a = s * max(text["a"] - ids["a"], 0.0) if server else 0.0
-        self._tok_c = s * max(text["c_per_token"] - ids["c_per_token"], 0.0) if server else 0.0
+        # Tokenizing the text prompt, on the server's tokenizer thread: the tokenizer's call
+        # measured alone on an idle CPU.
+        tok = tokenize_fit()
+        self._tok_a = s * tok["a"] if server else 0.0
+        self._tok_c = s * tok["c_per_token"] if server else 0.0
         # The server's own work on a request beyond what was measured (fitted).
         self._req_x = (scale * host_parameter(cfg, "api_server_per_request_s") if server
                        else 0.0)

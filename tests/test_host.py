@@ -12,7 +12,7 @@ from simcore.compute.roofline import RooflineModel
 from simcore.config import parse_config
 from simcore.hardware import get_gpu
 from simcore.host import (HostConfig, HostOverheads, _cpu_costs, fitted_parameters,
-                          streaming_token_s)
+                          streaming_token_s, tokenize_fit)
 from simcore.model.presets import load_preset
 from simcore.simulate import simulate
 from simcore.uncertainty import (
@@ -154,12 +154,11 @@ def test_a_burst_is_tokenized_in_turn_then_shares_the_event_loop():
     meet there and share it."""
     host = {**EXPLICIT, "request_overhead_s": 0.0}
     h = HostOverheads(HostConfig(**host))
-    fits = _cpu_costs("vllm-0.33-cpu-amd-epyc-zen3-2vcpu")["fits"]
-    text, ids = fits["input_processor_text"], fits["add_request_input_processor"]
-    for prompt in (4096, 64):
-        # Tokenizing is the measured text-prompt input processing less the token-id one.
-        assert h.tokenize_s(prompt) == pytest.approx(0.4 * (
-            text["a"] - ids["a"] + (text["c_per_token"] - ids["c_per_token"]) * prompt))
+    measured = tokenize_fit()
+    for prompt in (16384, 64):
+        # Tokenizing is the tokenizer's call as measured alone, at the host speed.
+        assert h.tokenize_s(prompt) == pytest.approx(
+            0.4 * (measured["a"] + measured["c_per_token"] * prompt))
         w = {"num_prompts": 8, "request_rate": "inf",
              "dataset": {"kind": "random", "input_len": prompt, "output_len": 4}}
         tok, cpu = h.tokenize_s(prompt), h.request_cpu_s(prompt)
@@ -171,7 +170,7 @@ def test_a_burst_is_tokenized_in_turn_then_shares_the_event_loop():
         eight = simulate(_cfg(host={**host, "api_server_count": 8}, workload=w))
         assert eight["mean_api_server_wait_ms"] == pytest.approx(0.0, abs=1e-9)
         assert eight["mean_api_server_ms"] == pytest.approx(1e3 * (tok + cpu), rel=1e-9)
-    assert h.tokenize_s(4096) > 2 * h.request_cpu_s(4096)     # long prompts: one at a time
+    assert h.tokenize_s(16384) > h.request_cpu_s(16384)       # long prompts: one at a time
     assert h.tokenize_s(64) < h.request_cpu_s(64) / 4         # short ones: shared
 
 
@@ -189,7 +188,7 @@ def test_the_servers_unmeasured_work_per_request_holds_it():
         ends = _fifo_then_shared([0.0] * 8, tok, [h0.request_cpu_s(256) + extra] * 8)
         assert run["mean_api_server_ms"] == pytest.approx(1e3 * sum(ends) / 8, rel=1e-9)
     # The 5 ms each, shared: the wait grows by nearly the other seven requests' 35 ms.
-    assert 30 < held["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] < 35
+    assert 30 < held["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] <= 35 + 1e-9
     assert HostOverheads(HostConfig(**{**host, "entrypoint": "offline",
                                        "api_server_per_request_s": 0.005})).request_cpu_s(256) \
         == 0.0

@@ -10,6 +10,10 @@ back with the tokenizer as vLLM loads it (transformers' `AutoTokenizer`, a fast 
 tokenizer's own rate, alone and beside the workload.
 
     python tokenizer_thread_measure.py --tokenizer /tmp/qwen3-8b --out tokenizer_thread.json
+    python tokenizer_thread_measure.py --refit tokenizer_thread.json   # the fits again
+
+Each run's `fit` is least squares t = a + c x tokens over its tokenizing-alone medians (weighted
+by 1/t, a >= 0): what one prompt of n tokens costs the tokenizer thread.
 
 Prompts are random token ids decoded to text, as `vllm bench serve --dataset-name random` makes
 them. Needs two idle cores (the two threads run at once when the GIL allows).
@@ -66,14 +70,47 @@ def beside(tok, prompt: str, iters: int) -> tuple[float, float]:
     return took, (after - before) / took
 
 
+def fit(points: list[tuple[int, float]]) -> dict:
+    """Least squares t = a + c * tokens on (tokens, seconds) points, each weighted by 1/t
+    (relative errors count evenly), a kept at 0 or above."""
+    import numpy as np
+
+    n = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    w = 1.0 / t
+    (a, c), *_ = np.linalg.lstsq(np.stack([w, n * w], axis=1), t * w, rcond=None)
+    if a < 0:
+        a, c = 0.0, float(np.sum(n * t * w * w) / np.sum(n * n * w * w))
+    worst = float(np.max(np.abs(a + c * n - t) / t))
+    return {"a": float(a), "c_per_token": float(c), "points": len(points),
+            "max_rel_residual": worst, "weighting": "1/median"}
+
+
+def refit(path: str) -> None:
+    """Recompute each run's `fit` of its tokenizing-alone medians in a written file."""
+    with open(path) as f:
+        data = json.load(f)
+    for run in data["runs"]:
+        run["fit"] = fit([(r["prompt_tokens"], r["tokenize_alone_s"]) for r in run["lengths"]])
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
+    ap.add_argument("--refit", metavar="FILE", help="only recompute the fits of a written file")
+    ap.add_argument("--tokenizer", help="a directory with tokenizer.json")
     ap.add_argument("--lengths", default="256,2048,8192")
     ap.add_argument("--iters", type=int, default=3_000_000, help="the workload's size")
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the file to write (with --tokenizer)")
     args = ap.parse_args()
+    if args.refit:
+        refit(args.refit)
+        return
+    if not args.tokenizer or not args.out:
+        ap.error("--tokenizer and --out are required")
 
     import tokenizers
     import transformers
@@ -118,6 +155,7 @@ def main() -> None:
               f"workload x{row['workload_slowdown']:.2f} beside a tokenizing thread; "
               f"tokenizer at {row['tokenize_rate_beside_per_s'] / row['tokenize_rate_alone_per_s']:.0%}"
               " of its rate alone", flush=True)
+    out["fit"] = fit([(r["prompt_tokens"], r["tokenize_alone_s"]) for r in out["lengths"]])
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
