@@ -9,8 +9,9 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings as hypothesis_settings, strategies as st
 
+from simcore.errors import ConfigError
 from simcore.fabric import ecmp
 from simcore.fabric import topology as T
 from simcore.fabric.analytical import ideal_message_s
@@ -463,8 +464,17 @@ def settings_for(mode: str) -> FabricSettings:
                    pfc={"shared_buffer_bytes": 200_000})
 
 
+_LIVELOCK = (T.dumbbell(1, 2, rate_bps=25e9, delay_s=1e-6, bottleneck_rate_bps=10e9,
+                       buffer_bytes=20_000), "lossy", 20_000,
+             [(3, 2, 20_721, 2.394486486388232e-05, 0), (4, 2, 122_095, 0.0, 0)], 1e-6)
+"""Two go-back-N senders into a 20 kB drop-tail queue, their 30 us timeouts in step: every
+round each resends its whole window into the queue the other's round has just filled, and
+neither first packet ever gets through (nothing is delivered)."""
+
+
 @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
+@example(_LIVELOCK)
 def test_bytes_are_conserved_and_queues_stay_within_bounds(scenario):
     topo, mode, buffer_bytes, messages, cut = scenario
     if mode == "pfc_dcqcn" and not HAVE_DCQCN:
@@ -474,7 +484,14 @@ def test_bytes_are_conserved_and_queues_stay_within_bounds(scenario):
         fab.send(src, dst, size, at_s=at_s, flow_key=key)
     fab.run(cut)
     fab.stats().check_conservation()
-    fab.run()
+    try:
+        fab.run()
+    except ConfigError as err:
+        # A lossy class can lock go-back-N senders in step; the fabric names the queue pair and
+        # the remedies instead of running forever, with every byte still accounted for.
+        assert mode == "lossy" and "timed out 1000 times in a row" in str(err)
+        fab.stats().check_conservation()
+        return
     stats = fab.stats()
     stats.check_conservation()
     assert stats.payload_in_flight_bytes == 0
