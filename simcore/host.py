@@ -31,7 +31,7 @@ the request's arrival in the scheduler), on one of the server's `api_server_coun
   `tokenizer_thread.json`, `TOKENIZE_RUN`), on the process's tokenizer thread, one prompt after
   another: vLLM hands prompts to a one-worker thread pool, and the tokenizer's Rust encoder
   releases the GIL, so the thread runs beside the event loop, not on it
-  (`simcore.serve.frontend.TokenizerThread`;
+  (`simcore.serve.api_server.TokenizerThread`;
   `scripts/vllm_cpu_costs/tokenizer_thread_measure.py`);
 - the event loop's work (`request_cpu_s`: vLLM's input processing of the token ids, the output
   processor's request state and the request's msgpack hand-off to the engine core, measured as
@@ -40,7 +40,7 @@ the request's arrival in the scheduler), on one of the server's `api_server_coun
   work on the chat template, `chat_template_s`), which holds the process: its event loop
   advances every request it is working on a slice at a time, so the requests of a burst share
   its CPU and reach the engine together, after all of their work (processor sharing,
-  `simcore.serve.frontend.SharedCpu`; measured on vLLM 0.11's own server:
+  `simcore.serve.api_server.SharedCpu`; measured on vLLM 0.11's own server:
   `simcore/data/cpu_costs/api_server_burst.json`);
 - then a latency that does not hold it (`request_overhead_s`: HTTP handling, the event loop's
   hand-offs), paid by every request concurrently.

@@ -456,7 +456,7 @@ def _jobs(server_class, jobs):
 def test_the_api_server_shares_its_cpu_among_the_requests_it_works_on():
     """Processor sharing, as vLLM's event loop runs request handlers a slice at a time: a job
     alone gets the whole CPU, two get half each, and a later arrival slows the earlier job."""
-    from simcore.serve.frontend import SharedCpu
+    from simcore.serve.api_server import SharedCpu
 
     env, cpu, ends = _jobs(SharedCpu, (("a", 1.0, 0.0), ("b", 1.0, 0.5), ("c", 0.25, 2.5),
                                        ("d", 0.25, 2.5)))
@@ -470,7 +470,7 @@ def test_the_api_server_shares_its_cpu_among_the_requests_it_works_on():
 def test_the_tokenizer_thread_takes_prompts_in_turn():
     """First come, first served, one prompt at a time: a prompt sent while the thread is busy
     starts when the ones before it are done; one sent to an idle thread starts at once."""
-    from simcore.serve.frontend import TokenizerThread
+    from simcore.serve.api_server import TokenizerThread
 
     env, thread, ends = _jobs(TokenizerThread, (("a", 1.0, 0.0), ("b", 0.5, 0.25),
                                                 ("c", 0.25, 0.25), ("d", 0.1, 3.0)))

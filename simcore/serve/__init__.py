@@ -20,7 +20,8 @@ from simcore.errors import ConfigError
 from simcore.metrics import RequestRecord
 from simcore.router import Router
 from simcore.serve.executor import DagExecutor, ModelExecutor
-from simcore.serve.frontend import ApiServerPath, ClientSettings, Frontend, KvHandoff
+from simcore.serve.api_server import ApiServerPath
+from simcore.serve.frontend import ClientSettings, Frontend, KvHandoff
 from simcore.serve.loop import MAX_EMPTY_STEPS, EngineLoop, Rank
 from simcore.serve.observers import (NetworkShares, ReplicaCounters, ReplicaStats, TimeSeries,
                                      TimeSeriesSampler)

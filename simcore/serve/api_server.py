@@ -1,0 +1,138 @@
+"""vLLM's API server on the virtual clock, before the engine sees a request: each process's
+tokenizer thread (prompts one after another, beside the event loop) and its event loop (its CPU
+shared among the requests it is working on), as `ApiServerPath` describes a request's path
+through them. `simcore.serve.frontend.Frontend` sends each request along it."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ApiServerPath:
+    """The API server's path before the engine sees a request, on one of `num_servers`
+    processes: tokenizing its prompt, `tokenize_s(prompt_len)`, on the process's tokenizer
+    thread, one prompt after another (`TokenizerThread`); then the event loop's work,
+    `request_cpu_s(prompt_len)` (input processing, the request's state and hand-off), the loop's
+    CPU shared equally among the requests it is working on (`SharedCpu`); then `latency_s`, paid
+    by every request concurrently."""
+
+    request_cpu_s: Callable[[int], float] | None = None
+    latency_s: float = 0.0
+    num_servers: int = 1
+    tokenize_s: Callable[[int], float] | None = None
+
+    @property
+    def active(self) -> bool:
+        return (self.request_cpu_s is not None or self.tokenize_s is not None
+                or self.latency_s > 0)
+
+
+class SharedCpu:
+    """One API server process working on several requests at once, each getting an equal share
+    of its CPU (processor sharing): the server's event loop runs every ready request handler a
+    slice at a time, so a burst's requests advance together and finish together, rather than
+    one after another. (Measured with vLLM 0.11's own server and front end in front of a
+    stand-in engine core: 1,000 chat requests sent at once all reached the engine within one
+    second of each other, 12-13 s after they were sent; `scripts/vllm_cpu_costs/
+    burst_measure.py`.)
+
+    Lifecycle: `add(work_s, done)` starts a job of `work_s` CPU seconds now; `done(end_s)` is
+    called when it has had them. Kept as virtual time: with n jobs, every job's received CPU
+    grows at 1/n a second, so a job finishes when the virtual time reaches its start's plus its
+    work; the completion due next is scheduled, and a stale one (an arrival changed the share
+    since) is ignored."""
+
+    __slots__ = ("env", "jobs", "vtime", "at_s", "gen", "seq")
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.jobs: list = []         # heap of (virtual finish, sequence, done)
+        self.vtime = 0.0             # CPU seconds each job in progress has had since `at_s`...
+        self.at_s = 0.0              # ... as of this time
+        self.gen = 0
+        self.seq = 0
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def _advance(self) -> None:
+        now = self.env.now
+        if self.jobs and now > self.at_s:
+            self.vtime += (now - self.at_s) / len(self.jobs)
+        self.at_s = now
+
+    def add(self, work_s: float, done) -> None:
+        self._advance()
+        heapq.heappush(self.jobs, (self.vtime + work_s, self.seq, done))
+        self.seq += 1
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self.gen += 1
+        if self.jobs:
+            delay = (self.jobs[0][0] - self.vtime) * len(self.jobs)
+            self.env.timeout(max(delay, 0.0)).callbacks.append(
+                lambda _, gen=self.gen: self._finish(gen))
+
+    def _finish(self, gen: int) -> None:
+        if gen != self.gen:
+            return                   # the share changed since this was scheduled
+        self.at_s = self.env.now
+        jobs = self.jobs
+        self.vtime = jobs[0][0]      # exactly: the job due now has had all its work
+        finished = []
+        while jobs and jobs[0][0] <= self.vtime:
+            finished.append(heapq.heappop(jobs)[2])
+        self._schedule()
+        for done in finished:
+            done(self.env.now)
+
+
+class TokenizerThread:
+    """An API server process's tokenizer thread: prompts tokenized one after another, first come
+    first served, beside the event loop rather than on it. vLLM's OpenAI server hands each
+    prompt to a one-worker thread pool (`make_async(tokenizer, executor=...)`; 0.10 to 0.2x
+    batch the queued prompts into one call, `AsyncMicrobatchTokenizer`), and the Hugging Face
+    tokenizer's Rust encoder releases the GIL: a pure-Python loop ran at full speed beside a
+    thread tokenizing 2,000-token prompts (Qwen3's tokenizer, tokenizers 0.22).
+
+    Lifecycle: `add(work_s, done)` queues a prompt of `work_s` seconds; `done(end_s)` is
+    called when it is tokenized."""
+
+    __slots__ = ("env", "free_s", "queued")
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.free_s = 0.0            # when the thread has finished every prompt queued so far
+        self.queued = 0              # prompts queued or in progress
+
+    def __len__(self) -> int:
+        return self.queued
+
+    def add(self, work_s: float, done) -> None:
+        now = self.env.now
+        end = max(self.free_s, now) + work_s
+        self.free_s = end
+        self.queued += 1
+
+        def finish(_) -> None:
+            self.queued -= 1
+            done(end)
+        self.env.timeout(end - now).callbacks.append(finish)
+
+
+class ServerProcess:
+    """One API server process: its tokenizer thread and its event loop's CPU."""
+
+    __slots__ = ("tokenizer", "loop")
+
+    def __init__(self, env) -> None:
+        self.tokenizer = TokenizerThread(env)
+        self.loop = SharedCpu(env)
+
+    def __len__(self) -> int:
+        """Requests the process is working on (tokenizing, or on the event loop)."""
+        return len(self.tokenizer) + len(self.loop)
