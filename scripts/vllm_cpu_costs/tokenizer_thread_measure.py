@@ -9,7 +9,8 @@ workload (the event loop's stand-in) runs alone, then beside a thread that token
 back with the tokenizer as vLLM loads it (transformers' `AutoTokenizer`, a fast tokenizer); and the
 tokenizer's own rate, alone and beside the workload.
 
-    python tokenizer_thread_measure.py --tokenizer /tmp/qwen3-8b --out tokenizer_thread.json
+    python tokenizer_thread_measure.py --tokenizer Qwen3=/tmp/qwen3-8b "Llama 3=/tmp/llama3-tok" \
+        --out tokenizer_thread.json
     python tokenizer_thread_measure.py --refit tokenizer_thread.json   # the fits again
 
 Each run's `fit` is least squares t = a + c x tokens over its tokenizing-alone medians (weighted
@@ -91,16 +92,62 @@ def refit(path: str) -> None:
     with open(path) as f:
         data = json.load(f)
     for run in data["runs"]:
-        run["fit"] = fit([(r["prompt_tokens"], r["tokenize_alone_s"]) for r in run["lengths"]])
+        run["fit"] = _fit_of(run)
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
 
 
+def measure_run(label: str, path: str, lengths: str, iters: int, trials: int) -> dict:
+    """One tokenizer's run: the workload alone, then per prompt length the tokenizer alone and
+    beside the workload; with the fit of its tokenizing-alone medians."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    rng = random.Random(0)
+    alone = [0.0] * trials
+    for k in range(trials):
+        t = time.perf_counter()
+        busy(iters)
+        alone[k] = time.perf_counter() - t
+    run = {"tokenizer": label, "workload_alone_s": {"median": statistics.median(alone),
+                                                    "all": alone}, "lengths": []}
+    for n in (int(x) for x in lengths.split(",")):
+        ids = [rng.randrange(1000, min(tok.vocab_size, 100_000)) for _ in range(n)]
+        prompt = tok.decode(ids)
+        tokens = len(tok(prompt).input_ids)
+        tokenize_alone(tok, prompt, 3)
+        reps = max(3, int(0.3 / max(tokenize_alone(tok, prompt, 3), 1e-4)))
+        t_alone = [tokenize_alone(tok, prompt, reps) for _ in range(trials)]
+        runs = [beside(tok, prompt, iters) for _ in range(trials)]
+        took = [r[0] for r in runs]
+        rate = [r[1] for r in runs]
+        row = {"prompt_tokens": tokens,
+               "tokenize_alone_s": statistics.median(t_alone),
+               "workload_beside_s": statistics.median(took),
+               "workload_slowdown": statistics.median(took) / statistics.median(alone),
+               "tokenize_rate_beside_per_s": statistics.median(rate),
+               "tokenize_rate_alone_per_s": 1 / statistics.median(t_alone),
+               "trials": {"tokenize_alone_s": t_alone, "workload_beside_s": took,
+                          "tokenize_rate_beside_per_s": rate}}
+        run["lengths"].append(row)
+        print(f"{label}, {tokens} tokens: tokenize {row['tokenize_alone_s'] * 1e3:.2f} ms alone; "
+              f"workload x{row['workload_slowdown']:.2f} beside a tokenizing thread; "
+              f"tokenizer at {row['tokenize_rate_beside_per_s'] / row['tokenize_rate_alone_per_s']:.0%}"
+              " of its rate alone", flush=True)
+    run["fit"] = _fit_of(run)
+    return run
+
+
+def _fit_of(run: dict) -> dict:
+    return fit([(r["prompt_tokens"], r["tokenize_alone_s"]) for r in run["lengths"]])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refit", metavar="FILE", help="only recompute the fits of a written file")
-    ap.add_argument("--tokenizer", help="a directory with tokenizer.json")
+    ap.add_argument("--tokenizer", nargs="+", metavar="LABEL=DIR",
+                    help="tokenizers to measure, each a label and a directory with tokenizer.json")
     ap.add_argument("--lengths", default="256,2048,8192")
     ap.add_argument("--iters", type=int, default=3_000_000, help="the workload's size")
     ap.add_argument("--trials", type=int, default=5)
@@ -114,48 +161,17 @@ def main() -> None:
 
     import tokenizers
     import transformers
-    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    rng = random.Random(0)
     busy(args.iters // 10)
-    alone = [0.0] * args.trials
-    for k in range(args.trials):
-        t = time.perf_counter()
-        busy(args.iters)
-        alone[k] = time.perf_counter() - t
     out = {"format": "simcore-tokenizer-thread", "version": 1,
            "python": sys.version.split()[0], "tokenizers": tokenizers.__version__,
            "transformers": transformers.__version__, "machine": platform.machine(),
            "cores": os.cpu_count(), "switch_interval_s": sys.getswitchinterval(),
-           "tokenizer": os.path.abspath(args.tokenizer),
            "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
-           "workload_alone_s": {"median": statistics.median(alone), "all": alone},
-           "lengths": []}
-    for n in (int(x) for x in args.lengths.split(",")):
-        ids = [rng.randrange(1000, min(tok.vocab_size, 100_000)) for _ in range(n)]
-        prompt = tok.decode(ids)
-        tokens = len(tok(prompt).input_ids)
-        tokenize_alone(tok, prompt, 3)
-        reps = max(3, int(0.3 / max(tokenize_alone(tok, prompt, 3), 1e-4)))
-        t_alone = [tokenize_alone(tok, prompt, reps) for _ in range(args.trials)]
-        runs = [beside(tok, prompt, args.iters) for _ in range(args.trials)]
-        took = [r[0] for r in runs]
-        rate = [r[1] for r in runs]
-        row = {"prompt_tokens": tokens,
-               "tokenize_alone_s": statistics.median(t_alone),
-               "workload_beside_s": statistics.median(took),
-               "workload_slowdown": statistics.median(took) / statistics.median(alone),
-               "tokenize_rate_beside_per_s": statistics.median(rate),
-               "tokenize_rate_alone_per_s": 1 / statistics.median(t_alone),
-               "trials": {"tokenize_alone_s": t_alone, "workload_beside_s": took,
-                          "tokenize_rate_beside_per_s": rate}}
-        out["lengths"].append(row)
-        print(f"{tokens} tokens: tokenize {row['tokenize_alone_s'] * 1e3:.2f} ms alone; "
-              f"workload x{row['workload_slowdown']:.2f} beside a tokenizing thread; "
-              f"tokenizer at {row['tokenize_rate_beside_per_s'] / row['tokenize_rate_alone_per_s']:.0%}"
-              " of its rate alone", flush=True)
-    out["fit"] = fit([(r["prompt_tokens"], r["tokenize_alone_s"]) for r in out["lengths"]])
+           "measured_at": time.strftime("%Y-%m-%d"), "runs": []}
+    for spec in args.tokenizer:
+        label, _, path = spec.partition("=")
+        out["runs"].append(measure_run(label, path, args.lengths, args.iters, args.trials))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
