@@ -131,10 +131,10 @@ def measure_run(label: str, path: str, lengths: str, iters: int, trials: int) ->
                "trials": {"tokenize_alone_s": t_alone, "workload_beside_s": took,
                           "tokenize_rate_beside_per_s": rate}}
         run["lengths"].append(row)
+        share = row["tokenize_rate_beside_per_s"] / row["tokenize_rate_alone_per_s"]
         print(f"{label}, {tokens} tokens: tokenize {row['tokenize_alone_s'] * 1e3:.2f} ms alone; "
               f"workload x{row['workload_slowdown']:.2f} beside a tokenizing thread; "
-              f"tokenizer at {row['tokenize_rate_beside_per_s'] / row['tokenize_rate_alone_per_s']:.0%}"
-              " of its rate alone", flush=True)
+              f"tokenizer at {share:.0%} of its rate alone", flush=True)
     run["fit"] = _fit_of(run)
     return run
 

@@ -6,10 +6,10 @@ lets it), refuses one longer than `max_model_len`, routes it, passes it through 
 path (`simcore.serve.api_server`), adds it to its engine's scheduler, gives it up at the client's
 timeout, and records its first scheduling, its tokens and its completion; as a
 `StepObserver` of the engine loops it sees each step's admissions and outputs. Given a
-`SessionStream` instead of requests, it runs closed-loop sessions: each session's first turn at its start, each later turn when the previous
-turn's reply has completed plus the turn's pause (`simcore.workload.sessions`). `KvHandoff`,
-another observer, moves KV caches over the fabric (P/D disaggregation, an external KV tier)
-through `simcore.cluster.kvpaths.KvPaths`.
+`SessionStream` instead of requests, it runs closed-loop sessions: each session's first turn
+at its start, each later turn when the previous turn's reply has completed plus the turn's
+pause (`simcore.workload.sessions`). `KvHandoff`, another observer, moves KV caches over the
+fabric (P/D disaggregation, an external KV tier) through `simcore.cluster.kvpaths.KvPaths`.
 """
 
 from __future__ import annotations
