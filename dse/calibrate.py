@@ -131,7 +131,40 @@ def render_kernel_errors(profile) -> str:
     for r in kernel_error_table(profile).itertuples():
         lines.append(f"{r.table:<30}{r.n_train:>9}{r.n_held_out:>12}{_pct(r.median):>9}"
                      f"{_pct(r.p90):>9}{_pct(r.p99):>9}{_pct(r.max):>9}")
+    transfer = moe_transfer_errors(profile)
+    if transfer:
+        head = f"{'table':<36}{'shapes':>9}{'median':>9}{'p90':>9}{'signed':>9}"
+        lines += ["", "fused-MoE shapes moved from the nearest other model's (each model left "
+                  "out; the bound of an unmeasured shape)", head, "-" * len(head)]
+        for table, e in transfer:
+            lines.append(f"{table:<36}{e.n:>9}{_pct(e.median):>9}{_pct(e.p90):>9}"
+                         f"{e.signed:>+9.1%}")
     return "\n".join(lines)
+
+
+def moe_transfer_errors(profile) -> list[tuple[str, object]]:
+    """(`moe/<dtype>/<routing>`, `moe_transfer.TransferError`) of each fused-MoE table of the
+    profile at the step model's default routing, through the default roofline's rates."""
+    from simcore.calibration.moe_transfer import leave_one_out
+    from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING
+    from simcore.compute.roofline import RooflineAssumptions
+    from simcore.hardware import get_gpu
+    from simcore.model.arch import dtype_bytes
+
+    gpu, a = get_gpu(profile.gpu), RooflineAssumptions()
+    bw = gpu.hbm_bandwidth_bytes_per_s * a.hbm_bandwidth_fraction
+    out = []
+    for dtype in sorted({k[0] for k in profile.moe_keys()}):
+        wb = 2.0 if dtype == "bf16" else dtype_bytes(_MOE_TABLE_WEIGHTS.get(dtype, dtype))
+        flops = gpu.flops_for(dtype) * a.gemm_flops_fraction
+        err = leave_one_out(profile, dtype, DEFAULT_MOE_ROUTING, wb, flops, bw)
+        if err is not None:
+            out.append((f"moe/{dtype}/{DEFAULT_MOE_ROUTING}", err))
+    return out
+
+
+_MOE_TABLE_WEIGHTS = {"mxfp4_w4a16": "mxfp4", "w4a8_mxfp4_mxfp8": "mxfp4", "int4_wo": "int4"}
+"""The weight dtype of a fused-MoE table whose name is not one (bytes per expert weight)."""
 
 
 _VIDUR_PASS_BYTES = {"add": 6.0, "input_layernorm": 4.0, "post_attention_layernorm": 4.0,

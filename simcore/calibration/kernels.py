@@ -469,6 +469,11 @@ class KernelProfile:
         """The fused-MoE layer's time against tokens at this shape and routing, or None."""
         return self._moe.get((dtype, hidden, inter, topk, num_experts, tp, ep, routing))
 
+    def moe_keys(self) -> list[tuple]:
+        """The fused-MoE tables' keys: (dtype, hidden, inter, topk, experts, tp, ep,
+        routing)."""
+        return list(self._moe)
+
     def moe_routings(self) -> tuple[str, ...]:
         """The routings the profile's fused-MoE tables were measured with, in MOE_ROUTINGS
         order."""

@@ -1,0 +1,149 @@
+"""Fused-MoE times of a shape the kernel profile did not measure, from the nearest one it did.
+
+AIConfigurator measured vLLM's fused-MoE kernels at the expert shapes of a few dozen models. A
+model outside them (gpt-oss on an A100, a user's own MoE) would otherwise be timed by the
+roofline. This module times it by the measured shape nearest to it, on the same GPU, in the same
+table, at the same tokens per expert:
+
+    t_target(t) = t_near(t') x roofline_target(t) / roofline_near(t'),
+    t' = t x (k / E) / (k' / E'),
+
+where k and E are the routed experts per token and the experts, and the roofline is that of the
+routed experts' gated GEMMs (weights read once per expert touched, FLOPs per routed token). The
+measured kernel's efficiency at that load is kept, and the roofline moves it to the new shape.
+
+How good that is, is measured on each profile: every measured shape is predicted from its nearest
+other model's shape (`leave_one_out`), and the error's quantiles are the transfer's bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from simcore.calibration.kernels import KernelProfile
+
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+"""The step sizes (tokens) at which a transfer is checked against the measurement."""
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """A routed-expert layer as one GPU runs it: hidden size, intermediate size per GPU (the
+    layer's divided by TP), experts per token, experts."""
+
+    hidden: int
+    inter_per_gpu: float
+    topk: int
+    num_experts: int
+
+    @property
+    def routed_share(self) -> float:
+        """The share of experts a token is routed to."""
+        return self.topk / self.num_experts
+
+
+def experts_roofline_s(shape: ExpertShape, tokens: float, weight_bytes: float, flops: float,
+                       bandwidth: float) -> float:
+    """Roofline seconds of one routed-expert layer over `tokens` tokens: the gated up and down
+    GEMMs' FLOPs at `flops`, against the weights of the experts touched (uniform routing) at
+    `weight_bytes` per weight plus 16-bit activations, at `bandwidth`."""
+    h, i, k, e = shape.hidden, shape.inter_per_gpu, shape.topk, shape.num_experts
+    touched = e if k >= e else e * -math.expm1(tokens * math.log1p(-k / e))
+    compute = 2 * 3 * h * i * tokens * k / flops
+    memory = (touched * 3 * h * i * weight_bytes + tokens * k * (2 * h + 3 * i) * 2) / bandwidth
+    return max(compute, memory)
+
+
+def _distance(a: ExpertShape, b: ExpertShape) -> float:
+    """How far apart two expert shapes are: log distances of the hidden and per-GPU
+    intermediate sizes and of the routed share, and a quarter of that of the expert counts."""
+    return (abs(math.log(a.hidden / b.hidden)) + abs(math.log(a.inter_per_gpu / b.inter_per_gpu))
+            + abs(math.log(a.routed_share / b.routed_share))
+            + 0.25 * abs(math.log(a.num_experts / b.num_experts)))
+
+
+def measured_shapes(profile: KernelProfile, dtype: str, routing: str) -> list[tuple]:
+    """The profile's fused-MoE keys of `dtype` and `routing` without expert parallelism."""
+    return [k for k in profile.moe_keys() if k[0] == dtype and k[6] == 1 and k[7] == routing]
+
+
+def _shape(key: tuple) -> ExpertShape:
+    _, hidden, inter, topk, experts, tp = key[:6]
+    return ExpertShape(hidden, inter / tp, topk, experts)
+
+
+def nearest(profile: KernelProfile, dtype: str, routing: str, shape: ExpertShape,
+            exclude: tuple | None = None) -> tuple | None:
+    """The measured key nearest to `shape` (`exclude`: a model's (hidden, inter, topk, experts)
+    left out), or None when the table has none."""
+    keys = [k for k in measured_shapes(profile, dtype, routing)
+            if exclude is None or k[1:5] != exclude]
+    if not keys:
+        return None
+    return min(keys, key=lambda k: (_distance(shape, _shape(k)), k))
+
+
+def transfer(profile: KernelProfile, key: tuple, shape: ExpertShape, weight_bytes: float,
+             table_weight_bytes: float, flops: float, bandwidth: float
+             ) -> Callable[[float], float]:
+    """`t -> seconds` of one routed-expert layer of `shape` (weights of `weight_bytes`), timed
+    by the measured curve `key` (weights of `table_weight_bytes`) at the same tokens per
+    expert, through the roofline at `flops` and `bandwidth`."""
+    curve = profile.moe_curve(*key)
+    near = _shape(key)
+    scale = shape.routed_share / near.routed_share
+
+    def seconds(t: float) -> float:
+        t2 = t * scale
+        return (curve(t2) * experts_roofline_s(shape, t, weight_bytes, flops, bandwidth)
+                / experts_roofline_s(near, t2, table_weight_bytes, flops, bandwidth))
+
+    return seconds
+
+
+@dataclass(frozen=True)
+class TransferError:
+    """Leave-one-model-out errors of the transfer on one table of a profile."""
+
+    median: float
+    """Median |relative error| over the shapes and `TOKENS`."""
+    p90: float
+    """Its 90th percentile: the transfer's error bound."""
+    signed: float
+    """Median signed relative error."""
+    n: int
+    """Shapes (model and TP) predicted."""
+
+
+_ERRORS: dict[tuple, TransferError | None] = {}
+
+
+def leave_one_out(profile: KernelProfile, dtype: str, routing: str, weight_bytes: float,
+                  flops: float, bandwidth: float) -> TransferError | None:
+    """Each measured shape of the table predicted from its nearest other model's shape, at
+    `TOKENS`; None when the table holds fewer than two models. Memoized per profile digest."""
+    memo = (profile.digest, dtype, routing, weight_bytes, flops, bandwidth)
+    if memo in _ERRORS:
+        return _ERRORS[memo]
+    keys = measured_shapes(profile, dtype, routing)
+    errors, n = [], 0
+    for key in keys:
+        near = nearest(profile, dtype, routing, _shape(key), exclude=key[1:5])
+        if near is None:
+            continue
+        n += 1
+        pred = transfer(profile, near, _shape(key), weight_bytes, weight_bytes, flops,
+                        bandwidth)
+        meas = profile.moe_curve(*key)
+        errors += [pred(t) / meas(t) - 1.0 for t in TOKENS]
+    out = None
+    if errors:
+        a = np.abs(errors)
+        out = TransferError(float(np.median(a)), float(np.quantile(a, 0.9)),
+                            float(np.median(errors)), n)
+    _ERRORS[memo] = out
+    return out

@@ -1,0 +1,148 @@
+"""Weight-only formats on GPUs without fp8 tensor cores, and fused-MoE shapes the kernel
+profile did not measure: timed from the measurements the profile has, with measured errors."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simcore.calibration.kernels import shipped_kernel_profile
+from simcore.calibration.moe_transfer import (
+    ExpertShape,
+    experts_roofline_s,
+    leave_one_out,
+    nearest,
+    transfer,
+)
+from simcore.compute.base import StepShape
+from simcore.compute.kernel_model import KernelModel, weight_only, weight_only_ratio
+from simcore.hardware import get_gpu
+from simcore.model.presets import load_preset
+
+A100 = get_gpu("A100-80GB")
+FLOPS, BW = 312e12, 2.0e12
+
+
+def test_weight_only_is_a_quantized_format_on_a_gpu_without_fp8_tensor_cores():
+    assert weight_only("fp8", A100) and weight_only("fp8_block", A100)
+    assert weight_only("mxfp4", A100) and weight_only("int4", A100)
+    assert not weight_only("bf16", A100)
+    assert not weight_only("fp8", get_gpu("H100-SXM"))
+
+
+@given(st.floats(1e-9, 1e-3), st.floats(1e-6, 1e-1), st.floats(0, 1e-6),
+       st.sampled_from([0.5, 4.25 / 16, 0.25]))
+def test_weight_only_ratio_halves_memory_bound_steps_and_keeps_compute_bound_ones(
+        flop_s, weight_s, other_s, bytes_ratio):
+    r = weight_only_ratio(flop_s, weight_s, other_s, bytes_ratio)
+    assert r(0.0) == pytest.approx(bytes_ratio)
+    assert 0 < bytes_ratio <= r(1.0) <= 1.0
+    huge = 1e6 * weight_s / bytes_ratio / flop_s
+    assert r(huge) == pytest.approx(1.0)
+
+
+def test_fp8_on_a100_takes_the_bf16_tables_with_fp8_weight_reads():
+    """Qwen3-235B in fp8 at TP 4 on A100 (vLLM: Marlin W8A16): no roofline part but the
+    elementwise passes; decode steps read half the weights, large prefills cost the bf16 FLOPs."""
+    arch, prof = load_preset("qwen3-235b-a22b"), shipped_kernel_profile("a100-80gb-aiconfigurator")
+    fp8 = KernelModel(arch, A100, profile=prof, tp=4, weight_dtype="fp8")
+    bf16 = KernelModel(arch, A100, profile=prof, tp=4, weight_dtype="bf16")
+    assert not any(f.startswith(("routed experts", "attn GEMMs")) for f in fp8.fallbacks())
+    parts = fp8.assumed_parts()
+    assert any(p.startswith("routed experts with fp8 weights (weight-only on A100-80GB")
+               for p in parts)
+    assert any(p.startswith("attn GEMMs with fp8 weights") for p in parts)
+    assert fp8._sources["moe"] == {"derived"} and bf16._sources["moe"] == {"measured"}
+
+    # The routed experts alone (the step's "moe" op also holds the 16-bit router).
+    assert fp8._moe_meas(1) == pytest.approx(0.5 * bf16._moe_meas(1), rel=0.01)
+    assert fp8._moe_meas(16384) == pytest.approx(bf16._moe_meas(16384), rel=0.01)
+    shape = StepShape.from_requests([(1, 1000)] * 64)
+    assert fp8.step_time(shape).compute_s < bf16.step_time(shape).compute_s
+    assert fp8.op_error_bounds()["moe"] >= 0.35
+
+
+class _Profile:
+    """A profile stand-in whose fused-MoE curves are the roofline of their shapes at one
+    efficiency: the transfer must reproduce them exactly."""
+
+    digest = "synthetic"
+
+    def __init__(self, keys, efficiency=0.6):
+        self.keys, self.eff = keys, efficiency
+
+    def moe_keys(self):
+        return list(self.keys)
+
+    def moe_curve(self, dtype, h, inter, k, e, tp, ep, routing):
+        shape = ExpertShape(h, inter / tp, k, e)
+        return lambda t: experts_roofline_s(shape, t, 2.0, FLOPS, BW) / self.eff
+
+
+KEYS = [("bf16", h, i, k, e, tp, 1, "power_law_1.2")
+        for h, i, k, e in [(2048, 768, 8, 128), (4096, 1536, 8, 128), (7168, 2048, 8, 256),
+                           (4096, 14336, 2, 8)] for tp in (1, 2, 4)]
+
+
+@settings(max_examples=30)
+@given(st.integers(1024, 8192), st.integers(256, 16384), st.integers(1, 8),
+       st.sampled_from([8, 32, 64, 128, 256]), st.sampled_from([1, 2, 4, 8]),
+       st.floats(1, 20000))
+def test_transfer_is_exact_where_kernels_run_at_one_roofline_efficiency(h, inter, k, e, tp, t):
+    p = _Profile(KEYS)
+    target = ExpertShape(h, inter / tp, min(k, e), e)
+    key = nearest(p, "bf16", "power_law_1.2", target)
+    for wb in (2.0, 1.0, 4.25 / 8):
+        fn = transfer(p, key, target, wb, 2.0, FLOPS, BW)
+        assert fn(t) == pytest.approx(experts_roofline_s(target, t, wb, FLOPS, BW) / p.eff,
+                                      rel=1e-9)
+    err = leave_one_out(p, "bf16", "power_law_1.2", 2.0, FLOPS, BW)
+    assert err.n == len(KEYS) and err.p90 < 1e-9
+
+
+def test_nearest_shape_is_the_measured_one_itself_and_excludes_its_model():
+    p = _Profile(KEYS)
+    shape = ExpertShape(4096, 1536 / 4, 8, 128)
+    assert nearest(p, "bf16", "power_law_1.2", shape) == ("bf16", 4096, 1536, 8, 128, 4, 1,
+                                                          "power_law_1.2")
+    other = nearest(p, "bf16", "power_law_1.2", shape, exclude=(4096, 1536, 8, 128))
+    assert other[1:5] != (4096, 1536, 8, 128)
+    assert nearest(p, "fp8", "power_law_1.2", shape) is None
+
+
+@pytest.mark.parametrize("pid", ["a100-80gb-aiconfigurator", "h100-sxm-aiconfigurator",
+                                 "l40s-aiconfigurator"])
+def test_leave_one_model_out_error_of_the_shipped_bf16_tables(pid):
+    """Each model's measured fused-MoE predicted from its nearest other model's: a median
+    error of a few percent to 15% on the shipped profiles' bf16 tables (large at the tiny
+    per-GPU shapes of TP 16 and 32: the p90)."""
+    p = shipped_kernel_profile(pid)
+    gpu = get_gpu(p.gpu)
+    err = leave_one_out(p, "bf16", "power_law_1.2", 2.0, 0.7 * gpu.bf16_flops,
+                        0.8 * gpu.hbm_bandwidth_bytes_per_s)
+    assert err.n >= 40
+    assert err.median < 0.15 and abs(err.signed) < 0.05
+    assert 0.2 < err.p90 < 1.0
+
+
+def test_an_unmeasured_moe_shape_is_timed_from_the_nearest_measured_one():
+    """gpt-oss-120b with bf16 experts on H100 (the profile measured gpt-oss's shape in MXFP4
+    only): the experts come from the nearest bf16 shape, with the transfer's measured p90 as
+    their bound."""
+    from simcore.config import parse_config
+    from simcore.simulate import build_deployment
+    cfg = {"model": {"name": "openai/gpt-oss-120b", "dtype": "bf16", "max_model_len": 8192},
+           "hardware": {"gpu": "H100-SXM"}, "compute": {"kind": "calibrated"},
+           "parallelism": {"tensor_parallel_size": 4},
+           "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
+                                                     "output_len": 1}}}
+    m = build_deployment(parse_config(cfg, source="t")).step_model
+    assert m._sources["moe"] == {"derived"}
+    assert not any(f.startswith("routed experts") for f in m.fallbacks())
+    [how] = [p for p in m.assumed_parts() if p.startswith("routed experts")]
+    assert "bf16 table's nearest shape" in how and "p90" in how
+    gpu = get_gpu("H100-SXM")
+    a = m.assumptions
+    err = leave_one_out(m.profile, "bf16", m.moe_routing, 2.0,
+                        a.gemm_flops_fraction * gpu.bf16_flops,
+                        a.hbm_bandwidth_fraction * gpu.hbm_bandwidth_bytes_per_s)
+    assert m.op_error_bounds()["moe"] == pytest.approx(err.p90)
