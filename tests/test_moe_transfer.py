@@ -56,6 +56,7 @@ def test_fp8_on_a100_takes_the_bf16_tables_with_fp8_weight_reads():
     # The routed experts alone (the step's "moe" op also holds the 16-bit router).
     assert fp8._moe_meas(1) == pytest.approx(0.5 * bf16._moe_meas(1), rel=0.01)
     assert fp8._moe_meas(16384) == pytest.approx(bf16._moe_meas(16384), rel=0.01)
+    assert fp8._moe_meas(0) == fp8._moe_meas(1)     # no token is timed as one, as measured
     shape = StepShape.from_requests([(1, 1000)] * 64)
     assert fp8.step_time(shape).compute_s < bf16.step_time(shape).compute_s
     assert fp8.op_error_bounds()["moe"] >= 0.35
@@ -95,6 +96,7 @@ def test_transfer_is_exact_where_kernels_run_at_one_roofline_efficiency(h, inter
         fn = transfer(p, key, target, wb, 2.0, FLOPS, BW)
         assert fn(t) == pytest.approx(experts_roofline_s(target, t, wb, FLOPS, BW) / p.eff,
                                       rel=1e-9)
+        assert fn(0.0) == fn(1.0) > 0
     err = leave_one_out(p, "bf16", "power_law_1.2", 2.0, FLOPS, BW)
     assert err.n == len(KEYS) and err.p90 < 1e-9
 

@@ -98,6 +98,7 @@ def transfer(profile: KernelProfile, key: tuple, shape: ExpertShape, weight_byte
     scale = shape.routed_share / near.routed_share
 
     def seconds(t: float) -> float:
+        t = t if t > 1.0 else 1.0         # the measured curves time fewer tokens as one
         t2 = t * scale
         return (curve(t2) * experts_roofline_s(shape, t, weight_bytes, flops, bandwidth)
                 / experts_roofline_s(near, t2, table_weight_bytes, flops, bandwidth))

@@ -678,6 +678,7 @@ class KernelModel(MeasuredModel):
         per_token_s, w16 = self._e_byte_s_per_token, self._e_byte_s_per_expert / bytes_ratio
 
         def ratio(t: float) -> float:
+            t = t if t > 1.0 else 1.0     # the measured curves time fewer tokens as one
             active = num * (1.0 - math.exp(t * ln_miss))
             c = t * flop_s
             return (max(c, active * per_expert_s + t * per_token_s)
