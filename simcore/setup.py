@@ -200,8 +200,10 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel
         profile = resolve_profile(c.profile, gpu, base_dir=Path(cfg.base_dir))
+        layout = (cfg.model.resolved_mxfp4_moe_layout(gpu.name) if weight_dtype == "mxfp4"
+                  else None)
         rank: StepTimeModel = (KernelModel(arch, gpu, profile=profile, moe_routing=c.moe_routing,
-                                           **kw)
+                                           mxfp4_moe_layout=layout, **kw)
                                if isinstance(profile, KernelProfile)
                                else CalibratedModel(arch, gpu, profile=profile, **kw))
     else:

@@ -466,3 +466,22 @@ def test_the_gpt_oss_validation_rows_are_accepted():
     # vLLM 0.10-0.11, without triton_kernels: Marlin's layout on every GPU of these rows.
     assert all(c.config["model"]["mxfp4_moe_layout"] == "marlin"
                for c in cases if "gpt-oss" in c.id)
+
+
+def test_a_layout_for_another_backend_than_the_measured_kernel_is_reported():
+    """gpt-oss on H100 in Marlin's layout (vLLM 0.10-0.11 without triton_kernels): the profile
+    measured gpt-oss's experts with OpenAI's Triton kernel, which times them; the layout sets
+    their padding, and the result says so. In the Triton layout nothing is said."""
+    def parts(layout):
+        cfg = {"model": {"name": "openai/gpt-oss-20b", "dtype": "mxfp4",
+                         "mxfp4_moe_layout": layout},
+               "hardware": {"gpu": "H100-SXM"}, "compute": {"kind": "calibrated"},
+               "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
+                                                         "output_len": 1}}}
+        m = build_deployment(parse_config(cfg, source="t")).step_model
+        assert m._sources["moe"] == {"measured"}
+        return [p for p in m.assumed_parts() if "mxfp4_moe_layout" in p]
+
+    [line] = parts("marlin")
+    assert "triton" in line and "'marlin'" in line and "padding" in line
+    assert parts("triton") == [] and parts("auto") == []

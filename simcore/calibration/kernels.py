@@ -469,6 +469,11 @@ class KernelProfile:
         """The fused-MoE layer's time against tokens at this shape and routing, or None."""
         return self._moe.get((dtype, hidden, inter, topk, num_experts, tp, ep, routing))
 
+    def moe_kernel(self, key: tuple) -> str | None:
+        """The kernel vLLM ran for the fused-MoE table `key` (`moe_keys`), or None."""
+        table = self._moe._tables.get(key)
+        return None if table is None else table.kernel
+
     def moe_keys(self) -> list[tuple]:
         """The fused-MoE tables' keys: (dtype, hidden, inter, topk, experts, tp, ep,
         routing)."""

@@ -290,7 +290,7 @@ class KernelModel(MeasuredModel):
                  assumptions=None, sequence_parallel_moe: bool = False,
                  multi_node_tp: bool = False, op_scale: dict[str, float] | None = None,
                  host=None, moe_routing: str | None = None,
-                 compute_bound_scale: float = 1.0) -> None:
+                 compute_bound_scale: float = 1.0, mxfp4_moe_layout: str | None = None) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
@@ -527,6 +527,16 @@ class KernelModel(MeasuredModel):
                     self._derived.append(
                         f"routed experts: the {routing} routing table (no "
                         f"{DEFAULT_MOE_ROUTING} measurement of this shape)")
+                kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
+                                             arch.num_experts_per_tok, arch.num_experts, tp, 1,
+                                             routing))
+                if weight_dtype == "mxfp4" and kernel and mxfp4_moe_layout in (
+                        "marlin", "triton", "flashinfer") and mxfp4_moe_layout not in kernel:
+                    self._derived.append(
+                        f"routed experts: timed by the profile's {kernel} measurements, while "
+                        f"model.mxfp4_moe_layout {mxfp4_moe_layout!r} lays the experts out for "
+                        "another backend: the layout sets their padding (the weights' memory), "
+                        "the measured kernel their time")
             else:
                 self._sources["moe"].add(rough)
                 why = ("expert parallelism" if sequence_parallel_moe else
