@@ -148,3 +148,36 @@ def test_an_unmeasured_moe_shape_is_timed_from_the_nearest_measured_one():
                         a.gemm_flops_fraction * gpu.bf16_flops,
                         a.hbm_bandwidth_fraction * gpu.hbm_bandwidth_bytes_per_s)
     assert m.op_error_bounds()["moe"] == pytest.approx(err.p90)
+
+
+@pytest.mark.parametrize("layout", ["triton", "marlin"])
+def test_mxfp4_experts_move_only_their_layouts_kernel_measurements(layout):
+    """A gpt-oss-like MXFP4 model with 64 experts (unmeasured) on H100: the H100 table holds
+    gpt-oss's shapes in OpenAI's Triton kernel and another model's in Marlin. In the Triton
+    layout the experts take the nearest Triton-measured shape, bounded by moving gpt-oss-20b's
+    32 experts to 120b's 128 and back (large: 4x the experts); in Marlin's, one Marlin-measured
+    model leaves nothing to check a move against, so the roofline times them and says so."""
+    import dataclasses
+
+    prof = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    gpu = get_gpu("H100-SXM")
+    arch = dataclasses.replace(load_preset("gpt-oss-20b"), num_experts=64)
+    m = KernelModel(arch, gpu, profile=prof, weight_dtype="mxfp4", mxfp4_moe_layout=layout)
+    shape = ExpertShape(arch.hidden_size, arch.moe_intermediate_size, 4, 64)
+    if layout == "triton":
+        [how] = [p for p in m.assumed_parts() if p.startswith("routed experts")]
+        assert "nearest shape of the triton kernels" in how
+        key = nearest(prof, "mxfp4_w4a16", m.moe_routing, shape, kernel="triton")
+        assert "triton" in prof.moe_kernel(key) and key[1:5] in ((2880, 2880, 4, 32),
+                                                                 (2880, 2880, 4, 128))
+        a = m.assumptions
+        err = leave_one_out(prof, "mxfp4_w4a16", m.moe_routing, 4.25 / 8,
+                            a.gemm_flops_fraction * gpu.bf16_flops,
+                            a.hbm_bandwidth_fraction * gpu.hbm_bandwidth_bytes_per_s, "triton")
+        assert err.n == 12 and m.op_error_bounds()["moe"] == pytest.approx(err.p90)
+    else:
+        assert m._sources["moe"] == {"roofline"}
+        assert any(f.startswith("routed experts: roofline") for f in m.fallbacks())
+        # Without the layout's filter the Marlin-measured model would have been the nearest.
+        assert "marlin" in prof.moe_kernel(nearest(prof, "mxfp4_w4a16", "power_law_1.2",
+                                                   ExpertShape(3584, 3072, 16, 640)))

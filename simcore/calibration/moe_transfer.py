@@ -66,9 +66,12 @@ def _distance(a: ExpertShape, b: ExpertShape) -> float:
             + 0.25 * abs(math.log(a.num_experts / b.num_experts)))
 
 
-def measured_shapes(profile: KernelProfile, dtype: str, routing: str) -> list[tuple]:
-    """The profile's fused-MoE keys of `dtype` and `routing` without expert parallelism."""
-    return [k for k in profile.moe_keys() if k[0] == dtype and k[6] == 1 and k[7] == routing]
+def measured_shapes(profile: KernelProfile, dtype: str, routing: str,
+                    kernel: str | None = None) -> list[tuple]:
+    """The profile's fused-MoE keys of `dtype` and `routing` without expert parallelism (with
+    `kernel`, only those measured with a kernel whose name holds it: one backend's family)."""
+    return [k for k in profile.moe_keys() if k[0] == dtype and k[6] == 1 and k[7] == routing
+            and (kernel is None or kernel in (profile.moe_kernel(k) or ""))]
 
 
 def _shape(key: tuple) -> ExpertShape:
@@ -77,10 +80,10 @@ def _shape(key: tuple) -> ExpertShape:
 
 
 def nearest(profile: KernelProfile, dtype: str, routing: str, shape: ExpertShape,
-            exclude: tuple | None = None) -> tuple | None:
+            exclude: tuple | None = None, kernel: str | None = None) -> tuple | None:
     """The measured key nearest to `shape` (`exclude`: a model's (hidden, inter, topk, experts)
-    left out), or None when the table has none."""
-    keys = [k for k in measured_shapes(profile, dtype, routing)
+    left out; `kernel`: as `measured_shapes`), or None when the table has none."""
+    keys = [k for k in measured_shapes(profile, dtype, routing, kernel)
             if exclude is None or k[1:5] != exclude]
     if not keys:
         return None
@@ -124,16 +127,18 @@ _ERRORS: dict[tuple, TransferError | None] = {}
 
 
 def leave_one_out(profile: KernelProfile, dtype: str, routing: str, weight_bytes: float,
-                  flops: float, bandwidth: float) -> TransferError | None:
-    """Each measured shape of the table predicted from its nearest other model's shape, at
-    `TOKENS`; None when the table holds fewer than two models. Memoized per profile digest."""
-    memo = (profile.digest, dtype, routing, weight_bytes, flops, bandwidth)
+                  flops: float, bandwidth: float, kernel: str | None = None
+                  ) -> TransferError | None:
+    """Each measured shape of the table (`kernel`: of one kernel family, as `measured_shapes`)
+    predicted from its nearest other model's shape, at `TOKENS`; None when the table holds fewer
+    than two models. Memoized per profile digest."""
+    memo = (profile.digest, dtype, routing, weight_bytes, flops, bandwidth, kernel)
     if memo in _ERRORS:
         return _ERRORS[memo]
-    keys = measured_shapes(profile, dtype, routing)
+    keys = measured_shapes(profile, dtype, routing, kernel)
     errors, n = [], 0
     for key in keys:
-        near = nearest(profile, dtype, routing, _shape(key), exclude=key[1:5])
+        near = nearest(profile, dtype, routing, _shape(key), exclude=key[1:5], kernel=kernel)
         if near is None:
             continue
         n += 1

@@ -507,7 +507,7 @@ class KernelModel(MeasuredModel):
             derived = None
             if moe is None and not sequence_parallel_moe:
                 derived = self._derived_experts(profile, arch, gpu, tp, weight_dtype, mdt,
-                                                routings)
+                                                routings, mxfp4_moe_layout)
             if derived is not None:
                 fn, routing, bound, text = derived
                 fm = f["moe"] * num_moe
@@ -628,14 +628,16 @@ class KernelModel(MeasuredModel):
         self._set_reference_figures()
 
     def _derived_experts(self, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec, tp: int,
-                         weight_dtype: str, mdt: str, routings: tuple[str, ...]):
+                         weight_dtype: str, mdt: str, routings: tuple[str, ...],
+                         mxfp4_moe_layout: str | None = None):
         """(seconds of one layer's routed experts against tokens, routing, error bound, what
         it is in words) from another fused-MoE measurement of this GPU, or None:
         - a weight-only format (`weight_only`): the bf16 table of this shape, its expert-weight
           reads at the format's bytes;
         - else the nearest measured shape of the format's own table, then (weight-only) of the
           bf16 table, moved to this shape by the roofline (`simcore.calibration.moe_transfer`),
-          where leaving each model out of that table measures the move."""
+          where leaving each model out of that table measures the move; MXFP4 experts laid out
+          for a backend (`mxfp4_moe_layout`) move only that backend's measurements."""
         wb = dtype_bytes(weight_dtype)
         wo = weight_only(weight_dtype, gpu)
         shape = (arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok,
@@ -656,14 +658,17 @@ class KernelModel(MeasuredModel):
         bw = gpu.hbm_bandwidth_bytes_per_s * a.hbm_bandwidth_fraction
         target = ExpertShape(arch.hidden_size, arch.moe_intermediate_size / tp,
                              arch.num_experts_per_tok, arch.num_experts)
+        family = (mxfp4_moe_layout if weight_dtype == "mxfp4"
+                  and mxfp4_moe_layout in ("marlin", "triton", "flashinfer") else None)
         for table in (mdt, "bf16") if wo else (mdt,):
+            kernel = family if table == mdt else None
             tb = 2.0 if table == "bf16" else wb
             flops = (gpu.bf16_flops if table == "bf16" or wo else gpu.flops_for(weight_dtype)) \
                 * a.gemm_flops_fraction
             for routing in routings:
-                key = nearest(profile, table, routing, target)
+                key = nearest(profile, table, routing, target, kernel=kernel)
                 err = None if key is None else leave_one_out(profile, table, routing, tb, flops,
-                                                             bw)
+                                                             bw, kernel)
                 if err is None:
                     continue
                 bound = max(err.p90, _WEIGHT_ONLY_ERROR if table != mdt else 0.0)
@@ -671,7 +676,9 @@ class KernelModel(MeasuredModel):
                 _, h, inter, k, e, ktp = key[:6]
                 return (fn, routing, bound,
                         f"routed experts: no {mdt} fused-MoE measurement of this shape at TP "
-                        f"{tp}; the {table} table's nearest shape (hidden {h}, intermediate "
+                        f"{tp}; the {table} table's nearest shape"
+                        + (f" of the {kernel} kernels" if kernel else "")
+                        + f" (hidden {h}, intermediate "
                         f"{inter} at TP {ktp}, top-{k} of {e} experts; {routing} routing) at the "
                         "same tokens per expert, moved to this shape"
                         + (f" and to {weight_dtype} weight reads" if tb != wb else "")
