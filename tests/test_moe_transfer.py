@@ -14,7 +14,8 @@ from simcore.calibration.moe_transfer import (
     transfer,
 )
 from simcore.compute.base import StepShape
-from simcore.compute.kernel_model import KernelModel, weight_only, weight_only_ratio
+from simcore.compute.derived_kernels import weight_only, weight_only_ratio
+from simcore.compute.kernel_model import KernelModel
 from simcore.hardware import get_gpu
 from simcore.model.presets import load_preset
 

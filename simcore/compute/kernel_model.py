@@ -49,9 +49,14 @@ import math
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
-from simcore.calibration.moe_transfer import ExpertShape, leave_one_out, nearest, transfer
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
+from simcore.compute.derived_kernels import (
+    WEIGHT_ONLY_ERROR,
+    derived_experts,
+    weight_only,
+    weight_only_ratio,
+)
 from simcore.compute.roofline import windowed_attention
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
@@ -108,34 +113,6 @@ _KERNEL_TRANSFER_ERROR = 0.35
 bytes: the roofline's declared bound (vLLM's norm, rotary and activation kernels were not measured
 on these GPUs; older vLLM's, measured on H100 by Vidur, took from 0.9x to 5x the quantization
 kernel's time at the same bytes: `dse calibrate --list`)."""
-
-
-def weight_only(dtype: str, gpu: GpuSpec) -> bool:
-    """Weights in `dtype` run as weight-only quantization on `gpu` and there alone: a quantized
-    format whose GEMMs the GPU computes at its 16-bit tensor-core rate (vLLM's Marlin kernels
-    dequantize the weights in the kernel), on a GPU without fp8 tensor cores (A100: fp8
-    checkpoints, MXFP4 and int4 experts all run in Marlin there)."""
-    return dtype not in ("bf16", "fp16") and not gpu.has_fp8
-
-
-def weight_only_ratio(flop_s: float, weight_s: float, other_s: float, bytes_ratio: float):
-    """`t -> r`: the roofline's time of a linear layer of `t` rows with weights `bytes_ratio`
-    the 16-bit bytes, over its time with 16-bit weights, at the same (16-bit) FLOP rate.
-    `flop_s` is the FLOP time per row, `weight_s` the quantized weights' read time and `other_s`
-    the activations' per row."""
-    w16 = weight_s / bytes_ratio
-
-    def ratio(t: float) -> float:
-        c = t * flop_s
-        return max(c, weight_s + t * other_s) / max(c, w16 + t * other_s)
-
-    return ratio
-
-
-_WEIGHT_ONLY_ERROR = _KERNEL_TRANSFER_ERROR
-"""Error bound of a weight-only kernel timed by the 16-bit measurement of its shape on the same
-GPU (`weight_only_ratio`): the roofline's declared bound; no GPU without fp8 tensor cores has
-both kernels measured at one shape."""
 
 
 def elementwise_passes(arch: ModelArch, tp: int, *, routed_experts: bool,
@@ -372,7 +349,7 @@ class KernelModel(MeasuredModel):
                     meas.append(_memo(lambda t, cs=tuple(bf16), fg=fg, r=r:
                                       fg * r(t) * sum(c(t) for c in cs)))
                     self._sources["gemm"].add("derived")
-                    gemm_errors.append(max(gemm_err("bf16"), _WEIGHT_ONLY_ERROR))
+                    gemm_errors.append(max(gemm_err("bf16"), WEIGHT_ONLY_ERROR))
                     self._derived.append(
                         f"{group} GEMMs with {dtype} weights (weight-only on {gpu.name}, no fp8 "
                         "tensor cores): the bf16 GEMM measurements of the same shapes, their "
@@ -506,8 +483,8 @@ class KernelModel(MeasuredModel):
                     break
             derived = None
             if moe is None and not sequence_parallel_moe:
-                derived = self._derived_experts(profile, arch, gpu, tp, weight_dtype, mdt,
-                                                routings, mxfp4_moe_layout)
+                derived = derived_experts(self, profile, arch, gpu, tp, weight_dtype, mdt,
+                                          routings, mxfp4_moe_layout)
             if derived is not None:
                 fn, routing, bound, text = derived
                 fm = f["moe"] * num_moe
@@ -626,82 +603,6 @@ class KernelModel(MeasuredModel):
         self._cpu_side_parts()
         self._class_bounds = bounds
         self._set_reference_figures()
-
-    def _derived_experts(self, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec, tp: int,
-                         weight_dtype: str, mdt: str, routings: tuple[str, ...],
-                         mxfp4_moe_layout: str | None = None):
-        """(seconds of one layer's routed experts against tokens, routing, error bound, what
-        it is in words) from another fused-MoE measurement of this GPU, or None:
-        - a weight-only format (`weight_only`): the bf16 table of this shape, its expert-weight
-          reads at the format's bytes;
-        - else the nearest measured shape of the format's own table, then (weight-only) of the
-          bf16 table, moved to this shape by the roofline (`simcore.calibration.moe_transfer`),
-          where leaving each model out of that table measures the move; MXFP4 experts laid out
-          for a backend (`mxfp4_moe_layout`) move only that backend's measurements."""
-        wb = dtype_bytes(weight_dtype)
-        wo = weight_only(weight_dtype, gpu)
-        shape = (arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok,
-                 arch.num_experts, tp, 1)
-        if wo:
-            for routing in routings:
-                c = profile.moe_curve("bf16", *shape, routing)
-                if c is not None:
-                    r = self._experts_weight_only_ratio(wb / 2)
-                    family = "bf16" if routing == "balanced" else f"bf16/{routing}"
-                    bound = max(profile.error_bound(f"moe/{family}") or 0.0, _WEIGHT_ONLY_ERROR)
-                    return (lambda t, c=c, r=r: r(t) * c(t), routing, bound,
-                            f"routed experts with {weight_dtype} weights (weight-only on "
-                            f"{gpu.name}, no fp8 tensor cores): the bf16 fused-MoE measurement "
-                            f"of this shape at TP {tp} ({routing} routing), its expert-weight "
-                            "reads at the format's bytes (the roofline's ratio of the two)")
-        a = self.assumptions
-        bw = gpu.hbm_bandwidth_bytes_per_s * a.hbm_bandwidth_fraction
-        target = ExpertShape(arch.hidden_size, arch.moe_intermediate_size / tp,
-                             arch.num_experts_per_tok, arch.num_experts)
-        family = (mxfp4_moe_layout if weight_dtype == "mxfp4"
-                  and mxfp4_moe_layout in ("marlin", "triton", "flashinfer") else None)
-        for table in (mdt, "bf16") if wo else (mdt,):
-            kernel = family if table == mdt else None
-            tb = 2.0 if table == "bf16" else wb
-            flops = (gpu.bf16_flops if table == "bf16" or wo else gpu.flops_for(weight_dtype)) \
-                * a.gemm_flops_fraction
-            for routing in routings:
-                key = nearest(profile, table, routing, target, kernel=kernel)
-                err = None if key is None else leave_one_out(profile, table, routing, tb, flops,
-                                                             bw, kernel)
-                if err is None:
-                    continue
-                bound = max(err.p90, _WEIGHT_ONLY_ERROR if table != mdt else 0.0)
-                fn = transfer(profile, key, target, wb, tb, flops, bw)
-                _, h, inter, k, e, ktp = key[:6]
-                return (fn, routing, bound,
-                        f"routed experts: no {mdt} fused-MoE measurement of this shape at TP "
-                        f"{tp}; the {table} table's nearest shape"
-                        + (f" of the {kernel} kernels" if kernel else "")
-                        + f" (hidden {h}, intermediate "
-                        f"{inter} at TP {ktp}, top-{k} of {e} experts; {routing} routing) at the "
-                        "same tokens per expert, moved to this shape"
-                        + (f" and to {weight_dtype} weight reads" if tb != wb else "")
-                        + " by the roofline (each model of that table predicted from its nearest "
-                        f"other: median |error| {err.median:.0%}, p90 {err.p90:.0%} over "
-                        f"{err.n} shapes)")
-        return None
-
-    def _experts_weight_only_ratio(self, bytes_ratio: float):
-        """`t -> r`: the roofline's routed-expert time of a step of `t` tokens with expert
-        weights `bytes_ratio` the 16-bit bytes, over its time with 16-bit experts."""
-        num, ln_miss = self._e_num, self._e_ln_miss
-        flop_s, per_expert_s = self._e_flop_s_per_token, self._e_byte_s_per_expert
-        per_token_s, w16 = self._e_byte_s_per_token, self._e_byte_s_per_expert / bytes_ratio
-
-        def ratio(t: float) -> float:
-            t = t if t > 1.0 else 1.0     # the measured curves time fewer tokens as one
-            active = num * (1.0 - math.exp(t * ln_miss))
-            c = t * flop_s
-            return (max(c, active * per_expert_s + t * per_token_s)
-                    / max(c, active * w16 + t * per_token_s))
-
-        return ratio
 
     def assumption_lines(self) -> list[str]:
         prov = self.profile.data.provenance
