@@ -133,18 +133,19 @@ def render_kernel_errors(profile) -> str:
                      f"{_pct(r.p90):>9}{_pct(r.p99):>9}{_pct(r.max):>9}")
     transfer = moe_transfer_errors(profile)
     if transfer:
-        head = f"{'table':<36}{'shapes':>9}{'median':>9}{'p90':>9}{'signed':>9}"
+        head = f"{'table':<44}{'shapes':>9}{'median':>9}{'p90':>9}{'signed':>9}"
         lines += ["", "fused-MoE shapes moved from the nearest other model's (each model left "
                   "out; the bound of an unmeasured shape)", head, "-" * len(head)]
         for table, e in transfer:
-            lines.append(f"{table:<36}{e.n:>9}{_pct(e.median):>9}{_pct(e.p90):>9}"
+            lines.append(f"{table:<44}{e.n:>9}{_pct(e.median):>9}{_pct(e.p90):>9}"
                          f"{e.signed:>+9.1%}")
     return "\n".join(lines)
 
 
 def moe_transfer_errors(profile) -> list[tuple[str, object]]:
     """(`moe/<dtype>/<routing>`, `moe_transfer.TransferError`) of each fused-MoE table of the
-    profile at the step model's default routing, through the default roofline's rates."""
+    profile at the step model's default routing, through the default roofline's rates; MXFP4's
+    per kernel backend (`[triton]`, ...) with two models or more measured by it."""
     from simcore.calibration.moe_transfer import leave_one_out
     from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING
     from simcore.compute.roofline import RooflineAssumptions
@@ -157,9 +158,13 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
     for dtype in sorted({k[0] for k in profile.moe_keys()}):
         wb = 2.0 if dtype == "bf16" else dtype_bytes(_MOE_TABLE_WEIGHTS.get(dtype, dtype))
         flops = gpu.flops_for(dtype) * a.gemm_flops_fraction
-        err = leave_one_out(profile, dtype, DEFAULT_MOE_ROUTING, wb, flops, bw)
-        if err is not None:
-            out.append((f"moe/{dtype}/{DEFAULT_MOE_ROUTING}", err))
+        # MXFP4 experts move only their layout's backend's measurements (`derived_experts`).
+        families = (("marlin", "triton", "flashinfer") if dtype == "mxfp4_w4a16" else (None,))
+        for family in families:
+            err = leave_one_out(profile, dtype, DEFAULT_MOE_ROUTING, wb, flops, bw, family)
+            if err is not None:
+                out.append((f"moe/{dtype}/{DEFAULT_MOE_ROUTING}"
+                            + (f" [{family}]" if family else ""), err))
     return out
 
 
