@@ -343,6 +343,14 @@ def test_calibrate_list_shows_kernel_profiles_and_source_disagreement():
     assert head in a100
     row = a100[a100.index(head):].splitlines()[3].split()
     assert row[0] == "moe/bf16/power_law_1.2" and int(row[1]) >= 40
+    # MXFP4 per kernel backend, as the step model moves it: on H100 the Triton-measured
+    # gpt-oss shapes (two models), not mixed with the Marlin-measured one.
+    h100 = r.output[r.output.index("h100-sxm-aiconfigurator (H100-SXM)"):]
+    h100 = h100[h100.index(head):h100.index("\n\n", h100.index(head))]
+    assert "moe/mxfp4_w4a16/power_law_1.2 [triton]" in h100
+    assert "[marlin]" not in h100
+    assert not any(line.split()[:2][-1].isdigit() for line in h100.splitlines()
+                   if line.startswith("moe/mxfp4_w4a16/"))
 
 
 def test_calibrate_from_aiconfigurator_writes_the_profile_or_names_the_problem(tmp_path):
