@@ -146,7 +146,7 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
     """(`moe/<dtype>/<routing>`, `moe_transfer.TransferError`) of each fused-MoE table of the
     profile at the step model's default routing, through the default roofline's rates; MXFP4's
     per kernel backend (`[triton]`, ...) with two models or more measured by it."""
-    from simcore.calibration.moe_transfer import leave_one_out
+    from simcore.calibration.moe_transfer import KERNEL_BACKENDS, leave_one_out
     from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING
     from simcore.compute.roofline import RooflineAssumptions
     from simcore.hardware import get_gpu
@@ -159,7 +159,7 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
         wb = 2.0 if dtype == "bf16" else dtype_bytes(_MOE_TABLE_WEIGHTS.get(dtype, dtype))
         flops = gpu.flops_for(dtype) * a.gemm_flops_fraction
         # MXFP4 experts move only their layout's backend's measurements (`derived_experts`).
-        families = (("marlin", "triton", "flashinfer") if dtype == "mxfp4_w4a16" else (None,))
+        families = KERNEL_BACKENDS if dtype == "mxfp4_w4a16" else (None,)
         for family in families:
             err = leave_one_out(profile, dtype, DEFAULT_MOE_ROUTING, wb, flops, bw, family)
             if err is not None:

@@ -26,6 +26,11 @@ import numpy as np
 
 from simcore.calibration.kernels import KernelProfile
 
+KERNEL_BACKENDS = ("marlin", "triton", "flashinfer")
+"""The MXFP4 expert layouts (`model.mxfp4_moe_layout`) whose backend names the fused-MoE kernels
+the profiles measured (`KernelProfile.moe_kernel`): experts laid out for one move only that
+backend's measurements."""
+
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 """The step sizes (tokens) at which a transfer is checked against the measurement."""
 
@@ -83,8 +88,12 @@ def nearest(profile: KernelProfile, dtype: str, routing: str, shape: ExpertShape
             exclude: tuple | None = None, kernel: str | None = None) -> tuple | None:
     """The measured key nearest to `shape` (`exclude`: a model's (hidden, inter, topk, experts)
     left out; `kernel`: as `measured_shapes`), or None when the table has none."""
-    keys = [k for k in measured_shapes(profile, dtype, routing, kernel)
-            if exclude is None or k[1:5] != exclude]
+    return _closest(measured_shapes(profile, dtype, routing, kernel), shape, exclude)
+
+
+def _closest(keys: list[tuple], shape: ExpertShape, exclude: tuple | None) -> tuple | None:
+    """`nearest` among `keys`."""
+    keys = [k for k in keys if exclude is None or k[1:5] != exclude]
     if not keys:
         return None
     return min(keys, key=lambda k: (_distance(shape, _shape(k)), k))
@@ -138,7 +147,7 @@ def leave_one_out(profile: KernelProfile, dtype: str, routing: str, weight_bytes
     keys = measured_shapes(profile, dtype, routing, kernel)
     errors, n = [], 0
     for key in keys:
-        near = nearest(profile, dtype, routing, _shape(key), exclude=key[1:5], kernel=kernel)
+        near = _closest(keys, _shape(key), key[1:5])
         if near is None:
             continue
         n += 1

@@ -14,7 +14,13 @@ from __future__ import annotations
 import math
 
 from simcore.calibration.kernels import KernelProfile
-from simcore.calibration.moe_transfer import ExpertShape, leave_one_out, nearest, transfer
+from simcore.calibration.moe_transfer import (
+    KERNEL_BACKENDS,
+    ExpertShape,
+    leave_one_out,
+    nearest,
+    transfer,
+)
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
 
@@ -81,7 +87,7 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
     target = ExpertShape(arch.hidden_size, arch.moe_intermediate_size / tp,
                          arch.num_experts_per_tok, arch.num_experts)
     family = (mxfp4_moe_layout if weight_dtype == "mxfp4"
-              and mxfp4_moe_layout in ("marlin", "triton", "flashinfer") else None)
+              and mxfp4_moe_layout in KERNEL_BACKENDS else None)
     for table in (mdt, "bf16") if wo else (mdt,):
         kernel = family if table == mdt else None
         tb = 2.0 if table == "bf16" else wb

@@ -49,6 +49,7 @@ import math
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
+from simcore.calibration.moe_transfer import KERNEL_BACKENDS
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.compute.derived_kernels import (
@@ -507,8 +508,8 @@ class KernelModel(MeasuredModel):
                 kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
                                              arch.num_experts_per_tok, arch.num_experts, tp, 1,
                                              routing))
-                if weight_dtype == "mxfp4" and kernel and mxfp4_moe_layout in (
-                        "marlin", "triton", "flashinfer") and mxfp4_moe_layout not in kernel:
+                if weight_dtype == "mxfp4" and kernel and mxfp4_moe_layout in KERNEL_BACKENDS \
+                        and mxfp4_moe_layout not in kernel:
                     self._derived.append(
                         f"routed experts: timed by the profile's {kernel} measurements, while "
                         f"model.mxfp4_moe_layout {mxfp4_moe_layout!r} lays the experts out for "
