@@ -77,8 +77,8 @@ class _Port:
         host = self._host
         rt = self.runtime
         if rt.fabric_timed:
-            rt.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s, (on_done, arg),
-                          tag="step", channel=channel)
+            rt.send_timed(host[src_gpu], host[dst_gpu], size_bytes, at_s, on_done, arg,
+                          channel)
         else:
             rt.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s,
                           lambda r: on_done(arg, r.end_s, r.ideal_s), tag="step",
@@ -164,7 +164,29 @@ class ClusterRuntime:
         each channel (a collective kind, KV transfers, a tenant) has its own, as NCCL and
         DeepEP open several."""
         fabric = self.fabric
-        now = fabric.now_s
+        at_s, key = self._queue_pair(src, dst, at_s, channel)
+        mid = fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done,
+                          flow_key=key)
+        kick = self._kick
+        if kick is not None and not kick.triggered:
+            kick.succeed()
+        return fabric.ideal_s(mid)
+
+    def send_timed(self, src: int, dst: int, size_bytes: int, at_s: float,
+                   fn: Callable[[Any, float, float], None], arg: Any, channel: str) -> float:
+        """`send_hosts` of a step DAG's transfer (tag "step") with the timed callback (fn, arg),
+        on a fabric that takes them (`fabric_timed`)."""
+        at_s, key = self._queue_pair(src, dst, at_s, channel)
+        ideal = self.fabric.send_timed(src, dst, size_bytes, at_s, fn, arg, key, "step")
+        kick = self._kick
+        if kick is not None and not kick.triggered:
+            kick.succeed()
+        return ideal
+
+    def _queue_pair(self, src: int, dst: int, at_s: float, channel: str) -> tuple[float, int]:
+        """(start time, flow key) of a message from host src to dst on `channel`: a start within
+        a nanosecond behind the fabric's clock (rounding) is moved to it."""
+        now = self.fabric.now_s
         if at_s < now:
             if at_s < now - 1e-9:
                 raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
@@ -173,12 +195,7 @@ class ClusterRuntime:
         key = keys.get((src, dst, channel))
         if key is None:
             key = keys[src, dst, channel] = len(keys)
-        mid = fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done,
-                          flow_key=key)
-        kick = self._kick
-        if kick is not None and not kick.triggered:
-            kick.succeed()
-        return fabric.ideal_s(mid)
+        return at_s, key
 
     def _tenant(self, index: int, t):
         env = self.env
@@ -311,12 +328,15 @@ class ClusterRuntime:
         fabric_comm = sum(v for k, v in exposed.items() if k.endswith("/fabric"))
         step = st.gpu_step_s
         # The engines' messages as (size, slowdown) columns, in delivery order.
-        sizes: list[int] = []
-        slowdowns: list[float] = []
-        for m in fs.messages:
-            if m.tag == "step":
-                sizes.append(m.size_bytes)
-                slowdowns.append(m.slowdown)
+        columns = getattr(fs.messages, "sizes_and_slowdowns", None)
+        if columns is not None:
+            sizes, slowdowns = columns("step")
+        else:
+            sizes, slowdowns = [], []
+            for m in fs.messages:
+                if m.tag == "step":
+                    sizes.append(m.size_bytes)
+                    slowdowns.append(m.slowdown)
         out: dict[str, Any] = {
             "backend": self.cfg.fabric.backend,
             "num_nodes": self.placement.num_nodes,

@@ -43,7 +43,8 @@ class DagRun:
     """
 
     __slots__ = ("dag", "t0_s", "port", "on_complete", "start_s", "finish_s", "ideal_s",
-                 "cause", "end_s", "done", "lane_comm_s", "_remaining", "_children", "_ready", "_unresolved")
+                 "cause", "end_s", "done", "lane_comm_s", "_remaining", "_children", "_ready",
+                 "_unresolved", "_fields")
 
     def __init__(self, dag: StepDag, t0_s: float, port: TransferPort,
                  on_complete: Callable[[DagRun], None] | None = None) -> None:
@@ -60,15 +61,12 @@ class DagRun:
         self.done = False
         self.lane_comm_s: list[float] = []
         self._ready = [t0_s] * n
-        children: list[list[int]] = [[] for _ in range(n)]
-        for i, (deps, sd) in enumerate(zip(dag.deps, dag.stream_dep)):
-            for d in deps:
-                children[d].append(i)
-            if sd >= 0:
-                children[sd].append(i)
-        self._remaining = [len(deps) + (sd >= 0) for deps, sd in zip(dag.deps, dag.stream_dep)]
-        self._children = children
+        self._remaining = list(dag.num_inputs)
+        self._children = dag.children
         self._unresolved = n
+        # The node fields `_drain` reads, fetched once (it runs once per fabric arrival).
+        self._fields = (dag.kind, dag.latency_s, dag.size_bytes, dag.src, dag.dst, dag.dur_s,
+                        dag.op)
 
     def start(self) -> None:
         ready = [i for i, count in enumerate(self._remaining) if count == 0]
@@ -78,9 +76,7 @@ class DagRun:
 
     def _drain(self, stack: list[int]) -> None:
         """Resolve `stack` and everything it releases (depth-first)."""
-        dag = self.dag
-        kind, latency_s, size_bytes, src_of, dst_of, dur_s, op = (
-            dag.kind, dag.latency_s, dag.size_bytes, dag.src, dag.dst, dag.dur_s, dag.op)
+        kind, latency_s, size_bytes, src_of, dst_of, dur_s, op = self._fields
         port = self.port
         node_of = port.node_of
         start_s, ready = self.start_s, self._ready
@@ -135,7 +131,8 @@ class DagRun:
         self.ideal_s[i] = ideal_s
         stack: list[int] = []
         self._release(i, end_s, stack)
-        self._drain(stack)
+        if stack:
+            self._drain(stack)
         if self._unresolved == 0:
             self._complete()
 

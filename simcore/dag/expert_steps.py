@@ -366,10 +366,17 @@ class ExpertParallelSteps:
             ep, share = self.ep_model, nm / self.num_moe
         else:
             share = nm / ep._num_moe
-        load = np.array(loads, dtype=np.int64)
-        per_layer_load = load / nm
-        cpu = per_layer_load * ep._flop_s_per_assignment * share
-        mem = (np.array(active, dtype=np.int64) * ep._byte_s_per_expert
-               + per_layer_load * ep._byte_s_per_assignment) * share
-        floor = ep._floor_s * share
-        return np.where(load > 0, np.maximum(np.maximum(cpu, mem), floor), 0.0).tolist()
+        # Per GPU, in floats (a few dozen GPUs: array operations would cost more than they
+        # save).
+        flop_s, expert_s = float(ep._flop_s_per_assignment), float(ep._byte_s_per_expert)
+        assignment_s, floor = float(ep._byte_s_per_assignment), float(ep._floor_s) * share
+        out = []
+        for load, hit in zip(loads, active):
+            if load > 0:
+                per_layer = load / nm
+                t = max(per_layer * flop_s * share, (hit * expert_s + per_layer * assignment_s)
+                        * share)
+                out.append(t if t >= floor else floor)
+            else:
+                out.append(0.0)
+        return out

@@ -37,7 +37,7 @@ class StepDag:
     """
 
     __slots__ = ("lanes", "kind", "lane", "stream", "dur_s", "deps", "stream_dep", "op", "src",
-                 "dst", "size_bytes", "latency_s", "fabric", "_last")
+                 "dst", "size_bytes", "latency_s", "fabric", "children", "num_inputs", "_last")
 
     def __init__(self, lanes: list[Lane]) -> None:
         self.lanes = lanes
@@ -53,6 +53,8 @@ class StepDag:
         self.size_bytes: list[int] = []
         self.latency_s: list[float] = []
         self.fabric: list[bool] = []       # communication that crosses nodes (the collective's)
+        self.children: list[list[int]] = []
+        self.num_inputs: list[int] = []
         self._last: dict[int, int] = {}     # 2 x lane + stream -> its last node
 
     def __len__(self) -> int:
@@ -62,13 +64,22 @@ class StepDag:
              op: str, src: int = -1, dst: int = -1, size_bytes: int = 0, latency_s: float = 0.0,
              fabric: bool = False) -> int:
         i = len(self.kind)
+        children = self.children
+        for d in deps:
+            children[d].append(i)
+        inputs = len(deps)
+        sd = -1
         if stream >= 0:
             last = self._last
             key = 2 * lane + stream          # streams are 0 and 1
-            self.stream_dep.append(last.get(key, -1))
+            sd = last.get(key, -1)
             last[key] = i
-        else:
-            self.stream_dep.append(-1)
+            if sd >= 0:
+                children[sd].append(i)
+                inputs += 1
+        self.stream_dep.append(sd)
+        children.append([])
+        self.num_inputs.append(inputs)
         self.kind.append(kind)
         self.lane.append(lane)
         self.stream.append(stream)
