@@ -113,6 +113,10 @@ class StepDagBuilder(ExpertParallelSteps):
             self._popularity = self._expert_popularity()
             self._reach: dict[tuple[int, ...], tuple] = {}
             self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...]], DeepEpLayout] = {}
+            # Step structures reused (`_build_ep`) where `_ep_values` knows every node's value.
+            self._reuse_ep = (self.tp == 1 and self.pp == 1 and self.draft is None
+                              and cfg.collectives.all_to_all != "direct")
+            self._ep_templates: dict[tuple, tuple] = {}
 
     # -- collectives --------------------------------------------------------------------------
 

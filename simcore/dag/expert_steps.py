@@ -18,6 +18,7 @@ class DeepEpLayout:
     """The step-independent part of a DeepEP-style all-to-all over one stage's EP group; GPUs by
     their index in the group."""
 
+    node_ids: list[int]                  # the group's nodes, ascending
     node_col: list[int]                  # column of each GPU's node (nodes in ascending order)
     members: dict[int, list[int]]        # node -> its GPUs
     same_node_reach: np.ndarray          # per GPU: sum over its node's other GPUs of P(need)
@@ -26,6 +27,11 @@ class DeepEpLayout:
     node_lanes: dict[int, list[int]]     # node -> the lanes of its GPUs, in order
     node_of_idx: list[int]
     lane_of_idx: list[int]
+
+
+REUSE_STEP_DAGS = True
+"""Whether expert-parallel steps adopt a known structure (`ExpertParallelSteps._build_ep`); off,
+every step is built node by node (the same DAGs: the tests and benchmarks compare the two)."""
 
 
 class ExpertParallelSteps:
@@ -47,16 +53,109 @@ class ExpertParallelSteps:
         """An expert-parallel group in lock-step: per stage and layer group, each rank's attention,
         the dispatch all-to-all over every GPU of the stage, each GPU's experts, the combine;
         with a dense speculative drafter, each rank with a batch (its shape in `wholes`) then
-        drafts on its own lane."""
+        drafts on its own lane.
+
+        Structure reuse (one stage, TP 1, no drafter, DeepEP-style all-to-alls): a step's DAG has
+        the structure of any earlier step of the same group with as many sub-batches and the
+        same fabric messages in each all-to-all, so `_ep_values` works out every node's
+        duration, size and latency in node order (drawing the routing as the full build does)
+        and a known structure is adopted with them. An unknown one is built in full from the
+        same draws (the generator rewound), checked against those values, and kept."""
+        if not (self._reuse_ep and REUSE_STEP_DAGS):
+            self._build_ep_nodes(dag, batches, plans, lane_ids, comm_stream, wholes)
+            return
+        state = self.rng.bit_generator.state
+        key, dur, size, latency = self._ep_values(dag, batches, plans, lane_ids)
+        templates = self._ep_templates
+        hit = templates.get(key)
+        if hit is not None:
+            dag.adopt(hit, dur, size, latency)
+            return
+        self.rng.bit_generator.state = state
+        self._build_ep_nodes(dag, batches, plans, lane_ids, comm_stream, wholes)
+        if dag.dur_s != dur or dag.size_bytes != size or dag.latency_s != latency:
+            raise AssertionError("an expert-parallel step's values differ from its full build")
+        if len(templates) >= self._TEMPLATES:
+            templates.clear()
+        templates[key] = dag.template()
+
+    _TEMPLATES = 256
+    """Step structures an expert-parallel builder keeps (each a few hundred nodes' lists)."""
+
+    def _ep_group(self, dag: StepDag, lanes: list[int]):
+        """(GPUs of the group in lane order, each GPU's lane, each lane's GPUs by their index in
+        the group) of one stage's lanes."""
+        gpus = [g for ln in lanes for g in dag.lanes[ln].gpus]
+        lane_of = {g: ln for ln in lanes for g in dag.lanes[ln].gpus}
+        gidx = {g: i for i, g in enumerate(gpus)}
+        return gpus, lane_of, [[gidx[g] for g in dag.lanes[ln].gpus] for ln in lanes]
+
+    def _ep_values(self, dag: StepDag, batches, plans, lane_ids):
+        """(structure key, durations, sizes, latencies) of every node `_build_ep_nodes` adds for
+        one stage at TP 1 without a drafter, in its order, with the routing drawn as it draws
+        it: per layer group each rank's attention; per MoE group and sub-batch the dispatch
+        messages, the per-node NVLink phases, each lane's experts, the combine phases and
+        messages; the LM heads. The key names the group's engines, the sub-batches and each
+        all-to-all's messages (sender, relay): what the structure depends on."""
+        rc = self.cfg.moe_routing
+        h = self.arch.hidden_size
+        d_b, c_b = h * rc.dispatch_bytes_per_element, h * rc.combine_bytes_per_element
+        ranks = len(batches)
+        num_sub = len(plans[0][0])
+        lanes = [ids[0] for ids in lane_ids]
+        gpus, lane_of, lane_idx = self._ep_group(dag, lanes)
+        ops = [[self._ops(shape, False) for shape in plans[r][0]] for r in range(ranks)]
+        costs = self.costs
+        key: list = [tuple(inst.index for inst, _ in batches), num_sub]
+        dur: list[float] = []
+        size: list[int] = []
+        latency: list[float] = []
+        for n, nd, nm in self.groups[0]:
+            for r in range(ranks):
+                for k in range(num_sub):
+                    attn, mlp = self._layer_s(ops[r][k][1], n, nd, nm, False)
+                    dur.append(attn + mlp)
+            size.extend([0] * (ranks * num_sub))
+            latency.extend([0.0] * (ranks * num_sub))
+            if nm == 0:
+                continue
+            a_intra, a_inter = costs.intra_node_latency_s * nm, costs.inter_node_latency_s * nm
+            for k in range(num_sub):
+                loads, active, held = self._route(len(gpus), lane_idx,
+                                                  [ops[r][k][0].num_tokens for r in range(ranks)],
+                                                  nm)
+                lay, nvlink_tokens, transfers = self._deepep_traffic(gpus, held, lanes, lane_of)
+                expert_s = self._experts_s(loads, active, nm)
+                key.append(tuple((i, r) for i, r, _ in transfers))
+                node_ids = lay.node_ids
+                m, p = len(transfers), len(node_ids)
+                dur.extend([0.0] * m)
+                size.extend([int(t * d_b) for _, _, t in transfers])
+                latency.extend([a_inter] * m)
+                dur.extend([self._phase_s(lay, x, nvlink_tokens, d_b, a_intra) for x in node_ids])
+                dur.extend(expert_s)        # at TP 1, lane r is GPU r of the group
+                dur.extend([self._phase_s(lay, x, nvlink_tokens, c_b, a_intra) for x in node_ids])
+                size.extend([0] * (2 * p + ranks))
+                latency.extend([0.0] * (2 * p + ranks))
+                dur.extend([0.0] * m)
+                size.extend([int(t * c_b) for _, _, t in transfers])
+                latency.extend([a_inter] * m)
+        for r in range(ranks):
+            for k in range(num_sub):
+                dur.append(ops[r][k][1].get("lm_head", 0.0))
+        size.extend([0] * (ranks * num_sub))
+        latency.extend([0.0] * (ranks * num_sub))
+        return tuple(key), dur, size, latency
+
+    def _build_ep_nodes(self, dag: StepDag, batches, plans, lane_ids, comm_stream: int,
+                        wholes=None) -> None:
+        """`_build_ep`, node by node."""
         h = self.arch.hidden_size
         ranks = len(batches)
         num_sub = len(plans[0][0])
         for s in range(self.pp):
             lanes = [ids[s] for ids in lane_ids]
-            gpus = [g for ln in lanes for g in dag.lanes[ln].gpus]
-            lane_of = {g: ln for ln in lanes for g in dag.lanes[ln].gpus}
-            gidx = {g: i for i, g in enumerate(gpus)}
-            lane_idx = [[gidx[g] for g in dag.lanes[ln].gpus] for ln in lanes]
+            gpus, lane_of, lane_idx = self._ep_group(dag, lanes)
             ops = [[self._ops(shape, False) for shape in plans[r][0]] for r in range(ranks)]
             ready = [[() for _ in range(num_sub)] for _ in range(ranks)]
             if s:
@@ -157,23 +256,7 @@ class ExpertParallelSteps:
         experts' popularity). Traffic: a token goes once to each GPU holding any of its experts
         (DeepEP deduplicates per rank), and across nodes once to each node holding any (per
         node, then NVLink inside it)."""
-        ep_size = len(gpus)
-        starts = np.arange(0, self.arch.num_experts,
-                           (ep or self.ep_model).experts_per_gpu)
-        k_top = self.arch.num_experts_per_tok
-        trials = sum(nm * t * k_top for t in tokens)
-        per_expert = self.rng.multinomial(trials, self._popularity)
-        loads = [0] * ep_size
-        loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
-        active_per_gpu = [0] * ep_size
-        active_per_gpu[:len(starts)] = np.add.reduceat(
-            (per_expert > 0).astype(np.int64), starts).tolist()
-        held_by = [0] * ep_size                          # layer-tokens on each GPU
-        for r, src in enumerate(lane_idx):
-            t = nm * tokens[r]
-            for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
-                held_by[gi] += t * (j + 1) // len(src) - t * j // len(src)
-        held = np.array(held_by, dtype=np.int64)
+        loads, active_per_gpu, held = self._route(len(gpus), lane_idx, tokens, nm, ep)
         sent = {ln: ready[r] for r, ln in enumerate(lanes)}
         arrived, back_of = self._all_to_all(dag, gpus, held, sent, lanes, lane_of,
                                             comm_stream, nm)
@@ -190,6 +273,28 @@ class ExpertParallelSteps:
                                         * self.ab, nm, done, comm_stream)
             out.append(done)
         return out
+
+    def _route(self, ep_size: int, lane_idx: list[list[int]], tokens: list[int], nm: int,
+               ep=None) -> tuple[list[int], list[int], np.ndarray]:
+        """(token-expert assignments on each GPU, distinct experts hit on each, layer-tokens each
+        holds) for `nm` MoE layers of a batch of `tokens[r]` tokens on each rank, the expert
+        loads drawn (`_moe_layers`)."""
+        starts = np.arange(0, self.arch.num_experts,
+                           (ep or self.ep_model).experts_per_gpu)
+        k_top = self.arch.num_experts_per_tok
+        trials = sum(nm * t * k_top for t in tokens)
+        per_expert = self.rng.multinomial(trials, self._popularity)
+        loads = [0] * ep_size
+        loads[:len(starts)] = np.add.reduceat(per_expert, starts).tolist()
+        active_per_gpu = [0] * ep_size
+        active_per_gpu[:len(starts)] = np.add.reduceat(
+            (per_expert > 0).astype(np.int64), starts).tolist()
+        held_by = [0] * ep_size                          # layer-tokens on each GPU
+        for r, src in enumerate(lane_idx):
+            t = nm * tokens[r]
+            for j, gi in enumerate(src):     # each TP rank holds 1/tp of the tokens
+                held_by[gi] += t * (j + 1) // len(src) - t * j // len(src)
+        return loads, active_per_gpu, np.array(held_by, dtype=np.int64)
 
     def _gpu_reach(self, gpus: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(node of each GPU, P(a token needs GPU j), P(a token needs node n)) for a stage's
@@ -231,11 +336,8 @@ class ExpertParallelSteps:
         h = self.arch.hidden_size
         d_b, c_b = h * rc.dispatch_bytes_per_element, h * rc.combine_bytes_per_element
         nodes, q_gpu, q_node = self._gpu_reach(gpus)
-        node_ids = sorted(set(nodes.tolist()))
-        multi = len(node_ids) > 1
-        rng = self.rng
-        if multi and self.cfg.collectives.all_to_all == "direct":
-            tokens = rng.binomial(held[:, None], q_gpu[None, :])
+        if self.cfg.collectives.all_to_all == "direct" and len(set(nodes.tolist())) > 1:
+            tokens = self.rng.binomial(held[:, None], q_gpu[None, :])
             np.fill_diagonal(tokens, 0)
             disp = (tokens * d_b).astype(np.int64)
             arrived = self._pairwise(dag, gpus, disp, ready, lanes, lane_of, "dispatch",
@@ -246,32 +348,17 @@ class ExpertParallelSteps:
                 return self._pairwise(dag, gpus, comb, expert_ready, lanes, lane_of, "combine",
                                       stream, count)
             return arrived, combine_direct
-        lay = self._deepep_layout(gpus, lanes, lane_of, nodes, q_gpu, q_node)
-        ep = len(gpus)
-        # Same-node tokens over NVLink, expected: sum over the node's other GPUs of held x P.
-        nvlink_tokens = (held * lay.same_node_reach).tolist()
-        transfers = []                           # (src index, relay index, tokens)
-        if multi:
-            inter = rng.binomial(held[:, None], q_node[None, :]).tolist()
-            for c, n in enumerate(node_ids):
-                relay, forward = lay.relay[n], lay.forward[n]
-                for i in range(ep):
-                    t = inter[i][c]
-                    if t > 0 and lay.node_col[i] != c:
-                        # A relay forwards to its node's other GPUs the tokens that need them.
-                        r = relay[i]
-                        transfers.append((i, r, t))
-                        nvlink_tokens[r] += t * forward[r]
-            transfers.sort()
+        lay, nvlink_tokens, transfers = self._deepep_traffic(gpus, held, lanes, lane_of)
+        node_ids = lay.node_ids
+        multi = len(node_ids) > 1
         a_intra = self.costs.intra_node_latency_s * count
         a_inter = self.costs.inter_node_latency_s * count
         phase_stream = -1 if stream == COMPUTE_STREAM else COMM_STREAM
-        members, node_lanes, node_of_idx = lay.members, lay.node_lanes, lay.node_of_idx
+        node_lanes, node_of_idx = lay.node_lanes, lay.node_of_idx
         lane_of_idx = lay.lane_of_idx
 
         def phase(n: int, deps: tuple[int, ...], op: str, per_token: float) -> int:
-            b = max(nvlink_tokens[j] for j in members[n]) * per_token
-            dur = b / self.ic + a_intra if b > 0 else 0.0
+            dur = self._phase_s(lay, n, nvlink_tokens, per_token, a_intra)
             return dag._add(LOCAL, node_lanes[n][0], phase_stream, dur, deps, op, fabric=multi)
 
         into: dict[int, list[int]] = {n: [] for n in node_ids}
@@ -300,6 +387,37 @@ class ExpertParallelSteps:
                     for ln in node_lanes[n]}
         return arrived, combine
 
+    def _deepep_traffic(self, gpus: list[int], held: np.ndarray, lanes: list[int],
+                        lane_of: dict[int, int]) -> tuple[DeepEpLayout, list[float], list]:
+        """A DeepEP-style dispatch over `gpus` (`_all_to_all`): its layout, the tokens each GPU
+        moves over NVLink (expected), and the fabric messages (sender index, relay index,
+        tokens) in order, their counts drawn."""
+        nodes, q_gpu, q_node = self._gpu_reach(gpus)
+        lay = self._deepep_layout(gpus, lanes, lane_of, nodes, q_gpu, q_node)
+        # Same-node tokens over NVLink, expected: sum over the node's other GPUs of held x P.
+        nvlink_tokens = (held * lay.same_node_reach).tolist()
+        transfers = []                           # (src index, relay index, tokens)
+        if len(lay.node_ids) > 1:
+            inter = self.rng.binomial(held[:, None], q_node[None, :]).tolist()
+            node_col = lay.node_col
+            for c, n in enumerate(lay.node_ids):
+                relay, forward = lay.relay[n], lay.forward[n]
+                for i in range(len(gpus)):
+                    t = inter[i][c]
+                    if t > 0 and node_col[i] != c:
+                        # A relay forwards to its node's other GPUs the tokens that need them.
+                        r = relay[i]
+                        transfers.append((i, r, t))
+                        nvlink_tokens[r] += t * forward[r]
+            transfers.sort()
+        return lay, nvlink_tokens, transfers
+
+    def _phase_s(self, lay: DeepEpLayout, n: int, nvlink_tokens: list[float], per_token: float,
+                 latency_s: float) -> float:
+        """An NVLink phase of node n: its busiest GPU's bytes over the per-GPU bandwidth."""
+        b = max(nvlink_tokens[j] for j in lay.members[n]) * per_token
+        return b / self.ic + latency_s if b > 0 else 0.0
+
     def _deepep_layout(self, gpus: list[int], lanes: list[int], lane_of: dict[int, int],
                        nodes: np.ndarray, q_gpu: np.ndarray, q_node: np.ndarray) -> DeepEpLayout:
         """What a DeepEP-style all-to-all over `gpus` (lanes `lanes`) needs that does not depend
@@ -325,7 +443,7 @@ class ExpertParallelSteps:
             forward[n] = [float(q_gpu[js].sum() / q_node[c] - q_gpu[r] / q_node[c])
                           for r in range(len(gpus))]
         hit = self._layouts[key] = DeepEpLayout(
-            node_col=[col[n] for n in nodes.tolist()],
+            node_ids=node_ids, node_col=[col[n] for n in nodes.tolist()],
             members={n: js.tolist() for n, js in members.items()},
             same_node_reach=reach.sum(axis=1), relay=relay, forward=forward,
             node_lanes={n: list(dict.fromkeys(lane_of[gpus[j]] for j in js))

@@ -33,7 +33,14 @@ class StepDag:
     Lifecycle: a builder appends nodes, then an executor runs the DAG once. Stream order is a
     dependency like any other: a node placed on a lane's stream depends on the node placed there
     before it (CUDA streams run in order). `deps[i]` lists data dependencies; `stream_dep[i]` is
-    the stream predecessor (-1 for none).
+    the stream predecessor (-1 for none). `children[i]` lists the nodes that wait for node i
+    (data and stream order) and `num_inputs[i]` how many nodes node i waits for, kept as nodes
+    are added so that an executor need not derive them.
+
+    Structure reuse: `template()` is a built DAG's structure (every field but the durations,
+    sizes and latencies); `adopt` makes an empty DAG that structure with new values. A builder
+    whose steps repeat a shape builds it once; an adopted DAG shares the template's lists, so
+    nothing is added to it afterwards.
     """
 
     __slots__ = ("lanes", "kind", "lane", "stream", "dur_s", "deps", "stream_dep", "op", "src",
@@ -92,6 +99,23 @@ class StepDag:
         self.latency_s.append(latency_s)
         self.fabric.append(fabric)
         return i
+
+    def template(self) -> tuple:
+        """This DAG's structure, for `adopt` (its lists, shared: build no further)."""
+        return (self.kind, self.lane, self.stream, self.deps, self.stream_dep, self.op, self.src,
+                self.dst, self.fabric, self.children, self.num_inputs)
+
+    def adopt(self, template: tuple, dur_s: list[float], size_bytes: list[int],
+              latency_s: list[float]) -> None:
+        """Become the DAG of `template` (from `template()` of a DAG on the same lanes) with
+        these per-node values; the DAG must be empty."""
+        if self.kind or len(dur_s) != len(template[0]):
+            raise ValueError(f"adopt: {len(dur_s)} values for a template of "
+                             f"{len(template[0])} nodes, into a DAG of {len(self.kind)}")
+        (self.kind, self.lane, self.stream, self.deps, self.stream_dep, self.op, self.src,
+         self.dst, self.fabric, self.children, self.num_inputs) = template
+        self.dur_s, self.size_bytes, self.latency_s = dur_s, size_bytes, latency_s
+        self._last = {}
 
     def compute(self, lane: int, op: str, dur_s: float, deps: tuple[int, ...] = ()) -> int:
         """A compute op of `dur_s` on the lane's compute stream, after `deps`."""
