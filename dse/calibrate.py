@@ -147,7 +147,7 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
     profile at the step model's default routing, through the default roofline's rates; MXFP4's
     per kernel backend (`[triton]`, ...) with two models or more measured by it."""
     from simcore.calibration.moe_transfer import KERNEL_BACKENDS, leave_one_out
-    from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING
+    from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING, table_weight_dtype
     from simcore.compute.roofline import RooflineAssumptions
     from simcore.hardware import get_gpu
     from simcore.model.arch import dtype_bytes
@@ -156,7 +156,7 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
     bw = gpu.hbm_bandwidth_bytes_per_s * a.hbm_bandwidth_fraction
     out = []
     for dtype in sorted({k[0] for k in profile.moe_keys()}):
-        wb = 2.0 if dtype == "bf16" else dtype_bytes(_MOE_TABLE_WEIGHTS.get(dtype, dtype))
+        wb = 2.0 if dtype == "bf16" else dtype_bytes(table_weight_dtype(dtype))
         flops = gpu.flops_for(dtype) * a.gemm_flops_fraction
         # MXFP4 experts move only their layout's backend's measurements (`derived_experts`).
         families = KERNEL_BACKENDS if dtype == "mxfp4_w4a16" else (None,)
@@ -166,10 +166,6 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
                 out.append((f"moe/{dtype}/{DEFAULT_MOE_ROUTING}"
                             + (f" [{family}]" if family else ""), err))
     return out
-
-
-_MOE_TABLE_WEIGHTS = {"mxfp4_w4a16": "mxfp4", "w4a8_mxfp4_mxfp8": "mxfp4", "int4_wo": "int4"}
-"""The weight dtype of a fused-MoE table whose name is not one (bytes per expert weight)."""
 
 
 _VIDUR_PASS_BYTES = {"add": 6.0, "input_layernorm": 4.0, "post_attention_layernorm": 4.0,

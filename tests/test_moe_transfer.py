@@ -15,8 +15,9 @@ from simcore.calibration.moe_transfer import (
 )
 from simcore.compute.base import StepShape
 from simcore.compute.derived_kernels import weight_only, weight_only_ratio
-from simcore.compute.kernel_model import KernelModel
+from simcore.compute.kernel_model import KernelModel, gemm_dtype, moe_dtype, table_weight_dtype
 from simcore.hardware import get_gpu
+from simcore.model.arch import dtype_bytes
 from simcore.model.presets import load_preset
 
 A100 = get_gpu("A100-80GB")
@@ -182,3 +183,12 @@ def test_mxfp4_experts_move_only_their_layouts_kernel_measurements(layout):
         # Without the layout's filter the Marlin-measured model would have been the nearest.
         assert "marlin" in prof.moe_kernel(nearest(prof, "mxfp4_w4a16", "power_law_1.2",
                                                    ExpertShape(3584, 3072, 16, 640)))
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp16", "fp8", "fp8_block", "int4", "mxfp4", "nvfp4"])
+def test_a_tables_weight_dtype_is_what_selects_it(weight):
+    """`dse calibrate`'s leave-one-out moves a table's shapes by its weights' bytes: those of the
+    weight dtype whose GEMM or fused-MoE table it is."""
+    for table in (gemm_dtype(weight), moe_dtype(weight)):
+        assert dtype_bytes(table_weight_dtype(table)) == dtype_bytes(weight)
+    assert table_weight_dtype("w4a8_mxfp4_mxfp8") == "mxfp4"

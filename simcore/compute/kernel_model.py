@@ -85,6 +85,17 @@ def moe_dtype(weight_dtype: str) -> str:
     return _MOE_TABLES.get(weight_dtype) or gemm_dtype(weight_dtype)
 
 
+_TABLE_WEIGHTS = {table: weight for weight, table in _MOE_TABLES.items()} | {
+    "int4_wo": "int4", "w4a8_mxfp4_mxfp8": "mxfp4"}
+"""Tables named otherwise than their weight dtype: `moe_dtype`'s and `gemm_dtype`'s, inverted,
+and a measured table no weight dtype selects (MXFP4 experts with MXFP8 activations)."""
+
+
+def table_weight_dtype(table: str) -> str:
+    """The weight dtype of a GEMM or fused-MoE table (what its weights' bytes are)."""
+    return _TABLE_WEIGHTS.get(table, table)
+
+
 def kv_dtype(kv_cache_dtype: str) -> str:
     """The attention table of a KV-cache dtype."""
     return "fp8" if kv_cache_dtype.startswith("fp8") else "bf16"
