@@ -10,7 +10,7 @@ Rows:
       are compared byte for byte;
   (2) N requests (default 1,000,000) on one Llama-3.1-8B engine (configs/llama8b_h100_1m.yaml),
       in a child process, the result's request rows as columns (`simulate(cfg, plain=False)`,
-      as `dse simulate` runs): CPU seconds and peak memory (ru_maxrss);
+      as `dse simulate` runs): CPU seconds and peak memory (the child's own high-water mark);
   (3) `dse simulate examples/quickstart.yaml` as a whole process, with its default envelope;
   (4) Qwen3-235B-A22B, expert parallelism over 8 nodes (examples/cluster/moe_ep_8node.yaml),
       1,000 requests, analytical fabric;
@@ -74,8 +74,27 @@ TARGET = {
     "search": "< 0.05 s per trial",
 }
 
-CHILD = """
-import json, resource, sys, time
+PEAK = """
+import resource
+
+
+def peak_mb():
+    # This process's own high-water mark (VmHWM). ru_maxrss would also count the parent it was
+    # forked from (Linux keeps the larger across exec), so a child started after a large run
+    # would report that run's memory.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+"""Code the child processes start with: `peak_mb()`, their peak resident memory in MB."""
+
+CHILD = PEAK + """
+import json, sys, time
 from simcore.config import load_config
 from simcore.simulate import simulate
 cfg = load_config(sys.argv[1])
@@ -87,7 +106,7 @@ r = simulate(cfg, plain=False)
 cpu = time.process_time() - t
 print(json.dumps({"cpu_s": cpu, "duration_s": r["duration"], "completed": r["completed"],
                   "steps": r["num_steps"],
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_mb": peak_mb()}))
 """
 
 
@@ -168,8 +187,8 @@ def moe8() -> None:
     print("    (the 64-node packet row is (8): --only 8)")
 
 
-IDLE_CHILD = """
-import json, resource, sys, time
+IDLE_CHILD = PEAK + """
+import json, sys, time
 from simcore.config import load_config
 from simcore.simulate import simulate
 cfg = load_config(sys.argv[1])
@@ -178,12 +197,12 @@ cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
 t = time.process_time()
 r = simulate(cfg, plain=False)
 print(json.dumps({"cpu_s": time.process_time() - t, "completed": r["completed"],
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_mb": peak_mb()}))
 """
 
 
-PACKET_CHILD = """
-import json, resource, sys, time
+PACKET_CHILD = PEAK + """
+import json, sys, time
 from simcore.config import load_config
 from simcore.simulate import simulate
 cfg = load_config(sys.argv[1])
@@ -193,7 +212,7 @@ t = time.process_time()
 r = simulate(cfg, plain=False)
 print(json.dumps({"cpu_s": time.process_time() - t, "completed": r["completed"],
                   "steps": r["num_steps"], "duration_s": r["duration"],
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_mb": peak_mb()}))
 """
 
 
