@@ -13,7 +13,8 @@ Rows:
       as `dse simulate` runs): CPU seconds and peak memory (the child's own high-water mark);
   (3) `dse simulate examples/quickstart.yaml` as a whole process, with its default envelope;
   (4) Qwen3-235B-A22B, expert parallelism over 8 nodes (examples/cluster/moe_ep_8node.yaml),
-      1,000 requests, analytical fabric;
+      1,000 requests, analytical fabric, with the groups' step-DAG structure reused and, as the
+      reference, every step built node by node; the two results are compared byte for byte;
   (5) the flow backend's all-to-all at 64 to 256 hosts (benchmarks/fabric_speed.py has 512);
   (6) `dse search` overhead per trial on SQLite (benchmarks/search_overhead.py has the detail);
   (7) one TP-8 engine on a cluster of 1 and of 512 idle-but-for-it nodes (8 and 4,096 GPUs,
@@ -177,13 +178,22 @@ def quickstart(repeats: int = 3) -> None:
 
 
 def moe8() -> None:
+    import simcore.dag.expert_steps as expert_steps
     from cluster_speed import run_one, with_fidelity
     from simcore.config import load_config
 
+    run_one(with_fidelity(load_config(MOE_8NODE), "analytical", 20))   # the lazy imports
     cfg = with_fidelity(load_config(MOE_8NODE), "analytical", 1000)
-    wall, result = run_one(cfg)
+    out = {}
+    for reuse in (False, True):
+        expert_steps.REUSE_STEP_DAGS = reuse
+        wall, result = run_one(cfg)
+        out[reuse] = (wall, json.dumps(result, sort_keys=True, default=str))
+    expert_steps.REUSE_STEP_DAGS = True
+    same = "byte-identical" if out[False][1] == out[True][1] else "DIFFERENT (a defect)"
     row("moe8", f"(4) Qwen3-235B-A22B EP over 8 nodes, {result['completed']:,} requests, "
-        f"analytical", f"{wall:.1f} s")
+        f"analytical", f"{out[True][0]:.1f} s; every step built node by node in this run "
+        f"{out[False][0]:.1f} s; results {same}")
     print("    (the 64-node packet row is (8): --only 8)")
 
 
