@@ -408,18 +408,22 @@ class AnalyticalFabric(MessageFabric):
              traffic_class: int = 0) -> int:
         """Queue a message; `traffic_class` is accepted and ignored (no classes here)."""
         mid = self._accept(src, dst, size_bytes, at_s, tag, on_done, flow_key)
-        start = self._log.start_s[mid]
+        self._start(mid, self._log.start_s[mid])
+        return mid
+
+    def _start(self, mid: int, start: float) -> None:
+        """Reserve message mid now if it starts at the clock and no earlier-starting message
+        waits, else queue it until the clock reaches `start`."""
         starts = self._starts
         if start <= self._now and not (starts and starts[0][0] <= start):
             self._reserve(mid)
         else:
             heapq.heappush(starts, (start, next(self._seq), mid))
-        return mid
 
     def send_timed(self, src: int, dst: int, size_bytes: int, at_s: float, fn: Callable,
                    arg: Any, flow_key: int, tag: Any = None) -> float:
-        """`MessageFabric.send_timed`, as `send` does it, with the checks and the log's append
-        inlined for a queue pair already routed (a step DAG's transfers: hundreds of thousands
+        """`MessageFabric.send_timed`, as `send` does it, with `_accept`'s checks and planning
+        skipped for a queue pair already routed (a step DAG's transfers: hundreds of thousands
         in a run, on a few hundred queue pairs)."""
         hit = self._routes.get((src, dst, flow_key))
         start = float(at_s)
@@ -427,23 +431,8 @@ class AnalyticalFabric(MessageFabric):
             return super().send_timed(src, dst, size_bytes, at_s, fn, arg, flow_key, tag)
         size_bytes = int(size_bytes)
         wire, ideal = _known_route(hit, size_bytes, self._payload, self._header)
-        log = self._log
-        mid = len(log.src)
-        log.src.append(src)
-        log.dst.append(dst)
-        log.size_bytes.append(size_bytes)
-        log.start_s.append(start)
-        log.path.append(hit[0])
-        log.wire_bytes.append(wire)
-        log.ideal_s.append(ideal)
-        log.tag.append(tag)
-        log.end_s.append(None)
-        log._on_done[mid] = (fn, arg)
-        starts = self._starts
-        if start <= self._now and not (starts and starts[0][0] <= start):
-            self._reserve(mid)
-        else:
-            heapq.heappush(starts, (start, next(self._seq), mid))
+        self._start(self._log.add(src, dst, size_bytes, start, hit[0], wire, ideal, tag,
+                                  (fn, arg)), start)
         return ideal
 
     def _reserve(self, mid: int) -> None:
