@@ -222,10 +222,14 @@ def held_out_rows() -> list[Row]:
             if o.case.keys[fam] == "mean_e2el_ms":
                 unit = "ms"
             inside = "inside" if o.covered(fam) else "OUTSIDE"
+            draws = ""
+            if fam in o.draw_range:
+                lo, hi = o.draw_range[fam]
+                draws = f"; its draws {lo:.4g} to {hi:.4g}"
             rows.append(Row("end_to_end", f"{o.case.id} {fam}", o.predicted[fam], m, unit,
                             math.inf, o.case.source,
                             note=f"envelope [{o.low[fam]:.4g}, {o.high[fam]:.4g}] ({inside}); "
-                                 + "; ".join(o.case.notes)))
+                                 + "; ".join(o.case.notes) + draws))
     urls = sorted({o.case.source for o in outcomes})
     src = ("end-to-end validation set, held-out cases (simcore/data/validation, each row's "
            "source quoted there): " + ", ".join(urls))

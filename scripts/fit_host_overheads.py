@@ -6,7 +6,8 @@ server's per streamed token and per request (its latency, and its work that hold
 `simcore.host`), and the calibrated compute
 model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks). The
 objective: the mean over the fit cases and their metric families of |log(predicted /
-measured)|; with the result, per metric family the fit cases' residuals log(measured /
+measured)|, each prediction `dse.validate_e2e.predict`'s (for an offline ShareGPT batch the median
+over its draws); with the result, per metric family the fit cases' residuals log(measured /
 predicted), which calibrated envelopes use: out of sample, by cross-validation over the fit part
 (`CV_FOLDS` folds of whole sources, `cv_fold`: each fold's residuals at parameters fitted on the
 other folds), since residuals at parameters fitted on the same cases understate the error a new
@@ -38,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dse.validate_e2e import load_cases, run_case  # noqa: E402
+from dse.validate_e2e import load_cases, predict  # noqa: E402
 from simcore.calibration.kernels import MOE_ROUTINGS  # noqa: E402
 from simcore.host import FITTED, FITTED_KEYS  # noqa: E402
 from simcore.model.presets import load_preset  # noqa: E402
@@ -126,7 +127,7 @@ def _residuals(args):
     compute["compute_bound_scale"] = params.pop("compute_bound_scale", 1.0)
     if routing and routing[0]:
         compute["moe_routing"] = routing[0]
-    pred, _ = run_case(case, compute, host={"model": "vllm", **params})
+    pred = predict(case, compute, host={"model": "vllm", **params})
     return {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
 
 

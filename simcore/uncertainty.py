@@ -121,6 +121,28 @@ def calibrated_range(metric: str, value: float, residuals: dict,
     return {"nominal": value, "low": min(lo, mid), "median": mid, "high": max(hi, mid)}
 
 
+def calibrated_envelope(provenance: dict, metrics: dict[str, float]) -> dict[str, dict]:
+    """The `calibrated` envelope of `metrics` (name -> value) predicted by a run with this
+    `provenance`: each metric's `calibrated_range` where its model is calibrated and the metric
+    has a family, else its first-order range; metrics with neither are left out."""
+    from simcore.host import fitted_residuals
+
+    residuals = fitted_residuals()
+    # The validated profiles' step-time bound is inside the residuals; a model with a wider
+    # bound (roofline parts) widens by the excess.
+    u = provenance["step_time_relative_uncertainty"]
+    rel = max(0.0, u - _VALIDATED_BOUND)
+    out = {}
+    for k, v in metrics.items():
+        r = calibrated_range(k, v, residuals, rel) if provenance["calibrated"] else None
+        if r is None:
+            fo = first_order(k, v, u)
+            r = None if fo is None else {"nominal": v, "low": fo[0], "high": fo[1]}
+        if r is not None:
+            out[k] = r
+    return out
+
+
 def perturbations(bounds: dict[str, float], method: str, samples: int,
                   seed: int) -> list[dict[str, float]]:
     """The op-class scale factors of each perturbed run."""
@@ -193,20 +215,9 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
     if method == "calibrated":
         from simcore.host import fitted_residuals
 
-        residuals = fitted_residuals()
-        # The validated profiles' step-time bound is inside the residuals; a model with a wider
-        # bound (roofline parts) widens by the excess.
-        rel = max(0.0, prov["step_time_relative_uncertainty"] - _VALIDATED_BOUND)
         env["runs"] = 1
-        env["residual_quantiles"] = residuals
-        env["metrics"] = {}
-        for k, v in metrics.items():
-            r = calibrated_range(k, v, residuals, rel) if prov["calibrated"] else None
-            if r is None:
-                fo = first_order(k, v, prov["step_time_relative_uncertainty"])
-                r = None if fo is None else {"nominal": v, "low": fo[0], "high": fo[1]}
-            if r is not None:
-                env["metrics"][k] = r
+        env["residual_quantiles"] = fitted_residuals()
+        env["metrics"] = calibrated_envelope(prov, metrics)
         result["envelope"] = env
         return result
     if method == "first_order":

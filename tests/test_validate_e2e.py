@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dse.validate_e2e import (
-    FAMILIES, GUARDS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows, row_case,
-    sharegpt_first_turns, split_of, summarize, evaluate)
+    FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows,
+    predict, row_case, run_case, sharegpt_first_turns, split_of, summarize, evaluate)
 from simcore.host import FITTED
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
@@ -145,6 +145,32 @@ def test_sharegpt_rows_without_token_totals_use_the_first_turns_as_they_are(case
     assert serving.config["workload"]["request_rate"] == 1
     cfg = case_config(serving, tmp_path)
     assert cfg.workload.num_prompts == 200 and cfg.workload.dataset.kind == "custom"
+
+
+def test_an_offline_sharegpt_batch_is_predicted_by_the_median_over_its_draws(cases, tmp_path):
+    """Offline ShareGPT batches carry OFFLINE_DRAWS draws (seed 0's first, each as vLLM's
+    sampler draws with its seed), every other case one workload; the prediction is the median
+    of the draws' simulations, and each draw is the workload its config sends."""
+    ok, _ = cases
+    tools = {r["id"]: r["benchmark"]["tool"] for r in load_rows()}
+    offline = [c for c in ok if c.lengths is not None and tools[c.id] in OFFLINE_TOOLS]
+    assert len(offline) >= 10
+    for c in ok:
+        assert c.num_draws() == (OFFLINE_DRAWS if c in offline else 1), c.id
+    c = next(c for c in offline if c.id == "bk9555-throughput-llama8B_tp1-h100")
+    assert list(map(list, c.draws[0])) == list(map(list, c.lengths))
+    for seed in (0, 3):
+        assert [list(x) for x in c.draws[seed]] == [a.tolist() for a in
+                                                   sharegpt_first_turns(200, seed)]
+    assert len({tuple(d[1]) for d in c.draws}) == OFFLINE_DRAWS
+    path = case_config(c, tmp_path, draw=3).workload.dataset.path
+    lines = (tmp_path / path).read_text().splitlines()
+    assert [json.loads(x)["output_len"] for x in lines] == list(c.draws[3][1])
+    runs = [run_case(c, draw=i)[0]["throughput"] for i in range(OFFLINE_DRAWS)]
+    assert len(set(runs)) > 1
+    assert predict(c)["throughput"] == pytest.approx(float(np.median(runs)), rel=1e-12)
+    served = next(x for x in ok if x.id == "bk9555-serving-llama70B_tp4-sharegpt-qps1-h100")
+    assert served.draws == () and predict(served) == run_case(served)[0]
 
 
 def test_every_sharegpt_row_is_represented_unless_its_model_or_gpu_is_not(cases):
