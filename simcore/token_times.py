@@ -104,8 +104,25 @@ class TokenTimes:
             i -= len(c)
         raise IndexError("token index out of range")   # unreachable: counts are kept
 
+    def to_array(self) -> np.ndarray:
+        """The times as a new float64 array: each range of a delivery log copied whole, not
+        token by token."""
+        pieces = []
+        for p in self._parts or ():
+            if type(p) is tuple:
+                log, a, b = p
+                pieces.append(np.frombuffer(log.times[a:b], dtype=np.float64))
+            else:
+                pieces.append(np.array((p,), dtype=np.float64))
+        if self._b > self._a:
+            pieces.append(np.frombuffer(self._log.times[self._a:self._b], dtype=np.float64))
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.float64)
+
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.fromiter(self, dtype=np.float64 if dtype is None else dtype, count=self._n)
+        a = self.to_array()
+        return a if dtype is None else a.astype(dtype, copy=False)
 
     def __eq__(self, other) -> bool:
         try:
@@ -117,6 +134,13 @@ class TokenTimes:
 
     def __repr__(self) -> str:
         return f"TokenTimes({list(self)!r})"
+
+
+def _float_array(times) -> np.ndarray:
+    """A record's token times as a float64 array (`TokenTimes` or a sequence of floats)."""
+    if type(times) is TokenTimes:
+        return times.to_array()
+    return np.asarray(times, dtype=np.float64)
 
 
 class DeliveryLog:
@@ -194,8 +218,7 @@ class PooledGaps:
             base = ends[i] - nt[i]
             j = max(i + 1, int(np.searchsorted(ends, base + _BLOCK, side="right")))
             k = int(ends[j - 1] - base)
-            times = np.fromiter(chain.from_iterable(r.token_times_s for r in recs[i:j]),
-                                dtype=np.float64, count=k)
+            times = np.concatenate([_float_array(r.token_times_s) for r in recs[i:j]])
             last = ends[i:j] - base - 1
             first = last - nt[i:j] + 1
             # A token that arrives at the same instant as the previous one of its request

@@ -332,7 +332,14 @@ def test_token_times_read_as_the_list_of_their_times(seed):
     assert [tt[i] for i in range(len(times))] == times
     assert [tt[-i] for i in range(1, len(times) + 1)] == [times[-i] for i in range(1, len(times) + 1)]
     assert np.asarray(tt).tolist() == times and np.asarray(tt).dtype == np.float64
+    assert tt.to_array().tolist() == times and np.asarray(tt, dtype=np.float32).dtype == np.float32
+    held = tt.to_array()
+    for part in [*(tt._parts or ()), (tt._log, 0, 0)]:
+        if type(part) is tuple and part[0] is not None:
+            part[0].times.append(9.0)   # the copy holds no buffer of the log's
+    assert held.tolist() == times
     assert tt == times and tt == TokenTimes(times)
+    assert TokenTimes().to_array().shape == (0,)
     with pytest.raises(IndexError):
         tt[len(times)]
     with pytest.raises(IndexError):
