@@ -136,9 +136,11 @@ class StepShape:
         return self.num_seqs == 0 and self.num_tokens > 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepTime:
-    """A step's modelled duration, split by what it was spent on (seconds)."""
+    """A step's modelled duration, split by what it was spent on (seconds). Treated as immutable
+    but not frozen: one is made for every engine step (millions in a long run), and a frozen
+    dataclass's constructor costs about four times a plain one's (1.9 against 0.4 us)."""
 
     total_s: float
     compute_s: float      # GEMMs, attention, norms, everything on the GPU's compute units
