@@ -80,9 +80,13 @@ class Case:
     measured: dict[str, float]        # family -> measured value
     keys: dict[str, str]              # family -> the result key compared
     source: str                       # URL
-    lengths: tuple | None = None      # (prompt lens, output lens) of a ShareGPT load
     notes: list[str] = field(default_factory=list)
-    draws: tuple = ()                 # an offline ShareGPT batch: OFFLINE_DRAWS such pairs
+    draws: tuple = ()   # a ShareGPT load: (prompt lens, output lens) per draw, seed 0's first
+
+    @property
+    def lengths(self) -> tuple | None:
+        """The seed-0 draw's (prompt lens, output lens) of a ShareGPT load, else None."""
+        return self.draws[0] if self.draws else None
 
     def num_draws(self) -> int:
         """How many workloads the case is simulated with (its prediction is their median)."""
@@ -297,7 +301,6 @@ def row_case(row: dict) -> Case | str:
     if "gpu_memory_utilization" in other:
         engine["gpu_memory_utilization"] = float(other["gpu_memory_utilization"])
     dataset = str(bench.get("dataset") or "")
-    lengths = None
     draws: list = []
     workload: dict = {"num_prompts": n}
     if "latency" in tool:
@@ -317,8 +320,8 @@ def row_case(row: dict) -> Case | str:
             if not _LLAMA3.search(name):
                 note += f"; {name}'s tokenizer differs"
             notes.append(note)
+        draws = [lengths]
         if tool in OFFLINE_TOOLS:
-            draws = [lengths]
             for seed in range(1, OFFLINE_DRAWS):
                 p, o = sharegpt_first_turns(n, seed=seed)
                 draws.append((_scaled(p, mean_in), _scaled(o, mean_out)) if mean_in is not None
@@ -357,7 +360,7 @@ def row_case(row: dict) -> Case | str:
         cfg["engine"] = engine
     cfg["workload"] = workload
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
-                source=str((row.get("source") or {}).get("url")), lengths=lengths, notes=notes,
+                source=str((row.get("source") or {}).get("url")), notes=notes,
                 draws=tuple(draws))
 
 
@@ -392,8 +395,8 @@ def case_config(case: Case, workdir: Path, compute: dict | None = None, *, draw:
     from simcore.config import parse_config
 
     cfg = json.loads(json.dumps(case.config))
-    if case.lengths is not None:
-        lengths = case.draws[draw] if case.draws else case.lengths
+    if case.draws:
+        lengths = case.draws[draw]
         path = workdir / f"{case.id}.jsonl"
         with open(path, "w", encoding="utf-8") as f:
             for p, o in zip(*lengths):
