@@ -248,7 +248,25 @@ def held_out_rows() -> list[Row]:
                         1.0 - st["coverage"], st["n"], "cases", g["outside"], src, "statistic",
                         note=f"coverage {st['coverage']:.0%}; target >= {COVERAGE_TARGET:.0%}: "
                              f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}"))
-    return rows + class_rows(outcomes, src)
+    return rows + class_rows(outcomes, src) + [fit_part_row(cases)]
+
+
+def fit_part_row(cases) -> Row:
+    """The share of the fit part's cases the shipped parameters were fitted on (informational):
+    rows added to the set since the last fit that the id hash puts in the fit part are neither
+    fitted on nor reported until the next fit (`scripts/fit_host_overheads.py`) takes them."""
+    import json
+
+    from simcore.host import FITTED
+
+    fitted = set(json.loads(FITTED.read_text(encoding="utf-8")).get("fit_cases", []))
+    fit = [c.id for c in cases if c.split == "fit"]
+    used = sum(1 for i in fit if i in fitted)
+    return Row("end_to_end", "fit part: share of its cases in the shipped fit",
+               used / len(fit) if fit else 1.0, len(fit), "cases", math.inf,
+               "simcore/data/cpu_costs/fitted.json", "statistic",
+               note=f"{used} of {len(fit)} fit cases; {len(fit) - used} added since the last "
+                    "fit, neither fitted on nor reported until the next one")
 
 
 def class_rows(outcomes, src: str) -> list[Row]:

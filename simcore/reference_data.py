@@ -18,3 +18,11 @@ SHAREGPT_FIRST_TURN = DATA_DIR / "datasets" / "sharegpt_v3_first_turn_llama3.csv
 """The first-turn prompt and reply lengths of ShareGPT's conversations with two or more turns, as
 `vllm bench serve --dataset-name sharegpt` takes them, Llama-3 tokens with BOS, unfiltered, in
 file order (num_prefill_tokens, num_decode_tokens): `dataset: {kind: sharegpt}` without a path."""
+
+SHAREGPT_FIRST_TURNS = {
+    "llama3": SHAREGPT_FIRST_TURN,
+    "mistral_v1": DATA_DIR / "datasets" / "sharegpt_v3_first_turn_mistral_v1.csv",
+}
+"""The shipped first-turn lengths by tokenizer (`dataset: {kind: sharegpt, tokenizer: ...}`): the
+same conversations counted with Llama-3's BPE and with Mistral's 32k SentencePiece (v1: Mistral-7B
+v0.1, Mixtral-8x7B), each with one BOS."""

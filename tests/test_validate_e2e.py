@@ -8,7 +8,8 @@ import pytest
 
 from dse.validate_e2e import (
     FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows,
-    predict, row_case, run_case, sharegpt_first_turns, split_of, summarize, evaluate)
+    predict, row_case, run_case, sharegpt_first_turns, sharegpt_tokenizer, split_of, summarize,
+    evaluate)
 from simcore.host import FITTED
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
@@ -46,7 +47,11 @@ def test_the_split_is_declared_by_the_id_hash_and_used_by_the_fit(cases):
     for c in ok:
         assert c.split == split_of(c.id)
     fitted = json.loads(FITTED.read_text())
-    assert sorted(fitted["fit_cases"]) == sorted(c.id for c in ok if c.split == "fit")
+    fit = {c.id for c in ok if c.split == "fit"}
+    # the fit took fit cases only; rows added since wait for the next fit (reported by
+    # dse validate's fit-part row)
+    assert set(fitted["fit_cases"]) <= fit
+    assert len(fitted["fit_cases"]) >= 28
     assert set(fitted["residuals"]) == set(FAMILIES)
 
 
@@ -135,11 +140,16 @@ def test_sharegpt_rows_without_token_totals_use_the_first_turns_as_they_are(case
     mixtral = by_id["bk9555-throughput-mixtral8x7B_tp2-h100"]
     serving = by_id["bk9555-serving-llama70B_tp4-sharegpt-qps1-h100"]
     drawn = [a.tolist() for a in sharegpt_first_turns(200)]
-    for c in (llama, mixtral, serving):
+    for c in (llama, serving):
         assert [list(x) for x in c.lengths] == drawn
         assert any(n.startswith("ShareGPT first turns, Llama-3 tokenizer") for n in c.notes)
-    assert not any("tokenizer differs" in n for n in llama.notes + serving.notes)
-    assert any("Mixtral-8x7B-Instruct-v0.1's tokenizer differs" in n for n in mixtral.notes)
+    assert not any("tokenizer differs" in n for n in llama.notes + serving.notes + mixtral.notes)
+    # Mixtral's draws are its own tokenizer's counts of the same conversations
+    assert sharegpt_tokenizer("mistralai/Mixtral-8x7B-Instruct-v0.1") == "mistral_v1"
+    assert [list(x) for x in mixtral.lengths] == [
+        a.tolist() for a in sharegpt_first_turns(200, tokenizer="mistral_v1")]
+    assert any(n.startswith("ShareGPT first turns, Mistral v1 tokenizer") for n in mixtral.notes)
+    assert sum(mixtral.lengths[1]) > 1.05 * sum(llama.lengths[1])     # 32k vocabulary
     assert llama.keys == {"throughput": "request_throughput"}
     assert llama.config["workload"]["request_rate"] == "inf"
     assert serving.config["workload"]["request_rate"] == 1
@@ -254,3 +264,17 @@ def test_chat_benchmarks_send_chat_requests_and_vllm_0_11_0_parses_the_template_
     assert chat >= 20
     # gpt-oss goes through harmony, the others through their Hugging Face templates.
     assert any("gpt-oss" in c.id and c.config["workload"].get("endpoint") for c in ok)
+
+
+def test_the_fit_part_row_counts_the_cases_the_shipped_fit_took(cases):
+    from dse.validate import fit_part_row
+
+    ok, _ = cases
+    fit = [c for c in ok if c.split == "fit"]
+    fitted = set(json.loads(FITTED.read_text())["fit_cases"])
+    row = fit_part_row(ok)
+    assert row.reference == len(fit) and row.ok
+    assert row.predicted == pytest.approx(len(fitted) / len(fit))
+    assert row.note.startswith(f"{len(fitted)} of {len(fit)} fit cases; "
+                               f"{len(fit) - len(fitted)} added since")
+    assert fit_part_row([c for c in ok if c.id in fitted or c.split != "fit"]).predicted == 1.0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from simcore.workload import WorkloadConfig, generate_requests, generate_workload
-from simcore.reference_data import CONFORMANCE_DIR, SHAREGPT_FIRST_TURN
+from simcore.reference_data import CONFORMANCE_DIR, SHAREGPT_FIRST_TURN, SHAREGPT_FIRST_TURNS
 from simcore.workload.config import LengthFilter
 from simcore.workload.sampled import passes_length_filter, read_lengths_csv
 from simcore.workload.keys import NAMESPACE_SHIFT, ROW, SHARED_PREFIX, USER
@@ -178,9 +178,45 @@ def test_the_shipped_lengths_are_package_data():
     root = Path(__file__).resolve().parents[1]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"]["simcore"]
-    for shipped in (SHAREGPT_FIRST_TURN, SHIPPED_README):
+    for shipped in (*SHAREGPT_FIRST_TURNS.values(), SHIPPED_README):
         rel = shipped.relative_to(root / "simcore").as_posix()
         assert any(fnmatch(rel, g) for g in globs), rel
+
+
+def test_the_shipped_mistral_counts_are_the_same_conversations_in_more_tokens():
+    """Mistral's 32k vocabulary splits the same texts into more tokens than Llama-3's 128k, row
+    by row for almost every conversation; the README's figures are the file's."""
+    text = SHIPPED_README.read_text(encoding="utf-8")
+    for figure in ("15,500", "244.0", "229.0"):
+        assert figure in text
+    lp, lo = read_lengths_csv(SHAREGPT_FIRST_TURN)
+    mp, mo = read_lengths_csv(SHAREGPT_FIRST_TURNS["mistral_v1"])
+    assert len(mp) == len(mo) == SHIPPED_ROWS
+    valid = passes_length_filter(LengthFilter(), mp, mo)
+    assert int(valid.sum()) == 15_500
+    assert mp[valid].mean() == pytest.approx(244.0, abs=0.05)
+    assert mo[valid].mean() == pytest.approx(229.0, abs=0.05)
+    assert (mo >= lo).mean() > 0.95 and (mp >= lp).mean() > 0.9
+    assert np.corrcoef(lo, mo)[0, 1] > 0.95
+
+
+def test_sharegpt_tokenizer_chooses_the_shipped_counts(tmp_path):
+    def lengths(tokenizer):
+        ds = {"kind": "sharegpt", **({"tokenizer": tokenizer} if tokenizer else {})}
+        cfg = WorkloadConfig.model_validate({"num_prompts": 300, "dataset": ds})
+        reqs = generate_requests(cfg, block_size=16, seed=0, base_dir=tmp_path,
+                                 max_model_len=None)
+        return [(r.prompt_len, r.output_len) for r in reqs]
+
+    mp, mo = read_lengths_csv(SHAREGPT_FIRST_TURNS["mistral_v1"])
+    mistral = lengths("mistral_v1")
+    assert set(mistral) <= set(zip(mp.tolist(), mo.tolist()))
+    assert lengths(None) == lengths("llama3") != mistral
+    with pytest.raises(ValueError, match="tokenizer"):
+        WorkloadConfig.model_validate({"dataset": {"kind": "sharegpt", "path": "x.csv",
+                                                   "tokenizer": "mistral_v1"}})
+    with pytest.raises(ValueError):
+        WorkloadConfig.model_validate({"dataset": {"kind": "sharegpt", "tokenizer": "gpt2"}})
 
 
 @pytest.mark.parametrize("dataset", [{"kind": "sharegpt"}, {"kind": "sharegpt", "path": None}])

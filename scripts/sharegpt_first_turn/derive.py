@@ -77,13 +77,33 @@ def is_valid_sequence(prompt_len: int, output_len: int, min_len: int = 4,
                 or prompt_len + output_len > max_total_len)
 
 
+def make_encoder(tokenizer_json: str | None, sentencepiece_model: str | None):
+    """texts -> their token counts without special tokens, by a tokenizer.json (PyPI
+    `tokenizers`) or a SentencePiece model (PyPI `sentencepiece`)."""
+    if tokenizer_json:
+        from tokenizers import Tokenizer  # PyPI 'tokenizers'
+
+        tok = Tokenizer.from_file(tokenizer_json)
+        return lambda texts: [len(e.ids) for e in
+                              tok.encode_batch(texts, add_special_tokens=False)]
+    import sentencepiece  # PyPI 'sentencepiece'
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_model)
+    return lambda texts: [len(ids) for ids in sp.encode(texts)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True)
-    ap.add_argument("--tokenizer-json", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokenizer-json",
+                     help="a HF tokenizers tokenizer.json (e.g. Llama-3's)")
+    src.add_argument("--sentencepiece-model",
+                     help="a SentencePiece model (e.g. Mistral's tokenizer.model.v1)")
     ap.add_argument("--bos", type=int, default=1,
-                    help="special tokens added per encode (HF Llama-3: 1 BOS)")
+                    help="special tokens added per encode (HF Llama-3 and Mistral/Mixtral: "
+                         "1 BOS)")
     ap.add_argument("--out", default="/tmp/sharegpt_first_turn_llama3.csv")
     ap.add_argument("--all-out", default=None,
                     help="optional CSV of every >=2-turn entry with a 'valid' column")
@@ -95,9 +115,7 @@ def main() -> int:
                     help="apply vLLM's random.seed(s); random.shuffle() before writing")
     args = ap.parse_args()
 
-    from tokenizers import Tokenizer  # PyPI 'tokenizers'
-
-    tok = Tokenizer.from_file(args.tokenizer_json)
+    encode = make_encoder(args.tokenizer_json, args.sentencepiece_model)
     data, truncated = read_conversations(args.input)
     entries = [e for e in data
                if "conversations" in e and len(e["conversations"]) >= 2]
@@ -107,14 +125,14 @@ def main() -> int:
 
     prompts = [e["conversations"][0]["value"] for e in entries]
     comps = [e["conversations"][1]["value"] for e in entries]
-    p_enc = tok.encode_batch(prompts, add_special_tokens=False)
-    c_enc = tok.encode_batch(comps, add_special_tokens=False)
+    p_enc = encode(prompts)
+    c_enc = encode(comps)
 
     cols = ["id", "from0", "from1", "prompt_tokens", "output_tokens"]
     rows_all = []
     for e, p, c in zip(entries, p_enc, c_enc):
-        pl = len(p.ids) + args.bos
-        ol = len(c.ids) + args.bos
+        pl = p + args.bos
+        ol = c + args.bos
         conv = e["conversations"]
         rows_all.append((e.get("id", ""), conv[0].get("from", ""),
                          conv[1].get("from", ""), pl, ol,

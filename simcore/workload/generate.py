@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from simcore.errors import ConfigError
-from simcore.reference_data import SHAREGPT_FIRST_TURN
+from simcore.reference_data import SHAREGPT_FIRST_TURNS
 from simcore.workload import files
 from simcore.workload.arrivals import send_times_s
 from simcore.workload.config import (SESSION_DATASETS, AzureDataset, CustomDataset,
@@ -152,7 +152,8 @@ def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
         case PrefixRepetitionDataset() as ds:
             return prefix_repetition_samples(ds, num, block_size=block_size, rng=rng)
         case ShareGPTDataset() as ds:
-            path = SHAREGPT_FIRST_TURN if ds.path is None else files.resolve(ds.path, base_dir)
+            path = (SHAREGPT_FIRST_TURNS[ds.tokenizer or "llama3"] if ds.path is None
+                    else files.resolve(ds.path, base_dir))
             return sharegpt_samples(ds, num, path=path, block_size=block_size, seed=seed)
         case CustomDataset() as ds:
             return custom_samples(ds, num, path=files.resolve(ds.path, base_dir),
