@@ -535,8 +535,8 @@ def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
 
 GUARDS = {
     "throughput": {"median_abs": 0.18, "median_signed": 0.08, "outside": 0.28},
-    "ttft": {"median_abs": 0.11, "median_signed": 0.08, "outside": 0.60},
-    "tpot": {"median_abs": 0.12, "median_signed": 0.11, "outside": 0.28},
+    "ttft": {"median_abs": 0.20, "median_signed": 0.08, "outside": 0.60},
+    "tpot": {"median_abs": 0.16, "median_signed": 0.11, "outside": 0.28},
     "e2e": {"median_abs": 0.08, "median_signed": 0.04, "outside": 0.45},
 }
 """Regression bounds of the held-out statistics: the figures measured when the CPU-side
@@ -557,12 +557,15 @@ CUDA-reported total, the CUDA graphs captured after the KV cache before vLLM 0.2
 experts in the padded layout of the row's vLLM, and async scheduling hiding vLLM's scheduler
 but not the model runner's fitted time, and offline ShareGPT batches predicted by the median
 over their draws (`OFFLINE_DRAWS`), Mixtral-8x7B's ShareGPT loads in its own tokenizer's
-counts (24 held-out cases, 19 with a throughput figure: throughput 16.4% / -6.3%, TTFT 9.9% /
--6.8%, TPOT 10.0% / -9.8%, E2E 5.0% / +0.3% median |error| / median signed error; envelope
-coverage 95%, 45%, 100%, 80%, the envelope built from the fit part's cross-validated
-residuals), with a margin.
+counts (57 held-out cases, 52 with a throughput figure: throughput 16.8% / -2.9%, TTFT 18.4% /
+-5.8%, TPOT 14.4% / -10.1%, E2E 5.0% / +0.3% median |error| / median signed error; envelope
+coverage 81%, 43%, 84%, 80%, the envelope built from the fit part's cross-validated
+residuals; the fit took 30 of the fit part's 56 cases, the other 26 added after it), with a
+margin.
 
-History. With Mixtral-8x7B's ShareGPT loads in Llama-3 token counts and without the Qwen3-14B
+History. Before the validation set's fourth file (`end_to_end_gpustack.yaml`, 105 more GPUStack runs, 33
+of them held-out cases), on the 24 held-out cases then: throughput 16.4% / -6.3%, TTFT 9.9% /
+-6.8%, TPOT 10.0% / -9.8%, E2E 5.0% / +0.3%; coverage 95%, 45%, 100%, 80%. With Mixtral-8x7B's ShareGPT loads in Llama-3 token counts and without the Qwen3-14B
 H100 page's random 2000x100, 32000x100 (fit) and 128x4 (held out) runs (28 fit cases, the same
 parameters but 0.9 ms per step; objective 0.1555 against 0.1778 now): throughput 12.1% /
 -6.5%, TTFT 8.7% / -0.4%, TPOT 9.4% / -8.7%, E2E 6.2% / +2.2%; coverage 78%, 70%, 78%, 60%.

@@ -66,11 +66,11 @@ def test_the_envelopes_residuals_are_cross_validated_over_folds_of_whole_sources
     fit_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit_script)
     ok, _ = cases
-    fit = {c.id: c for c in ok if c.split == "fit"}
     fitted = json.loads(FITTED.read_text())
+    fit = {c.id: c for c in ok if c.split == "fit" and c.id in fitted["fit_cases"]}
     folds = fitted["cv_folds"]
     seen = [i for f in folds.values() for i in f["cases"]]
-    assert sorted(seen) == sorted(fit)
+    assert sorted(seen) == sorted(fit) == sorted(fitted["fit_cases"])
     for f, fold in folds.items():
         assert {fit_script.cv_fold(fit[i]) for i in fold["cases"]} == {int(f)}
         assert set(fold["parameters"]) == set(fitted["parameters"])
