@@ -557,13 +557,15 @@ CUDA-reported total, the CUDA graphs captured after the KV cache before vLLM 0.2
 experts in the padded layout of the row's vLLM, and async scheduling hiding vLLM's scheduler
 but not the model runner's fitted time, and offline ShareGPT batches predicted by the median
 over their draws (`OFFLINE_DRAWS`), Mixtral-8x7B's ShareGPT loads in its own tokenizer's
-counts (57 held-out cases, 52 with a throughput figure: throughput 16.8% / -2.9%, TTFT 18.4% /
--5.8%, TPOT 14.4% / -10.1%, E2E 5.0% / +0.3% median |error| / median signed error; envelope
-coverage 81%, 43%, 84%, 80%, the envelope built from the fit part's cross-validated
-residuals; the fit took 30 of the fit part's 56 cases, the other 26 added after it), with a
+counts (62 held-out cases, 57 with a throughput figure: throughput 16.7% / -2.2%, TTFT 16.7% /
+-6.8%, TPOT 14.9% / -10.4%, E2E 5.0% / +0.3% median |error| / median signed error; envelope
+coverage 82%, 47%, 85%, 80%, the envelope built from the fit part's cross-validated
+residuals; the fit took 30 of the fit part's 68 cases, the other 38 added after it), with a
 margin.
 
-History. Before the validation set's fourth file (`end_to_end_gpustack.yaml`, 105 more GPUStack runs, 33
+History. Before GLM-4.5-Air's and GLM-4.6's presets (5 more held-out cases), on 57:
+throughput 16.8% / -2.9%, TTFT 18.4% / -5.8%, TPOT 14.4% / -10.1%; coverage 81%, 43%, 84%.
+Before the validation set's fourth file (`end_to_end_gpustack.yaml`, 105 more GPUStack runs, 33
 of them held-out cases), on the 24 held-out cases then: throughput 16.4% / -6.3%, TTFT 9.9% /
 -6.8%, TPOT 10.0% / -9.8%, E2E 5.0% / +0.3%; coverage 95%, 45%, 100%, 80%. With Mixtral-8x7B's ShareGPT loads in Llama-3 token counts and without the Qwen3-14B
 H100 page's random 2000x100, 32000x100 (fit) and 128x4 (held out) runs (28 fit cases, the same

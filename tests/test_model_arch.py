@@ -21,10 +21,20 @@ PUBLISHED = [
 ]
 
 
-@pytest.mark.parametrize("name,total,active", PUBLISHED)
+# Z.ai's model cards: "106B total parameters and 12B active parameters", "355B total / 32B
+# active"; the active counts leave out the embedding and the LM head, the totals the MTP layer.
+PUBLISHED_WITHOUT_EMBEDDINGS = [
+    ("zai-org/GLM-4.5-Air", 106e9, 12e9),
+    ("zai-org/GLM-4.6", 355e9, 32e9),
+]
+
+
+@pytest.mark.parametrize("name,total,active", PUBLISHED + PUBLISHED_WITHOUT_EMBEDDINGS)
 def test_parameter_counts_match_published_sizes(name, total, active):
     arch = load_preset(name)
     assert arch.num_params == pytest.approx(total, rel=0.01)
+    if (name, total, active) in PUBLISHED_WITHOUT_EMBEDDINGS:
+        active += arch.embedding_params + arch.lm_head_params
     assert arch.num_active_params == pytest.approx(active, rel=0.02)
 
 
@@ -32,8 +42,16 @@ CHECKED_ELSEWHERE = {"openai/gpt-oss-120b", "openai/gpt-oss-20b"}
 """Presets whose published active counts leave out the embedding: tests/test_gpt_oss.py."""
 
 
+def test_glm_presets_have_dense_first_layers_and_shared_experts():
+    for name, _, _ in PUBLISHED_WITHOUT_EMBEDDINGS:
+        arch = load_preset(name)
+        assert arch.num_moe_layers() == arch.num_layers - arch.first_k_dense_layers
+        assert arch.qkv_bias and arch.router_bias and arch.num_shared_experts == 1
+
+
 def test_every_preset_is_covered_by_the_published_table():
-    assert set(preset_names()) == {name for name, _, _ in PUBLISHED} | CHECKED_ELSEWHERE
+    assert set(preset_names()) == ({name for name, _, _ in PUBLISHED} | CHECKED_ELSEWHERE
+                                   | {name for name, _, _ in PUBLISHED_WITHOUT_EMBEDDINGS})
 
 
 def test_preset_names_are_case_insensitive_with_or_without_org():

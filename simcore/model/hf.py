@@ -11,7 +11,8 @@ from simcore.loading import load_json
 from simcore.model.arch import ModelArch
 
 _DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
+              "glm4_moe")
 SUPPORTED_MODEL_TYPES = _DENSE_TYPES + _MOE_TYPES
 """Values of `model_type` this reader understands."""
 
@@ -81,6 +82,12 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
     elif model_type in ("qwen3", "qwen3_moe"):
         fields["qkv_bias"] = k.get_bool("attention_bias", False)
         fields["qk_norm"] = True
+    elif model_type == "glm4_moe":
+        # Glm4MoeAttention: grouped-query attention with Q/K/V biases (attention_bias), RMS norms
+        # on the query and key heads when use_qk_norm (GLM-4.6, not GLM-4.5-Air), rotary
+        # embedding on part of each head (partial_rotary_factor: a cheaper pass, not modelled).
+        fields["qkv_bias"] = k.get_bool("attention_bias", False)
+        fields["qk_norm"] = k.get_bool("use_qk_norm", False)
     elif model_type == "gpt_oss":
         # GptOssAttention: biases on q, k, v and o; one sink logit per head.
         bias = k.get_bool("attention_bias", True)
@@ -109,24 +116,39 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
                       num_experts_per_tok=k.get_int("num_experts_per_tok"),
                       moe_intermediate_size=fields["intermediate_size"],
                       router_bias=True, expert_bias=True, chat_format="harmony")
+    elif model_type == "glm4_moe":
+        # Glm4MoeMoE: DeepSeek-V3's layout (below) with a sigmoid router that always carries a
+        # per-expert score-correction bias, and grouped-query attention instead of MLA.
+        fields.update(_routed_and_shared_experts(k), router_bias=True)
     elif model_type in ("deepseek_v2", "deepseek_v3"):
         fields.update(
-            num_experts=k.get_int("n_routed_experts"),
-            num_experts_per_tok=k.get_int("num_experts_per_tok"),
-            moe_intermediate_size=k.get_int("moe_intermediate_size"),
-            num_shared_experts=k.get_int("n_shared_experts", 0),
-            shared_expert_intermediate_size=k.get_int("moe_intermediate_size"),
+            _routed_and_shared_experts(k),
             router_bias=data.get("topk_method") == "noaux_tc",
-            first_k_dense_layers=k.get_int("first_k_dense_replace", 0),
             moe_layer_freq=k.get_int("moe_layer_freq", 1),
             kv_lora_rank=k.get_int("kv_lora_rank"),
             q_lora_rank=k.get_int("q_lora_rank", 0),
             qk_rope_head_dim=k.get_int("qk_rope_head_dim"),
             qk_nope_head_dim=k.get_int("qk_nope_head_dim"),
             v_head_dim=k.get_int("v_head_dim"),
-            num_mtp_layers=k.get_int("num_nextn_predict_layers", 0),
         )
     return ModelArch(**fields)
+
+
+def _routed_and_shared_experts(k: _Keys) -> dict[str, Any]:
+    """DeepSeek-style MoE layers (DeepSeek-V2/V3, GLM-4.5/4.6): the first
+    `first_k_dense_replace` layers dense MLPs (intermediate_size), the rest n_routed_experts
+    experts (moe_intermediate_size) beside n_shared_experts shared experts of the same width;
+    num_nextn_predict_layers multi-token-prediction layers (unused unless speculative decoding
+    runs them)."""
+    return dict(
+        num_experts=k.get_int("n_routed_experts"),
+        num_experts_per_tok=k.get_int("num_experts_per_tok"),
+        moe_intermediate_size=k.get_int("moe_intermediate_size"),
+        num_shared_experts=k.get_int("n_shared_experts", 0),
+        shared_expert_intermediate_size=k.get_int("moe_intermediate_size"),
+        first_k_dense_layers=k.get_int("first_k_dense_replace", 0),
+        num_mtp_layers=k.get_int("num_nextn_predict_layers", 0),
+    )
 
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")

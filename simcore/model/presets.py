@@ -36,6 +36,8 @@ _PRESET_FILES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("openai/gpt-oss-120b", "gpt-oss-120b.json", ()),
     ("deepseek-ai/DeepSeek-V3", "deepseek-v3.json",
      ("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-R1-0528")),
+    ("zai-org/GLM-4.5-Air", "glm-4.5-air.json", ("zai-org/GLM-4.5-Air-FP8",)),
+    ("zai-org/GLM-4.6", "glm-4.6.json", ("zai-org/GLM-4.6-FP8",)),
 )
 """(canonical Hugging Face name, data file, aliases with the same architecture)."""
 
