@@ -456,12 +456,16 @@ def test_the_gpt_oss_validation_rows_are_accepted():
     # sampler run and Marlin's 66 GiB of weights leave no KV cache (vLLM issue 23278 logs
     # -2.14 GiB), so GPUStack's four runs used settings their source does not quote.
     out = {rid: why for rid, why in refused if "gpt-oss" in rid}
-    assert sorted(out) == sorted(f"gpustack-gpt-oss-120b-tp1-{x}" for x in (
+    one_h100 = {c.id for c in cases if c.id.startswith("gpustack-gpt-oss-120b-tp1-")
+                and "h100" in c.id}
+    assert not one_h100
+    assert {f"gpustack-gpt-oss-120b-tp1-{x}" for x in (
         "h100sxm-sharegpt", "async-h100sxm-sharegpt", "h100sxm-sharegpt100-conc4",
-        "h100sxm-rand4000x200"))
+        "h100sxm-rand4000x200")} <= set(out)
+    assert all(rid.startswith("gpustack-gpt-oss-120b-tp1-") and "h100" in rid for rid in out)
     assert all("no memory left for the KV cache" in why for why in out.values())
     ids = [c.id for c in cases if "gpt-oss" in c.id]
-    assert len(ids) == 8
+    assert len(ids) >= 8
     assert all(c.config["model"]["dtype"] == "mxfp4" for c in cases if "gpt-oss" in c.id)
     # vLLM 0.10-0.11, without triton_kernels: Marlin's layout on every GPU of these rows.
     assert all(c.config["model"]["mxfp4_moe_layout"] == "marlin"

@@ -108,9 +108,10 @@ class ShareGPTDataset(_Frozen):
     a copy of ShareGPT_V3_unfiltered_cleaned_split.json, counted with the Llama-3 tokenizer
     (simcore/data/datasets/README.md), i.e. what `vllm bench serve --dataset-name sharegpt` sends
     to a Llama-3 model; `tokenizer: mistral_v1` sends the same conversations counted with
-    Mistral's 32k SentencePiece (Mistral-7B v0.1, Mixtral-8x7B). Entries with fewer than two turns are skipped; the rest are shuffled
-    (unless `shuffle` is false), filtered by `length_filter`, and the first num_prompts kept; if
-    fewer pass, samples are drawn again with replacement (vLLM's oversampling).
+    Mistral's 32k SentencePiece (Mistral-7B v0.1, Mixtral-8x7B). Entries with fewer than two
+    turns are skipped; the rest are shuffled (unless `shuffle` is false), filtered by
+    `length_filter`, and the first num_prompts kept; if fewer pass, samples are drawn again with
+    replacement (vLLM's oversampling).
     """
 
     kind: Literal["sharegpt"] = Field("sharegpt", description="Dataset variant tag.")
