@@ -255,11 +255,9 @@ def fit_part_row(cases) -> Row:
     """The share of the fit part's cases the shipped parameters were fitted on (informational):
     rows added to the set since the last fit that the id hash puts in the fit part are neither
     fitted on nor reported until the next fit (`scripts/fit_host_overheads.py`) takes them."""
-    import json
+    from simcore.host import fitted_cases
 
-    from simcore.host import FITTED
-
-    fitted = set(json.loads(FITTED.read_text(encoding="utf-8")).get("fit_cases", []))
+    fitted = set(fitted_cases())
     fit = [c.id for c in cases if c.split == "fit"]
     used = sum(1 for i in fit if i in fitted)
     return Row("end_to_end", "fit part: share of its cases in the shipped fit",

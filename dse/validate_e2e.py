@@ -322,25 +322,22 @@ def row_case(row: dict) -> Case | str:
             "output_len": int(bench["output_len"])})
     elif "sharegpt" in dataset:
         tokenizer = sharegpt_tokenizer(name)
-        prompts, outputs = sharegpt_first_turns(n, seed=0, tokenizer=tokenizer)
+        seeds = range(OFFLINE_DRAWS if tool in OFFLINE_TOOLS else 1)
+        drawn = [sharegpt_first_turns(n, seed=s, tokenizer=tokenizer) for s in seeds]
         if mean_in is not None:
-            lengths = (_scaled(prompts, mean_in), _scaled(outputs, mean_out))
+            draws = [(_scaled(p, mean_in), _scaled(o, mean_out)) for p, o in drawn]
             notes.append(f"ShareGPT first turns scaled to the measured means {mean_in:.0f} / "
                          f"{mean_out:.0f} tokens")
         else:
-            lengths = (prompts.tolist(), outputs.tolist())
+            draws = [(p.tolist(), o.tolist()) for p, o in drawn]
+            prompts, outputs = drawn[0]
             label = "Mistral v1" if tokenizer == "mistral_v1" else "Llama-3"
             note = (f"ShareGPT first turns, {label} tokenizer (means {prompts.mean():.0f} / "
                     f"{outputs.mean():.0f} tokens; no token totals printed)")
             if tokenizer == "llama3" and not _LLAMA3.search(name):
                 note += f"; {name}'s tokenizer differs"
             notes.append(note)
-        draws = [lengths]
-        if tool in OFFLINE_TOOLS:
-            for seed in range(1, OFFLINE_DRAWS):
-                p, o = sharegpt_first_turns(n, seed=seed, tokenizer=tokenizer)
-                draws.append((_scaled(p, mean_in), _scaled(o, mean_out)) if mean_in is not None
-                             else (p.tolist(), o.tolist()))
+        if len(draws) > 1:
             notes.append(f"an offline batch: the median over {OFFLINE_DRAWS} ShareGPT draws")
     elif dataset == "random":
         li = mean_in if mean_in is not None else bench.get("input_len")
@@ -563,59 +560,6 @@ counts (62 held-out cases, 57 with a throughput figure: throughput 14.5% / -1.6%
 coverage 79%, 71%, 83%, 80%, the envelope built from the fit part's cross-validated
 residuals), with a margin.
 
-History. Before the refit on all 68 fit cases (30 of them then: 0.75 ms + 50 us per sequence,
-nothing per streamed token, 12 ms and 3 ms; residuals by 5-fold cross-validation), on the same
-62 held-out cases: throughput 16.7% / -2.2%, TTFT 16.7% / -6.8%, TPOT 14.9% / -10.4%, E2E 5.0% /
-+0.3%; coverage 82%, 47%, 85%, 80%. Before GLM-4.5-Air's and GLM-4.6's presets (5 more
-held-out cases), on 57: throughput 16.8% / -2.9%, TTFT 18.4% / -5.8%, TPOT 14.4% / -10.1%;
-coverage 81%, 43%, 84%. Before the validation set's fourth file (`end_to_end_gpustack.yaml`,
-105 more GPUStack runs, 33 of them held-out cases), on the 24 held-out cases then: throughput
-16.4% / -6.3%, TTFT 9.9% / -6.8%, TPOT 10.0% / -9.8%, E2E 5.0% / +0.3%; coverage 95%, 45%,
-100%, 80%. With Mixtral-8x7B's ShareGPT loads in Llama-3 token counts and without the
-Qwen3-14B H100 page's random 2000x100, 32000x100 (fit) and 128x4 (held out) runs (28 fit cases,
-the same parameters but 0.9 ms per step; objective 0.1555 against 0.1778 then): throughput 12.1% /
--6.5%, TTFT 8.7% / -0.4%, TPOT 9.4% / -8.7%, E2E 6.2% / +2.2%; coverage 78%, 70%, 78%, 60%.
-Mixtral's counts moved its two held-out offline runs from +41.8% and +0.1% to +17.9% and
--17.0%; the new fit cases, whose every metric the model misses by 37-56% (too fast), moved the
-envelope's TTFT centre up (the fit part's median TTFT residual 0.26). With each offline ShareGPT batch simulated with its seed-0 draw alone (the same
-parameters; objective 0.1569 against 0.1555 now): throughput 10.8% / -5.7%, the other families
-as now. With those formats and shapes on the roofline (fit: 1 ms + 50 us per sequence, 10 ms
-of request latency, 3.2 ms of held work; objective 0.1635 against 0.1569 then): throughput
-14.2% / -6.2%, TTFT 11.7% / -5.7%, TPOT 11.1% / -10.4%, E2E 7.0% / +3.5%, coverage 83%, 100%,
-67%, 80% (the fit part's residuals wider: TTFT's cross-validated interval 0.70-2.33x the
-prediction against 0.86-1.64x now). With the tokenizer thread's cost taken from vLLM 0.33's text-prompt input processing
-as measured on a loaded machine (6.65 us a token on the measuring CPU, against 1.26 us measured
-alone; fit: 0.9 ms + 64 us per sequence, 4.4 ms of held work; objective 0.1616 against 0.1635
-now): throughput 15.3% / -7.3%, TTFT 16.8% / -6.1%, TPOT 11.9% / -9.6%, E2E 7.1% / +3.6%,
-coverage 83%, 100%, 78%, 80%. With the prompts tokenized on the event loop, their share of
-it held like the rest of a request's work (fit: 1 ms + 40 us per sequence, 4.4 ms of held
-work; objective 0.1611 against 0.1616 then): throughput 12.3% / -5.1%, TTFT 23.2% / +2.9%,
-TPOT 11.2% / -10.9%, E2E 6.4% / +2.5%, coverage 89%, 90%, 67%, 80%. With the API server doing one request's work at a time in send order (fit: 0.6 ms +
-108 us per sequence, 8 ms and 7 ms; objective 0.192 against 0.161 then): throughput 18.4% /
--8.8%, TTFT 11.5% / -8.9%, TPOT 14.0% / -7.0%, E2E 7.5% / +4.3%, coverage 67%, 80%, 100%, 80%.
-With the checkpoint's MXFP4 shapes (5.1 GiB less weight and twice the KV cache of
-vLLM's for gpt-oss-120b on one H100) TTFT was 31.3% and TPOT 23.9%; with the padded layout and
-the whole engine time hidden by async scheduling, 22.8% and 9.0%; with the model runner's time
-kept on the GPU's path under async scheduling (chosen on the fit part's one async case: 10-12%
-off against 32-57%), throughput 13.4% / -2.1%, TTFT 29.4% / -29.4%, TPOT 22.7% / +6.0%, E2E
-7.4% / +6.1%, coverage 77%, 93%, 46%, 80%. The compute-bound scale was adopted on the fit part
-(objective 0.255 -> 0.227, by a rule set before the held-out cases were run: at least 3%
-lower): throughput 12.6% / -1.0%, TTFT 25.1% / -25.1%, TPOT 23.2% / +10.3%, E2E 7.5% / +4.2%,
-coverage 73%, 79%, 46%, 80%. The API server's per-request work that holds it was adopted by the
-same rule (objective 0.227 -> 0.214), and the envelope took the fit part's out-of-sample
-residuals: 32 held-out cases, throughput 13.7% / -2.8%, TTFT 17.2% / -17.1%, TPOT 19.1% /
-+11.5%, E2E 7.7% / +5.4%, coverage 82%, 86%, 69%, 100%. The memory model then took vLLM's
-start-up logs (adopted on those logs alone, the CPU side refitted the same way after): the
-sampler's profiling run over vLLM's 1,024 default sequences takes 5-7 GiB on H100 and H200
-where 2-3 GiB were assumed, so five GPUStack rows are left out, runs vLLM could not have
-started at the settings they quote (three held out: gpt-oss-120b on one H100, Qwen3-32B on one
-A100 at its default max_model_len). On the 23 held-out cases common to both, before -> after:
-throughput 15.3% -> 17.4% (signed -9.5% -> -9.7%), TTFT 11.6% -> 13.7% (-11.0% -> -10.0%),
-TPOT 16.7% -> 12.0% (+5.6% -> -7.9%), E2E 7.7% -> 7.4%; coverage 78% -> 72%, 80% -> 70%,
-78% -> 78%, 100%. Chat requests then took the chat path's cost measured on vLLM's own code
-(adopted as a measurement, the CPU side refitted the same way: fit-part objective 0.221 ->
-0.195 with the old parameters, 0.192 refitted; the held-out mean |log error| 0.193 -> 0.190):
-throughput 17.4% -> 18.4% (signed -9.7% -> -8.8%), TTFT 13.7% -> 11.5% (-10.0% -> -8.9%),
-TPOT 12.0% -> 14.0% (-7.9% -> -7.0%), E2E 7.4% -> 7.5% (+6.1% -> +4.3%); coverage 72% -> 67%,
-70% -> 80%, 78% -> 100%, 100% -> 80%. The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are
+How the figures got here, change by change: `simcore/data/validation/README.md` (History of
+the held-out figures). The issue's targets (`TARGETS`, `SIGNED_TARGET`, `COVERAGE_TARGET`) are
 reported beside them."""

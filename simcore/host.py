@@ -223,6 +223,12 @@ def fitted_compute_bound_scale() -> float:
     return float(_fitted().get("parameters", {}).get("compute_bound_scale", 1.0))
 
 
+def fitted_cases() -> list[str]:
+    """The ids of the validation cases the shipped fit was fitted on (empty when no fit has been
+    written)."""
+    return list(_fitted().get("fit_cases", []))
+
+
 def fitted_residuals() -> dict[str, dict]:
     """Per metric family, the out-of-sample residuals log(measured / predicted) of the fit cases
     (`values`: each fold of sources at parameters fitted on the other folds) and their
