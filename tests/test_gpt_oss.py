@@ -422,6 +422,29 @@ def test_h100_times_the_experts_from_the_mxfp4_moe_table_and_a100_from_its_bf16_
     assert a100.op_error_bounds()["moe"] >= 0.35
 
 
+def test_sink_attention_names_vllms_triton_backend_where_flashattention_2_is_all_measured():
+    """vLLM runs gpt-oss's sink attention with FlashAttention 3 on Hopper and with its Triton
+    backend on Ampere, where the profile measured only FlashAttention 2: the A100 model says so
+    and bounds the part as declared, the H100 model does not."""
+    def model(gpu, name="openai/gpt-oss-20b", dtype="mxfp4"):
+        cfg = {"model": {"name": name, "dtype": dtype, "max_model_len": 32768},
+               "hardware": {"gpu": gpu}, "compute": {"kind": "calibrated"},
+               "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
+                                                         "output_len": 1}}}
+        return build_deployment(parse_config(cfg, source="t")).step_model
+
+    a100 = model("A100-80GB")
+    [attn] = [f for f in a100.fallbacks() if f.startswith("attention kernel")]
+    assert "TRITON_ATTN" in attn
+    assert a100.op_error_bounds()["attention"] >= 0.35
+    for gpu in ("H100-SXM", "B200"):
+        m = model(gpu)
+        assert not any("TRITON_ATTN" in p for p in m.fallbacks() + m.assumed_parts()), gpu
+    # A model without sinks on the same A100 profile runs FlashAttention 2, as measured.
+    llama = model("A100-80GB", "meta-llama/Llama-3.1-8B", "bf16")
+    assert not any("TRITON_ATTN" in p for p in llama.fallbacks() + llama.assumed_parts())
+
+
 def test_gpt_oss_20b_serves_on_one_h100():
     cfg = parse_config({
         "name": "gpt-oss-20b-h100", "seed": 0,

@@ -459,6 +459,10 @@ class KernelProfile:
         sliding `window`, 0 for full attention), or None."""
         return self._attn.get((phase, kv_cache_dtype, num_heads, num_kv_heads, head_dim, window))
 
+    def attention_kernels(self) -> set[str]:
+        """The attention kernels the profile's tables measured (AIConfigurator's names)."""
+        return {t.kernel for t in self._attn._tables.values()}
+
     def attention_shapes(self, phase: str, kv_cache_dtype: str) -> list[tuple[int, int, int]]:
         """(num_heads, num_kv_heads, head_dim) measured for `phase` and KV dtype."""
         return sorted(k[2:5] for k in self._attn

@@ -72,6 +72,16 @@ def gemm_dtype(weight_dtype: str) -> str:
     return "int4_wo" if weight_dtype == "int4" else weight_dtype
 
 
+SINK_KERNELS = ("_fa3", "_fa4", "trtllm")
+"""Marks of the measured attention kernels (AIConfigurator's names) that run attention sinks:
+vLLM's FlashAttention backend takes sinks from FlashAttention 3 on, and FlashInfer's through its
+TRT-LLM kernels (Blackwell). A GPU whose profile has none of them (FlashAttention 2, FlashInfer's
+own kernels) serves a model with sinks, gpt-oss, with vLLM's Triton backend instead (vLLM's
+gpt-oss recipe: "GPT-OSS works on Ampere devices by default, using the TRITON_ATTN attention
+backend", https://docs.vllm.ai/projects/recipes/en/latest/OpenAI/GPT-OSS.html)."""
+
+TRITON_SINKS = "vLLM runs them on this GPU with its Triton attention backend (TRITON_ATTN)"
+
 _MOE_TABLES = {"mxfp4": "mxfp4_w4a16"}
 """The fused-MoE table of an expert-only weight format: vLLM runs gpt-oss's MXFP4 experts with
 16-bit activations (W4A16) by default, on Hopper with OpenAI's triton kernels, on Blackwell with
@@ -393,6 +403,9 @@ class KernelModel(MeasuredModel):
 
         # The attention kernel.
         heads, kv_heads = arch.num_attention_heads // tp, arch.kv_heads_per_gpu(tp)
+        attn_kernels = profile.attention_kernels()
+        sinks_on_triton = arch.attention_sinks and bool(attn_kernels) and not any(
+            m in k for k in attn_kernels for m in SINK_KERNELS)
         gen = ctx = None
         if mla is not None:
             mgen, mctx, gd = mla
@@ -474,11 +487,22 @@ class KernelModel(MeasuredModel):
             if gen_w is not None and ctx_w is not None:
                 families += [f"{fam}/window{w}" for fam in families]
             bounds["attention"] = max(profile.error_bound(fam) or 0.0 for fam in families)
+            if sinks_on_triton:
+                # The measured kernel is not the one vLLM runs: its error bound does not
+                # describe the time, so the part counts as declared (the roofline's bound).
+                bounds["attention"] = max(bounds["attention"],
+                                          self.assumptions.relative_uncertainty)
+                self._derived.append(
+                    f"attention with sinks: {TRITON_SINKS}, timed here by the profile's "
+                    f"{'/'.join(sorted(attn_kernels))} measurements, for want of Triton-attention "
+                    f"measurements; bound +/-{bounds['attention']:.0%} as declared")
         elif mla is None:
             self._sources["attention"].add(rough)
             why = (f"MLA: {mla_why}" if arch.is_mla else
                    f"no {kvd} KV-cache measurements of {heads} query / {kv_heads} KV heads of "
                    f"dim {arch.head_dim} per GPU")
+            if sinks_on_triton:
+                why += f"; sinks: {TRITON_SINKS}, not measured"
             self._fallbacks.append(f"attention kernel: roofline ({why})")
 
         # Routed experts (TP-sharded; expert parallelism times them over its whole group).
