@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from simcore.dag.graph import COMPUTE, COMPUTE_STREAM, LOCAL, TRANSFER, StepDag
+from simcore.dag.graph import COMPUTE, LOCAL, TRANSFER, StepDag
 
 
 class TransferPort(Protocol):
@@ -156,7 +156,7 @@ class DagRun:
         causes), the time its compute stream spent on or waiting for communication.
         """
         dag = self.dag
-        kind, lane_of, stream, fabric, op = dag.kind, dag.lane, dag.stream, dag.fabric, dag.op
+        kind, lane_of, fabric, op = dag.kind, dag.lane, dag.fabric, dag.op
         dur_s, cause, ideal = dag.dur_s, self.cause, self.ideal_s
         start, finish = self.start_s, self.finish_s
         lanes = dag.lanes
@@ -166,9 +166,7 @@ class DagRun:
         last = [self.t0_s] * len(lanes)
         by_cause: dict[str, float] = {}
         congestion = 0.0
-        for i in range(len(dag)):
-            if stream[i] != COMPUTE_STREAM:
-                continue
+        for i in dag.compute_stream_nodes():
             ln = lane_of[i]
             since = last[ln]
             gap = start[i] - since
