@@ -18,7 +18,7 @@ from simcore.engine.request import FINISHED, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.serve import run_serving
 from simcore.serve import quiet
-from simcore.serve.quiet import InertTimeout, QuietLeap, horizon
+from simcore.serve.quiet import DeferredTimeout, InertTimeout, QuietLeap, horizon
 from simcore.simulate import simulate
 from simcore.workload.spec import RequestSpec
 
@@ -54,7 +54,7 @@ def specs(seed: int, n: int, *, rate: float, shared: bool) -> list[RequestSpec]:
 
 
 def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=None,
-        timeout=None, server=False, **sched):
+        timeout=None, server=False, latency_s=0.002, **sched):
     old = loop.QUIET_LEAPS
     loop.QUIET_LEAPS = leaps
     try:
@@ -67,7 +67,7 @@ def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=
                         max_model_len=cfg["max_model_len"], sample_interval_s=0.5,
                         request_timeout_s=timeout,
                         request_cpu_s=(lambda p: 1e-4 + 1e-6 * p) if server else None,
-                        request_latency_s=0.002 if server else 0.0)
+                        request_latency_s=latency_s if server else 0.0)
     finally:
         loop.QUIET_LEAPS = old
     return r
@@ -120,6 +120,7 @@ CASES = {       # (serving settings, scheduler settings)
     "four engines, prefix affinity": (dict(replicas=4, router="prefix_affinity"), {}),
     "least outstanding, API server path": (dict(replicas=2, router="least_outstanding",
                                                 server=True), {}),
+    "API server path, 30 ms of latency": (dict(replicas=2, server=True, latency_s=0.03), {}),
     "max concurrency": (dict(replicas=2, max_concurrency=12), {}),
     "client timeout": (dict(timeout=2.5), {}),
     "small pool, preemptions": ({}, dict(num_blocks=120, max_num_seqs=64)),
@@ -165,6 +166,41 @@ def test_horizon_passes_inert_timeouts_only():
     env.timeout(0.25)
     assert horizon(env, False) == 0.25
     assert horizon(env, True) == 0.01
+
+
+def test_horizon_counts_a_deferred_timeout_at_its_effect():
+    """A step on a request's way to an engine (the client's send, the API server's tokenizer
+    and event loop) changes no scheduler before the path's latency has passed."""
+    env = simpy.Environment()
+    DeferredTimeout(env, 0.1, 0.25)
+    InertTimeout(env, 0.05)
+    assert horizon(env, False) == 0.25
+    assert horizon(env, True) == 0.05
+    env.timeout(0.3)
+    DeferredTimeout(env, 0.2, 0.22)
+    assert horizon(env, False) == 0.22
+    env.timeout(0.15)
+    assert horizon(env, False) == 0.15
+
+
+def test_runs_cross_the_api_server_path_s_steps(counted, monkeypatch):
+    """With 30 ms of path latency the runs reach past a request's send and its server work to
+    its arrival at the engine, so more steps are taken together than when every step of the
+    path ends a run (as a plain timeout does); the results are the same."""
+    import simcore.serve.api_server as api_server
+    import simcore.serve.frontend as frontend
+
+    reqs = specs(11, 200, rate=5.0, shared=False)
+    deferred = run(reqs, True, replicas=1, server=True, latency_s=0.03)
+    steps = counted["steps"]
+    plain = lambda env, delay, defer_s: env.timeout(delay)
+    monkeypatch.setattr(api_server, "deferred", plain)
+    monkeypatch.setattr(frontend, "deferred", plain)
+    counted["steps"] = 0
+    cut = run(reqs, True, replicas=1, server=True, latency_s=0.03)
+    assert snapshot(cut) == snapshot(deferred)
+    total = sum(x.num_steps for x in cut.schedulers)
+    assert total - steps < 0.8 * (total - counted["steps"]), (total, steps, counted["steps"])
 
 
 def _decoding_scheduler(n: int, pool: int, seed: int) -> Scheduler:

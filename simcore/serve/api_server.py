@@ -9,6 +9,8 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from simcore.serve.quiet import DeferredTimeout
+
 
 @dataclass(frozen=True, slots=True)
 class ApiServerPath:
@@ -30,6 +32,15 @@ class ApiServerPath:
                 or self.latency_s > 0)
 
 
+def deferred(env, delay: float, defer_s: float):
+    """A timeout of `delay` on the way of a request that reaches its engine `defer_s` or more
+    after it fires (a `DeferredTimeout`, which a quiet run's horizon counts that much later),
+    or a plain one when nothing separates it from the engine."""
+    if defer_s > 0.0:
+        return DeferredTimeout(env, delay, env.now + delay + defer_s)
+    return env.timeout(delay)
+
+
 class SharedCpu:
     """One API server process working on several requests at once, each getting an equal share
     of its CPU (processor sharing): the server's event loop runs every ready request handler a
@@ -45,10 +56,11 @@ class SharedCpu:
     work; the completion due next is scheduled, and a stale one (an arrival changed the share
     since) is ignored."""
 
-    __slots__ = ("env", "jobs", "vtime", "at_s", "gen", "seq")
+    __slots__ = ("env", "jobs", "vtime", "at_s", "gen", "seq", "defer_s")
 
-    def __init__(self, env) -> None:
+    def __init__(self, env, defer_s: float = 0.0) -> None:
         self.env = env
+        self.defer_s = defer_s       # the path's latency after the loop's work (`Deferred`)
         self.jobs: list = []         # heap of (virtual finish, sequence, done)
         self.vtime = 0.0             # CPU seconds each job in progress has had since `at_s`...
         self.at_s = 0.0              # ... as of this time
@@ -73,8 +85,8 @@ class SharedCpu:
     def _schedule(self) -> None:
         self.gen += 1
         if self.jobs:
-            delay = (self.jobs[0][0] - self.vtime) * len(self.jobs)
-            self.env.timeout(max(delay, 0.0)).callbacks.append(
+            delay = max((self.jobs[0][0] - self.vtime) * len(self.jobs), 0.0)
+            deferred(self.env, delay, self.defer_s).callbacks.append(
                 lambda _, gen=self.gen: self._finish(gen))
 
     def _finish(self, gen: int) -> None:
@@ -102,10 +114,11 @@ class TokenizerThread:
     Lifecycle: `add(work_s, done)` queues a prompt of `work_s` seconds; `done(end_s)` is
     called when it is tokenized."""
 
-    __slots__ = ("env", "free_s", "queued")
+    __slots__ = ("env", "free_s", "queued", "defer_s")
 
-    def __init__(self, env) -> None:
+    def __init__(self, env, defer_s: float = 0.0) -> None:
         self.env = env
+        self.defer_s = defer_s       # the path's latency after the loop's work (`Deferred`)
         self.free_s = 0.0            # when the thread has finished every prompt queued so far
         self.queued = 0              # prompts queued or in progress
 
@@ -121,7 +134,7 @@ class TokenizerThread:
         def finish(_) -> None:
             self.queued -= 1
             done(end)
-        self.env.timeout(end - now).callbacks.append(finish)
+        deferred(self.env, end - now, self.defer_s).callbacks.append(finish)
 
 
 class ServerProcess:
@@ -129,9 +142,9 @@ class ServerProcess:
 
     __slots__ = ("tokenizer", "loop")
 
-    def __init__(self, env) -> None:
-        self.tokenizer = TokenizerThread(env)
-        self.loop = SharedCpu(env)
+    def __init__(self, env, defer_s: float = 0.0) -> None:
+        self.tokenizer = TokenizerThread(env, defer_s)
+        self.loop = SharedCpu(env, defer_s)
 
     def __len__(self) -> int:
         """Requests the process is working on (tokenizing, or on the event loop)."""

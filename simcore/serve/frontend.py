@@ -24,7 +24,7 @@ from simcore.engine.request import Request
 from simcore.metrics import RequestRecord
 from simcore.token_times import DeliveryLog
 from simcore.router import Router
-from simcore.serve.api_server import ApiServerPath, ServerProcess
+from simcore.serve.api_server import ApiServerPath, ServerProcess, deferred
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
 from simcore.serve.quiet import InertTimeout
@@ -55,7 +55,7 @@ class Frontend(StepObserver):
     __slots__ = ("env", "specs", "ranks", "client", "server", "router", "entry", "prefill_of",
                  "kv", "records", "progress", "total", "done", "all_done", "all_sent",
                  "backlog", "in_flight", "in_server", "servers", "sessions", "session_of",
-                 "outcomes", "thinking", "context_limit", "delivery_logs")
+                 "outcomes", "thinking", "context_limit", "delivery_logs", "defer_s")
 
     def __init__(self, env: simpy.Environment,
                  specs: Sequence[RequestSpec] | SessionStream, ranks: list[Rank],
@@ -83,7 +83,13 @@ class Frontend(StepObserver):
         self.backlog: deque[tuple[int, RequestSpec]] = deque()   # held by max_concurrency
         self.in_flight = 0
         self.in_server = 0           # sent, still on the API server's path to an engine
-        self.servers = [ServerProcess(env) for _ in range(server.num_servers)]
+        # A request sent goes through the API server's path, whose latency comes after all of
+        # its work: no engine hears of it sooner, so the client's sends and the path's steps are
+        # `DeferredTimeout`s that a quiet run's horizon counts that much later. Not with a
+        # client timeout, whose give-up (a plain event made at the send) may come sooner.
+        self.defer_s = (server.latency_s if server.active and client.request_timeout_s is None
+                        else 0.0)
+        self.servers = [ServerProcess(env, self.defer_s) for _ in range(server.num_servers)]
         self.sessions = specs if isinstance(specs, SessionStream) else None
         self.session_of: list[tuple[Session, int]] = []
         self.outcomes: SessionOutcomes | None = None
@@ -110,6 +116,7 @@ class Frontend(StepObserver):
             self.all_sent = True
             return
         limit = self.client.max_concurrency
+        defer = self.defer_s
         for idx, spec in enumerate(self.specs):
             self.records.append(RequestRecord(request_id=spec.request_id,
                                               prompt_len=spec.prompt_len,
@@ -117,7 +124,7 @@ class Frontend(StepObserver):
                                               arrival_s=spec.arrival_s))
             delay = spec.arrival_s - env.now
             if delay > 0:
-                yield env.timeout(delay)
+                yield deferred(env, delay, defer)
             if limit is not None and self.in_flight >= limit:
                 self.backlog.append((idx, spec))
             else:

@@ -21,7 +21,9 @@ its evictions are those of single steps. Observers take the steps together
 
 *Outside the engine loops* is read from SimPy's event queue: the earliest queued event that
 is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
-counts a quiet run leaves unchanged). While the client holds requests back (max concurrency),
+counts a quiet run leaves unchanged), a `DeferredTimeout` (the client's send, the API server's
+tokenizer thread and event loop working on a request) counting at its effect, the path's
+latency later, since no scheduler hears of the request sooner. While the client holds requests back (max concurrency),
 a request finishing on another engine sends one at once, so then every queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
 external event's time is left to single stepping, whose order SimPy decides.
@@ -53,6 +55,17 @@ class InertTimeout(simpy.Timeout):
     engine loop's own step, the router's load report): the horizon of a quiet run passes it."""
 
 
+class DeferredTimeout(simpy.Timeout):
+    """A timeout whose firing changes no engine's scheduler before `effect_s`: a step of a
+    request's way to an engine (the client sending it, the API server's tokenizer thread and
+    event loop working on it) that the fixed latency of the server's path still separates from
+    the scheduler. The horizon of a quiet run counts it at `effect_s`."""
+
+    def __init__(self, env: simpy.Environment, delay: float, effect_s: float) -> None:
+        super().__init__(env, delay)
+        self.effect_s = effect_s
+
+
 def horizon(env: simpy.Environment, all_events: bool) -> float:
     """The earliest virtual time at which something outside the engine loops may change a
     scheduler: the first queued event that is not an `InertTimeout` (with `all_events`, the
@@ -74,9 +87,14 @@ def horizon(env: simpy.Environment, all_events: bool) -> float:
         t = entry[0]
         if t >= best:
             continue
-        if type(entry[3]) is not InertTimeout:
-            best = t
-            continue
+        kind = type(entry[3])
+        if kind is not InertTimeout:
+            if kind is not DeferredTimeout:
+                best = t
+                continue
+            effect = entry[3].effect_s
+            if effect < best:
+                best = effect
         c = 2 * i + 1
         if c < n:
             push(c)
