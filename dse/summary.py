@@ -68,6 +68,21 @@ def _num(v: float) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
+def _residuals_from(env: dict) -> str:
+    """Whose errors a calibrated envelope took, per metric family: the run's GPU's fit cases
+    where they were enough, else every GPU's."""
+    by: dict[str, list[str]] = {}
+    for fam, whose in (env.get("residuals_from") or {}).items():
+        by.setdefault(whose, []).append(fam.upper() if fam in ("ttft", "tpot", "e2e") else fam)
+    def whose_cases(whose: str) -> str:
+        return "of every GPU's cases" if whose == "all GPUs" else f"of its cases on {whose}"
+
+    if len(by) <= 1:
+        return whose_cases(next(iter(by), "all GPUs"))
+    order = sorted(by, key=lambda w: w == "all GPUs")         # the GPU's own first
+    return " and ".join(f"{whose_cases(w)} ({', '.join(sorted(by[w]))})" for w in order)
+
+
 def render_envelope(r: dict) -> list[str]:
     """The envelope block: how the range was obtained, then low / nominal / high per metric."""
     env = r["envelope"]
@@ -77,9 +92,10 @@ def render_envelope(r: dict) -> list[str]:
                                + (" with their own workload draws"
                                   if len(set(env["seeds"])) > 1 else "")),
            "first_order": "first order in the step-time bound, no extra run",
-           "calibrated": ("a split-conformal interval from the end-to-end validation set's "
-                          "fit-part errors out of sample (cross-validated), centred on their "
-                          "median, no extra run")}[env["method"]]
+           "calibrated": lambda: ("a split-conformal interval from the end-to-end "
+                                  "validation set's fit-part errors out of sample "
+                                  f"(cross-validated) {_residuals_from(env)}, centred on their "
+                                  "median, no extra run")}[env["method"]]
     how = how() if callable(how) else how
     lines = [_title(" Envelope ", "-")]
     status = "calibrated" if env["calibrated"] else "UNCALIBRATED (reference profile)"

@@ -268,15 +268,20 @@ def fit_part_row(cases) -> Row:
 
 
 def class_rows(outcomes, src: str) -> list[Row]:
-    """The held-out statistics again for dense and for mixture-of-experts models apart
-    (informational, no bound): where the model is weaker, a planner should read its envelope
-    wider."""
+    """The held-out statistics again for dense and for mixture-of-experts models apart, and for
+    each GPU apart (informational, no bound): where the model is weaker, a planner should read
+    its envelope wider."""
     from dse.validate_e2e import summarize
     from simcore.model.presets import load_preset
 
+    groups = [(label, [o for o in outcomes
+                       if load_preset(o.case.config["model"]["name"]).is_moe == moe])
+              for label, moe in (("dense", False), ("MoE", True))]
+    gpus = sorted({o.case.config["hardware"]["gpu"] for o in outcomes})
+    groups += [(gpu, [o for o in outcomes if o.case.config["hardware"]["gpu"] == gpu])
+               for gpu in gpus]
     rows = []
-    for label, moe in (("dense", False), ("MoE", True)):
-        part = [o for o in outcomes if load_preset(o.case.config["model"]["name"]).is_moe == moe]
+    for label, part in groups:
         for fam, st in summarize(part).items():
             rows.append(Row("end_to_end", f"held-out {label} {fam}: median |error|",
                             st["median_abs"], st["n"], "cases", math.inf, src, "statistic",

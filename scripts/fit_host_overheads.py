@@ -22,6 +22,7 @@ measured MoE routing (`moe_routing_objective`), from which the default routing w
 
     python scripts/fit_host_overheads.py [--workers 2] [--out simcore/data/cpu_costs/fitted.json]
     python scripts/fit_host_overheads.py --residuals-only   # keep the parameters, redo residuals
+    python scripts/fit_host_overheads.py --residuals-only --reuse-folds   # and the folds' too
 """
 
 from __future__ import annotations
@@ -135,33 +136,51 @@ def _residuals(args):
 
 def residual_quantiles(cases, params, pool) -> dict:
     """Per metric family, quantiles of log(measured / predicted) over `cases`."""
-    return _quantiles(pool.map(_residuals, [(c, params) for c in cases]))
+    return _quantiles(pool.map(_residuals, [(c, params) for c in cases]), cases)
 
 
-def cv_residuals(cases, pool, log=print) -> tuple[dict, dict]:
+def cv_residuals(cases, pool, log=print, folds: dict | None = None) -> tuple[dict, dict]:
     """Out-of-sample residuals of `cases` (quantiles per family, as `residual_quantiles`): each
-    fold's at the parameters `descend` fits on the other folds; and those parameters by fold."""
-    out, fitted = [], {}
+    fold's at the parameters `descend` fits on the other folds (or, given `folds`, a fit's
+    recorded `cv_folds`, at the parameters it recorded for each); and those parameters by
+    fold."""
+    out, tested, fitted = [], [], {}
     for f in range(CV_FOLDS):
         train = [c for c in cases if cv_fold(c) != f]
         test = [c for c in cases if cv_fold(c) == f]
         if not test:
             continue
-        params, score = descend(train, pool, log=lambda m: log(f"fold {f}: {m}"))
+        if folds is None:
+            params, score = descend(train, pool, log=lambda m: log(f"fold {f}: {m}"))
+        else:
+            kept = folds[str(f)]
+            if kept["cases"] != sorted(c.id for c in test):
+                raise SystemExit(f"fold {f}: its recorded cases are not the fold's cases now; "
+                                 "refit it (without --reuse-folds)")
+            params, score = kept["parameters"], kept["train_objective"]
         fitted[f] = {"parameters": params, "train_objective": score,
                      "cases": sorted(c.id for c in test)}
         out += pool.map(_residuals, [(c, params) for c in test])
-    return _quantiles(out), fitted
+        tested += test
+    return _quantiles(out, tested), fitted
 
 
-def _quantiles(rows) -> dict:
+def _quantiles(rows, cases) -> dict:
+    """Per family: n, quantiles and the sorted values of the residuals `rows` (one per case of
+    `cases`), and the values of each GPU's cases apart (`by_gpu`: what a run on that GPU takes
+    its envelope from where it has enough, `simcore.uncertainty.calibrated_range`)."""
     by: dict[str, list[float]] = {}
-    for r in rows:
+    by_gpu: dict[str, dict[str, list[float]]] = {}
+    for r, case in zip(rows, cases, strict=True):
+        gpu = case.config["hardware"]["gpu"]
         for f, v in r.items():
             by.setdefault(f, []).append(v)
+            by_gpu.setdefault(f, {}).setdefault(gpu, []).append(v)
     return {f: {"n": len(v), "p10": float(np.quantile(v, 0.1)),
                 "p50": float(np.quantile(v, 0.5)), "p90": float(np.quantile(v, 0.9)),
-                "values": sorted(round(float(x), 6) for x in v)}
+                "values": sorted(round(float(x), 6) for x in v),
+                "by_gpu": {g: sorted(round(float(x), 6) for x in w)
+                           for g, w in sorted(by_gpu[f].items())}}
             for f, v in sorted(by.items())}
 
 
@@ -208,6 +227,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=FITTED)
     ap.add_argument("--residuals-only", action="store_true",
                     help="Keep the parameters of --out; recompute its residual quantiles.")
+    ap.add_argument("--reuse-folds", action="store_true",
+                    help="With --residuals-only: keep the cross-validation folds' parameters of "
+                         "--out too (no refit of the folds; minutes instead of half an hour).")
     args = ap.parse_args()
     cases, _ = load_cases()
     fit = [c for c in cases if c.split == "fit"]
@@ -227,7 +249,8 @@ def main() -> None:
                              "refinement round around the best (scripts/fit_host_overheads.py)"}
         out["moe_routing_objective"] = routing_objectives(fit, params, pool)
         out["in_sample_residuals"] = residual_quantiles(fit, params, pool)
-        out["residuals"], out["cv_folds"] = cv_residuals(fit, pool, log=_log)
+        folds = out["cv_folds"] if args.residuals_only and args.reuse_folds else None
+        out["residuals"], out["cv_folds"] = cv_residuals(fit, pool, log=_log, folds=folds)
         out["residuals_method"] = (
             f"{CV_FOLDS}-fold cross-validation over the fit cases, folds of whole sources "
             "(scripts/fit_host_overheads.py cv_fold): each fold's residuals at the parameters "

@@ -316,6 +316,9 @@ def with_roles(result: RunResult, cfg: SimConfig,
         prov["compute_kind"] = "; ".join(
             f"{role} on {roles[role].gpu.name}: {_compute_kind_line(role_config(cfg, role))}"
             for role in ("prefill", "decode"))
+        # One GPU type other than hardware.gpu's, or two (whose envelope takes every GPU's
+        # residuals).
+        prov["gpu"] = next(iter(by_type)) if len(by_type) == 1 else None
         prov["roles"] = {role: {"gpu": roles[role].gpu.name,
                                 "compute_profile": roles[role].step_model.profile_id,
                                 "reference_fallbacks": roles[role].step_model.fallbacks()}
@@ -493,6 +496,7 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
                   **({"envelope": cfg.seed} if cfg.uncertainty.method == "samples" else {}),
                   **({"fabric": cfg.seed, "expert_routing": cfg.seed}
                      if cfg.cluster is not None else {})},
+        "gpu": dep.gpu.name,
         "compute_profile": m.profile_id,
         "compute_kind": _compute_kind_line(cfg),
         "profile_version": m.profile_version,

@@ -105,15 +105,33 @@ def conformal(residuals: list[float], coverage: float = COVERAGE) -> tuple[float
     return c, float(d[min(k, len(d)) - 1])
 
 
+MIN_GPU_RESIDUALS = 20
+"""Fewest residuals of a family that a GPU's own fit cases must give for a run on that GPU to
+take its envelope from them alone (group-conditional, "Mondrian", split conformal: the model's
+errors differ by GPU, on the fit part as on the rest, so an interval from every GPU's residuals
+is too wide on some and too narrow on others); a GPU with fewer takes every GPU's."""
+
+
+def residuals_for(q: dict, gpu: str | None) -> tuple[list[float], str]:
+    """The residuals of one family's quantiles `q` (`simcore.host.fitted_residuals`) that a run
+    on `gpu` takes its envelope from, and which they are ("H100-SXM" or "all GPUs")."""
+    own = (q.get("by_gpu") or {}).get(gpu) if gpu else None
+    if own is not None and len(own) >= MIN_GPU_RESIDUALS:
+        return own, gpu
+    return q["values"], "all GPUs"
+
+
 def calibrated_range(metric: str, value: float, residuals: dict,
-                     relative_uncertainty: float | None) -> dict[str, float] | None:
-    """low / median / high of `metric` from the end-to-end residual quantiles of its family,
-    widened to the first-order range where that is wider; None for metrics without a family."""
+                     relative_uncertainty: float | None,
+                     gpu: str | None = None) -> dict[str, float] | None:
+    """low / median / high of `metric` from the end-to-end residuals of its family (those of
+    `gpu`'s fit cases where there are enough, `residuals_for`), widened to the first-order
+    range where that is wider; None for metrics without a family."""
     fam = metric_family(metric)
     q = residuals.get(fam) if fam else None
     if q is None or not math.isfinite(value):
         return None
-    c, w = conformal(q["values"])
+    c, w = conformal(residuals_for(q, gpu)[0])
     lo, mid, hi = value * math.exp(c - w), value * math.exp(c), value * math.exp(c + w)
     fo = first_order(metric, value, relative_uncertainty)
     if fo is not None:
@@ -123,8 +141,9 @@ def calibrated_range(metric: str, value: float, residuals: dict,
 
 def calibrated_envelope(provenance: dict, metrics: dict[str, float]) -> dict[str, dict]:
     """The `calibrated` envelope of `metrics` (name -> value) predicted by a run with this
-    `provenance`: each metric's `calibrated_range` where its model is calibrated and the metric
-    has a family, else its first-order range; metrics with neither are left out."""
+    `provenance`: each metric's `calibrated_range` (from the residuals of the run's GPU,
+    `provenance["gpu"]`, where it has enough) where its model is calibrated and the metric has
+    a family, else its first-order range; metrics with neither are left out."""
     from simcore.host import fitted_residuals
 
     residuals = fitted_residuals()
@@ -132,9 +151,10 @@ def calibrated_envelope(provenance: dict, metrics: dict[str, float]) -> dict[str
     # bound (roofline parts) widens by the excess.
     u = provenance["step_time_relative_uncertainty"]
     rel = max(0.0, u - _VALIDATED_BOUND)
+    gpu = provenance.get("gpu")
     out = {}
     for k, v in metrics.items():
-        r = calibrated_range(k, v, residuals, rel) if provenance["calibrated"] else None
+        r = calibrated_range(k, v, residuals, rel, gpu) if provenance["calibrated"] else None
         if r is None:
             fo = first_order(k, v, u)
             r = None if fo is None else {"nominal": v, "low": fo[0], "high": fo[1]}
@@ -217,6 +237,8 @@ def simulate_with_envelope(cfg: SimConfig, *, progress: Callable | None = None,
 
         env["runs"] = 1
         env["residual_quantiles"] = fitted_residuals()
+        env["residuals_from"] = {fam: residuals_for(q, prov.get("gpu"))[1]
+                                 for fam, q in env["residual_quantiles"].items()}
         env["metrics"] = calibrated_envelope(prov, metrics)
         result["envelope"] = env
         return result

@@ -16,7 +16,8 @@ from simcore.host import (HostConfig, HostOverheads, _cpu_costs, fitted_paramete
 from simcore.model.presets import load_preset
 from simcore.simulate import simulate
 from simcore.uncertainty import (
-    calibrated_range, conformal, metric_family, simulate_with_envelope)
+    MIN_GPU_RESIDUALS, calibrated_range, conformal, metric_family, residuals_for,
+    simulate_with_envelope)
 
 EXPLICIT = dict(model_runner_step_s=1e-3, model_runner_per_seq_s=2e-5,
                 api_server_per_token_s=3e-5, request_overhead_s=0.04,
@@ -281,6 +282,64 @@ def test_calibrated_envelope_of_a_kernel_profile_run():
     for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms"):
         e = env["metrics"][key]
         assert e["low"] <= e["nominal"] <= e["high"] or e["low"] <= e["median"] <= e["high"]
+
+
+def test_a_gpu_with_enough_fit_cases_takes_the_envelope_of_its_own_errors():
+    """Group-conditional split conformal: a family's residuals of the run's GPU where its fit
+    cases gave at least MIN_GPU_RESIDUALS, else every GPU's."""
+    many = [0.01 * i for i in range(MIN_GPU_RESIDUALS)]            # 0 .. 0.19
+    few = [0.5] * (MIN_GPU_RESIDUALS - 1)
+    q = {"ttft": {"values": sorted(many + few + [-0.3]),
+                  "by_gpu": {"H100-SXM": many, "A100-80GB": few, "H200": [-0.3]}}}
+    assert residuals_for(q["ttft"], "H100-SXM") == (many, "H100-SXM")
+    for gpu in ("A100-80GB", "H200", "B200", None):
+        assert residuals_for(q["ttft"], gpu) == (q["ttft"]["values"], "all GPUs")
+    own = calibrated_range("mean_ttft_ms", 100.0, q, None, "H100-SXM")
+    c, w = conformal(many)
+    assert own["low"] == pytest.approx(100 * math.exp(c - w))
+    assert own["high"] == pytest.approx(100 * math.exp(c + w))
+    assert calibrated_range("mean_ttft_ms", 100.0, q, None, "B200") == \
+        calibrated_range("mean_ttft_ms", 100.0, q, None)
+    # Residuals written without GPUs (an older fit) give every run the pooled interval.
+    assert residuals_for({"values": many}, "H100-SXM") == (many, "all GPUs")
+
+
+def test_the_shipped_residuals_by_gpu_are_the_pooled_ones_split_up():
+    from simcore.host import fitted_cases, fitted_residuals
+
+    for fam, q in fitted_residuals().items():
+        by = q["by_gpu"]
+        assert sorted(v for vs in by.values() for v in vs) == q["values"], fam
+        assert sum(map(len, by.values())) == q["n"]
+    # A100 and H100 have enough fit cases for throughput, TTFT and TPOT envelopes of their own.
+    for fam in ("throughput", "ttft", "tpot"):
+        q = fitted_residuals()[fam]
+        assert {g for g, v in q["by_gpu"].items() if len(v) >= MIN_GPU_RESIDUALS} == \
+            {"A100-80GB", "H100-SXM"}, fam
+    assert len(fitted_cases()) == 68
+
+
+def test_calibrated_envelope_says_whose_errors_it_took():
+    from dse.summary import render_envelope
+
+    w = {"num_prompts": 20, "request_rate": 5,
+         "dataset": {"kind": "random", "input_len": 256, "output_len": 32}}
+    runs = {gpu: simulate_with_envelope(_cfg(hardware={"gpu": gpu},
+                                             compute={"kind": "calibrated"},
+                                             uncertainty={"method": "calibrated"}, workload=w))
+            for gpu in ("H100-SXM", "A100-80GB", "H200")}
+    for gpu, r in runs.items():
+        assert r["provenance"]["gpu"] == gpu
+        env = r["envelope"]
+        own = "all GPUs" if gpu == "H200" else gpu
+        assert env["residuals_from"]["throughput"] == own
+        assert env["residuals_from"]["e2e"] == "all GPUs"    # too few of any GPU's own
+        text = " ".join(render_envelope(r))
+        assert (f"its cases on {gpu}" in text) == (gpu != "H200"), text
+    # The fit part's H100 errors are wider than its A100 ones, and so are the envelopes.
+    width = {gpu: r["envelope"]["metrics"]["mean_ttft_ms"]["high"]
+             / r["envelope"]["metrics"]["mean_ttft_ms"]["low"] for gpu, r in runs.items()}
+    assert width["H100-SXM"] > width["A100-80GB"]
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

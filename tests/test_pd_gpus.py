@@ -102,7 +102,9 @@ def test_the_decode_gpu_sets_tpot_and_the_prefill_gpu_ttft():
     assert "decode on H200: calibrated" in prov["compute_kind"]
     assert prov["roles"]["decode"]["compute_profile"] == "h200-aiconfigurator"
     assert any(a.startswith("prefill instances on H100-SXM: ") for a in prov["assumptions"])
+    assert prov["gpu"] is None and both_h100["provenance"]["gpu"] == "H100-SXM"
     # Both roles on one GPU other than hardware.gpu: the provenance names that GPU.
+    assert both_h200["provenance"]["gpu"] == "H200"
     assert "H200" in both_h200["provenance"]["compute_kind"]
     assert "H100" not in both_h200["provenance"]["compute_kind"]
 

@@ -224,7 +224,8 @@ def test_offline_benchmarks_run_without_an_api_server_and_serving_ones_with_it(c
     assert any(tools[c.id] == "benchmark_serving.py" for c in ok)
 
 
-def test_the_held_out_statistics_are_also_given_for_dense_and_moe_models_apart(cases):
+def test_the_held_out_statistics_are_also_given_for_dense_and_moe_models_and_each_gpu_apart(
+        cases):
     from dse.validate import class_rows
     from simcore.model.presets import load_preset
 
@@ -246,6 +247,15 @@ def test_the_held_out_statistics_are_also_given_for_dense_and_moe_models_apart(c
     assert dense.predicted == pytest.approx(0.1) and "+10.0%" in dense.note
     assert moe.predicted == pytest.approx(0.2) and "-20.0%" in moe.note
     assert all(r.tolerance == float("inf") for r in rows.values())
+    # Each GPU apart too, the GPUs' cases adding up to the whole.
+    gpus = {c.config["hardware"]["gpu"] for c in held}
+    assert {"A100-80GB", "H100-SXM", "H200"} <= gpus
+    for fam, st in totals.items():
+        parts = [rows.get(f"held-out {gpu} {fam}: median |error|") for gpu in gpus]
+        assert sum(r.reference for r in parts if r is not None) == st["n"]
+    a100 = [o for o in outcomes if o.case.config["hardware"]["gpu"] == "A100-80GB"]
+    row = rows["held-out A100-80GB throughput: median |error|"]
+    assert row.reference == sum(1 for o in a100 if "throughput" in o.case.measured)
 
 
 def test_chat_benchmarks_send_chat_requests_and_vllm_0_11_0_parses_the_template_each_time(cases):
