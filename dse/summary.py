@@ -74,6 +74,7 @@ def _residuals_from(env: dict) -> str:
     by: dict[str, list[str]] = {}
     for fam, whose in (env.get("residuals_from") or {}).items():
         by.setdefault(whose, []).append(fam.upper() if fam in ("ttft", "tpot", "e2e") else fam)
+
     def whose_cases(whose: str) -> str:
         return "of every GPU's cases" if whose == "all GPUs" else f"of its cases on {whose}"
 

@@ -403,8 +403,9 @@ class KernelModel(MeasuredModel):
 
         # The attention kernel.
         heads, kv_heads = arch.num_attention_heads // tp, arch.kv_heads_per_gpu(tp)
-        attn_kernels = profile.attention_kernels()
-        sinks_on_triton = arch.attention_sinks and bool(attn_kernels) and not any(
+        # Only a model with sinks needs the profile's attention kernels.
+        attn_kernels = profile.attention_kernels() if arch.attention_sinks else set()
+        sinks_on_triton = bool(attn_kernels) and not any(
             m in k for k in attn_kernels for m in SINK_KERNELS)
         gen = ctx = None
         if mla is not None:

@@ -23,8 +23,9 @@ its evictions are those of single steps. Observers take the steps together
 is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
 counts a quiet run leaves unchanged), a `DeferredTimeout` (the client's send, the API server's
 tokenizer thread and event loop working on a request) counting at its effect, the path's
-latency later, since no scheduler hears of the request sooner. While the client holds requests back (max concurrency),
-a request finishing on another engine sends one at once, so then every queued event counts.
+latency later, since no scheduler hears of the request sooner. While the client holds requests
+back (max concurrency), a request finishing on another engine sends one at once, so then every
+queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
 external event's time is left to single stepping, whose order SimPy decides.
 
