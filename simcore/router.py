@@ -47,27 +47,22 @@ class Router:
             return least
         # prefix_affinity: the replica that was sent the longest run of this prompt's blocks.
         owner = self._prefix_owner
-        space = self.space
-        parent = 0
+        hashes: list[int] = []
+        # Only blocks interned before this prompt can have been sent somewhere.
+        known = self.space.chain(block_keys, 0, hashes)
         best = -1
-        matching = True
-        hashes = []
-        for key in block_keys:
-            parent = space.chained(parent, key)
-            hashes.append(parent)
-            if matching:
-                o = owner.get(parent)
-                if o is None:
-                    matching = False
-                else:
-                    best = o
+        get = owner.get
+        for h in hashes[:known]:
+            o = get(h)
+            if o is None:
+                break
+            best = o
         if best >= 0 and self.reported_load[best] - self.reported_load[least] <= self.balance_threshold:
             choice = best
             self.num_prefix_routed += 1
         else:
             choice = least
-        for h in hashes:
-            owner[h] = choice
+        owner.update(dict.fromkeys(hashes, choice))
         self.last_hashes = hashes
         return choice
 

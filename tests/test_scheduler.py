@@ -309,3 +309,25 @@ def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budge
     assert all(r.status == FINISHED for _, r in made)
     assert all(r.num_output_tokens == r.max_tokens for _, r in made)
     assert s.kv.num_free_blocks == num_blocks - 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 1, 2, 2**63 - 1, 2**64, -3]), max_size=12),
+                min_size=1, max_size=6))
+def test_chain_numbers_blocks_as_chained_one_by_one(prompts):
+    # BlockHashSpace.chain (the router's and a request's whole-prompt hashing) gives every block
+    # the id that chained, called block by block, gives it, and counts the leading blocks already
+    # interned; keys outside [0, 2**64) take the tuple identity.
+    fast, slow = BlockHashSpace(), BlockHashSpace()
+    for keys in prompts:
+        known_before = set(slow._ids.values())
+        expected, parent = [], 0
+        for key in keys:
+            parent = slow.chained(parent, key)
+            expected.append(parent)
+        out = []
+        known = fast.chain(tuple(keys), 0, out)
+        assert out == expected and fast._next == slow._next and fast._ids == slow._ids
+        leading = next((i for i, h in enumerate(expected) if h not in known_before),
+                       len(expected))
+        assert known == leading

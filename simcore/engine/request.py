@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 WAITING = 0
 RUNNING = 1
 PREEMPTED = 2
@@ -46,6 +48,35 @@ class BlockHashSpace:
             self._next += 1
             self._ids[k] = h
         return h
+
+    def chain(self, keys, parent: int, out: list[int]) -> int:
+        """Append to `out` the chained hashes of blocks with content `keys` after a block hashed
+        `parent` (0 = none), as `chained` one after another gives them; returns how many of the
+        leading blocks were already interned.
+
+        Once one block is new, every later one is: its parent is a fresh id, which no interned
+        identity holds. The rest are then numbered in one pass, with no lookup."""
+        ids = self._ids
+        get = ids.get
+        append = out.append
+        i = 0
+        n = len(keys)
+        while i < n:
+            key = keys[i]
+            h = get(parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key))
+            if h is None:
+                break
+            parent = h
+            append(h)
+            i += 1
+        if i < n:
+            nxt = self._next
+            new = range(nxt, nxt + n - i)
+            ids.update(zip([p << KEY_BITS | k if k >> KEY_BITS == 0 else (p, k)
+                            for p, k in zip(itertools.chain((parent,), new), keys[i:])], new))
+            out.extend(new)
+            self._next = nxt + n - i
+        return i
 
     def unique(self) -> int:
         """Hash of a block whose tokens no other block has."""
@@ -113,26 +144,14 @@ class Request:
         n_full = (self.prompt_len + self.num_output_tokens) // block_size
         i = len(hashes)
         if i < n_full:
-            # BlockHashSpace.chained and .unique, inlined: this runs once per block of every
-            # prompt, and long prompts have hundreds of blocks.
-            keys = self.block_keys
-            ids = space._ids
+            # Keyed blocks chained (BlockHashSpace.chain), then the blocks past the keys, whose
+            # tokens no other block has, numbered fresh (BlockHashSpace.unique).
+            space.chain(self.block_keys[i:n_full], hashes[-1] if hashes else 0, hashes)
             nxt = space._next
-            parent = hashes[-1] if hashes else 0
-            append = hashes.append
-            for key in keys[i:n_full]:
-                k = parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)
-                h = ids.get(k)
-                if h is None:
-                    h = nxt
-                    nxt += 1
-                    ids[k] = h
-                parent = h
-                append(h)
-            for h in range(nxt, nxt + n_full - len(hashes)):
-                append(h)
-                nxt = h + 1
-            space._next = nxt
+            fresh = n_full - len(hashes)
+            if fresh > 0:
+                hashes.extend(range(nxt, nxt + fresh))
+                space._next = nxt + fresh
         return hashes
 
     def __repr__(self) -> str:
