@@ -314,20 +314,26 @@ def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budge
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.sampled_from([0, 1, 2, 2**63 - 1, 2**64, -3]), max_size=12),
                 min_size=1, max_size=6))
-def test_chain_numbers_blocks_as_chained_one_by_one(prompts):
+def test_chain_numbers_blocks_as_interning_them_one_by_one(prompts):
     # BlockHashSpace.chain (the router's and a request's whole-prompt hashing) gives every block
-    # the id that chained, called block by block, gives it, and counts the leading blocks already
-    # interned; keys outside [0, 2**64) take the tuple identity.
-    fast, slow = BlockHashSpace(), BlockHashSpace()
+    # the id that interning its (parent hash, key) identity block by block gives it, and counts
+    # the leading blocks already interned; keys outside [0, 2**64) are stored apart (as tuples).
+    space = BlockHashSpace()
+    ids: dict[tuple[int, int], int] = {}     # the reference: identity -> id, in order
     for keys in prompts:
-        known_before = set(slow._ids.values())
-        expected, parent = [], 0
-        for key in keys:
-            parent = slow.chained(parent, key)
-            expected.append(parent)
+        known_before = len(ids)
+        expected, parent, known = [], 0, None
+        for j, key in enumerate(keys):
+            h = ids.get((parent, key))
+            if h is None:
+                h = ids[(parent, key)] = len(ids) + 1
+                known = j if known is None else known
+            parent = h
+            expected.append(h)
         out = []
-        known = fast.chain(tuple(keys), 0, out)
-        assert out == expected and fast._next == slow._next and fast._ids == slow._ids
-        leading = next((i for i, h in enumerate(expected) if h not in known_before),
-                       len(expected))
-        assert known == leading
+        assert space.chain(tuple(keys), 0, out) == (len(keys) if known is None else known)
+        assert out == expected and all(h <= known_before for h in out[:known])
+        stored = {(k >> 64, k & (2**64 - 1)) if isinstance(k, int) else k: v
+                  for k, v in space._ids.items()}
+        assert stored == ids and space._next == len(ids) + 1
+        assert all(not 0 <= k[1] < 2**64 for k in space._ids if isinstance(k, tuple))

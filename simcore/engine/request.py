@@ -39,20 +39,10 @@ class BlockHashSpace:
         self._ids: dict[int | tuple[int, int], int] = {}
         self._next = 1
 
-    def chained(self, parent: int, key: int) -> int:
-        """Hash of a block with shared content `key` after a block hashed `parent` (0 = none)."""
-        k = parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)
-        h = self._ids.get(k)
-        if h is None:
-            h = self._next
-            self._next += 1
-            self._ids[k] = h
-        return h
-
     def chain(self, keys, parent: int, out: list[int]) -> int:
         """Append to `out` the chained hashes of blocks with content `keys` after a block hashed
-        `parent` (0 = none), as `chained` one after another gives them; returns how many of the
-        leading blocks were already interned.
+        `parent` (0 = none): each block's identity (its parent's hash, its key) interned, a new
+        identity given a fresh id; returns how many of the leading blocks were already interned.
 
         Once one block is new, every later one is: its parent is a fresh id, which no interned
         identity holds. The rest are then numbered in one pass, with no lookup."""
@@ -70,19 +60,17 @@ class BlockHashSpace:
             append(h)
             i += 1
         if i < n:
-            nxt = self._next
-            new = range(nxt, nxt + n - i)
+            new = self.fresh(n - i)
             ids.update(zip([p << KEY_BITS | k if k >> KEY_BITS == 0 else (p, k)
                             for p, k in zip(itertools.chain((parent,), new), keys[i:])], new))
             out.extend(new)
-            self._next = nxt + n - i
         return i
 
-    def unique(self) -> int:
-        """Hash of a block whose tokens no other block has."""
-        h = self._next
-        self._next += 1
-        return h
+    def fresh(self, n: int) -> range:
+        """Hashes of `n` blocks whose tokens no other block has."""
+        nxt = self._next
+        self._next = nxt + n
+        return range(nxt, nxt + n)
 
 
 class Request:
@@ -144,14 +132,11 @@ class Request:
         n_full = (self.prompt_len + self.num_output_tokens) // block_size
         i = len(hashes)
         if i < n_full:
-            # Keyed blocks chained (BlockHashSpace.chain), then the blocks past the keys, whose
-            # tokens no other block has, numbered fresh (BlockHashSpace.unique).
+            # Keyed blocks chained, then the blocks past the keys, whose tokens no other block
+            # has, numbered fresh.
             space.chain(self.block_keys[i:n_full], hashes[-1] if hashes else 0, hashes)
-            nxt = space._next
-            fresh = n_full - len(hashes)
-            if fresh > 0:
-                hashes.extend(range(nxt, nxt + fresh))
-                space._next = nxt + fresh
+            if len(hashes) < n_full:
+                hashes.extend(space.fresh(n_full - len(hashes)))
         return hashes
 
     def __repr__(self) -> str:
