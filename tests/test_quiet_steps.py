@@ -18,7 +18,8 @@ from simcore.engine.request import FINISHED, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.serve import run_serving
 from simcore.serve import quiet
-from simcore.serve.quiet import DeferredTimeout, InertTimeout, QuietLeap, horizon
+from simcore.serve.quiet import (DeferredTimeout, HandOff, InertTimeout, QuietLeap, horizon,
+                                 span_horizon)
 from simcore.simulate import simulate
 from simcore.workload.spec import RequestSpec
 
@@ -181,6 +182,60 @@ def test_horizon_counts_a_deferred_timeout_at_its_effect():
     assert horizon(env, False) == 0.22
     env.timeout(0.15)
     assert horizon(env, False) == 0.15
+
+
+def test_span_horizon_passes_what_only_hands_requests_on():
+    """A request's send and its steps on the API server's path (deferred) and its hand-off to
+    an engine pass; anything else stops a run's spanning step."""
+    env = simpy.Environment()
+    HandOff(env, 0.1)
+    DeferredTimeout(env, 0.05, 0.2)
+    InertTimeout(env, 0.01)
+    assert horizon(env, False) == 0.1
+    assert span_horizon(env) == float("inf")
+    env.timeout(0.3)
+    assert span_horizon(env) == 0.3
+    env.timeout(0.02)
+    assert span_horizon(env) == horizon(env, False) == 0.02
+
+
+def test_a_run_may_end_with_a_step_spanning_a_hand_off():
+    """A hand-off only adds its request to a waiting queue, which a step batched before it does
+    not read: the run takes the step it falls in, waiting for it from the step's start."""
+    s = _decoding_scheduler(6, 10_000, 3)
+    env = simpy.Environment()
+    HandOff(env, 0.05)
+    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+    assert got.ends_s[-2] < 0.05 < got.ends_s[-1]
+    assert got.span_s == KvStep().step_time(got.shapes[-1]).total_s
+    assert got.start_s + got.delay_s == got.ends_s[-2]
+    assert got.ends_s[-2] + got.span_s == got.ends_s[-1]
+    env.timeout(got.ends_s[-1])              # e.g. a client's timeout as the step ends
+    cut = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+    assert cut.span_s is None and cut.ends_s == got.ends_s[:-1]
+    held = QuietLeap(env, s, KvStep().step_time, lambda: True).plan(0.0)
+    assert held.span_s is None
+
+
+def test_runs_spanning_hand_offs_match_single_steps(monkeypatch):
+    """On the API server's path the runs end with the step an arrival falls in, and nothing
+    changes."""
+    spans = []
+    plan = QuietLeap.plan
+
+    def counting(self, last):
+        got = plan(self, last)
+        if got is not None and got.span_s is not None:
+            spans.append(got.num_steps)
+        return got
+
+    monkeypatch.setattr(QuietLeap, "plan", counting)
+    reqs = specs(5, 200, rate=5.0, shared=True)
+    single = run(reqs, False, replicas=2, router="least_outstanding", server=True)
+    assert not spans
+    leapt = run(reqs, True, replicas=2, router="least_outstanding", server=True)
+    assert len(spans) > 20
+    assert snapshot(leapt) == snapshot(single)
 
 
 def test_runs_cross_the_api_server_path_s_steps(counted, monkeypatch):

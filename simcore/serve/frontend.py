@@ -27,7 +27,7 @@ from simcore.router import Router
 from simcore.serve.api_server import ApiServerPath, ServerProcess, deferred
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
-from simcore.serve.quiet import InertTimeout
+from simcore.serve.quiet import HandOff, InertTimeout
 from simcore.workload.sessions import (COMPLETED, ENDED_FAILED, ENDED_MAX_CONTEXT, Session,
                                        SessionOutcomes, SessionStream)
 from simcore.workload.spec import RequestSpec
@@ -236,7 +236,7 @@ class Frontend(StepObserver):
             def worked(end_s: float, rec=rec) -> None:
                 rec.server_wait_s = end_s - sent - tokens - work
                 rec.server_s = end_s + server.latency_s - sent
-                env.timeout(server.latency_s).callbacks.append(arrive)
+                HandOff(env, server.latency_s).callbacks.append(arrive)
 
             def tokenized(_end_s: float) -> None:
                 if server.request_cpu_s is None:

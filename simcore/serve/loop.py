@@ -111,6 +111,8 @@ class EngineLoop:
                 run = leap.plan(step_s)
                 if run is not None:
                     yield InertTimeout(env, run.delay_s)
+                    if run.span_s is not None:
+                        yield InertTimeout(env, run.span_s)
                     leap.apply(run)
                     for ob in observers:
                         ob.on_quiet_steps(rank, run)

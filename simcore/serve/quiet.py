@@ -27,7 +27,11 @@ latency later, since no scheduler hears of the request sooner. While the client 
 back (max concurrency), a request finishing on another engine sends one at once, so then every
 queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
-external event's time is left to single stepping, whose order SimPy decides.
+external event's time is left to single stepping, whose order SimPy decides. One step may pass
+it: when what the horizon holds only hands requests on towards an engine (a request's send and
+its steps on the API server's path, its `HandOff` to an engine), the run takes the step that
+the first hand-off falls in, as that step's batch was made before it, and the loop waits for
+that step from its start, as single stepping would.
 
 Taken only where the equivalence is simple: one engine stepping alone on a step-time model (not
 over the fabric, not an expert-parallel group), with no KV connector and a single KV-cache
@@ -67,6 +71,12 @@ class DeferredTimeout(simpy.Timeout):
         self.effect_s = effect_s
 
 
+class HandOff(simpy.Timeout):
+    """A request's hand-off to its engine at the end of the API server's path, whose firing only
+    adds the request to that engine's waiting queue: a step running when it fires decided its
+    batch before, so a quiet run's last step may span it (`QuietLeap.plan`)."""
+
+
 def horizon(env: simpy.Environment, all_events: bool) -> float:
     """The earliest virtual time at which something outside the engine loops may change a
     scheduler: the first queued event that is not an `InertTimeout` (with `all_events`, the
@@ -104,6 +114,33 @@ def horizon(env: simpy.Environment, all_events: bool) -> float:
     return best
 
 
+def span_horizon(env: simpy.Environment) -> float:
+    """The earliest queued event that is neither an `InertTimeout`, a `DeferredTimeout` nor a
+    `HandOff`: before it, what fires only hands requests on towards an engine, and a quiet
+    run's last step may span that (`QuietLeap.plan`)."""
+    queue = env._queue
+    best = math.inf
+    n = len(queue)
+    stack = [0] if queue else []
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        i = pop()
+        entry = queue[i]
+        if entry[0] >= best:
+            continue
+        kind = type(entry[3])
+        if kind is not InertTimeout and kind is not DeferredTimeout and kind is not HandOff:
+            best = entry[0]
+            continue
+        c = 2 * i + 1
+        if c < n:
+            push(c)
+            if c + 1 < n:
+                push(c + 1)
+    return best
+
+
 @dataclass(slots=True)
 class QuietRun:
     """`num_steps` quiet steps of `requests` (the batch, in order), starting at `start_s`: each
@@ -119,6 +156,9 @@ class QuietRun:
     finished: list = field(default_factory=list)
     """The requests whose last token the run's last step samples (batch order): they finish
     at its end, as `Scheduler.update` finishes them (`QuietLeap.apply`)."""
+    span_s: float | None = None
+    """When the last step spans a request's hand-off: that step's own wait, taken at the end
+    of `delay_s` (the steps before it), as single stepping would take it."""
 
     @property
     def num_steps(self) -> int:
@@ -174,8 +214,10 @@ class QuietLeap:
             return None
         env = self.env
         now = env.now
-        limit = horizon(env, self.all_events())
-        if now + MIN_STEPS * last_total_s >= limit:
+        all_events = self.all_events()
+        limit = horizon(env, all_events)
+        # Without all_events, a run may end with a step that spans the horizon (below).
+        if now + (MIN_STEPS if all_events else 1) * last_total_s >= limit:
             return None
         max_len = self.max_model_len
         steps = MAX_STEPS
@@ -213,14 +255,20 @@ class QuietLeap:
         ends: list[float] = []
         append_time, append_end = times.append, ends.append
         t = now
+        span = None
         for kv in range(kv0, kv0 + steps * num, num):
             st = timer(kv)
             t_end = t + st.total_s
             if not t_end < limit:
+                span = (st, t_end)
                 break
             append_time(st)
             append_end(t_end)
             t = t_end
+        if span is not None and ends and not all_events:
+            run = self._spanning(running, lefts, kv0, times, ends, span)
+            if run is not None:
+                return run
         k, delay = _longest_exact(now, ends, len(ends))
         if not k:
             return None
@@ -236,6 +284,32 @@ class QuietLeap:
         if k < len(ends):
             del times[k:], ends[k:]
         return QuietRun(list(running), kv0, times, ends, now, delay, finished)
+
+    def _spanning(self, running, lefts: list[int], kv0: int, times: list, ends: list[float],
+                  span) -> QuietRun | None:
+        """The run of the quiet steps `ends` and the one after them, `span` (its StepTime and
+        end), which ends past the horizon, or None when that step may not be taken with them.
+
+        It may be when everything queued before its end only hands requests on towards an
+        engine (`span_horizon`): a hand-off adds its request to a waiting queue, which the
+        step, batched at its start, does not read, and the next step finds it there as it
+        would have. The engine loop waits for the steps before it, then for the step itself,
+        as single stepping does from the step's start, so events at its end are ordered against
+        it as they would have been."""
+        env = self.env
+        st, t_end = span
+        if not t_end < span_horizon(env):
+            return None
+        now = env.now
+        delay = _exact_delay(now, ends[-1])
+        if delay is None:
+            return None
+        k = len(ends) + 1
+        finished = [r for r, left in zip(running, lefts) if left == k]
+        if finished and _queued_at(env, t_end):
+            return None
+        return QuietRun(list(running), kv0, [*times, st], [*ends, t_end], now, delay, finished,
+                        st.total_s)
 
     def _block_limit(self, running, ctx: list[int], steps: int) -> int:
         """The most of `steps` quiet steps whose new blocks the free pool holds (so no
