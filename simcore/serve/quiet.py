@@ -79,17 +79,30 @@ class HandOff(simpy.Timeout):
 
 def horizon(env: simpy.Environment, all_events: bool) -> float:
     """The earliest virtual time at which something outside the engine loops may change a
-    scheduler: the first queued event that is not an `InertTimeout` (with `all_events`, the
-    first queued event of any kind). Walks SimPy's heap from the root, pruning subtrees that
-    start no earlier than the best found."""
+    scheduler: the first queued event that is not an `InertTimeout`, a `DeferredTimeout` counting
+    at its effect (with `all_events`, the first queued event of any kind)."""
     queue = env._queue
     if not queue:
         return math.inf
     if all_events:
         return queue[0][0]
+    return _earliest(queue, (InertTimeout,), True)
+
+
+def span_horizon(env: simpy.Environment) -> float:
+    """The earliest queued event that is neither an `InertTimeout`, a `DeferredTimeout` nor a
+    `HandOff`: before it, what fires only hands requests on towards an engine, and a quiet
+    run's last step may span that (`QuietLeap.plan`)."""
+    return _earliest(env._queue, (InertTimeout, DeferredTimeout, HandOff), False)
+
+
+def _earliest(queue: list, passed: tuple, deferred_at_effect: bool) -> float:
+    """The time of the first event of SimPy's heap `queue` whose kind is not in `passed`, a
+    `DeferredTimeout` counting at its effect if `deferred_at_effect`. Walks the heap from the
+    root, pruning subtrees that start no earlier than the best found."""
     best = math.inf
     n = len(queue)
-    stack = [0]
+    stack = [0] if queue else []
     pop = stack.pop
     push = stack.append
     while stack:
@@ -99,40 +112,13 @@ def horizon(env: simpy.Environment, all_events: bool) -> float:
         if t >= best:
             continue
         kind = type(entry[3])
-        if kind is not InertTimeout:
-            if kind is not DeferredTimeout:
+        if kind not in passed:
+            if kind is not DeferredTimeout or not deferred_at_effect:
                 best = t
                 continue
             effect = entry[3].effect_s
             if effect < best:
                 best = effect
-        c = 2 * i + 1
-        if c < n:
-            push(c)
-            if c + 1 < n:
-                push(c + 1)
-    return best
-
-
-def span_horizon(env: simpy.Environment) -> float:
-    """The earliest queued event that is neither an `InertTimeout`, a `DeferredTimeout` nor a
-    `HandOff`: before it, what fires only hands requests on towards an engine, and a quiet
-    run's last step may span that (`QuietLeap.plan`)."""
-    queue = env._queue
-    best = math.inf
-    n = len(queue)
-    stack = [0] if queue else []
-    pop = stack.pop
-    push = stack.append
-    while stack:
-        i = pop()
-        entry = queue[i]
-        if entry[0] >= best:
-            continue
-        kind = type(entry[3])
-        if kind is not InertTimeout and kind is not DeferredTimeout and kind is not HandOff:
-            best = entry[0]
-            continue
         c = 2 * i + 1
         if c < n:
             push(c)
