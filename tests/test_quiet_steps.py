@@ -101,8 +101,9 @@ def snapshot(r) -> str:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the steps taken in quiet runs."""
-    seen = {"runs": 0, "steps": 0}
+    """Counts the quiet runs, the steps taken in them and the runs ending with a step that
+    spans a hand-off."""
+    seen = {"runs": 0, "steps": 0, "spans": 0}
     plan = QuietLeap.plan
 
     def counting(self, last):
@@ -110,6 +111,7 @@ def counted(monkeypatch):
         if got is not None:
             seen["runs"] += 1
             seen["steps"] += got.num_steps
+            seen["spans"] += got.span_s is not None
         return got
 
     monkeypatch.setattr(QuietLeap, "plan", counting)
@@ -217,24 +219,14 @@ def test_a_run_may_end_with_a_step_spanning_a_hand_off():
     assert held.span_s is None
 
 
-def test_runs_spanning_hand_offs_match_single_steps(monkeypatch):
+def test_runs_spanning_hand_offs_match_single_steps(counted):
     """On the API server's path the runs end with the step an arrival falls in, and nothing
     changes."""
-    spans = []
-    plan = QuietLeap.plan
-
-    def counting(self, last):
-        got = plan(self, last)
-        if got is not None and got.span_s is not None:
-            spans.append(got.num_steps)
-        return got
-
-    monkeypatch.setattr(QuietLeap, "plan", counting)
     reqs = specs(5, 200, rate=5.0, shared=True)
     single = run(reqs, False, replicas=2, router="least_outstanding", server=True)
-    assert not spans
+    assert counted["spans"] == 0
     leapt = run(reqs, True, replicas=2, router="least_outstanding", server=True)
-    assert len(spans) > 20
+    assert counted["spans"] > 20
     assert snapshot(leapt) == snapshot(single)
 
 
