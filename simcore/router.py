@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from simcore.engine.request import BlockHashSpace
 
 
@@ -23,7 +25,8 @@ class Router:
         self.balance_threshold = balance_threshold
         self.reported_load = [0] * num_replicas
         self._next = 0
-        self._prefix_owner: dict[int, int] = {}
+        # The replica each keyed block (by its id in `space`) was last sent to; -1: none.
+        self._prefix_owner = np.full(1024, -1, dtype=np.int32)
         self.num_prefix_routed = 0
         self.last_hashes: list[int] | None = None
         """Chained hashes of the last routed prompt's keyed blocks (prefix_affinity only), so the
@@ -46,23 +49,27 @@ class Router:
         if self.policy == "least_outstanding":
             return least
         # prefix_affinity: the replica that was sent the longest run of this prompt's blocks.
-        owner = self._prefix_owner
         hashes: list[int] = []
         # Only blocks interned before this prompt can have been sent somewhere.
-        known = self.space.chain(block_keys, 0, hashes)
+        ids, known = self.space.chain_ids(block_keys, hashes)
+        owner = self._prefix_owner
+        if len(owner) < self.space.num_keyed + 1:
+            size = max(2 * len(owner), self.space.num_keyed + 1)
+            owner = self._prefix_owner = np.concatenate(
+                [owner, np.full(size - len(owner), -1, dtype=owner.dtype)])
         best = -1
-        get = owner.get
-        for h in hashes[:known]:
-            o = get(h)
-            if o is None:
-                break
-            best = o
+        if known:
+            sent = owner[ids[:known]]
+            unsent = sent < 0
+            stop = int(unsent.argmax()) if unsent.any() else known
+            if stop:
+                best = int(sent[stop - 1])
         if best >= 0 and self.reported_load[best] - self.reported_load[least] <= self.balance_threshold:
             choice = best
             self.num_prefix_routed += 1
         else:
             choice = least
-        owner.update(dict.fromkeys(hashes, choice))
+        owner[ids] = choice
         self.last_hashes = hashes
         return choice
 

@@ -311,13 +311,7 @@ def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budge
     assert s.kv.num_free_blocks == num_blocks - 1
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.sampled_from([0, 1, 2, 2**63 - 1, 2**64, -3]), max_size=12),
-                min_size=1, max_size=6))
-def test_chain_numbers_blocks_as_interning_them_one_by_one(prompts):
-    # BlockHashSpace.chain (the router's and a request's whole-prompt hashing) gives every block
-    # the id that interning its (parent hash, key) identity block by block gives it, and counts
-    # the leading blocks already interned; keys outside [0, 2**64) are stored apart (as tuples).
+def _check_chain_against_one_by_one(prompts):
     space = BlockHashSpace()
     ids: dict[tuple[int, int], int] = {}     # the reference: identity -> id, in order
     for keys in prompts:
@@ -330,10 +324,46 @@ def test_chain_numbers_blocks_as_interning_them_one_by_one(prompts):
                 known = j if known is None else known
             parent = h
             expected.append(h)
-        out = []
-        assert space.chain(tuple(keys), 0, out) == (len(keys) if known is None else known)
-        assert out == expected and all(h <= known_before for h in out[:known])
-        stored = {(k >> 64, k & (2**64 - 1)) if isinstance(k, int) else k: v
-                  for k, v in space._ids.items()}
-        assert stored == ids and space._next == len(ids) + 1
-        assert all(not 0 <= k[1] < 2**64 for k in space._ids if isinstance(k, tuple))
+        out = [7]
+        if len(expected) % 2:
+            arr, got = space.chain_ids(tuple(keys), out)
+            assert arr.tolist() == expected
+        else:
+            got = space.chain(tuple(keys), 0, out)
+        assert got == (len(keys) if known is None else known)
+        assert out[1:] == expected and all(h <= known_before for h in expected[:known])
+        # Every identity interned is found, with its id, and the count of ids is theirs.
+        assert all(space.lookup(p, k) == h for (p, k), h in ids.items())
+        assert space.num_keyed == len(ids)
+    # Identities never interned are not found.
+    assert space.lookup(0, 12345) is None and space.lookup(len(ids), 2**62 + 5) is None
+    # Unkeyed blocks are numbered apart (negative), so keyed ids stay dense.
+    assert list(space.fresh(3)) == [-1, -2, -3] and space.num_keyed == len(ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 1, 2, 2**63 - 1, 2**63, 2**64, -3]), max_size=12),
+                min_size=1, max_size=6))
+def test_chain_numbers_blocks_as_interning_them_one_by_one(prompts):
+    # BlockHashSpace.chain (the router's and a request's whole-prompt hashing) gives every block
+    # the id that interning its (parent hash, key) identity block by block gives it, and counts
+    # the leading blocks already interned; keys outside [0, 2**63) take the one-by-one path.
+    _check_chain_against_one_by_one(prompts)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), min_size=0, max_size=90), min_size=1, max_size=8),
+       st.sampled_from([1, 3, 32]))
+def test_chain_by_runs_numbers_blocks_as_one_by_one(prompts, threshold):
+    # Prompts that share prefixes and runs of keys (Mooncake's hash blocks, conversations that
+    # repeat their earlier turns), walked run by run with numpy from `threshold` keys on, give
+    # the ids of interning block by block.
+    import simcore.engine.request as request
+    shared = [k * 3 for k in range(60)]
+    prompts = [shared[:len(p) // 2] + p if i % 2 else p for i, p in enumerate(prompts)]
+    old = request.VECTOR_MIN_KEYS
+    request.VECTOR_MIN_KEYS = threshold
+    try:
+        _check_chain_against_one_by_one(prompts)
+    finally:
+        request.VECTOR_MIN_KEYS = old

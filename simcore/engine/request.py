@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import numpy as np
 
 WAITING = 0
 RUNNING = 1
@@ -19,25 +19,58 @@ STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", PREEMPTED: "preempted",
 KEY_BITS = 64
 """Content keys in [0, 2**KEY_BITS) are interned as the int `parent << KEY_BITS | key`."""
 
+_RUN_KEYS = 1 << 63
+"""Keys in [0, _RUN_KEYS) fit the space's int64 columns, so a block of such a key can continue a
+run (`BlockHashSpace`)."""
+
+VECTOR_MIN_KEYS = 32
+"""Fewest keys `BlockHashSpace.chain` walks with numpy (fewer are walked one by one)."""
+
 
 class BlockHashSpace:
     """Interns chained block hashes to small ints, exactly and without collisions.
 
     A block's identity is (parent block's hash, content key), as vLLM chains `hash(parent, tokens)`.
-    Blocks whose content is unique to one request get fresh ids. One space per simulated engine
-    pool (never module-global), so independent simulations never share state.
+    One space per simulated engine pool (never module-global), so independent simulations never
+    share state.
 
-    The identity is stored as one int, `parent << KEY_BITS | key`, which is as exact as the pair
-    for every key in [0, 2**KEY_BITS) (the workload's keys are 63-bit) and is built, hashed and
-    stored faster than a tuple; a key outside that range is stored as the (parent, key) tuple,
-    which no int equals.
+    Keyed blocks get ids 1, 2, ... in the order their identities are first seen; blocks whose
+    content is unique to one request (no key) get fresh negative ids, so the keyed ids stay
+    dense. Chaining interns whole runs: the blocks of a prompt not seen before get consecutive
+    ids, each block's parent the id before its own. Such a block, a run's continuation, is
+    stored only in two columns indexed by id, its key and a flag saying that its parent is the
+    id before it; only the first block of a run (whose parent is any other block) goes into the
+    dict, as the int `parent << KEY_BITS | key` (as exact as the pair for every key in
+    [0, 2**KEY_BITS), and built, hashed and stored faster than a tuple; a key outside that
+    range is stored as the (parent, key) tuple, which no int equals). The identity (p, k) is
+    interned exactly when block p + 1 continues a run with key k, or the dict holds it: each
+    identity is interned once, so it has one id and one of the two forms. A prompt that repeats
+    earlier ones is then walked run by run (numpy compares a run's keys at once) rather than
+    block by block, and the dict holds one entry per run.
     """
 
-    __slots__ = ("_ids", "_next")
+    __slots__ = ("_ids", "_next", "_key", "_run", "_fresh")
 
     def __init__(self) -> None:
         self._ids: dict[int | tuple[int, int], int] = {}
-        self._next = 1
+        self._next = 1                  # the next keyed id
+        self._fresh = -1                # the next unkeyed id (counting down)
+        self._key = np.zeros(1024, dtype=np.int64)     # a run continuation's key, by id
+        self._run = np.zeros(1024, dtype=bool)         # id continues a run (parent id - 1)
+
+    @property
+    def num_keyed(self) -> int:
+        """How many keyed ids were given (they are 1 to `num_keyed`)."""
+        return self._next - 1
+
+    def lookup(self, parent: int, key: int) -> int | None:
+        """The id of the block of content `key` after a block hashed `parent`, or None if that
+        identity was never interned."""
+        q = parent + 1
+        if 0 < q < self._next and 0 <= key < _RUN_KEYS and self._run[q] and self._key[q] == key:
+            return q
+        return self._ids.get(parent << KEY_BITS | key if key >> KEY_BITS == 0
+                             else (parent, key))
 
     def chain(self, keys, parent: int, out: list[int]) -> int:
         """Append to `out` the chained hashes of blocks with content `keys` after a block hashed
@@ -45,32 +78,116 @@ class BlockHashSpace:
         identity given a fresh id; returns how many of the leading blocks were already interned.
 
         Once one block is new, every later one is: its parent is a fresh id, which no interned
-        identity holds. The rest are then numbered in one pass, with no lookup."""
-        ids = self._ids
-        get = ids.get
+        identity holds. The rest are numbered in one run."""
+        runs = self._runs(keys, parent)
+        if runs is None:
+            return self._chain_one_by_one(keys, parent, out)
+        known, segments = runs
+        for q, r in segments:
+            out.extend(range(q, q + r))
+        return known
+
+    def chain_ids(self, keys, out: list[int]) -> tuple[np.ndarray, int]:
+        """`chain(keys, 0, out)`, also returning the hashes it appended as an int64 array."""
+        runs = self._runs(keys, 0)
+        if runs is None:
+            start = len(out)
+            known = self._chain_one_by_one(keys, 0, out)
+            return np.array(out[start:], dtype=np.int64), known
+        known, segments = runs
+        for q, r in segments:
+            out.extend(range(q, q + r))
+        if len(segments) == 1:
+            q, r = segments[0]
+            return np.arange(q, q + r, dtype=np.int64), known
+        return np.concatenate([np.arange(q, q + r, dtype=np.int64) for q, r in segments]), known
+
+    def _chain_one_by_one(self, keys, parent: int, out: list[int]) -> int:
+        """`chain`, block by block (few keys, or keys outside [0, 2**63))."""
+        n = len(keys)
+        lookup = self.lookup
         append = out.append
         i = 0
-        n = len(keys)
         while i < n:
-            key = keys[i]
-            h = get(parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key))
+            h = lookup(parent, keys[i])
             if h is None:
                 break
             parent = h
             append(h)
             i += 1
         if i < n:
-            new = self.fresh(n - i)
-            ids.update(zip([p << KEY_BITS | k if k >> KEY_BITS == 0 else (p, k)
-                            for p, k in zip(itertools.chain((parent,), new), keys[i:])], new))
-            out.extend(new)
+            first = self._next
+            self._intern(parent, keys[i], first, n - i)
+            key_of, run, ids = self._key, self._run, self._ids
+            for h, key in enumerate(keys[i + 1:], first + 1):
+                if 0 <= key < _RUN_KEYS:
+                    key_of[h] = key
+                else:               # stored apart: not a run's continuation
+                    run[h] = False
+                    ids[(h - 1) << KEY_BITS | key if key >> KEY_BITS == 0 else (h - 1, key)] = h
+            out.extend(range(first, first + n - i))
         return i
+
+    def _runs(self, keys, parent: int) -> tuple[int, list[tuple[int, int]]] | None:
+        """`chain`'s work run by run for `VECTOR_MIN_KEYS` or more keys in [0, 2**63): how many
+        leading blocks were interned, and the hashes as runs (first id, length); None for fewer
+        keys or keys outside that range."""
+        n = len(keys)
+        if n < VECTOR_MIN_KEYS:
+            return None
+        try:
+            keys = np.asarray(keys, dtype=np.int64)
+        except OverflowError:
+            return None
+        if keys.min() < 0:
+            return None
+        run, key_of = self._run, self._key
+        nxt = self._next
+        lookup = self.lookup
+        segments = []
+        i = 0
+        while i < n:
+            q = lookup(parent, int(keys[i]))
+            if q is None:
+                break
+            m = min(n - i, nxt - q)
+            r = 1
+            if m > 1:
+                same = run[q + 1:q + m] & (key_of[q + 1:q + m] == keys[i + 1:i + m])
+                r = m if same.all() else 1 + int(same.argmin())
+            segments.append((q, r))
+            i += r
+            parent = q + r - 1
+        if i < n:
+            first = self._next
+            self._intern(parent, int(keys[i]), first, n - i)
+            self._key[first + 1:first + n - i] = keys[i + 1:]
+            segments.append((first, n - i))
+        return i, segments
+
+    def _intern(self, parent: int, key: int, first: int, count: int) -> None:
+        """Give the new run of `count` blocks ids `first`, ... (the first block's identity
+        (parent, key); each later one a continuation, its key set by the caller)."""
+        self._next = first + count
+        size = len(self._run)
+        if self._next > size:
+            while size < self._next:
+                size *= 2
+            self._key = np.concatenate([self._key, np.zeros(size - len(self._key), np.int64)])
+            self._run = np.concatenate([self._run, np.zeros(size - len(self._run), bool)])
+        self._run[first + 1:first + count] = True
+        if parent == first - 1 and 0 <= key < _RUN_KEYS:
+            self._run[first] = True
+            self._key[first] = key
+        else:
+            self._run[first] = False
+            self._ids[parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)] = first
 
     def fresh(self, n: int) -> range:
         """Hashes of `n` blocks whose tokens no other block has."""
-        nxt = self._next
-        self._next = nxt + n
-        return range(nxt, nxt + n)
+        nxt = self._fresh
+        self._fresh = nxt - n
+        return range(nxt, nxt - n, -1)
 
 
 class Request:
