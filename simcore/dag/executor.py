@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from simcore.dag.graph import COMPUTE, LOCAL, TRANSFER, StepDag
+import numpy as np
+
+from simcore.dag.exposure import compiled_walk
+from simcore.dag.graph import TRANSFER, StepDag
 
 
 class TransferPort(Protocol):
@@ -150,81 +153,23 @@ class DagRun:
 
         Causes: "<op>/nvlink" or "<op>/fabric" (a collective or transfer of kind op, inside a
         node or across nodes, that the stream waited for or ran), "pipeline" (waiting for another
-        pipeline stage), "sync" (waiting for another lane of the same stage: a slower rank).
-        Lane-seconds: multiply by the lane's GPU count for GPU-seconds. Also sets
-        `lane_comm_s`: each lane's communication-induced stall (the "/nvlink" and "/fabric"
-        causes), the time its compute stream spent on or waiting for communication.
+        pipeline stage), "sync" (waiting for another lane of the same stage: a slower rank), in
+        the order the walk first meets them. Lane-seconds: multiply by the lane's GPU count for
+        GPU-seconds. Also sets `lane_comm_s`: each lane's communication-induced stall (the
+        "/nvlink" and "/fabric" causes), the time its compute stream spent on or waiting for
+        communication. The walk over the compute-stream nodes is `simcore.dag.exposure.walk`,
+        compiled.
         """
         dag = self.dag
-        kind, lane_of, fabric, op = dag.kind, dag.lane, dag.fabric, dag.op
-        dur_s, cause, ideal = dag.dur_s, self.cause, self.ideal_s
-        start, finish = self.start_s, self.finish_s
-        lanes = dag.lanes
-        stage = [x.stage for x in lanes]
-        busy = [0.0] * len(lanes)
-        comm = self.lane_comm_s = [0.0] * len(lanes)
-        last = [self.t0_s] * len(lanes)
-        by_cause: dict[str, float] = {}
-        congestion = 0.0
-        for i in dag.compute_stream_nodes():
-            ln = lane_of[i]
-            since = last[ln]
-            gap = start[i] - since
-            if gap > 1e-15:
-                # Why node i started late: the cause (key), the part of the gap it accounts
-                # for, the cause of the rest (wait_key) and, for a wait on the fabric, the
-                # congestion delay (extra). A wait on communication is split at the chain's
-                # origin: the chain of last-finishing dependencies runs back through transfers
-                # and collectives to the compute op that fed them; the gap up to that op's end
-                # is waiting for it ("pipeline" if it is another stage's, "sync" if a slower
-                # lane's), the rest is communication. The congestion delay is the excess over
-                # ideal of every fabric transfer on that chain (the transfer that finishes last
-                # is often not the congested one: a ring's last step, a hierarchical
-                # collective's NVLink all-gather).
-                c = cause[i]
-                # A zero-length wait node stands for what it waited on.
-                while c >= 0 and kind[c] == LOCAL and dur_s[c] == 0.0 and cause[c] >= 0:
-                    c = cause[c]
-                if c < 0 or kind[c] == COMPUTE:
-                    key = "pipeline" if c >= 0 and stage[lane_of[c]] != stage[ln] else "sync"
-                    by_cause[key] = by_cause.get(key, 0.0) + gap
-                else:
-                    on_fabric = fabric[c]
-                    key = op[c] + ("/fabric" if on_fabric else "/nvlink")
-                    extra = 0.0
-                    origin = since
-                    wait_key = "sync"
-                    j = c
-                    while j >= 0 and finish[j] > since:
-                        if kind[j] == COMPUTE:
-                            origin = max(since, finish[j])
-                            wait_key = ("pipeline" if stage[lane_of[j]] != stage[ln]
-                                        else "sync")
-                            break
-                        if on_fabric and kind[j] == TRANSFER and ideal[j] > 0:
-                            excess = (finish[j] - start[j]) - ideal[j]
-                            if excess > 0.0:
-                                extra += excess
-                        j = cause[j]
-                    part = min(gap, max(0.0, start[i] - origin))
-                    if part < gap:      # first waiting for the compute that fed the transfer
-                        by_cause[wait_key] = by_cause.get(wait_key, 0.0) + gap - part
-                    if part > 0:
-                        by_cause[key] = by_cause.get(key, 0.0) + part
-                        congestion += min(part, extra)
-                        comm[ln] += part
-            dur = finish[i] - start[i]
-            if kind[i] == COMPUTE:
-                busy[ln] += dur
-            elif dur > 0:
-                key = op[i] + ("/fabric" if fabric[i] else "/nvlink")
-                by_cause[key] = by_cause.get(key, 0.0) + dur
-                comm[ln] += dur
-            if finish[i] > last[ln]:
-                last[ln] = finish[i]
-        tail_key = "pipeline" if len(set(stage)) > 1 else "sync"
-        for t in last:
-            tail = self.end_s - t
-            if tail > 1e-15:
-                by_cause[tail_key] = by_cause.get(tail_key, 0.0) + tail
-        return busy, by_cause, congestion
+        cols = dag.exposure_columns()
+        stage = [x.stage for x in dag.lanes]
+        busy, comm, by_cause, order, congestion = compiled_walk()(
+            cols.compute_nodes, cols.kind, cols.lane, cols.cause_of, cols.fabric,
+            np.array(dag.dur_s, dtype=float), np.array(self.cause, dtype=np.int64),
+            np.array(self.start_s, dtype=float), np.array(self.finish_s, dtype=float),
+            np.array(self.ideal_s, dtype=float), np.array(stage, dtype=np.int64),
+            float(self.t0_s), float(self.end_s), len(set(stage)) > 1, len(cols.names))
+        self.lane_comm_s = comm.tolist()
+        seconds = by_cause.tolist()
+        names = cols.names
+        return busy.tolist(), {names[k]: seconds[k] for k in order.tolist()}, float(congestion)

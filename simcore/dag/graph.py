@@ -64,7 +64,9 @@ class StepDag:
         self.children: list[list[int]] = []
         self.num_inputs: list[int] = []
         self._last: dict[int, int] = {}     # 2 x lane + stream -> its last node
-        self._on_compute: list = [None]     # (node count, compute-stream nodes), shared
+        # (node count, compute-stream nodes) and the exposure walk's columns: worked out once
+        # per structure, shared with the DAGs that adopt it.
+        self._on_compute: list = [None, None]
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -128,6 +130,16 @@ class StepDag:
             stream = self.stream
             held[0] = (n, [i for i in range(n) if stream[i] == COMPUTE_STREAM])
         return held[0][1]
+
+    def exposure_columns(self):
+        """The structure's columns for `simcore.dag.exposure.walk`, made once per structure
+        (again if nodes were added since)."""
+        from simcore.dag.exposure import ExposureColumns
+        held = self._on_compute
+        cols = held[1]
+        if cols is None or cols.num_nodes != len(self.kind):
+            cols = held[1] = ExposureColumns(self)
+        return cols
 
     def compute(self, lane: int, op: str, dur_s: float, deps: tuple[int, ...] = ()) -> int:
         """A compute op of `dur_s` on the lane's compute stream, after `deps`."""

@@ -520,6 +520,8 @@ class AnalyticalFabric(MessageFabric):
         rate."""
         order, end_s = self._order, self._log.end_s
         upto = self._recorded
+        if not self._heap:          # every reserved message has been delivered
+            upto = len(order)
         while upto < len(order) and end_s[order[upto]] is not None:
             upto += 1
         while self._recorded < upto:
