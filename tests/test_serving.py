@@ -8,6 +8,8 @@ the comments.
 import math
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from simcore.compute.base import StepShape, StepTime
 from simcore.engine.scheduler import SchedulerConfig
@@ -375,6 +377,45 @@ def test_prefix_affinity_gives_way_to_balance():
     run = serve(specs, num_replicas=2, policy="prefix_affinity", balance_threshold=1)
     assert [x.replica for x in run.records] == [0, 0]
     assert run.num_routed_by_prefix == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 1, 8, 16, 24, 40, 80]),
+                          st.integers(0, 3),
+                          st.lists(st.integers(0, 3), min_size=3, max_size=3), st.booleans()),
+                min_size=1, max_size=25),
+       st.integers(0, 2))
+@example([(0, 8, 0, [0, 0, 0], False), (0, 24, 0, [0, 0, 0], True),
+          (0, 40, 1, [1, 0, 0], False)], 1)
+def test_prefix_affinity_routes_as_a_block_by_block_index(prompts, threshold):
+    # The router's owner index (an array by block id, prompts hashed run by run) routes each
+    # prompt where an index of every block's last replica, walked block by block, would:
+    # prompts share the leading blocks of one of a few bases (Mooncake's conversations) and
+    # diverge, under random load reports. Some blocks are hashed by an engine, not the router
+    # (a conversation's replies), so they are known to the hash space but sent nowhere.
+    from simcore.engine.request import BlockHashSpace
+    from simcore.router import Router
+
+    bases = [[b * 1000 + k for k in range(80)] for b in range(3)]
+    router = Router("prefix_affinity", 3, space=BlockHashSpace(), balance_threshold=threshold)
+    owner: dict[tuple[int, ...], int] = {}          # the reference: prefix -> replica
+    for base, shared, tail, loads, by_engine in prompts:
+        keys = tuple(bases[base][:shared]) + tuple(7_000_000 + base * 10 + t for t in range(tail))
+        if by_engine:
+            router.space.chain(keys, 0, [])
+            continue
+        for replica, load in enumerate(loads):
+            router.publish(replica, load)
+        least = sorted(range(3), key=lambda r: (loads[r], (r - router._next) % 3))[0]
+        best = -1
+        for j in range(1, len(keys) + 1):
+            if keys[:j] not in owner:
+                break
+            best = owner[keys[:j]]
+        want = best if best >= 0 and loads[best] - loads[least] <= threshold else least
+        assert router.route(keys) == want
+        for j in range(1, len(keys) + 1):
+            owner[keys[:j]] = want
 
 
 # -- the whole loop ------------------------------------------------------------------------------
