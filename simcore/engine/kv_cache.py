@@ -3,7 +3,6 @@ blocks, for one KV-cache group or (hybrid) full-attention and sliding-window gro
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 
 from simcore.engine.request import BlockHashSpace, Request
@@ -20,21 +19,12 @@ class BlockPool:
 
     The queue is kept in three parts, head first: `front` (freed unhashed blocks, the latest
     freed first), the blocks never handed out (`fresh` to `num_blocks - 1`, in order, held as a
-    range rather than one entry each, so an idle engine's pool costs nothing per block), and the
-    freed hashed blocks, least recently used first. `free_queue()` lists it whole.
-
-    The hashed part is a log of blocks in the order they were freed, read from `_head` on: an
-    entry counts while its block's `_pos` points back at it; a prefix hit that takes a free block
-    out of the queue only resets the block's `_pos`, and the log drops such stale entries when it
-    has grown to twice what it holds. Allocation takes the head's entries a slice at a time where
-    none is stale.
+    range rather than one entry each, so an idle engine's pool costs nothing per block), and
+    `free` (freed hashed blocks, least recently used first). `free_queue()` lists it whole.
     """
 
-    __slots__ = ("num_blocks", "ref_cnt", "block_hash", "front", "fresh", "_log", "_head",
-                 "_pos", "_num_free_hashed", "cached", "enable_caching", "num_evictions")
-
-    LOG_SLACK = 1024
-    """Entries the log may hold beyond twice the queue's hashed blocks before it is compacted."""
+    __slots__ = ("num_blocks", "ref_cnt", "block_hash", "front", "fresh", "free", "cached",
+                 "enable_caching", "num_evictions")
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         if num_blocks < 2:
@@ -44,10 +34,7 @@ class BlockPool:
         self.block_hash: list[int] = [0] * num_blocks     # 0 = no hash
         self.front: OrderedDict[int, None] = OrderedDict()
         self.fresh = 1
-        self._log: list[int] = []           # freed hashed blocks, stale entries included
-        self._head = 0
-        self._pos = [-1] * num_blocks       # a freed hashed block's entry in `_log`, else -1
-        self._num_free_hashed = 0
+        self.free: OrderedDict[int, None] = OrderedDict()
         self.ref_cnt[0] = 1                                # the null block is never free
         self.cached: dict[int, list[int]] = {}            # hash -> block ids, first inserted first
         self.enable_caching = enable_caching
@@ -55,46 +42,14 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self.front) + self.num_blocks - self.fresh + self._num_free_hashed
+        return len(self.front) + self.num_blocks - self.fresh + len(self.free)
 
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (the next allocation's first)."""
-        pos = self._pos
-        hashed = [b for i, b in enumerate(self._log[self._head:], self._head) if pos[b] == i]
-        return [*self.front, *range(self.fresh, self.num_blocks), *hashed]
+        return [*self.front, *range(self.fresh, self.num_blocks), *self.free]
 
     def is_free(self, b: int) -> bool:
-        return b >= self.fresh or b in self.front or self._pos[b] >= 0
-
-    def _pop_hashed(self, n: int) -> list[int]:
-        """The first `n` freed hashed blocks, taken out of the queue."""
-        log, pos = self._log, self._pos
-        h = self._head
-        out = log[h:h + n]
-        if all(map(operator.eq, map(pos.__getitem__, out), range(h, h + n))):
-            h += n
-        else:                       # stale entries among them: skip those
-            out = []
-            append = out.append
-            while len(out) < n:
-                b = log[h]
-                if pos[b] == h:
-                    append(b)
-                h += 1
-        for b in out:
-            pos[b] = -1
-        self._head = h
-        self._num_free_hashed -= n
-        return out
-
-    def _compact(self) -> None:
-        """Drop the log's stale entries and its read part."""
-        pos = self._pos
-        live = [b for i, b in enumerate(self._log[self._head:], self._head) if pos[b] == i]
-        for i, b in enumerate(live):
-            pos[b] = i
-        self._log = live
-        self._head = 0
+        return b >= self.fresh or b in self.front or b in self.free
 
     def get_cached(self, h: int) -> int:
         """A block holding content hash `h`, or 0 if none is cached."""
@@ -121,7 +76,8 @@ class BlockPool:
                 out.extend(range(fresh, fresh + take))
                 self.fresh = fresh + take
             if n - k - take:
-                out.extend(self._pop_hashed(n - k - take))
+                popitem = self.free.popitem
+                out.extend([popitem(False)[0] for _ in range(n - k - take)])
         num_evicted = 0
         for b in out:
             ref[b] = 1
@@ -139,13 +95,12 @@ class BlockPool:
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the free queue."""
         ref = self.ref_cnt
-        pos = self._pos
+        free = self.free
         for b in blocks:
             if ref[b] == 0:
                 # A hit block holds a hash, so it was freed to the tail (never fresh).
-                if pos[b] >= 0:
-                    pos[b] = -1
-                    self._num_free_hashed -= 1
+                if b in free:
+                    del free[b]
                 else:
                     del self.front[b]
             ref[b] += 1
@@ -174,24 +129,18 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block, walking the request's blocks from last to first."""
         ref = self.ref_cnt
+        free = self.free
         front = self.front
         hashes = self.block_hash
-        log, pos = self._log, self._pos
-        if len(log) > 2 * self._num_free_hashed + self.LOG_SLACK:
-            self._compact()
-            log = self._log
-        n0 = len(log)
         for b in reversed(blocks):
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
                 if hashes[b]:
-                    pos[b] = len(log)
-                    log.append(b)
+                    free[b] = None
                 else:
                     front[b] = None
                     front.move_to_end(b, last=False)
-        self._num_free_hashed += len(log) - n0
 
 
 class KVCacheManager:
