@@ -251,7 +251,8 @@ class Request:
         if i < n_full:
             # Keyed blocks chained, then the blocks past the keys, whose tokens no other block
             # has, numbered fresh.
-            space.chain(self.block_keys[i:n_full], hashes[-1] if hashes else 0, hashes)
+            if i < len(self.block_keys):
+                space.chain(self.block_keys[i:n_full], hashes[-1] if hashes else 0, hashes)
             if len(hashes) < n_full:
                 hashes.extend(space.fresh(n_full - len(hashes)))
         return hashes
