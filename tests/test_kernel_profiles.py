@@ -68,8 +68,9 @@ def test_grid_uses_measured_corners_and_none_without_any():
        caps=st.tuples(st.floats(0, 2), st.floats(0, 2)),
        floors=st.tuples(st.floats(0, 0.5), st.floats(0, 0.5)))
 def test_grid_along_its_last_axis_is_the_grid_to_the_bit(data, n0, n1, caps, floors):
-    """`along` repeats `__call__`'s arithmetic: missing corners, single-value axes, points
-    below, inside and above each axis, a fixed value above its axis."""
+    """`along` and a two-axis grid's `__call__` repeat the N-axis arithmetic (`_call_any`):
+    missing corners, single-value axes, points below, inside and above each axis, a fixed value
+    above its axis."""
     steps = st.floats(0.1, 100.0)
     a0 = np.cumsum(data.draw(st.lists(steps, min_size=n0, max_size=n0)))
     a1 = np.cumsum(data.draw(st.lists(steps, min_size=n1, max_size=n1)))
@@ -81,7 +82,7 @@ def test_grid_along_its_last_axis_is_the_grid_to_the_bit(data, n0, n1, caps, flo
     for p in data.draw(st.lists(points, min_size=1, max_size=3)):
         along = g.along(p)
         for x in data.draw(st.lists(points, min_size=1, max_size=10)):
-            assert along(x) == g(p, x)
+            assert along(x) == g(p, x) == g._call_any((p, x))
 
 
 def test_grid_along_checks_its_fixed_values_and_passes_other_grids_through():

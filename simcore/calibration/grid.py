@@ -113,7 +113,35 @@ class LogGrid:
 
     def __call__(self, *point: float) -> float | None:
         """Seconds at `point` (one value per axis); None when no corner of its cell was
-        measured."""
+        measured. A two-axis grid (attention's batch and length, most tables) takes `_call2`,
+        the same operations in the same order unrolled."""
+        if len(point) == 2 and len(self._strides) == 2:
+            return self._call2(point[0], point[1])
+        return self._call_any(point)
+
+    def _call2(self, x0: float, x1: float) -> float | None:
+        """`_call_any` for a two-axis grid, unrolled (`_dim`, `_corners`)."""
+        ax0, ax1 = self._axes_lists
+        s0, s1 = self._strides
+        flat = self._flat
+        l0, above0 = _clamped_log(ax0, x0)
+        l1, above1 = _clamped_log(ax1, x1)
+        d0 = _dim(ax0, s0, l0)
+        d1 = _dim(ax1, s1, l1)
+        y = _corners(flat, s0, s1, d0, d1)
+        if y is None:
+            return None
+        if above0:
+            y0 = _corners(flat, s0, s1, _dim(ax0, s0, ax0[-2]), d1) if len(ax0) > 1 else None
+            y += _slope(y, y0, ax0, self.caps[0], self.floors[0]) * above0
+        if above1:
+            y0 = _corners(flat, s0, s1, d0, _dim(ax1, s1, ax1[-2])) if len(ax1) > 1 else None
+            y += _slope(y, y0, ax1, self.caps[1], self.floors[1]) * above1
+        return math.exp(y)
+
+    def _call_any(self, point) -> float | None:
+        """`__call__` for any number of axes: per axis the log of its value, clamped to the
+        axis, `_inside_log` over the cell's corners, then the extrapolation above each axis."""
         lx = []
         above: list[tuple[int, float]] = []
         for d, (ax, x) in enumerate(zip(self._axes_lists, point)):
@@ -139,12 +167,11 @@ class LogGrid:
             y += min(max(slope, self.floors[d]), self.caps[d]) * excess
         return math.exp(y)
 
-
     def along(self, *prefix: float) -> Callable[[float], float | None]:
         """`x -> self(*prefix, x)`: the grid along its last axis with the other axes' values
         fixed, their part of the interpolation worked out once (a decode step's attention at a
         fixed batch, over growing lengths). The same float as calling the grid, to the bit:
-        a two-axis grid's closure repeats `__call__`'s operations in their order (a test holds
+        a two-axis grid's closure repeats `_call_any`'s operations in their order (a test holds
         them equal); other grids call it."""
         if len(prefix) != len(self.axes) - 1:
             raise ValueError(f"{len(prefix)} fixed values for a grid of {len(self.axes)} axes")
@@ -155,72 +182,14 @@ class LogGrid:
         flat = self._flat
         cap0, cap1 = self.caps
         floor0, floor1 = self.floors
-        log, exp, bisect_right = math.log, math.exp, bisect.bisect_right
+        log, exp = math.log, math.exp
 
-        def dim(ax: list[float], stride: int, l: float) -> tuple[int, float, bool]:
-            # `_inside_log`'s per-axis part: (offset into the table, fraction, one value).
-            n = len(ax)
-            if n == 1:
-                return 0, 0.0, True
-            i = bisect_right(ax, l) - 1
-            i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
-            f = (l - ax[i]) / (ax[i + 1] - ax[i])
-            return i * stride, min(max(f, 0.0), 1.0), False
-
-        def corners(a: tuple[int, float, bool], b: tuple[int, float, bool]) -> float | None:
-            # `_inside_log`'s corner loop for two axes, unrolled in its order (corner bits:
-            # axis 0 low, axis 1 high).
-            base = a[0] + b[0]
-            f0, one0 = a[1], a[2]
-            f1, one1 = b[1], b[2]
-            acc = total_w = 0.0
-            lo0 = f0 != 1.0
-            hi0 = not (f0 == 0.0 or one0)
-            lo1 = f1 != 1.0
-            hi1 = not (f1 == 0.0 or one1)
-            if lo1:
-                if lo0:
-                    w = (1.0 - f0) * (1.0 - f1)
-                    y = flat[base]
-                    if w != 0.0 and y == y:
-                        acc += w * y
-                        total_w += w
-                if hi0:
-                    w = f0 * (1.0 - f1)
-                    y = flat[base + s0]
-                    if w != 0.0 and y == y:
-                        acc += w * y
-                        total_w += w
-            if hi1:
-                if lo0:
-                    w = (1.0 - f0) * f1
-                    y = flat[base + s1]
-                    if w != 0.0 and y == y:
-                        acc += w * y
-                        total_w += w
-                if hi0:
-                    w = f0 * f1
-                    y = flat[base + s0 + s1]
-                    if w != 0.0 and y == y:
-                        acc += w * y
-                        total_w += w
-            if total_w <= 0.0:
-                return None
-            return acc / total_w
-
-        p = prefix[0]
-        l0 = log(p) if p > 0 else -math.inf
-        above0 = 0.0
-        if l0 < ax0[0]:
-            l0 = ax0[0]
-        elif l0 > ax0[-1]:
-            above0 = l0 - ax0[-1]
-            l0 = ax0[-1]
-        d0 = dim(ax0, s0, l0)
-        d0_prev = dim(ax0, s0, ax0[-2]) if len(ax0) > 1 else None
+        l0, above0 = _clamped_log(ax0, prefix[0])
+        d0 = _dim(ax0, s0, l0)
+        d0_prev = _dim(ax0, s0, ax0[-2]) if len(ax0) > 1 else None
         lo, hi = ax1[0], ax1[-1]
-        d1_prev = dim(ax1, s1, ax1[-2]) if len(ax1) > 1 else None
-        y1_prev = corners(d0, d1_prev) if d1_prev is not None else None
+        d1_prev = _dim(ax1, s1, ax1[-2]) if len(ax1) > 1 else None
+        y1_prev = _corners(flat, s0, s1, d0, d1_prev) if d1_prev is not None else None
 
         def at(x: float) -> float | None:
             l1 = log(x) if x > 0 else -math.inf
@@ -230,15 +199,15 @@ class LogGrid:
             elif l1 > hi:
                 above1 = l1 - hi
                 l1 = hi
-            d1 = dim(ax1, s1, l1)
-            y = corners(d0, d1)
+            d1 = _dim(ax1, s1, l1)
+            y = _corners(flat, s0, s1, d0, d1)
             if y is None:
                 return None
             if above0:
                 if d0_prev is None:
                     slope = cap0
                 else:
-                    y0 = corners(d0_prev, d1)
+                    y0 = _corners(flat, s0, s1, d0_prev, d1)
                     slope = cap0 if y0 is None else (y - y0) / (ax0[-1] - ax0[-2])
                 y += min(max(slope, floor0), cap0) * above0
             if above1:
@@ -250,6 +219,78 @@ class LogGrid:
             return exp(y)
 
         return at
+
+
+def _clamped_log(ax: list[float], x: float) -> tuple[float, float]:
+    """(log x clamped to the log axis `ax`, its excess above the axis's last value)."""
+    l = math.log(x) if x > 0 else -math.inf
+    if l < ax[0]:
+        return ax[0], 0.0
+    if l > ax[-1]:
+        return ax[-1], l - ax[-1]
+    return l, 0.0
+
+
+def _slope(y: float, y0: float | None, ax: list[float], cap: float, floor: float) -> float:
+    """The log-log slope above the log axis `ax`'s last value: from `y0` at its second last
+    value to `y` at its last (`cap` where `y0` is None), clamped to [floor, cap]."""
+    slope = cap if y0 is None else (y - y0) / (ax[-1] - ax[-2])
+    return min(max(slope, floor), cap)
+
+
+def _dim(ax: list[float], stride: int, l: float) -> tuple[int, float, bool]:
+    """`LogGrid._inside_log`'s per-axis part for log value `l` on log axis `ax`: (offset into
+    the table, fraction, one value)."""
+    n = len(ax)
+    if n == 1:
+        return 0, 0.0, True
+    i = bisect.bisect_right(ax, l) - 1
+    i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
+    f = (l - ax[i]) / (ax[i + 1] - ax[i])
+    return i * stride, min(max(f, 0.0), 1.0), False
+
+
+def _corners(flat: list[float], s0: int, s1: int, a: tuple[int, float, bool],
+             b: tuple[int, float, bool]) -> float | None:
+    """`LogGrid._inside_log`'s corner loop for two axes (`_dim`'s `a` and `b`), unrolled in its
+    order (corner bits: axis 0 low, axis 1 high)."""
+    base = a[0] + b[0]
+    f0, one0 = a[1], a[2]
+    f1, one1 = b[1], b[2]
+    acc = total_w = 0.0
+    lo0 = f0 != 1.0
+    hi0 = not (f0 == 0.0 or one0)
+    lo1 = f1 != 1.0
+    hi1 = not (f1 == 0.0 or one1)
+    if lo1:
+        if lo0:
+            w = (1.0 - f0) * (1.0 - f1)
+            y = flat[base]
+            if w != 0.0 and y == y:
+                acc += w * y
+                total_w += w
+        if hi0:
+            w = f0 * (1.0 - f1)
+            y = flat[base + s0]
+            if w != 0.0 and y == y:
+                acc += w * y
+                total_w += w
+    if hi1:
+        if lo0:
+            w = (1.0 - f0) * f1
+            y = flat[base + s1]
+            if w != 0.0 and y == y:
+                acc += w * y
+                total_w += w
+        if hi0:
+            w = f0 * f1
+            y = flat[base + s0 + s1]
+            if w != 0.0 and y == y:
+                acc += w * y
+                total_w += w
+    if total_w <= 0.0:
+        return None
+    return acc / total_w
 
 
 def check_axis(name: str, axis: list) -> None:
