@@ -146,12 +146,27 @@ class ReplicaCounters(StepObserver):
         num = len(run.requests)
         if num > stats.max_num_running:
             stats.max_num_running = num
-        count = self._count
+        k = len(run.times)
+        stats.num_tokens += num * k
+        stats.num_decode_tokens += num * k
+        stats.num_steps += k
+        # `_count` step by step, its sums kept in locals (each added to in the same order).
+        seq_s, busy, compute = stats.seq_s, stats.busy_s, stats.compute_s
+        comm, a2a = stats.comm_s, stats.all_to_all_s
+        by_bound, by_phase = stats.steps_by_bound, stats.step_s_by_phase_bound
         for st in run.times:
-            stats.num_tokens += num
-            stats.seq_s += st.total_s * num
-            stats.num_decode_tokens += num
-            count(stats, st, "decode/")
+            total = st.total_s
+            seq_s += total * num
+            busy += total
+            compute += st.compute_s
+            comm += st.comm_s
+            a2a += st.all_to_all_s
+            bound = st.bound
+            by_bound[bound] = by_bound.get(bound, 0) + 1
+            key = "decode/" + bound
+            by_phase[key] = by_phase.get(key, 0.0) + total
+        stats.seq_s, stats.busy_s, stats.compute_s = seq_s, busy, compute
+        stats.comm_s, stats.all_to_all_s = comm, a2a
 
     def on_dummy(self, rank, st) -> None:
         stats = self.stats[rank.index]
