@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simcore.engine.request import BlockHashSpace
+from simcore.engine.request import BlockHashSpace, grown
 
 
 class Router:
@@ -52,11 +52,7 @@ class Router:
         hashes: list[int] = []
         # Only blocks interned before this prompt can have been sent somewhere.
         ids, known = self.space.chain_ids(block_keys, hashes)
-        owner = self._prefix_owner
-        if len(owner) < self.space.num_keyed + 1:
-            size = max(2 * len(owner), self.space.num_keyed + 1)
-            owner = self._prefix_owner = np.concatenate(
-                [owner, np.full(size - len(owner), -1, dtype=owner.dtype)])
+        owner = self._prefix_owner = grown(self._prefix_owner, self.space.num_keyed + 1, -1)
         best = -1
         if known:
             sent = owner[ids[:known]]

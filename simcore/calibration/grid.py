@@ -73,15 +73,9 @@ class LogGrid:
         base = 0
         dims: list[tuple[int, float, bool]] = []     # per axis: stride, fraction, one value
         for ax, x, stride in zip(self._axes_lists, lx, self._strides):
-            n = len(ax)
-            if n == 1:
-                dims.append((stride, 0.0, True))
-                continue
-            i = bisect.bisect_right(ax, x) - 1
-            i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
-            f = (x - ax[i]) / (ax[i + 1] - ax[i])
-            dims.append((stride, min(max(f, 0.0), 1.0), False))
-            base += i * stride
+            offset, f, single = _dim(ax, stride, x)
+            dims.append((stride, f, single))
+            base += offset
         total_w = 0.0
         acc = 0.0
         flat = self._flat
@@ -145,26 +139,21 @@ class LogGrid:
         lx = []
         above: list[tuple[int, float]] = []
         for d, (ax, x) in enumerate(zip(self._axes_lists, point)):
-            l = math.log(x) if x > 0 else -math.inf
-            if l < ax[0]:
-                l = ax[0]
-            elif l > ax[-1]:
-                above.append((d, l - ax[-1]))
-                l = ax[-1]
+            l, excess = _clamped_log(ax, x)
+            if excess:
+                above.append((d, excess))
             lx.append(l)
         y = self._inside_log(lx)
         if y is None:
             return None
         for d, excess in above:
             ax = self._axes_lists[d]
-            if len(ax) < 2:
-                slope = self.caps[d]
-            else:
+            y0 = None
+            if len(ax) > 1:
                 prev = list(lx)
                 prev[d] = ax[-2]
                 y0 = self._inside_log(prev)
-                slope = self.caps[d] if y0 is None else (y - y0) / (ax[-1] - ax[-2])
-            y += min(max(slope, self.floors[d]), self.caps[d]) * excess
+            y += _slope(y, y0, ax, self.caps[d], self.floors[d]) * excess
         return math.exp(y)
 
     def along(self, *prefix: float) -> Callable[[float], float | None]:
@@ -192,6 +181,7 @@ class LogGrid:
         y1_prev = _corners(flat, s0, s1, d0, d1_prev) if d1_prev is not None else None
 
         def at(x: float) -> float | None:
+            # `_clamped_log`, inlined: this runs for every step of a quiet run.
             l1 = log(x) if x > 0 else -math.inf
             above1 = 0.0
             if l1 < lo:
@@ -204,18 +194,10 @@ class LogGrid:
             if y is None:
                 return None
             if above0:
-                if d0_prev is None:
-                    slope = cap0
-                else:
-                    y0 = _corners(flat, s0, s1, d0_prev, d1)
-                    slope = cap0 if y0 is None else (y - y0) / (ax0[-1] - ax0[-2])
-                y += min(max(slope, floor0), cap0) * above0
+                y0 = _corners(flat, s0, s1, d0_prev, d1) if d0_prev is not None else None
+                y += _slope(y, y0, ax0, cap0, floor0) * above0
             if above1:
-                if d1_prev is None:
-                    slope = cap1
-                else:
-                    slope = cap1 if y1_prev is None else (y - y1_prev) / (hi - ax1[-2])
-                y += min(max(slope, floor1), cap1) * above1
+                y += _slope(y, y1_prev, ax1, cap1, floor1) * above1
             return exp(y)
 
         return at

@@ -59,8 +59,16 @@ def walk(compute_nodes, kind, lane_of, cause_of, fabric_of, dur_s, cause, start,
     by_cause = np.zeros(num_causes)
     seen = np.zeros(num_causes, dtype=np.bool_)
     order = np.zeros(num_causes, dtype=np.int64)
-    num_seen = 0
+    num_seen = np.zeros(1, dtype=np.int64)      # an array: the inner function counts in it
     congestion = 0.0
+
+    def met(key):
+        # Cause `key` is added to: note the order causes are first met in.
+        if not seen[key]:
+            seen[key] = True
+            order[num_seen[0]] = key
+            num_seen[0] += 1
+
     for idx in range(len(compute_nodes)):
         i = compute_nodes[idx]
         ln = lane_of[i]
@@ -82,10 +90,7 @@ def walk(compute_nodes, kind, lane_of, cause_of, fabric_of, dur_s, cause, start,
                 c = cause[c]
             if c < 0 or kind[c] == COMPUTE:
                 key = PIPELINE if c >= 0 and stage[lane_of[c]] != stage[ln] else SYNC
-                if not seen[key]:
-                    seen[key] = True
-                    order[num_seen] = key
-                    num_seen += 1
+                met(key)
                 by_cause[key] += gap
             else:
                 on_fabric = fabric_of[c]
@@ -110,17 +115,11 @@ def walk(compute_nodes, kind, lane_of, cause_of, fabric_of, dur_s, cause, start,
                 if not part < gap:
                     part = gap
                 if part < gap:
-                    if not seen[wait_key]:
-                        seen[wait_key] = True
-                        order[num_seen] = wait_key
-                        num_seen += 1
+                    met(wait_key)
                     # (sum + gap) - part: the order the figures were first defined in
                     by_cause[wait_key] = by_cause[wait_key] + gap - part
                 if part > 0:
-                    if not seen[key]:
-                        seen[key] = True
-                        order[num_seen] = key
-                        num_seen += 1
+                    met(key)
                     by_cause[key] += part
                     congestion += extra if extra < part else part
                     comm[ln] += part
@@ -129,10 +128,7 @@ def walk(compute_nodes, kind, lane_of, cause_of, fabric_of, dur_s, cause, start,
             busy[ln] += dur
         elif dur > 0:
             key = cause_of[i]
-            if not seen[key]:
-                seen[key] = True
-                order[num_seen] = key
-                num_seen += 1
+            met(key)
             by_cause[key] += dur
             comm[ln] += dur
         if finish[i] > last[ln]:
@@ -141,12 +137,9 @@ def walk(compute_nodes, kind, lane_of, cause_of, fabric_of, dur_s, cause, start,
     for ln in range(num_lanes):
         tail = end_s - last[ln]
         if tail > 1e-15:
-            if not seen[tail_key]:
-                seen[tail_key] = True
-                order[num_seen] = tail_key
-                num_seen += 1
+            met(tail_key)
             by_cause[tail_key] += tail
-    return busy, comm, by_cause, order[:num_seen], congestion
+    return busy, comm, by_cause, order[:num_seen[0]], congestion
 
 
 _compiled = None

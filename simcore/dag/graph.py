@@ -45,7 +45,7 @@ class StepDag:
 
     __slots__ = ("lanes", "kind", "lane", "stream", "dur_s", "deps", "stream_dep", "op", "src",
                  "dst", "size_bytes", "latency_s", "fabric", "children", "num_inputs", "_last",
-                 "_on_compute")
+                 "_exposure")
 
     def __init__(self, lanes: list[Lane]) -> None:
         self.lanes = lanes
@@ -64,9 +64,9 @@ class StepDag:
         self.children: list[list[int]] = []
         self.num_inputs: list[int] = []
         self._last: dict[int, int] = {}     # 2 x lane + stream -> its last node
-        # (node count, compute-stream nodes) and the exposure walk's columns: worked out once
-        # per structure, shared with the DAGs that adopt it.
-        self._on_compute: list = [None, None]
+        # The exposure walk's columns: worked out once per structure, shared with the DAGs
+        # that adopt it.
+        self._exposure: list = [None]
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -107,7 +107,7 @@ class StepDag:
     def template(self) -> tuple:
         """This DAG's structure, for `adopt` (its lists, shared: build no further)."""
         return (self.kind, self.lane, self.stream, self.deps, self.stream_dep, self.op, self.src,
-                self.dst, self.fabric, self.children, self.num_inputs, self._on_compute)
+                self.dst, self.fabric, self.children, self.num_inputs, self._exposure)
 
     def adopt(self, template: tuple, dur_s: list[float], size_bytes: list[int],
               latency_s: list[float]) -> None:
@@ -117,28 +117,18 @@ class StepDag:
             raise ValueError(f"adopt: {len(dur_s)} values for a template of "
                              f"{len(template[0])} nodes, into a DAG of {len(self.kind)}")
         (self.kind, self.lane, self.stream, self.deps, self.stream_dep, self.op, self.src,
-         self.dst, self.fabric, self.children, self.num_inputs, self._on_compute) = template
+         self.dst, self.fabric, self.children, self.num_inputs, self._exposure) = template
         self.dur_s, self.size_bytes, self.latency_s = dur_s, size_bytes, latency_s
         self._last = {}
-
-    def compute_stream_nodes(self) -> list[int]:
-        """The nodes on a compute stream, in order: worked out once per structure (an adopted
-        DAG shares its template's), again if nodes were added since."""
-        held = self._on_compute
-        n = len(self.kind)
-        if held[0] is None or held[0][0] != n:
-            stream = self.stream
-            held[0] = (n, [i for i in range(n) if stream[i] == COMPUTE_STREAM])
-        return held[0][1]
 
     def exposure_columns(self):
         """The structure's columns for `simcore.dag.exposure.walk`, made once per structure
         (again if nodes were added since)."""
         from simcore.dag.exposure import ExposureColumns
-        held = self._on_compute
-        cols = held[1]
+        held = self._exposure
+        cols = held[0]
         if cols is None or cols.num_nodes != len(self.kind):
-            cols = held[1] = ExposureColumns(self)
+            cols = held[0] = ExposureColumns(self)
         return cols
 
     def compute(self, lane: int, op: str, dur_s: float, deps: tuple[int, ...] = ()) -> int:

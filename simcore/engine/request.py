@@ -27,6 +27,20 @@ VECTOR_MIN_KEYS = 32
 """Fewest keys `BlockHashSpace.chain` walks with numpy (fewer are walked one by one)."""
 
 
+def _identity(parent: int, key: int) -> int | tuple[int, int]:
+    """The dict key of the block identity (parent, key): the int `parent << KEY_BITS | key` for
+    a key in [0, 2**KEY_BITS), else the tuple."""
+    return parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)
+
+
+def grown(column: np.ndarray, size: int, fill) -> np.ndarray:
+    """`column` extended with `fill` to at least `size` entries, doubling (amortised growth)."""
+    n = len(column)
+    if n >= size:
+        return column
+    return np.concatenate([column, np.full(max(2 * n, size) - n, fill, dtype=column.dtype)])
+
+
 class BlockHashSpace:
     """Interns chained block hashes to small ints, exactly and without collisions.
 
@@ -69,8 +83,7 @@ class BlockHashSpace:
         q = parent + 1
         if 0 < q < self._next and 0 <= key < _RUN_KEYS and self._run[q] and self._key[q] == key:
             return q
-        return self._ids.get(parent << KEY_BITS | key if key >> KEY_BITS == 0
-                             else (parent, key))
+        return self._ids.get(_identity(parent, key))
 
     def chain(self, keys, parent: int, out: list[int]) -> int:
         """Append to `out` the chained hashes of blocks with content `keys` after a block hashed
@@ -79,28 +92,27 @@ class BlockHashSpace:
 
         Once one block is new, every later one is: its parent is a fresh id, which no interned
         identity holds. The rest are numbered in one run."""
-        runs = self._runs(keys, parent)
-        if runs is None:
-            return self._chain_one_by_one(keys, parent, out)
-        known, segments = runs
-        for q, r in segments:
-            out.extend(range(q, q + r))
-        return known
+        return self._chain(keys, parent, out)[0]
 
     def chain_ids(self, keys, out: list[int]) -> tuple[np.ndarray, int]:
         """`chain(keys, 0, out)`, also returning the hashes it appended as an int64 array."""
-        runs = self._runs(keys, 0)
-        if runs is None:
-            start = len(out)
-            known = self._chain_one_by_one(keys, 0, out)
+        start = len(out)
+        known, segments = self._chain(keys, 0, out)
+        if segments is None:
             return np.array(out[start:], dtype=np.int64), known
+        return np.concatenate([np.arange(q, q + r, dtype=np.int64) for q, r in segments]), known
+
+    def _chain(self, keys, parent: int, out: list[int]
+               ) -> tuple[int, list[tuple[int, int]] | None]:
+        """`chain`'s count, and the hashes appended as runs (first id, length) where they were
+        found run by run (None where block by block)."""
+        runs = self._runs(keys, parent)
+        if runs is None:
+            return self._chain_one_by_one(keys, parent, out), None
         known, segments = runs
         for q, r in segments:
             out.extend(range(q, q + r))
-        if len(segments) == 1:
-            q, r = segments[0]
-            return np.arange(q, q + r, dtype=np.int64), known
-        return np.concatenate([np.arange(q, q + r, dtype=np.int64) for q, r in segments]), known
+        return known, segments
 
     def _chain_one_by_one(self, keys, parent: int, out: list[int]) -> int:
         """`chain`, block by block (few keys, or keys outside [0, 2**63))."""
@@ -124,7 +136,7 @@ class BlockHashSpace:
                     key_of[h] = key
                 else:               # stored apart: not a run's continuation
                     run[h] = False
-                    ids[(h - 1) << KEY_BITS | key if key >> KEY_BITS == 0 else (h - 1, key)] = h
+                    ids[_identity(h - 1, key)] = h
             out.extend(range(first, first + n - i))
         return i
 
@@ -169,19 +181,15 @@ class BlockHashSpace:
         """Give the new run of `count` blocks ids `first`, ... (the first block's identity
         (parent, key); each later one a continuation, its key set by the caller)."""
         self._next = first + count
-        size = len(self._run)
-        if self._next > size:
-            while size < self._next:
-                size *= 2
-            self._key = np.concatenate([self._key, np.zeros(size - len(self._key), np.int64)])
-            self._run = np.concatenate([self._run, np.zeros(size - len(self._run), bool)])
+        self._key = grown(self._key, self._next, 0)
+        self._run = grown(self._run, self._next, False)
         self._run[first + 1:first + count] = True
         if parent == first - 1 and 0 <= key < _RUN_KEYS:
             self._run[first] = True
             self._key[first] = key
         else:
             self._run[first] = False
-            self._ids[parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)] = first
+            self._ids[_identity(parent, key)] = first
 
     def fresh(self, n: int) -> range:
         """Hashes of `n` blocks whose tokens no other block has."""
