@@ -77,3 +77,51 @@ def test_free_queue_is_an_ordered_set(seed, num_blocks):
         assert pool.free_queue() == list(ref.queue)
         assert pool.num_free == len(ref.queue)
         assert all(pool.is_free(b) == (b in ref.queue) for b in range(1, num_blocks))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([2, 7, 40, 300]))
+def test_array_pool_matches_the_python_pool(seed, num_blocks):
+    """The compiled pool gives every operation's result and leaves every view (free queue, prefix
+    cache, ref counts, hashes, evictions) as the Python pool does, hashes shared by several
+    blocks and negative (unkeyed) hashes included."""
+    from simcore.engine.array_pool import ArrayBlockPool
+
+    rng = random.Random(seed)
+    py, arr = BlockPool(num_blocks, True), ArrayBlockPool(num_blocks, True)
+    held: list[list[int]] = []
+    hashes = [h for h in range(-6, 9) if h]        # few, so that blocks share them
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.35 and py.num_free:
+            n = rng.randint(1, min(py.num_free, 12))
+            blocks = py.allocate(n)
+            assert arr.allocate(n) == blocks
+            k = rng.randint(0, n)
+            keys = [rng.choice(hashes) for _ in range(k)]
+            if k == 1 and rng.random() < 0.5:
+                py.cache(blocks[0], keys[0])
+                arr.cache(blocks[0], keys[0])
+            else:
+                py.cache_many(blocks[:k], keys)
+                arr.cache_many(blocks[:k], keys)
+            held.append(blocks)
+        elif op < 0.55:
+            query = [rng.choice(hashes) for _ in range(rng.randint(0, 6))]
+            hit = py.longest_cached(query)
+            assert arr.longest_cached(query) == hit
+            assert [arr.get_cached(h) for h in query] == [py.get_cached(h) for h in query]
+            assert arr.num_evictable(hit) == py.num_evictable(hit)
+            if hit:
+                py.touch(hit)
+                arr.touch(hit)
+                held.append(hit)
+        elif held:
+            blocks = held.pop(rng.randrange(len(held)))
+            py.release(blocks)
+            arr.release(blocks)
+        assert arr.free_queue() == py.free_queue()
+        assert arr.num_free == py.num_free and arr.num_evictions == py.num_evictions
+        assert arr.cached == py.cached
+        assert arr.ref_cnt == py.ref_cnt and arr.block_hash == py.block_hash
+        assert all(arr.is_free(b) == py.is_free(b) for b in range(1, num_blocks))

@@ -29,6 +29,21 @@ def test_every_step_matches_vllm(name):
     assert ours == [dict(g) for g in golden]
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_every_step_matches_vllm_with_the_compiled_block_pool(name, monkeypatch):
+    """The block pool in arrays (`simcore.engine.array_pool`, long runs' pool) makes the same
+    decisions, step for step."""
+    import dataclasses
+
+    from simcore.engine import conformance
+
+    base = conformance.scheduler_config
+    monkeypatch.setattr(conformance, "scheduler_config",
+                        lambda cfg: dataclasses.replace(base(cfg), array_pool=True))
+    ours = list(replay(load_scenario(DATA / "scenarios" / f"{name}.json.gz")))
+    assert ours == [dict(g) for g in read_steps(DATA / "golden" / f"{name}.jsonl.gz")]
+
+
 def test_goldens_discriminate_behaviours():
     """Turning off full-prompt admission changes the decisions: the comparison can fail."""
     sc = load_scenario(DATA / "scenarios" / "pressure.json.gz")

@@ -146,6 +146,18 @@ def test_runs_match_single_steps_bit_for_bit(name, counted):
     assert counted["runs"] > 0 and counted["steps"] > 0.2 * total, (counted, total)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_compiled_block_pool_gives_the_same_runs(name):
+    """Every case run with the block pool in arrays (`simcore.engine.array_pool`) as with the
+    Python pool: records, replica counters, time series, free queues, prefix caches, evictions."""
+    serving, sched = CASES[name]
+    reqs = specs(7, 160, rate=6.0, shared=True)
+    python = run(reqs, True, **serving, **sched)
+    arrays = run(reqs, True, **serving, **sched, array_pool=True)
+    assert type(arrays.schedulers[0].kv.pool).__name__ == "ArrayBlockPool"
+    assert snapshot(arrays) == snapshot(python)
+
+
 def test_shipped_examples_are_unchanged(counted):
     for name in ("quickstart.yaml", "mooncake_prefix_affinity.yaml"):
         cfg = load_config(ROOT / "examples" / name)

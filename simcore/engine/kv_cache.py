@@ -58,6 +58,25 @@ class BlockPool:
             return blocks[0]
         return 0
 
+    def longest_cached(self, hashes: list[int]) -> list[int]:
+        """The first block cached under each of `hashes`, from the first up to the first hash
+        not cached."""
+        get = self.cached.get
+        hit = []
+        append = hit.append
+        for h in hashes:
+            blocks = get(h)
+            if not blocks:
+                break
+            append(blocks[0])
+        return hit
+
+    def num_evictable(self, blocks: list[int]) -> int:
+        """How many of `blocks` no request holds (a hit on them takes a block from the free
+        queue)."""
+        ref = self.ref_cnt
+        return sum(1 for b in blocks if ref[b] == 0)
+
     def allocate(self, n: int) -> list[int]:
         """Pop `n` blocks from the head of the free queue (caller checked there are enough)."""
         ref = self.ref_cnt
@@ -156,8 +175,12 @@ class KVCacheManager:
                  "use_eagle")
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int,
-                 space: BlockHashSpace | None = None) -> None:
-        self.pool = BlockPool(num_blocks, enable_caching)
+                 space: BlockHashSpace | None = None, array_pool: bool = False) -> None:
+        if array_pool:      # the same pool, compiled (`simcore.engine.array_pool`)
+            from simcore.engine.array_pool import ArrayBlockPool
+            self.pool = ArrayBlockPool(num_blocks, enable_caching)
+        else:
+            self.pool = BlockPool(num_blocks, enable_caching)
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.space = space if space is not None else BlockHashSpace()
@@ -192,14 +215,7 @@ class KVCacheManager:
         bs = self.block_size
         hashes = req.ensure_block_hashes(self.space, bs)
         max_blocks = (req.prompt_len + req.num_output_tokens - 1) // bs
-        get = self.pool.cached.get
-        hit = []
-        append = hit.append
-        for h in hashes[:max_blocks]:
-            blocks = get(h)
-            if not blocks:
-                break
-            append(blocks[0])
+        hit = self.pool.longest_cached(hashes[:max_blocks])
         if self.use_eagle and hit:
             hit.pop()
         self.num_hit_queries += 1
@@ -231,10 +247,7 @@ class KVCacheManager:
         num_evictable_hit = 0
         if new_computed_blocks:
             num_hit = len(new_computed_blocks)
-            ref = pool.ref_cnt
-            for b in new_computed_blocks:
-                if ref[b] == 0:
-                    num_evictable_hit += 1
+            num_evictable_hit = pool.num_evictable(new_computed_blocks)
         num_computed = req.num_computed_tokens + num_hit * bs
         num_tokens_need = num_computed + num_new_tokens + num_lookahead_tokens
         if num_tokens_need > self.max_model_len:
