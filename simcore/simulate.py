@@ -78,10 +78,11 @@ def chat_extra_s(cfg: SimConfig, dep: Deployment) -> float:
     return host.chat_request_s if host is not None else 0.0
 
 
-ARRAY_POOL_MIN_REQUESTS = 4096
-"""Runs of at least this many requests keep their engines' block pools in arrays, compiled
-(`simcore.engine.array_pool`): the same results; the compiled kernels' loading (about 0.3 s) pays
-for itself from a few thousand requests of ordinary length."""
+COMPILED_MIN_REQUESTS = 4096
+"""Runs of at least this many requests take the engine's compiled kernels
+(`SchedulerConfig.compiled`: the block pool in arrays, quiet runs' step times): the same results;
+numba's import and the kernels' loading (about 0.3 s) pay for themselves from a few thousand
+requests of ordinary length."""
 
 
 def scheduler_config(cfg: SimConfig, dep: Deployment) -> SchedulerConfig:
@@ -217,8 +218,8 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
     specs = request_stream(w, block_size=cfg.engine.block_size, seed=cfg.seed,
                            base_dir=dep.base_dir)
     check_runnable(cfg, specs)
-    if len(specs) >= ARRAY_POOL_MIN_REQUESTS:
-        sched_cfg = dataclasses.replace(sched_cfg, array_pool=True)
+    if len(specs) >= COMPILED_MIN_REQUESTS:
+        sched_cfg = dataclasses.replace(sched_cfg, compiled=True)
     interval = cfg.metrics.timeseries_interval_s
     par = cfg.parallelism
     dp = par.data_parallel_size

@@ -39,7 +39,7 @@ def test_every_step_matches_vllm_with_the_compiled_block_pool(name, monkeypatch)
 
     base = conformance.scheduler_config
     monkeypatch.setattr(conformance, "scheduler_config",
-                        lambda cfg: dataclasses.replace(base(cfg), array_pool=True))
+                        lambda cfg: dataclasses.replace(base(cfg), compiled=True))
     ours = list(replay(load_scenario(DATA / "scenarios" / f"{name}.json.gz")))
     assert ours == [dict(g) for g in read_steps(DATA / "golden" / f"{name}.jsonl.gz")]
 

@@ -153,9 +153,37 @@ def test_the_compiled_block_pool_gives_the_same_runs(name):
     serving, sched = CASES[name]
     reqs = specs(7, 160, rate=6.0, shared=True)
     python = run(reqs, True, **serving, **sched)
-    arrays = run(reqs, True, **serving, **sched, array_pool=True)
+    arrays = run(reqs, True, **serving, **sched, compiled=True)
     assert type(arrays.schedulers[0].kv.pool).__name__ == "ArrayBlockPool"
     assert snapshot(arrays) == snapshot(python)
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "mooncake_prefix_affinity.yaml",
+                                  "llama70b_h100_tp4_sharegpt.yaml"])
+def test_compiled_kernels_give_the_same_results(name, monkeypatch):
+    """A run with the engine's compiled kernels (the block pool in arrays, quiet runs timed at
+    once) is byte-identical to one without, async scheduling included."""
+    import simcore.simulate as sim
+
+    cfg = load_config(ROOT / "examples" / name)
+    variants = [cfg, cfg.model_copy(update={"engine": cfg.engine.model_copy(
+        update={"async_scheduling": True})})]
+    import simcore.compute.decode_steps as decode_steps
+
+    compiled = decode_steps.compiled_steps
+    runs = []
+
+    def counting():
+        runs.append(1)
+        return compiled()
+
+    for c in variants:
+        python = json.dumps(simulate(c), sort_keys=True)
+        monkeypatch.setattr(sim, "COMPILED_MIN_REQUESTS", 0)
+        monkeypatch.setattr(decode_steps, "compiled_steps", counting)
+        assert json.dumps(simulate(c), sort_keys=True) == python, name
+        monkeypatch.undo()
+    assert runs, "no quiet run was timed by the compiled kernel"
 
 
 def test_shipped_examples_are_unchanged(counted):

@@ -1,11 +1,14 @@
 """The roofline step-time model: shape properties, bounds, parallelism and known magnitudes."""
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from simcore.compute.base import StepShape, StepTime
+from simcore.compute.decode_steps import BOUNDS, compiled_steps
 from simcore.compute.roofline import RooflineAssumptions, RooflineModel
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
@@ -229,3 +232,20 @@ def test_a_decode_timer_gives_the_step_time_of_its_shape_to_the_bit(example, var
             assert model.step_time(StepShape.from_scheduled(
                 [(None, 1, c) for c in [ctx - 1] * (num - 1) + [kv - (num - 1) * ctx - 1]]
             )) == want
+        # A compiled quiet run times the same steps to the bit, and stops where the first one
+        # ends at or after its limit.
+        params = model.decode_params(num)
+        if params is None:
+            continue
+        c, flat, ax1, g = (np.asarray(a, dtype=float) for a in params)
+        k, kv0, t0 = 64, num * 900 + 3, 1.25
+        cols = [np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k, dtype=np.int64), np.zeros(k)]
+        assert compiled_steps()(c, flat, ax1, g, kv0, num, k, t0, math.inf, *cols) == k
+        t = t0
+        for j in range(k):
+            st = timer(kv0 + j * num)
+            t += st.total_s
+            assert (cols[0][j], cols[1][j], cols[2][j], BOUNDS[cols[3][j]], cols[4][j]) == (
+                st.total_s, st.compute_s, st.comm_s, st.bound, t)
+        limit = float(cols[4][k // 2])
+        assert compiled_steps()(c, flat, ax1, g, kv0, num, k, t0, limit, *cols) == k // 2

@@ -166,80 +166,43 @@ class LogGrid:
             raise ValueError(f"{len(prefix)} fixed values for a grid of {len(self.axes)} axes")
         if len(self.axes) != 2:
             return lambda x: self(*prefix, x)
-        ax0, ax1 = self._axes_lists
-        s0, s1 = self._strides
-        flat = self._flat
-        cap0, cap1 = self.caps
-        floor0, floor1 = self.floors
-        log, exp = math.log, math.exp
-
-        l0, above0 = _clamped_log(ax0, prefix[0])
-        d0 = _dim(ax0, s0, l0)
-        d0_prev = _dim(ax0, s0, ax0[-2]) if len(ax0) > 1 else None
-        lo, hi = ax1[0], ax1[-1]
-        d1_prev = _dim(ax1, s1, ax1[-2]) if len(ax1) > 1 else None
-        y1_prev = _corners(flat, s0, s1, d0, d1_prev) if d1_prev is not None else None
+        flat, ax1, g = self.along_params(prefix[0])
 
         def at(x: float) -> float | None:
-            # `_clamped_log`, inlined: this runs for every step of a quiet run.
-            l1 = log(x) if x > 0 else -math.inf
-            above1 = 0.0
-            if l1 < lo:
-                l1 = lo
-            elif l1 > hi:
-                above1 = l1 - hi
-                l1 = hi
-            d1 = _dim(ax1, s1, l1)
-            y = _corners(flat, s0, s1, d0, d1)
-            if y is None:
-                return None
-            if above0:
-                y0 = _corners(flat, s0, s1, d0_prev, d1) if d0_prev is not None else None
-                y += _slope(y, y0, ax0, cap0, floor0) * above0
-            if above1:
-                y += _slope(y, y1_prev, ax1, cap1, floor1) * above1
-            return exp(y)
+            y = along_at(flat, ax1, g, x)
+            return None if y != y else y
 
         return at
 
-
-def _clamped_log(ax: list[float], x: float) -> tuple[float, float]:
-    """(log x clamped to the log axis `ax`, its excess above the axis's last value)."""
-    l = math.log(x) if x > 0 else -math.inf
-    if l < ax[0]:
-        return ax[0], 0.0
-    if l > ax[-1]:
-        return ax[-1], l - ax[-1]
-    return l, 0.0
-
-
-def _slope(y: float, y0: float | None, ax: list[float], cap: float, floor: float) -> float:
-    """The log-log slope above the log axis `ax`'s last value: from `y0` at its second last
-    value to `y` at its last (`cap` where `y0` is None), clamped to [floor, cap]."""
-    slope = cap if y0 is None else (y - y0) / (ax[-1] - ax[-2])
-    return min(max(slope, floor), cap)
-
-
-def _dim(ax: list[float], stride: int, l: float) -> tuple[int, float, bool]:
-    """`LogGrid._inside_log`'s per-axis part for log value `l` on log axis `ax`: (offset into
-    the table, fraction, one value)."""
-    n = len(ax)
-    if n == 1:
-        return 0, 0.0, True
-    i = bisect.bisect_right(ax, l) - 1
-    i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
-    f = (l - ax[i]) / (ax[i + 1] - ax[i])
-    return i * stride, min(max(f, 0.0), 1.0), False
+    def along_params(self, x0: float) -> tuple[list[float], list[float], tuple[float, ...]]:
+        """(table, length axis, `g`): what `along_at` reads for a two-axis grid with its first
+        axis at `x0`, that axis's part of the interpolation worked out (`g` as `along_at`
+        lists it)."""
+        ax0, ax1 = self._axes_lists
+        s0, s1 = self._strides
+        flat = self._flat
+        l0, above0 = _clamped_log(ax0, x0)
+        d0 = _dim(ax0, s0, l0)
+        d0_prev = _dim(ax0, s0, ax0[-2]) if len(ax0) > 1 else (0, 0.0, True)
+        d1_prev = _dim(ax1, s1, ax1[-2]) if len(ax1) > 1 else None
+        y1_prev = _corners(flat, s0, s1, d0, d1_prev) if d1_prev is not None else None
+        g = (float(s0), float(s1), float(d0[0]), d0[1], float(d0[2]),
+             float(len(ax0) > 1), float(d0_prev[0]), d0_prev[1], float(d0_prev[2]), above0,
+             ax0[-1] - ax0[-2] if len(ax0) > 1 else 1.0, self.caps[0], self.floors[0],
+             ax1[0], ax1[-1], float(y1_prev is not None),
+             y1_prev if y1_prev is not None else 0.0,
+             ax1[-1] - ax1[-2] if len(ax1) > 1 else 1.0, self.caps[1], self.floors[1])
+        return flat, ax1, g
 
 
-def _corners(flat: list[float], s0: int, s1: int, a: tuple[int, float, bool],
-             b: tuple[int, float, bool]) -> float | None:
-    """`LogGrid._inside_log`'s corner loop for two axes (`_dim`'s `a` and `b`), unrolled in its
-    order (corner bits: axis 0 low, axis 1 high)."""
-    base = a[0] + b[0]
-    f0, one0 = a[1], a[2]
-    f1, one1 = b[1], b[2]
-    acc = total_w = 0.0
+def corners(flat, s0, s1, off0, f0, one0, off1, f1, one1):
+    """`LogGrid._inside_log`'s corner loop for two axes, unrolled in its order (corner bits: axis
+    0 low, axis 1 high), from each axis's offset, fraction and single-value flag (`_dim`); NaN
+    where no corner of the cell was measured. Plain Python over numbers, so that compiled kernels
+    (`simcore.compute.decode_steps`) run this same source."""
+    base = off0 + off1
+    acc = 0.0
+    total_w = 0.0
     lo0 = f0 != 1.0
     hi0 = not (f0 == 0.0 or one0)
     lo1 = f1 != 1.0
@@ -271,8 +234,101 @@ def _corners(flat: list[float], s0: int, s1: int, a: tuple[int, float, bool],
                 acc += w * y
                 total_w += w
     if total_w <= 0.0:
-        return None
+        return math.nan
     return acc / total_w
+
+
+def slope(y, y0, has_y0, den, cap, floor):
+    """The log-log slope above a log axis whose last step is `den`: from `y0` at its second last
+    value to `y` at its last (`cap` without `y0`), clamped to [floor, cap]."""
+    s = (y - y0) / den if has_y0 else cap
+    return min(max(s, floor), cap)
+
+
+def along_at(flat, ax1, g, x):
+    """A two-axis grid's time at (its first axis's fixed value, `x`) from `along_params`' table,
+    length axis and `g`: `__call__`'s operations in their order, the first axis's part read from
+    `g`; NaN where `__call__` gives None. Plain Python over numbers (see `corners`).
+
+    `g`, in order: the table's strides; the first axis's offset, fraction and single-value flag,
+    whether it has a second-last value, that value's offset, fraction and flag, and the excess
+    above the axis; the first axis's last step (log), cap and floor; the second axis's first and
+    last values, whether the table has a value at its second-last one (the first axis where it
+    is) and that value, its last step, cap and floor. Flags are 0.0 or 1.0: compiled kernels
+    take `g` as one float array."""
+    (s0, s1, off0, f0, one0, has_prev0, off0_prev, f0_prev, one0_prev, above0, den0, cap0,
+     floor0, lo1, hi1, has_y1_prev, y1_prev, den1, cap1, floor1) = g
+    s0, s1 = int(s0), int(s1)
+    l1 = math.log(x) if x > 0 else -math.inf
+    above1 = 0.0
+    if l1 < lo1:
+        l1 = lo1
+    elif l1 > hi1:
+        above1 = l1 - hi1
+        l1 = hi1
+    n = len(ax1)
+    if n == 1:
+        off1, f1, one1 = 0, 0.0, True
+    else:
+        lo, hi = 0, n                    # bisect.bisect_right(ax1, l1)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if l1 < ax1[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        i = lo - 1
+        i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
+        f = (l1 - ax1[i]) / (ax1[i + 1] - ax1[i])
+        off1, f1, one1 = i * s1, min(max(f, 0.0), 1.0), False
+    y = corners(flat, s0, s1, int(off0), f0, one0 != 0.0, off1, f1, one1)
+    if y != y:
+        return y
+    if above0 != 0.0:
+        y0 = math.nan
+        if has_prev0 != 0.0:
+            y0 = corners(flat, s0, s1, int(off0_prev), f0_prev, one0_prev != 0.0, off1, f1, one1)
+        y += slope(y, y0, y0 == y0, den0, cap0, floor0) * above0
+    if above1:
+        y += slope(y, y1_prev, has_y1_prev != 0.0, den1, cap1, floor1) * above1
+    return math.exp(y)
+
+
+def _clamped_log(ax: list[float], x: float) -> tuple[float, float]:
+    """(log x clamped to the log axis `ax`, its excess above the axis's last value)."""
+    l = math.log(x) if x > 0 else -math.inf
+    if l < ax[0]:
+        return ax[0], 0.0
+    if l > ax[-1]:
+        return ax[-1], l - ax[-1]
+    return l, 0.0
+
+
+def _slope(y: float, y0: float | None, ax: list[float], cap: float, floor: float) -> float:
+    """The log-log slope above the log axis `ax`'s last value: from `y0` at its second last
+    value to `y` at its last (`cap` where `y0` is None), clamped to [floor, cap]."""
+    if y0 is None:
+        return slope(y, 0.0, False, 1.0, cap, floor)
+    return slope(y, y0, True, ax[-1] - ax[-2], cap, floor)
+
+
+def _dim(ax: list[float], stride: int, l: float) -> tuple[int, float, bool]:
+    """`LogGrid._inside_log`'s per-axis part for log value `l` on log axis `ax`: (offset into
+    the table, fraction, one value)."""
+    n = len(ax)
+    if n == 1:
+        return 0, 0.0, True
+    i = bisect.bisect_right(ax, l) - 1
+    i = 0 if i < 0 else (n - 2 if i > n - 2 else i)
+    f = (l - ax[i]) / (ax[i + 1] - ax[i])
+    return i * stride, min(max(f, 0.0), 1.0), False
+
+
+def _corners(flat: list[float], s0: int, s1: int, a: tuple[int, float, bool],
+             b: tuple[int, float, bool]) -> float | None:
+    """`corners` for two axes' `_dim` readings `a` and `b`; None where no corner was measured."""
+    y = corners(flat, s0, s1, a[0], a[1], a[2], b[0], b[1], b[2])
+    return None if y != y else y
 
 
 def check_axis(name: str, axis: list) -> None:

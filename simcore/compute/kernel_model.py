@@ -480,9 +480,10 @@ class KernelModel(MeasuredModel):
                     "measurement of this head shape")
             if self._attn_meas is attention:
                 # A decode-only step's measured attention: `attention` at (d, d, d, kv, kv, kv)
-                # is fa x gen(d, kv / d), the grid taken along its lengths at the batch size.
-                self._attn_decode = (lambda d, gen=gen, fa=fa:
-                                     lambda kv, g=gen.along(d): fa * g(kv / d))
+                # is fa x gen(d, kv / d), the grid taken along its lengths at the batch size
+                # (`simcore.compute.decode_steps`).
+                if gen.ndim == 2:
+                    self._attn_decode = (gen, fa)
             self._sources["attention"].add("measured")
             families = [f"attention/{ph}/{kvd}" for ph in ("context", "generation")]
             if gen_w is not None and ctx_w is not None:

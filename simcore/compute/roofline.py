@@ -63,6 +63,7 @@ from collections.abc import Callable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from simcore.compute.base import OP_CLASSES, StepShape, StepTime, check_op_scale
+from simcore.compute.decode_steps import BOUNDS, decode_step
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.host import HostOverheads
@@ -510,71 +511,51 @@ class RooflineModel:
         return timer
 
     def _make_decode_timer(self, num: int) -> Callable[[int], StepTime]:
-        general = self._step_time
+        params = self.decode_params(num)
+        if params is None:
+            general = self._step_time
+            return lambda kv: general(StepShape(num, num, num, float(kv), kv, kv))
+        c, flat, ax1, g = params
+        step = decode_step
+
+        def timer(kv: int) -> StepTime:
+            total, compute, comm, bound = step(c, flat, ax1, g, kv)
+            return StepTime(total, compute, comm, BOUNDS[bound], total - (compute + comm), 0.0)
+
+        return timer
+
+    def decode_params(self, num: int) -> tuple | None:
+        """What `simcore.compute.decode_steps.decode_step` times a decode-only step of `num`
+        sequences from: its constants, and the generation-attention grid's table, length axis
+        and reading at the batch size (empty without a measured attention); None where such a
+        step is timed op by op (MLA, sliding windows, an attention measured otherwise)."""
         if self._mla or self._window or (self._attn_meas is not None
                                          and self._attn_decode is None):
-            return lambda kv: general(StepShape(num, num, num, float(kv), kv, kv))
+            return None
         # op_bounds' parts at this batch size (a probe step has its shape): the linear
         # layers, the elementwise ops, LM head and sampler, and which bound each takes.
         probe = StepShape(num, num, num, float(num), num, num)
         t = s = num
-        sc = self._cscale
         lin_c, lin_m = self._cached_linear(t, True)
-        spec = probe.spec_qk_pairs
-        fpp = self._attn_flop_s_per_pair
-        bpk = self._attn_byte_s_per_kv
-        tok_m = t * self._attn_byte_s_per_token
-        floor = self._attn_floor_s
-        attn = self._attn_decode(num) if self._attn_meas is not None else None
-        ew = self._elementwise_s(t)
         lm, lm_compute = self._lm_head_s(s)
-        smp = self._sampler_s(s)
-        # assemble's parts at this batch size.
-        comm = self.comm_s(probe)
-        full_graph = probe.runs_full_graph(self._graph_max_tokens)
-        eager = self._eager_launch_s
         host = self.host
+        engine = frontend = runner = 0.0
         if host is not None:
-            period = host._period
             engine = host.engine_s(s, t, num)
             frontend = host.frontend_s(num)
             runner = host.runner_s(s)
-        overhead = self._step_overhead_s
-
-        def timer(kv: int) -> StepTime:
-            # op_bounds
-            compute_bound = lin_c
-            memory_bound = lin_m
-            c = (float(kv) + spec) * fpp
-            m = kv * bpk + tok_m
-            if attn is not None:
-                x = attn(kv)
-                if c >= m:
-                    compute_bound += x * sc
-                else:
-                    memory_bound += x
-            elif c >= m and c >= floor:
-                compute_bound += c * sc
-            else:
-                memory_bound += m if m > floor else floor
-            memory_bound += ew
-            if lm_compute:
-                compute_bound += lm
-            else:
-                memory_bound += lm
-            memory_bound += smp
-            # assemble
-            compute = compute_bound + memory_bound
-            gpu = compute + comm
-            busy = gpu if full_graph or gpu >= eager else eager
-            if host is not None:
-                total = period(busy, engine, frontend, runner)
-            else:
-                total = busy + overhead
-            return StepTime(total, compute, comm, _bound(compute_bound, memory_bound, comm),
-                            total - gpu, 0.0)
-
-        return timer
+        flat, ax1, g, fa = (), (), (), 0.0
+        if self._attn_meas is not None:
+            gen, fa = self._attn_decode
+            flat, ax1, g = gen.along_params(num)
+        c = (lin_c, lin_m, probe.spec_qk_pairs, self._attn_flop_s_per_pair,
+             self._attn_byte_s_per_kv, t * self._attn_byte_s_per_token, self._attn_floor_s,
+             self._cscale, self._elementwise_s(t), lm, self._sampler_s(s), self.comm_s(probe),
+             self._eager_launch_s, engine, frontend, runner, self._step_overhead_s, fa,
+             float(num), float(self._attn_meas is not None), float(bool(lm_compute)),
+             float(probe.runs_full_graph(self._graph_max_tokens)), float(host is not None),
+             float(host is not None and host.async_scheduling))
+        return c, flat, ax1, g
 
     def _step_time(self, shape: StepShape) -> StepTime:
         """`step_time` op by op, for any shape."""

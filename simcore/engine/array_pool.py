@@ -24,7 +24,7 @@ State (`N` blocks, block 0 the null block):
 
 Every kernel is plain Python over numpy arrays, compiled by numba where it is installed
 (`simcore.fabric.level_order.compile_kernel`; cached on disk). The engine uses this pool for
-long runs only (`simcore.simulate.ARRAY_POOL_MIN_REQUESTS`): numba's import and the kernels'
+long runs only (`simcore.simulate.COMPILED_MIN_REQUESTS`): numba's import and the kernels'
 loading cost about 0.3 s, more than a short run's whole pool. `tests/test_block_pool.py` holds
 it to `BlockPool` operation by operation, and whole runs byte-identical.
 """

@@ -59,9 +59,11 @@ class SchedulerConfig:
     speculative: SpecDecodeParams | None = None   # speculative decoding (None: off)
     vllm: Any = None                      # a VllmInstall: vLLM's own scheduler decides
                                           # (engine.implementation vllm); None: this one
-    array_pool: bool = False              # the block pool in arrays, compiled: the same results,
-                                          # faster on long runs (`simcore.engine.array_pool`);
-                                          # hybrid KV-cache groups keep the Python pool
+    compiled: bool = False                # the engine's compiled kernels, the same results,
+                                          # faster on long runs: the block pool in arrays
+                                          # (`simcore.engine.array_pool`; hybrid KV-cache groups
+                                          # keep the Python pool) and quiet runs' step times
+                                          # (`simcore.compute.decode_steps`)
 
     @property
     def token_budget(self) -> int:
@@ -185,7 +187,7 @@ class Scheduler:
                                            c.max_num_batched_tokens, space)
         else:
             self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching,
-                                     c.max_model_len, space, array_pool=c.array_pool)
+                                     c.max_model_len, space, array_pool=c.compiled)
         if c.speculative is not None and c.speculative.method in EAGLE_FAMILY:
             self.kv.use_eagle = True
         self.waiting = _WaitingQueue(c.policy == "priority")

@@ -41,6 +41,25 @@ def compile_kernel(fn):
     return numba.njit(cache=True)(fn)
 
 
+def compile_family(fns: list) -> list:
+    """Compiled copies of the plain-Python functions `fns` (as `compile_kernel`), each one's
+    calls to another of them resolving to that one's compiled copy; the functions themselves
+    are left as they are, for Python callers. Where numba is not installed, `fns` itself."""
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - exercised only where numba is absent
+        return list(fns)
+    import types
+
+    envs = [dict(fn.__globals__) for fn in fns]
+    copies = [numba.njit(cache=True)(types.FunctionType(fn.__code__, env, fn.__name__,
+                                                        fn.__defaults__, fn.__closure__))
+              for fn, env in zip(fns, envs)]
+    for env in envs:
+        env.update({fn.__name__: copy for fn, copy in zip(fns, copies)})
+    return copies
+
+
 def _prefetch(array, index):
     """Ask the CPU to bring array[index] (a 1-D array) into cache ahead of its use; nothing in
     Python. A kernel that reads flows in an order it knows ahead of time, but scattered over

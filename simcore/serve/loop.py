@@ -63,11 +63,15 @@ class EngineLoop:
             time = executor.time
             indices = (self.ranks[0].index,)
             model = getattr(executor, "model", None)
-            self.leap = QuietLeap(env, self.ranks[0].sched,
+            sched = self.ranks[0].sched
+            single = not getattr(executor, "lockstep", True)
+            self.leap = QuietLeap(env, sched,
                                   lambda shape: time(indices, (None,), (shape,)), all_events,
                                   decode_timer=(getattr(model, "decode_timer", None)
-                                                if not getattr(executor, "lockstep", True)
-                                                else None))
+                                                if single else None),
+                                  decode_params=(getattr(model, "decode_params", None)
+                                                 if single and sched.config.compiled
+                                                 else None))
 
     def _sleep(self):
         """Wait until any rank is notified."""

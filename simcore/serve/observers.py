@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import simpy
 
 from simcore.compute.base import StepShape
+from simcore.compute.decode_steps import BOUNDS
+from simcore.serve.quiet import StepColumns
 
 
 class StepObserver:
@@ -154,17 +156,29 @@ class ReplicaCounters(StepObserver):
         seq_s, busy, compute = stats.seq_s, stats.busy_s, stats.compute_s
         comm, a2a = stats.comm_s, stats.all_to_all_s
         by_bound, by_phase = stats.steps_by_bound, stats.step_s_by_phase_bound
-        for st in run.times:
-            total = st.total_s
-            seq_s += total * num
-            busy += total
-            compute += st.compute_s
-            comm += st.comm_s
-            a2a += st.all_to_all_s
-            bound = st.bound
-            by_bound[bound] = by_bound.get(bound, 0) + 1
-            key = "decode/" + bound
-            by_phase[key] = by_phase.get(key, 0.0) + total
+        times = run.times
+        if type(times) is StepColumns:      # a compiled run's columns (no all-to-all)
+            for total, c_s, m_s, b in zip(times.total, times.compute, times.comm, times.bound):
+                seq_s += total * num
+                busy += total
+                compute += c_s
+                comm += m_s
+                bound = BOUNDS[b]
+                by_bound[bound] = by_bound.get(bound, 0) + 1
+                key = "decode/" + bound
+                by_phase[key] = by_phase.get(key, 0.0) + total
+        else:
+            for st in times:
+                total = st.total_s
+                seq_s += total * num
+                busy += total
+                compute += st.compute_s
+                comm += st.comm_s
+                a2a += st.all_to_all_s
+                bound = st.bound
+                by_bound[bound] = by_bound.get(bound, 0) + 1
+                key = "decode/" + bound
+                by_phase[key] = by_phase.get(key, 0.0) + total
         stats.seq_s, stats.busy_s, stats.compute_s = seq_s, busy, compute
         stats.comm_s, stats.all_to_all_s = comm, a2a
 

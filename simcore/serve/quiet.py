@@ -44,9 +44,11 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
-from simcore.compute.base import StepShape
+from simcore.compute.base import StepShape, StepTime
+from simcore.compute.decode_steps import BOUNDS
 from simcore.engine.kv_cache import KVCacheManager
 
 MIN_STEPS = 2
@@ -127,6 +129,36 @@ def _earliest(queue: list, passed: tuple, deferred_at_effect: bool) -> float:
     return best
 
 
+class StepColumns:
+    """A run's step times as columns (total, compute and communication seconds, bound as an
+    index into `BOUNDS`), read as a sequence of `StepTime`: what a compiled run gives
+    (`QuietLeap._timed`), which observers that sum a run's steps read column by column."""
+
+    __slots__ = ("total", "compute", "comm", "bound")
+
+    def __init__(self, total: list, compute: list, comm: list, bound: list) -> None:
+        self.total, self.compute, self.comm, self.bound = total, compute, comm, bound
+
+    def __len__(self) -> int:
+        return len(self.total)
+
+    def __getitem__(self, i: int) -> StepTime:
+        total, compute, comm = self.total[i], self.compute[i], self.comm[i]
+        return StepTime(total, compute, comm, BOUNDS[self.bound[i]], total - (compute + comm),
+                        0.0)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.total)))
+
+    def __delitem__(self, index: slice) -> None:
+        del self.total[index], self.compute[index], self.comm[index], self.bound[index]
+
+    def plus(self, st: StepTime) -> StepColumns:
+        """These steps and `st` after them (a new object)."""
+        return StepColumns([*self.total, st.total_s], [*self.compute, st.compute_s],
+                           [*self.comm, st.comm_s], [*self.bound, BOUNDS.index(st.bound)])
+
+
 @dataclass(slots=True)
 class QuietRun:
     """`num_steps` quiet steps of `requests` (the batch, in order), starting at `start_s`: each
@@ -135,7 +167,7 @@ class QuietRun:
 
     requests: list
     kv0: int
-    times: list
+    times: list | StepColumns
     ends_s: list[float]
     start_s: float
     delay_s: float
@@ -167,14 +199,19 @@ class QuietLeap:
     requests back, so another engine's output may send one at once)."""
 
     __slots__ = ("env", "sched", "time_step", "decode_timer", "all_events", "budget",
-                 "block_size", "max_model_len")
+                 "block_size", "max_model_len", "decode_params", "_params", "_columns")
 
     def __init__(self, env: simpy.Environment, sched, time_step, all_events,
-                 decode_timer=None):
+                 decode_timer=None, decode_params=None):
         self.env = env
         self.sched = sched
         self.time_step = time_step
         self.decode_timer = decode_timer
+        # Where given (`RooflineModel.decode_params`, an engine with compiled kernels), runs are
+        # timed at once by `simcore.compute.decode_steps`; per batch size its arrays (or None).
+        self.decode_params = decode_params
+        self._params: dict = {}
+        self._columns = None
         self.all_events = all_events
         c = sched.config
         self.budget = c.token_budget
@@ -230,27 +267,7 @@ class QuietLeap:
         # Time the steps one by one, as single stepping would, until one would end at or after
         # the horizon.
         kv0 = sum(ctx) + num
-        if self.decode_timer is not None:
-            timer = self.decode_timer(num)
-        else:
-            time_step = self.time_step
-
-            def timer(kv: int):
-                return time_step(StepShape(num, num, num, float(kv), kv, kv))
-        times = []
-        ends: list[float] = []
-        append_time, append_end = times.append, ends.append
-        t = now
-        span = None
-        for kv in range(kv0, kv0 + steps * num, num):
-            st = timer(kv)
-            t_end = t + st.total_s
-            if not t_end < limit:
-                span = (st, t_end)
-                break
-            append_time(st)
-            append_end(t_end)
-            t = t_end
+        times, ends, span = self._timed(num, kv0, steps, now, limit)
         if span is not None and ends and not all_events:
             run = self._spanning(running, lefts, kv0, times, ends, span)
             if run is not None:
@@ -270,6 +287,54 @@ class QuietLeap:
         if k < len(ends):
             del times[k:], ends[k:]
         return QuietRun(list(running), kv0, times, ends, now, delay, finished)
+
+    def _timed(self, num: int, kv0: int, steps: int, now: float, limit: float):
+        """(the step times, their ends, the step that ends at or after `limit` with its end or
+        None) of up to `steps` quiet steps of `num` sequences from `now`, the first reading
+        `kv0` KV tokens: one by one, or at once by the compiled kernel."""
+        params = None
+        if self.decode_params is not None:
+            params = self._params.get(num, False)
+            if params is False:
+                p = self.decode_params(num)
+                params = self._params[num] = (None if p is None else
+                                              tuple(np.asarray(a, dtype=float) for a in p))
+        if params is not None:
+            from simcore.compute.decode_steps import compiled_steps
+
+            if self._columns is None:
+                self._columns = (*(np.empty(MAX_STEPS) for _ in range(3)),
+                                 np.empty(MAX_STEPS, dtype=np.int64), np.empty(MAX_STEPS))
+            total, compute, comm, bound, ends = self._columns
+            n = compiled_steps()(*params, kv0, num, steps, now, limit, total, compute, comm,
+                                 bound, ends)
+            times = StepColumns(total[:n].tolist(), compute[:n].tolist(), comm[:n].tolist(),
+                                bound[:n].tolist())
+            span = None
+            if n < steps:
+                span = (StepColumns([float(total[n])], [float(compute[n])], [float(comm[n])],
+                                    [int(bound[n])])[0], float(ends[n]))
+            return times, ends[:n].tolist(), span
+        if self.decode_timer is not None:
+            timer = self.decode_timer(num)
+        else:
+            time_step = self.time_step
+
+            def timer(kv: int):
+                return time_step(StepShape(num, num, num, float(kv), kv, kv))
+        times = []
+        ends: list[float] = []
+        append_time, append_end = times.append, ends.append
+        t = now
+        for kv in range(kv0, kv0 + steps * num, num):
+            st = timer(kv)
+            t_end = t + st.total_s
+            if not t_end < limit:
+                return times, ends, (st, t_end)
+            append_time(st)
+            append_end(t_end)
+            t = t_end
+        return times, ends, None
 
     def _spanning(self, running, lefts: list[int], kv0: int, times: list, ends: list[float],
                   span) -> QuietRun | None:
@@ -294,7 +359,8 @@ class QuietLeap:
         finished = [r for r, left in zip(running, lefts) if left == k]
         if finished and _queued_at(env, t_end):
             return None
-        return QuietRun(list(running), kv0, [*times, st], [*ends, t_end], now, delay, finished,
+        times = times.plus(st) if type(times) is StepColumns else [*times, st]
+        return QuietRun(list(running), kv0, times, [*ends, t_end], now, delay, finished,
                         st.total_s)
 
     def _block_limit(self, running, ctx: list[int], steps: int) -> int:

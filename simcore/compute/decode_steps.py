@@ -1,0 +1,113 @@
+"""Decode-only steps timed from numbers: the one source of `RooflineModel.decode_timer` (a step at
+a time, in Python) and of a quiet run's timing (its steps at once, compiled).
+
+A decode step of `num` sequences reading `kv` KV tokens in all costs, as `RooflineModel._step_time`
+assembles it: the parts that depend on the batch size alone (linear layers, elementwise passes, LM
+head, sampler, collectives, the CPU side), worked out once per batch size into the constants `c`,
+plus the attention at `kv`: the profile's generation-attention grid along its length axis at the
+batch size (`LogGrid.along`, its two-axis reading unrolled here), or the roofline's formula.
+
+`decode_step` is plain Python over indexable numbers, and so is `decode_steps`, a quiet run's loop
+over it; `compiled_steps()` is that loop compiled by numba, where a long run asks for it (the
+engine's compiled kernels, `SchedulerConfig.compiled`). Compiled, the same operations run in the
+same order on the same doubles (numba's log and exp are the C library's, as Python's are), so the
+steps' times are the same to the bit (`tests/test_roofline.py` holds both to `_step_time`).
+"""
+
+from __future__ import annotations
+
+from simcore.calibration import grid
+from simcore.calibration.grid import along_at
+
+COMPUTE, MEMORY, COMMUNICATION = 0, 1, 2
+BOUNDS = ("compute", "memory", "communication")
+
+
+def decode_step(c, flat, ax1, g, kv):
+    """(total, compute, communication seconds, bound) of the decode step reading `kv` KV tokens
+    of the batch size whose constants are `c` (`RooflineModel.decode_params`, in this order: the
+    linear layers' compute- and memory-bound seconds, the speculative query-key pairs, the
+    roofline attention's seconds per pair, per KV token and per token and its floor, the
+    compute-bound scale, elementwise seconds, LM head seconds, sampler seconds, collectives,
+    the eager launch time, the host's engine, API server and model-runner seconds, the
+    declared per-step overhead, the measured attention's factor, the batch size, and the flags
+    (0.0 or 1.0): attention measured, LM head compute-bound, full CUDA graph, host model, async
+    scheduling)."""
+    (lin_c, lin_m, spec, fpp, bpk, tok_m, floor, scale, ew, lm, smp, comm, eager, engine,
+     frontend, runner, overhead, fa, batch, has_attn, lm_compute, full_graph, host,
+     is_async) = c
+    compute_bound = lin_c
+    memory_bound = lin_m
+    fc = (float(kv) + spec) * fpp
+    m = kv * bpk + tok_m
+    if has_attn != 0.0:
+        x = fa * along_at(flat, ax1, g, kv / batch)
+        if fc >= m:
+            compute_bound += x * scale
+        else:
+            memory_bound += x
+    elif fc >= m and fc >= floor:
+        compute_bound += fc * scale
+    else:
+        memory_bound += m if m > floor else floor
+    memory_bound += ew
+    if lm_compute != 0.0:
+        compute_bound += lm
+    else:
+        memory_bound += lm
+    memory_bound += smp
+    compute = compute_bound + memory_bound
+    gpu = compute + comm
+    busy = gpu if full_graph != 0.0 or gpu >= eager else eager
+    if host != 0.0:
+        if is_async != 0.0:
+            cpu = max(busy + runner, engine - runner)
+        else:
+            cpu = busy + engine
+        total = max(cpu, frontend)
+    else:
+        total = busy + overhead
+    if comm > compute_bound and comm > memory_bound:
+        bound = COMMUNICATION
+    else:
+        bound = COMPUTE if compute_bound >= memory_bound else MEMORY
+    return total, compute, comm, bound
+
+
+def decode_steps(c, flat, ax1, g, kv0, num, steps, t0, limit, total, compute, comm, bound,
+                 ends):
+    """Time up to `steps` decode steps of `num` sequences from `t0`, the first reading `kv0` KV
+    tokens, each next one `num` more, into `total`, `compute`, `comm`, `bound` and their end
+    times `ends`, until one ends at or after `limit`: how many end before it (that one, if any,
+    is timed at their index)."""
+    t = t0
+    kv = kv0
+    for j in range(steps):
+        a, b, d, e = decode_step(c, flat, ax1, g, kv)
+        total[j] = a
+        compute[j] = b
+        comm[j] = d
+        bound[j] = e
+        t = t + a
+        ends[j] = t
+        if not t < limit:
+            return j
+        kv += num
+    return steps
+
+
+_compiled = None
+
+
+def compiled_steps():
+    """`decode_steps` compiled by numba (cached on disk), with the functions it calls
+    (`decode_step`, the grid's `along_at`, `corners` and `slope`), made on first use so that
+    short runs never import numba; `decode_steps` itself where numba is not installed. The
+    Python functions stay as they are (`decode_timer` calls them): the compiled ones are copies
+    whose calls resolve to each other."""
+    global _compiled
+    if _compiled is None:
+        from simcore.fabric.level_order import compile_family
+        _compiled = compile_family([grid.corners, grid.slope, grid.along_at, decode_step,
+                                    decode_steps])[-1]
+    return _compiled
