@@ -8,19 +8,21 @@ of the run. Here each operation is one compiled call over arrays, the block list
 numpy arrays (about 10 ns a block each way).
 
 State (`N` blocks, block 0 the null block):
-- `links`, int32 [5, N + 2]: per block its ref count (`REF`), its neighbours in the free list
-  that holds it (`PRV`, `NXT`), which list that is (`WHERE`: 0 none, 1 front, 2 free) and the next
-  block holding the same hash (`DUP`, 0 at the end). Columns N and N + 1 are the sentinels of the
-  two circular lists: `front` (freed blocks without a hash, the latest freed first) and `free`
+- `links`, int32 [N + 2, 5]: per block (a row, one cache line) its ref count (`REF`), its
+  neighbours in the free list that holds it (`PRV`, `NXT`), which list that is (`WHERE`: 0 none,
+  1 front, 2 free) and the next block holding the same hash (`DUP`, 0 at the end). Rows N and
+  N + 1 are the sentinels of the two circular lists: `front` (freed blocks without a hash, the latest freed first) and `free`
   (freed blocks with one, least recently used first). Between them in eviction order come the
   blocks never handed out, `fresh` to N - 1, held as a counter.
 - `block_hash`, int64 [N]: the hash each block holds (0: none).
-- `counts`, int64 [4]: `fresh`, the lengths of `front` and `free`, and the evictions so far.
-- `keys`, int64, `heads` and `tails`, int32 [capacity]: the prefix cache as an open-addressing
-  table (Fibonacci hashing, linear probing, deletion by backward shift; 0 marks an empty slot,
-  which no hash is) from a hash to the first and last blocks cached under it; the blocks of a hash
-  follow each other by `DUP`, in the order they were cached. A hash is in the table iff some block holds it, so it never holds more
-  than N entries; its capacity is a power of two of at least 2 N.
+- `counts`, int64 [5]: `fresh`, the lengths of `front` and `free`, the evictions so far, and
+  the free blocks in all.
+- `table`, int64 [capacity, 3]: the prefix cache as an open-addressing table (Fibonacci
+  hashing, linear probing, deletion by backward shift; a key of 0 marks an empty slot, which no
+  hash is), each slot a hash (`KEY`) and the first and last blocks cached under it (`HEAD`,
+  `TAIL`); the blocks of a hash follow each other by `DUP`, in the order they were cached. A hash
+  is in the table iff some block holds it, so it never holds more than N entries; its capacity
+  is a power of two of at least 2 N.
 
 Every kernel is plain Python over numpy arrays, compiled by numba where it is installed
 (`simcore.fabric.level_order.compile_kernel`; cached on disk). The engine uses this pool for
@@ -36,7 +38,8 @@ import numpy as np
 from simcore.fabric.level_order import compile_kernel
 
 REF, PRV, NXT, WHERE, DUP = range(5)
-FRESH, NUM_FRONT, NUM_FREE, EVICTIONS = range(4)
+KEY, HEAD, TAIL = range(3)
+FRESH, NUM_FRONT, NUM_FREE, EVICTIONS, FREE = range(5)
 IN_FRONT, IN_FREE = 1, 2
 
 
@@ -49,12 +52,12 @@ def _home(h, mask):
 
 
 @compile_kernel
-def _find(keys, h):
+def _find(table, h):
     """The slot of hash `h` in the table, or -1."""
-    mask = keys.shape[0] - 1
+    mask = table.shape[0] - 1
     i = _home(h, mask)
     while True:
-        k = keys[i]
+        k = table[i, KEY]
         if k == h:
             return i
         if k == 0:
@@ -63,62 +66,62 @@ def _find(keys, h):
 
 
 @compile_kernel
-def _insert(links, keys, heads, tails, h, b):
+def _insert(links, table, h, b):
     """Cache block `b` under hash `h`, after any block already cached under it."""
-    mask = keys.shape[0] - 1
+    mask = table.shape[0] - 1
     i = _home(h, mask)
-    links[DUP, b] = 0
+    links[b, DUP] = 0
     while True:
-        k = keys[i]
+        k = table[i, KEY]
         if k == 0:
-            keys[i] = h
-            heads[i] = b
-            tails[i] = b
+            table[i, KEY] = h
+            table[i, HEAD] = b
+            table[i, TAIL] = b
             return
         if k == h:
-            links[DUP, tails[i]] = b
-            tails[i] = b
+            links[table[i, TAIL], DUP] = b
+            table[i, TAIL] = b
             return
         i = (i + 1) & mask
 
 
 @compile_kernel
-def _evict(links, keys, heads, tails, h, b):
+def _evict(links, table, h, b):
     """Take block `b` out of the blocks cached under hash `h`; the hash leaves the table with its
     last block (the slots after it shifted back so that every probe still reaches its key)."""
-    mask = keys.shape[0] - 1
-    i = _find(keys, h)
-    head = heads[i]
-    nxt = links[DUP, b]
-    links[DUP, b] = 0
+    mask = table.shape[0] - 1
+    i = _find(table, h)
+    head = table[i, HEAD]
+    nxt = links[b, DUP]
+    links[b, DUP] = 0
     if head != b:
         c = head
-        while links[DUP, c] != b:
-            c = links[DUP, c]
-        links[DUP, c] = nxt
-        if tails[i] == b:
-            tails[i] = c
+        while links[c, DUP] != b:
+            c = links[c, DUP]
+        links[c, DUP] = nxt
+        if table[i, TAIL] == b:
+            table[i, TAIL] = c
         return
     if nxt != 0:
-        heads[i] = nxt
+        table[i, HEAD] = nxt
         return
     j = i
     while True:
         j = (j + 1) & mask
-        k = keys[j]
+        k = table[j, KEY]
         if k == 0:
             break
         home = _home(k, mask)
         # The key at j stays if its home slot lies cyclically in (i, j].
         if (i < j and i < home <= j) or (i > j and (home > i or home <= j)):
             continue
-        keys[i] = k
-        heads[i] = heads[j]
-        tails[i] = tails[j]
+        table[i, KEY] = k
+        table[i, HEAD] = table[j, HEAD]
+        table[i, TAIL] = table[j, TAIL]
         i = j
-    keys[i] = 0
-    heads[i] = 0
-    tails[i] = 0
+    table[i, KEY] = 0
+    table[i, HEAD] = 0
+    table[i, TAIL] = 0
 
 
 @compile_kernel
@@ -127,11 +130,11 @@ def _pop(links, counts, sentinel, count, out, j):
     into out[j:] until either runs out; the next free position of `out`."""
     n = out.shape[0]
     while j < n and counts[count] > 0:
-        b = links[NXT, sentinel]
-        nxt = links[NXT, b]
-        links[NXT, sentinel] = nxt
-        links[PRV, nxt] = sentinel
-        links[WHERE, b] = 0
+        b = links[sentinel, NXT]
+        nxt = links[b, NXT]
+        links[sentinel, NXT] = nxt
+        links[nxt, PRV] = sentinel
+        links[b, WHERE] = 0
         counts[count] -= 1
         out[j] = b
         j += 1
@@ -139,7 +142,7 @@ def _pop(links, counts, sentinel, count, out, j):
 
 
 @compile_kernel
-def _allocate(links, block_hash, counts, keys, heads, tails, out):
+def _allocate(links, block_hash, counts, table, out):
     """Pop len(out) blocks from the head of the free queue into `out`: `front`, then the fresh
     blocks, then `free`; each gets one reference and loses the hash it held (an eviction)."""
     n = out.shape[0]
@@ -155,40 +158,42 @@ def _allocate(links, block_hash, counts, keys, heads, tails, out):
     evicted = 0
     for j in range(n):
         b = out[j]
-        links[REF, b] = 1
+        links[b, REF] = 1
         h = block_hash[b]
         if h != 0:
-            _evict(links, keys, heads, tails, h, b)
+            _evict(links, table, h, b)
             block_hash[b] = 0
             evicted += 1
     counts[EVICTIONS] += evicted
+    counts[FREE] -= n
 
 
 @compile_kernel
 def _touch(links, counts, blocks):
     """Take a reference on each of `blocks`, pulling those with none out of their free list."""
     for b in blocks:
-        if links[REF, b] == 0:
-            p = links[PRV, b]
-            nxt = links[NXT, b]
-            links[NXT, p] = nxt
-            links[PRV, nxt] = p
-            if links[WHERE, b] == IN_FREE:
+        if links[b, REF] == 0:
+            p = links[b, PRV]
+            nxt = links[b, NXT]
+            links[p, NXT] = nxt
+            links[nxt, PRV] = p
+            if links[b, WHERE] == IN_FREE:
                 counts[NUM_FREE] -= 1
             else:
                 counts[NUM_FRONT] -= 1
-            links[WHERE, b] = 0
-        links[REF, b] += 1
+            counts[FREE] -= 1
+            links[b, WHERE] = 0
+        links[b, REF] += 1
 
 
 @compile_kernel
 def _link_after(links, a, b):
     """Put block `b` into a free list right after `a` (a block or a list's sentinel)."""
-    nxt = links[NXT, a]
-    links[NXT, a] = b
-    links[PRV, b] = a
-    links[NXT, b] = nxt
-    links[PRV, nxt] = b
+    nxt = links[a, NXT]
+    links[a, NXT] = b
+    links[b, PRV] = a
+    links[b, NXT] = nxt
+    links[nxt, PRV] = b
 
 
 @compile_kernel
@@ -199,43 +204,44 @@ def _release(links, block_hash, counts, blocks):
     front, free = num_blocks, num_blocks + 1
     for j in range(blocks.shape[0] - 1, -1, -1):
         b = blocks[j]
-        r = links[REF, b] - 1
-        links[REF, b] = r
+        r = links[b, REF] - 1
+        links[b, REF] = r
         if r == 0:
             if block_hash[b] != 0:      # the tail of `free`: after its last block
-                _link_after(links, links[PRV, free], b)
-                links[WHERE, b] = IN_FREE
+                _link_after(links, links[free, PRV], b)
+                links[b, WHERE] = IN_FREE
                 counts[NUM_FREE] += 1
             else:                       # the head of `front`
                 _link_after(links, front, b)
-                links[WHERE, b] = IN_FRONT
+                links[b, WHERE] = IN_FRONT
                 counts[NUM_FRONT] += 1
+            counts[FREE] += 1
 
 
 @compile_kernel
-def _cache_many(links, block_hash, keys, heads, tails, blocks, hashes):
+def _cache_many(links, block_hash, table, blocks, hashes):
     """Block blocks[i] now holds the full block of hash hashes[i], for each i in order."""
     for j in range(blocks.shape[0]):
         b = blocks[j]
         h = hashes[j]
         block_hash[b] = h
-        _insert(links, keys, heads, tails, h, b)
+        _insert(links, table, h, b)
 
 
 @compile_kernel
-def _cache_one(links, block_hash, keys, heads, tails, b, h):
+def _cache_one(links, block_hash, table, b, h):
     block_hash[b] = h
-    _insert(links, keys, heads, tails, h, b)
+    _insert(links, table, h, b)
 
 
 @compile_kernel
-def _longest(keys, heads, hashes, out):
+def _longest(table, hashes, out):
     """How many of `hashes` from the first are cached (each one's first block into `out`)."""
     for j in range(out.shape[0]):
-        i = _find(keys, hashes[j])
+        i = _find(table, hashes[j])
         if i < 0:
             return j
-        out[j] = heads[i]
+        out[j] = table[i, HEAD]
     return out.shape[0]
 
 
@@ -244,15 +250,15 @@ def _num_evictable(links, blocks):
     """How many of `blocks` no request holds (a hit on them takes a block from the free queue)."""
     n = 0
     for b in blocks:
-        if links[REF, b] == 0:
+        if links[b, REF] == 0:
             n += 1
     return n
 
 
 @compile_kernel
-def _get(keys, heads, h):
-    i = _find(keys, h)
-    return heads[i] if i >= 0 else 0
+def _get(table, h):
+    i = _find(table, h)
+    return table[i, HEAD] if i >= 0 else 0
 
 
 class ArrayBlockPool:
@@ -260,32 +266,28 @@ class ArrayBlockPool:
     Python views (`ref_cnt`, `block_hash`, `cached`, `free_queue()`) are built on each read,
     for tests and checks; the engine calls the operations."""
 
-    __slots__ = ("num_blocks", "enable_caching", "links", "hashes", "counts", "keys", "heads",
-                 "tails")
+    __slots__ = ("num_blocks", "enable_caching", "links", "hashes", "counts", "table")
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        links = np.zeros((5, num_blocks + 2), dtype=np.int32)
+        links = np.zeros((num_blocks + 2, 5), dtype=np.int32)
         for s in (num_blocks, num_blocks + 1):       # two empty circular lists
-            links[PRV, s] = links[NXT, s] = s
-        links[REF, 0] = 1                            # the null block is never free
+            links[s, PRV] = links[s, NXT] = s
+        links[0, REF] = 1                            # the null block is never free
         self.links = links
         self.hashes = np.zeros(num_blocks, dtype=np.int64)
-        self.counts = np.array([1, 0, 0, 0], dtype=np.int64)
+        self.counts = np.array([1, 0, 0, 0, num_blocks - 1], dtype=np.int64)
         capacity = 16
         while capacity < 2 * num_blocks:
             capacity *= 2
-        self.keys = np.zeros(capacity, dtype=np.int64)
-        self.heads = np.zeros(capacity, dtype=np.int32)
-        self.tails = np.zeros(capacity, dtype=np.int32)
+        self.table = np.zeros((capacity, 3), dtype=np.int64)
 
     @property
     def num_free(self) -> int:
-        c = self.counts
-        return int(c[NUM_FRONT] + c[NUM_FREE]) + self.num_blocks - int(c[FRESH])
+        return self.counts.item(FREE)
 
     @property
     def num_evictions(self) -> int:
@@ -297,10 +299,10 @@ class ArrayBlockPool:
 
     def _list(self, sentinel: int) -> list[int]:
         links, out = self.links, []
-        b = int(links[NXT, sentinel])
+        b = int(links[sentinel, NXT])
         while b != sentinel:
             out.append(b)
-            b = int(links[NXT, b])
+            b = int(links[b, NXT])
         return out
 
     def free_queue(self) -> list[int]:
@@ -309,11 +311,11 @@ class ArrayBlockPool:
         return [*self._list(n), *range(int(self.counts[FRESH]), n), *self._list(n + 1)]
 
     def is_free(self, b: int) -> bool:
-        return b >= self.counts[FRESH] or bool(self.links[WHERE, b])
+        return b >= self.counts[FRESH] or bool(self.links[b, WHERE])
 
     @property
     def ref_cnt(self) -> list[int]:
-        return self.links[REF, :self.num_blocks].tolist()
+        return self.links[:self.num_blocks, REF].tolist()
 
     @property
     def block_hash(self) -> list[int]:
@@ -323,8 +325,8 @@ class ArrayBlockPool:
     def cached(self) -> dict[int, list[int]]:
         """hash -> the blocks holding it, first cached first."""
         out = {}
-        dup = self.links[DUP]
-        for h, b in zip(self.keys.tolist(), self.heads.tolist()):
+        dup = self.links[:, DUP]
+        for h, b, _ in self.table.tolist():
             if h:
                 blocks = out[h] = [b]
                 while dup[b]:
@@ -334,7 +336,7 @@ class ArrayBlockPool:
 
     def get_cached(self, h: int) -> int:
         """A block holding content hash `h`, or 0 if none is cached."""
-        return int(_get(self.keys, self.heads, h))
+        return int(_get(self.table, h))
 
     def longest_cached(self, hashes: list[int]) -> list[int]:
         """The first block cached under each of `hashes`, from the first up to the first hash
@@ -342,7 +344,7 @@ class ArrayBlockPool:
         if not hashes:
             return []
         out = np.empty(len(hashes), dtype=np.int32)
-        n = _longest(self.keys, self.heads, np.array(hashes, dtype=np.int64), out)
+        n = _longest(self.table, np.array(hashes, dtype=np.int64), out)
         return out[:n].tolist()
 
     def num_evictable(self, blocks: list[int]) -> int:
@@ -352,7 +354,7 @@ class ArrayBlockPool:
     def allocate(self, n: int) -> list[int]:
         """Pop `n` blocks from the head of the free queue (caller checked there are enough)."""
         out = np.empty(n, dtype=np.int32)
-        _allocate(self.links, self.hashes, self.counts, self.keys, self.heads, self.tails, out)
+        _allocate(self.links, self.hashes, self.counts, self.table, out)
         return out.tolist()
 
     def touch(self, blocks: list[int]) -> None:
@@ -361,11 +363,11 @@ class ArrayBlockPool:
 
     def cache(self, b: int, h: int) -> None:
         """Record that block `b` now holds the full block of content hash `h`."""
-        _cache_one(self.links, self.hashes, self.keys, self.heads, self.tails, b, h)
+        _cache_one(self.links, self.hashes, self.table, b, h)
 
     def cache_many(self, blocks: list[int], hashes: list[int]) -> None:
         """`cache(b, h)` for each pair of `blocks` and `hashes`, in order."""
-        _cache_many(self.links, self.hashes, self.keys, self.heads, self.tails,
+        _cache_many(self.links, self.hashes, self.table,
                     np.array(blocks, dtype=np.int32), np.array(hashes, dtype=np.int64))
 
     def release(self, blocks: list[int]) -> None:
