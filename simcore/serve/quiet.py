@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from simcore.compute import decode_steps
 from simcore.compute.base import StepShape, StepTime
 from simcore.compute.decode_steps import BOUNDS
 from simcore.engine.kv_cache import KVCacheManager
@@ -300,14 +301,12 @@ class QuietLeap:
                 params = self._params[num] = (None if p is None else
                                               tuple(np.asarray(a, dtype=float) for a in p))
         if params is not None:
-            from simcore.compute.decode_steps import compiled_steps
-
             if self._columns is None:
                 self._columns = (*(np.empty(MAX_STEPS) for _ in range(3)),
                                  np.empty(MAX_STEPS, dtype=np.int64), np.empty(MAX_STEPS))
             total, compute, comm, bound, ends = self._columns
-            n = compiled_steps()(*params, kv0, num, steps, now, limit, total, compute, comm,
-                                 bound, ends)
+            n = decode_steps.compiled_steps()(*params, kv0, num, steps, now, limit, total,
+                                              compute, comm, bound, ends)
             times = StepColumns(total[:n].tolist(), compute[:n].tolist(), comm[:n].tolist(),
                                 bound[:n].tolist())
             span = None
