@@ -18,8 +18,8 @@ from simcore.engine.request import FINISHED, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.serve import run_serving
 from simcore.serve import quiet
-from simcore.serve.quiet import (DeferredTimeout, HandOff, InertTimeout, QuietLeap, horizon,
-                                 span_horizon)
+from simcore.serve.quiet import (DeferredTimeout, HandOff, InertTimeout, QuietLeap, StepColumns,
+                                 horizon, span_horizon)
 from simcore.simulate import simulate
 from simcore.workload.spec import RequestSpec
 
@@ -196,6 +196,22 @@ def test_shipped_examples_are_unchanged(counted):
             loop.QUIET_LEAPS = True
         assert json.dumps(simulate(cfg), sort_keys=True) == single, name
     assert counted["steps"] > 0
+
+
+def test_step_columns_read_as_step_times():
+    """A compiled run's columns read as the StepTimes the decode timer gives (overhead the rest
+    of the total, no all-to-all), cut and extended as a run's list of them is."""
+    from simcore.compute.base import StepTime
+
+    cols = StepColumns([1.0, 2.5, 4.0], [0.5, 2.0, 1.0], [0.25, 0.0, 0.5], [0, 1, 2])
+    times = [StepTime(1.0, 0.5, 0.25, "compute", 0.25, 0.0),
+             StepTime(2.5, 2.0, 0.0, "memory", 0.5, 0.0),
+             StepTime(4.0, 1.0, 0.5, "communication", 2.5, 0.0)]
+    assert len(cols) == 3 and list(cols) == times and cols[1] == times[1]
+    longer = cols.plus(StepTime(3.0, 2.0, 0.0, "memory", 1.0, 0.0))
+    assert list(longer) == [*times, StepTime(3.0, 2.0, 0.0, "memory", 1.0, 0.0)]
+    del cols[1:]
+    assert list(cols) == times[:1] and len(longer) == 4
 
 
 def test_horizon_passes_inert_timeouts_only():
