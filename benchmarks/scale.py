@@ -6,7 +6,8 @@ Rows:
   (1) the whole Mooncake conversation trace (12,031 requests, 59 minutes) on eight Llama-3.1-8B
       replicas on H100 (configs/mooncake_full_h100_dp8.yaml), with the default compute model
       (the H100 kernel profile) and with the roofline: simulated seconds per CPU second, with
-      quiet steps taken together and, as the reference, stepped one at a time; the two results
+      quiet steps taken together and the engine's compiled kernels (as shipped) and, as the
+      references, without the compiled kernels and stepped one at a time; the three results
       are compared byte for byte;
   (2) N requests (default 1,000,000) on one Llama-3.1-8B engine (configs/llama8b_h100_1m.yaml),
       in a child process, the result's request rows as columns (`simulate(cfg, plain=False)`,
@@ -119,30 +120,46 @@ def row(key: str, label: str, now: str) -> None:
     print(f"    target: {TARGET[key]}")
 
 
-def mooncake() -> None:
-    import simcore.serve.loop as loop
-    from simcore.config import load_config
-    from simcore.simulate import simulate
+MOONCAKE_CHILD = """
+import hashlib, json, sys, time
+import simcore.serve.loop as loop
+import simcore.simulate as sim
+from simcore.config import load_config
+base = load_config(sys.argv[1])
+cfg = base.model_copy(update={"compute": base.compute.model_copy(update={"kind": sys.argv[2]})})
+loop.QUIET_LEAPS = sys.argv[3] == "1"
+if sys.argv[4] == "0":
+    sim.COMPILED_MIN_REQUESTS = 1 << 62
+t = time.process_time()
+r = sim.simulate(cfg)
+cpu = time.process_time() - t
+print(json.dumps({"cpu_s": cpu, "duration_s": r["duration"], "completed": r["completed"],
+                  "steps": r["num_steps"], "replicas": len(r["replicas"]),
+                  "profile": r["provenance"]["compute_profile"],
+                  "digest": hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest()}))
+"""
 
-    base = load_config(MOONCAKE)
+
+def mooncake() -> None:
     for kind in ("auto", "roofline"):
-        cfg = base.model_copy(update={"compute": base.compute.model_copy(update={"kind": kind})})
-        out = {}
-        for leaps in (False, True):
-            loop.QUIET_LEAPS = leaps
-            t = time.process_time()
-            result = simulate(cfg)
-            out[leaps] = (time.process_time() - t, json.dumps(result, sort_keys=True), result)
-        loop.QUIET_LEAPS = True
-        single_s, together_s = out[False][0], out[True][0]
-        result = out[True][2]
-        sim_s = result["duration"]
-        same = "byte-identical" if out[False][1] == out[True][1] else "DIFFERENT (a defect)"
-        row("mooncake", f"(1) Mooncake trace, {result['completed']:,} requests over {sim_s:,.0f} "
-            f"simulated s on {len(result['replicas'])} H100 replicas, {result['num_steps']:,} "
-            f"steps, compute {result['provenance']['compute_profile']}",
-            f"{sim_s / together_s:,.0f}x real time ({together_s:.1f} CPU-s); stepping one at a "
-            f"time in this run {sim_s / single_s:,.0f}x ({single_s:.1f} CPU-s); results {same}")
+        # Each in a process of its own (a run left in a process slows the next one there): as
+        # shipped, without the engine's compiled kernels, and stepping one at a time.
+        runs = {name: child("(1)", MOONCAKE_CHILD, MOONCAKE, kind, leaps, kernels)
+                for name, leaps, kernels in (("now", 1, 1), ("python", 1, 0), ("single", 0, 1))}
+        if any(r is None for r in runs.values()):
+            continue
+        now, python, single = runs["now"], runs["python"], runs["single"]
+        sim_s = now["duration_s"]
+        same = ("byte-identical" if now["digest"] == python["digest"] == single["digest"]
+                else "DIFFERENT (a defect)")
+        row("mooncake", f"(1) Mooncake trace, {now['completed']:,} requests over {sim_s:,.0f} "
+            f"simulated s on {now['replicas']} H100 replicas, {now['steps']:,} steps, compute "
+            f"{now['profile']}",
+            f"{sim_s / now['cpu_s']:,.0f}x real time ({now['cpu_s']:.1f} CPU-s); without the "
+            f"engine's compiled kernels {sim_s / python['cpu_s']:,.0f}x "
+            f"({python['cpu_s']:.1f} CPU-s), stepping one at a time "
+            f"{sim_s / single['cpu_s']:,.0f}x ({single['cpu_s']:.1f} CPU-s), each in a process "
+            f"of its own; results {same}")
 
 
 def child(label: str, code: str, *args) -> dict | None:
