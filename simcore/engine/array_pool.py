@@ -8,12 +8,13 @@ of the run. Here each operation is one compiled call over arrays, the block list
 numpy arrays (about 10 ns a block each way).
 
 State (`N` blocks, block 0 the null block):
-- `links`, int32 [N + 2, 5]: per block (a row, one cache line) its ref count (`REF`), its
-  neighbours in the free list that holds it (`PRV`, `NXT`), which list that is (`WHERE`: 0 none,
-  1 front, 2 free) and the next block holding the same hash (`DUP`, 0 at the end). Rows N and
-  N + 1 are the sentinels of the two circular lists: `front` (freed blocks without a hash, the latest freed first) and `free`
-  (freed blocks with one, least recently used first). Between them in eviction order come the
-  blocks never handed out, `fresh` to N - 1, held as a counter.
+- `links`, int32 [N + 2, 5]: per block a row of 20 bytes, read together: its ref count
+  (`REF`), its neighbours in the free list that holds it (`PRV`, `NXT`), which list that is
+  (`WHERE`: 0 none, 1 front, 2 free) and the next block holding the same hash (`DUP`, 0 at the
+  end). Rows N and N + 1 are the sentinels of the two circular lists: `front` (freed blocks
+  without a hash, the latest freed first) and `free` (freed blocks with one, least recently
+  used first). Between them in eviction order come the blocks never handed out, `fresh` to
+  N - 1, held as a counter.
 - `block_hash`, int64 [N]: the hash each block holds (0: none).
 - `counts`, int64 [5]: `fresh`, the lengths of `front` and `free`, the evictions so far, and
   the free blocks in all.
