@@ -44,7 +44,7 @@ FRESH, NUM_FRONT, NUM_FREE, EVICTIONS, FREE = range(5)
 IN_FRONT, IN_FREE = 1, 2
 
 
-@compile_kernel
+@compile_kernel(inline=True)
 def _home(h, mask):
     """The slot a probe for hash `h` starts at: Fibonacci hashing, which spreads the runs of
     consecutive ids the hash space gives (the slot of h itself would pack them into one
@@ -52,7 +52,7 @@ def _home(h, mask):
     return ((h * 2654435761) >> 16) & mask
 
 
-@compile_kernel
+@compile_kernel(inline=True)
 def _find(table, h):
     """The slot of hash `h` in the table, or -1."""
     mask = table.shape[0] - 1
@@ -66,7 +66,7 @@ def _find(table, h):
         i = (i + 1) & mask
 
 
-@compile_kernel
+@compile_kernel(inline=True)
 def _insert(links, table, h, b):
     """Cache block `b` under hash `h`, after any block already cached under it."""
     mask = table.shape[0] - 1
@@ -86,7 +86,7 @@ def _insert(links, table, h, b):
         i = (i + 1) & mask
 
 
-@compile_kernel
+@compile_kernel(inline=True)
 def _evict(links, table, h, b):
     """Take block `b` out of the blocks cached under hash `h`; the hash leaves the table with its
     last block (the slots after it shifted back so that every probe still reaches its key)."""
@@ -125,7 +125,7 @@ def _evict(links, table, h, b):
     table[i, TAIL] = 0
 
 
-@compile_kernel
+@compile_kernel(inline=True)
 def _pop(links, counts, sentinel, count, out, j):
     """Move blocks from the head of the free list at `sentinel` (its length at counts[count])
     into out[j:] until either runs out; the next free position of `out`."""
@@ -187,7 +187,7 @@ def _touch(links, counts, blocks):
         links[b, REF] += 1
 
 
-@compile_kernel
+@compile_kernel(inline=True)
 def _link_after(links, a, b):
     """Put block `b` into a free list right after `a` (a block or a list's sentinel)."""
     nxt = links[a, NXT]

@@ -31,14 +31,18 @@ from __future__ import annotations
 import numpy as np
 
 
-def compile_kernel(fn):
+def compile_kernel(fn=None, *, inline: bool = False):
     """`fn` compiled by numba (cached on disk) where numba is installed; else `fn` itself, which
-    computes the same to the bit, only slower."""
+    computes the same to the bit, only slower. `inline=True` (as `@compile_kernel(inline=True)`)
+    makes numba inline it into the kernels that call it: a helper called per element then
+    costs no call, nor the reference counting of each array it takes."""
+    if fn is None:
+        return lambda f: compile_kernel(f, inline=inline)
     try:
         import numba
     except ImportError:  # pragma: no cover - exercised only where numba is absent
         return fn
-    return numba.njit(cache=True)(fn)
+    return numba.njit(cache=True, **({"inline": "always"} if inline else {}))(fn)
 
 
 def compile_family(fns: list) -> list:
