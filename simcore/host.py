@@ -242,6 +242,20 @@ def host_parameter(cfg: HostConfig, name: str) -> float:
     return fitted_parameters()[name] if v is None else float(v)
 
 
+
+def step_period(gpu_s, cpu_s, frontend_s, runner_s, is_async):
+    """A step's period from its GPU busy time, the engine core's CPU time, the API server's
+    time and the model runner's: sync scheduling adds the engine's CPU time to the GPU's; async
+    scheduling overlaps vLLM's scheduler (measured) with the GPU but not the model runner's
+    fitted time, which precedes the step's GPU work either way; the API server's pace bounds
+    the step from below. Plain Python over numbers, so that the compiled quiet-run timing
+    (`simcore.compute.decode_steps`) runs this same source."""
+    if is_async:
+        engine = max(gpu_s + runner_s, cpu_s - runner_s)
+    else:
+        engine = gpu_s + cpu_s
+    return max(engine, frontend_s)
+
 class HostOverheads:
     """The CPU costs of one engine and its API server; immutable.
 
@@ -342,15 +356,8 @@ class HostOverheads:
                             self.frontend_s(num_decode), self.runner_s(num_seqs))
 
     def _period(self, gpu_s: float, cpu_s: float, frontend_s: float, runner_s: float) -> float:
-        """Sync scheduling adds the engine's CPU time to the GPU's; async scheduling overlaps
-        vLLM's scheduler (measured) with the GPU but not the model runner's fitted time, which
-        precedes the step's GPU work either way; the API server's pace bounds the step from
-        below."""
-        if self.async_scheduling:
-            engine = max(gpu_s + runner_s, cpu_s - runner_s)
-        else:
-            engine = gpu_s + cpu_s
-        return max(engine, frontend_s)
+        """`step_period` under this host's scheduling mode."""
+        return step_period(gpu_s, cpu_s, frontend_s, runner_s, self.async_scheduling)
 
     def group_engine_s(self, shapes) -> float:
         """The engine-core CPU time of a lock-step step whose ranks run `shapes` (real batches,

@@ -18,9 +18,25 @@ from __future__ import annotations
 
 from simcore.calibration import grid
 from simcore.calibration.grid import along_at
+from simcore.compute.base import StepTime
+from simcore.host import step_period
 
 COMPUTE, MEMORY, COMMUNICATION = 0, 1, 2
 BOUNDS = ("compute", "memory", "communication")
+
+
+def bound_of(compute_bound, memory_bound, comm):
+    """What a step's time is bound by (an index into `BOUNDS`): the largest of its three sums,
+    compute on ties with memory."""
+    if comm > compute_bound and comm > memory_bound:
+        return COMMUNICATION
+    return COMPUTE if compute_bound >= memory_bound else MEMORY
+
+
+def decode_step_time(total, compute, comm, bound) -> StepTime:
+    """The StepTime of a decode step `decode_step` timed: the CPU side the rest of its total,
+    no all-to-all."""
+    return StepTime(total, compute, comm, BOUNDS[bound], total - (compute + comm), 0.0)
 
 
 def decode_step(c, flat, ax1, g, kv):
@@ -60,18 +76,10 @@ def decode_step(c, flat, ax1, g, kv):
     gpu = compute + comm
     busy = gpu if full_graph != 0.0 or gpu >= eager else eager
     if host != 0.0:
-        if is_async != 0.0:
-            cpu = max(busy + runner, engine - runner)
-        else:
-            cpu = busy + engine
-        total = max(cpu, frontend)
+        total = step_period(busy, engine, frontend, runner, is_async != 0.0)
     else:
         total = busy + overhead
-    if comm > compute_bound and comm > memory_bound:
-        bound = COMMUNICATION
-    else:
-        bound = COMPUTE if compute_bound >= memory_bound else MEMORY
-    return total, compute, comm, bound
+    return total, compute, comm, bound_of(compute_bound, memory_bound, comm)
 
 
 def decode_steps(c, flat, ax1, g, kv0, num, steps, t0, limit, total, compute, comm, bound,
@@ -108,6 +116,7 @@ def compiled_steps():
     global _compiled
     if _compiled is None:
         from simcore.fabric.level_order import compile_family
-        _compiled = compile_family([grid.corners, grid.slope, grid.along_at, decode_step,
+        _compiled = compile_family([grid.corners, grid.slope, grid.along_at,
+                                    step_period, bound_of, decode_step,
                                     decode_steps])[-1]
     return _compiled

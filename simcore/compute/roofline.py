@@ -63,7 +63,7 @@ from collections.abc import Callable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from simcore.compute.base import OP_CLASSES, StepShape, StepTime, check_op_scale
-from simcore.compute.decode_steps import BOUNDS, decode_step
+from simcore.compute.decode_steps import BOUNDS, bound_of, decode_step, decode_step_time
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.host import HostOverheads
@@ -171,9 +171,7 @@ class RooflineAssumptions(BaseModel):
 def _bound(compute_bound: float, memory_bound: float, comm: float) -> str:
     """What a step's time is bound by: the largest of its three sums (compute on ties with
     memory)."""
-    if comm > compute_bound and comm > memory_bound:
-        return "communication"
-    return "compute" if compute_bound >= memory_bound else "memory"
+    return BOUNDS[bound_of(compute_bound, memory_bound, comm)]
 
 
 class RooflineModel:
@@ -516,13 +514,7 @@ class RooflineModel:
             general = self._step_time
             return lambda kv: general(StepShape(num, num, num, float(kv), kv, kv))
         c, flat, ax1, g = params
-        step = decode_step
-
-        def timer(kv: int) -> StepTime:
-            total, compute, comm, bound = step(c, flat, ax1, g, kv)
-            return StepTime(total, compute, comm, BOUNDS[bound], total - (compute + comm), 0.0)
-
-        return timer
+        return lambda kv: decode_step_time(*decode_step(c, flat, ax1, g, kv))
 
     def decode_params(self, num: int) -> tuple | None:
         """What `simcore.compute.decode_steps.decode_step` times a decode-only step of `num`

@@ -22,6 +22,7 @@ and queue lengths at a fixed virtual interval.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import simpy
 
@@ -157,28 +158,23 @@ class ReplicaCounters(StepObserver):
         comm, a2a = stats.comm_s, stats.all_to_all_s
         by_bound, by_phase = stats.steps_by_bound, stats.step_s_by_phase_bound
         times = run.times
-        if type(times) is StepColumns:      # a compiled run's columns (no all-to-all)
-            for total, c_s, m_s, b in zip(times.total, times.compute, times.comm, times.bound):
-                seq_s += total * num
-                busy += total
-                compute += c_s
-                comm += m_s
-                bound = BOUNDS[b]
-                by_bound[bound] = by_bound.get(bound, 0) + 1
-                key = "decode/" + bound
-                by_phase[key] = by_phase.get(key, 0.0) + total
+        if type(times) is StepColumns:
+            # A compiled run's columns; it has no all-to-all (adding its 0.0 to a sum that
+            # starts at 0.0 and only grows changes no bit).
+            steps = zip(times.total, times.compute, times.comm, repeat(0.0),
+                        map(BOUNDS.__getitem__, times.bound))
         else:
-            for st in times:
-                total = st.total_s
-                seq_s += total * num
-                busy += total
-                compute += st.compute_s
-                comm += st.comm_s
-                a2a += st.all_to_all_s
-                bound = st.bound
-                by_bound[bound] = by_bound.get(bound, 0) + 1
-                key = "decode/" + bound
-                by_phase[key] = by_phase.get(key, 0.0) + total
+            steps = ((st.total_s, st.compute_s, st.comm_s, st.all_to_all_s, st.bound)
+                     for st in times)
+        for total, c_s, m_s, a_s, bound in steps:
+            seq_s += total * num
+            busy += total
+            compute += c_s
+            comm += m_s
+            a2a += a_s
+            by_bound[bound] = by_bound.get(bound, 0) + 1
+            key = "decode/" + bound
+            by_phase[key] = by_phase.get(key, 0.0) + total
         stats.seq_s, stats.busy_s, stats.compute_s = seq_s, busy, compute
         stats.comm_s, stats.all_to_all_s = comm, a2a
 

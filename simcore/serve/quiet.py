@@ -49,7 +49,7 @@ import simpy
 
 from simcore.compute import decode_steps
 from simcore.compute.base import StepShape, StepTime
-from simcore.compute.decode_steps import BOUNDS
+from simcore.compute.decode_steps import BOUNDS, decode_step_time
 from simcore.engine.kv_cache import KVCacheManager
 
 MIN_STEPS = 2
@@ -144,9 +144,7 @@ class StepColumns:
         return len(self.total)
 
     def __getitem__(self, i: int) -> StepTime:
-        total, compute, comm = self.total[i], self.compute[i], self.comm[i]
-        return StepTime(total, compute, comm, BOUNDS[self.bound[i]], total - (compute + comm),
-                        0.0)
+        return decode_step_time(self.total[i], self.compute[i], self.comm[i], self.bound[i])
 
     def __iter__(self):
         return (self[i] for i in range(len(self.total)))
@@ -311,8 +309,8 @@ class QuietLeap:
                                 bound[:n].tolist())
             span = None
             if n < steps:
-                span = (StepColumns([float(total[n])], [float(compute[n])], [float(comm[n])],
-                                    [int(bound[n])])[0], float(ends[n]))
+                span = (decode_step_time(float(total[n]), float(compute[n]), float(comm[n]),
+                                         int(bound[n])), float(ends[n]))
             return times, ends[:n].tolist(), span
         if self.decode_timer is not None:
             timer = self.decode_timer(num)
