@@ -115,7 +115,7 @@ def compiled_steps():
     whose calls resolve to each other."""
     global _compiled
     if _compiled is None:
-        from simcore.fabric.level_order import compile_family
+        from simcore.compiled import compile_family
         _compiled = compile_family([grid.corners, grid.slope, grid.along_at,
                                     step_period, bound_of, decode_step,
                                     decode_steps])[-1]

@@ -150,6 +150,6 @@ def compiled_walk():
     cluster never import numba; `walk` itself where numba is not installed."""
     global _compiled
     if _compiled is None:
-        from simcore.fabric.level_order import compile_kernel
+        from simcore.compiled import compile_kernel
         _compiled = compile_kernel(walk)
     return _compiled

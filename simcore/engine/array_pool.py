@@ -26,7 +26,7 @@ State (`N` blocks, block 0 the null block):
   is a power of two of at least 2 N.
 
 Every kernel is plain Python over numpy arrays, compiled by numba where it is installed
-(`simcore.fabric.level_order.compile_kernel`; cached on disk). The engine uses this pool for
+(`simcore.compiled.compile_kernel`; cached on disk). The engine uses this pool for
 long runs only (`simcore.simulate.COMPILED_MIN_REQUESTS`): numba's import and the kernels'
 loading cost about 0.3 s, more than a short run's whole pool. `tests/test_block_pool.py` holds
 it to `BlockPool` operation by operation, and whole runs byte-identical.
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simcore.fabric.level_order import compile_kernel
+from simcore.compiled import compile_kernel
 
 REF, PRV, NXT, WHERE, DUP = range(5)
 KEY, HEAD, TAIL = range(3)

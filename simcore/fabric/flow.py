@@ -26,7 +26,8 @@ import numpy as np
 
 from simcore.fabric.analytical import (MessageFabric, first_packet_bytes,
                                       pipeline_latency_s)
-from simcore.fabric.level_order import LevelOrderSolver, compile_kernel
+from simcore.compiled import compile_kernel
+from simcore.fabric.level_order import LevelOrderSolver
 from simcore.fabric.protocol import FabricStats, LinkStats, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import Topology

@@ -30,38 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def compile_kernel(fn=None, *, inline: bool = False):
-    """`fn` compiled by numba (cached on disk) where numba is installed; else `fn` itself, which
-    computes the same to the bit, only slower. `inline=True` (as `@compile_kernel(inline=True)`)
-    makes numba inline it into the kernels that call it: a helper called per element then
-    costs no call, nor the reference counting of each array it takes."""
-    if fn is None:
-        return lambda f: compile_kernel(f, inline=inline)
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - exercised only where numba is absent
-        return fn
-    return numba.njit(cache=True, **({"inline": "always"} if inline else {}))(fn)
-
-
-def compile_family(fns: list) -> list:
-    """Compiled copies of the plain-Python functions `fns` (as `compile_kernel`), each one's
-    calls to another of them resolving to that one's compiled copy; the functions themselves
-    are left as they are, for Python callers. Where numba is not installed, `fns` itself."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - exercised only where numba is absent
-        return list(fns)
-    import types
-
-    envs = [dict(fn.__globals__) for fn in fns]
-    copies = [numba.njit(cache=True)(types.FunctionType(fn.__code__, env, fn.__name__,
-                                                        fn.__defaults__, fn.__closure__))
-              for fn, env in zip(fns, envs)]
-    for env in envs:
-        env.update({fn.__name__: copy for fn, copy in zip(fns, copies)})
-    return copies
+from simcore.compiled import compile_kernel
 
 
 def _prefetch(array, index):
