@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from simcore.errors import ConfigError
 from simcore import token_times as _tt
-from simcore.token_times import (PooledGaps, TokenTimes, blockwise_std, median_of, median_ranks,
+from simcore.records import RecordStore, RequestRecord
+from simcore.token_times import (PooledGaps, blockwise_std, median_of, median_ranks,
                                  percentile_of, percentile_points)
 
 GOODPUT_SLO_NAMES = ("ttft", "tpot", "e2el")
@@ -18,63 +19,6 @@ GOODPUT_SLO_NAMES = ("ttft", "tpot", "e2el")
 
 MS_PER_S = 1000
 """vLLM scales seconds to milliseconds by multiplying by this after taking each statistic."""
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What the benchmark client (and, for the extras, the engine) observed of one request.
-
-    Lifecycle: created when the request arrives at the client (`arrival_s`, the intended send
-    time); `send_s` is set when it leaves the client, after any `--max-concurrency` wait; one
-    time is added to `token_times_s` (a `TokenTimes`; a list in hand-made records) each time
-    an output token reaches the client, in order; at the end `success` is set, or `error`
-    says why the request failed. Tokens that reach the client at the same instant count as
-    one streamed chunk, as several tokens in one server-sent event do for vLLM's client. The
-    engine fills `first_scheduled_s` (first time the scheduler gave it tokens),
-    `num_preemptions`, `num_cached_prompt_tokens` (prefix-cache hit at first admission) and
-    `replica`.
-
-    Invariants when `success` is true: `send_s` is set, `token_times_s` is non-empty,
-    non-decreasing and not before `send_s`.
-    """
-
-    request_id: str
-    prompt_len: int
-    output_len: int
-    arrival_s: float
-    send_s: float | None = None
-    token_times_s: TokenTimes | list[float] | np.ndarray = field(default_factory=TokenTimes)
-    success: bool = False
-    error: str | None = None
-    finished_s: float | None = None
-    """When the client saw the response end (last token or error); None: derive it."""
-    first_scheduled_s: float | None = None
-    server_s: float = 0.0
-    """Time on the API server's path between the send and the engine (its wait for a free
-    server process, its work there, the path's latency): part of TTFT, not of the engine's
-    queue."""
-    server_wait_s: float = 0.0
-    """The part of `server_s` beyond the request's own work on the API server: the other
-    requests sharing its process."""
-    num_preemptions: int = 0
-    num_cached_prompt_tokens: int = 0
-    num_external_prompt_tokens: int = 0
-    """Prompt tokens whose KV was loaded from outside the engine (a KV-tier fetch, or the P/D
-    handoff from the prefill instance) instead of computed or found in its prefix cache."""
-    replica: int | None = None
-    network_s: float = 0.0
-    """Cluster runs: time of this request's steps spent on exposed communication (each step's
-    communication share of its duration, summed over the steps that scheduled it), plus the
-    time it waited for its KV cache to cross the network (P/D handoff, KV-tier fetch)."""
-
-    @property
-    def end_s(self) -> float:
-        """When the client was done with it: `finished_s`, else the last token, else the send (or arrival)."""
-        if self.finished_s is not None:
-            return self.finished_s
-        if len(self.token_times_s):
-            return float(self.token_times_s[-1])
-        return self.send_s if self.send_s is not None else self.arrival_s
 
 
 def percentile_word(p: float) -> str:
@@ -142,29 +86,33 @@ def pooled_latency_stats(pooled: PooledGaps, metric: str,
     return stats
 
 
-def _pack(successes: Sequence[RequestRecord]) -> _Streams:
-    n = len(successes)
-    num_tokens = np.fromiter((len(r.token_times_s) for r in successes), dtype=np.int64, count=n)
-    empty = [r.request_id for r, k in zip(successes, num_tokens) if k == 0]
-    if empty:
-        raise ValueError(f"request {empty[0]!r} is marked successful but received no token")
-    unsent = [r.request_id for r in successes if r.send_s is None]
-    if unsent:
-        raise ValueError(f"request {unsent[0]!r} is marked successful but has no send_s")
-    send = np.fromiter((r.send_s for r in successes), dtype=np.float64, count=n)
-    first = np.fromiter((r.token_times_s[0] for r in successes), dtype=np.float64, count=n)
-    last = np.fromiter((r.token_times_s[-1] for r in successes), dtype=np.float64, count=n)
-    ttft_s, e2el_s = first - send, last - send
-    del first, last
+def _pack(records: Sequence[RequestRecord], ok: np.ndarray | None = None) -> _Streams:
+    """The successful requests' streams of `records` (a `RecordStore` or a sequence of records);
+    `ok`, the successful ones' indices if already known."""
+    store = RecordStore.of(records)
+    if ok is None:
+        ok = np.flatnonzero(store.success)
+    n = ok.size
+    num_tokens = store.num_tokens[ok]
+    empty = ok[num_tokens == 0]
+    if empty.size:
+        raise ValueError(f"request {store.ids[empty[0]]!r} is marked successful but received "
+                         "no token")
+    send = store.send_s[ok]
+    unsent = ok[np.isnan(send)]
+    if unsent.size:
+        raise ValueError(f"request {store.ids[unsent[0]]!r} is marked successful but has no "
+                         "send_s")
+    ttft_s, e2el_s = store.first_token_s[ok] - send, store.last_token_s[ok] - send
     # One pass over the tokens, a block of requests at a time: the chunks per request, the
     # one-second buckets of the chunk times, the pooled gaps counted.
-    itl = PooledGaps(successes, num_tokens)
+    itl = PooledGaps(lambda i, j: store.token_arrays(ok[i:j]), num_tokens)
     peaks = _Peaks(send, e2el_s)
     itl.scan(peaks.add)
     peak_tokens, peak_requests = peaks.result()
     return _Streams(
         send_s=send,
-        prompt_len=np.fromiter((r.prompt_len for r in successes), dtype=np.int64, count=n),
+        prompt_len=store.prompt_len[ok],
         num_output_tokens=num_tokens,
         ttft_s=ttft_s,
         e2el_s=e2el_s,
@@ -264,13 +212,14 @@ def summarize(
     _validate_slos(slos)
     percentiles = [float(p) for p in selected_percentiles]
 
-    successes = [r for r in records if r.success]
-    s = _pack(successes)
+    store = RecordStore.of(records)
+    ok = np.flatnonzero(store.success)
+    s = _pack(store, ok)
     tpot_mask = s.num_output_tokens > 1
     tpot_s = (s.e2el_s[tpot_mask] - s.ttft_s[tpot_mask]) / (s.num_output_tokens[tpot_mask] - 1)
 
-    duration_s = max(r.end_s for r in records) - benchmark_start_s
-    completed = len(successes)
+    duration_s = float(store.end_s.max()) - benchmark_start_s
+    completed = int(ok.size)
     total_input = int(s.prompt_len.sum())
     total_output = int(s.num_output_tokens.sum())
 
@@ -316,8 +265,7 @@ def summarize(
     result |= pooled_latency_stats(s.itl, "itl", percentiles)
     result |= latency_stats(s.e2el_s, "e2el", percentiles)
     if max_concurrency is not None:
-        arrival = np.fromiter((r.arrival_s for r in successes), dtype=np.float64, count=completed)
-        client_queue_s = s.send_s - arrival
+        client_queue_s = s.send_s - store.arrival_s[ok]
         result |= latency_stats(client_queue_s, "client_queue_time", percentiles)
         if request_rate < math.inf:
             result |= latency_stats(s.e2el_s + client_queue_s, "e2el_including_client_queue", percentiles)
@@ -343,37 +291,39 @@ def engine_summary(
       count; a failure without text counts under "unknown").
     """
     percentiles = [float(p) for p in selected_percentiles]
-    scheduled = [r for r in records if r.first_scheduled_s is not None and r.send_s is not None]
-    queue_s = np.fromiter(
-        (max(0.0, r.first_scheduled_s - r.send_s - r.server_s) for r in scheduled),
-        dtype=np.float64, count=len(scheduled)
-    )
-    server_s = np.fromiter((r.server_s for r in scheduled), dtype=np.float64,
-                           count=len(scheduled))
-    prompt_tokens = sum(r.prompt_len for r in scheduled)
-    cached_tokens = sum(r.num_cached_prompt_tokens for r in scheduled)
-    external_tokens = sum(r.num_external_prompt_tokens for r in scheduled)
+    store = RecordStore.of(records)
+    send, first = store.send_s, store.first_scheduled_s
+    scheduled = ~np.isnan(first) & ~np.isnan(send)
+    queue_s = first[scheduled] - send[scheduled] - store.server_s[scheduled]
+    queue_s = np.where(queue_s > 0.0, queue_s, 0.0)      # max(0.0, x), -0.0 and NaN as 0.0
+    server_s = store.server_s[scheduled]
+    prompt_tokens = int(store.prompt_len[scheduled].sum())
+    cached_tokens = int(store.num_cached_prompt_tokens[scheduled].sum())
+    external_tokens = int(store.num_external_prompt_tokens[scheduled].sum())
+    success = store.success
     failed_by_error: dict[str, int] = {}
-    for r in records:
-        if not r.success:
-            reason = r.error or "unknown"
-            failed_by_error[reason] = failed_by_error.get(reason, 0) + 1
-    num_completed = sum(1 for r in records if r.success)
+    errors = store.errors
+    for i in np.flatnonzero(~success).tolist():
+        reason = errors.get(i) or "unknown"
+        failed_by_error[reason] = failed_by_error.get(reason, 0) + 1
+    num_completed = int(success.sum())
+    preemptions = store.num_preemptions
+    num_scheduled = int(scheduled.sum())
     summary: dict = {
-        "num_requests": len(records),
+        "num_requests": len(store),
         "num_completed": num_completed,
-        "num_failed": len(records) - num_completed,
+        "num_failed": len(store) - num_completed,
         "num_failed_by_error": failed_by_error,
-        "total_preemptions": sum(r.num_preemptions for r in records),
-        "num_preempted_requests": sum(1 for r in records if r.num_preemptions > 0),
+        "total_preemptions": int(preemptions.sum()),
+        "num_preempted_requests": int((preemptions > 0).sum()),
         "num_prompt_tokens_scheduled": prompt_tokens,
         "num_cached_prompt_tokens": cached_tokens,
         "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         "num_external_prompt_tokens": external_tokens,
         "external_kv_hit_rate": external_tokens / prompt_tokens if prompt_tokens else 0.0,
-        "mean_api_server_ms": 1e3 * float(server_s.mean()) if len(scheduled) else 0.0,
-        "mean_api_server_wait_ms": (1e3 * float(np.mean([r.server_wait_s for r in scheduled]))
-                                    if len(scheduled) else 0.0),
+        "mean_api_server_ms": 1e3 * float(server_s.mean()) if num_scheduled else 0.0,
+        "mean_api_server_wait_ms": (1e3 * float(np.mean(store.server_wait_s[scheduled]))
+                                    if num_scheduled else 0.0),
     }
     summary |= latency_stats(queue_s, "queue", percentiles)
     return summary

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from simcore.records import ColumnSequence, RecordStore
+
 _NAN = math.nan
 
 # What a row holds beyond the fields every row has (`RequestRows._kind`).
@@ -19,11 +21,71 @@ _ONE_TOKEN = 1      # ttft_ms, e2el_ms, tpot_ms (None)
 _TOKENS = 2         # ttft_ms, e2el_ms, tpot_ms, mean_itl_ms, max_itl_ms
 
 
+_TOKENS_AT_ONCE = 1 << 20
+"""Token times made at once for the requests' ITL statistics (`_itl_stats`)."""
+
+
+def _itl_stats(store: RecordStore, index: np.ndarray, mean_itl: np.ndarray,
+               max_itl: np.ndarray) -> None:
+    """Mean and max ITL in ms (`mean_itl[i]`, `max_itl[i]`) of each record i in `index` (each
+    successful, with several tokens), over its streamed chunks: tokens of one instant are one
+    chunk (several tokens of one step with speculative decoding), one gap per chunk; NaN where
+    all came at once.
+
+    Requests whose token times are one range of a delivery log (most) are taken together, by
+    log and token count: a matrix of their times, a row each, whose rows' means and maxima are
+    those of each request alone, to the bit (numpy sums each row of a C-contiguous matrix
+    pairwise, as it sums one array). Rows with tokens of one instant, and the other requests,
+    are taken one at a time."""
+
+    def one(i: int, gaps: np.ndarray) -> None:
+        if not gaps.all():
+            gaps = gaps[gaps != 0]
+        if gaps.size:
+            mean_itl[i] = float(gaps.mean()) * 1e3
+            max_itl[i] = float(gaps.max()) * 1e3
+
+    logs, starts = store.ranges(index)
+    ranged = logs >= 0
+    rest = index[~ranged]
+    for a in range(0, rest.size, 4096):
+        block = rest[a:a + 4096]
+        for i, t in zip(block.tolist(), store.token_arrays(block)):
+            one(i, np.diff(t))
+    index, logs, starts = index[ranged], logs[ranged], starts[ranged]
+    if not index.size:
+        return
+    counts = store.num_tokens[index]
+    order = np.lexsort((counts, logs))
+    index, logs, starts, counts = index[order], logs[order], starts[order], counts[order]
+    cuts = np.flatnonzero((np.diff(logs) != 0) | (np.diff(counts) != 0)) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), index.size]):
+        times, width = store.log_times(int(logs[a])), int(counts[a])
+        step = max(1, _TOKENS_AT_ONCE // width)
+        for c in range(a, b, step):
+            d = min(b, c + step)
+            gaps = np.diff(times[starts[c:d, None] + np.arange(width)], axis=1)
+            whole = gaps.all(axis=1)
+            rows = index[c:d]
+            mean_itl[rows[whole]] = gaps[whole].mean(axis=1) * 1e3
+            max_itl[rows[whole]] = gaps[whole].max(axis=1) * 1e3
+            for r in np.flatnonzero(~whole).tolist():
+                one(int(rows[r]), gaps[r])
+
+
+def _column(typecode: str, values: np.ndarray) -> array:
+    """A numpy column as an `array` of `typecode` (its values converted to that C type)."""
+    return array(typecode, np.ascontiguousarray(values, dtype=_DTYPE[typecode]).tobytes())
+
+
+_DTYPE = {"i": np.int32, "b": np.int8, "d": np.float64}
+
+
 def _none(x: float) -> float | None:
     return None if x != x else x
 
 
-class RequestRows(Sequence[dict]):
+class RequestRows(ColumnSequence):
     """One row a request, in the run's request order; immutable.
 
     Each row is a dict, made when it is read: `request_id`, `replica`, `prompt_len`,
@@ -37,6 +99,7 @@ class RequestRows(Sequence[dict]):
     `default` (`dse simulate --out` streams the rows without holding them as dicts).
     """
 
+    _noun = "rows"
     __slots__ = ("_ids", "_replica", "_prompt", "_output", "_success", "_errors", "_arrival",
                  "_send", "_kind", "_ttft", "_e2el", "_tpot", "_mean_itl", "_max_itl",
                  "_queue", "_preempt", "_cached", "_sessions", "_turns")
@@ -65,63 +128,49 @@ class RequestRows(Sequence[dict]):
 
     @classmethod
     def from_records(cls, records, session_turns=None) -> RequestRows:
-        """The rows of `RequestRecord`s `records`; `session_turns`, if given, a (session id,
-        turn) pair per record."""
+        """The rows of `RequestRecord`s `records` (a `RecordStore` or a sequence of records);
+        `session_turns`, if given, a (session id, turn) pair per record."""
+        store = RecordStore.of(records)
         rows = cls()
-        ids, errors = rows._ids, rows._errors
-        replica, prompt, output, success = (rows._replica.append, rows._prompt.append,
-                                            rows._output.append, rows._success.append)
-        arrival, send, kind = rows._arrival.append, rows._send.append, rows._kind.append
-        ttft_, e2el_, tpot_ = rows._ttft.append, rows._e2el.append, rows._tpot.append
-        mean_itl, max_itl = rows._mean_itl.append, rows._max_itl.append
-        queue, preempt, cached = rows._queue.append, rows._preempt.append, rows._cached.append
-        for i, r in enumerate(records):
-            ids.append(r.request_id)
-            replica(-1 if r.replica is None else r.replica)
-            prompt(r.prompt_len)
-            output(r.output_len)
-            success(1 if r.success else 0)
-            if r.error is not None:
-                errors[i] = r.error
-            arrival(r.arrival_s)
-            send(_NAN if r.send_s is None else r.send_s)
-            t = r.token_times_s
-            n = len(t)
-            if r.success and n:
-                ttft = t[0] - r.send_s
-                e2el = t[-1] - r.send_s
-                ttft_(ttft * 1e3)
-                e2el_(e2el * 1e3)
-                if n > 1:
-                    kind(_TOKENS)
-                    tpot_((e2el - ttft) / (n - 1) * 1e3)
-                    gaps = np.diff(np.asarray(t))
-                    if not gaps.all():
-                        # Tokens of one instant are one streamed chunk (several tokens of one
-                        # step with speculative decoding): one gap per chunk.
-                        gaps = gaps[gaps != 0]
-                    if gaps.size:
-                        mean_itl(float(gaps.mean()) * 1e3)
-                        max_itl(float(gaps.max()) * 1e3)
-                    else:
-                        mean_itl(_NAN)
-                        max_itl(_NAN)
-                else:
-                    kind(_ONE_TOKEN)
-                    tpot_(_NAN)
-                    mean_itl(_NAN)
-                    max_itl(_NAN)
-            else:
-                kind(_NO_TOKENS)
-                ttft_(_NAN)
-                e2el_(_NAN)
-                tpot_(_NAN)
-                mean_itl(_NAN)
-                max_itl(_NAN)
-            queue(max(0.0, r.first_scheduled_s - r.send_s - r.server_s) * 1e3
-                  if r.first_scheduled_s is not None and r.send_s is not None else _NAN)
-            preempt(r.num_preemptions)
-            cached(r.num_cached_prompt_tokens)
+        n = len(store)
+        rows._ids = store.ids
+        rows._errors = dict(store.errors)
+        rows._replica = _column("i", store.replica)
+        rows._prompt = _column("i", store.prompt_len)
+        rows._output = _column("i", store.output_len)
+        success = store.success
+        rows._success = _column("b", success)
+        rows._arrival = _column("d", store.arrival_s)
+        send = store.send_s
+        rows._send = _column("d", send)
+        num_tokens = store.num_tokens
+        has = success & (num_tokens > 0)
+        multi = has & (num_tokens > 1)
+        kind = np.full(n, _NO_TOKENS, dtype=np.int8)
+        kind[has] = _ONE_TOKEN
+        kind[multi] = _TOKENS
+        rows._kind = _column("b", kind)
+        ttft_s = store.first_token_s[has] - send[has]
+        e2el_s = store.last_token_s[has] - send[has]
+        ttft, e2el = np.full(n, _NAN), np.full(n, _NAN)
+        ttft[has] = ttft_s * 1e3
+        e2el[has] = e2el_s * 1e3
+        tpot = np.full(n, _NAN)
+        several = num_tokens[has] > 1
+        tpot[multi] = (e2el_s[several] - ttft_s[several]) / (num_tokens[multi] - 1) * 1e3
+        rows._ttft, rows._e2el, rows._tpot = (_column("d", ttft), _column("d", e2el),
+                                              _column("d", tpot))
+        mean_itl, max_itl = np.full(n, _NAN), np.full(n, _NAN)
+        _itl_stats(store, np.flatnonzero(multi), mean_itl, max_itl)
+        rows._mean_itl, rows._max_itl = _column("d", mean_itl), _column("d", max_itl)
+        first = store.first_scheduled_s
+        scheduled = ~np.isnan(first) & ~np.isnan(send)
+        queue = first - send - store.server_s
+        queue = np.where(queue > 0.0, queue, 0.0) * 1e3     # max(0.0, x), NaN as 0.0
+        queue[~scheduled] = _NAN
+        rows._queue = _column("d", queue)
+        rows._preempt = _column("i", store.num_preemptions)
+        rows._cached = _column("i", store.num_cached_prompt_tokens)
         if session_turns is not None:
             rows._sessions = [s for s, _ in session_turns]
             rows._turns = array("q", (turn for _, turn in session_turns))
@@ -130,7 +179,7 @@ class RequestRows(Sequence[dict]):
     def __len__(self) -> int:
         return len(self._ids)
 
-    def _row(self, i: int) -> dict:
+    def _item(self, i: int) -> dict:
         replica = self._replica[i]
         send = self._send[i]
         row = {"request_id": self._ids[i], "replica": None if replica < 0 else replica,
@@ -153,33 +202,9 @@ class RequestRows(Sequence[dict]):
             row["turn"] = self._turns[i]
         return row
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self._row(i) for i in range(*index.indices(len(self)))]
-        n = len(self)
-        i = index.__index__()
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("request row index out of range")
-        return self._row(i)
-
-    def __iter__(self) -> Iterator[dict]:
-        return map(self._row, range(len(self)))
-
     def to_list(self) -> list[dict]:
         """Every row as a dict, in order."""
         return list(self)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"RequestRows({len(self)} rows)"
 
 
 class _RowStream(list):

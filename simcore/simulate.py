@@ -368,9 +368,11 @@ def check_runnable(cfg: SimConfig, specs) -> None:
 def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:
     """The cluster's summary plus the network's share of request latency."""
     out = cluster.summary()
-    done = [r for r in run.records if r.success and len(r.token_times_s)]
-    e2e = sum(float(r.token_times_s[-1]) - r.send_s for r in done)
-    net = sum(r.network_s for r in done)
+    records = run.records
+    done = records.success & (records.num_tokens > 0)
+    # Summed in request order as Python floats, as a record at a time would.
+    e2e = sum((records.last_token_s[done] - records.send_s[done]).tolist())
+    net = sum(records.network_s[done].tolist())
     out["network_share_of_request_latency"] = net / e2e if e2e > 0 else 0.0
     if kv_paths is not None and kv_paths.tier is not None:
         t = kv_paths.tier
@@ -421,8 +423,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
     m["mean_batch_tokens"] = (sum(s.num_tokens for s in stats) / real_steps
                               if real_steps else 0.0)
     m["token_budget_fill_fraction"] = m["mean_batch_tokens"] / dep.max_num_batched_tokens
-    trend = load_trend(np.fromiter((r.arrival_s for r in run.records), dtype=float),
-                       np.fromiter((r.end_s for r in run.records), dtype=float))
+    trend = load_trend(run.records.arrival_s, run.records.end_s)
     if trend is not None:
         m.update(trend.as_dict())
     m["output_throughput_per_gpu"] = m["output_throughput"] / n_gpu

@@ -28,6 +28,20 @@ class TokenTimes:
         self._a = self._b = 0
         self._n = len(self._parts) if self._parts else 0
 
+    @classmethod
+    def of_range(cls, log: "DeliveryLog", a: int, b: int) -> TokenTimes:
+        """One token at each of `log`'s entries a .. b - 1."""
+        t = cls()
+        if a < b:
+            t._log, t._a, t._b, t._n = log, a, b, b - a
+        return t
+
+    def single_range(self) -> tuple | None:
+        """(log, a, b) when the times are exactly one range of one delivery log, else None."""
+        if self._parts is None and self._log is not None:
+            return self._log, self._a, self._b
+        return None
+
     def _add_part(self, part) -> None:
         if self._parts is None:
             self._parts = [part]
@@ -197,12 +211,16 @@ class PooledGaps:
     request after request (`np.diff` of the chunk times without the gaps that cross from one
     request to the next), made from the requests' token times a block of requests at a time
     and never all held. `scan` makes them once and counts them (`size`) and the top bits of
-    their floats (`key_counts`); `mean_std` and `order_statistics` make them again."""
+    their floats (`key_counts`); `mean_std` and `order_statistics` make them again.
 
-    __slots__ = ("_successes", "_num_tokens", "size", "key_counts")
+    `token_arrays(i, j)` gives the token times of successful requests i .. j - 1, a float64
+    array each; `num_tokens`, each request's count."""
 
-    def __init__(self, successes, num_tokens: np.ndarray) -> None:
-        self._successes = successes
+    __slots__ = ("_token_arrays", "_num_tokens", "size", "key_counts")
+
+    def __init__(self, token_arrays: Callable[[int, int], list[np.ndarray]],
+                 num_tokens: np.ndarray) -> None:
+        self._token_arrays = token_arrays
         self._num_tokens = num_tokens
         self.size = 0
         self.key_counts = np.zeros(1 << (64 - _KEY_SHIFT), dtype=np.int64)
@@ -211,14 +229,14 @@ class PooledGaps:
         """(chunk times, chunks per request) per block of whole requests of about `_BLOCK`
         tokens (one request of more tokens is a block of its own); the chunk times are the
         block's own buffer."""
-        recs, nt = self._successes, self._num_tokens
+        nt = self._num_tokens
         ends = np.cumsum(nt)
-        i, n = 0, len(recs)
+        i, n = 0, len(nt)
         while i < n:
             base = ends[i] - nt[i]
             j = max(i + 1, int(np.searchsorted(ends, base + _BLOCK, side="right")))
             k = int(ends[j - 1] - base)
-            times = np.concatenate([_float_array(r.token_times_s) for r in recs[i:j]])
+            times = np.concatenate(self._token_arrays(i, j))
             last = ends[i:j] - base - 1
             first = last - nt[i:j] + 1
             # A token that arrives at the same instant as the previous one of its request

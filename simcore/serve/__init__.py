@@ -17,7 +17,7 @@ from simcore.compute.base import StepTimeModel
 from simcore.engine.request import BlockHashSpace
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.errors import ConfigError
-from simcore.metrics import RequestRecord
+from simcore.records import RecordStore
 from simcore.router import Router
 from simcore.serve.executor import DagExecutor, ModelExecutor
 from simcore.serve.api_server import ApiServerPath
@@ -37,7 +37,8 @@ __all__ = ["MAX_EMPTY_STEPS", "ApiServerPath", "ClientSettings", "ReplicaStats",
 class ServingRun:
     """Raw outcome of a serving run, before summarising."""
 
-    records: list[RequestRecord]
+    records: RecordStore
+    """Every request's record, in request order (columns once the run has ended)."""
     replicas: list[ReplicaStats]
     timeseries: TimeSeries
     schedulers: list[Scheduler]
@@ -158,6 +159,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
         for r in ranks:
             if hasattr(r.sched, "close"):
                 r.sched.close()
+    frontend.records.seal_all()
     return ServingRun(frontend.records, counters.stats, sampler.series,
                       [r.sched for r in ranks], env.now, router.num_prefix_routed,
                       frontend.outcomes,

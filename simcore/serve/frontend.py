@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import simpy
 
 from simcore.engine.request import Request
-from simcore.metrics import RequestRecord
+from simcore.records import RecordStore, RequestRecord
 from simcore.token_times import DeliveryLog
 from simcore.router import Router
 from simcore.serve.api_server import ApiServerPath, ServerProcess, deferred
@@ -72,7 +72,7 @@ class Frontend(StepObserver):
         # With P/D disaggregation the router sees only the prefill instances.
         self.prefill_of = set(entry) if len(entry) < len(ranks) else set()
         self.kv = kv
-        self.records: list[RequestRecord] = []
+        self.records = RecordStore()
         self.progress = progress
         self.total = len(specs)
         self.done = 0
@@ -178,6 +178,7 @@ class Frontend(StepObserver):
         self.env.timeout(session.turns[j + 1].think_s).callbacks.append(arrive)
 
     def finish(self, idx: int) -> None:
+        self.records.done(idx, self.env.now)
         self.done += 1
         self.in_flight -= 1
         if self.sessions is not None:
