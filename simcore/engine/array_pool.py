@@ -342,7 +342,7 @@ class ArrayBlockPool:
     def longest_cached(self, hashes: list[int]) -> list[int]:
         """The first block cached under each of `hashes`, from the first up to the first hash
         not cached."""
-        if not hashes:
+        if not hashes or not _get(self.table, hashes[0]):     # a miss at once: no array made
             return []
         out = np.empty(len(hashes), dtype=np.int32)
         n = _longest(self.table, np.array(hashes, dtype=np.int64), out)
