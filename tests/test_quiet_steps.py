@@ -214,6 +214,34 @@ def test_step_columns_read_as_step_times():
     assert list(cols) == times[:1] and len(longer) == 4
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_run_sums_equal_a_step_at_a_time(seed):
+    """A compiled run's columns summed into the replica counters at once (`sum_steps`) give the
+    floats, counts and dict key order of its StepTimes summed one at a time, runs after runs."""
+    from types import SimpleNamespace
+
+    from simcore.compute.decode_steps import BOUNDS
+    from simcore.serve.observers import ReplicaCounters
+
+    rng = random.Random(seed)
+    by_columns, by_steps = ReplicaCounters(1), ReplicaCounters(1)
+    rank = SimpleNamespace(index=0)
+    for _ in range(6):
+        k, num = rng.randint(1, 40), rng.randint(1, 64)
+        bound = [rng.choice((0, 1, 1, 2) if seed % 2 else (1,)) for _ in range(k)]
+        total = [rng.uniform(1e-4, 0.05) for _ in range(k)]
+        compute = [t * rng.random() for t in total]
+        comm = [t * rng.random() * 0.2 for t in total]
+        cols = StepColumns(total, compute, comm, bound)
+        by_columns.on_quiet_steps(rank, SimpleNamespace(requests=[None] * num, times=cols))
+        by_steps.on_quiet_steps(rank, SimpleNamespace(requests=[None] * num, times=list(cols)))
+    a, b = by_columns.stats[0], by_steps.stats[0]
+    assert a == b
+    assert list(a.steps_by_bound) == list(b.steps_by_bound)
+    assert list(a.step_s_by_phase_bound) == list(b.step_s_by_phase_bound)
+    assert set(a.steps_by_bound) <= set(BOUNDS)
+
+
 def test_horizon_passes_inert_timeouts_only():
     env = simpy.Environment()
     for d in (0.5, 0.1, 0.3, 0.2, 0.05):

@@ -22,13 +22,50 @@ and queue lengths at a fixed virtual interval.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
 
+import numpy as np
 import simpy
 
 from simcore.compute.base import StepShape
 from simcore.compute.decode_steps import BOUNDS
 from simcore.serve.quiet import StepColumns
+
+
+def sum_steps(total, compute, comm, bound, num, sums, counts, phase_s, order):
+    """A run's steps (columns: total, compute and communication seconds, bound index) added in
+    order to the running sums `sums` (a sequence's seconds: each total times `num`; busy;
+    compute; communication) and to each bound's `phase_s`, counted by bound into `counts` (zero
+    on entry): the floats a step at a time gives, to the bit. The bounds met go into `order` in
+    the order they first occur; returns how many."""
+    seq_s, busy, comp, com = sums[0], sums[1], sums[2], sums[3]
+    first = 0
+    for j in range(total.shape[0]):
+        t = total[j]
+        seq_s += t * num
+        busy += t
+        comp += compute[j]
+        com += comm[j]
+        b = bound[j]
+        if counts[b] == 0:
+            order[first] = b
+            first += 1
+        counts[b] += 1
+        phase_s[b] += t
+    sums[0], sums[1], sums[2], sums[3] = seq_s, busy, comp, com
+    return first
+
+
+_compiled_sum = None
+_DECODE_KEYS = tuple("decode/" + b for b in BOUNDS)
+
+
+def _sum_steps():
+    """`sum_steps` compiled on first use (only runs with compiled kernels make step columns)."""
+    global _compiled_sum
+    if _compiled_sum is None:
+        from simcore.compiled import compile_kernel
+        _compiled_sum = compile_kernel(sum_steps)
+    return _compiled_sum
 
 
 class StepObserver:
@@ -105,10 +142,11 @@ class ReplicaCounters(StepObserver):
     preemptions, and the steps (and their time) that left requests waiting, by the limit that
     held them: max_num_seqs, the token budget, or KV blocks (neither limit reached)."""
 
-    __slots__ = ("stats",)
+    __slots__ = ("stats", "_scratch")
 
     def __init__(self, num_replicas: int):
         self.stats = [ReplicaStats() for _ in range(num_replicas)]
+        self._scratch = None        # `sum_steps`'s arrays, made on a compiled run's first use
 
     def on_scheduled(self, rank, out) -> None:
         if out.preempted:
@@ -153,25 +191,41 @@ class ReplicaCounters(StepObserver):
         stats.num_tokens += num * k
         stats.num_decode_tokens += num * k
         stats.num_steps += k
-        # `_count` step by step, its sums kept in locals (each added to in the same order).
-        seq_s, busy, compute = stats.seq_s, stats.busy_s, stats.compute_s
-        comm, a2a = stats.comm_s, stats.all_to_all_s
         by_bound, by_phase = stats.steps_by_bound, stats.step_s_by_phase_bound
         times = run.times
         if type(times) is StepColumns:
-            # A compiled run's columns; it has no all-to-all (adding its 0.0 to a sum that
-            # starts at 0.0 and only grows changes no bit).
-            steps = zip(times.total, times.compute, times.comm, repeat(0.0),
-                        map(BOUNDS.__getitem__, times.bound))
-        else:
-            steps = ((st.total_s, st.compute_s, st.comm_s, st.all_to_all_s, st.bound)
-                     for st in times)
-        for total, c_s, m_s, a_s, bound in steps:
+            # A compiled run's columns, summed by the compiled `sum_steps`; it has no
+            # all-to-all (adding its 0.0 to a sum that starts at 0.0 and only grows changes no
+            # bit).
+            if self._scratch is None:
+                self._scratch = (np.empty(4), np.empty(len(BOUNDS)),
+                                 np.empty(len(BOUNDS), dtype=np.int64),
+                                 np.empty(len(BOUNDS), dtype=np.int64), _sum_steps())
+            sums, phase_s, counts, order, kernel = self._scratch
+            sums[:] = (stats.seq_s, stats.busy_s, stats.compute_s, stats.comm_s)
+            phase_s[:] = [by_phase.get(key, 0.0) for key in _DECODE_KEYS]
+            counts.fill(0)
+            first = kernel(times.total, times.compute, times.comm, times.bound, num, sums,
+                           counts, phase_s, order)
+            stats.seq_s, stats.busy_s, stats.compute_s, stats.comm_s = sums.tolist()
+            # Keys new to the dicts go in where a step at a time would put them: in the order
+            # their bounds first occur.
+            for b in order[:first].tolist():
+                bound = BOUNDS[b]
+                by_bound[bound] = by_bound.get(bound, 0) + int(counts[b])
+                by_phase[_DECODE_KEYS[b]] = float(phase_s[b])
+            return
+        # `_count` step by step, its sums kept in locals (each added to in the same order).
+        seq_s, busy, compute = stats.seq_s, stats.busy_s, stats.compute_s
+        comm, a2a = stats.comm_s, stats.all_to_all_s
+        for st in times:
+            total = st.total_s
             seq_s += total * num
             busy += total
-            compute += c_s
-            comm += m_s
-            a2a += a_s
+            compute += st.compute_s
+            comm += st.comm_s
+            a2a += st.all_to_all_s
+            bound = st.bound
             by_bound[bound] = by_bound.get(bound, 0) + 1
             key = "decode/" + bound
             by_phase[key] = by_phase.get(key, 0.0) + total

@@ -131,31 +131,40 @@ def _earliest(queue: list, passed: tuple, deferred_at_effect: bool) -> float:
 
 
 class StepColumns:
-    """A run's step times as columns (total, compute and communication seconds, bound as an
-    index into `BOUNDS`), read as a sequence of `StepTime`: what a compiled run gives
-    (`QuietLeap._timed`), which observers that sum a run's steps read column by column."""
+    """A run's step times as columns, numpy arrays (total, compute and communication seconds,
+    bound as an index into `BOUNDS`), read as a sequence of `StepTime`: what a compiled run
+    gives (`QuietLeap._timed`), which observers that sum a run's steps read column by column
+    (`simcore.serve.observers.sum_steps`)."""
 
     __slots__ = ("total", "compute", "comm", "bound")
 
-    def __init__(self, total: list, compute: list, comm: list, bound: list) -> None:
-        self.total, self.compute, self.comm, self.bound = total, compute, comm, bound
+    def __init__(self, total, compute, comm, bound) -> None:
+        self.total = np.asarray(total, dtype=np.float64)
+        self.compute = np.asarray(compute, dtype=np.float64)
+        self.comm = np.asarray(comm, dtype=np.float64)
+        self.bound = np.asarray(bound, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.total)
 
     def __getitem__(self, i: int) -> StepTime:
-        return decode_step_time(self.total[i], self.compute[i], self.comm[i], self.bound[i])
+        return decode_step_time(float(self.total[i]), float(self.compute[i]),
+                                float(self.comm[i]), int(self.bound[i]))
 
     def __iter__(self):
         return (self[i] for i in range(len(self.total)))
 
     def __delitem__(self, index: slice) -> None:
-        del self.total[index], self.compute[index], self.comm[index], self.bound[index]
+        self.total, self.compute, self.comm, self.bound = (
+            np.delete(column, index) for column in (self.total, self.compute, self.comm,
+                                                   self.bound))
 
     def plus(self, st: StepTime) -> StepColumns:
         """These steps and `st` after them (a new object)."""
-        return StepColumns([*self.total, st.total_s], [*self.compute, st.compute_s],
-                           [*self.comm, st.comm_s], [*self.bound, BOUNDS.index(st.bound)])
+        return StepColumns(np.append(self.total, st.total_s),
+                           np.append(self.compute, st.compute_s),
+                           np.append(self.comm, st.comm_s),
+                           np.append(self.bound, BOUNDS.index(st.bound)))
 
 
 @dataclass(slots=True)
@@ -305,8 +314,8 @@ class QuietLeap:
             total, compute, comm, bound, ends = self._columns
             n = decode_steps.compiled_steps()(*params, kv0, num, steps, now, limit, total,
                                               compute, comm, bound, ends)
-            times = StepColumns(total[:n].tolist(), compute[:n].tolist(), comm[:n].tolist(),
-                                bound[:n].tolist())
+            times = StepColumns(total[:n].copy(), compute[:n].copy(), comm[:n].copy(),
+                                bound[:n].copy())
             span = None
             if n < steps:
                 span = (decode_step_time(float(total[n]), float(compute[n]), float(comm[n]),
