@@ -4,6 +4,7 @@ gives: the same records, counters, samples and scheduler state, bit for bit."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import simpy
 
 import simcore.serve.loop as loop
+from simcore.serve import observers
 from simcore.compute.base import StepShape, StepTime
 from simcore.config import load_config
 from simcore.engine.request import FINISHED, Request
@@ -54,8 +56,21 @@ def specs(seed: int, n: int, *, rate: float, shared: bool) -> list[RequestSpec]:
     return out
 
 
+class DyadicStep:
+    """Stub step model whose times are multiples of 2**-9 s: every step end and every sample
+    time is exact, so steps end at the very instant of samples."""
+
+    profile_id = "stub/dyadic"
+    calibrated = False
+    relative_uncertainty = 0.0
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        t = (4 + shape.num_seqs % 3 + (shape.num_tokens > shape.num_seqs)) / 512
+        return StepTime(total_s=t, compute_s=t, comm_s=0.0, bound="memory")
+
+
 def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=None,
-        timeout=None, server=False, latency_s=0.002, **sched):
+        timeout=None, server=False, latency_s=0.002, sample_s=0.5, step_model=None, **sched):
     old = loop.QUIET_LEAPS
     loop.QUIET_LEAPS = leaps
     try:
@@ -63,9 +78,10 @@ def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=
                    max_model_len=1024)
         cfg.update(sched)
         r = run_serving(list(reqs), sched_config=SchedulerConfig(**cfg), num_replicas=replicas,
-                        step_model=KvStep(), router_policy=router, report_interval_s=0.05,
-                        balance_threshold=4, max_concurrency=max_concurrency,
-                        max_model_len=cfg["max_model_len"], sample_interval_s=0.5,
+                        step_model=step_model or KvStep(), router_policy=router,
+                        report_interval_s=0.05, balance_threshold=4,
+                        max_concurrency=max_concurrency,
+                        max_model_len=cfg["max_model_len"], sample_interval_s=sample_s,
                         request_timeout_s=timeout,
                         request_cpu_s=(lambda p: 1e-4 + 1e-6 * p) if server else None,
                         request_latency_s=latency_s if server else 0.0)
@@ -144,6 +160,50 @@ def test_runs_match_single_steps_bit_for_bit(name, counted):
     # The comparison means something only where runs were taken.
     total = sum(s.num_steps for s in together.schedulers)
     assert counted["runs"] > 0 and counted["steps"] > 0.2 * total, (counted, total)
+
+
+@pytest.mark.parametrize("name", ["one engine", "four engines, prefix affinity",
+                                  "API server path, 30 ms of latency", "small pool, preemptions"])
+@pytest.mark.parametrize("sample_s,model", [(0.013, None), (2 ** -4, DyadicStep()),
+                                            (2 ** -6, DyadicStep())])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_samples_inside_runs_read_the_engine_as_single_steps(name, sample_s, model, compiled,
+                                                           counted, monkeypatch):
+    """Samples of the engines' state pass quiet runs: an engine inside one is read as single
+    stepping shows it (its blocks allocated up to the running step), and a run stops before a
+    step that would end at the very instant of a sample (dyadic step times, where steps and
+    samples meet exactly)."""
+    serving, sched = CASES[name]
+    reqs = specs(11, 160, rate=6.0, shared=True)
+    if model is not None:       # arrivals on the same grid as the steps
+        reqs = [dataclasses.replace(r, arrival_s=round(r.arrival_s * 128) / 128) for r in reqs]
+        serving = {**serving, "latency_s": 2 ** -5}
+    ties = {"samples": 0, "inside": 0, "cut": 0}
+    sampled = observers.TimeSeriesSampler.process
+
+    def counting(self):
+        for event in sampled(self):
+            ties["samples"] += 1
+            ties["inside"] += sum(r.quiet is not None for r in self.ranks)
+            yield event
+
+    monkeypatch.setattr(observers.TimeSeriesSampler, "process", counting)
+    tie_of = quiet._sample_tie
+
+    def tie(*args):
+        got = tie_of(*args)
+        ties["cut"] += got is not None
+        return got
+
+    monkeypatch.setattr(quiet, "_sample_tie", tie)
+    single = run(reqs, False, **serving, **sched, sample_s=sample_s, step_model=model,
+                 compiled=compiled)
+    together = run(reqs, True, **serving, **sched, sample_s=sample_s, step_model=model,
+                   compiled=compiled)
+    assert snapshot(together) == snapshot(single)
+    assert counted["runs"] > 0 and ties["inside"] > 0, (counted, ties)
+    if model is not None and "API server" not in name:     # its work is not on the grid
+        assert ties["cut"] > 0, ties
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -204,7 +204,11 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of usable blocks referenced by some request (vLLM's kv_cache_usage)."""
-        return 1.0 - self.pool.num_free / (self.pool.num_blocks - 1)
+        return self.usage_with(self.pool.num_free)
+
+    def usage_with(self, num_free: int) -> float:
+        """`usage` were `num_free` blocks free."""
+        return 1.0 - num_free / (self.pool.num_blocks - 1)
 
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Longest run of cached full blocks from block 0, never covering the request's last token;

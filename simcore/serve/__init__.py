@@ -143,13 +143,13 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
         executor = ModelExecutor(step_model, lockstep=True)
     else:
         executor = ModelExecutor(step_model)
-    sampler = TimeSeriesSampler(env, [r.sched for r in ranks], sample_interval_s,
-                                frontend.check_lost)
+    sampler = TimeSeriesSampler(env, ranks, sample_interval_s, frontend.check_lost)
 
     env.process(frontend.process())
     for g in groups:
         env.process(EngineLoop(env, [ranks[i] for i in g], executor, observers,
-                               all_events=lambda: frontend.sends_on_output).process())
+                               all_events=lambda: frontend.sends_on_output,
+                               sampler=sampler).process())
     if len(entry) > 1:
         env.process(frontend.reporter(report_interval_s))
     env.process(sampler.process())

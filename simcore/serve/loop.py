@@ -30,12 +30,15 @@ results are the same either way (tests compare them)."""
 class Rank:
     """One engine: its index, its scheduler, and the event that wakes its loop when asleep."""
 
-    __slots__ = ("index", "sched", "wake")
+    __slots__ = ("index", "sched", "wake", "quiet")
 
     def __init__(self, index: int, sched: Scheduler):
         self.index = index
         self.sched = sched
         self.wake: simpy.Event | None = None
+        self.quiet = None
+        """The quiet run the engine is in (`simcore.serve.quiet.QuietRun`), else None: its
+        scheduler is brought to the run's end only when the run ends."""
 
     def notify(self) -> None:
         """Wake the loop this engine belongs to (a request arrived, a KV load landed)."""
@@ -49,10 +52,11 @@ class EngineLoop:
     __slots__ = ("env", "ranks", "executor", "observers", "leap")
 
     def __init__(self, env: simpy.Environment, ranks: Sequence[Rank], executor: StepExecutor,
-                 observers: Sequence[StepObserver], all_events=None):
+                 observers: Sequence[StepObserver], all_events=None, sampler=None):
         """`all_events()`, where given, says whether any queued event may change this engine's
         scheduler (see `simcore.serve.quiet.horizon`); without it the engine steps one at a
-        time."""
+        time. `sampler`, the engine-state sampler whose samples quiet runs pass (its
+        `next_s`, `interval_s`), or None."""
         self.env = env
         self.ranks = list(ranks)
         self.executor = executor
@@ -71,7 +75,8 @@ class EngineLoop:
                                                 if single else None),
                                   decode_params=(getattr(model, "decode_params", None)
                                                  if single and sched.config.compiled
-                                                 else None))
+                                                 else None),
+                                  sampler=sampler)
 
     def _sleep(self):
         """Wait until any rank is notified."""
@@ -114,9 +119,11 @@ class EngineLoop:
             elif leap is not None:
                 run = leap.plan(step_s)
                 if run is not None:
+                    rank.quiet = run
                     yield InertTimeout(env, run.delay_s)
                     if run.span_s is not None:
                         yield InertTimeout(env, run.span_s)
+                    rank.quiet = None
                     leap.apply(run)
                     for ob in observers:
                         ob.on_quiet_steps(rank, run)

@@ -28,7 +28,7 @@ import simpy
 
 from simcore.compute.base import StepShape
 from simcore.compute.decode_steps import BOUNDS
-from simcore.serve.quiet import StepColumns
+from simcore.serve.quiet import SampleTimeout, StepColumns
 
 
 def sum_steps(total, compute, comm, bound, num, sums, counts, phase_s, order):
@@ -282,24 +282,35 @@ class TimeSeries:
 
 class TimeSeriesSampler:
     """Samples every engine's KV-cache usage and running / waiting counts each `interval_s`;
-    before each sample, `check()` (the front end's lost-request check) runs."""
+    before each sample, `check()` (the front end's lost-request check) runs. An engine inside a
+    quiet run (`Rank.quiet`) is read as single stepping would show it at that instant: its
+    free blocks from the run's allocations so far (`QuietRun.blocks_free_at`); its running and
+    waiting requests are those of its scheduler, which a run changes only at its end.
+    `next_s` is the time of the next sample."""
 
-    __slots__ = ("env", "schedulers", "interval_s", "check", "series")
+    __slots__ = ("env", "ranks", "interval_s", "check", "series", "next_s")
 
-    def __init__(self, env: simpy.Environment, schedulers, interval_s: float, check):
+    def __init__(self, env: simpy.Environment, ranks, interval_s: float, check):
         self.env = env
-        self.schedulers = schedulers
+        self.ranks = ranks
         self.interval_s = interval_s
         self.check = check
         self.series = TimeSeries()
+        self.next_s = env.now
 
     def process(self):
         series = self.series
-        scheds = self.schedulers
+        ranks = self.ranks
+        scheds = [rank.sched for rank in ranks]
         while True:
             self.check()
-            series.t_s.append(self.env.now)
-            series.kv_usage.append([round(s.kv.usage, 4) for s in scheds])
+            now = self.env.now
+            series.t_s.append(now)
+            series.kv_usage.append([round(s.kv.usage if rank.quiet is None
+                                          else s.kv.usage_with(rank.quiet.blocks_free_at(now)),
+                                          4)
+                                    for rank, s in zip(ranks, scheds)])
             series.num_running.append([len(s.running) for s in scheds])
             series.num_waiting.append([s.num_waiting for s in scheds])
-            yield self.env.timeout(self.interval_s)
+            self.next_s = now + self.interval_s
+            yield SampleTimeout(self.env, self.interval_s)

@@ -7,8 +7,7 @@ previous one (every context one token longer). Such steps repeat up to the one t
 request's last token (the run's last step: its requests finish at its end, as
 `Scheduler.update` finishes them, and the observers hear of it as of a step's outputs), until
 the block pool runs short, or until something from outside the engine loops changes the
-scheduler: a request arrives (the client, the API server's path), a client gives up, a sample of the
-engines' state is taken. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
+scheduler: a request arrives (the client, the API server's path), a client gives up. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
 these can happen and times them with the step-time model one by one (the same shapes in the
 same order; a model with a `decode_timer` gives each the StepTime its `step_time` gives, with
 the batch size's constant parts worked out once, so every step time and every end time is the
@@ -21,7 +20,10 @@ its evictions are those of single steps. Observers take the steps together
 
 *Outside the engine loops* is read from SimPy's event queue: the earliest queued event that
 is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
-counts a quiet run leaves unchanged), a `DeferredTimeout` (the client's send, the API server's
+counts a quiet run leaves unchanged) nor a `SampleTimeout` (a sample of the engines' state,
+which reads an engine inside a run as single stepping would show it: the blocks allocated up
+to the step running then, `QuietRun.blocks_free_at`; a run stops before a step that would end
+at the very instant of a sample), a `DeferredTimeout` (the client's send, the API server's
 tokenizer thread and event loop working on a request) counting at its effect, the path's
 latency later, since no scheduler hears of the request sooner. While the client holds requests
 back (max concurrency), a request finishing on another engine sends one at once, so then every
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,6 +77,13 @@ class DeferredTimeout(simpy.Timeout):
         self.effect_s = effect_s
 
 
+class SampleTimeout(simpy.Timeout):
+    """The next sample of the engines' state (`simcore.serve.observers.TimeSeriesSampler`): it
+    changes no scheduler, and reads an engine inside a quiet run as single stepping would show
+    it (`QuietRun.blocks_free_at`), so the horizon of a quiet run passes it; a run whose step
+    would end at the very instant of a sample stops before that step (`QuietLeap.plan`)."""
+
+
 class HandOff(simpy.Timeout):
     """A request's hand-off to its engine at the end of the API server's path, whose firing only
     adds the request to that engine's waiting queue: a step running when it fires decided its
@@ -89,14 +99,14 @@ def horizon(env: simpy.Environment, all_events: bool) -> float:
         return math.inf
     if all_events:
         return queue[0][0]
-    return _earliest(queue, (InertTimeout,), True)
+    return _earliest(queue, (InertTimeout, SampleTimeout), True)
 
 
 def span_horizon(env: simpy.Environment) -> float:
     """The earliest queued event that is neither an `InertTimeout`, a `DeferredTimeout` nor a
     `HandOff`: before it, what fires only hands requests on towards an engine, and a quiet
     run's last step may span that (`QuietLeap.plan`)."""
-    return _earliest(env._queue, (InertTimeout, DeferredTimeout, HandOff), False)
+    return _earliest(env._queue, (InertTimeout, SampleTimeout, DeferredTimeout, HandOff), False)
 
 
 def _earliest(queue: list, passed: tuple, deferred_at_effect: bool) -> float:
@@ -185,6 +195,16 @@ class QuietRun:
     span_s: float | None = None
     """When the last step spans a request's hand-off: that step's own wait, taken at the end
     of `delay_s` (the steps before it), as single stepping would take it."""
+    blocks: tuple | None = None
+    """(each request's computed tokens and blocks held at the start, the free blocks then, the
+    block size), for `blocks_free_at`."""
+
+    def blocks_free_at(self, t: float) -> int:
+        """The engine's free blocks at `t` inside the run (`start_s` <= t < its last end, no
+        step ending at t), as single stepping shows them: the step running at t has made its
+        allocations (at its start), none has freed any (requests finish at the run's end)."""
+        ctx, held, free, bs = self.blocks
+        return free - new_blocks(ctx, held, bs, bisect_right(self.ends_s, t) + 1)
 
     @property
     def num_steps(self) -> int:
@@ -207,10 +227,14 @@ class QuietLeap:
     requests back, so another engine's output may send one at once)."""
 
     __slots__ = ("env", "sched", "time_step", "decode_timer", "all_events", "budget",
-                 "block_size", "max_model_len", "decode_params", "_params", "_columns")
+                 "block_size", "max_model_len", "decode_params", "_params", "_columns",
+                 "sampler")
 
     def __init__(self, env: simpy.Environment, sched, time_step, all_events,
-                 decode_timer=None, decode_params=None):
+                 decode_timer=None, decode_params=None, sampler=None):
+        # `sampler` (its `next_s` and `interval_s`): the engine-state sampler whose samples a
+        # run passes (`SampleTimeout`), or None.
+        self.sampler = sampler
         self.env = env
         self.sched = sched
         self.time_step = time_step
@@ -269,15 +293,25 @@ class QuietLeap:
             lefts.append(left)
         if steps < MIN_STEPS:
             return None
-        steps = self._block_limit(running, ctx, steps)
+        steps, blocks = self._block_limit(running, ctx, steps)
         if steps < MIN_STEPS:
             return None
         # Time the steps one by one, as single stepping would, until one would end at or after
         # the horizon.
         kv0 = sum(ctx) + num
         times, ends, span = self._timed(num, kv0, steps, now, limit)
+        sampler = self.sampler
+        if sampler is not None and ends:
+            # A sample at the very end of a step is ordered against it by when each was
+            # queued, which a run changes: the run stops before that step.
+            tie = _sample_tie(ends if span is None else [*ends, span[1]], sampler.next_s,
+                              sampler.interval_s)
+            if tie is not None:
+                if tie < len(ends):
+                    del times[tie:], ends[tie:]
+                span = None
         if span is not None and ends and not all_events:
-            run = self._spanning(running, lefts, kv0, times, ends, span)
+            run = self._spanning(running, lefts, kv0, times, ends, span, blocks)
             if run is not None:
                 return run
         k, delay = _longest_exact(now, ends, len(ends))
@@ -294,7 +328,7 @@ class QuietLeap:
                 return None
         if k < len(ends):
             del times[k:], ends[k:]
-        return QuietRun(list(running), kv0, times, ends, now, delay, finished)
+        return QuietRun(list(running), kv0, times, ends, now, delay, finished, blocks=blocks)
 
     def _timed(self, num: int, kv0: int, steps: int, now: float, limit: float):
         """(the step times, their ends, the step that ends at or after `limit` with its end or
@@ -343,7 +377,7 @@ class QuietLeap:
         return times, ends, None
 
     def _spanning(self, running, lefts: list[int], kv0: int, times: list, ends: list[float],
-                  span) -> QuietRun | None:
+                  span, blocks: tuple) -> QuietRun | None:
         """The run of the quiet steps `ends` and the one after them, `span` (its StepTime and
         end), which ends past the horizon, or None when that step may not be taken with them.
 
@@ -367,35 +401,27 @@ class QuietLeap:
             return None
         times = times.plus(st) if type(times) is StepColumns else [*times, st]
         return QuietRun(list(running), kv0, times, [*ends, t_end], now, delay, finished,
-                        st.total_s)
+                        st.total_s, blocks)
 
-    def _block_limit(self, running, ctx: list[int], steps: int) -> int:
+    def _block_limit(self, running, ctx: list[int], steps: int) -> tuple[int, tuple]:
         """The most of `steps` quiet steps whose new blocks the free pool holds (so no
-        allocation fails and nothing is preempted)."""
+        allocation fails and nothing is preempted), and the run's `blocks`."""
         kv = self.sched.kv
         free = kv.pool.num_free
         bs = self.block_size
         req_blocks = kv.req_blocks
         held = [len(req_blocks[r.request_id]) for r in running]
-
-        def need(k: int) -> int:
-            total = 0
-            for c, h in zip(ctx, held):
-                n = -(-(c + k) // bs) - h
-                if n > 0:
-                    total += n
-            return total
-
-        if need(steps) <= free:
-            return steps
+        blocks = (ctx, held, free, bs)
+        if new_blocks(ctx, held, bs, steps) <= free:
+            return steps, blocks
         lo, hi = 0, steps            # need(lo) <= free < need(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if need(mid) <= free:
+            if new_blocks(ctx, held, bs, mid) <= free:
                 lo = mid
             else:
                 hi = mid
-        return lo
+        return lo, blocks
 
     def apply(self, run: QuietRun) -> None:
         """Bring the scheduler to where `run`'s steps leave it, making the block allocations of
@@ -436,6 +462,31 @@ class QuietLeap:
         sched.num_steps += k
         if run.finished:
             sched.finish_sampled(run.finished)
+
+
+def new_blocks(ctx: list[int], held: list[int], bs: int, k: int) -> int:
+    """The blocks that `k` quiet steps allocate to requests with computed tokens `ctx` holding
+    `held` blocks (`bs` tokens a block): each step's token needs room in its request's blocks."""
+    total = 0
+    for c, h in zip(ctx, held):
+        n = -(-(c + k) // bs) - h
+        if n > 0:
+            total += n
+    return total
+
+
+def _sample_tie(ends: list[float], sample_s: float, interval_s: float) -> int | None:
+    """The index of the first of the step ends `ends` (ascending) that falls at the very
+    instant of a sample (at `sample_s` and every `interval_s` after it, each added as SimPy
+    adds a delay to the time of the one before), or None."""
+    t = sample_s
+    last = ends[-1]
+    while t <= last:
+        i = bisect_left(ends, t)
+        if ends[i] == t:
+            return i
+        t = t + interval_s
+    return None
 
 
 def _longest_exact(now: float, ends: list[float], k: int) -> tuple[int, float | None]:
