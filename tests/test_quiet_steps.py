@@ -334,10 +334,12 @@ def test_span_horizon_passes_what_only_hands_requests_on():
     """A request's send and its steps on the API server's path (deferred) and its hand-off to
     an engine pass; anything else stops a run's spanning step."""
     env = simpy.Environment()
-    HandOff(env, 0.1)
+    HandOff(env, 0.1, 1)
     DeferredTimeout(env, 0.05, 0.2)
     InertTimeout(env, 0.01)
     assert horizon(env, False) == 0.1
+    # A hand-off to engine 1 changes no other engine's scheduler: their runs pass it.
+    assert horizon(env, False, 1) == 0.1 and horizon(env, False, 0) == 0.2
     assert span_horizon(env) == float("inf")
     env.timeout(0.3)
     assert span_horizon(env) == 0.3
@@ -350,7 +352,7 @@ def test_a_run_may_end_with_a_step_spanning_a_hand_off():
     not read: the run takes the step it falls in, waiting for it from the step's start."""
     s = _decoding_scheduler(6, 10_000, 3)
     env = simpy.Environment()
-    HandOff(env, 0.05)
+    HandOff(env, 0.05, 0)
     got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
     assert got.ends_s[-2] < 0.05 < got.ends_s[-1]
     assert got.span_s == KvStep().step_time(got.shapes[-1]).total_s

@@ -237,7 +237,7 @@ class Frontend(StepObserver):
             def worked(end_s: float, rec=rec) -> None:
                 rec.server_wait_s = end_s - sent - tokens - work
                 rec.server_s = end_s + server.latency_s - sent
-                HandOff(env, server.latency_s).callbacks.append(arrive)
+                HandOff(env, server.latency_s, rank.index).callbacks.append(arrive)
 
             def tokenized(_end_s: float) -> None:
                 if server.request_cpu_s is None:

@@ -76,7 +76,7 @@ class EngineLoop:
                                   decode_params=(getattr(model, "decode_params", None)
                                                  if single and sched.config.compiled
                                                  else None),
-                                  sampler=sampler)
+                                  sampler=sampler, rank=self.ranks[0].index)
 
     def _sleep(self):
         """Wait until any rank is notified."""

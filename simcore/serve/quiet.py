@@ -85,21 +85,27 @@ class SampleTimeout(simpy.Timeout):
 
 
 class HandOff(simpy.Timeout):
-    """A request's hand-off to its engine at the end of the API server's path, whose firing only
-    adds the request to that engine's waiting queue: a step running when it fires decided its
-    batch before, so a quiet run's last step may span it (`QuietLeap.plan`)."""
+    """A request's hand-off to engine `target` at the end of the API server's path, whose firing
+    only adds the request to that engine's waiting queue: a step running when it fires decided
+    its batch before, so a quiet run's last step may span it (`QuietLeap.plan`); no other
+    engine's scheduler hears of it, so their runs pass it."""
+
+    def __init__(self, env: simpy.Environment, delay: float, target: int) -> None:
+        super().__init__(env, delay)
+        self.target = target
 
 
-def horizon(env: simpy.Environment, all_events: bool) -> float:
-    """The earliest virtual time at which something outside the engine loops may change a
-    scheduler: the first queued event that is not an `InertTimeout`, a `DeferredTimeout` counting
-    at its effect (with `all_events`, the first queued event of any kind)."""
+def horizon(env: simpy.Environment, all_events: bool, rank: int | None = None) -> float:
+    """The earliest virtual time at which something outside the engine loops may change engine
+    `rank`'s scheduler (any engine's if None): the first queued event that is not an
+    `InertTimeout`, a `SampleTimeout` nor a `HandOff` to another engine, a `DeferredTimeout`
+    counting at its effect (with `all_events`, the first queued event of any kind)."""
     queue = env._queue
     if not queue:
         return math.inf
     if all_events:
         return queue[0][0]
-    return _earliest(queue, (InertTimeout, SampleTimeout), True)
+    return _earliest(queue, (InertTimeout, SampleTimeout), True, rank)
 
 
 def span_horizon(env: simpy.Environment) -> float:
@@ -109,10 +115,12 @@ def span_horizon(env: simpy.Environment) -> float:
     return _earliest(env._queue, (InertTimeout, SampleTimeout, DeferredTimeout, HandOff), False)
 
 
-def _earliest(queue: list, passed: tuple, deferred_at_effect: bool) -> float:
-    """The time of the first event of SimPy's heap `queue` whose kind is not in `passed`, a
-    `DeferredTimeout` counting at its effect if `deferred_at_effect`. Walks the heap from the
-    root, pruning subtrees that start no earlier than the best found."""
+def _earliest(queue: list, passed: tuple, deferred_at_effect: bool,
+              rank: int | None = None) -> float:
+    """The time of the first event of SimPy's heap `queue` whose kind is not in `passed` (nor a
+    `HandOff` to an engine other than `rank`, where given), a `DeferredTimeout` counting at its
+    effect if `deferred_at_effect`. Walks the heap from the root, pruning subtrees that start
+    no earlier than the best found."""
     best = math.inf
     n = len(queue)
     stack = [0] if queue else []
@@ -125,7 +133,8 @@ def _earliest(queue: list, passed: tuple, deferred_at_effect: bool) -> float:
         if t >= best:
             continue
         kind = type(entry[3])
-        if kind not in passed:
+        if kind not in passed and (kind is not HandOff or rank is None
+                                   or entry[3].target == rank):
             if kind is not DeferredTimeout or not deferred_at_effect:
                 best = t
                 continue
@@ -228,10 +237,12 @@ class QuietLeap:
 
     __slots__ = ("env", "sched", "time_step", "decode_timer", "all_events", "budget",
                  "block_size", "max_model_len", "decode_params", "_params", "_columns",
-                 "sampler")
+                 "sampler", "rank")
 
     def __init__(self, env: simpy.Environment, sched, time_step, all_events,
-                 decode_timer=None, decode_params=None, sampler=None):
+                 decode_timer=None, decode_params=None, sampler=None, rank=None):
+        # `rank`: the engine's index (hand-offs to other engines pass its runs), or None.
+        self.rank = rank
         # `sampler` (its `next_s` and `interval_s`): the engine-state sampler whose samples a
         # run passes (`SampleTimeout`), or None.
         self.sampler = sampler
@@ -270,7 +281,7 @@ class QuietLeap:
         env = self.env
         now = env.now
         all_events = self.all_events()
-        limit = horizon(env, all_events)
+        limit = horizon(env, all_events, self.rank)
         # Without all_events, a run may end with a step that spans the horizon (below).
         if now + (MIN_STEPS if all_events else 1) * last_total_s >= limit:
             return None
