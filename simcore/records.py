@@ -66,7 +66,8 @@ class RequestRecord:
 
     @property
     def end_s(self) -> float:
-        """When the client was done with it: `finished_s`, else the last token, else the send (or arrival)."""
+        """When the client was done with it: `finished_s`, else the last token, else the send
+        (or arrival)."""
         if self.finished_s is not None:
             return self.finished_s
         if len(self.token_times_s):
@@ -310,7 +311,8 @@ class RecordStore(ColumnSequence):
     def token_arrays(self, indices: np.ndarray) -> list[np.ndarray]:
         """The token times of the records `indices`, a float64 array each."""
         out = []
-        log_of, range_a, num_tokens, logs = self._log_of, self._range_a, self._num_tokens, self._logs
+        log_of, range_a = self._log_of, self._range_a
+        num_tokens, logs = self._num_tokens, self._logs
         for i in indices.tolist():
             k = log_of[i]
             if k >= 0:

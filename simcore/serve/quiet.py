@@ -7,8 +7,9 @@ previous one (every context one token longer). Such steps repeat up to the one t
 request's last token (the run's last step: its requests finish at its end, as
 `Scheduler.update` finishes them, and the observers hear of it as of a step's outputs), until
 the block pool runs short, or until something from outside the engine loops changes the
-scheduler: a request arrives (the client, the API server's path), a client gives up. `QuietLeap.plan` finds how many quiet steps lie ahead before any of
-these can happen and times them with the step-time model one by one (the same shapes in the
+scheduler: a request arrives (the client, the API server's path), a client gives up.
+`QuietLeap.plan` finds how many quiet steps lie ahead before any of these can happen and times
+them with the step-time model one by one (the same shapes in the
 same order; a model with a `decode_timer` gives each the StepTime its `step_time` gives, with
 the batch size's constant parts worked out once, so every step time and every end time is the
 same float as when stepping); the loop then waits once, for their total, and
@@ -109,9 +110,10 @@ def horizon(env: simpy.Environment, all_events: bool, rank: int | None = None) -
 
 
 def span_horizon(env: simpy.Environment) -> float:
-    """The earliest queued event that is neither an `InertTimeout`, a `DeferredTimeout` nor a
-    `HandOff`: before it, what fires only hands requests on towards an engine, and a quiet
-    run's last step may span that (`QuietLeap.plan`)."""
+    """The earliest queued event that is neither an `InertTimeout`, a `SampleTimeout`, a
+    `DeferredTimeout` nor a `HandOff`: before it, what fires only hands requests on towards an
+    engine (or samples the engines), and a quiet run's last step may span that
+    (`QuietLeap.plan`)."""
     return _earliest(env._queue, (InertTimeout, SampleTimeout, DeferredTimeout, HandOff), False)
 
 
