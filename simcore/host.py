@@ -242,7 +242,6 @@ def host_parameter(cfg: HostConfig, name: str) -> float:
     return fitted_parameters()[name] if v is None else float(v)
 
 
-
 def step_period(gpu_s, cpu_s, frontend_s, runner_s, is_async):
     """A step's period from its GPU busy time, the engine core's CPU time, the API server's
     time and the model runner's: sync scheduling adds the engine's CPU time to the GPU's; async
@@ -255,6 +254,7 @@ def step_period(gpu_s, cpu_s, frontend_s, runner_s, is_async):
     else:
         engine = gpu_s + cpu_s
     return max(engine, frontend_s)
+
 
 class HostOverheads:
     """The CPU costs of one engine and its API server; immutable.

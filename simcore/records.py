@@ -143,7 +143,7 @@ class RecordStore(ColumnSequence):
     __slots__ = ("_live", "_pending", "_num_live", "_ids", "_prompt", "_output", "_arrival",
                  "_send", "_finished", "_first_scheduled", "_server", "_server_wait",
                  "_network", "_success", "_errors", "_preempt", "_cached", "_external",
-                 "_replica", "_num_tokens", "_first_token", "_last_token", "_end", "_log_of",
+                 "_replica", "_num_tokens", "_first_token", "_last_token", "_log_of",
                  "_range_a", "_logs", "_log_index", "_extra_times")
     _noun = "records"
 
@@ -161,9 +161,9 @@ class RecordStore(ColumnSequence):
         self._errors: dict[int, str] = {}               # the records whose error is not None
         self._preempt, self._cached, self._external = array("q"), array("q"), array("q")
         self._replica = array("q")                      # -1: None
-        # Token times: their count, first and last (NaN: none), end of the request (`end_s`).
+        # Token times: their count, first and last (NaN: none).
         self._num_tokens = array("q")
-        self._first_token, self._last_token, self._end = array("d"), array("d"), array("d")
+        self._first_token, self._last_token = array("d"), array("d")
         # The times themselves: log index (or _EMPTY, _EXTRA) and the range's start; the range
         # ends at start + count.
         self._log_of, self._range_a = array("i"), array("q")
@@ -190,7 +190,7 @@ class RecordStore(ColumnSequence):
         return (self._prompt, self._output, self._preempt, self._cached, self._external,
                 self._replica, self._num_tokens, self._range_a, self._arrival, self._send,
                 self._finished, self._first_scheduled, self._server, self._server_wait,
-                self._network, self._first_token, self._last_token, self._end, self._success,
+                self._network, self._first_token, self._last_token, self._success,
                 self._log_of)
 
     def done(self, index: int, now: float) -> None:
@@ -217,12 +217,12 @@ class RecordStore(ColumnSequence):
             return
         self._live[i] = None
         self._num_live -= 1
-        if i >= len(self._end):
+        if i >= len(self._success):
             self._grow(i + 1)
         self._prompt[i] = rec.prompt_len
         self._output[i] = rec.output_len
         self._arrival[i] = rec.arrival_s
-        self._send[i] = send = _nan_if_none(rec.send_s)
+        self._send[i] = _nan_if_none(rec.send_s)
         self._finished[i] = _nan_if_none(rec.finished_s)
         self._first_scheduled[i] = _nan_if_none(rec.first_scheduled_s)
         self._server[i] = rec.server_s
@@ -240,11 +240,9 @@ class RecordStore(ColumnSequence):
         self._num_tokens[i] = n
         if n:
             self._first_token[i] = times[0]
-            self._last_token[i] = last = times[-1]
+            self._last_token[i] = times[-1]
         else:
-            self._first_token[i] = self._last_token[i] = last = _NAN
-        self._end[i] = (rec.finished_s if rec.finished_s is not None else last if n
-                        else send if send == send else rec.arrival_s)
+            self._first_token[i] = self._last_token[i] = _NAN
         span = times.single_range() if type(times) is TokenTimes else None
         if span is not None:
             log, a, _ = span
@@ -370,4 +368,13 @@ class RecordStore(ColumnSequence):
     num_tokens = property(lambda self: self._ints(self._num_tokens))
     first_token_s = property(lambda self: self._floats(self._first_token), doc="NaN: no token")
     last_token_s = property(lambda self: self._floats(self._last_token), doc="NaN: no token")
-    end_s = property(lambda self: self._floats(self._end), doc="`RequestRecord.end_s`")
+
+    @property
+    def end_s(self) -> np.ndarray:
+        """`RequestRecord.end_s` of each record: when the client saw it end, else its last
+        token, else its send, else its arrival."""
+        send = self.send_s
+        end = np.where(np.isnan(send), self.arrival_s, send)
+        end = np.where(self.num_tokens > 0, self.last_token_s, end)
+        finished = self._floats(self._finished)
+        return np.where(np.isnan(finished), end, finished)
