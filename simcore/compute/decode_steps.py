@@ -8,13 +8,16 @@ plus the attention at `kv`: the profile's generation-attention grid along its le
 batch size (`LogGrid.along`, its two-axis reading unrolled here), or the roofline's formula.
 
 `decode_step` is plain Python over indexable numbers, and so is `decode_steps`, a quiet run's loop
-over it; `compiled_steps()` is that loop compiled by numba, where a long run asks for it (the
-engine's compiled kernels, `SchedulerConfig.compiled`). Compiled, the same operations run in the
+over it, whose columns the run keeps as `StepColumns`; `compiled_steps()` is that loop compiled
+by numba, where a long run asks for it (the engine's compiled kernels,
+`SchedulerConfig.compiled`). Compiled, the same operations run in the
 same order on the same doubles (numba's log and exp are the C library's, as Python's are), so the
 steps' times are the same to the bit (`tests/test_roofline.py` holds both to `_step_time`).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from simcore.calibration import grid
 from simcore.calibration.grid import along_at
@@ -37,6 +40,43 @@ def decode_step_time(total, compute, comm, bound) -> StepTime:
     """The StepTime of a decode step `decode_step` timed: the CPU side the rest of its total,
     no all-to-all."""
     return StepTime(total, compute, comm, BOUNDS[bound], total - (compute + comm), 0.0)
+
+
+class StepColumns:
+    """A run's step times as columns, numpy arrays (total, compute and communication seconds,
+    bound as an index into `BOUNDS`), read as a sequence of `StepTime`: what `decode_steps`
+    gives a quiet run (`simcore.serve.quiet.QuietLeap._timed`), which observers that sum a run's
+    steps read column by column (`simcore.serve.observers.sum_steps`)."""
+
+    __slots__ = ("total", "compute", "comm", "bound")
+
+    def __init__(self, total, compute, comm, bound) -> None:
+        self.total = np.asarray(total, dtype=np.float64)
+        self.compute = np.asarray(compute, dtype=np.float64)
+        self.comm = np.asarray(comm, dtype=np.float64)
+        self.bound = np.asarray(bound, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.total)
+
+    def __getitem__(self, i: int) -> StepTime:
+        return decode_step_time(float(self.total[i]), float(self.compute[i]),
+                                float(self.comm[i]), int(self.bound[i]))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.total)))
+
+    def __delitem__(self, index: slice) -> None:
+        self.total, self.compute, self.comm, self.bound = (
+            np.delete(column, index) for column in (self.total, self.compute, self.comm,
+                                                   self.bound))
+
+    def plus(self, st: StepTime) -> StepColumns:
+        """These steps and `st` after them (a new object)."""
+        return StepColumns(np.append(self.total, st.total_s),
+                           np.append(self.compute, st.compute_s),
+                           np.append(self.comm, st.comm_s),
+                           np.append(self.bound, BOUNDS.index(st.bound)))
 
 
 def decode_step(c, flat, ax1, g, kv):

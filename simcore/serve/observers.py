@@ -27,8 +27,8 @@ import numpy as np
 import simpy
 
 from simcore.compute.base import StepShape
-from simcore.compute.decode_steps import BOUNDS
-from simcore.serve.quiet import SampleTimeout, StepColumns
+from simcore.compute.decode_steps import BOUNDS, StepColumns
+from simcore.serve.quiet import SampleTimeout
 
 
 def sum_steps(total, compute, comm, bound, num, sums, counts, phase_s, order):

@@ -53,7 +53,7 @@ import simpy
 
 from simcore.compute import decode_steps
 from simcore.compute.base import StepShape, StepTime
-from simcore.compute.decode_steps import BOUNDS, decode_step_time
+from simcore.compute.decode_steps import StepColumns, decode_step_time
 from simcore.engine.kv_cache import KVCacheManager
 
 MIN_STEPS = 2
@@ -149,43 +149,6 @@ def _earliest(queue: list, passed: tuple, deferred_at_effect: bool,
             if c + 1 < n:
                 push(c + 1)
     return best
-
-
-class StepColumns:
-    """A run's step times as columns, numpy arrays (total, compute and communication seconds,
-    bound as an index into `BOUNDS`), read as a sequence of `StepTime`: what a compiled run
-    gives (`QuietLeap._timed`), which observers that sum a run's steps read column by column
-    (`simcore.serve.observers.sum_steps`)."""
-
-    __slots__ = ("total", "compute", "comm", "bound")
-
-    def __init__(self, total, compute, comm, bound) -> None:
-        self.total = np.asarray(total, dtype=np.float64)
-        self.compute = np.asarray(compute, dtype=np.float64)
-        self.comm = np.asarray(comm, dtype=np.float64)
-        self.bound = np.asarray(bound, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.total)
-
-    def __getitem__(self, i: int) -> StepTime:
-        return decode_step_time(float(self.total[i]), float(self.compute[i]),
-                                float(self.comm[i]), int(self.bound[i]))
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self.total)))
-
-    def __delitem__(self, index: slice) -> None:
-        self.total, self.compute, self.comm, self.bound = (
-            np.delete(column, index) for column in (self.total, self.compute, self.comm,
-                                                   self.bound))
-
-    def plus(self, st: StepTime) -> StepColumns:
-        """These steps and `st` after them (a new object)."""
-        return StepColumns(np.append(self.total, st.total_s),
-                           np.append(self.compute, st.compute_s),
-                           np.append(self.comm, st.comm_s),
-                           np.append(self.bound, BOUNDS.index(st.bound)))
 
 
 @dataclass(slots=True)
