@@ -43,7 +43,6 @@ group. Elsewhere the engine steps one at a time, as it always does at the edges 
 
 from __future__ import annotations
 
-import heapq
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from simcore.compute import decode_steps
 from simcore.compute.base import StepShape, StepTime
 from simcore.compute.decode_steps import StepColumns, decode_step_time
 from simcore.engine.kv_cache import KVCacheManager
+from simcore.engine.run_blocks import allocate_run
 
 MIN_STEPS = 2
 """Fewest quiet steps worth taking together (one step is cheaper stepped on its own)."""
@@ -401,36 +401,12 @@ class QuietLeap:
 
     def apply(self, run: QuietRun) -> None:
         """Bring the scheduler to where `run`'s steps leave it, making the block allocations of
-        the steps that cross a block boundary in the order single steps make them."""
+        the steps that cross a block boundary as single steps make them (`allocate_run`)."""
         sched = self.sched
-        kv = sched.kv
-        fit = kv.num_tokens_fit
-        allocate_slots = kv.allocate_slots
         k = run.num_steps
         reqs = run.requests
         base = [(r.num_computed_tokens, r.num_output_tokens) for r in reqs]
-        # (step, position in the batch) of each request's next call to allocate_slots: the
-        # first step j (1-based) whose token would pass the tokens its blocks hold.
-        heap = []
-        for i, r in enumerate(reqs):
-            j = fit[r.request_id] - base[i][0] + 1
-            if j <= k:
-                heap.append((j, i))
-        heapq.heapify(heap)
-        while heap:
-            j, i = heapq.heappop(heap)
-            r = reqs[i]
-            c0, o0 = base[i]
-            r.num_computed_tokens = c0 + j - 1
-            r.num_output_tokens = o0 + j - 1
-            if not allocate_slots(r, 1):
-                raise RuntimeError(f"a quiet step found no block for {r.request_id} "
-                                   f"(the plan counted enough)")
-            nxt = fit[r.request_id] - c0 + 1
-            if nxt <= j:
-                raise RuntimeError(f"allocate_slots left {r.request_id} no room for its token")
-            if nxt <= k:
-                heapq.heappush(heap, (nxt, i))
+        allocate_run(sched.kv, reqs, base, k)
         for r, (c0, o0) in zip(reqs, base):
             r.num_computed_tokens = c0 + k
             r.num_output_tokens = o0 + k
