@@ -67,16 +67,13 @@ class StepColumns:
         return (self[i] for i in range(len(self.total)))
 
     def __delitem__(self, index: slice) -> None:
-        self.total, self.compute, self.comm, self.bound = (
-            np.delete(column, index) for column in (self.total, self.compute, self.comm,
-                                                   self.bound))
-
-    def plus(self, st: StepTime) -> StepColumns:
-        """These steps and `st` after them (a new object)."""
-        return StepColumns(np.append(self.total, st.total_s),
-                           np.append(self.compute, st.compute_s),
-                           np.append(self.comm, st.comm_s),
-                           np.append(self.bound, BOUNDS.index(st.bound)))
+        columns = (self.total, self.compute, self.comm, self.bound)
+        if index.stop is None and index.step is None and (index.start or 0) >= 0:
+            # The steps from one on (how a plan cuts a run): the first ones kept as views.
+            kept = (column[:index.start or 0] for column in columns)
+        else:
+            kept = (np.delete(column, index) for column in columns)
+        self.total, self.compute, self.comm, self.bound = kept
 
 
 def decode_step(c, flat, ax1, g, kv):

@@ -324,13 +324,15 @@ class QuietLeap:
             total, compute, comm, bound, ends = self._columns
             n = decode_steps.compiled_steps()(*params, kv0, num, steps, now, limit, total,
                                               compute, comm, bound, ends)
-            times = StepColumns(total[:n].copy(), compute[:n].copy(), comm[:n].copy(),
-                                bound[:n].copy())
-            span = None
-            if n < steps:
-                span = (decode_step_time(float(total[n]), float(compute[n]), float(comm[n]),
-                                         int(bound[n])), float(ends[n]))
-            return times, ends[:n].tolist(), span
+            # With the step past the horizon (it may be taken with them, `_spanning`): the
+            # columns of all, the run's steps a view of them.
+            m = n + 1 if n < steps else n
+            cols = (total[:m].copy(), compute[:m].copy(), comm[:m].copy(), bound[:m].copy())
+            if m == n:
+                return StepColumns(*cols), ends[:n].tolist(), None
+            span = (decode_step_time(float(total[n]), float(compute[n]), float(comm[n]),
+                                     int(bound[n])), float(ends[n]), StepColumns(*cols))
+            return StepColumns(*(c[:n] for c in cols)), ends[:n].tolist(), span
         if self.decode_timer is not None:
             timer = self.decode_timer(num)
         else:
@@ -364,7 +366,7 @@ class QuietLeap:
         as single stepping does from the step's start, so events at its end are ordered against
         it as they would have been."""
         env = self.env
-        st, t_end = span
+        st, t_end = span[0], span[1]
         if not t_end < span_horizon(env):
             return None
         now = env.now
@@ -375,7 +377,7 @@ class QuietLeap:
         finished = [r for r, left in zip(running, lefts) if left == k]
         if finished and _queued_at(env, t_end):
             return None
-        times = times.plus(st) if type(times) is StepColumns else [*times, st]
+        times = span[2] if len(span) > 2 else [*times, st]
         return QuietRun(list(running), kv0, times, [*ends, t_end], now, delay, finished,
                         st.total_s, blocks)
 
