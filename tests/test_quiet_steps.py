@@ -433,14 +433,15 @@ def test_apply_leaves_the_pool_as_single_steps_do(seed):
     assert state(t) == state(s)
 
 
-def _evicting_scheduler(seed: int, compiled: bool) -> Scheduler:
+def _evicting_scheduler(seed: int, compiled: bool, max_model_len: int = 4096) -> Scheduler:
     """Requests decoding on a small pool whose free queue holds cached blocks (a first wave's,
     finished), so the run's allocations evict; their keys run past their prompts and repeat
     between requests, so blocks completed while decoding are cached under hashes that other
     requests' blocks, held or free, also hold."""
     rng = random.Random(seed)
     s = Scheduler(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, num_blocks=160,
-                                  block_size=16, max_model_len=4096, compiled=compiled))
+                                  block_size=16, max_model_len=max_model_len,
+                                  compiled=compiled))
     shared = [tuple(rng.randint(0, 2) for _ in range(40)) for _ in range(3)]
 
     def add(name: str, max_tokens: int) -> None:
@@ -459,11 +460,14 @@ def _evicting_scheduler(seed: int, compiled: bool) -> Scheduler:
     return s
 
 
+@pytest.mark.parametrize("max_model_len", [4096, 290])
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_apply_with_evictions_and_shared_hashes_leaves_the_pool_as_single_steps_do(seed,
-                                                                                    compiled):
-    s = _evicting_scheduler(seed, compiled)
+def test_apply_with_evictions_and_shared_hashes_leaves_the_pool_as_single_steps_do(
+        seed, compiled, max_model_len):
+    """As above, where allocations evict and completed blocks share hashes, with the Python
+    and the compiled pools; at a short max_model_len, runs end where requests reach it."""
+    s = _evicting_scheduler(seed, compiled, max_model_len)
     assert any(s.kv.pool.block_hash[b] for b in s.kv.pool.free_queue())   # allocations evict
     t = copy.deepcopy(s)
     got = QuietLeap(simpy.Environment(), t, KvStep().step_time, lambda: False).plan(0.0)
