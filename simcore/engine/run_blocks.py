@@ -3,12 +3,17 @@
 `k` steps in which every request of a batch decodes one token call `KVCacheManager.allocate_slots(r,
 1)` for a request only at the steps whose token passes what its blocks hold
 (`num_tokens_fit`): the step that completes a block (which is then cached) and the step that
-needs a new one. `allocate_run` finds those calls in the order single steps make them (step by
-step, each step's batch in order) and makes each one's decisions as `allocate_slots` makes
-them, but leaves the pool's work to the end: the run's new blocks are taken from the free queue
-by one `pool.allocate(n)` call, which pops the same blocks in the same order as `n` calls of
-one, and the run's completed blocks are cached by one `pool.cache_many` call, in the calls'
-order.
+needs a new one. Which steps those are follows from the request's counts alone: its `m`-th
+block is allocated at the step that computes the block's first token (or the run's first step,
+for a block the request already lacks), and is cached at the step that completes it (or the
+first step, for one already full); the `num_tokens_fit` that `allocate_slots` leaves after its
+last call follows from the blocks held and cached then. `allocate_run` makes those decisions for
+each request at once, and the pool's work in single steps' order (step by step, each step's
+batch in order, a request's blocks in block order): the run's new blocks are taken from the
+free queue by one `pool.allocate(n)` call, which pops the same blocks in the same order as `n`
+calls of one, and the run's completed blocks are cached by one `pool.cache_many` call, in that
+order, their hashes drawn in it (`Request.ensure_block_hashes`, so blocks with no key get the
+same fresh ids, and keyed ones are interned in the same order).
 
 Why that order of the pool's work changes nothing: a block the run allocates loses the hash it
 held (an eviction) and a block it completes gains one. A completed block is held by its request
@@ -16,14 +21,10 @@ while the run lasts, so no allocation of the run pops it, and a block allocated 
 completed within the run is allocated first in both orders. Evicting a block from a hash's
 blocks and appending another block to them commute (the blocks left, and their order, are the
 same either way), so the prefix cache holds the same blocks under the same hashes, in the same
-order, at the end of the run; nothing looks it up during the run (no request is admitted). The
-hashes of completed blocks are drawn in the calls' order (`Request.ensure_block_hashes`), so
-blocks with no key get the same fresh ids.
+order, at the end of the run; nothing looks it up during the run (no request is admitted).
 """
 
 from __future__ import annotations
-
-import heapq
 
 from simcore.engine.kv_cache import KVCacheManager
 from simcore.engine.request import Request
@@ -32,69 +33,68 @@ from simcore.engine.request import Request
 def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, int]],
                  k: int) -> None:
     """Make the block allocations of `k` steps in which each of `reqs` (in batch order, each
-    decoding, `num_computed_tokens + 1 == num_tokens`; `base` their computed and output
-    tokens) computes one token a step, as `k` single steps' calls of `kv.allocate_slots(r, 1)`
-    make them. The requests' counts are read, not changed, except `num_output_tokens`, which the
-    caller sets after (it is moved to a call's step where a completed block's hash is drawn).
-    Raises RuntimeError if the pool runs short (the caller's plan counted the blocks)."""
+    decoding, `num_computed_tokens + 1 == num_tokens`, none reaching `max_model_len`; `base`
+    their computed and output tokens) computes one token a step, as `k` single steps' calls of
+    `kv.allocate_slots(r, 1)` make them. The requests' counts are read, not changed, except
+    `num_output_tokens`, which the caller sets after (it is moved to a call's step where a
+    completed block's hash is drawn). Raises RuntimeError if the pool runs short (the caller's
+    plan counted the blocks)."""
     fit = kv.num_tokens_fit
     bs = kv.block_size
-    max_len = kv.max_model_len
     caching = kv.enable_caching
     req_blocks = kv.req_blocks
     num_cached = kv.num_cached_block
-    space = kv.space
-    # (step, position in the batch) of each request's next call: the first step j (1-based)
-    # whose token would pass the tokens its blocks hold.
-    heap = [(j, i) for i, (r, (c0, _)) in enumerate(zip(reqs, base))
-            if (j := fit[r.request_id] - c0 + 1) <= k]
-    if not heap:
-        return
-    heapq.heapify(heap)
-    heappop, heappush = heapq.heappop, heapq.heappush
-    slots: list[tuple[list[int], int]] = []      # (block table, index) of each new block
-    completed: list[tuple[list[int], int]] = []  # (block table, index) of each completed block
-    completed_hashes: list[int] = []
-    while heap:
-        j, i = heappop(heap)
-        r = reqs[i]
+    # (step, position in the batch, block index, block table) of each block to allocate, and
+    # (step, position, block index) of each block to cache, steps counted from 1.
+    allocs: list[tuple[int, int, int, list[int]]] = []
+    completed: list[tuple[int, int, int]] = []
+    for i, (r, (c0, _)) in enumerate(zip(reqs, base)):
         rid = r.request_id
-        c0, o0 = base[i]
-        c = c0 + j - 1          # the request's computed tokens before step j
+        if fit[rid] - c0 >= k:          # no call within the run
+            continue
         held = req_blocks[rid]
-        need = c + 1 if c + 1 < max_len else max_len
-        for _ in range(-(-need // bs) - len(held)):
-            slots.append((held, len(held)))
-            held.append(-1)     # filled in below
-        f = len(held) * bs
+        end = c0 + k                    # computed tokens after the run
+        num_held = len(held)
+        num_needed = -(-end // bs)
+        for m in range(num_held, num_needed):
+            j = m * bs - c0 + 1
+            allocs.append((j if j > 1 else 1, i, m, held))
+        if num_needed < num_held:
+            num_needed = num_held
+        f = num_needed * bs
         if caching:
-            num_tokens = r.prompt_len + o0 + j - 1
-            n_full = (c + 1 if c + 1 < num_tokens else num_tokens) // bs
             start = num_cached[rid]
-            if n_full > start:
-                r.num_output_tokens = o0 + j - 1
-                hashes = r.ensure_block_hashes(space, bs)
-                for m in range(start, n_full):
-                    completed.append((held, m))
-                    completed_hashes.append(hashes[m])
-                num_cached[rid] = start = n_full
+            num_full = end // bs
+            for m in range(start, num_full):
+                j = (m + 1) * bs - c0
+                completed.append((j if j > 1 else 1, i, m))
+            if num_full > start:
+                num_cached[rid] = start = num_full
             if f > (start + 1) * bs - 1:
                 f = (start + 1) * bs - 1
         fit[rid] = f
-        nxt = f - c0 + 1
-        if nxt <= j:
-            raise RuntimeError(f"allocate_slots left {rid} no room for its token")
-        if nxt <= k:
-            heappush(heap, (nxt, i))
     pool = kv.pool
-    if slots:
-        if len(slots) > pool.num_free:
+    if allocs:
+        if len(allocs) > pool.num_free:
             raise RuntimeError(f"a quiet run found {pool.num_free} free blocks for "
-                               f"{len(slots)} (the plan counted enough)")
-        for (held, m), b in zip(slots, pool.allocate(len(slots))):
-            held[m] = b
-    if len(completed) == 1:
-        held, m = completed[0]
-        pool.cache(held[m], completed_hashes[0])
-    elif completed:
-        pool.cache_many([held[m] for held, m in completed], completed_hashes)
+                               f"{len(allocs)} (the plan counted enough)")
+        allocs.sort()
+        for (_, _, _, held), b in zip(allocs, pool.allocate(len(allocs))):
+            held.append(b)
+    if completed:
+        completed.sort()
+        space = kv.space
+        blocks = []
+        hashes_of = []
+        for j, i, m in completed:
+            r = reqs[i]
+            hashes = r.block_hashes
+            if len(hashes) <= m:        # drawn at the call of step j, as allocate_slots draws
+                r.num_output_tokens = base[i][1] + j - 1
+                hashes = r.ensure_block_hashes(space, bs)
+            blocks.append(req_blocks[r.request_id][m])
+            hashes_of.append(hashes[m])
+        if len(blocks) == 1:
+            pool.cache(blocks[0], hashes_of[0])
+        else:
+            pool.cache_many(blocks, hashes_of)
