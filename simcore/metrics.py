@@ -106,7 +106,7 @@ def _pack(records: Sequence[RequestRecord], ok: np.ndarray | None = None) -> _St
     ttft_s, e2el_s = store.first_token_s[ok] - send, store.last_token_s[ok] - send
     # One pass over the tokens, a block of requests at a time: the chunks per request, the
     # one-second buckets of the chunk times, the pooled gaps counted.
-    itl = PooledGaps(lambda i, j: store.token_arrays(ok[i:j]), num_tokens)
+    itl = PooledGaps(lambda i, j: store.token_block(ok[i:j]), num_tokens)
     peaks = _Peaks(send, e2el_s)
     itl.scan(peaks.add)
     peak_tokens, peak_requests = peaks.result()

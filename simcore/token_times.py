@@ -213,14 +213,14 @@ class PooledGaps:
     and never all held. `scan` makes them once and counts them (`size`) and the top bits of
     their floats (`key_counts`); `mean_std` and `order_statistics` make them again.
 
-    `token_arrays(i, j)` gives the token times of successful requests i .. j - 1, a float64
-    array each; `num_tokens`, each request's count."""
+    `token_block(i, j)` gives the token times of successful requests i .. j - 1 concatenated,
+    a new float64 array (the block's own buffer); `num_tokens`, each request's count."""
 
-    __slots__ = ("_token_arrays", "_num_tokens", "size", "key_counts")
+    __slots__ = ("_token_block", "_num_tokens", "size", "key_counts")
 
-    def __init__(self, token_arrays: Callable[[int, int], list[np.ndarray]],
+    def __init__(self, token_block: Callable[[int, int], np.ndarray],
                  num_tokens: np.ndarray) -> None:
-        self._token_arrays = token_arrays
+        self._token_block = token_block
         self._num_tokens = num_tokens
         self.size = 0
         self.key_counts = np.zeros(1 << (64 - _KEY_SHIFT), dtype=np.int64)
@@ -236,7 +236,7 @@ class PooledGaps:
             base = ends[i] - nt[i]
             j = max(i + 1, int(np.searchsorted(ends, base + _BLOCK, side="right")))
             k = int(ends[j - 1] - base)
-            times = np.concatenate(self._token_arrays(i, j))
+            times = self._token_block(i, j)
             last = ends[i:j] - base - 1
             first = last - nt[i:j] + 1
             # A token that arrives at the same instant as the previous one of its request

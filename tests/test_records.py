@@ -22,13 +22,14 @@ def _ranged(log: DeliveryLog, a: int, b: int) -> TokenTimes:
     return t
 
 
-def _mixed_records(seed: int, n: int = 300) -> tuple[list[RequestRecord], list[RequestRecord]]:
-    """Records whose token times are ranges of two delivery logs (with steps that deliver at
-    one instant), pieces of several ranges, single times, none; and the same records with the
-    times as plain lists."""
+def _mixed_records(seed: int, n: int = 300, *, num_logs: int = 2, pieces: bool = True
+                   ) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """Records whose token times are ranges of `num_logs` delivery logs (with steps that
+    deliver at one instant), pieces of several ranges, single times (not without `pieces`),
+    none; and the same records with the times as plain lists."""
     rng = np.random.default_rng(seed)
     logs = []
-    for _ in range(2):
+    for _ in range(num_logs):
         log = DeliveryLog()
         gaps = rng.exponential(0.02, size=4000)
         gaps[rng.random(4000) < 0.02] = 0.0           # two steps of one instant
@@ -36,12 +37,12 @@ def _mixed_records(seed: int, n: int = 300) -> tuple[list[RequestRecord], list[R
         logs.append(log)
     ranged, plain = [], []
     for i in range(n):
-        log = logs[int(rng.integers(2))]
+        log = logs[int(rng.integers(num_logs))]
         k = int(rng.choice([0, 1, 2, 3, 17, 64, 64, 64, 128]))
         a = int(rng.integers(0, 4000 - k))
         send = log.times[a] - float(rng.uniform(0, 0.5)) if k else float(rng.uniform(0, 50))
         kind = rng.random()
-        if kind < 0.8 or k < 2:
+        if kind < 0.8 or k < 2 or not pieces:
             times = _ranged(log, a, a + k)
         else:                           # two ranges, or a single time then a range
             times = TokenTimes()
@@ -109,11 +110,13 @@ def test_a_record_is_sealed_after_its_instant_has_passed():
     assert RecordStore.of([]) == [] and len(RecordStore.of([]).end_s) == 0
 
 
+@pytest.mark.parametrize("num_logs, pieces", [(2, True), (2, False), (1, False)])
 @pytest.mark.parametrize("seed", range(3))
-def test_summaries_and_rows_from_columns_equal_record_by_record(seed):
+def test_summaries_and_rows_from_columns_equal_record_by_record(seed, num_logs, pieces):
     """Ranges of a log (the rows' ITLs taken by matrix) against plain lists (one request at a
-    time), and every row against its record's own arithmetic."""
-    ranged, plain = _mixed_records(seed)
+    time), and every row against its record's own arithmetic; with every successful request a
+    range, the summary's token times are gathered from one log or several at once."""
+    ranged, plain = _mixed_records(seed, num_logs=num_logs, pieces=pieces)
     pcts = [50.0, 90.0, 99.0]
     assert summarize(ranged, selected_percentiles=pcts) == summarize(plain,
                                                                      selected_percentiles=pcts)
@@ -145,3 +148,18 @@ def test_a_sealed_record_is_not_the_live_object_any_more():
     store.seal_all()
     rec.network_s = 9.0                         # written after the seal: not seen
     assert store[0] == snapshot
+
+
+@pytest.mark.parametrize("num_logs, pieces", [(2, True), (3, False), (1, False)])
+def test_a_block_of_token_times_is_the_records_times_concatenated(num_logs, pieces):
+    ranged, _ = _mixed_records(7, num_logs=num_logs, pieces=pieces)
+    store = RecordStore.of(ranged)
+    rng = np.random.default_rng(1)
+    for indices in (np.arange(len(store)), np.flatnonzero(store.success),
+                    np.sort(rng.choice(len(store), 40, replace=False)), np.arange(0)):
+        want = [np.asarray(ranged[i].token_times_s, dtype=float) for i in indices.tolist()]
+        got = store.token_block(indices)
+        np.testing.assert_array_equal(got, np.concatenate(want) if want else np.empty(0))
+        got[:1] = -1.0                  # the block's own buffer: the logs are untouched
+        assert store.token_block(indices)[:1].tolist() == [float(x) for x in
+                                                            np.concatenate(want or [[]])[:1]]

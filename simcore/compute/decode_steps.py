@@ -56,6 +56,13 @@ class StepColumns:
         self.comm = np.asarray(comm, dtype=np.float64)
         self.bound = np.asarray(bound, dtype=np.int64)
 
+    @classmethod
+    def of(cls, total, compute, comm, bound) -> StepColumns:
+        """Columns that are already float64 arrays (int64 for `bound`), taken as they are."""
+        cols = cls.__new__(cls)
+        cols.total, cols.compute, cols.comm, cols.bound = total, compute, comm, bound
+        return cols
+
     def __len__(self) -> int:
         return len(self.total)
 

@@ -319,20 +319,24 @@ class QuietLeap:
                                               tuple(np.asarray(a, dtype=float) for a in p))
         if params is not None:
             if self._columns is None:
-                self._columns = (*(np.empty(MAX_STEPS) for _ in range(3)),
-                                 np.empty(MAX_STEPS, dtype=np.int64), np.empty(MAX_STEPS))
-            total, compute, comm, bound, ends = self._columns
-            n = decode_steps.compiled_steps()(*params, kv0, num, steps, now, limit, total,
-                                              compute, comm, bound, ends)
+                # Scratch for the kernel: total, compute and communication seconds as the rows
+                # of one array (copied at once), the bounds, the ends.
+                self._columns = (np.empty((3, MAX_STEPS)), np.empty(MAX_STEPS, dtype=np.int64),
+                                 np.empty(MAX_STEPS))
+            seconds, bound, ends = self._columns
+            n = decode_steps.compiled_steps()(*params, kv0, num, steps, now, limit, seconds[0],
+                                              seconds[1], seconds[2], bound, ends)
             # With the step past the horizon (it may be taken with them, `_spanning`): the
             # columns of all, the run's steps a view of them.
             m = n + 1 if n < steps else n
-            cols = (total[:m].copy(), compute[:m].copy(), comm[:m].copy(), bound[:m].copy())
+            (total, compute, comm), bounds = seconds[:, :m].copy(), bound[:m].copy()
             if m == n:
-                return StepColumns(*cols), ends[:n].tolist(), None
+                return StepColumns.of(total, compute, comm, bounds), ends[:n].tolist(), None
             span = (decode_step_time(float(total[n]), float(compute[n]), float(comm[n]),
-                                     int(bound[n])), float(ends[n]), StepColumns(*cols))
-            return StepColumns(*(c[:n] for c in cols)), ends[:n].tolist(), span
+                                     int(bounds[n])), float(ends[n]),
+                    StepColumns.of(total, compute, comm, bounds))
+            return (StepColumns.of(total[:n], compute[:n], comm[:n], bounds[:n]),
+                    ends[:n].tolist(), span)
         if self.decode_timer is not None:
             timer = self.decode_timer(num)
         else:
