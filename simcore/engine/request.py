@@ -116,6 +116,10 @@ class BlockHashSpace:
 
     def _chain_one_by_one(self, keys, parent: int, out: list[int]) -> int:
         """`chain`, block by block (few keys, or keys outside [0, 2**63))."""
+        if isinstance(keys, np.ndarray):    # the keys as Python ints (exact in an identity)
+            keys = keys.tolist()
+        elif not isinstance(keys, (tuple, list)):     # a BlockKeys: its ints
+            keys = list(keys)
         n = len(keys)
         lookup = self.lookup
         append = out.append

@@ -60,9 +60,70 @@ def max_hash_id(block_size: int, hash_block_tokens: int) -> int:
     return VALUE_LIMIT // (hash_block_tokens // block_size) - 1
 
 
+class BlockKeys(Sequence):
+    """Block keys held as a read-only int64 array (8 bytes a key, where a tuple holds an int
+    object and a pointer, about 40): what `hash_block_keys` gives, since an hour of a trace
+    holds millions of keys. It reads as the tuple of its keys: its items, slices and
+    iteration give Python ints (a slice is a BlockKeys), it equals and hashes as that tuple,
+    `+` joins it with a tuple or another BlockKeys, and numpy takes its array as it is
+    (`np.asarray(keys)`, no copy)."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, keys) -> None:
+        a = np.asarray(keys, dtype=np.int64)
+        if a.flags.writeable:       # a read-only array is taken as it is, any other copied
+            a = a.copy()
+            a.flags.writeable = False
+        self._a = a
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return BlockKeys(self._a[i])
+        return int(self._a[i])
+
+    def __iter__(self):
+        return iter(self._a.tolist())
+
+    def __array__(self, dtype=None, copy=None):
+        if dtype is None or np.dtype(dtype) == self._a.dtype:
+            return self._a.copy() if copy else self._a
+        return self._a.astype(dtype)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BlockKeys):
+            return bool(np.array_equal(self._a, other._a))
+        if isinstance(other, tuple):
+            return len(other) == len(self._a) and self._a.tolist() == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._a.tolist()))
+
+    def __add__(self, other):
+        if isinstance(other, (BlockKeys, tuple)):
+            return BlockKeys(np.concatenate([self._a, np.asarray(other, dtype=np.int64)]))
+        return NotImplemented
+
+    def __radd__(self, other):
+        if isinstance(other, tuple):
+            return BlockKeys(np.concatenate([np.asarray(other, dtype=np.int64), self._a]))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._a.tolist()))
+
+    def __reduce__(self):
+        return BlockKeys, (self._a,)
+
+
 def hash_block_keys(hash_ids: Sequence[int], *, prompt_len: int, block_size: int,
-                    hash_block_tokens: int) -> tuple[int, ...]:
-    """Expand hash ids of `hash_block_tokens`-token blocks into `block_size`-token block keys.
+                    hash_block_tokens: int) -> BlockKeys | tuple[()]:
+    """Expand hash ids of `hash_block_tokens`-token blocks into `block_size`-token block keys
+    (a `BlockKeys`; () for none).
 
     `block_size` must divide `hash_block_tokens` (the caller checks); ids must be in
     [0, max_hash_id(...)].
@@ -73,7 +134,9 @@ def hash_block_keys(hash_ids: Sequence[int], *, prompt_len: int, block_size: int
     per = hash_block_tokens // block_size
     ids = np.asarray(hash_ids, dtype=np.int64)[: -(-num_keys // per)]
     keys = (ids[:, None] * per + np.arange(per, dtype=np.int64)).ravel()[:num_keys]
-    return tuple((keys | (HASH_BLOCK << NAMESPACE_SHIFT)).tolist())
+    keys = keys | (HASH_BLOCK << NAMESPACE_SHIFT)
+    keys.flags.writeable = False
+    return BlockKeys(keys)
 
 
 def user_keys(keys: Sequence[int], *, prompt_len: int, block_size: int) -> tuple[int, ...]:

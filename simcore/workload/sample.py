@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simcore.workload.keys import BlockKeys
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -19,7 +21,7 @@ class Sample:
     request_id: str
     prompt_len: int
     output_len: int
-    block_keys: tuple[int, ...] = ()
+    block_keys: tuple[int, ...] | BlockKeys = ()
     timestamp_s: float | None = None
 
 

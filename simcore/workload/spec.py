@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simcore.workload.keys import BlockKeys
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
@@ -14,7 +16,8 @@ class RequestSpec:
     prompt's first full `block_size`-token blocks: two prompts whose first k keys agree share their
     first k blocks of tokens (and so can share prefix-cache blocks). Blocks past the keys, the
     partial last block and every generated token are unique to the request, unless
-    `output_block_keys` says otherwise.
+    `output_block_keys` says otherwise. Keys expanded from a trace's hash ids are a
+    `BlockKeys` (an int64 array that reads as the tuple of its keys).
 
     `output_block_keys` (sessions, `simcore.workload.sessions`) continues `block_keys` past the
     prompt: the keys of the full blocks after the prompt's `prompt_len // block_size` ones, which
@@ -28,7 +31,7 @@ class RequestSpec:
     arrival_s: float
     prompt_len: int
     output_len: int
-    block_keys: tuple[int, ...] = ()
+    block_keys: tuple[int, ...] | BlockKeys = ()
     priority: int = 0
     session_id: str | None = field(default=None)
     output_block_keys: tuple[int, ...] = ()

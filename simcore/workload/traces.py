@@ -9,7 +9,7 @@ from pathlib import Path
 from simcore.errors import ConfigError
 from simcore.workload import files
 from simcore.workload.config import AzureDataset, MooncakeDataset
-from simcore.workload.keys import check_hash_block, hash_block_keys, max_hash_id
+from simcore.workload.keys import BlockKeys, check_hash_block, hash_block_keys, max_hash_id
 from simcore.workload.sample import Sample
 
 MS_PER_S = 1000.0
@@ -45,7 +45,7 @@ class MooncakeRow:
     prompt_len: int
     output_len: int
     hash_ids: tuple[int, ...]
-    block_keys: tuple[int, ...]
+    block_keys: tuple[int, ...] | BlockKeys
 
 
 def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
