@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,3 +126,18 @@ def test_array_pool_matches_the_python_pool(seed, num_blocks):
         assert arr.cached == py.cached
         assert arr.ref_cnt == py.ref_cnt and arr.block_hash == py.block_hash
         assert all(arr.is_free(b) == py.is_free(b) for b in range(1, num_blocks))
+
+
+@pytest.mark.parametrize("hit", [0, 1, 63, 64, 65, 191, 192, 193, 400, 449, 450])
+def test_a_long_lookup_finds_the_hit_whatever_its_length(hit):
+    """The compiled pool looks hashes up in chunks that double (64, 128, ...): a hit that ends
+    anywhere, at a chunk's edge or past the query, is the Python pool's."""
+    from simcore.engine.array_pool import ArrayBlockPool
+
+    py, arr = BlockPool(500, True), ArrayBlockPool(500, True)
+    blocks = py.allocate(hit)
+    assert arr.allocate(hit) == blocks
+    py.cache_many(blocks, list(range(1, hit + 1)))
+    arr.cache_many(blocks, list(range(1, hit + 1)))
+    query = list(range(1, 451))
+    assert arr.longest_cached(query) == py.longest_cached(query) == blocks[:450]

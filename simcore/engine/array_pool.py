@@ -262,6 +262,10 @@ def _get(table, h):
     return table[i, HEAD] if i >= 0 else 0
 
 
+_FIRST_CHUNK = 64
+"""How many hashes `ArrayBlockPool.longest_cached` looks up in its first call of the kernel."""
+
+
 class ArrayBlockPool:
     """`BlockPool`'s interface and behaviour over arrays (see the module's docstring). The
     Python views (`ref_cnt`, `block_hash`, `cached`, `free_queue()`) are built on each read,
@@ -344,9 +348,20 @@ class ArrayBlockPool:
         not cached."""
         if not hashes or not _get(self.table, hashes[0]):     # a miss at once: no array made
             return []
-        out = np.empty(len(hashes), dtype=np.int32)
-        n = _longest(self.table, np.array(hashes, dtype=np.int64), out)
-        return out[:n].tolist()
+        # The hashes turned into arrays in chunks that double, up to the first miss: a hit is
+        # often a short prefix of a long prompt.
+        hit: list[int] = []
+        start, size, n = 0, _FIRST_CHUNK, len(hashes)
+        while start < n:
+            chunk = hashes[start:start + size]
+            out = np.empty(len(chunk), dtype=np.int32)
+            k = _longest(self.table, np.array(chunk, dtype=np.int64), out)
+            hit += out[:k].tolist()
+            if k < len(chunk):
+                break
+            start += size
+            size *= 2
+        return hit
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` no request holds."""
@@ -354,9 +369,13 @@ class ArrayBlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Pop `n` blocks from the head of the free queue (caller checked there are enough)."""
+        return self.take(n).tolist()
+
+    def take(self, n: int) -> np.ndarray:
+        """`allocate`, the blocks as an int32 array (which `cache_many` takes as it is)."""
         out = np.empty(n, dtype=np.int32)
         _allocate(self.links, self.hashes, self.counts, self.table, out)
-        return out.tolist()
+        return out
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the free queue."""
@@ -366,10 +385,11 @@ class ArrayBlockPool:
         """Record that block `b` now holds the full block of content hash `h`."""
         _cache_one(self.links, self.hashes, self.table, b, h)
 
-    def cache_many(self, blocks: list[int], hashes: list[int]) -> None:
-        """`cache(b, h)` for each pair of `blocks` and `hashes`, in order."""
+    def cache_many(self, blocks, hashes: list[int]) -> None:
+        """`cache(b, h)` for each pair of `blocks` (a list, or an int32 array) and `hashes`, in
+        order."""
         _cache_many(self.links, self.hashes, self.table,
-                    np.array(blocks, dtype=np.int32), np.array(hashes, dtype=np.int64))
+                    np.asarray(blocks, dtype=np.int32), np.array(hashes, dtype=np.int64))
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block, walking the request's blocks from last to first."""

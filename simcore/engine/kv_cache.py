@@ -124,6 +124,10 @@ class BlockPool:
                     del self.front[b]
             ref[b] += 1
 
+    def take(self, n: int) -> list[int]:
+        """`allocate` (the compiled pool gives an array here, which its `cache_many` takes)."""
+        return self.allocate(n)
+
     def cache(self, b: int, h: int) -> None:
         """Record that block `b` now holds the full block of content hash `h`."""
         self.block_hash[b] = h
@@ -278,8 +282,10 @@ class KVCacheManager:
             pool.touch(new_computed_blocks)
             held.extend(new_computed_blocks)
             self.num_cached_block[rid] = num_hit
+        new = None
         if num_new_blocks:
-            held.extend(pool.allocate(num_new_blocks))
+            new = pool.take(num_new_blocks)
+            held.extend(new if type(new) is list else new.tolist())
         fit = len(held) * bs
         if self.enable_caching:
             ntok = num_computed + num_new_tokens
@@ -289,8 +295,12 @@ class KVCacheManager:
             start = self.num_cached_block[rid]
             if n_full > start:
                 hashes = req.ensure_block_hashes(self.space, bs)
+                first_new = len(held) - num_new_blocks
                 if n_full - start == 1:
                     pool.cache(held[start], hashes[start])
+                elif new is not None and start >= first_new:    # new blocks only: as taken
+                    pool.cache_many(new[start - first_new:n_full - first_new],
+                                    hashes[start:n_full])
                 else:
                     pool.cache_many(held[start:n_full], hashes[start:n_full])
                 self.num_cached_block[rid] = start = n_full
