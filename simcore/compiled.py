@@ -7,6 +7,38 @@ its Python source, which computes the same to the bit, only slower."""
 
 from __future__ import annotations
 
+import sys
+
+_NOT_YET = object()
+_numba = _NOT_YET
+
+
+def import_numba():
+    """numba, or None where it is not installed. Imported with its check for a BLAS answered
+    "none": when numba first compiles or loads a kernel it imports `numba.np.arraymath`, which
+    imports scipy.linalg's BLAS bindings to offer `np.dot` (about 0.2 CPU-s, in every process
+    that runs a kernel). No kernel of this project calls BLAS, so where scipy.linalg is not
+    imported yet, that module is imported with the bindings hidden; they are importable again
+    at once after (scipy.linalg itself is unaffected)."""
+    global _numba
+    if _numba is not _NOT_YET:
+        return _numba
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - exercised only where numba is absent
+        _numba = None
+        return None
+    blas = "scipy.linalg.cython_blas"
+    if "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
+        sys.modules[blas] = None        # `import` of it fails at once, its parents untouched
+        try:
+            import numba.np.arraymath  # noqa: F401
+        finally:
+            if blas in sys.modules and sys.modules[blas] is None:
+                del sys.modules[blas]
+    _numba = numba
+    return numba
+
 
 def compile_kernel(fn=None, *, inline: bool = False):
     """`fn` compiled by numba (cached on disk) where numba is installed; else `fn` itself, which
@@ -15,9 +47,8 @@ def compile_kernel(fn=None, *, inline: bool = False):
     costs no call, nor the reference counting of each array it takes."""
     if fn is None:
         return lambda f: compile_kernel(f, inline=inline)
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - exercised only where numba is absent
+    numba = import_numba()
+    if numba is None:  # pragma: no cover - exercised only where numba is absent
         return fn
     return numba.njit(cache=True, **({"inline": "always"} if inline else {}))(fn)
 
@@ -26,9 +57,8 @@ def compile_family(fns: list) -> list:
     """Compiled copies of the plain-Python functions `fns` (as `compile_kernel`), each one's
     calls to another of them resolving to that one's compiled copy; the functions themselves
     are left as they are, for Python callers. Where numba is not installed, `fns` itself."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - exercised only where numba is absent
+    numba = import_numba()
+    if numba is None:  # pragma: no cover - exercised only where numba is absent
         return list(fns)
     import types
 

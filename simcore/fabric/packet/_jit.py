@@ -19,10 +19,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - exercised only where numba is absent
-    numba = None
+from simcore.compiled import import_numba
+
+numba = import_numba()
 
 HAVE_NUMBA = numba is not None
 
