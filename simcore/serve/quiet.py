@@ -307,9 +307,10 @@ class QuietLeap:
         return QuietRun(list(running), kv0, times, ends, now, delay, finished, blocks=blocks)
 
     def _timed(self, num: int, kv0: int, steps: int, now: float, limit: float):
-        """(the step times, their ends, the step that ends at or after `limit` with its end or
-        None) of up to `steps` quiet steps of `num` sequences from `now`, the first reading
-        `kv0` KV tokens: one by one, or at once by the compiled kernel."""
+        """(the step times, their ends, the step that ends at or after `limit` with its end, and
+        from the compiled kernel the columns of all the steps with it; or None) of up to
+        `steps` quiet steps of `num` sequences from `now`, the first reading `kv0` KV tokens:
+        one by one, or at once by the compiled kernel."""
         params = None
         if self.decode_params is not None:
             params = self._params.get(num, False)
@@ -361,7 +362,8 @@ class QuietLeap:
     def _spanning(self, running, lefts: list[int], kv0: int, times: list, ends: list[float],
                   span, blocks: tuple) -> QuietRun | None:
         """The run of the quiet steps `ends` and the one after them, `span` (its StepTime and
-        end), which ends past the horizon, or None when that step may not be taken with them.
+        end, and where compiled the columns of the steps with it), which ends past the horizon,
+        or None when that step may not be taken with them.
 
         It may be when everything queued before its end only hands requests on towards an
         engine (`span_horizon`): a hand-off adds its request to a waiting queue, which the
