@@ -330,12 +330,16 @@ class Frontend(StepObserver):
     # -- the router's view and the run's health --------------------------------------------
 
     def reporter(self, interval_s: float):
-        """Publish every routed engine's load to the router each `interval_s`."""
+        """Publish every routed engine's load to the router each `interval_s`: its running and
+        waiting requests, those waiting for remote KV excepted (`Scheduler.num_waiting`, read
+        here from its parts)."""
+        scheds = [(k, self.ranks[i].sched) for k, i in enumerate(self.entry)]
+        publish = self.router.publish
+        env = self.env
         while True:
-            for k, i in enumerate(self.entry):
-                sched = self.ranks[i].sched
-                self.router.publish(k, len(sched.running) + sched.num_waiting)
-            yield InertTimeout(self.env, interval_s)
+            for k, s in scheds:
+                publish(k, len(s.running) + len(s.waiting.items) - len(s.waiting_for_remote))
+            yield InertTimeout(env, interval_s)
 
     def check_lost(self) -> None:
         """Raise if every request was sent, none is on its way or waiting for its session's
