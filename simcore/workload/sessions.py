@@ -34,7 +34,8 @@ import numpy as np
 from simcore.errors import ConfigError
 from simcore.workload.config import (AgentSessionsDataset, LengthRange, MooncakeDataset,
                                      SessionsDataset, ThinkTime, WorkloadConfig)
-from simcore.workload.keys import MAX_SESSION_BLOCKS, session_key_base, shared_prefix_keys
+from simcore.workload.keys import (MAX_SESSION_BLOCKS, BlockKeys, session_key_base,
+                                   shared_prefix_keys)
 from simcore.workload.spec import RequestSpec
 from simcore.workload.traces import MooncakeRow, mooncake_rows
 
@@ -65,9 +66,9 @@ class Session:
     turns: tuple[Turn, ...]
     block_size: int
     key_base: int
-    prefix_keys: tuple[int, ...] = ()
+    prefix_keys: tuple[int, ...] | BlockKeys = ()
 
-    def keys(self, start: int, stop: int) -> tuple[int, ...]:
+    def keys(self, start: int, stop: int) -> tuple[int, ...] | BlockKeys:
         """Keys of conversation blocks [start, stop)."""
         pre = self.prefix_keys
         n = len(pre)

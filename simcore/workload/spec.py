@@ -34,5 +34,5 @@ class RequestSpec:
     block_keys: tuple[int, ...] | BlockKeys = ()
     priority: int = 0
     session_id: str | None = field(default=None)
-    output_block_keys: tuple[int, ...] = ()
+    output_block_keys: tuple[int, ...] | BlockKeys = ()
     turn: int = 0
