@@ -267,10 +267,23 @@ def fit_part_row(cases) -> Row:
                     "fit, neither fitted on nor reported until the next one")
 
 
+LOADS = ("ShareGPT", "random 1k+", "random <1k")
+"""The loads `load_of` tells apart."""
+
+
+def load_of(case) -> str:
+    """The load an end-to-end case's benchmark sent (one of `LOADS`): ShareGPT conversations
+    (its lengths drawn, `Case.draws`), random prompts of 1,000 tokens or more, or fewer."""
+    ds = case.config["workload"].get("dataset")
+    if ds is None or ds.get("kind") != "random":
+        return LOADS[0]
+    return LOADS[1] if ds.get("input_len", 0) >= 1000 else LOADS[2]
+
+
 def class_rows(outcomes, src: str) -> list[Row]:
-    """The held-out statistics again for dense and for mixture-of-experts models apart, and for
-    each GPU apart (informational, no bound): where the model is weaker, a planner should read
-    its envelope wider."""
+    """The held-out statistics again for dense and for mixture-of-experts models apart, for
+    each GPU apart and for each load apart (informational, no bound): where the model is
+    weaker, a planner should read its envelope wider."""
     from dse.validate_e2e import summarize
     from simcore.model.presets import load_preset
 
@@ -280,6 +293,7 @@ def class_rows(outcomes, src: str) -> list[Row]:
     gpus = sorted({o.case.config["hardware"]["gpu"] for o in outcomes})
     groups += [(gpu, [o for o in outcomes if o.case.config["hardware"]["gpu"] == gpu])
                for gpu in gpus]
+    groups += [(load, [o for o in outcomes if load_of(o.case) == load]) for load in LOADS]
     rows = []
     for label, part in groups:
         for fam, st in summarize(part).items():

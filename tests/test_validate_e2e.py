@@ -256,6 +256,17 @@ def test_the_held_out_statistics_are_also_given_for_dense_and_moe_models_and_eac
     a100 = [o for o in outcomes if o.case.config["hardware"]["gpu"] == "A100-80GB"]
     row = rows["held-out A100-80GB throughput: median |error|"]
     assert row.reference == sum(1 for o in a100 if "throughput" in o.case.measured)
+    # And each load apart, the loads' cases adding up to the whole.
+    from dse.validate import LOADS, load_of
+
+    assert {load_of(c) for c in held} == set(LOADS)
+    for fam, st in totals.items():
+        parts = [rows.get(f"held-out {load} {fam}: median |error|") for load in LOADS]
+        assert sum(r.reference for r in parts if r is not None) == st["n"]
+    sharegpt = [c for c in held if load_of(c) == "ShareGPT"]
+    assert sharegpt and all(c.draws for c in sharegpt)
+    long = [c for c in held if load_of(c) == LOADS[1]]
+    assert long and all(c.config["workload"]["dataset"]["input_len"] >= 1000 for c in long)
 
 
 def test_chat_benchmarks_send_chat_requests_and_vllm_0_11_0_parses_the_template_each_time(cases):
