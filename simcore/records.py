@@ -326,25 +326,23 @@ class RecordStore(ColumnSequence):
         """The token times of the records `indices`, concatenated in order (a new float64
         array): where each is one range of a delivery log, gathered from the logs at once, a
         log at a time."""
-        n = len(self._ids)
-        log_of = np.frombuffer(self._log_of, dtype=np.int32)[:n][indices]
+        log_of, starts = self.ranges(indices)
         if not log_of.size or log_of.min() < 0:
             parts = self.token_arrays(indices)
             return np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
-        counts = np.frombuffer(self._num_tokens, dtype=np.int64)[:n][indices]
-        starts = np.frombuffer(self._range_a, dtype=np.int64)[:n][indices]
+        counts = self.num_tokens[indices]
         out_at = np.cumsum(counts) - counts       # each record's first token in the block
         logs = np.unique(log_of)
         if logs.size == 1:
-            times = np.frombuffer(self._logs[int(logs[0])].times, dtype=np.float64)
+            times = self.log_times(int(logs[0]))
             return times[np.repeat(starts - out_at, counts) + np.arange(int(counts.sum()))]
         out = np.empty(int(counts.sum()), dtype=np.float64)
         for k in logs.tolist():
             sel = np.flatnonzero(log_of == k)
             c = counts[sel]
             within = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
-            times = np.frombuffer(self._logs[k].times, dtype=np.float64)
-            out[np.repeat(out_at[sel], c) + within] = times[np.repeat(starts[sel], c) + within]
+            out[np.repeat(out_at[sel], c) + within] = \
+                self.log_times(k)[np.repeat(starts[sel], c) + within]
         return out
 
     def ranges(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
