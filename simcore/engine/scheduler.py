@@ -278,7 +278,7 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         """Waiting requests, those waiting for remote KV excepted (vLLM counts both)."""
-        return len(self.waiting) - len(self.waiting_for_remote)
+        return len(self.waiting.items) - len(self.waiting_for_remote)
 
     @property
     def num_waiting_for_remote(self) -> int:

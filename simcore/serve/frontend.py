@@ -330,15 +330,14 @@ class Frontend(StepObserver):
     # -- the router's view and the run's health --------------------------------------------
 
     def reporter(self, interval_s: float):
-        """Publish every routed engine's load to the router each `interval_s`: its running and
-        waiting requests, those waiting for remote KV excepted (`Scheduler.num_waiting`, read
-        here from its parts)."""
+        """Publish every routed engine's load (running and waiting requests) to the router each
+        `interval_s`."""
         scheds = [(k, self.ranks[i].sched) for k, i in enumerate(self.entry)]
         publish = self.router.publish
         env = self.env
         while True:
             for k, s in scheds:
-                publish(k, len(s.running) + len(s.waiting.items) - len(s.waiting_for_remote))
+                publish(k, len(s.running) + s.num_waiting)
             yield InertTimeout(env, interval_s)
 
     def check_lost(self) -> None:
