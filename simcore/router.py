@@ -28,7 +28,7 @@ class Router:
         # The replica each keyed block (by its id in `space`) was last sent to; -1: none.
         self._prefix_owner = np.full(1024, -1, dtype=np.int32)
         self.num_prefix_routed = 0
-        self.last_hashes: list[int] | None = None
+        self.last_hashes: np.ndarray | None = None
         """Chained hashes of the last routed prompt's keyed blocks (prefix_affinity only), so the
         engine need not hash them again."""
 
@@ -49,9 +49,8 @@ class Router:
         if self.policy == "least_outstanding":
             return least
         # prefix_affinity: the replica that was sent the longest run of this prompt's blocks.
-        hashes: list[int] = []
         # Only blocks interned before this prompt can have been sent somewhere.
-        ids, known = self.space.chain_ids(block_keys, hashes)
+        ids, known = self.space.chain(block_keys)
         owner = self._prefix_owner = grown(self._prefix_owner, self.space.num_keyed + 1, -1)
         best = -1
         if known:
@@ -66,7 +65,7 @@ class Router:
         else:
             choice = least
         owner[ids] = choice
-        self.last_hashes = hashes
+        self.last_hashes = ids
         return choice
 
     def _least_loaded(self) -> int:

@@ -59,8 +59,7 @@ def test_a_hash_space_chains_block_keys_as_it_chains_their_tuple(n):
     spaces, outs = (BlockHashSpace(), BlockHashSpace()), ([], [])
     for p in prompts:
         for space, out, keys in zip(spaces, outs, (tuple(p.tolist()), BlockKeys(p))):
-            hashes: list[int] = []
-            space.chain(keys, 0, hashes)
-            assert all(type(h) is int for h in hashes)
-            out.append(hashes)
+            hashes, _ = space.chain(keys)
+            assert hashes.dtype == np.int64
+            out.append(hashes.tolist())
     assert outs[0] == outs[1]

@@ -429,7 +429,7 @@ def test_apply_leaves_the_pool_as_single_steps_do(seed):
                        x.kv.pool.ref_cnt, x.kv.req_blocks, x.kv.num_tokens_fit,
                        x.kv.num_cached_block, x.num_steps,
                        [(r.num_computed_tokens, r.num_output_tokens, r.work_done_tokens,
-                         r.block_hashes) for r in x.running])
+                         r.block_hashes.tolist()) for r in x.running])
     assert state(t) == state(s)
 
 
@@ -478,7 +478,7 @@ def test_apply_with_evictions_and_shared_hashes_leaves_the_pool_as_single_steps_
     state = lambda x: (x.kv.pool.free_queue(), x.kv.pool.cached, x.kv.pool.block_hash,
                        x.kv.pool.ref_cnt, x.kv.pool.num_evictions, x.kv.req_blocks,
                        x.kv.num_tokens_fit, x.kv.num_cached_block,
-                       [(r.num_computed_tokens, r.num_output_tokens, r.block_hashes)
+                       [(r.num_computed_tokens, r.num_output_tokens, r.block_hashes.tolist())
                         for r in x.running])
     assert state(t) == state(s)
     # Some block completed in the run is cached under a hash another block also holds.

@@ -402,7 +402,7 @@ def test_prefix_affinity_routes_as_a_block_by_block_index(prompts, threshold):
     for base, shared, tail, loads, by_engine in prompts:
         keys = tuple(bases[base][:shared]) + tuple(7_000_000 + base * 10 + t for t in range(tail))
         if by_engine:
-            router.space.chain(keys, 0, [])
+            router.space.chain(keys)
             continue
         for replica, load in enumerate(loads):
             router.publish(replica, load)

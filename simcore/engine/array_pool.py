@@ -262,10 +262,6 @@ def _get(table, h):
     return table[i, HEAD] if i >= 0 else 0
 
 
-_FIRST_CHUNK = 64
-"""How many hashes `ArrayBlockPool.longest_cached` looks up in its first call of the kernel."""
-
-
 class ArrayBlockPool:
     """`BlockPool`'s interface and behaviour over arrays (see the module's docstring). The
     Python views (`ref_cnt`, `block_hash`, `cached`, `free_queue()`) are built on each read,
@@ -343,25 +339,14 @@ class ArrayBlockPool:
         """A block holding content hash `h`, or 0 if none is cached."""
         return int(_get(self.table, h))
 
-    def longest_cached(self, hashes: list[int]) -> list[int]:
-        """The first block cached under each of `hashes`, from the first up to the first hash
-        not cached."""
-        if not hashes or not _get(self.table, hashes[0]):     # a miss at once: no array made
+    def longest_cached(self, hashes) -> list[int]:
+        """The first block cached under each of `hashes` (an int64 array, as a request holds
+        them, or a list), from the first up to the first hash not cached."""
+        if not len(hashes) or not _get(self.table, hashes[0]):     # a miss at once: no array
             return []
-        # The hashes turned into arrays in chunks that double, up to the first miss: a hit is
-        # often a short prefix of a long prompt.
-        hit: list[int] = []
-        start, size, n = 0, _FIRST_CHUNK, len(hashes)
-        while start < n:
-            chunk = hashes[start:start + size]
-            out = np.empty(len(chunk), dtype=np.int32)
-            k = _longest(self.table, np.array(chunk, dtype=np.int64), out)
-            hit += out[:k].tolist()
-            if k < len(chunk):
-                break
-            start += size
-            size *= 2
-        return hit
+        hashes = np.asarray(hashes, dtype=np.int64)
+        out = np.empty(len(hashes), dtype=np.int32)
+        return out[:_longest(self.table, hashes, out)].tolist()
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` no request holds."""
@@ -385,11 +370,11 @@ class ArrayBlockPool:
         """Record that block `b` now holds the full block of content hash `h`."""
         _cache_one(self.links, self.hashes, self.table, b, h)
 
-    def cache_many(self, blocks, hashes: list[int]) -> None:
-        """`cache(b, h)` for each pair of `blocks` (a list, or an int32 array) and `hashes`, in
-        order."""
+    def cache_many(self, blocks, hashes) -> None:
+        """`cache(b, h)` for each pair of `blocks` (a list, or an int32 array) and `hashes` (a
+        list, or an int64 array), in order."""
         _cache_many(self.links, self.hashes, self.table,
-                    np.asarray(blocks, dtype=np.int32), np.array(hashes, dtype=np.int64))
+                    np.asarray(blocks, dtype=np.int32), np.asarray(hashes, dtype=np.int64))
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block, walking the request's blocks from last to first."""

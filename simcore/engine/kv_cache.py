@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from simcore.engine.request import BlockHashSpace, Request
 
 
@@ -58,9 +60,11 @@ class BlockPool:
             return blocks[0]
         return 0
 
-    def longest_cached(self, hashes: list[int]) -> list[int]:
-        """The first block cached under each of `hashes`, from the first up to the first hash
-        not cached."""
+    def longest_cached(self, hashes) -> list[int]:
+        """The first block cached under each of `hashes` (a list, or an int64 array), from the
+        first up to the first hash not cached."""
+        if isinstance(hashes, np.ndarray):
+            hashes = hashes.tolist()
         get = self.cached.get
         hit = []
         append = hit.append
@@ -130,6 +134,7 @@ class BlockPool:
 
     def cache(self, b: int, h: int) -> None:
         """Record that block `b` now holds the full block of content hash `h`."""
+        h = int(h)
         self.block_hash[b] = h
         blocks = self.cached.get(h)
         if blocks is None:
@@ -137,8 +142,11 @@ class BlockPool:
         else:
             blocks.append(b)
 
-    def cache_many(self, blocks: list[int], hashes: list[int]) -> None:
-        """`cache(b, h)` for each pair of `blocks` and `hashes`, in order."""
+    def cache_many(self, blocks: list[int], hashes) -> None:
+        """`cache(b, h)` for each pair of `blocks` and `hashes` (a list, or an int64 array), in
+        order."""
+        if isinstance(hashes, np.ndarray):
+            hashes = hashes.tolist()
         block_hash = self.block_hash
         cached = self.cached
         for b, h in zip(blocks, hashes):
@@ -297,7 +305,7 @@ class KVCacheManager:
                 hashes = req.ensure_block_hashes(self.space, bs)
                 first_new = len(held) - num_new_blocks
                 if n_full - start == 1:
-                    pool.cache(held[start], hashes[start])
+                    pool.cache(held[start], hashes.item(start))
                 elif new is not None and start >= first_new:    # new blocks only: as taken
                     pool.cache_many(new[start - first_new:n_full - first_new],
                                     hashes[start:n_full])
@@ -404,14 +412,14 @@ class HybridKVCacheManager(KVCacheManager):
         if not self.enable_caching or req.skip_reading_prefix_cache:
             return []
         bs = self.block_size
-        hashes = req.ensure_block_hashes(self.space, bs)
         n = (req.prompt_len + req.num_output_tokens - 1) // bs
+        hashes = req.ensure_block_hashes(self.space, bs)[:n].tolist()
         get = self.pool.cached.get
         lists: list[list[int]] = [[] for _ in self.windows]
         if self.full_groups:
             full = [(g, lists[g]) for g in self.full_groups]
             n_full = 0
-            for h in hashes[:n]:
+            for h in hashes:
                 key = h << GROUP_KEY_BITS
                 found = [get(key | g) for g, _ in full]
                 if not all(found):
@@ -532,10 +540,10 @@ class HybridKVCacheManager(KVCacheManager):
             n_full = ntok // bs
             start = self.num_cached_block[rid]
             if n_full > start:
-                hashes = req.ensure_block_hashes(self.space, bs)
+                hashes = req.ensure_block_hashes(self.space, bs)[start:n_full].tolist()
                 for g, blocks in enumerate(held):
                     pairs = [(b, h << GROUP_KEY_BITS | g)
-                             for b, h in zip(blocks[start:n_full], hashes[start:n_full]) if b]
+                             for b, h in zip(blocks[start:n_full], hashes) if b]
                     if pairs:
                         pool.cache_many([b for b, _ in pairs], [k for _, k in pairs])
                 self.num_cached_block[rid] = start = n_full

@@ -110,7 +110,7 @@ class TierConnector:
         stop = (req.prompt_len + req.num_output_tokens - 1) // bs
         if stop - start < self.min_external_blocks:
             return 0, False
-        n = self.tier.lookup(req.ensure_block_hashes(self.space, bs), start, stop)
+        n = self.tier.lookup(req.ensure_block_hashes(self.space, bs)[:stop].tolist(), start, stop)
         if n < self.min_external_blocks:
             return 0, False
         return n * bs, self.load_async
@@ -125,4 +125,4 @@ class TierConnector:
         bs = self.block_size
         num_full = req.num_computed_tokens // bs
         hashes = req.ensure_block_hashes(self.space, bs)
-        self.tier.store(hashes[:num_full])
+        self.tier.store(hashes[:num_full].tolist())

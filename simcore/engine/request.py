@@ -33,6 +33,10 @@ def _identity(parent: int, key: int) -> int | tuple[int, int]:
     return parent << KEY_BITS | key if key >> KEY_BITS == 0 else (parent, key)
 
 
+_NO_HASHES = np.empty(0, dtype=np.int64)
+"""A request's hashes before any is drawn (`Request.block_hashes`)."""
+
+
 def grown(column: np.ndarray, size: int, fill) -> np.ndarray:
     """`column` extended with `fill` to at least `size` entries, doubling (amortised growth)."""
     n = len(column)
@@ -85,37 +89,27 @@ class BlockHashSpace:
             return q
         return self._ids.get(_identity(parent, key))
 
-    def chain(self, keys, parent: int, out: list[int]) -> int:
-        """Append to `out` the chained hashes of blocks with content `keys` after a block hashed
-        `parent` (0 = none): each block's identity (its parent's hash, its key) interned, a new
-        identity given a fresh id; returns how many of the leading blocks were already interned.
+    def chain(self, keys, parent: int = 0) -> tuple[np.ndarray, int]:
+        """The chained hashes of blocks with content `keys` after a block hashed `parent` (0 =
+        none), as an int64 array: each block's identity (its parent's hash, its key) interned, a
+        new identity given a fresh id; and how many of the leading blocks were already interned.
 
         Once one block is new, every later one is: its parent is a fresh id, which no interned
         identity holds. The rest are numbered in one run."""
-        return self._chain(keys, parent, out)[0]
-
-    def chain_ids(self, keys, out: list[int]) -> tuple[np.ndarray, int]:
-        """`chain(keys, 0, out)`, also returning the hashes it appended as an int64 array."""
-        start = len(out)
-        known, segments = self._chain(keys, 0, out)
-        if segments is None:
-            return np.array(out[start:], dtype=np.int64), known
-        return np.concatenate([np.arange(q, q + r, dtype=np.int64) for q, r in segments]), known
-
-    def _chain(self, keys, parent: int, out: list[int]
-               ) -> tuple[int, list[tuple[int, int]] | None]:
-        """`chain`'s count, and the hashes appended as runs (first id, length) where they were
-        found run by run (None where block by block)."""
         runs = self._runs(keys, parent)
         if runs is None:
-            return self._chain_one_by_one(keys, parent, out), None
+            out: list[int] = []
+            known = self._chain_one_by_one(keys, parent, out)
+            return np.array(out, dtype=np.int64), known
         known, segments = runs
-        for q, r in segments:
-            out.extend(range(q, q + r))
-        return known, segments
+        if len(segments) == 1:
+            q, r = segments[0]
+            return np.arange(q, q + r, dtype=np.int64), known
+        return np.concatenate([np.arange(q, q + r, dtype=np.int64) for q, r in segments]), known
 
     def _chain_one_by_one(self, keys, parent: int, out: list[int]) -> int:
-        """`chain`, block by block (few keys, or keys outside [0, 2**63))."""
+        """`chain`'s work block by block (few keys, or keys outside [0, 2**63)): the hashes
+        appended to `out`, the count of leading blocks interned before returned."""
         if isinstance(keys, np.ndarray):    # the keys as Python ints (exact in an identity)
             keys = keys.tolist()
         elif not isinstance(keys, (tuple, list)):     # a BlockKeys: its ints
@@ -195,11 +189,12 @@ class BlockHashSpace:
             self._run[first] = False
             self._ids[_identity(parent, key)] = first
 
-    def fresh(self, n: int) -> range:
-        """Hashes of `n` blocks whose tokens no other block has."""
+    def fresh(self, n: int) -> int:
+        """The first of the hashes of `n` blocks whose tokens no other block has: they are it,
+        it - 1, ..., it - n + 1."""
         nxt = self._fresh
         self._fresh = nxt - n
-        return range(nxt, nxt - n, -1)
+        return nxt
 
 
 class Request:
@@ -221,7 +216,8 @@ class Request:
 
     __slots__ = ("request_id", "index", "prompt_len", "max_tokens", "block_keys", "priority",
                  "arrival", "status", "num_computed_tokens", "num_output_tokens",
-                 "num_preemptions", "block_hashes", "num_cached_tokens", "work_done_tokens",
+                 "num_preemptions", "_hashes", "_num_hashes", "num_cached_tokens",
+                 "work_done_tokens",
                  "num_external_tokens", "remote_prefill_tokens", "client",
                  "skip_reading_prefix_cache", "num_spec_tokens", "spec_key")
 
@@ -240,7 +236,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.num_preemptions = 0
-        self.block_hashes: list[int] = []
+        self._hashes = _NO_HASHES           # int64, its first _num_hashes drawn (see below)
+        self._num_hashes = 0
         self.num_cached_tokens = -1         # prefix hit at first admission (-1: not admitted yet)
         self.work_done_tokens = 0           # tokens computed in total, recomputation included
         self.num_external_tokens = 0        # tokens of its latest external KV load
@@ -255,19 +252,61 @@ class Request:
     def num_tokens(self) -> int:
         return self.prompt_len + self.num_output_tokens
 
-    def ensure_block_hashes(self, space: BlockHashSpace, block_size: int) -> list[int]:
-        """Extend `block_hashes` to cover every full block of the tokens known so far."""
-        hashes = self.block_hashes
+    @property
+    def block_hashes(self) -> np.ndarray:
+        """The hashes drawn so far, of its first full blocks (int64; a view, not to be written).
+
+        They live in a buffer with room for more (`ensure_block_hashes`): a hash once drawn
+        never changes, so a view taken earlier stays right, and a request given another's
+        hashes may share that buffer (it draws more into a buffer of its own)."""
+        return self._hashes[:self._num_hashes]
+
+    @block_hashes.setter
+    def block_hashes(self, hashes) -> None:
+        hashes = np.asarray(hashes, dtype=np.int64)
+        self._hashes = hashes
+        self._num_hashes = len(hashes)
+
+    def ensure_block_hashes(self, space: BlockHashSpace, block_size: int) -> np.ndarray:
+        """Draw the hashes of every full block of the tokens known so far; returns
+        `block_hashes`."""
         n_full = (self.prompt_len + self.num_output_tokens) // block_size
-        i = len(hashes)
-        if i < n_full:
+        n = self._num_hashes
+        buf = self._hashes
+        if n < n_full:
+            keys = self.block_keys
+            if len(buf) < n_full:
+                # Room for the blocks its whole reply fills (twice those now at most), so that a
+                # request grows its buffer once or not at all.
+                cap = (self.prompt_len + self.max_tokens) // block_size
+                if cap > 2 * n_full:
+                    cap = 2 * n_full
+                if cap < n_full:
+                    cap = n_full
+                if not n and not len(keys):     # all fresh: drawn with the buffer, in one array
+                    first = space.fresh(n_full)
+                    self._hashes = buf = np.arange(first, first - cap, -1, dtype=np.int64)
+                    self._num_hashes = n_full
+                    return buf[:n_full]
+                grown_buf = np.empty(cap, dtype=np.int64)
+                grown_buf[:n] = buf[:n]
+                self._hashes = buf = grown_buf
             # Keyed blocks chained, then the blocks past the keys, whose tokens no other block
             # has, numbered fresh.
-            if i < len(self.block_keys):
-                space.chain(self.block_keys[i:n_full], hashes[-1] if hashes else 0, hashes)
-            if len(hashes) < n_full:
-                hashes.extend(space.fresh(n_full - len(hashes)))
-        return hashes
+            if n < len(keys):
+                new = space.chain(keys[n:n_full], int(buf[n - 1]) if n else 0)[0]
+                m = n + len(new)
+                buf[n:m] = new
+                n = m
+            if n < n_full:
+                first = space.fresh(n_full - n)
+                if n_full - n == 1:     # a reply's block, the usual case: no array made
+                    buf[n] = first
+                else:
+                    buf[n:n_full] = np.arange(first, first - (n_full - n), -1)
+                n = n_full
+            self._num_hashes = n
+        return buf[:n]
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {STATUS_NAMES[self.status]}, "

@@ -93,7 +93,7 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
                 r.num_output_tokens = base[i][1] + j - 1
                 hashes = r.ensure_block_hashes(space, bs)
             blocks.append(req_blocks[r.request_id][m])
-            hashes_of.append(hashes[m])
+            hashes_of.append(hashes.item(m))
         if len(blocks) == 1:
             pool.cache(blocks[0], hashes_of[0])
         else:

@@ -388,7 +388,7 @@ class KvHandoff(StepObserver):
         dreq = Request(req.request_id, req.index, req.prompt_len, rec.output_len,
                        req.block_keys, req.priority, req.arrival, rec,
                        remote_prefill_tokens=req.prompt_len)
-        dreq.block_hashes = list(req.block_hashes)
+        dreq.block_hashes = req.block_hashes
         d.sched.add_request(dreq)
         d.notify()
 
