@@ -267,6 +267,25 @@ class Request:
         self._hashes = hashes
         self._num_hashes = len(hashes)
 
+    @property
+    def num_hashes(self) -> int:
+        """How many block hashes are drawn (`len(block_hashes)`)."""
+        return self._num_hashes
+
+    def draw_fresh(self, space: BlockHashSpace) -> int:
+        """Draw a fresh id as the hash of its next full block, one past its keys (what
+        `ensure_block_hashes` draws for it when one more block is full); returns it."""
+        n = self._num_hashes
+        buf = self._hashes
+        if n >= len(buf):
+            grown_buf = np.empty(2 * n if n else 1, dtype=np.int64)
+            grown_buf[:n] = buf
+            self._hashes = buf = grown_buf
+        h = space.fresh(1)
+        buf[n] = h
+        self._num_hashes = n + 1
+        return h
+
     def ensure_block_hashes(self, space: BlockHashSpace, block_size: int) -> np.ndarray:
         """Draw the hashes of every full block of the tokens known so far; returns
         `block_hashes`."""

@@ -12,8 +12,8 @@ each request at once, and the pool's work in single steps' order (step by step, 
 batch in order, a request's blocks in block order): the run's new blocks are taken from the
 free queue by one `pool.allocate(n)` call, which pops the same blocks in the same order as `n`
 calls of one, and the run's completed blocks are cached by one `pool.cache_many` call, in that
-order, their hashes drawn in it (`Request.ensure_block_hashes`, so blocks with no key get the
-same fresh ids, and keyed ones are interned in the same order).
+order, their hashes drawn in it (keyed ones by `Request.ensure_block_hashes`, interned in the
+same order; the others by `Request.draw_fresh`, which gives them the same fresh ids).
 
 Why that order of the pool's work changes nothing: a block the run allocates loses the hash it
 held (an eviction) and a block it completes gains one. A completed block is held by its request
@@ -84,16 +84,21 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
     if completed:
         completed.sort()
         space = kv.space
+        # A completed block's hash is drawn at its step's call unless drawn before: a keyed one
+        # chained, one past its request's keys a fresh id.
         blocks = []
         hashes_of = []
         for j, i, m in completed:
             r = reqs[i]
-            hashes = r.block_hashes
-            if len(hashes) <= m:        # drawn at the call of step j, as allocate_slots draws
+            if m < r.num_hashes:
+                h = r.block_hashes.item(m)
+            elif m < len(r.block_keys):
                 r.num_output_tokens = base[i][1] + j - 1
-                hashes = r.ensure_block_hashes(space, bs)
+                h = r.ensure_block_hashes(space, bs).item(m)
+            else:
+                h = r.draw_fresh(space)
             blocks.append(req_blocks[r.request_id][m])
-            hashes_of.append(hashes.item(m))
+            hashes_of.append(h)
         if len(blocks) == 1:
             pool.cache(blocks[0], hashes_of[0])
         else:
