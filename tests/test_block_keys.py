@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from simcore.engine.request import BlockHashSpace
+from simcore.engine.request import BlockHashSpace, Request
 from simcore.workload.keys import BlockKeys, hash_block_keys
 
 
@@ -63,3 +63,22 @@ def test_a_hash_space_chains_block_keys_as_it_chains_their_tuple(n):
             assert hashes.dtype == np.int64
             out.append(hashes.tolist())
     assert outs[0] == outs[1]
+
+
+def test_a_requests_hashes_grow_in_its_buffer_and_views_taken_before_stay_right():
+    """Hashes are drawn into a buffer with room (`ensure_block_hashes`, `draw_fresh`); a view
+    taken earlier, or another request given them, sees the hashes of its own length only."""
+    space = BlockHashSpace()
+    a = Request("a", 0, 40, 40, block_keys=(5, 6))
+    first = a.ensure_block_hashes(space, 16)
+    assert first.dtype == np.int64 and first.tolist() == [1, 2]
+    a.num_output_tokens = 30                        # 70 tokens: 4 full blocks
+    assert a.ensure_block_hashes(space, 16).tolist() == [1, 2, -1, -2]
+    assert first.tolist() == [1, 2] and a.num_hashes == 4
+    b = Request("b", 1, 40, 40)
+    b.block_hashes = a.block_hashes
+    assert b.draw_fresh(space) == -3 and b.block_hashes.tolist() == [1, 2, -1, -2, -3]
+    assert a.block_hashes.tolist() == [1, 2, -1, -2]
+    c = Request("c", 2, 5, 40)                      # no full block yet
+    assert c.draw_fresh(space) == -4 and c.draw_fresh(space) == -5
+    assert c.block_hashes.tolist() == [-4, -5]
