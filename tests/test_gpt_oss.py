@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from simcore.compute.base import StepShape
 from simcore.compute.roofline import windowed_attention
 from simcore.config import parse_config
-from simcore.engine.kv_cache import (GROUP_KEY_BITS, GroupHits, HybridKVCacheManager,
-                                     KVCacheManager, sliding_window_blocks)
+from simcore.engine.hybrid_kv import (GROUP_KEY_BITS, GroupHits, HybridKVCacheManager,
+                                      sliding_window_blocks)
+from simcore.engine.kv_cache import KVCacheManager
 from simcore.engine.request import BlockHashSpace, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.errors import ConfigError

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from simcore.engine.connector import KVConnector
-from simcore.engine.kv_cache import HybridKVCacheManager, KVCacheManager
+from simcore.engine.hybrid_kv import HybridKVCacheManager
+from simcore.engine.kv_cache import KVCacheManager
 from simcore.engine.request import (FINISHED, FINISHED_ABORTED, PREEMPTED, RUNNING, WAITING,
                                     WAITING_FOR_REMOTE_KVS, BlockHashSpace, Request)
 from simcore.engine.speculative import EAGLE_FAMILY, SpecDecodeParams, SpecDecodeStats

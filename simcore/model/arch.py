@@ -131,7 +131,7 @@ class ModelArch:
     `i % moe_layer_freq == 0` (DeepSeek's rule), else the dense MLP of `intermediate_size`.
     Layers listed in `sliding_window_layers` attend over the last `sliding_window` keys only
     (gpt-oss alternates them with full-attention layers); their KV cache is the same size per token
-    but vLLM keeps only the window of it (`simcore.engine.kv_cache.HybridKVCacheManager`).
+    but vLLM keeps only the window of it (`simcore.engine.hybrid_kv.HybridKVCacheManager`).
     Attention sinks (gpt-oss: one learned logit per query head joining each softmax) add
     `num_attention_heads` parameters per layer and a few operations per query and head, nothing
     measurable beside the attention kernel: they are counted as parameters and not timed.

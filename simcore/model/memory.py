@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simcore.engine.kv_cache import sliding_window_blocks
+from simcore.engine.hybrid_kv import sliding_window_blocks
 from simcore.errors import ConfigError
 from simcore.model.arch import ModelArch, dtype_bytes, pp_stage_layers
 from simcore.units import GIB
