@@ -210,11 +210,7 @@ class HybridKVCacheManager(KVCacheManager):
                 blocks.extend(pool.allocate(num_new_blocks))
         fit = len(held[0]) * bs
         if self.enable_caching:
-            ntok = num_computed + num_new_tokens
-            if ntok > num_tokens:
-                ntok = num_tokens
-            n_full = ntok // bs
-            start = self.num_cached_block[rid]
+            start, n_full = self._uncached(rid, num_computed + num_new_tokens, num_tokens)
             if n_full > start:
                 hashes = req.ensure_block_hashes(self.space, bs)[start:n_full].tolist()
                 for g, blocks in enumerate(held):

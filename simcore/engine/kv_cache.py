@@ -297,11 +297,7 @@ class KVCacheManager:
             held.extend(new if type(new) is list else new.tolist())
         fit = len(held) * bs
         if self.enable_caching:
-            ntok = num_computed + num_new_tokens
-            if ntok > num_tokens:
-                ntok = num_tokens
-            n_full = ntok // bs
-            start = self.num_cached_block[rid]
+            start, n_full = self._uncached(rid, num_computed + num_new_tokens, num_tokens)
             if n_full > start:
                 hashes = req.ensure_block_hashes(self.space, bs)
                 first_new = len(held) - num_new_blocks
@@ -318,6 +314,12 @@ class KVCacheManager:
                 fit = (start + 1) * bs - 1
         self.num_tokens_fit[rid] = fit
         return True
+
+    def _uncached(self, rid: str, tokens: int, num_tokens: int) -> tuple[int, int]:
+        """(request `rid`'s first uncached block, its full blocks once `tokens` are computed, at
+        most its `num_tokens`)."""
+        return (self.num_cached_block[rid],
+                (tokens if tokens < num_tokens else num_tokens) // self.block_size)
 
     def free(self, req: Request) -> None:
         """Release every block of `req` (finished or preempted)."""
