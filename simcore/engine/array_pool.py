@@ -376,6 +376,7 @@ class ArrayBlockPool:
         _cache_many(self.links, self.hashes, self.table,
                     np.asarray(blocks, dtype=np.int32), np.asarray(hashes, dtype=np.int64))
 
-    def release(self, blocks: list[int]) -> None:
-        """Drop one reference on each block, walking the request's blocks from last to first."""
-        _release(self.links, self.hashes, self.counts, np.array(blocks, dtype=np.int32))
+    def release(self, blocks) -> None:
+        """Drop one reference on each of `blocks` (a list, or an int32 array), walking them from
+        last to first."""
+        _release(self.links, self.hashes, self.counts, np.asarray(blocks, dtype=np.int32))

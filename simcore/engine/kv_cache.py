@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from simcore.engine.block_table import BlockTable
 from simcore.engine.request import BlockHashSpace, Request
 
 
@@ -148,6 +149,8 @@ class BlockPool:
         order."""
         if isinstance(hashes, np.ndarray):
             hashes = hashes.tolist()
+        if isinstance(blocks, np.ndarray):
+            blocks = blocks.tolist()
         block_hash = self.block_hash
         cached = self.cached
         for b, h in zip(blocks, hashes):
@@ -160,6 +163,8 @@ class BlockPool:
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block, walking the request's blocks from last to first."""
+        if isinstance(blocks, np.ndarray):
+            blocks = blocks.tolist()
         ref = self.ref_cnt
         free = self.free
         front = self.front
@@ -197,7 +202,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.space = space if space is not None else BlockHashSpace()
-        self.req_blocks: dict[str, list[int]] = {}
+        self.req_blocks: dict[str, BlockTable] = {}
         self.num_cached_block: dict[str, int] = {}
         # Per request with blocks: the most tokens (computed + new) it may reach with no block
         # allocated and no block completed, i.e. while `allocate_slots` would change nothing.
@@ -285,7 +290,10 @@ class KVCacheManager:
         if num_new_blocks + num_evictable_hit > num_free:
             return False
         if held is None:
-            held = self.req_blocks[rid] = []
+            # Room for every block its whole sequence may need, so that the table never grows.
+            full = req.prompt_len + req.max_tokens
+            held = self.req_blocks[rid] = BlockTable(
+                -(-(full if full < self.max_model_len else self.max_model_len) // bs))
             self.num_cached_block[rid] = 0
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
@@ -294,7 +302,7 @@ class KVCacheManager:
         new = None
         if num_new_blocks:
             new = pool.take(num_new_blocks)
-            held.extend(new if type(new) is list else new.tolist())
+            held.extend(new)
         fit = len(held) * bs
         if self.enable_caching:
             start, n_full = self._uncached(rid, num_computed + num_new_tokens, num_tokens)
@@ -327,7 +335,7 @@ class KVCacheManager:
         self.num_cached_block.pop(req.request_id, None)
         self.num_tokens_fit.pop(req.request_id, None)
         if blocks:
-            self.pool.release(blocks)
+            self.pool.release(blocks.array)
 
     def num_blocks_held(self, req: Request) -> int:
         blocks = self.req_blocks.get(req.request_id)

@@ -97,7 +97,7 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
                 h = r.ensure_block_hashes(space, bs).item(m)
             else:
                 h = r.draw_fresh(space)
-            blocks.append(req_blocks[r.request_id][m])
+            blocks.append(req_blocks[r.request_id].at(m))
             hashes_of.append(h)
         if len(blocks) == 1:
             pool.cache(blocks[0], hashes_of[0])
