@@ -38,11 +38,21 @@ _NO_HASHES = np.empty(0, dtype=np.int64)
 
 
 def grown(column: np.ndarray, size: int, fill) -> np.ndarray:
-    """`column` extended with `fill` to at least `size` entries, doubling (amortised growth)."""
+    """`column` extended with `fill` to at least `size` entries, doubling (amortised growth).
+
+    One new array: zeroed by the allocator where `fill` is zero (its pages are written only as
+    they are used), else filled past the copy."""
     n = len(column)
     if n >= size:
         return column
-    return np.concatenate([column, np.full(max(2 * n, size) - n, fill, dtype=column.dtype)])
+    new_size = max(2 * n, size)
+    if fill == 0:
+        out = np.zeros(new_size, dtype=column.dtype)
+    else:
+        out = np.empty(new_size, dtype=column.dtype)
+        out[n:] = fill
+    out[:n] = column
+    return out
 
 
 class BlockHashSpace:
