@@ -1,6 +1,7 @@
 """Scheduler micro-scenarios, the policy options, and KV-block conservation as a property."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -312,8 +313,8 @@ def test_blocks_are_conserved_and_every_request_finishes(reqs, num_blocks, budge
     assert s.kv.num_free_blocks == num_blocks - 1
 
 
-def _check_chain_against_one_by_one(prompts):
-    space = BlockHashSpace()
+def _check_chain_against_one_by_one(prompts, compiled=False):
+    space = BlockHashSpace(compiled=compiled)
     ids: dict[tuple[int, int], int] = {}     # the reference: identity -> id, in order
     for keys in prompts:
         known_before = len(ids)
@@ -348,19 +349,33 @@ def test_chain_numbers_blocks_as_interning_them_one_by_one(prompts):
     _check_chain_against_one_by_one(prompts)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_run_ends_where_the_next_id_starts_a_run_of_its_own(compiled):
+    # Id 3 starts a run (its parent is not id 2) and holds no key of its own in the run column:
+    # a prompt continuing ids 1, 2 with the key 0 is not id 3.
+    import simcore.engine.request as request
+    old = request.VECTOR_MIN_KEYS
+    request.VECTOR_MIN_KEYS = 1
+    try:
+        _check_chain_against_one_by_one([[5, 7], [9], [5, 7, 0]], compiled)
+    finally:
+        request.VECTOR_MIN_KEYS = old
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 40), min_size=0, max_size=90), min_size=1, max_size=8),
-       st.sampled_from([1, 3, 32]))
-def test_chain_by_runs_numbers_blocks_as_one_by_one(prompts, threshold):
+       st.sampled_from([1, 3, 32]), st.booleans())
+def test_chain_by_runs_numbers_blocks_as_one_by_one(prompts, threshold, compiled):
     # Prompts that share prefixes and runs of keys (Mooncake's hash blocks, conversations that
     # repeat their earlier turns), walked run by run with numpy from `threshold` keys on, give
-    # the ids of interning block by block.
+    # the ids of interning block by block, with the run's keys compared by numpy or by the
+    # compiled loop.
     import simcore.engine.request as request
     shared = [k * 3 for k in range(60)]
     prompts = [shared[:len(p) // 2] + p if i % 2 else p for i, p in enumerate(prompts)]
     old = request.VECTOR_MIN_KEYS
     request.VECTOR_MIN_KEYS = threshold
     try:
-        _check_chain_against_one_by_one(prompts)
+        _check_chain_against_one_by_one(prompts, compiled)
     finally:
         request.VECTOR_MIN_KEYS = old

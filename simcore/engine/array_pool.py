@@ -247,6 +247,18 @@ def _longest(table, hashes, out):
 
 
 @compile_kernel
+def run_match(run, key_of, keys, q, i, m):
+    """How many of `m` blocks with keys `keys[i]`, ... continue the run of hash space ids from
+    `q`: 1 (id q, found by the caller) plus each next id whose parent is the id before it (`run`)
+    and whose key (`key_of`) is the next key, up to the first that is not
+    (`simcore.engine.request.BlockHashSpace`'s walk of a prompt run by run)."""
+    r = 1
+    while r < m and run[q + r] and key_of[q + r] == keys[i + r]:
+        r += 1
+    return r
+
+
+@compile_kernel
 def _num_evictable(links, blocks):
     """How many of `blocks` no request holds (a hit on them takes a block from the free queue)."""
     n = 0

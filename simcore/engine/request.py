@@ -74,12 +74,18 @@ class BlockHashSpace:
     interned exactly when block p + 1 continues a run with key k, or the dict holds it: each
     identity is interned once, so it has one id and one of the two forms. A prompt that repeats
     earlier ones is then walked run by run (numpy compares a run's keys at once) rather than
-    block by block, and the dict holds one entry per run.
+    block by block, and the dict holds one entry per run. With `compiled` (an engine's compiled
+    kernels, `SchedulerConfig.compiled`) a run's keys are compared by a compiled loop that
+    stops at the first that differs (`simcore.engine.array_pool.run_match`), the same count.
     """
 
-    __slots__ = ("_ids", "_next", "_key", "_run", "_fresh")
+    __slots__ = ("_ids", "_next", "_key", "_run", "_fresh", "_match")
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
+        self._match = None
+        if compiled:
+            from simcore.engine.array_pool import run_match
+            self._match = run_match
         self._ids: dict[int | tuple[int, int], int] = {}
         self._next = 1                  # the next keyed id
         self._fresh = -1                # the next unkeyed id (counting down)
@@ -164,6 +170,7 @@ class BlockHashSpace:
         run, key_of = self._run, self._key
         nxt = self._next
         lookup = self.lookup
+        match = self._match
         segments = []
         i = 0
         while i < n:
@@ -173,8 +180,11 @@ class BlockHashSpace:
             m = min(n - i, nxt - q)
             r = 1
             if m > 1:
-                same = run[q + 1:q + m] & (key_of[q + 1:q + m] == keys[i + 1:i + m])
-                r = m if same.all() else 1 + int(same.argmin())
+                if match is not None:
+                    r = match(run, key_of, keys, q, i, m)
+                else:
+                    same = run[q + 1:q + m] & (key_of[q + 1:q + m] == keys[i + 1:i + m])
+                    r = m if same.all() else 1 + int(same.argmin())
             segments.append((q, r))
             i += r
             parent = q + r - 1

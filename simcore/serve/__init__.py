@@ -110,7 +110,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     different TP: their own KV-cache sizes); without it every engine has `sched_config`.
     """
     env = env or simpy.Environment()
-    space = BlockHashSpace()
+    space = BlockHashSpace(compiled=sched_config.compiled)
     configs = [sched_config] * num_replicas if sched_configs is None else list(sched_configs)
     ranks = [Rank(i, _scheduler(configs[i], space,
                                 kv_paths.connector(i, space) if kv_paths else None))
