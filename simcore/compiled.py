@@ -56,16 +56,20 @@ def compile_kernel(fn=None, *, inline: bool = False):
 def compile_family(fns: list) -> list:
     """Compiled copies of the plain-Python functions `fns` (as `compile_kernel`), each one's
     calls to another of them resolving to that one's compiled copy; the functions themselves
-    are left as they are, for Python callers. Where numba is not installed, `fns` itself."""
+    are left as they are, for Python callers. Every copy but the last (the family's entry) is
+    inlined where it is called, so that a call in a loop costs neither a call nor the
+    reference counting of the arrays it passes. Where numba is not installed, `fns` itself."""
     numba = import_numba()
     if numba is None:  # pragma: no cover - exercised only where numba is absent
         return list(fns)
     import types
 
     envs = [dict(fn.__globals__) for fn in fns]
-    copies = [numba.njit(cache=True)(types.FunctionType(fn.__code__, env, fn.__name__,
-                                                        fn.__defaults__, fn.__closure__))
-              for fn, env in zip(fns, envs)]
+    last = len(fns) - 1
+    copies = [numba.njit(cache=True, **({} if k == last else {"inline": "always"}))(
+                  types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__,
+                                     fn.__closure__))
+              for k, (fn, env) in enumerate(zip(fns, envs))]
     for env in envs:
         env.update({fn.__name__: copy for fn, copy in zip(fns, copies)})
     return copies
