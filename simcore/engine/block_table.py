@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simcore.engine.request import grown
+
 
 class BlockTable:
     """The ids of the blocks a request holds, in block order: an int32 buffer with room to grow
@@ -33,9 +35,7 @@ class BlockTable:
         """The buffer, grown (doubling) to hold at least `m` blocks."""
         buf = self._buf
         if m > len(buf):
-            grown = np.empty(max(m, 2 * len(buf)), dtype=np.int32)
-            grown[:self._n] = buf[:self._n]
-            self._buf = buf = grown
+            self._buf = buf = grown(buf, m, 0)
         return buf
 
     def extend(self, blocks) -> None:

@@ -154,11 +154,10 @@ class HybridKVCacheManager(KVCacheManager):
                        num_lookahead_tokens: int = 0) -> bool:
         """As `KVCacheManager.allocate_slots`, for every group: each needs the same new
         block-table entries, a sliding-window group first freeing what left its window."""
-        rid = req.request_id
-        if req.num_computed_tokens + num_new_tokens + num_lookahead_tokens \
-                <= self.num_tokens_fit.get(rid, -1) \
-                and not new_computed_blocks and not full_sequence_must_fit and not reserved_blocks:
+        if self._unchanged(req, num_new_tokens + num_lookahead_tokens, new_computed_blocks,
+                           full_sequence_must_fit, reserved_blocks):
             return True
+        rid = req.request_id
         bs = self.block_size
         pool = self.pool
         max_len = self.max_model_len

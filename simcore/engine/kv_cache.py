@@ -256,11 +256,10 @@ class KVCacheManager:
         slots are allocated past the new tokens but neither computed nor cached (speculative
         decoding's drafts). As vLLM's `KVCacheManager.allocate_slots`.
         """
-        rid = req.request_id
-        if req.num_computed_tokens + num_new_tokens + num_lookahead_tokens \
-                <= self.num_tokens_fit.get(rid, -1) \
-                and not new_computed_blocks and not full_sequence_must_fit and not reserved_blocks:
+        if self._unchanged(req, num_new_tokens + num_lookahead_tokens, new_computed_blocks,
+                           full_sequence_must_fit, reserved_blocks):
             return True
+        rid = req.request_id
         bs = self.block_size
         held = self.req_blocks.get(rid)
         num_held = len(held) if held is not None else 0
@@ -299,21 +298,15 @@ class KVCacheManager:
             pool.touch(new_computed_blocks)
             held.extend(new_computed_blocks)
             self.num_cached_block[rid] = num_hit
-        new = None
         if num_new_blocks:
-            new = pool.take(num_new_blocks)
-            held.extend(new)
+            held.extend(pool.take(num_new_blocks))
         fit = len(held) * bs
         if self.enable_caching:
             start, n_full = self._uncached(rid, num_computed + num_new_tokens, num_tokens)
             if n_full > start:
                 hashes = req.ensure_block_hashes(self.space, bs)
-                first_new = len(held) - num_new_blocks
                 if n_full - start == 1:
                     pool.cache(held[start], hashes.item(start))
-                elif new is not None and start >= first_new:    # new blocks only: as taken
-                    pool.cache_many(new[start - first_new:n_full - first_new],
-                                    hashes[start:n_full])
                 else:
                     pool.cache_many(held[start:n_full], hashes[start:n_full])
                 self.num_cached_block[rid] = start = n_full
@@ -322,6 +315,15 @@ class KVCacheManager:
                 fit = (start + 1) * bs - 1
         self.num_tokens_fit[rid] = fit
         return True
+
+    def _unchanged(self, req: Request, num_tokens: int, new_computed_blocks,
+                   full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
+        """Whether `allocate_slots` would change nothing and succeed: `num_tokens` more tokens
+        (lookahead slots included) stay within what the request's blocks hold
+        (`num_tokens_fit`), with no prefix hit, no whole-sequence check and no watermark."""
+        return (req.num_computed_tokens + num_tokens <= self.num_tokens_fit.get(req.request_id, -1)
+                and not new_computed_blocks and not full_sequence_must_fit
+                and not reserved_blocks)
 
     def _uncached(self, rid: str, tokens: int, num_tokens: int) -> tuple[int, int]:
         """(request `rid`'s first uncached block, its full blocks once `tokens` are computed, at

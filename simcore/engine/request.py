@@ -298,9 +298,7 @@ class Request:
         n = self._num_hashes
         buf = self._hashes
         if n >= len(buf):
-            grown_buf = np.empty(2 * n if n else 1, dtype=np.int64)
-            grown_buf[:n] = buf
-            self._hashes = buf = grown_buf
+            self._hashes = buf = grown(buf, n + 1, 0)
         h = space.fresh(1)
         buf[n] = h
         self._num_hashes = n + 1
