@@ -19,8 +19,9 @@ from simcore.engine.request import FINISHED, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.serve import run_serving
 from simcore.serve import quiet
-from simcore.serve.quiet import (DeferredTimeout, HandOff, InertTimeout, QuietLeap, StepColumns,
-                                 horizon, span_horizon)
+from simcore.serve.horizon import (ArrivalTimeout, DeferredTimeout, HandOff, InertTimeout,
+                                   horizon, span_horizon)
+from simcore.serve.quiet import QuietLeap, QuietRun, StepColumns
 from simcore.simulate import simulate
 from simcore.workload.spec import RequestSpec
 
@@ -116,10 +117,12 @@ def snapshot(r) -> str:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the quiet runs, the steps taken in them and the runs ending with a step that
-    spans a hand-off."""
-    seen = {"runs": 0, "steps": 0, "spans": 0}
+    """Counts the quiet runs, the steps taken in them (as planned), the runs ending with a step
+    that spans a hand-off, and the runs cut by a request sent to their engine (`cuts`, with
+    the steps they dropped, `dropped`)."""
+    seen = {"runs": 0, "steps": 0, "spans": 0, "cuts": 0, "dropped": 0}
     plan = QuietLeap.plan
+    cut = QuietRun.cut
 
     def counting(self, last):
         got = plan(self, last)
@@ -129,7 +132,14 @@ def counted(monkeypatch):
             seen["spans"] += got.span_s is not None
         return got
 
+    def cutting(self, env, reach_s):
+        before = self.num_steps
+        cut(self, env, reach_s)
+        seen["cuts"] += self.num_steps < before
+        seen["dropped"] += before - self.num_steps
+
     monkeypatch.setattr(QuietLeap, "plan", counting)
+    monkeypatch.setattr(QuietRun, "cut", cutting)
     return seen
 
 
@@ -329,6 +339,63 @@ def test_horizon_counts_a_deferred_timeout_at_its_effect():
     assert horizon(env, False) == 0.15
 
 
+def test_horizon_passes_arrivals_and_other_engines_server_work():
+    """A quiet run passes a client's arrival (the send cuts the run of the engine it routes the
+    request to) and the API server's work on requests bound for other engines."""
+    env = simpy.Environment()
+    ArrivalTimeout(env, 0.1, 0.15)
+    assert horizon(env, False) == horizon(env, False, 0) == float("inf")
+    assert horizon(env, True) == 0.1
+    bound = {1: 1}
+    DeferredTimeout(env, 0.2, 0.3, bound)
+    assert horizon(env, False, 0) == float("inf")
+    assert horizon(env, False, 1) == horizon(env, False) == 0.3
+    bound[1] = 0                             # its request left the server process
+    bound[0] = 1                             # another, bound for engine 0, is on it
+    assert horizon(env, False, 1) == float("inf") and horizon(env, False, 0) == 0.3
+    DeferredTimeout(env, 0.25, 0.28)         # no `bound`: every engine's
+    assert horizon(env, False, 1) == 0.28
+    assert span_horizon(env) == float("inf")
+
+
+def test_a_cut_keeps_the_steps_begun_before_the_request_can_arrive():
+    """`QuietRun.cut` keeps the steps begun before `reach_s`, moves the loop's wait to the last
+    one's end exactly, and drops the run's finishing; a cut past the run changes nothing."""
+    s = _decoding_scheduler(6, 10_000, 3)
+    env = simpy.Environment()
+    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+    ends = list(got.ends_s)
+    assert len(ends) > 10
+    woke = []
+
+    def loop():
+        got.wait = InertTimeout(env, got.delay_s)
+        yield got.wait
+        woke.append(env.now)
+
+    def sender(at_s, reach_s):
+        yield env.timeout(at_s)
+        got.cut(env, reach_s)
+
+    env.process(loop())
+    env.process(sender((ends[2] + ends[3]) / 2, ends[-1] + 1.0))    # past the run: no cut
+    at = (ends[4] + ends[5]) / 2
+    env.process(sender(at, ends[6]))          # step 8 begins at ends[6]: steps 1-7 are kept
+    env.run()
+    assert woke == [ends[6]] and got.ends_s == ends[:7] and got.num_steps == 7
+    assert len(got.times) == 7 and got.finished == [] and got.span_s is None
+    # Reaching inside a step keeps that step: it began before.
+    s = _decoding_scheduler(6, 10_000, 3)
+    env = simpy.Environment()
+    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+    ends = list(got.ends_s)
+    woke.clear()
+    env.process(loop())
+    env.process(sender(ends[1] / 2, (ends[1] + ends[2]) / 2))
+    env.run()
+    assert woke == [ends[2]] and got.num_steps == 3
+
+
 def test_span_horizon_passes_what_only_hands_requests_on():
     """A request's send and its steps on the API server's path (deferred) and its hand-off to
     an engine pass; anything else stops a run's spanning step."""
@@ -365,13 +432,14 @@ def test_a_run_may_end_with_a_step_spanning_a_hand_off():
 
 
 def test_runs_spanning_hand_offs_match_single_steps(counted):
-    """On the API server's path the runs end with the step an arrival falls in, and nothing
-    changes."""
+    """On the API server's path the runs pass arrivals; a request sent to an engine cuts its
+    run to the steps begun before the request can reach it (the step its arrival falls in, and
+    those begun before the path's latency has passed); nothing changes."""
     reqs = specs(5, 200, rate=5.0, shared=True)
     single = run(reqs, False, replicas=2, router="least_outstanding", server=True)
-    assert counted["spans"] == 0
+    assert counted["spans"] == counted["cuts"] == 0
     leapt = run(reqs, True, replicas=2, router="least_outstanding", server=True)
-    assert counted["spans"] > 20
+    assert counted["cuts"] > 20, counted
     assert snapshot(leapt) == snapshot(single)
 
 
@@ -385,9 +453,9 @@ def test_runs_cross_the_api_server_path_s_steps(counted, monkeypatch):
     reqs = specs(11, 200, rate=5.0, shared=False)
     deferred = run(reqs, True, replicas=1, server=True, latency_s=0.03)
     steps = counted["steps"]
-    plain = lambda env, delay, defer_s: env.timeout(delay)
+    plain = lambda env, delay, defer_s, *_: env.timeout(delay)
     monkeypatch.setattr(api_server, "deferred", plain)
-    monkeypatch.setattr(frontend, "deferred", plain)
+    monkeypatch.setattr(frontend, "arrival", plain)
     counted["steps"] = 0
     cut = run(reqs, True, replicas=1, server=True, latency_s=0.03)
     assert snapshot(cut) == snapshot(deferred)

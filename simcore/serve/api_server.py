@@ -9,7 +9,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simcore.serve.quiet import DeferredTimeout
+from simcore.serve.horizon import ArrivalTimeout, DeferredTimeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +32,25 @@ class ApiServerPath:
                 or self.latency_s > 0)
 
 
-def deferred(env, delay: float, defer_s: float):
+def deferred(env, delay: float, defer_s: float, bound: dict | None = None):
     """A timeout of `delay` on the way of a request that reaches its engine `defer_s` or more
-    after it fires (a `DeferredTimeout`, which a quiet run's horizon counts that much later),
-    or a plain one when nothing separates it from the engine."""
+    after it fires (a `DeferredTimeout`, which a quiet run's horizon counts that much later,
+    for the engines in `bound` where given), or a plain one when nothing separates it from the
+    engine."""
     if defer_s > 0.0:
-        return DeferredTimeout(env, delay, env.now + delay + defer_s)
+        return DeferredTimeout(env, delay, env.now + delay + defer_s, bound)
+    return env.timeout(delay)
+
+
+def arrival(env, delay: float, defer_s: float, engines: int):
+    """The client's timeout of `delay` to a request's arrival, which the API server's path
+    separates from every engine by `defer_s`: among several `engines` an `ArrivalTimeout`
+    (quiet runs pass it; the send cuts the run of the engine it routes the request to), for one
+    a `DeferredTimeout` (its engine's runs end before the request can reach it, rather than
+    being planned past it and cut); a plain one when nothing separates them."""
+    if defer_s > 0.0:
+        kind = ArrivalTimeout if engines > 1 else DeferredTimeout
+        return kind(env, delay, env.now + delay + defer_s)
     return env.timeout(delay)
 
 
@@ -56,11 +69,12 @@ class SharedCpu:
     work; the completion due next is scheduled, and a stale one (an arrival changed the share
     since) is ignored."""
 
-    __slots__ = ("env", "jobs", "vtime", "at_s", "gen", "seq", "defer_s")
+    __slots__ = ("env", "jobs", "vtime", "at_s", "gen", "seq", "defer_s", "bound")
 
-    def __init__(self, env, defer_s: float = 0.0) -> None:
+    def __init__(self, env, defer_s: float = 0.0, bound: dict | None = None) -> None:
         self.env = env
         self.defer_s = defer_s       # the path's latency after the loop's work (`Deferred`)
+        self.bound = bound           # the engines its requests are bound for (`ServerProcess`)
         self.jobs: list = []         # heap of (virtual finish, sequence, done)
         self.vtime = 0.0             # CPU seconds each job in progress has had since `at_s`...
         self.at_s = 0.0              # ... as of this time
@@ -86,7 +100,7 @@ class SharedCpu:
         self.gen += 1
         if self.jobs:
             delay = max((self.jobs[0][0] - self.vtime) * len(self.jobs), 0.0)
-            deferred(self.env, delay, self.defer_s).callbacks.append(
+            deferred(self.env, delay, self.defer_s, self.bound).callbacks.append(
                 lambda _, gen=self.gen: self._finish(gen))
 
     def _finish(self, gen: int) -> None:
@@ -114,11 +128,12 @@ class TokenizerThread:
     Lifecycle: `add(work_s, done)` queues a prompt of `work_s` seconds; `done(end_s)` is
     called when it is tokenized."""
 
-    __slots__ = ("env", "free_s", "queued", "defer_s")
+    __slots__ = ("env", "free_s", "queued", "defer_s", "bound")
 
-    def __init__(self, env, defer_s: float = 0.0) -> None:
+    def __init__(self, env, defer_s: float = 0.0, bound: dict | None = None) -> None:
         self.env = env
         self.defer_s = defer_s       # the path's latency after the loop's work (`Deferred`)
+        self.bound = bound           # the engines its requests are bound for (`ServerProcess`)
         self.free_s = 0.0            # when the thread has finished every prompt queued so far
         self.queued = 0              # prompts queued or in progress
 
@@ -134,17 +149,29 @@ class TokenizerThread:
         def finish(_) -> None:
             self.queued -= 1
             done(end)
-        deferred(self.env, end - now, self.defer_s).callbacks.append(finish)
+        deferred(self.env, end - now, self.defer_s, self.bound).callbacks.append(finish)
 
 
 class ServerProcess:
-    """One API server process: its tokenizer thread and its event loop's CPU."""
+    """One API server process: its tokenizer thread and its event loop's CPU, and `bound`, how
+    many of the requests on it (from `enter` to `leave`) are bound for each engine (by index):
+    its work reaches those engines only (`simcore.serve.quiet.DeferredTimeout`)."""
 
-    __slots__ = ("tokenizer", "loop")
+    __slots__ = ("tokenizer", "loop", "bound")
 
     def __init__(self, env, defer_s: float = 0.0) -> None:
-        self.tokenizer = TokenizerThread(env, defer_s)
-        self.loop = SharedCpu(env, defer_s)
+        self.bound: dict[int, int] = {}
+        self.tokenizer = TokenizerThread(env, defer_s, self.bound)
+        self.loop = SharedCpu(env, defer_s, self.bound)
+
+    def enter(self, engine: int) -> None:
+        """A request bound for `engine` starts its way through the process."""
+        bound = self.bound
+        bound[engine] = bound.get(engine, 0) + 1
+
+    def leave(self, engine: int) -> None:
+        """A request bound for `engine` is done on the process (only the path's latency left)."""
+        self.bound[engine] -= 1
 
     def __len__(self) -> int:
         """Requests the process is working on (tokenizing, or on the event loop)."""

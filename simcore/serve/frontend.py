@@ -24,10 +24,10 @@ from simcore.engine.request import Request
 from simcore.records import RecordStore, RequestRecord
 from simcore.token_times import DeliveryLog
 from simcore.router import Router
-from simcore.serve.api_server import ApiServerPath, ServerProcess, deferred
+from simcore.serve.api_server import ApiServerPath, ServerProcess, arrival
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
-from simcore.serve.quiet import HandOff, InertTimeout
+from simcore.serve.horizon import HandOff, InertTimeout
 from simcore.workload.sessions import (COMPLETED, ENDED_FAILED, ENDED_MAX_CONTEXT, Session,
                                        SessionOutcomes, SessionStream)
 from simcore.workload.spec import RequestSpec
@@ -84,9 +84,11 @@ class Frontend(StepObserver):
         self.in_flight = 0
         self.in_server = 0           # sent, still on the API server's path to an engine
         # A request sent goes through the API server's path, whose latency comes after all of
-        # its work: no engine hears of it sooner, so the client's sends and the path's steps are
-        # `DeferredTimeout`s that a quiet run's horizon counts that much later. Not with a
-        # client timeout, whose give-up (a plain event made at the send) may come sooner.
+        # its work: no engine hears of it sooner, so the path's steps are `DeferredTimeout`s
+        # that a quiet run's horizon counts that much later (for the engines its requests are
+        # bound for), and the client's arrivals `ArrivalTimeout`s that it passes (the send cuts
+        # the run of the engine the request goes to). Not with a client timeout, whose give-up
+        # (a plain event made at the send) may come sooner.
         self.defer_s = (server.latency_s if server.active and client.request_timeout_s is None
                         else 0.0)
         self.servers = [ServerProcess(env, self.defer_s) for _ in range(server.num_servers)]
@@ -124,7 +126,7 @@ class Frontend(StepObserver):
                                               arrival_s=spec.arrival_s))
             delay = spec.arrival_s - env.now
             if delay > 0:
-                yield deferred(env, delay, defer)
+                yield arrival(env, delay, defer, len(self.entry))
             if limit is not None and self.in_flight >= limit:
                 self.backlog.append((idx, spec))
             else:
@@ -206,6 +208,9 @@ class Frontend(StepObserver):
         r = self.entry[router.route(spec.block_keys)]
         rec.replica = r
         rank = self.ranks[r]
+        if rank.quiet is not None:
+            # The engine is in a quiet run that the request's arrival did not end.
+            rank.quiet.cut(env, env.now + self.defer_s)
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
         # A turn of a session also carries the keys of the blocks its reply fills.
         keys = (spec.block_keys + spec.output_block_keys if spec.output_block_keys
@@ -228,6 +233,7 @@ class Frontend(StepObserver):
             work = (server.request_cpu_s(spec.prompt_len) if server.request_cpu_s is not None
                     else 0.0)
             process = min(self.servers, key=len)
+            process.enter(rank.index)
 
             def arrive(_, rank=rank, req=req) -> None:
                 self.in_server -= 1
@@ -235,6 +241,7 @@ class Frontend(StepObserver):
                 rank.notify()
 
             def worked(end_s: float, rec=rec) -> None:
+                process.leave(rank.index)
                 rec.server_wait_s = end_s - sent - tokens - work
                 rec.server_s = end_s + server.latency_s - sent
                 HandOff(env, server.latency_s, rank.index).callbacks.append(arrive)

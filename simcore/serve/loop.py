@@ -18,7 +18,8 @@ from simcore.compute.base import StepShape
 from simcore.engine.scheduler import Scheduler
 from simcore.serve.executor import StepExecutor
 from simcore.serve.observers import StepObserver
-from simcore.serve.quiet import InertTimeout, QuietLeap
+from simcore.serve.horizon import InertTimeout
+from simcore.serve.quiet import QuietLeap
 
 MAX_EMPTY_STEPS = 1000
 """Consecutive empty steps with requests queued before the engine is declared wedged."""
@@ -54,7 +55,7 @@ class EngineLoop:
     def __init__(self, env: simpy.Environment, ranks: Sequence[Rank], executor: StepExecutor,
                  observers: Sequence[StepObserver], all_events=None, sampler=None):
         """`all_events()`, where given, says whether any queued event may change this engine's
-        scheduler (see `simcore.serve.quiet.horizon`); without it the engine steps one at a
+        scheduler (see `simcore.serve.horizon.horizon`); without it the engine steps one at a
         time. `sampler`, the engine-state sampler whose samples quiet runs pass (its
         `next_s`, `interval_s`), or None."""
         self.env = env
@@ -120,7 +121,9 @@ class EngineLoop:
                 run = leap.plan(step_s)
                 if run is not None:
                     rank.quiet = run
-                    yield InertTimeout(env, run.delay_s)
+                    run.wait = InertTimeout(env, run.delay_s)
+                    yield run.wait           # or the timeout a cut moved the wait to
+                    run.wait = None
                     if run.span_s is not None:
                         yield InertTimeout(env, run.span_s)
                     rank.quiet = None

@@ -28,7 +28,7 @@ import simpy
 
 from simcore.compute.base import StepShape
 from simcore.compute.decode_steps import BOUNDS, StepColumns
-from simcore.serve.quiet import SampleTimeout
+from simcore.serve.horizon import SampleTimeout
 
 
 def sum_steps(total, compute, comm, bound, num, sums, counts, phase_s, order):

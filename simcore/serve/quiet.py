@@ -19,14 +19,17 @@ steps' order, request by request in batch order, so the pool's free queue, the p
 its evictions are those of single steps. Observers take the steps together
 (`StepObserver.on_quiet_steps`).
 
-*Outside the engine loops* is read from SimPy's event queue: the earliest queued event that
-is not an `InertTimeout` (an engine loop's own step, the router's load report, which reads only
-counts a quiet run leaves unchanged) nor a `SampleTimeout` (a sample of the engines' state,
-which reads an engine inside a run as single stepping would show it: the blocks allocated up
-to the step running then, `QuietRun.blocks_free_at`; a run stops before a step that would end
-at the very instant of a sample), a `DeferredTimeout` (the client's send, the API server's
-tokenizer thread and event loop working on a request) counting at its effect, the path's
-latency later, since no scheduler hears of the request sooner. While the client holds requests
+*Outside the engine loops* is read from SimPy's event queue (`simcore.serve.horizon`): the
+earliest queued event that is not an `InertTimeout` (an engine loop's own step, the router's
+load report, which reads only counts a quiet run leaves unchanged) nor a `SampleTimeout` (a
+sample of the engines' state, which reads an engine inside a run as single stepping would show
+it: the blocks allocated up to the step running then, `QuietRun.blocks_free_at`; a run stops
+before a step that would end at the very instant of a sample), a `DeferredTimeout` (the API
+server's tokenizer thread and event loop working on requests bound for this engine) counting
+at its effect, the path's latency later, since no scheduler hears of the request sooner. The
+client's arrivals on that path (`ArrivalTimeout`) are passed: the send routes the request to
+one engine and cuts that engine's run to the steps begun before the request can reach it
+(`QuietRun.cut`); no other engine's scheduler hears of it. While the client holds requests
 back (max concurrency), a request finishing on another engine sends one at once, so then every
 queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
@@ -55,100 +58,12 @@ from simcore.compute.base import StepShape, StepTime
 from simcore.compute.decode_steps import StepColumns, decode_step_time
 from simcore.engine.kv_cache import KVCacheManager
 from simcore.engine.run_blocks import allocate_run
+from simcore.serve.horizon import InertTimeout, horizon, span_horizon
 
 MIN_STEPS = 2
 """Fewest quiet steps worth taking together (one step is cheaper stepped on its own)."""
 MAX_STEPS = 65536
 """Most steps taken together (bounds the lists of one run)."""
-
-
-class InertTimeout(simpy.Timeout):
-    """A timeout whose firing changes no engine's scheduler from outside that engine's loop (an
-    engine loop's own step, the router's load report): the horizon of a quiet run passes it."""
-
-
-class DeferredTimeout(simpy.Timeout):
-    """A timeout whose firing changes no engine's scheduler before `effect_s`: a step of a
-    request's way to an engine (the client sending it, the API server's tokenizer thread and
-    event loop working on it) that the fixed latency of the server's path still separates from
-    the scheduler. The horizon of a quiet run counts it at `effect_s`."""
-
-    def __init__(self, env: simpy.Environment, delay: float, effect_s: float) -> None:
-        super().__init__(env, delay)
-        self.effect_s = effect_s
-
-
-class SampleTimeout(simpy.Timeout):
-    """The next sample of the engines' state (`simcore.serve.observers.TimeSeriesSampler`): it
-    changes no scheduler, and reads an engine inside a quiet run as single stepping would show
-    it (`QuietRun.blocks_free_at`), so the horizon of a quiet run passes it; a run whose step
-    would end at the very instant of a sample stops before that step (`QuietLeap.plan`)."""
-
-
-class HandOff(simpy.Timeout):
-    """A request's hand-off to engine `target` at the end of the API server's path, whose firing
-    only adds the request to that engine's waiting queue: a step running when it fires decided
-    its batch before, so a quiet run's last step may span it (`QuietLeap.plan`); no other
-    engine's scheduler hears of it, so their runs pass it."""
-
-    def __init__(self, env: simpy.Environment, delay: float, target: int) -> None:
-        super().__init__(env, delay)
-        self.target = target
-
-
-def horizon(env: simpy.Environment, all_events: bool, rank: int | None = None) -> float:
-    """The earliest virtual time at which something outside the engine loops may change engine
-    `rank`'s scheduler (any engine's if None): the first queued event that is not an
-    `InertTimeout`, a `SampleTimeout` nor a `HandOff` to another engine, a `DeferredTimeout`
-    counting at its effect (with `all_events`, the first queued event of any kind)."""
-    queue = env._queue
-    if not queue:
-        return math.inf
-    if all_events:
-        return queue[0][0]
-    return _earliest(queue, (InertTimeout, SampleTimeout), True, rank)
-
-
-def span_horizon(env: simpy.Environment) -> float:
-    """The earliest queued event that is neither an `InertTimeout`, a `SampleTimeout`, a
-    `DeferredTimeout` nor a `HandOff`: before it, what fires only hands requests on towards an
-    engine (or samples the engines), and a quiet run's last step may span that
-    (`QuietLeap.plan`)."""
-    return _earliest(env._queue, (InertTimeout, SampleTimeout, DeferredTimeout, HandOff), False)
-
-
-def _earliest(queue: list, passed: tuple, deferred_at_effect: bool,
-              rank: int | None = None) -> float:
-    """The time of the first event of SimPy's heap `queue` whose kind is not in `passed` (nor a
-    `HandOff` to an engine other than `rank`, where given), a `DeferredTimeout` counting at its
-    effect if `deferred_at_effect`. Walks the heap from the root, pruning subtrees that start
-    no earlier than the best found."""
-    best = math.inf
-    n = len(queue)
-    stack = [0] if queue else []
-    pop = stack.pop
-    push = stack.append
-    while stack:
-        i = pop()
-        entry = queue[i]
-        t = entry[0]
-        if t >= best:
-            continue
-        kind = type(entry[3])
-        if kind not in passed and (kind is not HandOff or rank is None
-                                   or entry[3].target == rank):
-            if kind is not DeferredTimeout or not deferred_at_effect:
-                best = t
-                continue
-            effect = entry[3].effect_s
-            if effect < best:
-                best = effect
-        c = 2 * i + 1
-        if c < n:
-            push(c)
-            if c + 1 < n:
-                push(c + 1)
-    return best
 
 
 @dataclass(slots=True)
@@ -172,6 +87,41 @@ class QuietRun:
     blocks: tuple | None = None
     """(each request's computed tokens and blocks held at the start, the free blocks then, the
     block size), for `blocks_free_at`."""
+    wait: simpy.Timeout | None = None
+    """The timeout the engine loop waits on for the run's steps (before a spanning last step's
+    own), while it may still be cut (`cut`)."""
+
+    def cut(self, env: simpy.Environment, reach_s: float) -> None:
+        """A request sent to this engine now may reach its scheduler at `reach_s` (> now) at the
+        earliest: keep only the steps begun before then, as single stepping would have run
+        them, batched before the request could be in the waiting queue.
+
+        A step begun before `reach_s` has the batch it has in the run; the first step begun
+        at or after it might admit the request, so the run ends before it. The kept steps are
+        a prefix of the run, so what its plan checked for them still holds (every event queued
+        then that may change the scheduler falls after their ends, or only hands requests on
+        while the last of them runs; no step ends at a sample); none finishes a request (only
+        the run's last step does). The loop's wait moves to the new last step's end: a timeout
+        made now, before anything of the request's way to the engine is queued, so at an
+        equal time it comes first, as that step's own timeout (made at its start) would."""
+        wait = self.wait
+        if wait is None:
+            return
+        ends = self.ends_s
+        keep = bisect_left(ends, reach_s) + 1
+        if keep >= len(ends):
+            return
+        now = env.now
+        delay = _exact_delay(now, ends[keep - 1])
+        if delay is None:
+            raise RuntimeError(f"a quiet run cut at {now!r} s found no delay to its step's end "
+                               f"{ends[keep - 1]!r} s")
+        moved = InertTimeout(env, delay)
+        moved.callbacks, wait.callbacks = wait.callbacks, []
+        self.wait = moved
+        del self.times[keep:], ends[keep:]
+        self.finished = []
+        self.span_s = None
 
     def blocks_free_at(self, t: float) -> int:
         """The engine's free blocks at `t` inside the run (`start_s` <= t < its last end, no
