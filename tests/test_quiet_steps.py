@@ -443,6 +443,30 @@ def test_runs_spanning_hand_offs_match_single_steps(counted):
     assert snapshot(leapt) == snapshot(single)
 
 
+def test_a_request_s_path_work_defers_its_effect():
+    """A request reaches its engine no sooner than its tokenizing, its work on the event loop
+    and the path's latency after it arrives: its arrival, and its tokenizing's end, count that
+    much later (a hair earlier, against rounding)."""
+    from simcore.serve.api_server import ApiServerPath, ServerProcess, arrival
+
+    path = ApiServerPath(request_cpu_s=lambda p: 1e-3 + 1e-6 * p, latency_s=0.01,
+                         tokenize_s=lambda p: 2e-6 * p)
+    assert path.least_s(1000) == pytest.approx(2e-3 + 2e-3)
+    env = simpy.Environment()
+    first = arrival(env, 0.5, 0.01, 4, path.least_s(1000))
+    assert type(first) is ArrivalTimeout
+    assert 0.514 - 1e-8 < first.effect_s < 0.514
+    assert type(arrival(env, 0.5, 0.01, 1)) is DeferredTimeout
+    assert arrival(env, 0.5, 0.01, 1).effect_s == 0.51
+    process = ServerProcess(env, 0.01)
+    process.enter(2)
+    process.tokenizer.add(0.002, lambda end: None, 0.003)
+    (tokenized,) = [e[3] for e in env._queue if getattr(e[3], "bound", None) is process.bound]
+    assert 0.015 - 1e-8 < tokenized.effect_s < 0.015
+    assert horizon(env, False, 2) == tokenized.effect_s
+    assert horizon(env, False, 1) == 0.51        # engine 1 has no request on the process
+
+
 def test_runs_cross_the_api_server_path_s_steps(counted, monkeypatch):
     """With 30 ms of path latency the runs reach past a request's send and its server work to
     its arrival at the engine, so more steps are taken together than when every step of the

@@ -9,7 +9,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simcore.serve.horizon import ArrivalTimeout, DeferredTimeout
+from simcore.serve.horizon import ArrivalTimeout, DeferredTimeout, just_before
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,26 +31,42 @@ class ApiServerPath:
         return (self.request_cpu_s is not None or self.tokenize_s is not None
                 or self.latency_s > 0)
 
+    def least_s(self, prompt_len: int) -> float:
+        """The least time a request of `prompt_len` prompt tokens spends on the path before its
+        latency: its tokenizing (after any prompt queued before it), then its work on the event
+        loop (whose CPU it gets at most all of)."""
+        return ((self.tokenize_s(prompt_len) if self.tokenize_s is not None else 0.0)
+                + (self.request_cpu_s(prompt_len) if self.request_cpu_s is not None else 0.0))
 
-def deferred(env, delay: float, defer_s: float, bound: dict | None = None):
-    """A timeout of `delay` on the way of a request that reaches its engine `defer_s` or more
-    after it fires (a `DeferredTimeout`, which a quiet run's horizon counts that much later,
-    for the engines in `bound` where given), or a plain one when nothing separates it from the
+
+def deferred(env, delay: float, defer_s: float, bound: dict | None = None,
+             then_s: float = 0.0):
+    """A timeout of `delay` on the way of a request that reaches its engine `defer_s` (the
+    path's latency) or more after it fires, and `then_s` more (work that follows on the path)
+    where given: a `DeferredTimeout`, which a quiet run's horizon counts that much later, for
+    the engines in `bound` where given; a plain one when nothing separates it from the
     engine."""
     if defer_s > 0.0:
-        return DeferredTimeout(env, delay, env.now + delay + defer_s, bound)
+        effect = env.now + delay + defer_s
+        if then_s > 0.0:
+            effect = just_before(effect + then_s)
+        return DeferredTimeout(env, delay, effect, bound)
     return env.timeout(delay)
 
 
-def arrival(env, delay: float, defer_s: float, engines: int):
+def arrival(env, delay: float, defer_s: float, engines: int, path_s: float = 0.0):
     """The client's timeout of `delay` to a request's arrival, which the API server's path
-    separates from every engine by `defer_s`: among several `engines` an `ArrivalTimeout`
-    (quiet runs pass it; the send cuts the run of the engine it routes the request to), for one
-    a `DeferredTimeout` (its engine's runs end before the request can reach it, rather than
-    being planned past it and cut); a plain one when nothing separates them."""
+    separates from every engine by `defer_s` (its latency) and `path_s` (the least time its
+    work on the path takes: `ApiServerPath.least_s`): among several `engines` an
+    `ArrivalTimeout` (quiet runs pass it; the send cuts the run of the engine it routes the
+    request to), for one a `DeferredTimeout` (its engine's runs end before the request can reach
+    it, rather than being planned past it and cut); a plain one when nothing separates them."""
     if defer_s > 0.0:
         kind = ArrivalTimeout if engines > 1 else DeferredTimeout
-        return kind(env, delay, env.now + delay + defer_s)
+        effect = env.now + delay + defer_s
+        if path_s > 0.0:
+            effect = just_before(effect + path_s)
+        return kind(env, delay, effect)
     return env.timeout(delay)
 
 
@@ -140,7 +156,9 @@ class TokenizerThread:
     def __len__(self) -> int:
         return self.queued
 
-    def add(self, work_s: float, done) -> None:
+    def add(self, work_s: float, done, then_s: float = 0.0) -> None:
+        """`then_s`: the least time the prompt's request spends on the path after its
+        tokenizing, before the path's latency (its work on the event loop)."""
         now = self.env.now
         end = max(self.free_s, now) + work_s
         self.free_s = end
@@ -149,7 +167,7 @@ class TokenizerThread:
         def finish(_) -> None:
             self.queued -= 1
             done(end)
-        deferred(self.env, end - now, self.defer_s, self.bound).callbacks.append(finish)
+        deferred(self.env, end - now, self.defer_s, self.bound, then_s).callbacks.append(finish)
 
 
 class ServerProcess:

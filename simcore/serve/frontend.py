@@ -27,7 +27,7 @@ from simcore.router import Router
 from simcore.serve.api_server import ApiServerPath, ServerProcess, arrival
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
-from simcore.serve.horizon import HandOff, InertTimeout
+from simcore.serve.horizon import HandOff, InertTimeout, just_before
 from simcore.workload.sessions import (COMPLETED, ENDED_FAILED, ENDED_MAX_CONTEXT, Session,
                                        SessionOutcomes, SessionStream)
 from simcore.workload.spec import RequestSpec
@@ -126,7 +126,8 @@ class Frontend(StepObserver):
                                               arrival_s=spec.arrival_s))
             delay = spec.arrival_s - env.now
             if delay > 0:
-                yield arrival(env, delay, defer, len(self.entry))
+                yield arrival(env, delay, defer, len(self.entry),
+                              self.server.least_s(spec.prompt_len) if defer else 0.0)
             if limit is not None and self.in_flight >= limit:
                 self.backlog.append((idx, spec))
             else:
@@ -208,9 +209,20 @@ class Frontend(StepObserver):
         r = self.entry[router.route(spec.block_keys)]
         rec.replica = r
         rank = self.ranks[r]
+        server = self.server
+        if server.active:
+            tokens = (server.tokenize_s(spec.prompt_len) if server.tokenize_s is not None
+                      else 0.0)
+            work = (server.request_cpu_s(spec.prompt_len) if server.request_cpu_s is not None
+                    else 0.0)
         if rank.quiet is not None:
-            # The engine is in a quiet run that the request's arrival did not end.
-            rank.quiet.cut(env, env.now + self.defer_s)
+            # The engine is in a quiet run that the request's arrival did not end: its steps
+            # begun before the request can reach the engine stand (the path's work, then its
+            # latency), made before anything of the path is queued.
+            reach = env.now + self.defer_s
+            if self.defer_s > 0.0 and tokens + work > 0.0:
+                reach = just_before(reach + (tokens + work))
+            rank.quiet.cut(env, reach)
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
         # A turn of a session also carries the keys of the blocks its reply fills.
         keys = (spec.block_keys + spec.output_block_keys if spec.output_block_keys
@@ -221,17 +233,12 @@ class Frontend(StepObserver):
         if router.last_hashes is not None:
             # The router already chained this prompt's keyed blocks in the shared hash space.
             req.block_hashes = router.last_hashes
-        server = self.server
         if server.active:
             # The API server's path on the server process with the fewest requests in progress:
             # its tokenizer thread, its event loop's work (shared with the others there), then
             # the path's latency.
             self.in_server += 1
             sent = env.now
-            tokens = (server.tokenize_s(spec.prompt_len) if server.tokenize_s is not None
-                      else 0.0)
-            work = (server.request_cpu_s(spec.prompt_len) if server.request_cpu_s is not None
-                    else 0.0)
             process = min(self.servers, key=len)
             process.enter(rank.index)
 
@@ -255,7 +262,7 @@ class Frontend(StepObserver):
             if server.tokenize_s is None:
                 tokenized(sent)
             else:
-                process.tokenizer.add(tokens, tokenized)
+                process.tokenizer.add(tokens, tokenized, work)
         else:
             rank.sched.add_request(req)
             rank.notify()

@@ -9,6 +9,13 @@ import math
 import simpy
 
 
+def just_before(t: float) -> float:
+    """A time a hair (a billionth, relatively) before `t`: a lower bound on a time that sums of
+    the same durations, made in another order or through the API server's shared CPU, reach
+    within rounding."""
+    return t - 1e-9 * max(1.0, abs(t))
+
+
 class InertTimeout(simpy.Timeout):
     """A timeout whose firing changes no engine's scheduler from outside that engine's loop (an
     engine loop's own step, the router's load report): the horizon of a quiet run passes it."""
