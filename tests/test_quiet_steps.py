@@ -19,8 +19,7 @@ from simcore.engine.request import FINISHED, Request
 from simcore.engine.scheduler import Scheduler, SchedulerConfig
 from simcore.serve import run_serving
 from simcore.serve import quiet
-from simcore.serve.horizon import (ArrivalTimeout, DeferredTimeout, HandOff, InertTimeout,
-                                   horizon, span_horizon)
+from simcore.serve.horizon import InertTimeout
 from simcore.serve.quiet import QuietLeap, QuietRun, StepColumns
 from simcore.simulate import simulate
 from simcore.workload.spec import RequestSpec
@@ -70,7 +69,8 @@ class DyadicStep:
 
 
 def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=None,
-        timeout=None, server=False, latency_s=0.002, sample_s=0.5, step_model=None, **sched):
+        timeout=None, server=False, latency_s=0.002, sample_s=0.5, step_model=None,
+        tokenize=False, servers=1, **sched):
     old = loop.QUIET_LEAPS
     loop.QUIET_LEAPS = leaps
     try:
@@ -84,7 +84,9 @@ def run(reqs, leaps: bool, *, replicas=1, router="round_robin", max_concurrency=
                         max_model_len=cfg["max_model_len"], sample_interval_s=sample_s,
                         request_timeout_s=timeout,
                         request_cpu_s=(lambda p: 1e-4 + 1e-6 * p) if server else None,
-                        request_latency_s=latency_s if server else 0.0)
+                        request_latency_s=latency_s if server else 0.0,
+                        request_tokenize_s=(lambda p: 2e-5 * p) if tokenize else None,
+                        api_servers=servers)
     finally:
         loop.QUIET_LEAPS = old
     return r
@@ -155,6 +157,16 @@ CASES = {       # (serving settings, scheduler settings)
     "priority, watermark": (dict(replicas=2), dict(policy="priority", watermark=0.05)),
     "no prefix caching": ({}, dict(enable_prefix_caching=False)),
     "short max_model_len": ({}, dict(max_model_len=640)),
+    # Arrivals pass runs and cut the chosen engine's; the server's work counts for the engines
+    # its requests are bound for.
+    "three engines, tokenizer, two API servers": (
+        dict(replicas=3, router="prefix_affinity", server=True, latency_s=0.01, tokenize=True,
+             servers=2), {}),
+    "four engines, API server path, max concurrency": (
+        dict(replicas=4, router="least_outstanding", server=True, latency_s=0.02,
+             max_concurrency=14), {}),
+    "three engines, API server path, small pool": (
+        dict(replicas=3, server=True, latency_s=0.005, tokenize=True), dict(num_blocks=150)),
 }
 
 
@@ -309,182 +321,6 @@ def test_compiled_run_sums_equal_a_step_at_a_time(seed):
     assert list(a.steps_by_bound) == list(b.steps_by_bound)
     assert list(a.step_s_by_phase_bound) == list(b.step_s_by_phase_bound)
     assert set(a.steps_by_bound) <= set(BOUNDS)
-
-
-def test_horizon_passes_inert_timeouts_only():
-    env = simpy.Environment()
-    for d in (0.5, 0.1, 0.3, 0.2, 0.05):
-        InertTimeout(env, d)
-    assert horizon(env, False) == float("inf")
-    assert horizon(env, True) == 0.05
-    env.timeout(0.4)
-    InertTimeout(env, 0.01)
-    env.timeout(0.25)
-    assert horizon(env, False) == 0.25
-    assert horizon(env, True) == 0.01
-
-
-def test_horizon_counts_a_deferred_timeout_at_its_effect():
-    """A step on a request's way to an engine (the client's send, the API server's tokenizer
-    and event loop) changes no scheduler before the path's latency has passed."""
-    env = simpy.Environment()
-    DeferredTimeout(env, 0.1, 0.25)
-    InertTimeout(env, 0.05)
-    assert horizon(env, False) == 0.25
-    assert horizon(env, True) == 0.05
-    env.timeout(0.3)
-    DeferredTimeout(env, 0.2, 0.22)
-    assert horizon(env, False) == 0.22
-    env.timeout(0.15)
-    assert horizon(env, False) == 0.15
-
-
-def test_horizon_passes_arrivals_and_other_engines_server_work():
-    """A quiet run passes a client's arrival (the send cuts the run of the engine it routes the
-    request to) and the API server's work on requests bound for other engines."""
-    env = simpy.Environment()
-    ArrivalTimeout(env, 0.1, 0.15)
-    assert horizon(env, False) == horizon(env, False, 0) == float("inf")
-    assert horizon(env, True) == 0.1
-    bound = {1: 1}
-    DeferredTimeout(env, 0.2, 0.3, bound)
-    assert horizon(env, False, 0) == float("inf")
-    assert horizon(env, False, 1) == horizon(env, False) == 0.3
-    bound[1] = 0                             # its request left the server process
-    bound[0] = 1                             # another, bound for engine 0, is on it
-    assert horizon(env, False, 1) == float("inf") and horizon(env, False, 0) == 0.3
-    DeferredTimeout(env, 0.25, 0.28)         # no `bound`: every engine's
-    assert horizon(env, False, 1) == 0.28
-    assert span_horizon(env) == float("inf")
-
-
-def test_a_cut_keeps_the_steps_begun_before_the_request_can_arrive():
-    """`QuietRun.cut` keeps the steps begun before `reach_s`, moves the loop's wait to the last
-    one's end exactly, and drops the run's finishing; a cut past the run changes nothing."""
-    s = _decoding_scheduler(6, 10_000, 3)
-    env = simpy.Environment()
-    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    ends = list(got.ends_s)
-    assert len(ends) > 10
-    woke = []
-
-    def loop():
-        got.wait = InertTimeout(env, got.delay_s)
-        yield got.wait
-        woke.append(env.now)
-
-    def sender(at_s, reach_s):
-        yield env.timeout(at_s)
-        got.cut(env, reach_s)
-
-    env.process(loop())
-    env.process(sender((ends[2] + ends[3]) / 2, ends[-1] + 1.0))    # past the run: no cut
-    at = (ends[4] + ends[5]) / 2
-    env.process(sender(at, ends[6]))          # step 8 begins at ends[6]: steps 1-7 are kept
-    env.run()
-    assert woke == [ends[6]] and got.ends_s == ends[:7] and got.num_steps == 7
-    assert len(got.times) == 7 and got.finished == [] and got.span_s is None
-    # Reaching inside a step keeps that step: it began before.
-    s = _decoding_scheduler(6, 10_000, 3)
-    env = simpy.Environment()
-    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    ends = list(got.ends_s)
-    woke.clear()
-    env.process(loop())
-    env.process(sender(ends[1] / 2, (ends[1] + ends[2]) / 2))
-    env.run()
-    assert woke == [ends[2]] and got.num_steps == 3
-
-
-def test_span_horizon_passes_what_only_hands_requests_on():
-    """A request's send and its steps on the API server's path (deferred) and its hand-off to
-    an engine pass; anything else stops a run's spanning step."""
-    env = simpy.Environment()
-    HandOff(env, 0.1, 1)
-    DeferredTimeout(env, 0.05, 0.2)
-    InertTimeout(env, 0.01)
-    assert horizon(env, False) == 0.1
-    # A hand-off to engine 1 changes no other engine's scheduler: their runs pass it.
-    assert horizon(env, False, 1) == 0.1 and horizon(env, False, 0) == 0.2
-    assert span_horizon(env) == float("inf")
-    env.timeout(0.3)
-    assert span_horizon(env) == 0.3
-    env.timeout(0.02)
-    assert span_horizon(env) == horizon(env, False) == 0.02
-
-
-def test_a_run_may_end_with_a_step_spanning_a_hand_off():
-    """A hand-off only adds its request to a waiting queue, which a step batched before it does
-    not read: the run takes the step it falls in, waiting for it from the step's start."""
-    s = _decoding_scheduler(6, 10_000, 3)
-    env = simpy.Environment()
-    HandOff(env, 0.05, 0)
-    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    assert got.ends_s[-2] < 0.05 < got.ends_s[-1]
-    assert got.span_s == KvStep().step_time(got.shapes[-1]).total_s
-    assert got.start_s + got.delay_s == got.ends_s[-2]
-    assert got.ends_s[-2] + got.span_s == got.ends_s[-1]
-    env.timeout(got.ends_s[-1])              # e.g. a client's timeout as the step ends
-    cut = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    assert cut.span_s is None and cut.ends_s == got.ends_s[:-1]
-    held = QuietLeap(env, s, KvStep().step_time, lambda: True).plan(0.0)
-    assert held.span_s is None
-
-
-def test_runs_spanning_hand_offs_match_single_steps(counted):
-    """On the API server's path the runs pass arrivals; a request sent to an engine cuts its
-    run to the steps begun before the request can reach it (the step its arrival falls in, and
-    those begun before the path's latency has passed); nothing changes."""
-    reqs = specs(5, 200, rate=5.0, shared=True)
-    single = run(reqs, False, replicas=2, router="least_outstanding", server=True)
-    assert counted["spans"] == counted["cuts"] == 0
-    leapt = run(reqs, True, replicas=2, router="least_outstanding", server=True)
-    assert counted["cuts"] > 20, counted
-    assert snapshot(leapt) == snapshot(single)
-
-
-def test_a_request_s_path_work_defers_its_effect():
-    """A request reaches its engine no sooner than its tokenizing, its work on the event loop
-    and the path's latency after it arrives: its arrival, and its tokenizing's end, count that
-    much later (a hair earlier, against rounding)."""
-    from simcore.serve.api_server import ApiServerPath, ServerProcess, arrival
-
-    path = ApiServerPath(request_cpu_s=lambda p: 1e-3 + 1e-6 * p, latency_s=0.01,
-                         tokenize_s=lambda p: 2e-6 * p)
-    assert path.least_s(1000) == pytest.approx(2e-3 + 2e-3)
-    env = simpy.Environment()
-    first = arrival(env, 0.5, 0.01, 4, path.least_s(1000))
-    assert type(first) is ArrivalTimeout
-    assert 0.514 - 1e-8 < first.effect_s < 0.514
-    assert type(arrival(env, 0.5, 0.01, 1)) is DeferredTimeout
-    assert arrival(env, 0.5, 0.01, 1).effect_s == 0.51
-    process = ServerProcess(env, 0.01)
-    process.enter(2)
-    process.tokenizer.add(0.002, lambda end: None, 0.003)
-    (tokenized,) = [e[3] for e in env._queue if getattr(e[3], "bound", None) is process.bound]
-    assert 0.015 - 1e-8 < tokenized.effect_s < 0.015
-    assert horizon(env, False, 2) == tokenized.effect_s
-    assert horizon(env, False, 1) == 0.51        # engine 1 has no request on the process
-
-
-def test_runs_cross_the_api_server_path_s_steps(counted, monkeypatch):
-    """With 30 ms of path latency the runs reach past a request's send and its server work to
-    its arrival at the engine, so more steps are taken together than when every step of the
-    path ends a run (as a plain timeout does); the results are the same."""
-    import simcore.serve.api_server as api_server
-    import simcore.serve.frontend as frontend
-
-    reqs = specs(11, 200, rate=5.0, shared=False)
-    deferred = run(reqs, True, replicas=1, server=True, latency_s=0.03)
-    steps = counted["steps"]
-    plain = lambda env, delay, defer_s, *_: env.timeout(delay)
-    monkeypatch.setattr(api_server, "deferred", plain)
-    monkeypatch.setattr(frontend, "arrival", plain)
-    counted["steps"] = 0
-    cut = run(reqs, True, replicas=1, server=True, latency_s=0.03)
-    assert snapshot(cut) == snapshot(deferred)
-    total = sum(x.num_steps for x in cut.schedulers)
-    assert total - steps < 0.8 * (total - counted["steps"]), (total, steps, counted["steps"])
 
 
 def _decoding_scheduler(n: int, pool: int, seed: int) -> Scheduler:
