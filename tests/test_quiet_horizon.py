@@ -62,42 +62,50 @@ def test_horizon_passes_arrivals_and_other_engines_server_work():
     assert span_horizon(env) == float("inf")
 
 
-def test_a_cut_keeps_the_steps_begun_before_the_request_can_arrive():
-    """`QuietRun.cut` keeps the steps begun before `reach_s`, moves the loop's wait to the last
-    one's end exactly, and drops the run's finishing; a cut past the run changes nothing."""
-    s = _decoding_scheduler(6, 10_000, 3)
-    env = simpy.Environment()
-    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    ends = list(got.ends_s)
-    assert len(ends) > 10
+def test_a_cut_keeps_the_steps_that_end_before_the_request_can_arrive():
+    """`QuietRun.cut` keeps the steps that end before `reach_s` and the step running now, moves
+    the loop's wait to the last one's end exactly, and drops the run's finishing; a cut past
+    the run changes nothing."""
     woke = []
 
-    def loop():
-        got.wait = InertTimeout(env, got.delay_s)
-        yield got.wait
-        woke.append(env.now)
+    def planned():
+        s = _decoding_scheduler(6, 10_000, 3)
+        env = simpy.Environment()
+        got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+        assert len(got.ends_s) > 10 and got.finished
 
-    def sender(at_s, reach_s):
+        def loop():
+            got.wait = InertTimeout(env, got.delay_s)
+            yield got.wait
+            woke.append(env.now)
+
+        env.process(loop())
+        return env, got, list(got.ends_s)
+
+    def sender(env, got, at_s, reach_s):
         yield env.timeout(at_s)
         got.cut(env, reach_s)
 
-    env.process(loop())
-    env.process(sender((ends[2] + ends[3]) / 2, ends[-1] + 1.0))    # past the run: no cut
+    env, got, ends = planned()
+    env.process(sender(env, got, (ends[2] + ends[3]) / 2, ends[-1] + 1.0))   # past the run
     at = (ends[4] + ends[5]) / 2
-    env.process(sender(at, ends[6]))          # step 8 begins at ends[6]: steps 1-7 are kept
+    env.process(sender(env, got, at, ends[6]))   # steps 1-6 end before ends[6]; 6 runs now
     env.run()
-    assert woke == [ends[6]] and got.ends_s == ends[:7] and got.num_steps == 7
-    assert len(got.times) == 7 and got.finished == [] and got.span_s is None
-    # Reaching inside a step keeps that step: it began before.
-    s = _decoding_scheduler(6, 10_000, 3)
-    env = simpy.Environment()
-    got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    ends = list(got.ends_s)
+    assert woke == [ends[5]] and got.ends_s == ends[:6] and got.num_steps == 6
+    assert len(got.times) == 6 and got.finished == [] and got.span_s is None
+    # The step running now is kept though it ends past `reach_s`: it began before.
     woke.clear()
-    env.process(loop())
-    env.process(sender(ends[1] / 2, (ends[1] + ends[2]) / 2))
+    env, got, ends = planned()
+    at = (ends[1] + ends[2]) / 2
+    env.process(sender(env, got, at, at + 1e-9))
     env.run()
     assert woke == [ends[2]] and got.num_steps == 3
+    # A step ending at the very instant of the send is the last kept.
+    woke.clear()
+    env, got, ends = planned()
+    env.process(sender(env, got, ends[3], ends[3] + 1e-9))
+    env.run()
+    assert woke == [ends[3]] and got.num_steps == 4
 
 
 def test_span_horizon_passes_what_only_hands_requests_on():
@@ -137,8 +145,8 @@ def test_a_run_may_end_with_a_step_spanning_a_hand_off():
 
 def test_runs_spanning_hand_offs_match_single_steps(counted):
     """On the API server's path the runs pass arrivals; a request sent to an engine cuts its
-    run to the steps begun before the request can reach it (the step its arrival falls in, and
-    those begun before the path's latency has passed); nothing changes."""
+    run to the steps that end before the request can reach it and the one running; nothing
+    changes."""
     reqs = specs(5, 200, rate=5.0, shared=True)
     single = run(reqs, False, replicas=2, router="least_outstanding", server=True)
     assert counted["spans"] == counted["cuts"] == 0

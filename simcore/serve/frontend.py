@@ -217,8 +217,9 @@ class Frontend(StepObserver):
                     else 0.0)
         if rank.quiet is not None:
             # The engine is in a quiet run that the request's arrival did not end: its steps
-            # begun before the request can reach the engine stand (the path's work, then its
-            # latency), made before anything of the path is queued.
+            # that end before the request can reach the engine (the path's work, then its
+            # latency) stand, and the one running now; cut before anything of the path is
+            # queued.
             reach = env.now + self.defer_s
             if self.defer_s > 0.0 and tokens + work > 0.0:
                 reach = just_before(reach + (tokens + work))

@@ -42,8 +42,8 @@ class DeferredTimeout(simpy.Timeout):
 class ArrivalTimeout(DeferredTimeout):
     """A request's arrival at the client where the API server's path separates the send from
     every engine (by `effect_s` minus its time at least). A quiet run's horizon passes it: the
-    send routes the request to one engine and cuts that engine's run to the steps begun before
-    the request can reach it (`simcore.serve.quiet.QuietRun.cut`)."""
+    send routes the request to one engine and cuts that engine's run to the steps that end
+    before the request can reach it and the one running (`simcore.serve.quiet.QuietRun.cut`)."""
 
     __slots__ = ()
 

@@ -28,8 +28,8 @@ before a step that would end at the very instant of a sample), a `DeferredTimeou
 server's tokenizer thread and event loop working on requests bound for this engine) counting
 at its effect, the path's latency later, since no scheduler hears of the request sooner. The
 client's arrivals on that path (`ArrivalTimeout`) are passed: the send routes the request to
-one engine and cuts that engine's run to the steps begun before the request can reach it
-(`QuietRun.cut`); no other engine's scheduler hears of it. While the client holds requests
+one engine and cuts that engine's run to the steps that end before the request can reach it
+and the one running (`QuietRun.cut`); no other engine's scheduler hears of it. While the client holds requests
 back (max concurrency), a request finishing on another engine sends one at once, so then every
 queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
@@ -92,26 +92,27 @@ class QuietRun:
     own), while it may still be cut (`cut`)."""
 
     def cut(self, env: simpy.Environment, reach_s: float) -> None:
-        """A request sent to this engine now may reach its scheduler at `reach_s` (> now) at the
-        earliest: keep only the steps begun before then, as single stepping would have run
-        them, batched before the request could be in the waiting queue.
+        """A request sent to this engine now may reach its scheduler at `reach_s` (now or
+        later) at the earliest: keep only the steps that end before then, and the step running
+        now, which single stepping would have run as they are, batched before the request could
+        be in the waiting queue.
 
-        A step begun before `reach_s` has the batch it has in the run; the first step begun
-        at or after it might admit the request, so the run ends before it. The kept steps are
-        a prefix of the run, so what its plan checked for them still holds (every event queued
-        then that may change the scheduler falls after their ends, or only hands requests on
-        while the last of them runs; no step ends at a sample); none finishes a request (only
-        the run's last step does). The loop's wait moves to the new last step's end: a timeout
-        made now, before anything of the request's way to the engine is queued, so at an
-        equal time it comes first, as that step's own timeout (made at its start) would."""
+        The kept steps are a prefix of the run, so what its plan checked for them still holds
+        (every event queued then that may change the scheduler falls after their ends, or only
+        hands requests on while the last of them runs; no step ends at a sample); none finishes
+        a request (only the run's last step does). The loop's wait moves to the new last step's
+        end: a timeout made now, before anything of the request's way to the engine is queued.
+        A step that ends at or after `reach_s` is kept only when it is running now: its own
+        timeout, made at its start, would also come before anything of the request's at an
+        equal time (a step begun later might come after the request's hand-off, made later)."""
         wait = self.wait
         if wait is None:
             return
         ends = self.ends_s
-        keep = bisect_left(ends, reach_s) + 1
+        now = env.now
+        keep = max(bisect_left(ends, reach_s), bisect_left(ends, now) + 1)
         if keep >= len(ends):
             return
-        now = env.now
         delay = _exact_delay(now, ends[keep - 1])
         if delay is None:
             raise RuntimeError(f"a quiet run cut at {now!r} s found no delay to its step's end "
