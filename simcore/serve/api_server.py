@@ -39,6 +39,15 @@ class ApiServerPath:
                 + (self.request_cpu_s(prompt_len) if self.request_cpu_s is not None else 0.0))
 
 
+def reach_s(at_s: float, defer_s: float, then_s: float = 0.0) -> float:
+    """The earliest a request can reach its engine when, from `at_s`, its way there holds
+    `then_s` of work on the path (where given) and then the path's latency, `defer_s`: their
+    sum, a hair earlier where work is counted (`just_before`: the path's own arithmetic may
+    reach it within rounding)."""
+    t = at_s + defer_s
+    return just_before(t + then_s) if then_s > 0.0 else t
+
+
 def deferred(env, delay: float, defer_s: float, bound: dict | None = None,
              then_s: float = 0.0):
     """A timeout of `delay` on the way of a request that reaches its engine `defer_s` (the
@@ -47,10 +56,7 @@ def deferred(env, delay: float, defer_s: float, bound: dict | None = None,
     the engines in `bound` where given; a plain one when nothing separates it from the
     engine."""
     if defer_s > 0.0:
-        effect = env.now + delay + defer_s
-        if then_s > 0.0:
-            effect = just_before(effect + then_s)
-        return DeferredTimeout(env, delay, effect, bound)
+        return DeferredTimeout(env, delay, reach_s(env.now + delay, defer_s, then_s), bound)
     return env.timeout(delay)
 
 
@@ -63,10 +69,7 @@ def arrival(env, delay: float, defer_s: float, engines: int, path_s: float = 0.0
     it, rather than being planned past it and cut); a plain one when nothing separates them."""
     if defer_s > 0.0:
         kind = ArrivalTimeout if engines > 1 else DeferredTimeout
-        effect = env.now + delay + defer_s
-        if path_s > 0.0:
-            effect = just_before(effect + path_s)
-        return kind(env, delay, effect)
+        return kind(env, delay, reach_s(env.now + delay, defer_s, path_s))
     return env.timeout(delay)
 
 

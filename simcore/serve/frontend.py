@@ -24,10 +24,10 @@ from simcore.engine.request import Request
 from simcore.records import RecordStore, RequestRecord
 from simcore.token_times import DeliveryLog
 from simcore.router import Router
-from simcore.serve.api_server import ApiServerPath, ServerProcess, arrival
+from simcore.serve.api_server import ApiServerPath, ServerProcess, arrival, reach_s
 from simcore.serve.loop import Rank
 from simcore.serve.observers import StepObserver
-from simcore.serve.horizon import HandOff, InertTimeout, just_before
+from simcore.serve.horizon import HandOff, InertTimeout
 from simcore.workload.sessions import (COMPLETED, ENDED_FAILED, ENDED_MAX_CONTEXT, Session,
                                        SessionOutcomes, SessionStream)
 from simcore.workload.spec import RequestSpec
@@ -220,10 +220,8 @@ class Frontend(StepObserver):
             # that end before the request can reach the engine (the path's work, then its
             # latency) stand, and the one running now; cut before anything of the path is
             # queued.
-            reach = env.now + self.defer_s
-            if self.defer_s > 0.0 and tokens + work > 0.0:
-                reach = just_before(reach + (tokens + work))
-            rank.quiet.cut(env, reach)
+            rank.quiet.cut(env, reach_s(env.now, self.defer_s, tokens + work)
+                           if self.defer_s > 0.0 else env.now)
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
         # A turn of a session also carries the keys of the blocks its reply fills.
         keys = (spec.block_keys + spec.output_block_keys if spec.output_block_keys

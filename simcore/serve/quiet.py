@@ -29,9 +29,9 @@ server's tokenizer thread and event loop working on requests bound for this engi
 at its effect, the path's latency later, since no scheduler hears of the request sooner. The
 client's arrivals on that path (`ArrivalTimeout`) are passed: the send routes the request to
 one engine and cuts that engine's run to the steps that end before the request can reach it
-and the one running (`QuietRun.cut`); no other engine's scheduler hears of it. While the client holds requests
-back (max concurrency), a request finishing on another engine sends one at once, so then every
-queued event counts.
+and the one running (`QuietRun.cut`); no other engine's scheduler hears of it. While the
+client holds requests back (max concurrency), a request finishing on another engine sends one
+at once, so then every queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
 external event's time is left to single stepping, whose order SimPy decides. One step may pass
 it: when what the horizon holds only hands requests on towards an engine (a request's send and
