@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.fabric.analytical import (AnalyticalFabric, ideal_message_s, message_path,
-                                       num_packets, wire_bytes)
+from simcore.fabric.analytical import AnalyticalFabric
+from simcore.fabric.messages import ideal_message_s, message_path, num_packets, wire_bytes
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.flow import FlowFabric
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import dumbbell, explicit, fat_tree, leaf_spine, star
+from simcore.fabric import utilization
 from simcore.fabric.utilization import LinkLoadRecorder
 
 BACKENDS = [AnalyticalFabric, FlowFabric]
@@ -206,8 +207,12 @@ def test_analytical_in_flight_and_link_bytes_mid_run():
         assert ls.bytes_sent == (1_500_000 if li in route else 0)
 
 
-def test_link_load_spans_add_what_one_call_per_span_adds_to_the_bit():
-    # Spans inside one bin, across bins, ending on a boundary, empty, over 0-4 links.
+@pytest.mark.parametrize("compiled", [True, False])
+def test_link_load_spans_add_what_one_call_per_span_adds_to_the_bit(compiled, monkeypatch):
+    # Spans inside one bin, across bins, ending on a boundary, empty, over 0-4 links; the
+    # spreading kernel compiled (where numba is installed) and as its Python source.
+    if not compiled:
+        monkeypatch.setattr(utilization, "_compiled_spread", utilization.spread)
     rng = np.random.default_rng(11)
     for trial in range(40):
         width = float(rng.choice([1e-2, 1e-5, 3.7e-3]))
@@ -301,7 +306,7 @@ def test_send_timed_is_send_with_a_timed_callback(case, backend):
     delivered messages' (size, slowdown) columns are what reading each message gives."""
     topo, msgs, interval, stop = case
     runs = []
-    for fast in (False, True):
+    for fast in (False, True, "routed"):
         fab = backend(topo, FabricSettings(sample_interval_s=interval))
         calls: list[tuple] = []
         ideals = []
@@ -310,7 +315,11 @@ def test_send_timed_is_send_with_a_timed_callback(case, backend):
             calls.append((arg, end_s, ideal_s))
         for k, (src, dst, size, at, key) in enumerate(sorted(msgs, key=lambda m: m[3])):
             tag = "step" if k % 3 else "other"
-            if fast:
+            route = (fab.routed(src, dst, key) if fast == "routed" and hasattr(fab, "routed")
+                     else None)
+            if route is not None:       # the queue pair's route, fixed by its first message
+                ideals.append(fab.send_routed(route, size, max(at, fab.now_s), on_done, k, tag))
+            elif fast:
                 ideals.append(fab.send_timed(src, dst, size, at, on_done, k, key, tag))
             else:
                 mid = fab.send(src, dst, size, at_s=at, tag=tag, on_done=(on_done, k),
@@ -325,7 +334,7 @@ def test_send_timed_is_send_with_a_timed_callback(case, backend):
         assert slowdowns == [m.slowdown for m in step]
         runs.append((ideals, calls, list(messages), [ls.busy_s for ls in stats.links],
                      stats.payload_delivered_bytes))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.fabric.analytical import AnalyticalFabric, message_path, wire_bytes
+from simcore.fabric.analytical import AnalyticalFabric
+from simcore.fabric.messages import message_path, wire_bytes
 from simcore.fabric.ecmp import default_salts
 from simcore.fabric import flow as flow_module
 from simcore.fabric.flow import FlowFabric, MaxMinSolver, max_min_rates

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings as hypothesis_setti
 from simcore.errors import ConfigError
 from simcore.fabric import ecmp
 from simcore.fabric import topology as T
-from simcore.fabric.analytical import ideal_message_s
+from simcore.fabric.messages import ideal_message_s
 from simcore.fabric.packet import PacketFabric, PacketSettings, infiniband, roce_v2, slingshot
 from simcore.fabric.packet.profiles import pfc_headroom_bytes
 from simcore.fabric.settings import FabricSettings

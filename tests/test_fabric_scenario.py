@@ -398,7 +398,7 @@ def test_random_small_scenarios_conserve_bytes(data):
 
 def test_rail_optimized_with_a_pcie_hop_to_the_nic():
     from simcore.fabric import topology as T
-    from simcore.fabric.analytical import ideal_message_s
+    from simcore.fabric.messages import ideal_message_s
 
     t = T.rail_optimized(2, 2, nic_rate_bps=400e9, nvlink_rate_bps=3600e9, delay_s=1e-6,
                          pcie_rate_bps=256e9, pcie_delay_s=2e-6)

@@ -53,7 +53,7 @@ class ClusterStats:
 class _Port:
     """The executor's TransferPort: NVLink by formula, the fabric through the runtime."""
 
-    __slots__ = ("runtime", "node_of", "_ic", "_ic_of", "_host")
+    __slots__ = ("runtime", "node_of", "_ic", "_ic_of", "_host", "_routed")
 
     def __init__(self, runtime: ClusterRuntime, interconnect_bytes_per_s: float,
                  gpu_interconnect_bytes_per_s: tuple[float, ...] | None = None) -> None:
@@ -64,6 +64,11 @@ class _Port:
         self._host = runtime.network.gpu_host
         self._ic = interconnect_bytes_per_s
         self._ic_of = gpu_interconnect_bytes_per_s
+        # (source GPU, destination GPU, channel) -> the queue pair's fixed route
+        # (`ClusterRuntime.routed`), once its first transfer has been sent: where the fabric
+        # fixes a queue pair's route for good.
+        self._routed: dict[tuple[int, int, str], tuple] | None = (
+            {} if hasattr(runtime.fabric, "send_routed") else None)
 
     def nvlink_s(self, size_bytes: int, gpu: int | None = None) -> float:
         """Time of `size_bytes` between two GPUs of one node (of `gpu`'s node where GPUs
@@ -74,11 +79,21 @@ class _Port:
 
     def send(self, src_gpu: int, dst_gpu: int, size_bytes: int, at_s: float,
              on_done: Callable[[Any, float, float], None], arg: Any, channel: str = "") -> None:
-        host = self._host
         rt = self.runtime
+        routed = self._routed
+        if routed is not None:
+            route = routed.get((src_gpu, dst_gpu, channel))
+            if route is not None:
+                rt.send_routed(route, size_bytes, at_s, on_done, arg)
+                return
+        host = self._host
         if rt.fabric_timed:
             rt.send_timed(host[src_gpu], host[dst_gpu], size_bytes, at_s, on_done, arg,
                           channel)
+            if routed is not None:
+                route = rt.routed(host[src_gpu], host[dst_gpu], channel)
+                if route is not None:
+                    routed[src_gpu, dst_gpu, channel] = route
         else:
             rt.send_hosts(host[src_gpu], host[dst_gpu], size_bytes, at_s,
                           lambda r: on_done(arg, r.end_s, r.ideal_s), tag="step",
@@ -182,6 +197,27 @@ class ClusterRuntime:
         if kick is not None and not kick.triggered:
             kick.succeed()
         return ideal
+
+    def routed(self, src: int, dst: int, channel: str) -> tuple | None:
+        """The fabric's fixed route of the queue pair from host src to dst on `channel`, for
+        `send_routed`; None if it has sent nothing yet."""
+        key = self._flow_keys.get((src, dst, channel))
+        return None if key is None else self.fabric.routed(src, dst, key)
+
+    def send_routed(self, route: tuple, size_bytes: int, at_s: float,
+                    fn: Callable[[Any, float, float], None], arg: Any) -> None:
+        """`send_timed` on a queue pair whose route the fabric has fixed (`routed`): a step
+        DAG's transfers, hundreds of thousands in a run on a few hundred queue pairs."""
+        fabric = self.fabric
+        now = fabric.now_s
+        if at_s < now:
+            if at_s < now - 1e-9:
+                raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
+            at_s = now
+        fabric.send_routed(route, size_bytes, at_s, fn, arg, "step")
+        kick = self._kick
+        if kick is not None and not kick.triggered:
+            kick.succeed()
 
     def _queue_pair(self, src: int, dst: int, at_s: float, channel: str) -> tuple[float, int]:
         """(start time, flow key) of a message from host src to dst on `channel`: a start within

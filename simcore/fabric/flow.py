@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from simcore.fabric.analytical import (MessageFabric, first_packet_bytes,
-                                      pipeline_latency_s)
+from simcore.fabric.messages import MessageFabric, first_packet_bytes, pipeline_latency_s
 from simcore.compiled import compile_kernel
 from simcore.fabric.level_order import LevelOrderSolver
 from simcore.fabric.protocol import FabricStats, LinkStats, OnDone

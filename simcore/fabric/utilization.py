@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from simcore.compiled import compile_kernel
+
 
 class LinkLoadRecorder:
     """Bins of carried bytes, one row per sampling interval [k*interval_s, (k+1)*interval_s) and
@@ -65,27 +67,11 @@ class LinkLoadRecorder:
         k1 -= (k1 * width >= t1_s).astype(np.int64)   # an interval ending on a boundary
         np.maximum(k0, k1, out=k1)
         self._grow(int(k1.max()))
-        # Each span's rows: k0 alone, or k0 (partial), the whole rows between, k1 (partial).
-        num_rows = k1 - k0 + 1
-        span = np.repeat(np.arange(len(k0)), num_rows)
-        first_row = np.cumsum(num_rows) - num_rows
-        offset = np.arange(len(span)) - first_row[span]
-        row = k0[span] + offset
-        rate = load_bytes_per_s[span]
-        value = rate * width
-        head = offset == 0
-        tail = offset == num_rows[span] - 1
-        single = head & tail
-        value[head] = (rate * ((k0[span] + 1) * width - t0_s[span]))[head]
-        value[tail] = (rate * (t1_s[span] - k1[span] * width))[tail]
-        value[single] = (rate * (t1_s[span] - t0_s[span]))[single]
-        # Every row of a span over every one of its links, spans in order.
-        first_link = np.cumsum(num_links) - num_links
-        per_row = num_links[span]
-        entry_row = np.repeat(np.arange(len(span)), per_row)
-        entry_link = links[first_link[span][entry_row] + np.arange(len(entry_row))
-                           - np.repeat(np.cumsum(per_row) - per_row, per_row)]
-        np.add.at(self._bins, (row[entry_row], entry_link), value[entry_row])
+        _spread()(self._bins, width, np.ascontiguousarray(t0_s, dtype=float),
+                  np.ascontiguousarray(t1_s, dtype=float),
+                  np.ascontiguousarray(load_bytes_per_s, dtype=float), k0, k1,
+                  np.ascontiguousarray(links, dtype=np.int64),
+                  np.ascontiguousarray(num_links, dtype=np.int64))
 
     def copy(self) -> LinkLoadRecorder:
         other = LinkLoadRecorder(self._bins.shape[1], self.interval_s)
@@ -106,3 +92,38 @@ class LinkLoadRecorder:
         spans[spans <= 0] = width
         util = self._bins[:n] / (spans[:, None] * rates_bytes_per_s[None, :])
         return starts.tolist(), util.tolist()
+
+
+def spread(bins, width, t0_s, t1_s, rate, k0, k1, links, num_links):
+    """Add to `bins` (row: interval, column: link) span m's bytes over each interval from k0[m]
+    to k1[m] on each of its links (the next num_links[m] of `links`): rate x its part of the
+    interval, every span in order, each interval in order and each link in order, so that a bin
+    receives its additions in the order `LinkLoadRecorder.add` makes them."""
+    first = 0
+    for m in range(len(t0_s)):
+        n = num_links[m]
+        a, b, r, lo, hi = t0_s[m], t1_s[m], rate[m], k0[m], k1[m]
+        for row in range(lo, hi + 1):
+            if lo == hi:
+                value = r * (b - a)
+            elif row == lo:
+                value = r * ((lo + 1) * width - a)
+            elif row == hi:
+                value = r * (b - hi * width)
+            else:
+                value = r * width
+            for j in range(first, first + n):
+                bins[row, links[j]] += value
+        first += n
+
+
+_compiled_spread = None
+
+
+def _spread():
+    """`spread` compiled by numba (cached on disk), made on first use; `spread` itself where
+    numba is not installed."""
+    global _compiled_spread
+    if _compiled_spread is None:
+        _compiled_spread = compile_kernel(spread)
+    return _compiled_spread

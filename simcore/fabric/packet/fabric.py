@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from simcore.errors import ConfigError
-from simcore.fabric.analytical import num_packets, plan_message
+from simcore.fabric.messages import num_packets, plan_message
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.packet import api, events, nic, stats
 from simcore.fabric.packet.profiles import PacketSettings, resolve
