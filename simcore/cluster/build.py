@@ -58,7 +58,14 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
         update={"sample_interval_s": c.fabric.utilization_interval_s})
     network = build_cluster_network(c.network, c.num_nodes, gpn, mtu_bytes=settings.mtu_bytes,
                                     header_bytes=settings.header_bytes)
-    fabric = make_fabric(c.fabric.backend, network.topology, settings, seed=cfg.seed)
+    # Expert-parallel groups across nodes send a message per GPU and node pair in every
+    # all-to-all: their steps run as jobs of the compiled analytical fabric (the same
+    # results). A step of a few messages costs more set up as a job than sent one by one.
+    insts = placement.instances
+    across = any(placement.nodes_spanned(tuple(g for i in group for g in insts[i].all_gpus)) > 1
+                 for group in placement.ep_groups)
+    fabric = make_fabric(c.fabric.backend, network.topology, settings, seed=cfg.seed,
+                         compiled=across)
     a = cfg.compute.roofline
     ic = dep.gpu.interconnect_bandwidth_bytes_per_s * a.interconnect_bandwidth_fraction
     # Each role's TP collectives run over its own GPU's intra-node interconnect.

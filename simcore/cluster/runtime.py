@@ -120,6 +120,13 @@ class ClusterRuntime:
         self.fabric = fabric
         # Whether the fabric takes timed callbacks (`MessageFabric.timed_callbacks`).
         self.fabric_timed = getattr(fabric, "timed_callbacks", False)
+        # A fabric that runs step DAGs itself (`CompiledAnalyticalFabric`) takes them as jobs,
+        # and says when their transfers are sent (the pump's kick, as `send_routed` gives it).
+        self._dag_run = DagRun
+        if hasattr(fabric, "start_job"):
+            from simcore.fabric.analytical_compiled import CompiledDagRun
+            self._dag_run = CompiledDagRun
+            fabric.on_job_send = self._kicked
         self.builder = builder
         self.model = model
         self.port = _Port(self, interconnect_bytes_per_s, gpu_interconnect_bytes_per_s)
@@ -198,6 +205,12 @@ class ClusterRuntime:
             kick.succeed()
         return ideal
 
+    def _kicked(self) -> None:
+        """Messages were put on the fabric: wake the pump if it waits (as every send does)."""
+        kick = self._kick
+        if kick is not None and not kick.triggered:
+            kick.succeed()
+
     def routed(self, src: int, dst: int, channel: str) -> tuple | None:
         """The fabric's fixed route of the queue pair from host src to dst on `channel`, for
         `send_routed`; None if it has sent nothing yet."""
@@ -263,8 +276,8 @@ class ClusterRuntime:
         runner_s = host.group_runner_s(real) if overlapped else 0.0
         gpu_start = t0 + (runner_s if overlapped else cpu_s)
         done = env.event()
-        run = DagRun(dag, gpu_start, self.port,
-                     lambda r: self._later(self.fabric.now_s, done.succeed))
+        run = self._dag_run(dag, gpu_start, self.port,
+                            lambda r: self._later(self.fabric.now_s, done.succeed))
         run.start()
         if not run.done:
             yield done

@@ -64,8 +64,9 @@ class StepDag:
         self.children: list[list[int]] = []
         self.num_inputs: list[int] = []
         self._last: dict[int, int] = {}     # 2 x lane + stream -> its last node
-        # The exposure walk's columns: worked out once per structure, shared with the DAGs
-        # that adopt it.
+        # Columns worked out once per structure, shared with the DAGs that adopt it: the
+        # exposure walk's first, then those of a fabric that runs the DAG as a job
+        # (`simcore.fabric.analytical_compiled`).
         self._exposure: list = [None]
 
     def __len__(self) -> int:

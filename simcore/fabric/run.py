@@ -28,10 +28,16 @@ MAX_LISTED_MESSAGES = 10_000
 
 
 def make_fabric(backend: str, topology: Topology, settings: FabricSettings, *,
-                seed: int) -> Fabric:
-    """Build a backend by name; every backend takes (topology, settings, *, seed)."""
+                seed: int, compiled: bool = False) -> Fabric:
+    """Build a backend by name; every backend takes (topology, settings, *, seed). `compiled`:
+    the analytical backend's compiled form where numba is installed, which also runs step DAGs
+    (`simcore.fabric.analytical_compiled`; the same results)."""
     match backend:
         case "analytical":
+            from simcore.compiled import import_numba
+            if compiled and import_numba() is not None:
+                from simcore.fabric.analytical_compiled import CompiledAnalyticalFabric
+                return CompiledAnalyticalFabric(topology, settings, seed=seed)
             from simcore.fabric.analytical import AnalyticalFabric
             return AnalyticalFabric(topology, settings, seed=seed)
         case "flow":
