@@ -265,15 +265,9 @@ class AnalyticalFabric(MessageFabric):
         """Add the spans of reserved messages `mids` (consecutive in reservation order, their
         spans from `first_span` on) to `load` and `link_bytes`, only what lies before `until_s`
         if given; returns the index of the span after theirs."""
-        log = self._log
-        n = len(mids)
-        wire = np.fromiter(map(log.wire_bytes.__getitem__, mids), dtype=np.int64, count=n)
-        paths = list(map(log.path.__getitem__, mids))
-        num_links = np.fromiter(map(len, paths), dtype=np.int64, count=n)
-        total = int(num_links.sum())
-        links = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=total)
+        wire, num_links, links, begin = self._spans_of(mids, first_span)
+        total = len(links)
         last_span = first_span + total
-        begin = np.array(self._span_begin[first_span:last_span], dtype=float)
         span_wire = np.repeat(wire, num_links)
         end = begin + span_wire * self._inv_rate_array[links]     # as `_reserve` computes e_h
         rate = span_wire / (end - begin)
@@ -284,6 +278,20 @@ class AnalyticalFabric(MessageFabric):
             np.add.at(link_bytes, links, np.maximum(end - begin, 0.0) * rate)
         load.add_spans(begin, end, rate, links, np.ones(total, dtype=np.int64))
         return last_span
+
+    def _spans_of(self, mids: list[int], first_span: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(wire bytes, number of links, the links in order, each link's b_h) of reserved
+        messages `mids`, their spans from `first_span` on."""
+        log = self._log
+        n = len(mids)
+        wire = np.fromiter(map(log.wire_bytes.__getitem__, mids), dtype=np.int64, count=n)
+        paths = list(map(log.path.__getitem__, mids))
+        num_links = np.fromiter(map(len, paths), dtype=np.int64, count=n)
+        total = int(num_links.sum())
+        links = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=total)
+        begin = np.array(self._span_begin[first_span:first_span + total], dtype=float)
+        return wire, num_links, links, begin
 
     def stats(self) -> FabricStats:
         self._record_done()

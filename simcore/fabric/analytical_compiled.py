@@ -21,7 +21,6 @@ group across nodes) costs more to set up as a job than it saves.
 from __future__ import annotations
 
 import itertools
-from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -343,25 +342,41 @@ class CompiledAnalyticalFabric(AnalyticalFabric):
         c = self._counts
         n = int(c[K.NUM_MSG])
         log = MessageLog()
-        routes = self._msg_i[:n, K.ROUTE].tolist()
-        log.src = [self._route_src[r] for r in routes]
-        log.dst = [self._route_dst[r] for r in routes]
+        routes = self._msg_i[:n, K.ROUTE]
+        log.src = np.array(self._route_src, dtype=np.int64)[routes].tolist()
+        log.dst = np.array(self._route_dst, dtype=np.int64)[routes].tolist()
         log.size_bytes = self._msg_i[:n, K.SIZE].tolist()
         log.start_s = self._msg_f[:n, K.START].tolist()
-        log.path = [self._paths[r] for r in routes]
+        log.path = list(map(self._paths.__getitem__, routes.tolist()))
         log.wire_bytes = self._msg_i[:n, K.WIRE].tolist()
         log.ideal_s = self._msg_f[:n, K.IDEAL].tolist()
-        tags = self._tags
-        log.tag = [tags.get(m, "step") for m in range(n)]
-        log.end_s = [None if e != e else e for e in self._msg_f[:n, K.END].tolist()]
+        log.tag = ["step"] * n
+        for mid, tag in self._tags.items():
+            log.tag[mid] = tag
+        ends = self._msg_f[:n, K.END]
+        log.end_s = ends.tolist()
+        for mid in np.flatnonzero(np.isnan(ends)).tolist():
+            log.end_s[mid] = None
         log._on_done = dict(self._callbacks)
         self._log = log
         self._order = self._order_a[:int(c[K.NUM_ORDER])].tolist()
-        self._span_begin = array("d", self._spans[:int(c[K.NUM_SPANS])].tolist())
         self._done = self._done_a[:int(c[K.NUM_DONE])].tolist()
         self._heap = [None] * int(c[K.NUM_ENDS])
         self._now = float(self._clock[K.NOW])
         return super().stats()
+
+    def _spans_of(self, mids: list[int], first_span: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`AnalyticalFabric._spans_of`, from the arrays."""
+        mids = np.asarray(mids, dtype=np.int64)
+        wire = self._msg_i[mids, K.WIRE]
+        routes = self._msg_i[mids, K.ROUTE]
+        num_links = self._route_i[routes, K.NUM_LINKS]
+        total = int(num_links.sum())
+        first = np.repeat(self._route_i[routes, K.FIRST_LINK] - (np.cumsum(num_links)
+                                                                - num_links), num_links)
+        links = self._route_links[first + np.arange(total)]
+        return wire, num_links, links, self._spans[first_span:first_span + total].copy()
 
 
 class _JobColumns:
