@@ -98,14 +98,27 @@ def _pd_expert_parallel():
     return parse_config(m)
 
 
+def _tp_expert_parallel(all_to_all: str):
+    """EP 4 = DP 2 x TP 2 over two nodes (its steps built node by node, not adopted), with a
+    tenant's messages sent from Python alongside."""
+    from tests.test_cluster import ep_config
+    return ep_config(all_to_all, "analytical", {
+        "num_prompts": 20, "request_rate": 40,
+        "dataset": {"kind": "random", "input_len": 128, "output_len": 8}}, tenant_traffic=[
+            {"src_gpu": 0, "dst_gpu": 2, "rate_gbps": 100, "message_bytes": 1_000_000,
+             "stop_s": 0.02}])
+
+
 @pytest.mark.parametrize("case", [
     ("examples/cluster/moe_ep_8node.yaml", 40),        # four expert-parallel groups at once
     ("examples/cluster/dense_pp_8node.yaml", 40),      # pipeline stages across nodes
     ("examples/cluster/pd_disaggregation.yaml", 30),   # KV-cache transfers sent from Python
     "pd_expert_parallel",                              # both
+    "direct", "hierarchical",                          # TP inside EP, and a tenant
 ])
 def test_cluster_runs_are_the_same_with_step_dags_run_as_jobs(case, monkeypatch):
-    cfg = _pd_expert_parallel() if case == "pd_expert_parallel" else _cluster(*case)
+    cfg = (_pd_expert_parallel() if case == "pd_expert_parallel"
+           else _tp_expert_parallel(case) if isinstance(case, str) else _cluster(*case))
     jobs = []
     start = CompiledAnalyticalFabric.start_job
 
