@@ -113,17 +113,21 @@ class CompiledAnalyticalFabric(AnalyticalFabric):
     def _room(self, extra_messages: int) -> None:
         """Make room for `extra_messages` more messages, and what the pending jobs may send."""
         c = self._counts
-        n = int(c[K.NUM_MSG]) + extra_messages + int(c[K.PENDING])
+        more = extra_messages + int(c[K.PENDING])
+        n = int(c[K.NUM_MSG]) + more
         if n > len(self._msg_f):
             self._msg_f = _grown(self._msg_f, n)
             self._msg_i = _grown(self._msg_i, n)
             self._msg_job = _grown(self._msg_job, n)
             self._order_a = _grown(self._order_a, n)
             self._done_a = _grown(self._done_a, n)
-            self._starts_t = _grown(self._starts_t, n)
-            self._starts_i = _grown(self._starts_i, n)
-            self._ends_t = _grown(self._ends_t, n)
-            self._ends_i = _grown(self._ends_i, n)
+        # A message waits in one heap or the other until it is delivered.
+        waiting = n - int(c[K.NUM_DONE])
+        if waiting > len(self._starts_t):
+            self._starts_t = _grown(self._starts_t, waiting)
+            self._starts_i = _grown(self._starts_i, waiting)
+            self._ends_t = _grown(self._ends_t, waiting)
+            self._ends_i = _grown(self._ends_i, waiting)
         spans = int(c[K.NUM_SPANS]) + (n - int(c[K.NUM_ORDER])) * self._longest_route
         if spans > len(self._spans):
             self._spans = _grown(self._spans, spans)
