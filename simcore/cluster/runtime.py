@@ -189,9 +189,7 @@ class ClusterRuntime:
         at_s, key = self._queue_pair(src, dst, at_s, channel)
         mid = fabric.send(src, dst, size_bytes, at_s=at_s, tag=tag, on_done=on_done,
                           flow_key=key)
-        kick = self._kick
-        if kick is not None and not kick.triggered:
-            kick.succeed()
+        self._kicked()
         return fabric.ideal_s(mid)
 
     def send_timed(self, src: int, dst: int, size_bytes: int, at_s: float,
@@ -200,9 +198,7 @@ class ClusterRuntime:
         on a fabric that takes them (`fabric_timed`)."""
         at_s, key = self._queue_pair(src, dst, at_s, channel)
         ideal = self.fabric.send_timed(src, dst, size_bytes, at_s, fn, arg, key, "step")
-        kick = self._kick
-        if kick is not None and not kick.triggered:
-            kick.succeed()
+        self._kicked()
         return ideal
 
     def _kicked(self) -> None:
@@ -221,30 +217,26 @@ class ClusterRuntime:
                     fn: Callable[[Any, float, float], None], arg: Any) -> None:
         """`send_timed` on a queue pair whose route the fabric has fixed (`routed`): a step
         DAG's transfers, hundreds of thousands in a run on a few hundred queue pairs."""
-        fabric = self.fabric
-        now = fabric.now_s
-        if at_s < now:
-            if at_s < now - 1e-9:
-                raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
-            at_s = now
-        fabric.send_routed(route, size_bytes, at_s, fn, arg, "step")
-        kick = self._kick
-        if kick is not None and not kick.triggered:
-            kick.succeed()
+        self.fabric.send_routed(route, size_bytes, self._on_clock(at_s), fn, arg, "step")
+        self._kicked()
 
-    def _queue_pair(self, src: int, dst: int, at_s: float, channel: str) -> tuple[float, int]:
-        """(start time, flow key) of a message from host src to dst on `channel`: a start within
-        a nanosecond behind the fabric's clock (rounding) is moved to it."""
+    def _on_clock(self, at_s: float) -> float:
+        """A send's start, one within a nanosecond behind the fabric's clock (rounding) moved
+        to it."""
         now = self.fabric.now_s
         if at_s < now:
             if at_s < now - 1e-9:
                 raise AssertionError(f"a send at {at_s} s is behind the fabric clock {now} s")
-            at_s = now
+            return now
+        return at_s
+
+    def _queue_pair(self, src: int, dst: int, at_s: float, channel: str) -> tuple[float, int]:
+        """(start time, flow key) of a message from host src to dst on `channel` (`_on_clock`)."""
         keys = self._flow_keys
         key = keys.get((src, dst, channel))
         if key is None:
             key = keys[src, dst, channel] = len(keys)
-        return at_s, key
+        return self._on_clock(at_s), key
 
     def _tenant(self, index: int, t):
         env = self.env
