@@ -79,6 +79,30 @@ def test_compiled_fabric_is_the_analytical_fabric(case, horizons, replies):
             == _drive(AnalyticalFabric, topo, msgs, interval, horizons, replies))
 
 
+def test_arrays_grow_for_many_messages_and_a_longer_path_late():
+    """Thousands of messages on a path of two links, then one of four started at the clock (its
+    spans need room the shorter path never asked for), with callbacks that send more: the
+    arrays grow between kernel calls, never inside one."""
+    from simcore.fabric.topology import leaf_spine
+    said = []
+    for cls in (CompiledAnalyticalFabric, AnalyticalFabric):
+        topo = leaf_spine(2, 2, 1, host_rate_bps=100e9, delay_s=1e-6)
+        fab = cls(topo)
+        near, far = (topo.hosts[0], topo.hosts[1]), (topo.hosts[0], topo.hosts[3])
+        seen = []
+        for k in range(2047):
+            fab.send(*near, 100 + k, on_done=seen.append, flow_key=k % 3)
+        fab.send(*far, 5000, on_done=seen.append, flow_key=0)
+        fab.run(1e-4)
+        for k in range(3000):
+            fab.send(*(far if k % 7 == 0 else near), 70_000, at_s=fab.now_s + k * 1e-7,
+                     on_done=seen.append, flow_key=k % 5)
+        fab.run()
+        st = fab.stats()
+        said.append((seen, list(st.messages), [ls.busy_s for ls in st.links], st.utilization))
+    assert said[0] == said[1]
+
+
 def _cluster(path: str, num_prompts: int, **fabric):
     cfg = load_config(path)
     c = cfg.cluster

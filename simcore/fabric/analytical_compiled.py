@@ -101,6 +101,8 @@ class CompiledAnalyticalFabric(AnalyticalFabric):
         return float(self._clock[K.NOW])
 
     def ideal_s(self, msg_id: int) -> float:
+        if not 0 <= msg_id < self._counts[K.NUM_MSG]:
+            raise IndexError(f"no message {msg_id}")
         return float(self._msg_f[msg_id, K.IDEAL])
 
     def next_event_s(self) -> float:
@@ -157,8 +159,8 @@ class CompiledAnalyticalFabric(AnalyticalFabric):
 
     def _send(self, src: int, dst: int, size_bytes: int, start: float, route: tuple,
               wire: int, ideal: float, tag: Any, on_done: OnDone | None) -> int:
+        r = self._route(src, dst, route)       # first: a longer path needs more spans' room
         self._room(1)
-        r = self._route(src, dst, route)
         mid = K.send_core(r, size_bytes, start, wire, ideal,
                           K.PYTHON_QUIET if on_done is None else K.PYTHON_CALLBACK,
                           *self._fabric_arrays())
@@ -289,10 +291,13 @@ class CompiledAnalyticalFabric(AnalyticalFabric):
 
     def run(self, until_s: float | None = None, *,
             stop: Callable[[], bool] | None = None) -> float:
+        """`AnalyticalFabric.run`. `stop` is read when the run starts and after each callback
+        into Python (a Python message's, a job's completion): it may change only there, as the
+        cluster runtime's does (`ClusterRuntime._stop`)."""
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
         limit = np.inf if until_s is None else float(until_s)
-        stopping = False
+        stopping = stop is not None and bool(stop())
         self._running = True
         try:
             while True:
