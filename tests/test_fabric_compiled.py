@@ -316,3 +316,19 @@ def test_a_stop_holds_after_a_tie_with_a_finished_step():
     (third,) = [k for k, s in enumerate(said) if s[0] == "complete" and s[1] == 2]
     tie = said[third][3]
     assert said[third + 1][0] == "run" and said[third + 1][1] == tie < said[third + 1][2]
+
+
+def test_a_trace_of_steps_run_as_jobs_is_the_same(monkeypatch):
+    from simcore.simulate import simulate_run
+    cfg = _cluster("examples/cluster/moe_ep_8node.yaml", 20)
+    c = cfg.cluster
+    cfg = cfg.model_copy(update={"cluster": c.model_copy(update={
+        "trace": c.trace.model_copy(update={"first_step": 3, "num_steps": 4})})})
+    make = cluster_build.make_fabric
+    traces = []
+    for compiled in (True, False):
+        monkeypatch.setattr(cluster_build, "make_fabric",
+                            lambda *a, forced=compiled, **k: make(*a, **{**k,
+                                                                       "compiled": forced}))
+        traces.append(json.dumps(simulate_run(cfg).trace))
+    assert traces[0] == traces[1] and len(traces[0]) > 1000
