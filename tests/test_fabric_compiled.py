@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simcore.cluster.build as cluster_build
-import simcore.fabric.analytical_compiled as compiled_module
+import simcore.dag.compiled_run as compiled_module
 from simcore.compiled import import_numba
 from simcore.config import load_config
 from simcore.fabric.analytical import AnalyticalFabric

@@ -124,7 +124,7 @@ class ClusterRuntime:
         # and says when their transfers are sent (the pump's kick, as `send_routed` gives it).
         self._dag_run = DagRun
         if hasattr(fabric, "start_job"):
-            from simcore.fabric.analytical_compiled import CompiledDagRun
+            from simcore.dag.compiled_run import CompiledDagRun
             self._dag_run = CompiledDagRun
             fabric.on_job_send = self._kicked
         self.builder = builder

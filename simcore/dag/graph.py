@@ -66,7 +66,7 @@ class StepDag:
         self._last: dict[int, int] = {}     # 2 x lane + stream -> its last node
         # Columns worked out once per structure, shared with the DAGs that adopt it: the
         # exposure walk's first, then those of a fabric that runs the DAG as a job
-        # (`simcore.fabric.analytical_compiled`).
+        # (`simcore.dag.compiled_run`).
         self._exposure: list = [None]
 
     def __len__(self) -> int:
