@@ -14,9 +14,10 @@ Rows:
       as `dse simulate` runs): CPU seconds and peak memory (the child's own high-water mark);
   (3) `dse simulate examples/quickstart.yaml` as a whole process, with its default envelope;
   (4) Qwen3-235B-A22B, expert parallelism over 8 nodes (examples/cluster/moe_ep_8node.yaml),
-      1,000 requests, analytical fabric, with the groups' step-DAG structure reused (best and
-      median of 3 runs, each with the same result) and, as the reference, every step built node
-      by node; the results are compared byte for byte;
+      1,000 requests, analytical fabric, with the groups' step-DAG structure reused and their
+      steps run as jobs of the compiled fabric (best and median of 3 runs, each with the same
+      result) and, as the references, every step built node by node and the fabric in Python
+      (`AnalyticalFabric` with `DagRun`); the results are compared byte for byte;
   (5) the flow backend's all-to-all at 64 to 256 hosts (benchmarks/fabric_speed.py has 512);
   (6) `dse search` overhead per trial on SQLite (benchmarks/search_overhead.py has the detail);
   (7) one TP-8 engine on a cluster of 1 and of 512 idle-but-for-it nodes (8 and 4,096 GPUs,
@@ -196,27 +197,36 @@ def quickstart(repeats: int = 3) -> None:
 
 
 def moe8(repeats: int = 3) -> None:
+    import simcore.cluster.build as cluster_build
     import simcore.dag.expert_steps as expert_steps
     from cluster_speed import run_one, with_fidelity
     from simcore.config import load_config
 
     run_one(with_fidelity(load_config(MOE_8NODE), "analytical", 20))   # the lazy imports
     cfg = with_fidelity(load_config(MOE_8NODE), "analytical", 1000)
+    make = cluster_build.make_fabric
     out = {}
-    for reuse in (False, True):
-        expert_steps.REUSE_STEP_DAGS = reuse
-        runs = [run_one(cfg) for _ in range(repeats if reuse else 1)]
+    # As shipped; every step built node by node; the fabric in Python (`AnalyticalFabric` with
+    # `DagRun`, not the compiled fabric's jobs).
+    for variant in ("now", "nodes", "python"):
+        expert_steps.REUSE_STEP_DAGS = variant != "nodes"
+        cluster_build.make_fabric = (make if variant != "python" else
+                                     lambda *a, **k: make(*a, **{**k, "compiled": False}))
+        try:
+            runs = [run_one(cfg) for _ in range(repeats if variant == "now" else 1)]
+        finally:
+            expert_steps.REUSE_STEP_DAGS = True
+            cluster_build.make_fabric = make
         texts = {json.dumps(r, sort_keys=True, default=str) for _, r in runs}
-        out[reuse] = (sorted(w for w, _ in runs), texts)
+        out[variant] = (sorted(w for w, _ in runs), texts)
         result = runs[-1][1]
-    expert_steps.REUSE_STEP_DAGS = True
-    same = ("byte-identical" if len(out[True][1]) == 1 and out[False][1] == out[True][1]
-            else "DIFFERENT (a defect)")
-    walls = out[True][0]
+    same = ("byte-identical" if len(out["now"][1]) == 1 and out["nodes"][1] == out["now"][1]
+            == out["python"][1] else "DIFFERENT (a defect)")
+    walls = out["now"][0]
     row("moe8", f"(4) Qwen3-235B-A22B EP over 8 nodes, {result['completed']:,} requests, "
         f"analytical", f"{walls[0]:.1f} s best of {repeats} (median {walls[len(walls) // 2]:.1f} "
-        f"s); every step built node by node in this run {out[False][0][0]:.1f} s; results "
-        f"{same}")
+        f"s); every step built node by node in this run {out['nodes'][0][0]:.1f} s; the "
+        f"fabric in Python (no jobs) {out['python'][0][0]:.1f} s; results {same}")
     print("    (the 64-node packet row is (8): --only 8)")
 
 
