@@ -104,18 +104,7 @@ class CompiledDagRun(DagRun):
 
     def _start_python(self) -> None:
         """Run as `DagRun`: its lists made, its transfers sent one by one."""
-        n = len(self.dag)
-        t0 = self.t0_s
-        self.start_s = [t0] * n
-        self.finish_s = [0.0] * n
-        self.ideal_s = [0.0] * n
-        self.cause = [-1] * n
-        self._ready = [t0] * n
-        self._remaining = list(self.dag.num_inputs)
-        self._children = self.dag.children
-        self._unresolved = n
-        d = self.dag
-        self._fields = (d.kind, d.latency_s, d.size_bytes, d.src, d.dst, d.dur_s, d.op)
+        self._begin()
         DagRun.start(self)
 
     def _finish(self, node_f: np.ndarray, cause: np.ndarray) -> None:

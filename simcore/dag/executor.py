@@ -55,14 +55,19 @@ class DagRun:
         self.t0_s = t0_s
         self.port = port
         self.on_complete = on_complete
+        self.end_s = t0_s
+        self.done = False
+        self.lane_comm_s: list[float] = []
+        self._begin()
+
+    def _begin(self) -> None:
+        """The node times and the executor's state before the start, as lists."""
+        dag, t0_s = self.dag, self.t0_s
         n = len(dag)
         self.start_s = [t0_s] * n
         self.finish_s = [0.0] * n
         self.ideal_s = [0.0] * n              # fabric transfers: alone on an idle network
         self.cause = [-1] * n                 # the dependency that finished last
-        self.end_s = t0_s
-        self.done = False
-        self.lane_comm_s: list[float] = []
         self._ready = [t0_s] * n
         self._remaining = list(dag.num_inputs)
         self._children = dag.children

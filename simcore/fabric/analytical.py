@@ -151,18 +151,9 @@ class AnalyticalFabric(MessageFabric):
             raise ValueError(f"size_bytes must be non-negative, got {size_bytes}")
         size = int(size_bytes)
         start = float(at_s)
-        # `_known_route` and `_start`, inlined (this runs for every transfer).
-        path, delay_s, inv_rate_sum, min_rate = hit
-        payload, header = self._payload, self._header
-        first = (size if size < payload else payload) + header
-        wire = size + (-(-size // payload) or 1) * header
-        ideal = delay_s + first * inv_rate_sum + (wire - first) / min_rate
-        mid = self._log.add(src, dst, size, start, path, wire, ideal, tag, (fn, arg))
-        starts = self._starts
-        if start <= self._now and not (starts and starts[0][0] <= start):
-            self._reserve(mid)
-        else:
-            heapq.heappush(starts, (start, next(self._seq), mid))
+        wire, ideal = _known_route(hit, size, self._payload, self._header)
+        self._start(self._log.add(src, dst, size, start, hit[0], wire, ideal, tag, (fn, arg)),
+                    start)
         return ideal
 
     def _reserve(self, mid: int) -> None:

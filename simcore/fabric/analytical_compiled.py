@@ -28,7 +28,7 @@ import numpy as np
 
 from simcore.fabric import analytical_kernels as K
 from simcore.fabric.analytical import AnalyticalFabric
-from simcore.fabric.messages import MessageLog, _known_route, _plan
+from simcore.fabric.messages import MessageLog, _known_route
 from simcore.fabric.protocol import FabricStats, MessageResult, OnDone
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import Topology
@@ -178,14 +178,8 @@ class CompiledAnalyticalFabric(AnalyticalFabric):
     def send(self, src: int, dst: int, size_bytes: int, *, at_s: float | None = None,
              tag: Any = None, on_done: OnDone | None = None, flow_key: int | None = None,
              traffic_class: int = 0) -> int:
-        now = self.now_s
-        start = now if at_s is None else float(at_s)
-        if start < now:
-            raise ValueError(f"at_s {start} is before the fabric's clock {now}")
-        src, dst, size, route, wire, ideal = _plan(self.topology, self._salts,
-                                                   int(self._counts[K.NUM_MSG]), src, dst,
-                                                   size_bytes, flow_key, self._routes)
-        return self._send(src, dst, size, start, route, wire, ideal, tag, on_done)
+        return self._send(*self._planned(src, dst, size_bytes, at_s, flow_key,
+                                         int(self._counts[K.NUM_MSG])), tag, on_done)
 
     def send_timed(self, src: int, dst: int, size_bytes: int, at_s: float, fn: Callable,
                    arg: Any, flow_key: int, tag: Any = None) -> float:

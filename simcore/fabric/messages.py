@@ -308,11 +308,20 @@ class MessageFabric:
     def _accept(self, src: int, dst: int, size_bytes: int, at_s: float | None, tag: Any,
                 on_done: OnDone | None, flow_key: int | None) -> int:
         """Check a `send` against the clock, plan the message and log it; returns its id."""
-        start = self._now if at_s is None else float(at_s)
-        if start < self._now:
-            raise ValueError(f"at_s {start} is before the fabric's clock {self._now}")
         log = self._log
-        src, dst, size_bytes, route, wire, ideal = _plan(self.topology, self._salts, len(log),
+        return log.add(*self._planned(src, dst, size_bytes, at_s, flow_key, len(log)), tag,
+                       on_done)
+
+    def _planned(self, src: int, dst: int, size_bytes: int, at_s: float | None,
+                 flow_key: int | None, msg_id: int
+                 ) -> tuple[int, int, int, float, tuple[int, ...], int, float]:
+        """A `send` checked against the clock and planned as message `msg_id`: (src, dst,
+        size_bytes, start, route, wire bytes, ideal time)."""
+        now = self.now_s
+        start = now if at_s is None else float(at_s)
+        if start < now:
+            raise ValueError(f"at_s {start} is before the fabric's clock {now}")
+        src, dst, size_bytes, route, wire, ideal = _plan(self.topology, self._salts, msg_id,
                                                          src, dst, size_bytes, flow_key,
                                                          self._routes)
-        return log.add(src, dst, size_bytes, start, route, wire, ideal, tag, on_done)
+        return src, dst, size_bytes, start, route, wire, ideal
