@@ -498,18 +498,30 @@ def test_the_gpt_oss_validation_rows_are_accepted():
 
 def test_a_layout_for_another_backend_than_the_measured_kernel_is_reported():
     """gpt-oss on H100 in Marlin's layout (vLLM 0.10-0.11 without triton_kernels): the profile
-    measured gpt-oss's experts with OpenAI's Triton kernel, which times them; the layout sets
-    their padding, and the result says so. In the Triton layout nothing is said."""
-    def parts(layout):
+    measured gpt-oss's experts with OpenAI's Triton kernel only, so the Marlin kernels it
+    measured on other models time them, moved to gpt-oss's shape, and the result says so. In a
+    layout whose backend the profile never measured (FlashInfer on H100), the Triton
+    measurement times them and the result says that the layout sets only their padding. In the
+    Triton layout nothing is said."""
+    def model(layout):
         cfg = {"model": {"name": "openai/gpt-oss-20b", "dtype": "mxfp4",
                          "mxfp4_moe_layout": layout},
                "hardware": {"gpu": "H100-SXM"}, "compute": {"kind": "calibrated"},
                "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
                                                          "output_len": 1}}}
-        m = build_deployment(parse_config(cfg, source="t")).step_model
-        assert m._sources["moe"] == {"measured"}
+        return build_deployment(parse_config(cfg, source="t")).step_model
+
+    def parts(m):
         return [p for p in m.assumed_parts() if "mxfp4_moe_layout" in p]
 
-    [line] = parts("marlin")
-    assert "triton" in line and "'marlin'" in line and "padding" in line
-    assert parts("triton") == [] and parts("auto") == []
+    marlin = model("marlin")
+    assert marlin._sources["moe"] == {"derived"}
+    [line] = parts(marlin)
+    assert "laid out for marlin" in line and "nearest shape of the marlin kernels" in line
+    flashinfer = model("flashinfer")
+    assert flashinfer._sources["moe"] == {"measured"}
+    [line] = parts(flashinfer)
+    assert "triton" in line and "'flashinfer'" in line and "padding" in line
+    for layout in ("triton", "auto"):
+        m = model(layout)
+        assert m._sources["moe"] == {"measured"} and parts(m) == []

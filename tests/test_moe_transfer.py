@@ -154,11 +154,12 @@ def test_an_unmeasured_moe_shape_is_timed_from_the_nearest_measured_one():
 
 @pytest.mark.parametrize("layout", ["triton", "marlin"])
 def test_mxfp4_experts_move_only_their_layouts_kernel_measurements(layout):
-    """A gpt-oss-like MXFP4 model with 64 experts (unmeasured) on H100: the H100 table holds
-    gpt-oss's shapes in OpenAI's Triton kernel and another model's in Marlin. In the Triton
-    layout the experts take the nearest Triton-measured shape, bounded by moving gpt-oss-20b's
-    32 experts to 120b's 128 and back (large: 4x the experts); in Marlin's, one Marlin-measured
-    model leaves nothing to check a move against, so the roofline times them and says so."""
+    """A gpt-oss-like MXFP4 model with 64 experts (unmeasured) on H100: the H100 tables hold
+    gpt-oss's shapes in OpenAI's Triton kernel, and two other models in Marlin (one MXFP4, one
+    int4: Marlin's MoE kernel runs both). In the Triton layout the experts take the nearest
+    Triton-measured shape, bounded by moving gpt-oss-20b's 32 experts to 120b's 128 and back
+    (large: 4x the experts); in Marlin's, the nearest Marlin-measured shape of either 4-bit
+    table, bounded by moving each of the two Marlin models to the other."""
     import dataclasses
 
     prof = shipped_kernel_profile("h100-sxm-aiconfigurator")
@@ -166,23 +167,49 @@ def test_mxfp4_experts_move_only_their_layouts_kernel_measurements(layout):
     arch = dataclasses.replace(load_preset("gpt-oss-20b"), num_experts=64)
     m = KernelModel(arch, gpu, profile=prof, weight_dtype="mxfp4", mxfp4_moe_layout=layout)
     shape = ExpertShape(arch.hidden_size, arch.moe_intermediate_size, 4, 64)
+    a = m.assumptions
+    flops = a.gemm_flops_fraction * gpu.bf16_flops
+    bw = a.hbm_bandwidth_fraction * gpu.hbm_bandwidth_bytes_per_s
+    [how] = [p for p in m.assumed_parts() if p.startswith("routed experts")]
+    assert m._sources["moe"] == {"derived"}
+    assert f"nearest shape of the {layout} kernels" in how
     if layout == "triton":
-        [how] = [p for p in m.assumed_parts() if p.startswith("routed experts")]
-        assert "nearest shape of the triton kernels" in how
         key = nearest(prof, "mxfp4_w4a16", m.moe_routing, shape, kernel="triton")
         assert "triton" in prof.moe_kernel(key) and key[1:5] in ((2880, 2880, 4, 32),
                                                                  (2880, 2880, 4, 128))
-        a = m.assumptions
-        err = leave_one_out(prof, "mxfp4_w4a16", m.moe_routing, 4.25 / 8,
-                            a.gemm_flops_fraction * gpu.bf16_flops,
-                            a.hbm_bandwidth_fraction * gpu.hbm_bandwidth_bytes_per_s, "triton")
+        err = leave_one_out(prof, "mxfp4_w4a16", m.moe_routing, 4.25 / 8, flops, bw, "triton")
         assert err.n == 12 and m.op_error_bounds()["moe"] == pytest.approx(err.p90)
     else:
-        assert m._sources["moe"] == {"roofline"}
-        assert any(f.startswith("routed experts: roofline") for f in m.fallbacks())
-        # Without the layout's filter the Marlin-measured model would have been the nearest.
-        assert "marlin" in prof.moe_kernel(nearest(prof, "mxfp4_w4a16", "power_law_1.2",
-                                                   ExpertShape(3584, 3072, 16, 640)))
+        tables = ("mxfp4_w4a16", "int4_wo")
+        key = nearest(prof, tables, m.moe_routing, shape, kernel="marlin")
+        assert "marlin" in prof.moe_kernel(key)
+        assert "mxfp4_w4a16/int4_wo tables" in how
+        err = leave_one_out(prof, tables, m.moe_routing,
+                            (dtype_bytes("mxfp4"), dtype_bytes("int4")), flops, bw, "marlin")
+        # Two models at several TPs each; each predicted from the other.
+        assert err.n >= 8 and err.median < 0.15
+        assert m.op_error_bounds()["moe"] == pytest.approx(err.p90)
+        # Without the layout's filter a Triton-measured model would have been the nearest.
+        assert "triton" in prof.moe_kernel(nearest(prof, "mxfp4_w4a16", m.moe_routing, shape))
+
+
+def test_marlin_experts_on_hopper_are_slower_at_a_prefill_and_faster_at_a_decode():
+    """gpt-oss-20b's experts on H100 in Marlin's layout (vLLM 0.10-0.11 without
+    triton_kernels) are timed by the Marlin measurements moved to its shape: against the
+    Triton kernel's measurement of that shape, faster at a decode's few tokens per expert and
+    over twice as slow at a long prefill's, as Marlin's mma.sync kernels against Triton's
+    Hopper ones (vLLM pull request 27523: gpt-oss-120b on Hopper with Triton's kernel took 35%
+    more latency in `vllm bench latency` than with Marlin's)."""
+    prof = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    gpu = get_gpu("H100-SXM")
+    arch = load_preset("gpt-oss-20b")
+    marlin = KernelModel(arch, gpu, profile=prof, weight_dtype="mxfp4",
+                         mxfp4_moe_layout="marlin")
+    triton = KernelModel(arch, gpu, profile=prof, weight_dtype="mxfp4",
+                         mxfp4_moe_layout="triton")
+    assert marlin._sources["moe"] == {"derived"} and triton._sources["moe"] == {"measured"}
+    assert marlin._moe_meas(4) < 0.8 * triton._moe_meas(4)
+    assert marlin._moe_meas(8192) > 2.0 * triton._moe_meas(8192)
 
 
 @pytest.mark.parametrize("weight", ["bf16", "fp16", "fp8", "fp8_block", "int4", "mxfp4", "nvfp4"])

@@ -71,11 +71,22 @@ def _distance(a: ExpertShape, b: ExpertShape) -> float:
             + 0.25 * abs(math.log(a.num_experts / b.num_experts)))
 
 
-def measured_shapes(profile: KernelProfile, dtype: str, routing: str,
+W4A16_TABLES = ("mxfp4_w4a16", "int4_wo")
+"""The fused-MoE tables of 4-bit weights with 16-bit activations. One backend's kernels run both
+formats: vLLM's Marlin MoE kernel (`fused_marlin_moe`) takes MXFP4 and int4 weights alike, only
+its scale type and group differ. So one backend's measurements in either table time the
+other's experts (`simcore.compute.derived_kernels.derived_experts`); on an H100 each of its two
+Marlin models predicted from the other is off by 12% in median (38% at the 90th percentile) at
+power-law routing, 7% (15%) balanced."""
+
+
+def measured_shapes(profile: KernelProfile, dtype: str | tuple[str, ...], routing: str,
                     kernel: str | None = None) -> list[tuple]:
-    """The profile's fused-MoE keys of `dtype` and `routing` without expert parallelism (with
-    `kernel`, only those measured with a kernel whose name holds it: one backend's family)."""
-    return [k for k in profile.moe_keys() if k[0] == dtype and k[6] == 1 and k[7] == routing
+    """The profile's fused-MoE keys of `dtype` (a table, or several) and `routing` without
+    expert parallelism (with `kernel`, only those measured with a kernel whose name holds it:
+    one backend's family)."""
+    tables = (dtype,) if isinstance(dtype, str) else dtype
+    return [k for k in profile.moe_keys() if k[0] in tables and k[6] == 1 and k[7] == routing
             and (kernel is None or kernel in (profile.moe_kernel(k) or ""))]
 
 
@@ -84,8 +95,9 @@ def _shape(key: tuple) -> ExpertShape:
     return ExpertShape(hidden, inter / tp, topk, experts)
 
 
-def nearest(profile: KernelProfile, dtype: str, routing: str, shape: ExpertShape,
-            exclude: tuple | None = None, kernel: str | None = None) -> tuple | None:
+def nearest(profile: KernelProfile, dtype: str | tuple[str, ...], routing: str,
+            shape: ExpertShape, exclude: tuple | None = None, kernel: str | None = None
+            ) -> tuple | None:
     """The measured key nearest to `shape` (`exclude`: a model's (hidden, inter, topk, experts)
     left out; `kernel`: as `measured_shapes`), or None when the table has none."""
     return _closest(measured_shapes(profile, dtype, routing, kernel), shape, exclude)
@@ -135,23 +147,27 @@ class TransferError:
 _ERRORS: dict[tuple, TransferError | None] = {}
 
 
-def leave_one_out(profile: KernelProfile, dtype: str, routing: str, weight_bytes: float,
-                  flops: float, bandwidth: float, kernel: str | None = None
-                  ) -> TransferError | None:
-    """Each measured shape of the table (`kernel`: of one kernel family, as `measured_shapes`)
-    predicted from its nearest other model's shape, at `TOKENS`; None when the table holds fewer
-    than two models. Memoized per profile digest."""
+def leave_one_out(profile: KernelProfile, dtype: str | tuple[str, ...], routing: str,
+                  weight_bytes: float | tuple[float, ...], flops: float, bandwidth: float,
+                  kernel: str | None = None) -> TransferError | None:
+    """Each measured shape of the table (or of the tables `dtype`, each with its weights' bytes
+    in `weight_bytes`; `kernel`: of one kernel family, as `measured_shapes`) predicted from its
+    nearest other model's shape, at `TOKENS`; None when the tables hold fewer than two models.
+    Memoized per profile digest."""
     memo = (profile.digest, dtype, routing, weight_bytes, flops, bandwidth, kernel)
     if memo in _ERRORS:
         return _ERRORS[memo]
-    keys = measured_shapes(profile, dtype, routing, kernel)
+    tables = (dtype,) if isinstance(dtype, str) else dtype
+    wbs = (weight_bytes,) if isinstance(weight_bytes, (int, float)) else weight_bytes
+    bytes_of = dict(zip(tables, wbs))
+    keys = measured_shapes(profile, tables, routing, kernel)
     errors, n = [], 0
     for key in keys:
         near = _closest(keys, _shape(key), key[1:5])
         if near is None:
             continue
         n += 1
-        pred = transfer(profile, near, _shape(key), weight_bytes, weight_bytes, flops,
+        pred = transfer(profile, near, _shape(key), bytes_of[key[0]], bytes_of[near[0]], flops,
                         bandwidth)
         meas = profile.moe_curve(*key)
         errors += [pred(t) / meas(t) - 1.0 for t in TOKENS]

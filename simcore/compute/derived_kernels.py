@@ -16,6 +16,7 @@ import math
 from simcore.calibration.kernels import KernelProfile
 from simcore.calibration.moe_transfer import (
     KERNEL_BACKENDS,
+    W4A16_TABLES,
     ExpertShape,
     leave_one_out,
     nearest,
@@ -66,6 +67,8 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
       bf16 table, moved to this shape by the roofline (`simcore.calibration.moe_transfer`),
       where leaving each model out of that table measures the move; MXFP4 experts laid out
       for a backend (`mxfp4_moe_layout`) move only that backend's measurements."""
+    from simcore.compute.kernel_model import table_weight_dtype
+
     wb = dtype_bytes(weight_dtype)
     wo = weight_only(weight_dtype, gpu)
     shape = (arch.hidden_size, arch.moe_intermediate_size, arch.num_experts_per_tok,
@@ -90,27 +93,41 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
               and mxfp4_moe_layout in KERNEL_BACKENDS else None)
     for table in (mdt, "bf16") if wo else (mdt,):
         kernel = family if table == mdt else None
-        tb = 2.0 if table == "bf16" else wb
+        # One backend's 4-bit weight-only kernels, measured in either W4A16 table, time the
+        # experts of both (`W4A16_TABLES`).
+        tables = W4A16_TABLES if kernel and table in W4A16_TABLES else (table,)
+        table_bytes = tuple(2.0 if t == "bf16" else dtype_bytes(table_weight_dtype(t))
+                            for t in tables)
         flops = (gpu.bf16_flops if table == "bf16" or wo else gpu.flops_for(weight_dtype)) \
             * a.gemm_flops_fraction
         for routing in routings:
-            key = nearest(profile, table, routing, target, kernel=kernel)
-            err = None if key is None else leave_one_out(profile, table, routing, tb, flops,
-                                                         bw, kernel)
+            key = nearest(profile, tables, routing, target, kernel=kernel)
+            err = None if key is None else leave_one_out(profile, tables, routing,
+                                                         table_bytes, flops, bw, kernel)
             if err is None:
                 continue
             bound = max(err.p90, WEIGHT_ONLY_ERROR if table != mdt else 0.0)
+            tb = table_bytes[tables.index(key[0])]
             fn = transfer(profile, key, target, wb, tb, flops, bw)
-            _, h, inter, k, e, ktp = key[:6]
+            src, h, inter, k, e, ktp = key[:6]
+            measured = (f"no {mdt} fused-MoE measurement of this shape at TP {tp}"
+                        if profile.moe_curve(mdt, *shape, routing) is None else
+                        f"MXFP4 experts laid out for {kernel} (model.mxfp4_moe_layout), whose "
+                        f"kernels the profile did not measure at this shape (its {mdt} "
+                        "measurement of it is another backend's)")
+            which = (f"the {src} table's" if len(tables) == 1 else
+                     f"the {'/'.join(tables)} tables' (4-bit weights, 16-bit activations: "
+                     f"{kernel}'s kernels run both formats)")
             return (fn, routing, bound,
-                    f"routed experts: no {mdt} fused-MoE measurement of this shape at TP "
-                    f"{tp}; the {table} table's nearest shape"
+                    f"routed experts: {measured}; {which} nearest shape"
                     + (f" of the {kernel} kernels" if kernel else "")
-                    + f" (hidden {h}, intermediate "
+                    + f" (the {src} table's hidden {h}, intermediate "
                     f"{inter} at TP {ktp}, top-{k} of {e} experts; {routing} routing) at the "
                     "same tokens per expert, moved to this shape"
                     + (f" and to {weight_dtype} weight reads" if tb != wb else "")
-                    + " by the roofline (each model of that table predicted from its nearest "
+                    + " by the roofline (each model of "
+                    + ("that table" if len(tables) == 1 else "those tables")
+                    + " predicted from its nearest "
                     f"other: median |error| {err.median:.0%}, p90 {err.p90:.0%} over "
                     f"{err.n} shapes)")
     return None

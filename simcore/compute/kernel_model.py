@@ -21,7 +21,9 @@ that have the op:
   dtype, mapped as `mla_attention_s` says; the projections, latent norms and rotary pass are then
   not timed again elsewhere;
 - routed experts from the fused-MoE curve of the model's MoE shape and expert weight format
-  (`moe_dtype`: mxfp4 experts from the W4A16 MXFP4 tables), experts split by TP;
+  (`moe_dtype`: mxfp4 experts from the W4A16 MXFP4 tables), experts split by TP; MXFP4 experts
+  laid out for a backend whose kernels measured other shapes only (Marlin on Hopper) from
+  those, moved to the model's shape (`_other_backend`, `derived_experts`);
 - TP all-reduces (2 per layer + 1) from vLLM's all-reduce curve of the TP group, in CUDA-graph
   mode for steps up to the graph capture size, eager beyond; the logits all-gather before
   sampling from NCCL's all-gather curve (the whole vocabulary of every sequence).
@@ -49,7 +51,7 @@ import math
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
-from simcore.calibration.moe_transfer import KERNEL_BACKENDS
+from simcore.calibration.moe_transfer import KERNEL_BACKENDS, W4A16_TABLES, measured_shapes
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.compute.derived_kernels import (
@@ -87,6 +89,25 @@ _MOE_TABLES = {"mxfp4": "mxfp4_w4a16"}
 16-bit activations (W4A16) by default, on Hopper with OpenAI's triton kernels, on Blackwell with
 FlashInfer's TRT-LLM kernel, on Ada (L40S) with Marlin; AIConfigurator measured each of those as
 `w4a16_mxfp4`."""
+
+
+def _other_backend(profile: KernelProfile, mdt: str, arch, tp: int, routing: str,
+                   weight_dtype: str, layout: str | None) -> bool:
+    """Whether MXFP4 experts laid out for a kernel backend (`layout`, `model.mxfp4_moe_layout`)
+    have a measurement of their own shape made with another backend's kernels while the profile
+    measured that backend's on other shapes of this GPU (`W4A16_TABLES`): then vLLM ran the
+    layout's backend, and its measurements, moved to this shape (`derived_experts`), time them.
+    Marlin on Hopper: vLLM 0.10-0.11 ran gpt-oss's experts in Marlin there unless the user
+    installed `triton_kernels` (vLLM issue 27672), and the H100 and H200 profiles measured
+    gpt-oss's shapes with the Triton kernels only. Marlin's kernels come out faster than those at
+    a decode's few tokens per expert and about 2.3 times slower at a long prefill's."""
+    if weight_dtype != "mxfp4" or layout not in KERNEL_BACKENDS:
+        return False
+    kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
+                                 arch.num_experts_per_tok, arch.num_experts, tp, 1, routing))
+    # Two models at least: one predicted from the other bounds the move (`leave_one_out`).
+    return bool(kernel) and layout not in kernel and len(
+        {k[1:5] for k in measured_shapes(profile, W4A16_TABLES, routing, layout)}) >= 2
 
 
 def moe_dtype(weight_dtype: str) -> str:
@@ -519,10 +540,16 @@ class KernelModel(MeasuredModel):
                                         routing)
                 if moe is not None:
                     break
+            direct = moe
+            if moe is not None and _other_backend(profile, mdt, arch, tp, routing, weight_dtype,
+                                                  mxfp4_moe_layout):
+                moe = None      # the layout's backend ran them: its kernels time them
             derived = None
             if moe is None and not sequence_parallel_moe:
                 derived = derived_experts(self, profile, arch, gpu, tp, weight_dtype, mdt,
                                           routings, mxfp4_moe_layout)
+                if derived is None:
+                    moe = direct
             if derived is not None:
                 fn, routing, bound, text = derived
                 fm = f["moe"] * num_moe

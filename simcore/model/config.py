@@ -47,9 +47,11 @@ class ModelConfig(BaseModel):
                     "default for the GPU: flashinfer on Blackwell, triton on Hopper, the ROCm "
                     "layout on AMD GPUs, marlin elsewhere (and on Hopper with vLLM builds "
                     "without the triton_kernels package, e.g. vLLM 0.10-0.11's pip wheels). "
-                    "It sets the weights' padding (memory); the experts' time is the kernel "
-                    "profile's measurement of their shape, and the result's assumed parts say "
-                    "when that kernel is another backend's.")
+                    "It sets the weights' padding (memory) and the kernels that time the "
+                    "experts: the kernel profile's measurement of their shape, or where that "
+                    "is another backend's, the layout's backend measured on other shapes of "
+                    "the GPU and moved to theirs (Marlin on Hopper); the result's assumed "
+                    "parts say which.")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto",
         description="KV-cache dtype; 'auto' means the activation dtype (bf16 for quantized weights, "
