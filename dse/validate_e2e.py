@@ -229,8 +229,8 @@ def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
     it) did differently from the simulator's defaults (current vLLM's), where the simulator
     models the difference:
 
-    - MXFP4 experts on Hopper ran in Marlin's padded layout until vLLM installed `triton_kernels`
-      itself (vLLM 0.10-0.11 left it to the user: vLLM issue 27672);
+    - MXFP4 experts on Hopper ran in Marlin's kernels and padded layout until vLLM installed
+      `triton_kernels` itself (vLLM 0.10-0.11 left it to the user: vLLM issue 27672);
     - before 0.21 vLLM's default gpu_memory_utilization was 0.9 (now 0.92) and it captured the
       CUDA graphs after allocating the KV cache, from the memory gpu_memory_utilization leaves,
       instead of subtracting their estimate first (`engine.profile_cuda_graph_memory`; vLLM's
@@ -247,7 +247,8 @@ def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
     notes = []
     if weight_dtype == "mxfp4" and _measured_before(row, (0, 12), "2025-11"):
         settings["model"] = {"mxfp4_moe_layout": "marlin"}
-        notes.append("MXFP4 experts in Marlin's layout (no triton_kernels in that vLLM)")
+        notes.append("MXFP4 experts in Marlin's layout and kernels (no triton_kernels in that "
+                     "vLLM)")
     if _measured_before(row, (0, 21), "2026-04"):
         settings["engine"] = {"gpu_memory_utilization": 0.9, "profile_cuda_graph_memory": False}
     return settings, notes
