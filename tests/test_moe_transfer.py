@@ -212,6 +212,108 @@ def test_marlin_experts_on_hopper_are_slower_at_a_prefill_and_faster_at_a_decode
     assert marlin._moe_meas(8192) > 2.0 * triton._moe_meas(8192)
 
 
+def test_a_family_of_two_tables_moves_each_model_by_its_own_tables_bytes():
+    """Marlin's family on H100 spans the MXFP4 and the int4 table: each model is predicted from
+    the other with the predicted model's weight bytes and its source's (12% median, 38% p90 over
+    the 11 shapes), and the same bytes taken for both would give another error."""
+    import numpy as np
+
+    from simcore.calibration.moe_transfer import TOKENS, _shape, measured_shapes
+
+    prof = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    gpu = get_gpu("H100-SXM")
+    flops, bw = 0.7 * gpu.bf16_flops, 0.8 * gpu.hbm_bandwidth_bytes_per_s
+    tables = ("mxfp4_w4a16", "int4_wo")
+    wb = {"mxfp4_w4a16": dtype_bytes("mxfp4"), "int4_wo": dtype_bytes("int4")}
+    assert wb["mxfp4_w4a16"] != wb["int4_wo"]
+    err = leave_one_out(prof, tables, "power_law_1.2", tuple(wb.values()), flops, bw, "marlin")
+    keys = measured_shapes(prof, tables, "power_law_1.2", "marlin")
+    assert err.n == len(keys) == 11 and {k[0] for k in keys} == set(tables)
+    errors = []
+    for key in keys:
+        [near] = [k for k in keys if k[1:5] != key[1:5] and k == nearest(
+            prof, tables, "power_law_1.2", _shape(key), key[1:5], "marlin")]
+        f = transfer(prof, near, _shape(key), wb[key[0]], wb[near[0]], flops, bw)
+        errors += [f(t) / prof.moe_curve(*key)(t) - 1.0 for t in TOKENS]
+    assert err.median == pytest.approx(float(np.median(np.abs(errors))))
+    assert err.median == pytest.approx(0.116, abs=0.005)
+    assert err.p90 == pytest.approx(0.378, abs=0.01)
+    same = leave_one_out(prof, tables, "power_law_1.2", (wb["mxfp4_w4a16"],) * 2, flops, bw,
+                         "marlin")
+    assert abs(same.median - err.median) > 0.01
+
+
+def test_other_backends_do_not_pool_the_int4_table():
+    """Only Marlin's kernel runs both 4-bit formats: an unmeasured MXFP4 shape in the Triton
+    layout moves the Triton-measured MXFP4 shapes alone."""
+    import dataclasses
+
+    from simcore.calibration.moe_transfer import backend_tables
+
+    assert backend_tables("mxfp4_w4a16", "marlin") == ("mxfp4_w4a16", "int4_wo")
+    assert backend_tables("mxfp4_w4a16", "triton") == ("mxfp4_w4a16",)
+    assert backend_tables("bf16", "marlin") == ("bf16",)
+    arch = dataclasses.replace(load_preset("gpt-oss-20b"), num_experts=64)
+    m = KernelModel(arch, get_gpu("H100-SXM"), profile=shipped_kernel_profile(
+        "h100-sxm-aiconfigurator"), weight_dtype="mxfp4", mxfp4_moe_layout="triton")
+    [how] = [p for p in m.assumed_parts() if p.startswith("routed experts")]
+    assert "int4_wo" not in how and "the mxfp4_w4a16 table's nearest shape" in how
+
+
+class _MoeIndex:
+    """A kernel profile's fused-MoE index alone: keys and the kernel of each."""
+
+    def __init__(self, kernels: dict):
+        self.kernels = kernels
+
+    def moe_keys(self):
+        return list(self.kernels)
+
+    def moe_kernel(self, key):
+        return self.kernels.get(key)
+
+
+def test_the_layouts_backend_times_the_experts_only_with_two_models_measured():
+    """`_other_backend`: the shape measured with Triton's kernel, Marlin's layout; Marlin's
+    measurements of other models take over only where there are two of them (one predicted
+    from the other bounds the move), never for a backend that measured the shape itself."""
+    from simcore.compute.kernel_model import _other_backend
+
+    arch = load_preset("gpt-oss-20b")
+    own = ("mxfp4_w4a16", arch.hidden_size, arch.moe_intermediate_size,
+           arch.num_experts_per_tok, arch.num_experts, 1, 1, "balanced")
+    a = ("mxfp4_w4a16", 3584, 3072, 16, 896, 1, 1, "balanced")
+    b = ("int4_wo", 7168, 2048, 8, 384, 1, 1, "balanced")
+    triton, marlin = "vllm_gptossmxfp4moe_triton", "vllm_marlin_marlinexperts"
+
+    def other(kernels, layout="marlin", dtype="mxfp4"):
+        return _other_backend(_MoeIndex(kernels), "mxfp4_w4a16", arch, 1, "balanced", dtype,
+                              layout)
+
+    assert other({own: triton, a: marlin, b: marlin})
+    assert not other({own: triton, a: marlin})                 # one Marlin model
+    assert not other({own: triton, a: marlin, a[:5] + (2, 1, "balanced"): marlin})  # one, 2 TPs
+    assert not other({own: marlin, a: marlin, b: marlin})      # Marlin measured the shape
+    assert not other({own: triton, a: marlin, b: marlin}, layout="triton")
+    assert not other({own: triton, a: marlin, b: marlin}, layout="unpadded")
+    assert not other({own: triton, a: marlin, b: marlin}, dtype="bf16")
+    assert not other({a: marlin, b: marlin})                   # the shape unmeasured
+
+
+def test_without_a_derived_time_the_measured_shape_stays(monkeypatch):
+    """Should the layout's backend give no time after all, the other backend's measurement of
+    the shape times the experts, with the note that the layout sets their padding alone."""
+    import simcore.compute.kernel_model as km
+
+    monkeypatch.setattr(km, "derived_experts", lambda *a, **k: None)
+    m = KernelModel(load_preset("gpt-oss-20b"), get_gpu("H100-SXM"),
+                    profile=shipped_kernel_profile("h100-sxm-aiconfigurator"),
+                    weight_dtype="mxfp4", mxfp4_moe_layout="marlin")
+    assert m._sources["moe"] == {"measured"}
+    [note] = [p for p in m.assumed_parts() if "mxfp4_moe_layout" in p]
+    assert "'marlin'" in note and "padding" in note
+
+
 @pytest.mark.parametrize("weight", ["bf16", "fp16", "fp8", "fp8_block", "int4", "mxfp4", "nvfp4"])
 def test_a_tables_weight_dtype_is_what_selects_it(weight):
     """`dse calibrate`'s leave-one-out moves a table's shapes by its weights' bytes: those of the

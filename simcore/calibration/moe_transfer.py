@@ -72,12 +72,18 @@ def _distance(a: ExpertShape, b: ExpertShape) -> float:
 
 
 W4A16_TABLES = ("mxfp4_w4a16", "int4_wo")
-"""The fused-MoE tables of 4-bit weights with 16-bit activations. One backend's kernels run both
-formats: vLLM's Marlin MoE kernel (`fused_marlin_moe`) takes MXFP4 and int4 weights alike, only
-its scale type and group differ. So one backend's measurements in either table time the
-other's experts (`simcore.compute.derived_kernels.derived_experts`); on an H100 each of its two
-Marlin models predicted from the other is off by 12% in median (38% at the 90th percentile) at
-power-law routing, 7% (15%) balanced."""
+"""The fused-MoE tables of 4-bit weights with 16-bit activations. vLLM's Marlin MoE kernel
+(`fused_marlin_moe`) runs MXFP4 and int4 weights alike, only its scale type and group differ,
+so Marlin's measurements in either table time MXFP4 experts laid out for Marlin
+(`backend_tables`); on an H100 each of its two Marlin-measured models predicted from the other
+is off by 12% in median (38% at the 90th percentile). Other backends' kernels are one format's
+each (OpenAI's Triton kernel, FlashInfer's): their table alone."""
+
+
+def backend_tables(table: str, kernel: str | None) -> tuple[str, ...]:
+    """The fused-MoE tables whose measurements with `kernel`'s backend time experts of `table`:
+    both W4A16 tables for Marlin's kernel, else `table` itself."""
+    return W4A16_TABLES if kernel == "marlin" and table in W4A16_TABLES else (table,)
 
 
 def measured_shapes(profile: KernelProfile, dtype: str | tuple[str, ...], routing: str,

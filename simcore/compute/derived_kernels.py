@@ -16,8 +16,8 @@ import math
 from simcore.calibration.kernels import KernelProfile
 from simcore.calibration.moe_transfer import (
     KERNEL_BACKENDS,
-    W4A16_TABLES,
     ExpertShape,
+    backend_tables,
     leave_one_out,
     nearest,
     transfer,
@@ -93,9 +93,9 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
               and mxfp4_moe_layout in KERNEL_BACKENDS else None)
     for table in (mdt, "bf16") if wo else (mdt,):
         kernel = family if table == mdt else None
-        # One backend's 4-bit weight-only kernels, measured in either W4A16 table, time the
-        # experts of both (`W4A16_TABLES`).
-        tables = W4A16_TABLES if kernel and table in W4A16_TABLES else (table,)
+        # Marlin's kernels, measured in either 4-bit weight-only table, time the experts of
+        # both (`backend_tables`).
+        tables = backend_tables(table, kernel)
         table_bytes = tuple(2.0 if t == "bf16" else dtype_bytes(table_weight_dtype(t))
                             for t in tables)
         flops = (gpu.bf16_flops if table == "bf16" or wo else gpu.flops_for(weight_dtype)) \
@@ -121,7 +121,8 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
             return (fn, routing, bound,
                     f"routed experts: {measured}; {which} nearest shape"
                     + (f" of the {kernel} kernels" if kernel else "")
-                    + f" (the {src} table's hidden {h}, intermediate "
+                    + (f" (the {src} table's " if len(tables) > 1 else " (")
+                    + f"hidden {h}, intermediate "
                     f"{inter} at TP {ktp}, top-{k} of {e} experts; {routing} routing) at the "
                     "same tokens per expert, moved to this shape"
                     + (f" and to {weight_dtype} weight reads" if tb != wb else "")

@@ -51,7 +51,7 @@ import math
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
-from simcore.calibration.moe_transfer import KERNEL_BACKENDS, W4A16_TABLES, measured_shapes
+from simcore.calibration.moe_transfer import KERNEL_BACKENDS, backend_tables, measured_shapes
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.compute.derived_kernels import (
@@ -95,11 +95,12 @@ def _other_backend(profile: KernelProfile, mdt: str, arch, tp: int, routing: str
                    weight_dtype: str, layout: str | None) -> bool:
     """Whether MXFP4 experts laid out for a kernel backend (`layout`, `model.mxfp4_moe_layout`)
     have a measurement of their own shape made with another backend's kernels while the profile
-    measured that backend's on other shapes of this GPU (`W4A16_TABLES`): then vLLM ran the
-    layout's backend, and its measurements, moved to this shape (`derived_experts`), time them.
-    Marlin on Hopper: vLLM 0.10-0.11 ran gpt-oss's experts in Marlin there unless the user
-    installed `triton_kernels` (vLLM issue 27672), and the H100 and H200 profiles measured
-    gpt-oss's shapes with the Triton kernels only. Marlin's kernels come out faster than those at
+    measured that backend's on at least two other models of this GPU (`backend_tables`): then
+    vLLM ran the layout's backend, and its measurements, moved to this shape (`derived_experts`),
+    time them. Marlin on Hopper: vLLM 0.10-0.11 ran gpt-oss's experts in Marlin there unless the
+    user installed `triton_kernels` (vLLM issue 27672), and the H100 and H200 profiles measured
+    gpt-oss's shapes with the Triton kernels only (as B200's, with FlashInfer's, where a config
+    names Marlin's layout). Marlin's kernels come out faster than those at
     a decode's few tokens per expert and about 2.3 times slower at a long prefill's."""
     if weight_dtype != "mxfp4" or layout not in KERNEL_BACKENDS:
         return False
@@ -107,7 +108,8 @@ def _other_backend(profile: KernelProfile, mdt: str, arch, tp: int, routing: str
                                  arch.num_experts_per_tok, arch.num_experts, tp, 1, routing))
     # Two models at least: one predicted from the other bounds the move (`leave_one_out`).
     return bool(kernel) and layout not in kernel and len(
-        {k[1:5] for k in measured_shapes(profile, W4A16_TABLES, routing, layout)}) >= 2
+        {k[1:5] for k in measured_shapes(profile, backend_tables(mdt, layout), routing,
+                                         layout)}) >= 2
 
 
 def moe_dtype(weight_dtype: str) -> str:

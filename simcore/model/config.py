@@ -49,9 +49,9 @@ class ModelConfig(BaseModel):
                     "without the triton_kernels package, e.g. vLLM 0.10-0.11's pip wheels). "
                     "It sets the weights' padding (memory) and the kernels that time the "
                     "experts: the kernel profile's measurement of their shape, or where that "
-                    "is another backend's, the layout's backend measured on other shapes of "
-                    "the GPU and moved to theirs (Marlin on Hopper); the result's assumed "
-                    "parts say which.")
+                    "is another backend's and the layout's backend measured at least two other "
+                    "models of the GPU, those moved to their shape (Marlin on Hopper); the "
+                    "result's assumed parts say which.")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto",
         description="KV-cache dtype; 'auto' means the activation dtype (bf16 for quantized weights, "
