@@ -58,14 +58,9 @@ class CompiledDagRun(DagRun):
 
     __slots__ = ("_size",)
 
-    def __init__(self, dag: StepDag, t0_s: float, port, on_complete=None) -> None:
-        self.dag = dag
-        self.t0_s = t0_s
-        self.port = port
-        self.on_complete = on_complete
-        self.end_s = t0_s
-        self.done = False
-        self.lane_comm_s: list[float] = []
+    def _begin(self) -> None:
+        """Before the start the job has no rows in the jobs' arrays; `DagRun`'s lists are made
+        only if it runs as `DagRun` (`_start_python`)."""
         self._size = (0, 0)                  # (nodes, children) in the jobs' arrays
 
     def start(self) -> None:
@@ -104,7 +99,7 @@ class CompiledDagRun(DagRun):
 
     def _start_python(self) -> None:
         """Run as `DagRun`: its lists made, its transfers sent one by one."""
-        self._begin()
+        DagRun._begin(self)
         DagRun.start(self)
 
     def _finish(self, node_f: np.ndarray, cause: np.ndarray) -> None:
