@@ -108,6 +108,74 @@ def test_a_cut_keeps_the_steps_that_end_before_the_request_can_arrive():
     assert woke == [ends[3]] and got.num_steps == 4
 
 
+def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_can_arrive():
+    """With `span` (the request's way only hands it on), `QuietRun.cut` also keeps the step
+    that begins before `reach_s`, as the run's spanning step: the loop waits for the steps
+    before it, then for it from its start, as single stepping does. Where that is the run's
+    last step its requests still finish with it, unless an event is queued at its very end."""
+    step = KvStep().step_time
+    woke = []
+
+    def planned():
+        s = _decoding_scheduler(6, 10_000, 3)
+        env = simpy.Environment()
+        got = QuietLeap(env, s, step, lambda: False).plan(0.0)
+        assert len(got.ends_s) > 10 and got.finished and got.span_s is None
+
+        def loop():             # as `EngineLoop._single` waits for a run
+            got.wait = InertTimeout(env, got.delay_s)
+            yield got.wait
+            got.wait = None
+            woke.append(env.now)
+            if got.span_s is not None:
+                yield InertTimeout(env, got.span_s)
+                woke.append(env.now)
+
+        env.process(loop())
+        return env, got, list(got.ends_s), list(got.times)
+
+    def sender(env, got, at_s, reach_s):
+        yield env.timeout(at_s)
+        got.cut(env, reach_s, True)
+
+    env, got, ends, times = planned()
+    at = (ends[4] + ends[5]) / 2
+    env.process(sender(env, got, at, (ends[6] + ends[7]) / 2))
+    env.run()
+    # Steps 0-6 end before reach_s; step 7 begins before it: kept, waited for from its start.
+    assert got.ends_s == ends[:8] and got.span_s == times[7].total_s
+    assert woke == [ends[6], ends[7]] and got.finished == []
+    # The running step already ends past reach_s: no step after it is kept.
+    woke.clear()
+    env, got, ends, times = planned()
+    at = (ends[1] + ends[2]) / 2
+    env.process(sender(env, got, at, at + 1e-9))
+    env.run()
+    assert woke == [ends[2]] and got.num_steps == 3 and got.span_s is None
+    # The step begun before reach_s is the run's last: its requests finish with it.
+    woke.clear()
+    env, got, ends, times = planned()
+    finished = list(got.finished)
+    env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
+    env.run()
+    assert got.ends_s == ends and got.finished == finished
+    assert got.span_s == times[-1].total_s and woke == [ends[-2], ends[-1]]
+    # ... unless another event is due at its very end: then it is left to single stepping.
+    woke.clear()
+    env, got, ends, times = planned()
+    env.timeout(ends[-1])
+    env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
+    env.run()
+    assert got.ends_s == ends[:-1] and got.finished == [] and got.span_s is None
+    assert woke == [ends[-2]]
+    # A cut past the run's end changes nothing.
+    woke.clear()
+    env, got, ends, times = planned()
+    env.process(sender(env, got, ends[2], ends[-1] + 1.0))
+    env.run()
+    assert got.ends_s == ends and got.span_s is None and woke == [ends[-1]]
+
+
 def test_span_horizon_passes_what_only_hands_requests_on():
     """A request's send and its steps on the API server's path (deferred) and its hand-off to
     an engine pass; anything else stops a run's spanning step."""

@@ -121,8 +121,8 @@ def snapshot(r) -> str:
 def counted(monkeypatch):
     """Counts the quiet runs, the steps taken in them (as planned), the runs ending with a step
     that spans a hand-off, and the runs cut by a request sent to their engine (`cuts`, with
-    the steps they dropped, `dropped`)."""
-    seen = {"runs": 0, "steps": 0, "spans": 0, "cuts": 0, "dropped": 0}
+    the steps they dropped, `dropped`, and `cut_spans`, the cuts that kept a spanning step)."""
+    seen = {"runs": 0, "steps": 0, "spans": 0, "cuts": 0, "dropped": 0, "cut_spans": 0}
     plan = QuietLeap.plan
     cut = QuietRun.cut
 
@@ -134,11 +134,14 @@ def counted(monkeypatch):
             seen["spans"] += got.span_s is not None
         return got
 
-    def cutting(self, env, reach_s):
+    def cutting(self, env, reach_s, span=False):
         before = self.num_steps
-        cut(self, env, reach_s)
+        spanned = self.span_s
+        cut(self, env, reach_s, span)
         seen["cuts"] += self.num_steps < before
         seen["dropped"] += before - self.num_steps
+        seen["cut_spans"] += self.span_s is not None and (spanned is None
+                                                          or self.num_steps < before)
 
     monkeypatch.setattr(QuietLeap, "plan", counting)
     monkeypatch.setattr(QuietRun, "cut", cutting)
@@ -181,6 +184,9 @@ def test_runs_match_single_steps_bit_for_bit(name, counted):
     # The comparison means something only where runs were taken.
     total = sum(s.num_steps for s in together.schedulers)
     assert counted["runs"] > 0 and counted["steps"] > 0.2 * total, (counted, total)
+    if serving.get("server"):
+        # Sends cut runs, keeping the step begun before the request could reach its engine.
+        assert counted["cut_spans"] > 0, counted
 
 
 @pytest.mark.parametrize("name", ["one engine", "four engines, prefix affinity",

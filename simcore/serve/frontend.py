@@ -219,9 +219,14 @@ class Frontend(StepObserver):
             # The engine is in a quiet run that the request's arrival did not end: its steps
             # that end before the request can reach the engine (the path's work, then its
             # latency) stand, and the one running now; cut before anything of the path is
-            # queued.
-            rank.quiet.cut(env, reach_s(env.now, self.defer_s, tokens + work)
-                           if self.defer_s > 0.0 else env.now)
+            # queued. Where the path only hands the request on (no client timeout, and no
+            # engine's output sends a request at once), the step that begins before the request
+            # can reach the engine stands too, as the run's spanning step.
+            if self.defer_s > 0.0:
+                rank.quiet.cut(env, reach_s(env.now, self.defer_s, tokens + work),
+                               not self.sends_on_output)
+            else:
+                rank.quiet.cut(env, env.now)
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
         # A turn of a session also carries the keys of the blocks its reply fills.
         keys = (spec.block_keys + spec.output_block_keys if spec.output_block_keys

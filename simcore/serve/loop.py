@@ -163,7 +163,10 @@ class EngineLoop:
                 ob.on_step(rank, out, shape, st, counts)
             wait_s = remaining_s(st)
             if wait_s is not None:
-                step_s = wait_s
+                if shape.num_decode_seqs == shape.num_tokens:
+                    # A decode step's time: what the next quiet step takes, about (a step with
+                    # prompt tokens in it would make `plan` give up on runs that fit).
+                    step_s = wait_s
                 yield InertTimeout(env, wait_s)
             emitted, finished = update(out)
             now = env.now

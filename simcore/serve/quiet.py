@@ -29,7 +29,9 @@ server's tokenizer thread and event loop working on requests bound for this engi
 at its effect, the path's latency later, since no scheduler hears of the request sooner. The
 client's arrivals on that path (`ArrivalTimeout`) are passed: the send routes the request to
 one engine and cuts that engine's run to the steps that end before the request can reach it
-and the one running (`QuietRun.cut`); no other engine's scheduler hears of it. While the
+and the one running, or, where the request's way only hands it on, the one that begins before
+it can reach the engine, as the run's spanning step (`QuietRun.cut`); no other engine's
+scheduler hears of it. While the
 client holds requests back (max concurrency), a request finishing on another engine sends one
 at once, so then every queued event counts.
 The run is taken only when it ends strictly before that horizon: a step ending exactly at an
@@ -91,7 +93,7 @@ class QuietRun:
     """The timeout the engine loop waits on for the run's steps (before a spanning last step's
     own), while it may still be cut (`cut`)."""
 
-    def cut(self, env: simpy.Environment, reach_s: float) -> None:
+    def cut(self, env: simpy.Environment, reach_s: float, span: bool = False) -> None:
         """A request sent to this engine now may reach its scheduler at `reach_s` (now or
         later) at the earliest: keep only the steps that end before then, and the step running
         now, which single stepping would have run as they are, batched before the request could
@@ -104,25 +106,48 @@ class QuietRun:
         end: a timeout made now, before anything of the request's way to the engine is queued.
         A step that ends at or after `reach_s` is kept only when it is running now: its own
         timeout, made at its start, would also come before anything of the request's at an
-        equal time (a step begun later might come after the request's hand-off, made later)."""
+        equal time (a step begun later might come after the request's hand-off, made later).
+
+        With `span` (the request's way to the engine only hands it on: the API server's path,
+        then its hand-off, which adds it to the waiting queue), the step after those, which
+        begins before `reach_s`, is kept too, as the run's spanning step (`span_s`): single
+        stepping would batch it before the request could be in the queue, and the loop waits
+        for it from its start, as single stepping does, so what happens at its end is ordered
+        as it would have been (as `QuietLeap.plan` takes a step spanning a hand-off). Where it
+        is the run's last step, its requests still finish with it, unless another event is
+        queued at its very end."""
         wait = self.wait
         if wait is None:
             return
         ends = self.ends_s
         now = env.now
-        keep = max(bisect_left(ends, reach_s), bisect_left(ends, now) + 1)
-        if keep >= len(ends):
+        before = bisect_left(ends, reach_s)      # the steps that end before reach_s
+        keep = max(before, bisect_left(ends, now) + 1)
+        span_s = None
+        finished: list = []
+        if span and keep == before < len(ends):
+            last = keep + 1 == len(ends)
+            if last and self.span_s is not None:
+                return                           # already waited for from its start
+            finished = self.finished if last else []
+            if not (finished and _queued_at(env, ends[keep], wait)):
+                span_s = self.times[keep].total_s
+                keep += 1
+            else:
+                finished = []
+        if keep >= len(ends) and span_s is None:
             return
-        delay = _exact_delay(now, ends[keep - 1])
+        waited = keep - 1 if span_s is not None else keep
+        delay = _exact_delay(now, ends[waited - 1])
         if delay is None:
             raise RuntimeError(f"a quiet run cut at {now!r} s found no delay to its step's end "
-                               f"{ends[keep - 1]!r} s")
+                               f"{ends[waited - 1]!r} s")
         moved = InertTimeout(env, delay)
         moved.callbacks, wait.callbacks = wait.callbacks, []
         self.wait = moved
         del self.times[keep:], ends[keep:]
-        self.finished = []
-        self.span_s = None
+        self.finished = finished
+        self.span_s = span_s
 
     def blocks_free_at(self, t: float) -> int:
         """The engine's free blocks at `t` inside the run (`start_s` <= t < its last end, no
@@ -187,8 +212,9 @@ class QuietLeap:
     def plan(self, last_total_s: float) -> QuietRun | None:
         """The quiet steps ahead of the engine now, or None when fewer than `MIN_STEPS`.
 
-        `last_total_s` is the previous step's time: when even one more such step would reach
-        the horizon, nothing is computed."""
+        `last_total_s` is the time of the engine's last step that only decoded (about what a
+        quiet step takes now): when even one more such step would reach the horizon, nothing
+        is computed."""
         sched = self.sched
         running = sched.running
         num = len(running)
@@ -411,9 +437,9 @@ def _longest_exact(now: float, ends: list[float], k: int) -> tuple[int, float | 
     return 0, None
 
 
-def _queued_at(env: simpy.Environment, t: float) -> bool:
-    """Whether any queued event is due at exactly `t`."""
-    return any(entry[0] == t for entry in env._queue)
+def _queued_at(env: simpy.Environment, t: float, but: simpy.Event | None = None) -> bool:
+    """Whether any queued event (but `but`, where given) is due at exactly `t`."""
+    return any(entry[0] == t and entry[3] is not but for entry in env._queue)
 
 
 def _exact_delay(now: float, end: float) -> float | None:
