@@ -82,9 +82,9 @@ def test_a_cut_keeps_the_steps_that_end_before_the_request_can_arrive():
         env.process(loop())
         return env, got, list(got.ends_s)
 
-    def sender(env, got, at_s, reach_s):
+    def sender(env, got, at_s, reach_s, made_s=None):
         yield env.timeout(at_s)
-        got.cut(env, reach_s)
+        got.cut(env, reach_s, False, made_s)
 
     env, got, ends = planned()
     env.process(sender(env, got, (ends[2] + ends[3]) / 2, ends[-1] + 1.0))   # past the run
@@ -106,6 +106,20 @@ def test_a_cut_keeps_the_steps_that_end_before_the_request_can_arrive():
     env.process(sender(env, got, ends[3], ends[3] + 1e-9))
     env.run()
     assert woke == [ends[3]] and got.num_steps == 4
+    # ... where the event that sends the request was made before that step began (single
+    # stepping made the step's timeout after it, so the send came first) ...
+    woke.clear()
+    env, got, ends = planned()
+    env.process(sender(env, got, ends[3], ends[3] + 1e-9, ends[2] / 2))
+    env.run()
+    assert woke == [ends[3]] and got.num_steps == 4
+    # ... but where it was made while that step ran, single stepping ended the step first and
+    # began the next, which is then the one running.
+    woke.clear()
+    env, got, ends = planned()
+    env.process(sender(env, got, ends[3], ends[3] + 1e-9, (ends[2] + ends[3]) / 2))
+    env.run()
+    assert woke == [ends[4]] and got.num_steps == 5
 
 
 def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_can_arrive():
@@ -116,11 +130,17 @@ def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_
     step = KvStep().step_time
     woke = []
 
-    def planned():
+    def planned(whole=False):
         s = _decoding_scheduler(6, 10_000, 3)
         env = simpy.Environment()
         got = QuietLeap(env, s, step, lambda: False).plan(0.0)
-        assert len(got.ends_s) > 10 and got.finished and got.span_s is None
+        assert len(got.ends_s) > 10 and got.finished
+        # A planned run waits for its last step from that step's start.
+        assert got.span_s == got.times[-1].total_s
+        assert got.start_s + got.delay_s == got.ends_s[-2]
+        if whole:               # one wait for every step (where no exact split is found)
+            got.span_s, got.delay_s = None, got.ends_s[-1] - got.start_s
+            assert got.start_s + got.delay_s == got.ends_s[-1]
 
         def loop():             # as `EngineLoop._single` waits for a run
             got.wait = InertTimeout(env, got.delay_s)
@@ -152,9 +172,20 @@ def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_
     env.process(sender(env, got, at, at + 1e-9))
     env.run()
     assert woke == [ends[2]] and got.num_steps == 3 and got.span_s is None
-    # The step begun before reach_s is the run's last: its requests finish with it.
+    # The step begun before reach_s is the run's last, already waited for from its start: the
+    # run stands, its requests finish with it.
     woke.clear()
     env, got, ends, times = planned()
+    finished = list(got.finished)
+    assert finished
+    env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
+    env.run()
+    assert got.ends_s == ends and got.finished == finished
+    assert got.span_s == times[-1].total_s and woke == [ends[-2], ends[-1]]
+    # A run waited for as a whole: its last step becomes the spanning step, its requests still
+    # finishing with it ...
+    woke.clear()
+    env, got, ends, times = planned(whole=True)
     finished = list(got.finished)
     env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
     env.run()
@@ -162,7 +193,7 @@ def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_
     assert got.span_s == times[-1].total_s and woke == [ends[-2], ends[-1]]
     # ... unless another event is due at its very end: then it is left to single stepping.
     woke.clear()
-    env, got, ends, times = planned()
+    env, got, ends, times = planned(whole=True)
     env.timeout(ends[-1])
     env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
     env.run()
@@ -173,7 +204,40 @@ def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_
     env, got, ends, times = planned()
     env.process(sender(env, got, ends[2], ends[-1] + 1.0))
     env.run()
-    assert got.ends_s == ends and got.span_s is None and woke == [ends[-1]]
+    assert got.ends_s == ends and got.span_s == times[-1].total_s
+    assert woke == [ends[-2], ends[-1]]
+
+
+def test_an_event_made_during_a_run_at_its_wait_comes_first_where_single_stepping_puts_it():
+    """An event made during a run that falls due at the very instant the run's wait does
+    (`QuietRun.yield_to`): where the step ending then begins after the event is made, single
+    stepping makes that step's timeout later, so the event comes first; where the step is
+    already running, the step comes first."""
+    from simcore.serve.quiet import _exact_delay
+
+    for made, first in ((lambda e: e[-4] / 2, "event"), (lambda e: (e[-3] + e[-2]) / 2, "run")):
+        s = _decoding_scheduler(6, 10_000, 3)
+        env = simpy.Environment()
+        got = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
+        ends = list(got.ends_s)
+        order = []
+
+        def loop(got=got, env=env, order=order):
+            got.wait = InertTimeout(env, got.delay_s)
+            yield got.wait
+            order.append("run")
+
+        def client(at_s, got=got, env=env, order=order, due=ends[-2]):
+            yield env.timeout(at_s)
+            event = env.timeout(_exact_delay(env.now, due))
+            got.yield_to(env, due)
+            yield event
+            order.append("event")
+
+        env.process(loop())
+        env.process(client(made(ends)))
+        env.run()
+        assert order[0] == first and len(order) == 2
 
 
 def test_span_horizon_passes_what_only_hands_requests_on():
@@ -206,9 +270,12 @@ def test_a_run_may_end_with_a_step_spanning_a_hand_off():
     assert got.ends_s[-2] + got.span_s == got.ends_s[-1]
     env.timeout(got.ends_s[-1])              # e.g. a client's timeout as the step ends
     cut = QuietLeap(env, s, KvStep().step_time, lambda: False).plan(0.0)
-    assert cut.span_s is None and cut.ends_s == got.ends_s[:-1]
+    assert cut.ends_s == got.ends_s[:-1]
+    # Its last step, which ends before the hand-off, is still waited for from its start.
+    assert cut.span_s == cut.times[-1].total_s
+    assert cut.start_s + cut.delay_s == cut.ends_s[-2]
     held = QuietLeap(env, s, KvStep().step_time, lambda: True).plan(0.0)
-    assert held.span_s is None
+    assert held.ends_s[-1] < got.ends_s[-1] and held.span_s == held.times[-1].total_s
 
 
 def test_runs_spanning_hand_offs_match_single_steps(counted):

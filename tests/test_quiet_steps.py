@@ -119,8 +119,8 @@ def snapshot(r) -> str:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the quiet runs, the steps taken in them (as planned), the runs ending with a step
-    that spans a hand-off, and the runs cut by a request sent to their engine (`cuts`, with
+    """Counts the quiet runs, the steps taken in them (as planned), the runs whose last step is
+    waited for from its start (`spans`: a step spanning a hand-off, or any run's last step), and the runs cut by a request sent to their engine (`cuts`, with
     the steps they dropped, `dropped`, and `cut_spans`, the cuts that kept a spanning step)."""
     seen = {"runs": 0, "steps": 0, "spans": 0, "cuts": 0, "dropped": 0, "cut_spans": 0}
     plan = QuietLeap.plan
@@ -134,10 +134,10 @@ def counted(monkeypatch):
             seen["spans"] += got.span_s is not None
         return got
 
-    def cutting(self, env, reach_s, span=False):
+    def cutting(self, env, reach_s, span=False, made_s=None):
         before = self.num_steps
         spanned = self.span_s
-        cut(self, env, reach_s, span)
+        cut(self, env, reach_s, span, made_s)
         seen["cuts"] += self.num_steps < before
         seen["dropped"] += before - self.num_steps
         seen["cut_spans"] += self.span_s is not None and (spanned is None

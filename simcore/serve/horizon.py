@@ -43,7 +43,8 @@ class ArrivalTimeout(DeferredTimeout):
     """A request's arrival at the client where the API server's path separates the send from
     every engine (by `effect_s` minus its time at least). A quiet run's horizon passes it: the
     send routes the request to one engine and cuts that engine's run to the steps that end
-    before the request can reach it and the one running (`simcore.serve.quiet.QuietRun.cut`)."""
+    before the request can reach it and the one running, or the one that begins before then
+    where the path only hands the request on (`simcore.serve.quiet.QuietRun.cut`)."""
 
     __slots__ = ()
 

@@ -12,7 +12,9 @@ scheduler: a request arrives (the client, the API server's path), a client gives
 them with the step-time model one by one (the same shapes in the
 same order; a model with a `decode_timer` gives each the StepTime its `step_time` gives, with
 the batch size's constant parts worked out once, so every step time and every end time is the
-same float as when stepping); the loop then waits once, for their total, and
+same float as when stepping); the loop then waits once for the steps before the last, and for
+the last from its start, as single stepping would (so an event made during the run at the very
+instant of its end comes before that step's end, as it would have), and
 `QuietLeap.apply` brings the scheduler to where the steps would have left it: every request `k`
 tokens further, and the block allocations of the steps that cross a block boundary made in the
 steps' order, request by request in batch order, so the pool's free queue, the prefix cache and
@@ -84,8 +86,10 @@ class QuietRun:
     """The requests whose last token the run's last step samples (batch order): they finish
     at its end, as `Scheduler.update` finishes them (`QuietLeap.apply`)."""
     span_s: float | None = None
-    """When the last step spans a request's hand-off: that step's own wait, taken at the end
-    of `delay_s` (the steps before it), as single stepping would take it."""
+    """The last step's own wait, taken at the end of `delay_s` (the steps before it), as single
+    stepping would take it: a planned run's last step (None only where no delay reaches the
+    step before it exactly), which may span a request's hand-off, or the step a cut keeps that
+    begins before a request can reach the engine."""
     blocks: tuple | None = None
     """(each request's computed tokens and blocks held at the start, the free blocks then, the
     block size), for `blocks_free_at`."""
@@ -93,7 +97,8 @@ class QuietRun:
     """The timeout the engine loop waits on for the run's steps (before a spanning last step's
     own), while it may still be cut (`cut`)."""
 
-    def cut(self, env: simpy.Environment, reach_s: float, span: bool = False) -> None:
+    def cut(self, env: simpy.Environment, reach_s: float, span: bool = False,
+            made_s: float | None = None) -> None:
         """A request sent to this engine now may reach its scheduler at `reach_s` (now or
         later) at the earliest: keep only the steps that end before then, and the step running
         now, which single stepping would have run as they are, batched before the request could
@@ -101,12 +106,16 @@ class QuietRun:
 
         The kept steps are a prefix of the run, so what its plan checked for them still holds
         (every event queued then that may change the scheduler falls after their ends, or only
-        hands requests on while the last of them runs; no step ends at a sample); none finishes
-        a request (only the run's last step does). The loop's wait moves to the new last step's
-        end: a timeout made now, before anything of the request's way to the engine is queued.
-        A step that ends at or after `reach_s` is kept only when it is running now: its own
-        timeout, made at its start, would also come before anything of the request's at an
-        equal time (a step begun later might come after the request's hand-off, made later).
+        hands requests on while the last of them runs; no step ends at a sample); without
+        `span`, none finishes a request (only the run's last step does). The loop's wait moves
+        to the new last step's end (or the end of the step before a spanning one): a timeout
+        made now, before anything of the request's way to the engine is queued. A step that ends
+        at or after `reach_s` is kept only when it is running now: its own timeout, made at its
+        start, would also come before anything of the request's at an equal time (a step begun
+        later might come after the request's hand-off, made later). When the send comes at the
+        very end of a step, `made_s` (when the event that sends the request was made, where
+        known) says which came first in single stepping: a step begun before that event was
+        made ended first, and the next one, begun then, is the one running.
 
         With `span` (the request's way to the engine only hands it on: the API server's path,
         then its hand-off, which adds it to the waiting queue), the step after those, which
@@ -122,7 +131,13 @@ class QuietRun:
         ends = self.ends_s
         now = env.now
         before = bisect_left(ends, reach_s)      # the steps that end before reach_s
-        keep = max(before, bisect_left(ends, now) + 1)
+        running = bisect_left(ends, now)         # the step running now
+        if made_s is not None and running < len(ends) - 1 and ends[running] == now \
+                and (ends[running - 1] if running else self.start_s) < made_s:
+            # The step ending now began before the event that sends the request was made, so
+            # single stepping ended it first, and began the next one, before the send.
+            running += 1
+        keep = max(before, running + 1)
         span_s = None
         finished: list = []
         if span and keep == before < len(ends):
@@ -148,6 +163,25 @@ class QuietRun:
         del self.times[keep:], ends[keep:]
         self.finished = finished
         self.span_s = span_s
+
+    def yield_to(self, env: simpy.Environment, t: float) -> None:
+        """An event made now falls due at `t`. Where the run's wait falls due at `t` too and
+        single stepping would make the timeout of the step ending then only later (at that
+        step's start, after now), the wait is made again now, after the event, so that the
+        event comes first at that instant, as it would have."""
+        wait = self.wait
+        if wait is None:
+            return
+        ends = self.ends_s
+        w = len(ends) - (2 if self.span_s is not None else 1)   # the step the wait ends with
+        if ends[w] != t or not env.now < (ends[w - 1] if w else self.start_s):
+            return
+        delay = _exact_delay(env.now, t)
+        if delay is None:
+            return
+        moved = InertTimeout(env, delay)
+        moved.callbacks, wait.callbacks = wait.callbacks, []
+        self.wait = moved
 
     def blocks_free_at(self, t: float) -> int:
         """The engine's free blocks at `t` inside the run (`start_s` <= t < its last end, no
@@ -281,7 +315,14 @@ class QuietLeap:
                 return None
         if k < len(ends):
             del times[k:], ends[k:]
-        return QuietRun(list(running), kv0, times, ends, now, delay, finished, blocks=blocks)
+        # The last step is waited for from its start, as single stepping waits for it: an event
+        # made during the run at the very instant of its end (a client's next arrival, a load
+        # report) then comes before it, as it would have.
+        last_s = times[k - 1].total_s
+        before = _exact_delay(now, ends[k - 2])
+        if before is None or ends[k - 2] + last_s != ends[k - 1]:
+            return QuietRun(list(running), kv0, times, ends, now, delay, finished, blocks=blocks)
+        return QuietRun(list(running), kv0, times, ends, now, before, finished, last_s, blocks)
 
     def _timed(self, num: int, kv0: int, steps: int, now: float, limit: float):
         """(the step times, their ends, the step that ends at or after `limit` with its end, and
