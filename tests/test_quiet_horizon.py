@@ -172,26 +172,20 @@ def test_a_cut_on_the_api_server_s_path_keeps_the_step_begun_before_the_request_
     env.process(sender(env, got, at, at + 1e-9))
     env.run()
     assert woke == [ends[2]] and got.num_steps == 3 and got.span_s is None
-    # The step begun before reach_s is the run's last, already waited for from its start: the
-    # run stands, its requests finish with it.
-    woke.clear()
-    env, got, ends, times = planned()
-    finished = list(got.finished)
-    assert finished
-    env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
-    env.run()
-    assert got.ends_s == ends and got.finished == finished
-    assert got.span_s == times[-1].total_s and woke == [ends[-2], ends[-1]]
-    # A run waited for as a whole: its last step becomes the spanning step, its requests still
-    # finishing with it ...
-    woke.clear()
-    env, got, ends, times = planned(whole=True)
-    finished = list(got.finished)
-    env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
-    env.run()
-    assert got.ends_s == ends and got.finished == finished
-    assert got.span_s == times[-1].total_s and woke == [ends[-2], ends[-1]]
-    # ... unless another event is due at its very end: then it is left to single stepping.
+    # The step begun before reach_s is the run's last: where the run already waits for it from
+    # its start, or waits for the whole run at once (then it becomes the spanning step), the
+    # run stands and its requests finish with it ...
+    for whole in (False, True):
+        woke.clear()
+        env, got, ends, times = planned(whole)
+        finished = list(got.finished)
+        assert finished
+        env.process(sender(env, got, ends[2], (ends[-2] + ends[-1]) / 2))
+        env.run()
+        assert got.ends_s == ends and got.finished == finished
+        assert got.span_s == times[-1].total_s and woke == [ends[-2], ends[-1]]
+    # ... unless, waited for as a whole, another event is due at its very end: then it is left
+    # to single stepping.
     woke.clear()
     env, got, ends, times = planned(whole=True)
     env.timeout(ends[-1])
