@@ -234,6 +234,49 @@ def test_an_event_made_during_a_run_at_its_wait_comes_first_where_single_steppin
         assert order[0] == first and len(order) == 2
 
 
+@pytest.mark.parametrize("seed,n,rate,shared,grid,replicas,router,latency_s,report_s,sample_s,"
+                         "servers", [
+                             (872, 80, 15.0, True, 128, 3, "round_robin", 5 / 512, 0.05, 2 ** -6, 1),
+                             (192, 80, 40.0, False, 512, 2, "round_robin", 5 / 512, 2 ** -4,
+                              0.013, 2),
+                             (498, 160, 40.0, True, 512, 4, "round_robin", 2 ** -7, 2 ** -5,
+                              0.013, 2),
+                             (442, 160, 6.0, True, 128, 3, "prefix_affinity", 5 / 512,
+                              2 ** -4, 0.013, 1),
+                         ])
+def test_runs_match_single_steps_at_exact_ties(seed, n, rate, shared, grid, replicas, router,
+                                               latency_s, report_s, sample_s, servers):
+    """Dyadic step times, arrivals on a dyadic grid and a path of latency alone: arrivals,
+    hand-offs and step ends meet at the very same instants, where SimPy orders events by when
+    each was made. Quiet runs make their waits as single stepping makes its steps' timeouts
+    (the last step's at its start; a wait made again after an arrival made during the run for
+    its instant; the step running at a send at a step's end), so nothing changes."""
+    import dataclasses
+
+    import simcore.serve.loop as loop
+    from simcore.engine.scheduler import SchedulerConfig
+    from simcore.serve import run_serving
+    from tests.test_quiet_steps import DyadicStep
+
+    reqs = [dataclasses.replace(r, arrival_s=round(r.arrival_s * grid) / grid)
+            for r in specs(seed, n, rate=rate, shared=shared)]
+
+    def go(leaps):
+        old = loop.QUIET_LEAPS
+        loop.QUIET_LEAPS = leaps
+        try:
+            return run_serving(list(reqs), sched_config=SchedulerConfig(
+                max_num_seqs=32, max_num_batched_tokens=512, num_blocks=800, block_size=16,
+                max_model_len=1024), num_replicas=replicas, step_model=DyadicStep(),
+                router_policy=router, report_interval_s=report_s, balance_threshold=4,
+                max_concurrency=None, max_model_len=1024, sample_interval_s=sample_s,
+                request_latency_s=latency_s, api_servers=servers)
+        finally:
+            loop.QUIET_LEAPS = old
+
+    assert snapshot(go(True)) == snapshot(go(False))
+
+
 def test_span_horizon_passes_what_only_hands_requests_on():
     """A request's send and its steps on the API server's path (deferred) and its hand-off to
     an engine pass; anything else stops a run's spanning step."""
