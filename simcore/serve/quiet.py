@@ -145,11 +145,11 @@ class QuietRun:
             if last and self.span_s is not None:
                 return                           # already waited for from its start
             finished = self.finished if last else []
-            if not (finished and _queued_at(env, ends[keep], wait)):
+            if finished and _queued_at(env, ends[keep], wait):
+                finished = []                    # that step is left to single stepping
+            else:
                 span_s = self.times[keep].total_s
                 keep += 1
-            else:
-                finished = []
         if keep >= len(ends) and span_s is None:
             return
         waited = keep - 1 if span_s is not None else keep
@@ -157,9 +157,7 @@ class QuietRun:
         if delay is None:
             raise RuntimeError(f"a quiet run cut at {now!r} s found no delay to its step's end "
                                f"{ends[waited - 1]!r} s")
-        moved = InertTimeout(env, delay)
-        moved.callbacks, wait.callbacks = wait.callbacks, []
-        self.wait = moved
+        self._move_wait(env, delay)
         del self.times[keep:], ends[keep:]
         self.finished = finished
         self.span_s = span_s
@@ -177,10 +175,13 @@ class QuietRun:
         if ends[w] != t or not env.now < (ends[w - 1] if w else self.start_s):
             return
         delay = _exact_delay(env.now, t)
-        if delay is None:
-            return
+        if delay is not None:
+            self._move_wait(env, delay)
+
+    def _move_wait(self, env: simpy.Environment, delay: float) -> None:
+        """The loop's wait made again now, `delay` from now: what waited on it waits on that."""
         moved = InertTimeout(env, delay)
-        moved.callbacks, wait.callbacks = wait.callbacks, []
+        moved.callbacks, self.wait.callbacks = self.wait.callbacks, []
         self.wait = moved
 
     def blocks_free_at(self, t: float) -> int:
