@@ -17,6 +17,7 @@ the row's tolerance. The tests run the suite and assert every row passes.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -248,7 +249,7 @@ def held_out_rows() -> list[Row]:
                         1.0 - st["coverage"], st["n"], "cases", g["outside"], src, "statistic",
                         note=f"coverage {st['coverage']:.0%}; target >= {COVERAGE_TARGET:.0%}: "
                              f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}"))
-    return rows + class_rows(outcomes, src) + [fit_part_row(cases)]
+    return rows + class_rows(outcomes, src) + decode_step_rows(outcomes) + [fit_part_row(cases)]
 
 
 def fit_part_row(cases) -> Row:
@@ -304,6 +305,46 @@ def class_rows(outcomes, src: str) -> list[Row]:
     return rows
 
 
+BATCHES = ((0, 16, "under 16"), (16, 256, "16-255"), (256, math.inf, "256+"))
+"""The ranges of the simulated mean batch (sequences a step) the decode-step check is summed
+over apart, with their labels."""
+
+
+def decode_step_rows(outcomes) -> list[Row]:
+    """The decode step checked apart (informational, no bound): for each held-out case whose
+    source prints the run's median ITL, the simulated median ITL against it, and over the
+    cases of each simulated mean batch (`BATCHES`) the median |error| and signed error. The
+    median gap between streamed tokens is the period of the run's typical step, most often one
+    that decodes the steady batch, so it checks the step model (or, where the API server is
+    slower than the engine, the server's pace) without the queueing that TTFT and mean TPOT
+    hold; a prompt chunk in a step lengthens the gaps around it, which the median mostly
+    leaves out. The simulation is the case's first draw, the batch its mean over the run."""
+    rows, by, urls = [], {label: [] for _, _, label in BATCHES}, []
+    for o in outcomes:
+        if o.step is None or o.case.median_itl_ms is None:
+            continue
+        if o.case.source not in urls:
+            urls.append(o.case.source)
+        itl, batch = o.step
+        m = o.case.median_itl_ms
+        rows.append(Row("end_to_end", f"{o.case.id} median ITL", itl, m, "ms", math.inf,
+                        o.case.source, note=f"the decode step apart: simulated mean batch "
+                        f"{batch:.0f} sequences (informational)"))
+        label = next(lab for lo, hi, lab in BATCHES if lo <= batch < hi)
+        by[label].append((itl - m) / m)
+    for _, _, label in BATCHES:
+        errs = by[label]
+        if not errs:
+            continue
+        rows.append(Row("end_to_end", f"held-out median ITL, batch {label}: median "
+                        "|error|", statistics.median(abs(e) for e in errs), len(errs), "cases", math.inf,
+                        "the median ITL of held-out cases of the end-to-end validation set "
+                        "(simcore/data/validation): " + ", ".join(sorted(urls)), "statistic",
+                        note=f"median signed {statistics.median(errs):+.1%} (informational: the "
+                             "decode step apart)"))
+    return rows
+
+
 # ---- the suite ------------------------------------------------------------------------------
 
 def run_suite(suites: tuple[str, ...] = SUITES, *, vidur_dir: Path | None = None,
@@ -344,6 +385,19 @@ def _pct(x: float, kind: str) -> str:
     return f"{x:.0e}" if 0 < x < 1e-4 else f"{x:.2%}"
 
 
+NAME_WIDTH = 51
+"""Characters of a check's name the table shows."""
+
+
+def short_name(name: str, width: int = NAME_WIDTH) -> str:
+    """`name` as the table shows it: whole where it fits, else its start and its end around
+    '...', so that the end, which says what a case's row measures, is always shown."""
+    if len(name) <= width:
+        return name
+    tail = width // 2
+    return name[:width - tail - 3] + "..." + name[-tail:]
+
+
 def render_table(rows: list[Row]) -> str:
     """The rows as a fixed-width table, one line each, then the sources numbered."""
     head = f"{'suite':<12}{'check':<52}{'predicted':>12}{'reference':>12}  {'unit':<6}" \
@@ -358,7 +412,7 @@ def render_table(rows: list[Row]) -> str:
             pred, ref = f"{r.predicted:.2%}", f"n={r.reference:.0f}"
         else:
             pred, ref = f"{r.predicted:.5g}", f"{r.reference:.5g}"
-        lines.append(f"{r.suite:<12}{r.name[:51]:<52}{pred:>12}{ref:>12}  "
+        lines.append(f"{r.suite:<12}{short_name(r.name):<52}{pred:>12}{ref:>12}  "
                      f"{r.unit:<6}{err:>9}{tol:>9}  {'yes' if r.ok else 'NO'} "
                      f"[{sources.index(r.source) + 1}]")
     lines.append("")

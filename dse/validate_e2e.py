@@ -86,6 +86,7 @@ class Case:
     source: str                       # URL
     notes: list[str] = field(default_factory=list)
     draws: tuple = ()   # a ShareGPT load: (prompt lens, output lens) per draw, seed 0's first
+    median_itl_ms: float | None = None  # the run's median ITL where the source prints it
 
     @property
     def lengths(self) -> tuple | None:
@@ -372,9 +373,10 @@ def row_case(row: dict) -> Case | str:
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload
+    itl = ((row.get("metrics") or {}).get("extra") or {}).get("median_itl_ms")
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
                 source=str((row.get("source") or {}).get("url")), notes=notes,
-                draws=tuple(draws))
+                draws=tuple(draws), median_itl_ms=None if itl is None else float(itl))
 
 
 def load_cases(folder: Path = VALIDATION_DIR) -> tuple[list[Case], list[tuple[str, str]]]:
@@ -487,6 +489,7 @@ class Outcome:
     low: dict[str, float]
     high: dict[str, float]
     draw_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # several draws
+    step: tuple[float, float] | None = None   # simulated (median ITL ms, mean batch sequences)
 
     def error(self, family: str) -> float:
         """(predicted - measured) / measured."""
@@ -511,11 +514,15 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
               } if len(runs) > 1 else {}
     env = calibrated_envelope(result["provenance"],
                               {key: pred[fam] for fam, key in case.keys.items()})
+    # The decode step checked apart where the source prints the median ITL: the first draw's.
+    step = ((float(result["median_itl_ms"]), float(result["mean_batch_seqs"]))
+            if case.median_itl_ms is not None and result.get("median_itl_ms") is not None
+            else None)
     low, high = {}, {}
     for fam, key in case.keys.items():
         e = env.get(key, {"low": pred[fam], "high": pred[fam]})
         low[fam], high[fam] = e["low"], e["high"]
-    return Outcome(case, pred, low, high, spread)
+    return Outcome(case, pred, low, high, spread, step)
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:

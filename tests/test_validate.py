@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dse.validate import SUITES, Row, render_table, run_suite
+from dse.validate import NAME_WIDTH, SUITES, Row, render_table, run_suite, short_name
 from dse.validate_calibration import _held_out_compute, _vidur_root
 from simcore.calibration.profile import CalibrationProfile, shipped_profile
 from simcore.reference_data import VIDUR_DIR
@@ -64,6 +64,15 @@ def test_rows_compute_their_error():
     assert s.error == 0.03 and s.ok
     text = render_table([r, s])
     assert "NO" in text and "n=500" in text and "[1] src" in text
+
+
+def test_the_table_keeps_the_end_of_a_long_check_name():
+    name = "gpustack-qwen3-235b-a22b-fp8-tp4-mnbt16384-h100sxm-rand128x4 throughput"
+    line = render_table([Row("end_to_end", name, 1.0, 1.0, "tok/s", 0.1, "src")]).splitlines()[2]
+    shown = short_name(name)
+    assert len(shown) == NAME_WIDTH and shown.endswith("rand128x4 throughput")
+    assert shown.startswith("gpustack-qwen3-235b") and "..." in shown and shown in line
+    assert short_name("short") == "short"
 
 
 def test_cli_prints_the_table_and_exits_zero(tmp_path):

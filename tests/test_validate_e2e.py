@@ -299,3 +299,42 @@ def test_the_fit_part_row_counts_the_cases_the_shipped_fit_took(cases):
     assert row.note.startswith(f"{len(fitted)} of {len(fit)} fit cases; "
                                f"{len(fit) - len(fitted)} added since")
     assert fit_part_row([c for c in ok if c.id in fitted or c.split != "fit"]).predicted == 1.0
+
+
+def test_cases_carry_the_median_itl_their_sources_print(cases):
+    ok, _ = cases
+    printed = {r["id"]: ((r.get("metrics") or {}).get("extra") or {}).get("median_itl_ms")
+               for r in load_rows()}
+    with_itl = [c for c in ok if c.median_itl_ms is not None]
+    assert len(with_itl) >= 30
+    for c in ok:
+        assert c.median_itl_ms == (None if printed[c.id] is None else float(printed[c.id]))
+
+
+def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
+    from dse.validate import BATCHES, decode_step_rows
+
+    ok, _ = cases
+    held = [c for c in ok if c.split == "held_out" and c.median_itl_ms is not None][:6]
+    # Synthetic steps (no simulation): two cases at each batch range, the simulated median
+    # ITL 10% over, then 30% under, the measured; one case without a simulated step.
+    outcomes = []
+    for i, c in enumerate(held):
+        batch = (4, 100, 400)[i // 2]
+        f = 1.1 if i % 2 == 0 else 0.7
+        outcomes.append(Outcome(c, {}, {}, {}, {}, (c.median_itl_ms * f, batch)))
+    outcomes.append(Outcome(held[0], {}, {}, {}, {}, None))
+    rows = decode_step_rows(outcomes)
+    per_case = [r for r in rows if r.error_kind == "relative"]
+    assert [r.name for r in per_case] == [f"{c.id} median ITL" for c in held]
+    assert all(r.unit == "ms" for r in per_case)
+    assert all(r.tolerance == float("inf") for r in rows)
+    assert per_case[0].reference == held[0].median_itl_ms
+    assert per_case[0].error == pytest.approx(0.1)
+    assert "mean batch 4 sequences" in per_case[0].note
+    stats = {r.name: r for r in rows if r.error_kind == "statistic"}
+    assert len(stats) == len(BATCHES)
+    for _, _, label in BATCHES:
+        r = stats[f"held-out median ITL, batch {label}: median |error|"]
+        assert r.reference == 2 and r.predicted == pytest.approx(0.2)
+        assert "median signed -10.0%" in r.note
