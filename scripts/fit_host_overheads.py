@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from dse.validate_e2e import load_cases, predict  # noqa: E402
 from simcore.calibration.kernels import MOE_ROUTINGS  # noqa: E402
-from simcore.host import FITTED, FITTED_KEYS  # noqa: E402
+from simcore.host import FITTED, FITTED_KEYS, HostConfig  # noqa: E402
 from simcore.model.presets import load_preset  # noqa: E402
 
 GRIDS = {
@@ -240,6 +240,9 @@ def main() -> None:
         else:
             params, best = descend(fit, pool, log=_log)
             out = {"format": "simcore-host-fit", "version": 1,
+                   # Every case runs at the default host speed: the parameters are CPU time on
+                   # hosts of that speed (`simcore.host.host_parameter` moves them to another).
+                   "host_speed": HostConfig.model_fields["host_speed"].default,
                    "parameters": params,
                    "objective": "mean |log(predicted / measured)| over the fit cases' metric "
                                 "families",

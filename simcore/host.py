@@ -49,7 +49,8 @@ the request's arrival in the scheduler), on one of the server's `api_server_coun
 
 The five parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
-fitted.json`); their defaults are those fitted values. The calibrated compute model's
+fitted.json`); their defaults are those fitted values, moved from the host speed the fit ran at
+to the config's `host_speed` (`host_parameter`): all of the CPU side scales with it. The calibrated compute model's
 compute-bound scale (`compute.compute_bound_scale`, sustained against boost clocks) is fitted
 with them, on the same cases, and kept in the same file (`fitted_compute_bound_scale`).
 """
@@ -93,7 +94,9 @@ class HostConfig(BaseModel):
                            "simcore/data/cpu_costs (without .json).")
     host_speed: float = Field(0.4, gt=0, description="CPU time on the deployment's host per "
                               "second of the measuring CPU (a 2-vCPU cloud guest about 2.5x "
-                              "slower at Python than a current server core: declared).")
+                              "slower at Python than a current server core: declared). It "
+                              "scales vLLM's measured costs and the fitted parameters below "
+                              "left null (fitted at the default 0.4: at 0.2 they take half).")
     model_runner_step_s: float | None = Field(None, ge=0, description="Model-runner CPU time per "
                                               "step (input preparation, launches), s. Null: "
                                               "the fitted value.")
@@ -238,10 +241,21 @@ def fitted_residuals() -> dict[str, dict]:
     return _fitted().get("residuals", {})
 
 
+def fitted_host_speed() -> float:
+    """The `host_speed` the shipped parameters were fitted at: that of every fit case (the
+    default where no fit has said)."""
+    return float(_fitted().get("host_speed", HostConfig.model_fields["host_speed"].default))
+
+
 def host_parameter(cfg: HostConfig, name: str) -> float:
-    """One of `FITTED_KEYS` as the config sets it, or its fitted value when it leaves it null."""
+    """One of `FITTED_KEYS` as the config sets it (the deployment's own figure), or, where it
+    leaves it null, its fitted value moved from the fit's host speed to the config's: each is
+    CPU time, or latency made of CPU work, on the fit cases' hosts, so a CPU twice as fast
+    takes half of it, as it does of the measured costs."""
     v = getattr(cfg, name)
-    return fitted_parameters()[name] if v is None else float(v)
+    if v is not None:
+        return float(v)
+    return fitted_parameters()[name] * (cfg.host_speed / fitted_host_speed())
 
 
 def step_period(gpu_s, cpu_s, frontend_s, runner_s, is_async):

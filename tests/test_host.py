@@ -578,3 +578,28 @@ def test_the_simulated_server_path_at_no_load_is_no_shorter_than_vllms_measured_
                                 "dataset": {"kind": "random", "input_len": o["input_len"],
                                             "output_len": o["output_len"]}}))
     assert r["mean_api_server_ms"] / 1e3 > HostConfig().host_speed * path_s
+
+
+def test_a_faster_host_takes_less_of_every_cpu_cost_the_fitted_ones_too():
+    from simcore.host import fitted_host_speed
+
+    assert fitted_host_speed() == HostConfig().host_speed == 0.4
+    base = HostOverheads(HostConfig())
+    fast = HostOverheads(HostConfig(host_speed=0.2))
+    p = fitted_parameters()
+    # At the fit's own host speed the parameters are the fitted values exactly.
+    assert base.runner_s(10) == p["model_runner_step_s"] + 10 * p["model_runner_per_seq_s"]
+    assert base.request_overhead_s == p["request_overhead_s"]
+    # Twice as fast: half of every part, measured or fitted.
+    n = 48
+    assert fast.runner_s(n) == pytest.approx(base.runner_s(n) / 2, rel=1e-12)
+    assert fast.engine_s(n, n + 512, n - 1) == pytest.approx(
+        base.engine_s(n, n + 512, n - 1) / 2, rel=1e-12)
+    assert fast.frontend_s(n) == pytest.approx(base.frontend_s(n) / 2, rel=1e-12)
+    assert fast.request_cpu_s(700) == pytest.approx(base.request_cpu_s(700) / 2, rel=1e-12)
+    assert fast.tokenize_s(700) == pytest.approx(base.tokenize_s(700) / 2, rel=1e-12)
+    assert fast.request_overhead_s == pytest.approx(base.request_overhead_s / 2, rel=1e-12)
+    assert fast.chat_request_s == pytest.approx(base.chat_request_s / 2, rel=1e-12)
+    # A figure the config gives is the deployment's own: not scaled.
+    own = HostOverheads(HostConfig(host_speed=0.2, model_runner_per_seq_s=3e-5))
+    assert own.runner_s(n) - own.runner_s(0) == pytest.approx(n * 3e-5, rel=1e-12)
