@@ -308,20 +308,27 @@ def class_rows(outcomes, src: str) -> list[Row]:
 BATCHES = ((0, 16, "under 16"), (16, 256, "16-255"), (256, math.inf, "256+"))
 """The ranges of the simulated mean batch (sequences a step) the decode-step check is summed
 over apart, with their labels."""
+MIN_ITL_OUTPUT = 16
+"""Fewest output tokens a request of a case's load samples on average for its median ITL to
+check the decode step: with fewer, most of a request's few gaps sit beside its own or its
+burst's prefill."""
 
 
 def decode_step_rows(outcomes) -> list[Row]:
     """The decode step checked apart (informational, no bound): for each held-out case whose
-    source prints the run's median ITL, the simulated median ITL against it, and over the
-    cases of each simulated mean batch (`BATCHES`) the median |error| and signed error. The
-    median gap between streamed tokens is the period of the run's typical step, most often one
-    that decodes the steady batch, so it checks the step model (or, where the API server is
-    slower than the engine, the server's pace) without the queueing that TTFT and mean TPOT
-    hold; a prompt chunk in a step lengthens the gaps around it, which the median mostly
-    leaves out. The simulation is the case's first draw, the batch its mean over the run."""
+    source prints the run's median ITL and whose requests sample at least `MIN_ITL_OUTPUT`
+    tokens, the simulated median ITL against it, and over the cases of each simulated mean
+    batch (`BATCHES`) the median |error| and signed error. The median gap between streamed
+    tokens is the period of the run's typical step, most often one that decodes the steady
+    batch, so it checks the step model (or, where the API server is slower than the engine,
+    the server's pace) without the queueing that TTFT and mean TPOT hold; a prompt chunk in a
+    step lengthens the gaps around it, which the median mostly leaves out. The simulation is
+    the case's first draw, the batch its mean over the run."""
     rows, by, urls = [], {label: [] for _, _, label in BATCHES}, []
     for o in outcomes:
-        if o.step is None or o.case.median_itl_ms is None:
+        out = o.case.mean_output_tokens()
+        if o.step is None or o.case.median_itl_ms is None or out is None \
+                or out < MIN_ITL_OUTPUT:
             continue
         if o.case.source not in urls:
             urls.append(o.case.source)
@@ -329,19 +336,19 @@ def decode_step_rows(outcomes) -> list[Row]:
         m = o.case.median_itl_ms
         rows.append(Row("end_to_end", f"{o.case.id} median ITL", itl, m, "ms", math.inf,
                         o.case.source, note=f"the decode step apart: simulated mean batch "
-                        f"{batch:.0f} sequences (informational)"))
+                        f"{batch:.1f} sequences (informational)"))
         label = next(lab for lo, hi, lab in BATCHES if lo <= batch < hi)
         by[label].append((itl - m) / m)
+    src = ("the median ITL of held-out cases of the end-to-end validation set "
+           "(simcore/data/validation): " + ", ".join(sorted(urls)))
     for _, _, label in BATCHES:
         errs = by[label]
-        if not errs:
-            continue
-        rows.append(Row("end_to_end", f"held-out median ITL, batch {label}: median "
-                        "|error|", statistics.median(abs(e) for e in errs), len(errs), "cases", math.inf,
-                        "the median ITL of held-out cases of the end-to-end validation set "
-                        "(simcore/data/validation): " + ", ".join(sorted(urls)), "statistic",
-                        note=f"median signed {statistics.median(errs):+.1%} (informational: the "
-                             "decode step apart)"))
+        if errs:
+            rows.append(Row("end_to_end", f"held-out median ITL, batch {label}: median |error|",
+                            statistics.median(abs(e) for e in errs), len(errs), "cases",
+                            math.inf, src, "statistic",
+                            note=f"median signed {statistics.median(errs):+.1%} "
+                                 "(informational: the decode step apart)"))
     return rows
 
 
@@ -385,22 +392,12 @@ def _pct(x: float, kind: str) -> str:
     return f"{x:.0e}" if 0 < x < 1e-4 else f"{x:.2%}"
 
 
-NAME_WIDTH = 51
-"""Characters of a check's name the table shows."""
-
-
-def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """`name` as the table shows it: whole where it fits, else its start and its end around
-    '...', so that the end, which says what a case's row measures, is always shown."""
-    if len(name) <= width:
-        return name
-    tail = width // 2
-    return name[:width - tail - 3] + "..." + name[-tail:]
-
-
 def render_table(rows: list[Row]) -> str:
     """The rows as a fixed-width table, one line each, then the sources numbered."""
-    head = f"{'suite':<12}{'check':<52}{'predicted':>12}{'reference':>12}  {'unit':<6}" \
+    # The check column as wide as the longest name (at least 52): a name is never cut, since
+    # the end of a case's name says what its row measures and its middle which case it is.
+    width = max([52] + [len(r.name) + 1 for r in rows])
+    head = f"{'suite':<12}{'check':<{width}}{'predicted':>12}{'reference':>12}  {'unit':<6}" \
            f"{'error':>9}{'tol':>9}  ok"
     lines = [head, "-" * len(head)]
     sources: list[str] = []
@@ -412,7 +409,7 @@ def render_table(rows: list[Row]) -> str:
             pred, ref = f"{r.predicted:.2%}", f"n={r.reference:.0f}"
         else:
             pred, ref = f"{r.predicted:.5g}", f"{r.reference:.5g}"
-        lines.append(f"{r.suite:<12}{short_name(r.name):<52}{pred:>12}{ref:>12}  "
+        lines.append(f"{r.suite:<12}{r.name:<{width}}{pred:>12}{ref:>12}  "
                      f"{r.unit:<6}{err:>9}{tol:>9}  {'yes' if r.ok else 'NO'} "
                      f"[{sources.index(r.source) + 1}]")
     lines.append("")

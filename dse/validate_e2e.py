@@ -93,6 +93,15 @@ class Case:
         """The seed-0 draw's (prompt lens, output lens) of a ShareGPT load, else None."""
         return self.draws[0] if self.draws else None
 
+    def mean_output_tokens(self) -> float | None:
+        """The mean output tokens a request of the load samples (the seed-0 draw's, for a
+        ShareGPT load), or None where the load is neither random nor ShareGPT."""
+        if self.draws:
+            outputs = self.draws[0][1]
+            return sum(outputs) / len(outputs)
+        ds = (self.config.get("workload") or {}).get("dataset") or {}
+        return float(ds["output_len"]) if ds.get("kind") == "random" else None
+
     def num_draws(self) -> int:
         """How many workloads the case is simulated with (its prediction is their median)."""
         return max(1, len(self.draws))
@@ -373,7 +382,9 @@ def row_case(row: dict) -> Case | str:
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload
-    itl = ((row.get("metrics") or {}).get("extra") or {}).get("median_itl_ms")
+    itl = _num(((row.get("metrics") or {}).get("extra") or {}).get("median_itl_ms"))
+    if itl is not None and not (math.isfinite(itl) and itl > 0):
+        itl = None
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
                 source=str((row.get("source") or {}).get("url")), notes=notes,
                 draws=tuple(draws), median_itl_ms=None if itl is None else float(itl))

@@ -233,6 +233,9 @@ def main() -> None:
     args = ap.parse_args()
     cases, _ = load_cases()
     fit = [c for c in cases if c.split == "fit"]
+    speeds = {c.id for c in fit if "host_speed" in (c.config.get("host") or {})}
+    if speeds:      # the fit records one host speed for all of its cases
+        raise SystemExit(f"fit cases set host.host_speed: {sorted(speeds)}")
     with ProcessPoolExecutor(args.workers) as pool:
         if args.residuals_only:
             out = json.loads(args.out.read_text(encoding="utf-8"))

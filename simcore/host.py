@@ -49,10 +49,11 @@ the request's arrival in the scheduler), on one of the server's `api_server_coun
 
 The five parameters that were not measurable here are fitted on the declared `fit` part of the
 end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_costs/
-fitted.json`); their defaults are those fitted values, moved from the host speed the fit ran at
-to the config's `host_speed` (`host_parameter`): all of the CPU side scales with it. The calibrated compute model's
-compute-bound scale (`compute.compute_bound_scale`, sustained against boost clocks) is fitted
-with them, on the same cases, and kept in the same file (`fitted_compute_bound_scale`).
+fitted.json`); their defaults are those fitted values, moved from the host speed the fit ran
+at to the config's `host_speed` (`host_parameter`): all of the CPU side scales with it. The
+calibrated compute model's compute-bound scale (`compute.compute_bound_scale`, sustained
+against boost clocks) is fitted with them, on the same cases, and kept in the same file
+(`fitted_compute_bound_scale`).
 """
 
 from __future__ import annotations
@@ -99,23 +100,25 @@ class HostConfig(BaseModel):
                               "left null (fitted at the default 0.4: at 0.2 they take half).")
     model_runner_step_s: float | None = Field(None, ge=0, description="Model-runner CPU time per "
                                               "step (input preparation, launches), s. Null: "
-                                              "the fitted value.")
+                                              "the fitted value x host_speed / 0.4.")
     model_runner_per_seq_s: float | None = Field(None, ge=0, description="Model-runner CPU time "
-                                                 "per scheduled sequence, s. Null: fitted.")
+                                                 "per scheduled sequence, s. Null: fitted "
+                                                 "(x host_speed / 0.4).")
     api_server_per_token_s: float | None = Field(None, ge=0, description="API server time per "
                                                  "streamed token beyond the measured streaming "
                                                  "work (response generator, HTTP send), s. "
-                                                 "Null: fitted.")
+                                                 "Null: fitted (x host_speed / 0.4).")
     request_overhead_s: float | None = Field(None, ge=0, description="Latency of one "
                                              "request's API-server path beyond its measured CPU "
                                              "work (HTTP handling, the event loop's hand-offs), "
                                              "s; it delays each request without holding the "
-                                             "server process. Null: fitted.")
+                                             "server process. Null: fitted (x host_speed / "
+                                             "0.4).")
     api_server_per_request_s: float | None = Field(
         None, ge=0, description="API server CPU time per request beyond its measured work "
         "(the HTTP route, request validation, the response's set-up), "
         "s; it holds the server process like the measured work, so a burst's requests share "
-        "it and wait for one another. Null: fitted.")
+        "it and wait for one another. Null: fitted (x host_speed / 0.4).")
     chat_template_parse: Literal["cached", "per_request"] = Field(
         "cached", description="How the API server resolves a chat request's Hugging Face chat "
         "template (workload.endpoint chat_completions): cached, as vLLM does apart from 0.11.0 "

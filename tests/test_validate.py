@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dse.validate import NAME_WIDTH, SUITES, Row, render_table, run_suite, short_name
+from dse.validate import SUITES, Row, render_table, run_suite
 from dse.validate_calibration import _held_out_compute, _vidur_root
 from simcore.calibration.profile import CalibrationProfile, shipped_profile
 from simcore.reference_data import VIDUR_DIR
@@ -66,13 +66,14 @@ def test_rows_compute_their_error():
     assert "NO" in text and "n=500" in text and "[1] src" in text
 
 
-def test_the_table_keeps_the_end_of_a_long_check_name():
-    name = "gpustack-qwen3-235b-a22b-fp8-tp4-mnbt16384-h100sxm-rand128x4 throughput"
-    line = render_table([Row("end_to_end", name, 1.0, 1.0, "tok/s", 0.1, "src")]).splitlines()[2]
-    shown = short_name(name)
-    assert len(shown) == NAME_WIDTH and shown.endswith("rand128x4 throughput")
-    assert shown.startswith("gpustack-qwen3-235b") and "..." in shown and shown in line
-    assert short_name("short") == "short"
+def test_the_table_never_cuts_a_check_name():
+    long = "gpustack-qwen3-235b-a22b-fp8-tp4-mnbt16384-h100sxm-rand128x4 throughput"
+    rows = [Row("end_to_end", long, 1.0, 1.0, "tok/s", 0.1, "src"),
+            Row("ops", "short", 2.0, 2.0, "ms", 0.1, "src")]
+    lines = render_table(rows).splitlines()
+    assert long in lines[2] and lines[3].startswith("ops         short ")
+    # The columns after the name line up on every row.
+    assert lines[2].index("tok/s") == lines[3].index("ms   ") == lines[0].index("unit")
 
 
 def test_cli_prints_the_table_and_exits_zero(tmp_path):

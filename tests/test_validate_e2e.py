@@ -312,29 +312,51 @@ def test_cases_carry_the_median_itl_their_sources_print(cases):
 
 
 def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
-    from dse.validate import BATCHES, decode_step_rows
+    from dse.validate import BATCHES, MIN_ITL_OUTPUT, decode_step_rows
 
     ok, _ = cases
-    held = [c for c in ok if c.split == "held_out" and c.median_itl_ms is not None][:6]
-    # Synthetic steps (no simulation): two cases at each batch range, the simulated median
-    # ITL 10% over, then 30% under, the measured; one case without a simulated step.
+    with_itl = [c for c in ok if c.split == "held_out" and c.median_itl_ms is not None]
+    long = [c for c in with_itl if c.mean_output_tokens() >= MIN_ITL_OUTPUT][:6]
+    short = [c for c in with_itl if c.mean_output_tokens() < MIN_ITL_OUTPUT]
+    assert len(long) == 6 and short       # the 1,000 prompts of 4 output tokens
+    # Synthetic steps (no simulation): two cases at each batch range (the first at its lower
+    # edge), the simulated median ITL 10% over, then 30% under, the measured; a case without
+    # a simulated step and one whose requests sample 4 tokens, both left out.
     outcomes = []
-    for i, c in enumerate(held):
-        batch = (4, 100, 400)[i // 2]
+    for i, c in enumerate(long):
+        batch = (4, 16, 100, 256, 400, 900)[i]
         f = 1.1 if i % 2 == 0 else 0.7
         outcomes.append(Outcome(c, {}, {}, {}, {}, (c.median_itl_ms * f, batch)))
-    outcomes.append(Outcome(held[0], {}, {}, {}, {}, None))
+    outcomes.append(Outcome(long[0], {}, {}, {}, {}, None))
+    outcomes.append(Outcome(short[0], {}, {}, {}, {}, (short[0].median_itl_ms, 300)))
     rows = decode_step_rows(outcomes)
     per_case = [r for r in rows if r.error_kind == "relative"]
-    assert [r.name for r in per_case] == [f"{c.id} median ITL" for c in held]
+    assert [r.name for r in per_case] == [f"{c.id} median ITL" for c in long]
     assert all(r.unit == "ms" for r in per_case)
     assert all(r.tolerance == float("inf") for r in rows)
-    assert per_case[0].reference == held[0].median_itl_ms
+    assert per_case[0].reference == long[0].median_itl_ms
     assert per_case[0].error == pytest.approx(0.1)
-    assert "mean batch 4 sequences" in per_case[0].note
+    assert "mean batch 4.0 sequences" in per_case[0].note
     stats = {r.name: r for r in rows if r.error_kind == "statistic"}
     assert len(stats) == len(BATCHES)
-    for _, _, label in BATCHES:
-        r = stats[f"held-out median ITL, batch {label}: median |error|"]
-        assert r.reference == 2 and r.predicted == pytest.approx(0.2)
-        assert "median signed -10.0%" in r.note
+    # Under 16: the 10% over alone (16 is the next range's); 16-255: 30% under, 10% over;
+    # 256+: 30% under twice, 10% over once.
+    under, mid, big = (stats[f"held-out median ITL, batch {label}: median |error|"]
+                       for _, _, label in BATCHES)
+    assert under.reference == 1 and under.predicted == pytest.approx(0.1)
+    assert "median signed +10.0%" in under.note
+    assert mid.reference == 2 and mid.predicted == pytest.approx(0.2)
+    assert "median signed -10.0%" in mid.note
+    assert big.reference == 3 and big.predicted == pytest.approx(0.3)
+    assert "median signed -30.0%" in big.note
+    assert all("https://" in r.source for r in rows)
+
+
+def test_a_median_itl_that_is_not_a_positive_number_is_not_taken():
+    row = next(r for r in load_rows() if ((r.get("metrics") or {}).get("extra") or {})
+               .get("median_itl_ms"))
+    for bad in (0, -3.0, "nan"):
+        r = json.loads(json.dumps(row))
+        r["metrics"]["extra"]["median_itl_ms"] = bad
+        case = row_case(r)
+        assert case.median_itl_ms is None
