@@ -393,7 +393,10 @@ def _pct(x: float, kind: str) -> str:
 
 
 def render_table(rows: list[Row]) -> str:
-    """The rows as a fixed-width table, one line each, then the sources numbered."""
+    """The rows as a fixed-width table, one line each (a statistic's note, which says the
+    target it should reach and whether it does, or its signed error, on the line under it),
+    then the sources numbered. `ok` is the row's tolerance: for a statistic, its regression
+    bound, not the target."""
     # The check column as wide as the longest name (at least 52): a name is never cut, since
     # the end of a case's name says what its row measures and its middle which case it is.
     width = max([52] + [len(r.name) + 1 for r in rows])
@@ -412,6 +415,8 @@ def render_table(rows: list[Row]) -> str:
         lines.append(f"{r.suite:<12}{r.name:<{width}}{pred:>12}{ref:>12}  "
                      f"{r.unit:<6}{err:>9}{tol:>9}  {'yes' if r.ok else 'NO'} "
                      f"[{sources.index(r.source) + 1}]")
+        if r.error_kind == "statistic" and r.note:
+            lines.append(f"{'':<14}{r.note}")
     lines.append("")
     lines += [f"[{i}] {s}" for i, s in enumerate(sources, 1)]
     return "\n".join(lines)

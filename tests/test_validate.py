@@ -64,6 +64,13 @@ def test_rows_compute_their_error():
     assert s.error == 0.03 and s.ok
     text = render_table([r, s])
     assert "NO" in text and "n=500" in text and "[1] src" in text
+    # A statistic's note (its target, met or not) is printed under it; a measurement's is not.
+    t = Row("x", "m", 0.14, 57, "cases", 0.16, "src", error_kind="statistic",
+            note="target <= 10%: not met")
+    u = Row("x", "k", 1.0, 1.0, "ms", 0.1, "src", note="envelope [0.9, 1.1] (inside)")
+    lines = render_table([t, u]).splitlines()
+    assert lines[3] == " " * 14 + "target <= 10%: not met"
+    assert lines[4].startswith("x           k ") and "envelope" not in render_table([t, u])
 
 
 def test_the_table_never_cuts_a_check_name():
