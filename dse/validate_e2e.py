@@ -97,7 +97,7 @@ class Case:
         """The mean output tokens a request of the load samples (the seed-0 draw's, for a
         ShareGPT load), or None where the load is neither random nor ShareGPT."""
         if self.draws:
-            outputs = self.draws[0][1]
+            outputs = self.lengths[1]
             return sum(outputs) / len(outputs)
         ds = (self.config.get("workload") or {}).get("dataset") or {}
         return float(ds["output_len"]) if ds.get("kind") == "random" else None
@@ -387,7 +387,7 @@ def row_case(row: dict) -> Case | str:
         itl = None
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
                 source=str((row.get("source") or {}).get("url")), notes=notes,
-                draws=tuple(draws), median_itl_ms=None if itl is None else float(itl))
+                draws=tuple(draws), median_itl_ms=itl)
 
 
 def load_cases(folder: Path = VALIDATION_DIR) -> tuple[list[Case], list[tuple[str, str]]]:
