@@ -52,6 +52,7 @@ import math
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
 from simcore.calibration.moe_transfer import KERNEL_BACKENDS, backend_tables, measured_shapes
+from simcore.calibration.triton_attention import context_ratio
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.compute.derived_kernels import (
@@ -60,7 +61,7 @@ from simcore.compute.derived_kernels import (
     weight_only,
     weight_only_ratio,
 )
-from simcore.compute.roofline import windowed_attention
+from simcore.compute.roofline import prefill_prompts_factor, windowed_attention
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import EXPERT_ONLY_DTYPES, Gemm, ModelArch, dtype_bytes, linear_dtype
@@ -430,6 +431,10 @@ class KernelModel(MeasuredModel):
         attn_kernels = profile.attention_kernels() if arch.attention_sinks else set()
         sinks_on_triton = bool(attn_kernels) and not any(
             m in k for k in attn_kernels for m in SINK_KERNELS)
+        # vLLM's Triton kernel takes longer than FlashAttention over a prefill: the
+        # full-attention layers' prefill time, measured or on the roofline, scaled by it.
+        triton = context_ratio() if sinks_on_triton else None
+        self._triton_context = triton
         gen = ctx = None
         if mla is not None:
             mgen, mctx, gd = mla
@@ -456,7 +461,7 @@ class KernelModel(MeasuredModel):
             num_sliding = arch.num_sliding_layers
             fa = f["attention"] * (num_layers - num_sliding)
 
-            def attention(shape: StepShape, gen=gen, ctx=ctx, fa=fa) -> float:
+            def attention(shape: StepShape, gen=gen, ctx=ctx, fa=fa, tr=triton) -> float:
                 d = shape.num_decode_seqs
                 x = 0.0
                 if d:
@@ -464,7 +469,10 @@ class KernelModel(MeasuredModel):
                 p = shape.num_seqs - d
                 if p > 0:
                     pairs = shape.attn_qk_pairs - shape.decode_kv_tokens
-                    x += ctx(p, max(_prompt_len(pairs / p), 1.0))
+                    y = ctx(p, max(_prompt_len(pairs / p), 1.0))
+                    if tr is not None:
+                        y *= prefill_prompts_factor(tr, shape.num_prefill_tokens, pairs)
+                    x += y
                 return fa * x
 
             self._attn_meas = attention
@@ -479,7 +487,7 @@ class KernelModel(MeasuredModel):
                 # limits each query to its window itself), mapped as the full-attention ones.
                 def windowed(shape: StepShape, full=attention, gen_w=gen_w, ctx_w=ctx_w,
                              fw=f["attention"] * num_sliding) -> float:
-                    return full(shape) + full(shape, gen_w, ctx_w, fw)
+                    return full(shape) + full(shape, gen_w, ctx_w, fw, None)
 
                 self._attn_meas = windowed
             elif num_sliding:
@@ -519,15 +527,17 @@ class KernelModel(MeasuredModel):
                                           self.assumptions.relative_uncertainty)
                 self._derived.append(
                     f"attention with sinks: {TRITON_SINKS}, timed here by the profile's "
-                    f"{'/'.join(sorted(attn_kernels))} measurements, for want of Triton-attention "
-                    f"measurements; bound +/-{bounds['attention']:.0%} as declared")
+                    f"{'/'.join(sorted(attn_kernels))} measurements, the full-attention layers' "
+                    f"prefill scaled by {triton.describe()}; bound "
+                    f"+/-{bounds['attention']:.0%} as declared")
         elif mla is None:
             self._sources["attention"].add(rough)
             why = (f"MLA: {mla_why}" if arch.is_mla else
                    f"no {kvd} KV-cache measurements of {heads} query / {kv_heads} KV heads of "
                    f"dim {arch.head_dim} per GPU")
             if sinks_on_triton:
-                why += f"; sinks: {TRITON_SINKS}, not measured"
+                why += (f"; sinks: {TRITON_SINKS}, not measured: the full-attention layers' "
+                        f"prefill scaled by {triton.describe()}")
             self._fallbacks.append(f"attention kernel: roofline ({why})")
 
         # Routed experts (TP-sharded; expert parallelism times them over its whole group).

@@ -81,6 +81,18 @@ lm_head (LM head and sampler)."""
 _GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
 
 
+def prefill_prompts_factor(factor, num_tokens: float, pairs: float) -> float:
+    """`factor(b, s)` at the prompts a step's prefill chunks stand for: `num_tokens` new tokens
+    and `pairs` causal query-key pairs as b prompts of s tokens, b s = num_tokens and
+    b s (s + 1) / 2 = pairs (as the measured context grids are looked up); a chunk over a
+    longer cached prefix (b < 1) at one prompt of that length."""
+    s = 2.0 * pairs / num_tokens - 1.0 if num_tokens > 0 else 1.0
+    if s < 1.0:
+        s = 1.0
+    b = num_tokens / s
+    return factor(b if b > 1.0 else 1.0, s)
+
+
 def windowed_attention(shape: StepShape, window: int) -> StepShape:
     """The step as a sliding-window layer's attention sees it: every query over at most `window`
     keys, its own included (the query at position q reads keys max(0, q - window + 1) to q).
@@ -199,7 +211,7 @@ class RooflineModel:
         "_ar_s_per_token", "_ar_latency_s", "_gather_s_per_row", "_gather_latency_s",
         "_pp_s_per_token", "_pp_latency_s", "_pp_hop_s_per_byte",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
-        "_linear_cache", "_cscale", "_attn_decode", "_decode_timers",
+        "_linear_cache", "_cscale", "_attn_decode", "_decode_timers", "_triton_context",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
@@ -337,6 +349,10 @@ class RooflineModel:
         kv_token_bytes = arch.kv_elems_per_token_per_layer(tp) * kvb
         self._attn_byte_s_per_kv = num_full * kv_token_bytes / bw
         self._window = arch.sliding_window if num_sliding else 0
+        # A callable (batch, prompt tokens) -> factor on the full-attention layers' prefill
+        # query-key pairs, where the attention kernel vLLM runs is timed as another's
+        # (`simcore.calibration.triton_attention`); None: the pairs as they are.
+        self._triton_context = None
         self._win_flop_s_per_pair = num_sliding * 4 * heads * arch.head_dim / f_attn
         self._win_byte_s_per_kv = num_sliding * kv_token_bytes / bw
         # New KV written once per token, queries read and outputs written.
@@ -596,6 +612,12 @@ class RooflineModel:
                      + prefill_pairs * self._attn_flop_s_per_pair)
             else:
                 c = (pairs + shape.spec_qk_pairs) * self._attn_flop_s_per_pair
+                tr = self._triton_context
+                if tr is not None and s > d:
+                    prefill = pairs - shape.decode_kv_tokens
+                    if prefill > 0:
+                        c += ((prefill_prompts_factor(tr, shape.num_prefill_tokens, prefill)
+                               - 1.0) * prefill * self._attn_flop_s_per_pair)
             m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
             if self._window:
                 win = windowed_attention(shape, self._window)

@@ -1,0 +1,128 @@
+"""vLLM's Triton attention for models with sinks where FlashAttention has none: the prefill ratio
+fitted from AIConfigurator's L40S tables, and the step models that apply it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from simcore.calibration.triton_attention import (SHIPPED, context_ratio, fit_triton_context_ratio,
+                                                  ratio_from)
+from simcore.compute.base import StepShape
+from simcore.compute.roofline import prefill_prompts_factor
+from simcore.config import parse_config
+from simcore.errors import ConfigError
+from simcore.setup import build_deployment
+
+
+def _shipped() -> dict:
+    return json.loads(SHIPPED.read_text(encoding="utf-8"))
+
+
+def test_the_shipped_table_equals_a_fresh_fit_from_the_installed_package():
+    aic = pytest.importorskip("simcore.calibration.aiconfigurator")
+    try:
+        aic.data_root()
+    except ConfigError:
+        pytest.skip("aiconfigurator-core is not installed")
+    assert fit_triton_context_ratio() == _shipped()
+
+
+def test_the_ratio_reads_the_grid_and_keeps_flat_past_it():
+    data = _shipped()
+    r = context_ratio()
+    b, s = data["batch"], data["prompt"]
+    # A measured cell, exactly; the long prompts' ratio is about 2 or more, the short ones' not.
+    assert r(b[0], s[-1]) == pytest.approx(data["ratio"][0][-1], rel=1e-9)
+    assert r(4, 8192) > 1.8 and r(4, 16) < 1.2
+    # Past the last prompt length and below the first batch: the edge cells' values.
+    assert r(4, 131072) == pytest.approx(r(4, s[-1]), rel=1e-9)
+    assert r(0.25, 4096) == pytest.approx(r(1, 4096), rel=1e-9)
+    # Batch 256 was not measured at 16,384 tokens (memory): the largest batch that was, carried.
+    i = max(i for i, row in enumerate(data["ratio"]) if row[-1] is not None)
+    assert data["ratio"][-1][-1] is None
+    assert r(b[-1], s[-1]) == pytest.approx(data["ratio"][i][-1], rel=1e-9)
+    q = data["long_prompt_quantiles"]
+    assert 1.5 < q["p10"] <= q["median"] <= q["p90"] < 3.0
+
+
+def test_a_table_of_another_format_is_refused():
+    with pytest.raises(ConfigError, match="format"):
+        ratio_from({**_shipped(), "version": 99})
+
+
+def test_prefill_chunks_take_the_ratio_at_the_prompts_they_stand_for():
+    calls = []
+
+    def factor(b, s):
+        calls.append((b, s))
+        return 2.0
+
+    # Two 1,000-token prompts: 2,000 tokens, 2 x 1000 x 1001 / 2 pairs.
+    assert prefill_prompts_factor(factor, 2000, 1000 * 1001) == 2.0
+    assert calls[-1] == pytest.approx((2.0, 1000.0))
+    # A 512-token chunk over 8,000 cached tokens stands for one prompt of that length.
+    prefill_prompts_factor(factor, 512, 512 * 8000 + 512 * 513 / 2)
+    assert calls[-1][0] == 1.0 and calls[-1][1] > 8000
+
+
+def _model(gpu: str, sinks: bool = True, name: str = "openai/gpt-oss-120b"):
+    cfg = {"model": {"name": name, "dtype": "mxfp4", "max_model_len": 32768},
+           "hardware": {"gpu": gpu}, "compute": {"kind": "calibrated"},
+           "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
+                                                     "output_len": 1}}}
+    dep = build_deployment(parse_config(cfg, source="t"))
+    if sinks:
+        return dep.step_model
+    m = dep.step_model
+    arch = dataclasses.replace(m.arch, attention_sinks=False)
+    return type(m)(arch, m.gpu, profile=m.profile, tp=m.tp, weight_dtype=m.weight_dtype,
+                   kv_cache_dtype=m.kv_cache_dtype, mxfp4_moe_layout="marlin",
+                   compute_bound_scale=m._cscale)
+
+
+def _attention(m, shape) -> float:
+    by: dict[str, float] = {}
+    m.op_bounds(shape, by_op=by)
+    return by["attention"]
+
+
+PREFILL = StepShape.from_requests([(8192, 0)])
+DECODE = StepShape.from_requests([(1, 16000)] * 4)
+MIXED = StepShape.from_requests([(2048, 20000)] + [(1, 16000)] * 4)
+
+
+@pytest.mark.parametrize("gpu,name", [("A100-80GB", "openai/gpt-oss-120b"),
+                                      ("L40S", "openai/gpt-oss-20b")])
+def test_sink_attention_on_triton_takes_longer_over_prefills_only(gpu, name):
+    """On A100 (gpt-oss's attention on the roofline: no measurement of its head shape) and L40S
+    (FlashAttention 2 measured at gpt-oss's shape), vLLM runs sink attention with its Triton
+    backend: a prefill's full-attention layers take the fitted ratio's time, decodes are as
+    before, and the model names the ratio."""
+    triton, flash = _model(gpu, name=name), _model(gpu, sinks=False, name=name)
+    assert _attention(triton, DECODE) == pytest.approx(_attention(flash, DECODE), rel=1e-12)
+    grew = _attention(triton, PREFILL) / _attention(flash, PREFILL)
+    # The 18 sliding-window layers keep their time: the whole grows by less than the ratio.
+    assert 1.3 < grew < context_ratio()(1, 8192)
+    assert _attention(triton, MIXED) > _attention(flash, MIXED)
+    notes = " ".join(triton.fallbacks() + triton.assumed_parts())
+    assert "Triton context attention measured against FlashAttention 2 on NVIDIA L40S" in notes
+
+
+def test_the_roofline_part_grows_by_the_ratio_on_its_full_attention_pairs():
+    m, flash = _model("A100-80GB"), _model("A100-80GB", sinks=False)
+    pairs = PREFILL.attn_qk_pairs
+    extra = ((context_ratio()(1, 8192) - 1.0) * pairs * m._attn_flop_s_per_pair * m._cscale)
+    assert _attention(m, PREFILL) - _attention(flash, PREFILL) == pytest.approx(extra, rel=1e-6)
+
+
+def test_flashattention_3_runs_sinks_itself():
+    """On H100 vLLM's FlashAttention 3 takes the sinks: no ratio, the same times with or without
+    sinks in the attention part."""
+    name = "openai/gpt-oss-20b"
+    m, plain = _model("H100-SXM", name=name), _model("H100-SXM", sinks=False, name=name)
+    assert m._triton_context is None
+    for shape in (PREFILL, DECODE, MIXED):
+        assert _attention(m, shape) == pytest.approx(_attention(plain, shape), rel=1e-12)
