@@ -582,7 +582,7 @@ async scheduling hiding vLLM's scheduler
 but not the model runner's fitted time, and offline ShareGPT batches predicted by the median
 over their draws (`OFFLINE_DRAWS`), Mixtral-8x7B's ShareGPT loads in its own tokenizer's
 counts (62 held-out cases, 57 with a throughput figure: throughput 13.3% / -4.4%, TTFT 12.4% /
--0.3%, TPOT 14.8% / -7.9%, E2E 6.2% / +2.2% median |error| / median signed error; envelope
+-0.4%, TPOT 14.8% / -7.9%, E2E 6.2% / +2.2% median |error| / median signed error; envelope
 coverage 95%, 92%, 92%, 80%, the envelope built from the fit part's cross-validated
 residuals, those of the case's GPU where its fit cases give at least
 `simcore.uncertainty.MIN_GPU_RESIDUALS`: A100 and H100 for throughput, TTFT and TPOT), with a

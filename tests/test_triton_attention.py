@@ -60,12 +60,14 @@ def test_prefill_chunks_take_the_ratio_at_the_prompts_they_stand_for():
         calls.append((b, s))
         return 2.0
 
-    # Two 1,000-token prompts: 2,000 tokens, 2 x 1000 x 1001 / 2 pairs.
-    assert prefill_prompts_factor(factor, 2000, 1000 * 1001) == 2.0
-    assert calls[-1] == pytest.approx((2.0, 1000.0))
-    # A 512-token chunk over 8,000 cached tokens stands for one prompt of that length.
-    prefill_prompts_factor(factor, 512, 512 * 8000 + 512 * 513 / 2)
-    assert calls[-1][0] == 1.0 and calls[-1][1] > 8000
+    # Two 1,000-token prompts: 2 x 1000 x 1001 / 2 pairs.
+    assert prefill_prompts_factor(factor, 2, 1000 * 1001) == 2.0
+    assert calls[-1] == pytest.approx((2, 1000.0))
+    # A 512-token chunk over 8,000 cached tokens: the one prompt with as many pairs.
+    pairs = 512 * 8000 + 512 * 513 / 2
+    prefill_prompts_factor(factor, 1, pairs)
+    b, s = calls[-1]
+    assert b == 1 and s * (s + 1) / 2 == pytest.approx(pairs)
 
 
 def _model(gpu: str, sinks: bool = True, name: str = "openai/gpt-oss-120b"):
@@ -116,6 +118,38 @@ def test_the_roofline_part_grows_by_the_ratio_on_its_full_attention_pairs():
     pairs = PREFILL.attn_qk_pairs
     extra = ((context_ratio()(1, 8192) - 1.0) * pairs * m._attn_flop_s_per_pair * m._cscale)
     assert _attention(m, PREFILL) - _attention(flash, PREFILL) == pytest.approx(extra, rel=1e-6)
+
+
+def test_a_mixed_step_adds_its_prefills_extra_alone():
+    """The ratio scales a mixed step's prefill only: its extra time over FlashAttention is that
+    of the same prefill without the decodes beside it (the roofline path, A100)."""
+    m, flash = _model("A100-80GB"), _model("A100-80GB", sinks=False)
+    prefill = StepShape.from_requests([(2048, 20000)])
+    extra_mixed = _attention(m, MIXED) - _attention(flash, MIXED)
+    assert extra_mixed == pytest.approx(_attention(m, prefill) - _attention(flash, prefill),
+                                        rel=1e-9)
+    assert extra_mixed > 0
+
+
+def test_the_roofline_never_takes_less_than_its_flop_time():
+    """Where the measured ratio is under 1 (short prompts in large batches: the kernels' fixed
+    costs), the roofline's attention keeps its FLOP time; over 1 it grows by it."""
+    m, flash = _model("A100-80GB"), _model("A100-80GB", sinks=False)
+    assert context_ratio()(256, 256) < 1.0
+    m._triton_context = lambda b, s: 0.5        # a compute-bound step at a ratio under 1
+    assert _attention(m, PREFILL) == pytest.approx(_attention(flash, PREFILL), rel=1e-12)
+    m._triton_context = lambda b, s: 1.5
+    assert _attention(m, PREFILL) > _attention(flash, PREFILL)
+
+
+def test_an_eagle_head_of_gpt_oss_has_no_sinks():
+    """The published EAGLE-3 heads of gpt-oss are Llama decoder layers: no sinks, so vLLM runs
+    them on FlashAttention and their prefill takes no Triton ratio."""
+    from simcore.compute.speculative import draft_head_arch
+    from simcore.model.presets import load_preset
+    arch = load_preset("openai/gpt-oss-120b")
+    assert arch.attention_sinks
+    assert not draft_head_arch(arch, "eagle3").attention_sinks
 
 
 def test_flashattention_3_runs_sinks_itself():

@@ -4,29 +4,31 @@ vLLM serves a model with attention sinks (gpt-oss) with its Triton backend (TRIT
 whose FlashAttention has no sinks (FlashAttention 2: Ampere, Ada), and the kernel profiles
 measured FlashAttention's kernels there, or none of that head shape. AIConfigurator measured
 both kernels on one such GPU, the L40S (Ada), in vLLM 0.24: the context (prefill) tables of
-`vllm_triton_attn` and `vllm_flash_attn_fa2` share their head shapes of dimension 192 (64/4,
-32/2 and 16/1 query/KV heads), batch sizes and prompt lengths. Their ratio is what this module
-fits:
+`vllm_triton_attn` and `vllm_flash_attn_fa2` share seven head shapes of dimension 192 (1/1,
+2/1, 4/1, 8/1, 16/1, 32/2 and 64/4 query/KV heads), their batch sizes and prompt lengths.
+Their ratio is what this module fits:
 
     ratio(batch, prompt) = median over the shared head shapes of
                            t_triton(shape, batch, prompt) / t_fa2(shape, batch, prompt)
 
-(each kernel's median latency per cell), full attention only. At prompts of 1,024 tokens and
-more the Triton kernel takes about 2-2.5x FlashAttention 2's time; at short prompts in large
-batches it is faster. Its prefill tile is 16 query rows (two positions of eight query heads
-per KV head) against FlashAttention's 64-128, so each K/V tile it loads serves a few times
-fewer queries.
+(each kernel's median latency per cell), full attention only. From 1,024-token prompts the
+Triton kernel takes about 2-2.5x FlashAttention 2's time (per length, the median over batches
+and shapes 2.0 at 1,024 tokens, 2.25 at 4,096, 2.4 at 16,384); under 128 tokens 0.6-1.4x
+(median 0.9): there the kernels' fixed costs differ, not their rate. Its prefill tile is 16
+query rows (two positions of eight query heads per KV head) against FlashAttention's 64-128,
+so each K/V tile it loads serves a few times fewer queries.
 
 What the ratio does not separate: the Triton rows were measured with an fp8 KV cache (K and V
 converted to 16 bits in the kernel, at half the bytes), the FlashAttention 2 rows with a 16-bit
 one; the head dimension is 192, not gpt-oss's 64; and vLLM 0.24's Triton kernel, not the
 earlier releases' (later releases tuned it, so earlier ones are not faster). The spread over
-the three head shapes is recorded per cell.
+the head shapes is recorded per cell.
 
-The sliding-window (128) context tables of the two kernels are within 10% of each other at the
-median (Triton / FlashAttention 2: 0.87 and 0.95 over the two window shapes), so the ratio is
-applied to full-attention layers only. Decode attention is not compared: the fp8 KV cache
-halves the bytes a memory-bound decode reads.
+Applied to full-attention layers only. The two kernels' sliding-window (128) context tables,
+from 1,024-token prompts, are within 6% of each other at gpt-oss's per-GPU head shapes of TP 1,
+2 and 4 (64/8, 32/4, 16/2: 0.94-1.06x at the median); with one KV head per GPU (TP 8) the
+Triton kernel takes 1.4x, on a part of the prefill that is small beside the full layers'.
+Decode attention is not compared: the fp8 KV cache halves the bytes a memory-bound decode reads.
 
 `fit_triton_context_ratio` computes the table from the installed `aiconfigurator-core`;
 `scripts/fit_triton_attention.py` writes it to
@@ -70,11 +72,23 @@ def fit_triton_context_ratio(root: Path | None = None, system: str = SYSTEM) -> 
     if "window_size" in df.columns:
         df = df[df["window_size"] == 0]
     df = df[df["beam_width"] == 1] if "beam_width" in df.columns else df
+    if "attn_dtype" in df.columns:
+        df = df[df["attn_dtype"] == "bfloat16"]
     shape = ["num_heads", "num_key_value_heads", "head_dim"]
     cell = shape + ["batch_size", "isl"]
-    med = df.groupby(["kernel_source"] + cell)["latency"].median().reset_index()
-    tri = med[med["kernel_source"] == TRITON].drop(columns="kernel_source")
-    ref = med[med["kernel_source"] == REFERENCE].drop(columns="kernel_source")
+    kv_dtypes = {}
+    parts = []
+    for kernel in (TRITON, REFERENCE):
+        rows = df[df["kernel_source"] == kernel]
+        if rows.empty:
+            raise ConfigError(f"{PACKAGE}: {system!r} has no {kernel} context-attention rows")
+        # One KV-cache dtype per kernel: the 16-bit one where measured, else the most measured.
+        counts = rows["kv_cache_dtype"].value_counts()
+        kv = "bfloat16" if "bfloat16" in counts.index else str(counts.index[0])
+        kv_dtypes[kernel] = kv
+        rows = rows[rows["kv_cache_dtype"] == kv]
+        parts.append(rows.groupby(cell)["latency"].median().reset_index())
+    tri, ref = parts
     both = tri.merge(ref, on=cell, suffixes=("_t", "_r"))
     both = both[(both["latency_t"] > 0) & (both["latency_r"] > 0)]
     if both.empty:
@@ -106,11 +120,13 @@ def fit_triton_context_ratio(root: Path | None = None, system: str = SYSTEM) -> 
             "package": PACKAGE, "package_version": package_version(), "system": system,
             "device": reader.device, "files": reader.files,
             "kernels": {"triton": TRITON, "reference": REFERENCE},
+            "kv_cache_dtypes": kv_dtypes,
             "shapes": [list(s) for s in shapes],
             "method": "per cell (batch, prompt tokens) and head shape the median latency of "
-                      "each kernel; the ratio Triton / FlashAttention 2 per shape; the median "
-                      "over the shapes (low and high: their least and greatest); full "
-                      "attention (window 0) only"},
+                      "each kernel (16-bit queries, the KV-cache dtype of kv_cache_dtypes); the "
+                      "ratio Triton / FlashAttention 2 per shape; the median over the shapes "
+                      "(low and high: their least and greatest); full attention (window 0) "
+                      "only"},
         "batch": batches, "prompt": prompts,
         "ratio": rows(ratio), "low": rows(low), "high": rows(high),
         "long_prompt_quantiles": {
@@ -134,6 +150,7 @@ class ContextRatio:
     p90_long: float
     device: str
     package_version: str
+    vllm_version: str
 
     def __call__(self, batch: float, prompt: float) -> float:
         r = self.grid(batch if batch > 1.0 else 1.0, prompt if prompt > 1.0 else 1.0)
@@ -141,7 +158,8 @@ class ContextRatio:
 
     def describe(self) -> str:
         return (f"vLLM's Triton context attention measured against FlashAttention 2 on "
-                f"{self.device} (AIConfigurator {self.package_version}, vLLM 0.24): "
+                f"{self.device} (AIConfigurator {self.package_version}, vLLM "
+                f"{self.vllm_version}): "
                 f"x{self.median_long:.2f} at the median from {LONG_PROMPT:,}-token prompts "
                 f"(10th-90th percentile x{self.p10_long:.2f}-x{self.p90_long:.2f}), by batch "
                 "and prompt length")
@@ -162,8 +180,10 @@ def ratio_from(data: dict) -> ContextRatio:
     grid = LogGrid([data["batch"], data["prompt"]], values, caps=(0.0, 0.0), floors=(0.0, 0.0))
     q = data["long_prompt_quantiles"]
     prov = data["provenance"]
+    files = prov.get("files") or [{}]
     return ContextRatio(grid, float(q["median"]), float(q["p10"]), float(q["p90"]),
-                        str(prov.get("device", "unknown")), str(prov.get("package_version")))
+                        str(prov.get("device", "unknown")), str(prov.get("package_version")),
+                        str(files[0].get("framework_version", "unknown")))
 
 
 @lru_cache(maxsize=1)

@@ -61,7 +61,7 @@ from simcore.compute.derived_kernels import (
     weight_only,
     weight_only_ratio,
 )
-from simcore.compute.roofline import prefill_prompts_factor, windowed_attention
+from simcore.compute.roofline import windowed_attention
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import EXPERT_ONLY_DTYPES, Gemm, ModelArch, dtype_bytes, linear_dtype
@@ -469,10 +469,8 @@ class KernelModel(MeasuredModel):
                 p = shape.num_seqs - d
                 if p > 0:
                     pairs = shape.attn_qk_pairs - shape.decode_kv_tokens
-                    y = ctx(p, max(_prompt_len(pairs / p), 1.0))
-                    if tr is not None:
-                        y *= prefill_prompts_factor(tr, shape.num_prefill_tokens, pairs)
-                    x += y
+                    length = max(_prompt_len(pairs / p), 1.0)
+                    x += ctx(p, length) if tr is None else ctx(p, length) * tr(p, length)
                 return fa * x
 
             self._attn_meas = attention

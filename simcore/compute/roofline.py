@@ -81,16 +81,13 @@ lm_head (LM head and sampler)."""
 _GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
 
 
-def prefill_prompts_factor(factor, num_tokens: float, pairs: float) -> float:
-    """`factor(b, s)` at the prompts a step's prefill chunks stand for: `num_tokens` new tokens
-    and `pairs` causal query-key pairs as b prompts of s tokens, b s = num_tokens and
-    b s (s + 1) / 2 = pairs (as the measured context grids are looked up); a chunk over a
-    longer cached prefix (b < 1) at one prompt of that length."""
-    s = 2.0 * pairs / num_tokens - 1.0 if num_tokens > 0 else 1.0
-    if s < 1.0:
-        s = 1.0
-    b = num_tokens / s
-    return factor(b if b > 1.0 else 1.0, s)
+def prefill_prompts_factor(factor, num_seqs: int, pairs: float) -> float:
+    """`factor(b, L)` at the prompts a step's prefilling sequences stand for where the measured
+    context grids look them up (`simcore.compute.kernel_model`): `num_seqs` prompts of the
+    length L whose causal query-key pairs, L (L + 1) / 2, are their `pairs` shared equally (a
+    chunk over a cached prefix: the prompt with as many pairs)."""
+    length = (math.sqrt(1.0 + 8.0 * pairs / num_seqs) - 1.0) / 2.0
+    return factor(num_seqs, length if length > 1.0 else 1.0)
 
 
 def windowed_attention(shape: StepShape, window: int) -> StepShape:
@@ -616,8 +613,11 @@ class RooflineModel:
                 if tr is not None and s > d:
                     prefill = pairs - shape.decode_kv_tokens
                     if prefill > 0:
-                        c += ((prefill_prompts_factor(tr, shape.num_prefill_tokens, prefill)
-                               - 1.0) * prefill * self._attn_flop_s_per_pair)
+                        # Never under the FLOP time: a ratio under 1 (short prompts) is the
+                        # measured kernels' fixed costs, which the roofline's floor stands for.
+                        r = prefill_prompts_factor(tr, s - d, prefill)
+                        if r > 1.0:
+                            c += (r - 1.0) * prefill * self._attn_flop_s_per_pair
             m = kv * self._attn_byte_s_per_kv + t * self._attn_byte_s_per_token
             if self._window:
                 win = windowed_attention(shape, self._window)

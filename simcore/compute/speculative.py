@@ -58,7 +58,8 @@ def draft_head_arch(arch, method: str):
     """The architecture that times an eagle / eagle3 / mtp drafter: one decoder layer of the
     target's width, attention and vocabulary, full attention. An MTP layer is of the target's
     kind (MoE where the target's later layers are: DeepSeek-V3's is); an EAGLE head's MLP is
-    dense, of the target's `intermediate_size`, as the published heads are."""
+    dense, of the target's `intermediate_size`, and its attention has no sinks, as the published
+    heads are (Llama decoder layers, gpt-oss's EAGLE-3 heads too)."""
     label = {"eagle": "EAGLE head", "eagle3": "EAGLE-3 head", "mtp": "MTP layer"}[method]
     changes = dict(name=f"{arch.name} {label}", num_layers=1, first_k_dense_layers=0,
                    moe_layer_freq=1, sliding_window=0, sliding_window_layers=(),
@@ -66,7 +67,8 @@ def draft_head_arch(arch, method: str):
     if method != "mtp":
         changes.update(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
                        num_shared_experts=0, shared_expert_intermediate_size=0,
-                       shared_expert_gate=False, router_bias=False, expert_bias=False)
+                       shared_expert_gate=False, router_bias=False, expert_bias=False,
+                       attention_sinks=False)
     return dataclasses.replace(arch, **changes)
 
 
