@@ -113,6 +113,23 @@ def test_sink_attention_on_triton_takes_longer_over_prefills_only(gpu, name):
     assert "Triton context attention measured against FlashAttention 2 on NVIDIA L40S" in notes
 
 
+def test_the_l40s_note_names_the_kernels_that_time_the_attention():
+    """With a 16-bit KV cache the L40S profile's FlashAttention 2 tables time gpt-oss's attention,
+    with an fp8 one FlashInfer's: the note names those, not every kernel the profile holds."""
+    def note(kv):
+        cfg = {"model": {"name": "openai/gpt-oss-20b", "dtype": "mxfp4", "max_model_len": 32768,
+                         "kv_cache_dtype": kv},
+               "hardware": {"gpu": "L40S"}, "compute": {"kind": "calibrated"},
+               "workload": {"num_prompts": 1, "dataset": {"kind": "random", "input_len": 10,
+                                                         "output_len": 1}}}
+        m = build_deployment(parse_config(cfg, source="t")).step_model
+        [n] = [p for p in m.assumed_parts() if p.startswith("attention with sinks")]
+        return n
+    bf16, fp8 = note("auto"), note("fp8")
+    assert "vllm_flash_attn_fa2 measurements" in bf16 and "flashinfer" not in bf16
+    assert "flashinfer" in fp8 and "vllm_flash_attn_fa2" not in fp8
+
+
 def test_the_roofline_part_grows_by_the_ratio_on_its_full_attention_pairs():
     m, flash = _model("A100-80GB"), _model("A100-80GB", sinks=False)
     pairs = PREFILL.attn_qk_pairs

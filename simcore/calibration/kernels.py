@@ -463,6 +463,13 @@ class KernelProfile:
         """The attention kernels the profile's tables measured (AIConfigurator's names)."""
         return {t.kernel for t in self._attn._tables.values()}
 
+    def attention_kernel(self, phase: str, kv_cache_dtype: str, num_heads: int,
+                         num_kv_heads: int, head_dim: int, window: int = 0) -> str | None:
+        """The kernel that measured `attention_grid`'s table of these arguments, or None."""
+        t = self._attn._tables.get((phase, kv_cache_dtype, num_heads, num_kv_heads, head_dim,
+                                    window))
+        return None if t is None else t.kernel
+
     def attention_shapes(self, phase: str, kv_cache_dtype: str) -> list[tuple[int, int, int]]:
         """(num_heads, num_kv_heads, head_dim) measured for `phase` and KV dtype."""
         return sorted(k[2:5] for k in self._attn

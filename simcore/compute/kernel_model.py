@@ -523,11 +523,13 @@ class KernelModel(MeasuredModel):
                 # describe the time, so the part counts as declared (the roofline's bound).
                 bounds["attention"] = max(bounds["attention"],
                                           self.assumptions.relative_uncertainty)
+                used = sorted({k for k in (profile.attention_kernel(ph, kvd, heads, kv_heads,
+                                                                     arch.head_dim)
+                                           for ph in ("context", "generation")) if k})
                 self._derived.append(
                     f"attention with sinks: {TRITON_SINKS}, timed here by the profile's "
-                    f"{'/'.join(sorted(attn_kernels))} measurements, the full-attention layers' "
-                    f"prefill scaled by {triton.describe()}; bound "
-                    f"+/-{bounds['attention']:.0%} as declared")
+                    f"{'/'.join(used)} measurements, the full-attention layers' prefill scaled "
+                    f"by {triton.describe()}; bound +/-{bounds['attention']:.0%} as declared")
         elif mla is None:
             self._sources["attention"].add(rough)
             why = (f"MLA: {mla_why}" if arch.is_mla else
