@@ -16,8 +16,8 @@ from simcore.calibration.grid import LogGrid, fill_along
 from simcore.calibration.kernels import (
     HOST_BOUND_RATIO, KernelProfile, shipped_kernel_profile, shipped_kernel_profile_ids)
 from simcore.compute.base import StepShape
-from simcore.compute.kernel_model import KernelModel, _prompt_len
-from simcore.compute.roofline import RooflineModel
+from simcore.compute.kernel_model import KernelModel
+from simcore.compute.roofline import prompt_len
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
@@ -101,7 +101,7 @@ def test_fill_extends_each_line_with_its_last_slope():
 
 def test_prompt_len_inverts_causal_pairs():
     for n in (1, 7, 512, 4096):
-        assert _prompt_len(n * (n + 1) / 2) == pytest.approx(n)
+        assert prompt_len(n * (n + 1) / 2) == pytest.approx(n)
 
 
 # ---- shipped profiles ----------------------------------------------------------------------

@@ -153,7 +153,7 @@ class ContextRatio:
     vllm_version: str
 
     def __call__(self, batch: float, prompt: float) -> float:
-        r = self.grid(batch if batch > 1.0 else 1.0, prompt if prompt > 1.0 else 1.0)
+        r = self.grid(batch, prompt)      # below an axis's first value: that value's
         return 1.0 if r is None else r
 
     def describe(self) -> str:

@@ -47,7 +47,6 @@ roofline's declared bound for a class with any roofline part).
 
 from __future__ import annotations
 
-import math
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
@@ -61,7 +60,7 @@ from simcore.compute.derived_kernels import (
     weight_only,
     weight_only_ratio,
 )
-from simcore.compute.roofline import windowed_attention
+from simcore.compute.roofline import prompt_len, windowed_attention
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import EXPERT_ONLY_DTYPES, Gemm, ModelArch, dtype_bytes, linear_dtype
@@ -203,11 +202,6 @@ def elementwise_passes(arch: ModelArch, tp: int, *, routed_experts: bool,
 def _none_s(tokens: int) -> float:
     """No time of its own: a part timed inside another measured kernel."""
     return 0.0
-
-
-def _prompt_len(pairs_per_seq: float) -> float:
-    """The prompt length whose causal query-key pairs, L (L + 1) / 2, are `pairs_per_seq`."""
-    return (math.sqrt(1.0 + 8.0 * pairs_per_seq) - 1.0) / 2.0
 
 
 _MLA_WEIGHTS = {"bf16": "bf16", "fp16": "bf16", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
@@ -469,7 +463,7 @@ class KernelModel(MeasuredModel):
                 p = shape.num_seqs - d
                 if p > 0:
                     pairs = shape.attn_qk_pairs - shape.decode_kv_tokens
-                    length = max(_prompt_len(pairs / p), 1.0)
+                    length = max(prompt_len(pairs / p), 1.0)
                     x += ctx(p, length) if tr is None else ctx(p, length) * tr(p, length)
                 return fa * x
 

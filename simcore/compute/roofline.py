@@ -81,12 +81,17 @@ lm_head (LM head and sampler)."""
 _GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
 
 
+def prompt_len(pairs_per_seq: float) -> float:
+    """The prompt length whose causal query-key pairs, L (L + 1) / 2, are `pairs_per_seq`."""
+    return (math.sqrt(1.0 + 8.0 * pairs_per_seq) - 1.0) / 2.0
+
+
 def prefill_prompts_factor(factor, num_seqs: int, pairs: float) -> float:
     """`factor(b, L)` at the prompts a step's prefilling sequences stand for where the measured
     context grids look them up (`simcore.compute.kernel_model`): `num_seqs` prompts of the
-    length L whose causal query-key pairs, L (L + 1) / 2, are their `pairs` shared equally (a
-    chunk over a cached prefix: the prompt with as many pairs)."""
-    length = (math.sqrt(1.0 + 8.0 * pairs / num_seqs) - 1.0) / 2.0
+    length L whose causal query-key pairs are their `pairs` shared equally (a chunk over a
+    cached prefix: the prompt with as many pairs)."""
+    length = prompt_len(pairs / num_seqs)
     return factor(num_seqs, length if length > 1.0 else 1.0)
 
 
