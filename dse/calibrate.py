@@ -101,18 +101,25 @@ dtype>', 'mla/<phase>/<kv dtype>/<weight dtype>', 'moe/<dtype>', 'all_reduce/<mo
 predicted, and the relative-error distribution over them."""
 
 
+MARLIN_FRAMEWORKS = "moe/marlin/sglang_vs_vllm"
+"""The errors entry that is no hold-out: SGLang's measurement of vLLM's Marlin fused-MoE kernel
+taken as vLLM's own, at the cells both measured (n_train: the shapes compared)."""
+
+
 def kernel_error_table(profile) -> pd.DataFrame:
-    """A kernel profile's held-out errors, one row per table family."""
+    """A kernel profile's held-out errors, one row per table family (`MARLIN_FRAMEWORKS` apart:
+    `render_kernel_errors` gives it)."""
     rows = [{"table": k, "n_train": s.n_train, "n_held_out": s.n, "median": s.median,
              "p90": s.p90, "p99": s.p99, "max": s.max}
-            for k, s in profile.data.errors.items()]
+            for k, s in profile.data.errors.items() if k != MARLIN_FRAMEWORKS]
     return pd.DataFrame(rows, columns=list(KERNEL_ERROR_COLUMNS))
 
 
 def _versions(files) -> str:
-    """'vLLM 0.24.0, NCCL 2.29.2': the versions the profile's tables were measured with."""
+    """'vLLM 0.24.0; NCCL 2.29.2; SGLang 0.5.10': the versions the profile's tables were
+    measured with."""
     out = []
-    for name, folder in (("vLLM", "/vllm/"), ("NCCL", "/nccl/")):
+    for name, folder in (("vLLM", "/vllm/"), ("NCCL", "/nccl/"), ("SGLang", "/sglang/")):
         v = sorted({f.framework_version for f in files if folder in f.path})
         if v:
             out.append(f"{name} {', '.join(v)}")
@@ -131,6 +138,12 @@ def render_kernel_errors(profile) -> str:
     for r in kernel_error_table(profile).itertuples():
         lines.append(f"{r.table:<30}{r.n_train:>9}{r.n_held_out:>12}{_pct(r.median):>9}"
                      f"{_pct(r.p90):>9}{_pct(r.p99):>9}{_pct(r.max):>9}")
+    both = profile.data.errors.get(MARLIN_FRAMEWORKS)
+    if both is not None:
+        lines += ["", f"vLLM's Marlin fused-MoE kernel measured in SGLang (the shapes vLLM's tables "
+                  f"lack), against vLLM's own at the {both.n} cells of {both.n_train} curves "
+                  f"both measured: |error| median {_pct(both.median)}, p90 {_pct(both.p90)}, "
+                  f"max {_pct(both.max)}"]
     transfer = moe_transfer_errors(profile)
     if transfer:
         head = f"{'table':<44}{'shapes':>9}{'median':>9}{'p90':>9}{'signed':>9}"

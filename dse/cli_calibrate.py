@@ -28,7 +28,9 @@ from simcore.errors import ConfigError
               help="List the shipped profiles and their held-out errors instead of fitting.")
 @click.option("--from-aiconfigurator", "aiconfigurator", default=None, metavar="SYSTEM",
               help="Fit a kernel profile from the installed aiconfigurator-core's vLLM kernel "
-                   "measurements of SYSTEM (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...).")
+                   "measurements of SYSTEM (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...), "
+                   "and its SGLang measurements of vLLM's Marlin MoE kernel at the shapes "
+                   "vLLM's lack.")
 def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
               node: str | None, holdout: float, seed: int, profile_id: str | None,
               list_profiles: bool, aiconfigurator: str | None) -> None:

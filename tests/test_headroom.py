@@ -66,9 +66,10 @@ def test_no_headroom_without_a_rate_or_when_switched_off():
 
 @pytest.mark.slow
 def test_seventy_b_on_two_nodes_gets_three_different_correct_verdicts():
-    """Llama-3.1-70B on 2 x 8 H100 (TP 8, two replicas), ShareGPT: is 20, 40 or 80 req/s enough?"""
+    """Llama-3.1-70B on 2 x 8 H100 (TP 8, two replicas), ShareGPT: is 20, 40 or 100 req/s
+    enough?"""
     verdicts = {}
-    for rate in (20.0, 40.0, 80.0):
+    for rate in (20.0, 40.0, 100.0):
         r = _run(rate, model={"name": "meta-llama/Llama-3.1-70B"},
                  hardware={"gpu": "H100-SXM"}, engine={},
                  parallelism={"tensor_parallel_size": 8, "data_parallel_size": 2},
@@ -80,12 +81,12 @@ def test_seventy_b_on_two_nodes_gets_three_different_correct_verdicts():
     assert 25.0 < cap < 80.0
     assert verdicts[20.0][0]["state"] == "headroom"
     assert verdicts[20.0][1].startswith("Headroom: 20 req/s offered is ")
-    over = verdicts[80.0][0]
+    over = verdicts[100.0][0]
     assert over["state"] == "over_capacity"
     # An overloaded deployment serves up to its capacity (this short run, still filling its
     # batch of 1,024 per engine, serves somewhat less); the rest of the offered load queues.
     assert 0.7 * cap < over["served_rps"] < 1.05 * cap
-    assert over["queue_growth_rps"] == pytest.approx(80.0 - over["served_rps"], rel=0.2)
+    assert over["queue_growth_rps"] == pytest.approx(100.0 - over["served_rps"], rel=0.2)
     mid = verdicts[40.0][0]
     assert mid["load_fraction"] == pytest.approx(40.0 / cap)
     assert mid["state"] != "headroom" or mid["load_fraction"] < 0.85

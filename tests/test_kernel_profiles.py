@@ -424,9 +424,14 @@ def test_moe_tables_are_kept_per_routing_with_their_own_errors():
     assert skew(8192) > bal(8192)
     for family in ("moe/bf16", "moe/bf16/power_law_1.2", "moe/fp8_block/power_law_1.01"):
         assert p.error_bound(family) is not None, family
-    # A100's tables were only measured with skewed routing: no balanced curve, skewed ones.
+    # vLLM's A100 tables were only measured with skewed routing; SGLang's Marlin ones with all
+    # three: the bf16 table has no balanced curve, the int4 one has.
     a100 = shipped_kernel_profile("a100-80gb-aiconfigurator")
-    assert a100.moe_routings() == ("power_law_1.01", "power_law_1.2")
+    assert a100.moe_routings() == ("balanced", "power_law_1.01", "power_law_1.2")
+    assert {k[7] for k in a100.moe_keys() if k[0] == "bf16"} == {"power_law_1.01",
+                                                                 "power_law_1.2"}
+    assert {k[7] for k in a100.moe_keys() if k[0] == "int4_wo"} == {
+        "balanced", "power_law_1.01", "power_law_1.2"}
 
 
 def test_moe_routing_picks_the_table_and_says_which():
@@ -488,3 +493,63 @@ def test_a_shipped_profiles_digest_is_that_of_its_json_text(profile_id):
     `save` writes, so the digest is the one `to_json` gives (results record it)."""
     p = shipped_kernel_profile(profile_id)
     assert p.digest == hashlib.sha256(p.to_json().encode()).hexdigest()[:16]
+
+
+# ---- vLLM's Marlin fused MoE measured in SGLang --------------------------------------------
+
+def test_marlin_shapes_vllm_did_not_measure_come_from_sglang_with_their_files():
+    """A100's vLLM tables have no Marlin fused MoE: its int4 curves are SGLang's measurements of
+    the same kernel, named as SGLang names it, from a file the provenance lists with its
+    digest; where vLLM measured a Marlin shape (H100, H200, L40S) its own curve stays, and the
+    two frameworks' disagreement there is reported, never above the bound that times Marlin by
+    SGLang's measurements on a GPU where vLLM's are missing."""
+    from simcore.compute.derived_kernels import MARLIN_FRAMEWORK_ERROR
+
+    a100 = shipped_kernel_profile("a100-80gb-aiconfigurator")
+    int4 = [k for k in a100.moe_keys() if k[0] == "int4_wo"]
+    assert len({k[1:5] for k in int4}) == 10
+    assert all(a100.moe_kernel(k) == "sglang_marlin_moe" for k in int4)
+    assert not any(a100.moe_kernel(k).startswith("sglang_") for k in a100.moe_keys()
+                   if k[0] != "int4_wo")
+    files = a100.data.provenance.files
+    [sgl] = [f for f in files if "/sglang/" in f.path]
+    assert sgl.path == "a100_sxm/moe/sglang/0.5.10/moe_perf.parquet" and sgl.rows > 0
+    assert "moe/marlin/sglang_vs_vllm" not in a100.data.errors      # nothing to compare with
+    for pid in ("h100-sxm-aiconfigurator", "h200-aiconfigurator"):
+        p = shipped_kernel_profile(pid)
+        # vLLM's own measurement of Kimi-K2's int4 shape stays vLLM's.
+        assert "vllm" in p.moe_kernel(("int4_wo", 7168, 2048, 8, 384, 1, 1, "power_law_1.2"))
+        assert p.moe_kernel(("int4_wo", 2048, 768, 8, 128, 1, 1, "power_law_1.2")) \
+            == "sglang_marlin_moe"
+        both = p.data.errors["moe/marlin/sglang_vs_vllm"]
+        assert both.n > 1000 and both.median < 0.08
+        assert both.p90 <= MARLIN_FRAMEWORK_ERROR
+
+
+def test_an_int4_model_at_a_shape_sglang_measured_is_measured_with_its_bound():
+    """Qwen3-30B-A3B with int4 experts on A100 and on H100: its own shape's Marlin curve (SGLang's
+    measurement), no roofline part for the experts, and a bound no tighter than the frameworks'
+    disagreement."""
+    from simcore.compute.derived_kernels import MARLIN_FRAMEWORK_ERROR
+
+    arch = load_preset("qwen3-30b-a3b")
+    for gpu, pid in (("A100-80GB", "a100-80gb-aiconfigurator"),
+                     ("H100-SXM", "h100-sxm-aiconfigurator")):
+        p = shipped_kernel_profile(pid)
+        m = KernelModel(arch, get_gpu(gpu), profile=p, weight_dtype="int4")
+        assert m._sources["moe"] == {"measured"}, gpu
+        assert not any(f.startswith("routed experts") for f in m.fallbacks())
+        assert any(a.startswith("routed experts: measured in SGLang (sglang_marlin_moe)")
+                   for a in m.assumed_parts())
+        bound = p.error_bound("moe/marlin/sglang_vs_vllm") or MARLIN_FRAMEWORK_ERROR
+        assert m.op_error_bounds()["moe"] >= bound
+
+
+def test_calibrate_list_reports_the_two_frameworks_disagreement():
+    from dse.calibrate import kernel_error_table, render_kernel_errors
+
+    p = shipped_kernel_profile("h100-sxm-aiconfigurator")
+    text = render_kernel_errors(p)
+    assert "SGLang 0.5.10, 0.5.14" in text.splitlines()[0]
+    assert "vLLM's Marlin fused-MoE kernel measured in SGLang" in text
+    assert "moe/marlin/sglang_vs_vllm" not in set(kernel_error_table(p)["table"])

@@ -14,7 +14,8 @@ from simcore.calibration.moe_transfer import (
     transfer,
 )
 from simcore.compute.base import StepShape
-from simcore.compute.derived_kernels import weight_only, weight_only_ratio
+from simcore.compute.derived_kernels import (
+    MARLIN_FRAMEWORK_ERROR, WEIGHT_ONLY_ERROR, weight_only, weight_only_ratio)
 from simcore.compute.kernel_model import KernelModel, gemm_dtype, moe_dtype, table_weight_dtype
 from simcore.hardware import get_gpu
 from simcore.model.arch import dtype_bytes
@@ -42,26 +43,60 @@ def test_weight_only_ratio_halves_memory_bound_steps_and_keeps_compute_bound_one
     assert r(huge) == pytest.approx(1.0)
 
 
-def test_fp8_on_a100_takes_the_bf16_tables_with_fp8_weight_reads():
+def test_fp8_on_a100_takes_marlins_measurements_at_fp8_weight_reads():
     """Qwen3-235B in fp8 at TP 4 on A100 (vLLM: Marlin W8A16): no roofline part but the
-    elementwise passes; decode steps read half the weights, large prefills cost the bf16 FLOPs."""
+    elementwise passes; the experts are timed by the nearest shape Marlin was measured at on
+    A100 (SGLang's int4 tables: vLLM's Marlin kernel, which AIConfigurator measured in SGLang
+    only there), moved to fp8's weight reads: fewer bytes than bf16's at a decode, but not half
+    its time (Marlin reads them slower than the bf16 kernel)."""
     arch, prof = load_preset("qwen3-235b-a22b"), shipped_kernel_profile("a100-80gb-aiconfigurator")
     fp8 = KernelModel(arch, A100, profile=prof, tp=4, weight_dtype="fp8")
     bf16 = KernelModel(arch, A100, profile=prof, tp=4, weight_dtype="bf16")
     assert not any(f.startswith(("routed experts", "attn GEMMs")) for f in fp8.fallbacks())
     parts = fp8.assumed_parts()
-    assert any(p.startswith("routed experts with fp8 weights (weight-only on A100-80GB")
-               for p in parts)
+    [how] = [p for p in parts if p.startswith("routed experts")]
+    assert how.startswith("routed experts with fp8 weights (weight-only on A100-80GB")
+    assert "nearest shape of the marlin kernels" in how and "measured in SGLang" in how
+    assert "to fp8 weight reads" in how
     assert any(p.startswith("attn GEMMs with fp8 weights") for p in parts)
     assert fp8._sources["moe"] == {"derived"} and bf16._sources["moe"] == {"measured"}
 
     # The routed experts alone (the step's "moe" op also holds the 16-bit router).
-    assert fp8._moe_meas(1) == pytest.approx(0.5 * bf16._moe_meas(1), rel=0.01)
-    assert fp8._moe_meas(16384) == pytest.approx(bf16._moe_meas(16384), rel=0.01)
+    assert 0.5 * bf16._moe_meas(1) < fp8._moe_meas(1) < bf16._moe_meas(1)
     assert fp8._moe_meas(0) == fp8._moe_meas(1)     # no token is timed as one, as measured
     shape = StepShape.from_requests([(1, 1000)] * 64)
     assert fp8.step_time(shape).compute_s < bf16.step_time(shape).compute_s
-    assert fp8.op_error_bounds()["moe"] >= 0.35
+    # Another format's table, another framework's measurement: at least both floors.
+    assert fp8.op_error_bounds()["moe"] >= max(0.35, MARLIN_FRAMEWORK_ERROR)
+
+
+def test_the_bf16_kernel_at_4_bit_reads_is_faster_than_marlin_on_a100():
+    """The check behind timing weight-only experts by Marlin's measurements: on A100, where
+    vLLM's bf16 fused MoE and (in SGLang) vLLM's Marlin kernel with int4 weights were measured
+    at the same shapes, the bf16 time at int4's weight reads (`experts_roofline_s`' ratio) is
+    1.23 times faster than Marlin in median and 85% off at the 90th percentile: past the
+    declared bound of that path (`WEIGHT_ONLY_ERROR`)."""
+    import numpy as np
+
+    from simcore.calibration.moe_transfer import TOKENS, _shape, experts_roofline_s
+
+    prof = shipped_kernel_profile("a100-80gb-aiconfigurator")
+    flops, bw = 0.7 * A100.bf16_flops, 0.8 * A100.hbm_bandwidth_bytes_per_s
+    ratios = []
+    for key in prof.moe_keys():
+        bf16 = prof.moe_curve("bf16", *key[1:])
+        if key[0] != "int4_wo" or key[6] != 1 or bf16 is None:
+            continue
+        assert prof.moe_kernel(key).startswith("sglang_") and "marlin" in prof.moe_kernel(key)
+        shape = _shape(key)
+        for t in TOKENS:
+            r = (experts_roofline_s(shape, t, dtype_bytes("int4"), flops, bw)
+                 / experts_roofline_s(shape, t, 2.0, flops, bw))
+            ratios.append(prof.moe_curve(*key)(t) / (r * bf16(t)))
+    ratios = np.asarray(ratios)
+    assert len(ratios) > 300
+    assert np.median(ratios) == pytest.approx(1.23, abs=0.03)
+    assert np.quantile(np.abs(ratios - 1), 0.9) > WEIGHT_ONLY_ERROR
 
 
 class _Profile:
@@ -194,28 +229,30 @@ def test_mxfp4_experts_move_only_their_layouts_kernel_measurements(layout):
 
 
 def test_marlin_experts_on_hopper_are_slower_at_a_prefill_and_faster_at_a_decode():
-    """gpt-oss-20b's experts on H100 in Marlin's layout (vLLM 0.10-0.11 without
+    """gpt-oss-120b's experts on H100 in Marlin's layout (vLLM 0.10-0.11 without
     triton_kernels) are timed by the Marlin measurements moved to its shape: against the
     Triton kernel's measurement of that shape, faster at a decode's few tokens per expert and
-    over twice as slow at a long prefill's, as Marlin's mma.sync kernels against Triton's
-    Hopper ones (vLLM pull request 27523: gpt-oss-120b on Hopper with Triton's kernel took 35%
-    more latency in `vllm bench latency` than with Marlin's)."""
+    well over 1.5 times as slow at a long prefill's, as Marlin's mma.sync kernels against
+    Triton's Hopper ones (vLLM pull request 27523: gpt-oss-120b on Hopper with Triton's kernel
+    took 35% more latency in `vllm bench latency` than with Marlin's)."""
     prof = shipped_kernel_profile("h100-sxm-aiconfigurator")
     gpu = get_gpu("H100-SXM")
-    arch = load_preset("gpt-oss-20b")
+    arch = load_preset("gpt-oss-120b")
     marlin = KernelModel(arch, gpu, profile=prof, weight_dtype="mxfp4",
                          mxfp4_moe_layout="marlin")
     triton = KernelModel(arch, gpu, profile=prof, weight_dtype="mxfp4",
                          mxfp4_moe_layout="triton")
     assert marlin._sources["moe"] == {"derived"} and triton._sources["moe"] == {"measured"}
-    assert marlin._moe_meas(4) < 0.8 * triton._moe_meas(4)
-    assert marlin._moe_meas(8192) > 2.0 * triton._moe_meas(8192)
+    for t in (1, 4, 16):
+        assert marlin._moe_meas(t) < 0.9 * triton._moe_meas(t), t
+    assert marlin._moe_meas(8192) > 1.5 * triton._moe_meas(8192)
 
 
 def test_a_family_of_two_tables_moves_each_model_by_its_own_tables_bytes():
-    """Marlin's family on H100 spans the MXFP4 and the int4 table: each model is predicted from
-    the other with the predicted model's weight bytes and its source's (12% median, 38% p90 over
-    the 11 shapes), and the same bytes taken for both would give another error."""
+    """Marlin's family on H100 spans the MXFP4 and the int4 table, measured in vLLM (two models)
+    and in SGLang (ten more): each model is predicted from its nearest other with the predicted
+    model's weight bytes and its source's (5% median, 27% p90 over the 40 shapes and TPs), and
+    the same bytes taken for both would predict worse."""
     import numpy as np
 
     from simcore.calibration.moe_transfer import TOKENS, _shape, measured_shapes
@@ -228,7 +265,8 @@ def test_a_family_of_two_tables_moves_each_model_by_its_own_tables_bytes():
     assert wb["mxfp4_w4a16"] != wb["int4_wo"]
     err = leave_one_out(prof, tables, "power_law_1.2", tuple(wb.values()), flops, bw, "marlin")
     keys = measured_shapes(prof, tables, "power_law_1.2", "marlin")
-    assert err.n == len(keys) == 11 and {k[0] for k in keys} == set(tables)
+    assert err.n == len(keys) == 40 and {k[0] for k in keys} == set(tables)
+    assert {prof.moe_kernel(k).startswith("sglang_") for k in keys} == {True, False}
     errors = []
     for key in keys:
         [near] = [k for k in keys if k[1:5] != key[1:5] and k == nearest(
@@ -236,11 +274,12 @@ def test_a_family_of_two_tables_moves_each_model_by_its_own_tables_bytes():
         f = transfer(prof, near, _shape(key), wb[key[0]], wb[near[0]], flops, bw)
         errors += [f(t) / prof.moe_curve(*key)(t) - 1.0 for t in TOKENS]
     assert err.median == pytest.approx(float(np.median(np.abs(errors))))
-    assert err.median == pytest.approx(0.116, abs=0.005)
-    assert err.p90 == pytest.approx(0.378, abs=0.01)
+    assert err.median == pytest.approx(0.052, abs=0.005)
+    assert err.p90 == pytest.approx(0.273, abs=0.01)
     same = leave_one_out(prof, tables, "power_law_1.2", (wb["mxfp4_w4a16"],) * 2, flops, bw,
                          "marlin")
-    assert abs(same.median - err.median) > 0.01
+    # Each table's own bytes predict better than one format's for both.
+    assert same.median > err.median + 0.005 and same.p90 > err.p90
 
 
 def test_other_backends_do_not_pool_the_int4_table():

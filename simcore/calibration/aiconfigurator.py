@@ -25,6 +25,15 @@ Per table, of the newest vLLM version measured on the system:
   line's last slope (decode attention is measured up to a KV-memory limit: larger batches at long
   sequences grow linearly).
 
+One table has a second framework's measurements: vLLM's Marlin fused-MoE kernel (4-bit weights,
+16-bit activations: how vLLM runs int4 experts, and MXFP4 experts on GPUs without FP4 tensor
+cores) is the kernel SGLang runs for them too, and AIConfigurator measured it in SGLang at shapes
+vLLM's campaign did not (`moe/sglang/<version>/moe_perf`; on A100 only there). Where a system's
+vLLM table lacks a Marlin shape SGLang measured, the profile takes SGLang's curve (the newest
+SGLang version measuring it; the curve's kernel named as SGLang names it), and where both
+measured one, their disagreement is the family `moe/marlin/sglang_vs_vllm`: SGLang's time taken
+as vLLM's at the same tokens (H100 and H200: 6-7% in median, 13-25% at the 90th percentile).
+
 `fit_system` returns the profile; `dse calibrate --from-aiconfigurator SYSTEM` writes it.
 """
 
@@ -122,23 +131,34 @@ class _Reader:
     def table(self, op: str, name: str, framework: str = "vllm"):
         """The newest version's `name` table of `op` measured with `framework` (vLLM, or NCCL
         for its own collectives), or None."""
-        import pandas as pd
+        versions = self.versions(op, name, framework)
+        return self.read(versions[-1] / name) if versions else None
 
+    def versions(self, op: str, name: str, framework: str) -> list[Path]:
+        """The folders of every version with a `name` table of `op` measured with
+        `framework`, oldest first."""
         base = self.root / self.system / op / framework
         if not base.is_dir():
-            return None
-        versions = sorted((p for p in base.iterdir() if (p / name).is_file()),
-                          key=lambda p: _version_key(p.name))
-        if not versions:
-            return None
-        path = versions[-1] / name
+            return []
+        return sorted((p for p in base.iterdir() if (p / name).is_file()),
+                      key=lambda p: _version_key(p.name))
+
+    def read(self, path: Path, keep=None):
+        """The table at `path`; recorded in the provenance (`keep(df)`, where given, picks the
+        rows read: a file none of whose rows are kept is neither returned nor recorded)."""
+        import pandas as pd
+
         try:
             df = pd.read_parquet(path)
         except ImportError as e:
             raise ConfigError(f"--from-aiconfigurator: reading parquet needs pyarrow ({e})") \
                 from None
+        if keep is not None:
+            df = df[keep(df)]
+            if not len(df):
+                return None
         self.files.append({"path": str(path.relative_to(self.root)), "sha256": file_sha256(path),
-                           "rows": int(len(df)), "framework_version": versions[-1].name})
+                           "rows": int(len(df)), "framework_version": path.parent.name})
         if len(self.files) == 1 and "device" in df.columns and len(df):
             self.device = str(df["device"].iloc[0])
         return df
@@ -288,41 +308,104 @@ def _curve_fit(x: list[int], t_s: list[float], rng) -> tuple[list[int], list[flo
     return tx, ty, sorted(held), errs
 
 
-def _moe(reader: _Reader, rng, errors, skewed_rng) -> list[dict]:
+MARLIN_DTYPES = ("int4_wo", "w4a16_mxfp4")
+"""The fused-MoE tables (the measurements' names) whose Marlin rows SGLang's measurements fill."""
+
+_MOE_SHAPE = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+              "moe_ep_size", "distribution"]
+
+
+def _is_marlin(df):
+    """Rows of vLLM's Marlin fused-MoE kernel (as either framework names it) in its tables."""
+    return df["moe_dtype"].isin(MARLIN_DTYPES) & df["kernel_source"].str.contains("marlin")
+
+
+def _sglang_marlin(reader: _Reader) -> list:
+    """SGLang's Marlin fused-MoE rows of each SGLang version on the system, newest first (the
+    files recorded with the rows read)."""
+    keep = lambda df: _is_marlin(df) & df["distribution"].isin(MOE_ROUTINGS)  # noqa: E731
+    out = []
+    for folder in reversed(reader.versions("moe", "moe_perf.parquet", "sglang")):
+        df = reader.read(folder / "moe_perf.parquet", keep)
+        if df is not None:
+            out.append(df)
+    return out
+
+
+def _moe(reader: _Reader, rng, errors, skewed_rng, second_rng) -> list[dict]:
     """Fused-MoE curves per dtype, shape and routing; the balanced ones hold out with `rng`, the
-    power-law ones with `skewed_rng` (so adding them left every other table's draws as they
-    were)."""
+    power-law ones with `skewed_rng`, SGLang's Marlin curves (`_sglang_marlin`) with
+    `second_rng` (so adding them left every other table's draws as they were)."""
     df = reader.table("moe", "moe_perf.parquet")
     if df is None:
         return []
     df = df[df["distribution"].isin(MOE_ROUTINGS)]
-    shape = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
-             "moe_ep_size", "distribution"]
+    shape = _MOE_SHAPE
     df = _pick_kernel(df, shape)
     out = []
     errs: dict[str, list[float]] = {}
     n_train: dict[str, int] = {}
     order = {r: i for i, r in enumerate(MOE_ROUTINGS)}
-    for key, grp in sorted(df.groupby(shape), key=lambda x: (order[x[0][-1]], x[0][:-1])):
-        med = grp.groupby("num_tokens")["latency"].median()
-        x = [int(v) for v in med.index]
-        t = [float(v) / 1e3 for v in med.values]
-        if len(x) < 3 or min(t) <= 0:
-            continue
-        dtype, routing = DTYPES.get(key[0], key[0]), str(key[-1])
-        family = dtype if routing == "balanced" else f"{dtype}/{routing}"
-        tx, ty, held, e = _curve_fit(x, t, rng if routing == "balanced" else skewed_rng)
-        errs.setdefault(family, []).extend(e)
-        n_train[family] = n_train.get(family, 0) + len(tx)
-        out.append({"dtype": dtype, "routing": routing,
-                    "kernel": str(grp["kernel_source"].iloc[0]),
-                    "hidden": int(key[1]), "inter": int(key[2]), "topk": int(key[3]),
-                    "num_experts": int(key[4]), "tp": int(key[5]), "ep": int(key[6]),
-                    "num_tokens": tx, "time_us": [_round(v * 1e6) for v in ty],
-                    "held_out_num_tokens": held})
+
+    def curves(table, draw):
+        for key, grp in sorted(table.groupby(shape), key=lambda x: (order[x[0][-1]], x[0][:-1])):
+            med = grp.groupby("num_tokens")["latency"].median()
+            x = [int(v) for v in med.index]
+            t = [float(v) / 1e3 for v in med.values]
+            if len(x) < 3 or min(t) <= 0:
+                continue
+            dtype, routing = DTYPES.get(key[0], key[0]), str(key[-1])
+            family = dtype if routing == "balanced" else f"{dtype}/{routing}"
+            tx, ty, held, e = _curve_fit(x, t, draw(routing))
+            errs.setdefault(family, []).extend(e)
+            n_train[family] = n_train.get(family, 0) + len(tx)
+            out.append({"dtype": dtype, "routing": routing,
+                        "kernel": str(grp["kernel_source"].iloc[0]),
+                        "hidden": int(key[1]), "inter": int(key[2]), "topk": int(key[3]),
+                        "num_experts": int(key[4]), "tp": int(key[5]), "ep": int(key[6]),
+                        "num_tokens": tx, "time_us": [_round(v * 1e6) for v in ty],
+                        "held_out_num_tokens": held})
+
+    curves(df, lambda routing: rng if routing == "balanced" else skewed_rng)
+    sglang = _sglang_marlin(reader)
+    if sglang:
+        # Each shape vLLM's table lacks, from the newest SGLang version that measured it.
+        taken = {tuple(k) for k, _ in df.groupby(shape)}
+        rows = []
+        for table in sglang:
+            for k, grp in _pick_kernel(table, shape).groupby(shape):
+                if tuple(k) not in taken:
+                    taken.add(tuple(k))
+                    rows.append(grp)
+        if rows:
+            import pandas as pd
+
+            curves(pd.concat(rows), lambda routing: second_rng)
+        _marlin_disagreement(df, sglang, errors)
     for family, e in errs.items():
         errors[f"moe/{family}"] = _stats(e, n_train[family])
     return out
+
+
+def _marlin_disagreement(vllm, sglang: list, errors) -> None:
+    """Where vLLM's table (`vllm`) and an SGLang one (`sglang`, newest first) both measured
+    Marlin at a shape, SGLang's median time taken as vLLM's at each token count both measured
+    (the newest SGLang version's, where several did): `errors["moe/marlin/sglang_vs_vllm"]`,
+    n_train the shapes compared."""
+    key = [*_MOE_SHAPE, "num_tokens"]
+    ours = vllm[_is_marlin(vllm)].groupby(key)["latency"].median()
+    errs: list[float] = []
+    shapes: set = set()
+    seen: set = set()
+    for table in sglang:
+        theirs = table.groupby(key)["latency"].median()
+        for k in ours.index.intersection(theirs.index):
+            if k not in seen:
+                seen.add(k)
+                shapes.add(k[:-1])
+                errs.append(abs(float(theirs[k]) / float(ours[k]) - 1.0))
+    if errs:
+        errors["moe/marlin/sglang_vs_vllm"] = _stats(errs, len(shapes))
 
 
 def _all_reduce(reader: _Reader, rng, errors) -> list[dict]:
@@ -416,7 +499,8 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
     if not gemm:
         raise ConfigError(f"--from-aiconfigurator: {system!r} has no vLLM GEMM measurements")
     attention = _attention(reader, rng, errors, np.random.default_rng([seed, 2]))
-    moe = _moe(reader, rng, errors, np.random.default_rng([seed, 1]))
+    moe = _moe(reader, rng, errors, np.random.default_rng([seed, 1]),
+               np.random.default_rng([seed, 3]))
     ar = _all_reduce(reader, rng, errors)
     ag = _all_gather(reader, rng, errors)
     memory = _memory(reader, rng, errors)

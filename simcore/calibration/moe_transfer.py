@@ -86,6 +86,12 @@ def backend_tables(table: str, kernel: str | None) -> tuple[str, ...]:
     return W4A16_TABLES if kernel == "marlin" and table in W4A16_TABLES else (table,)
 
 
+SECOND_FRAMEWORK = "sglang_"
+"""How the kernel of a fused-MoE curve measured in SGLang, not vLLM, is named: the Marlin shapes
+vLLM's tables lack (`simcore.calibration.aiconfigurator`). SGLang's Marlin MoE kernel is vLLM's
+(`fused_marlin_moe`), so its curves join Marlin's family (`KERNEL_BACKENDS`)."""
+
+
 def measured_shapes(profile: KernelProfile, dtype: str | tuple[str, ...], routing: str,
                     kernel: str | None = None) -> list[tuple]:
     """The profile's fused-MoE keys of `dtype` (a table, or several) and `routing` without

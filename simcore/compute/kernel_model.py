@@ -50,13 +50,15 @@ from __future__ import annotations
 
 from simcore.calibration.kernels import HOST_BOUND_RATIO, MOE_ROUTINGS, KernelProfile
 from simcore.calibration.mla import module_shape
-from simcore.calibration.moe_transfer import KERNEL_BACKENDS, backend_tables, measured_shapes
+from simcore.calibration.moe_transfer import (
+    KERNEL_BACKENDS, SECOND_FRAMEWORK, backend_tables, measured_shapes)
 from simcore.calibration.triton_attention import context_ratio
 from simcore.compute.base import OP_CLASSES, StepShape
 from simcore.compute.calibrated import MeasuredModel, _memo
 from simcore.compute.derived_kernels import (
     WEIGHT_ONLY_ERROR,
     derived_experts,
+    marlin_framework_error,
     weight_only,
     weight_only_ratio,
 )
@@ -100,8 +102,9 @@ def _other_backend(profile: KernelProfile, mdt: str, arch, tp: int, routing: str
     time them. Marlin on Hopper: vLLM 0.10-0.11 ran gpt-oss's experts in Marlin there unless the
     user installed `triton_kernels` (vLLM issue 27672), and the H100 and H200 profiles measured
     gpt-oss's shapes with the Triton kernels only (as B200's, with FlashInfer's, where a config
-    names Marlin's layout). Marlin's kernels come out faster than those at
-    a decode's few tokens per expert and about 2.3 times slower at a long prefill's."""
+    names Marlin's layout). For gpt-oss-120b on H100 Marlin's kernels come out at 0.7-0.9 times
+    the Triton measurement from 1 to 16 tokens and 1.7-2.0 times it at 4,096-8,192 (gpt-oss-20b:
+    1.4-1.5 and 1.8-1.9 times)."""
     if weight_dtype != "mxfp4" or layout not in KERNEL_BACKENDS:
         return False
     kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
@@ -571,6 +574,16 @@ class KernelModel(MeasuredModel):
                 self.moe_routing = routing
                 family = mdt if routing == "balanced" else f"{mdt}/{routing}"
                 bounds["moe"] = profile.error_bound(f"moe/{family}") or 0.0
+                measured_by = profile.moe_kernel((mdt, arch.hidden_size,
+                                                  arch.moe_intermediate_size,
+                                                  arch.num_experts_per_tok, arch.num_experts,
+                                                  tp, 1, routing)) or ""
+                if measured_by.startswith(SECOND_FRAMEWORK):
+                    bounds["moe"] = max(bounds["moe"], marlin_framework_error(profile))
+                    self._derived.append(
+                        f"routed experts: measured in SGLang ({measured_by}), whose Marlin MoE "
+                        "kernel is vLLM's; vLLM's own tables lack this shape (bound: the two "
+                        "frameworks' disagreement where both measured Marlin)")
                 if routing != (moe_routing or DEFAULT_MOE_ROUTING):
                     self._derived.append(
                         f"routed experts: the {routing} routing table (no "
