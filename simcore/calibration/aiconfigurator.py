@@ -31,8 +31,9 @@ cores) is the kernel SGLang runs for them too, and AIConfigurator measured it in
 vLLM's campaign did not (`moe/sglang/<version>/moe_perf`; on A100 only there). Where a system's
 vLLM table lacks a Marlin shape SGLang measured, the profile takes SGLang's curve (the newest
 SGLang version measuring it; the curve's kernel named as SGLang names it), and where both
-measured one, their disagreement is the family `moe/marlin/sglang_vs_vllm`: SGLang's time taken
-as vLLM's at the same tokens (H100 and H200: 6-7% in median, 13-25% at the 90th percentile).
+measured one without expert parallelism, their disagreement is the family
+`moe/marlin/sglang_vs_vllm`: SGLang's time taken as vLLM's at the same tokens (H100 and H200:
+6-7% in median, 23-25% at the 90th percentile).
 
 `fit_system` returns the profile; `dse calibrate --from-aiconfigurator SYSTEM` writes it.
 """
@@ -389,11 +390,12 @@ def _moe(reader: _Reader, rng, errors, skewed_rng, second_rng) -> list[dict]:
 
 def _marlin_disagreement(vllm, sglang: list, errors) -> None:
     """Where vLLM's table (`vllm`) and an SGLang one (`sglang`, newest first) both measured
-    Marlin at a shape, SGLang's median time taken as vLLM's at each token count both measured
-    (the newest SGLang version's, where several did): `errors["moe/marlin/sglang_vs_vllm"]`,
-    n_train the shapes compared."""
+    Marlin at a shape without expert parallelism, SGLang's median time taken as vLLM's at each
+    token count both measured (the newest SGLang version's, where several did):
+    `errors["moe/marlin/sglang_vs_vllm"]`, n_train the curves compared."""
     key = [*_MOE_SHAPE, "num_tokens"]
-    ours = vllm[_is_marlin(vllm)].groupby(key)["latency"].median()
+    # Without expert parallelism: the curves the step model times experts by.
+    ours = vllm[_is_marlin(vllm) & (vllm["moe_ep_size"] == 1)].groupby(key)["latency"].median()
     errs: list[float] = []
     shapes: set = set()
     seen: set = set()

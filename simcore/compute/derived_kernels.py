@@ -3,8 +3,11 @@ no table of their own (`simcore.compute.kernel_model.KernelModel` uses them, and
 the result's assumed parts):
 
 - weight-only formats on GPUs without fp8 tensor cores (fp8 checkpoints, MXFP4 and int4 experts
-  on an A100, which vLLM runs in Marlin kernels): the bf16 measurement of the same shape, the
-  weight reads at the format's bytes (`weight_only_ratio`, `experts_weight_only_ratio`);
+  on an A100, which vLLM runs in Marlin kernels): for the routed experts, the nearest shape
+  Marlin's MoE kernel was measured at, moved to theirs and to the format's weight reads
+  (`derived_experts`); for the other linear layers, and the experts where Marlin was not
+  measured, the bf16 measurement of the same shape, the weight reads at the format's bytes
+  (`weight_only_ratio`, `experts_weight_only_ratio`);
 - fused-MoE shapes the profile did not measure: the nearest measured shape, moved by the
   roofline (`derived_experts`, through `simcore.calibration.moe_transfer`).
 """
@@ -57,15 +60,15 @@ relative uncertainty), and the floor of a move from another format's table. Wher
 measurements exist that path is not taken: on A100, the one GPU without fp8 tensor cores with
 both kernels measured at the same shapes (vLLM's bf16 fused MoE, SGLang's int4 Marlin), the
 bf16 time at int4's weight reads comes out 1.23 times faster than Marlin in median (1.2-1.6
-times from 1 to 1,024 tokens), 33% off in median and 85% at the 90th percentile
-(simcore/data/profiles/README.md)."""
+times from 1 to 1,024 tokens): as a prediction of Marlin's time, 28% off in median and 52% at
+the 90th percentile (simcore/data/profiles/README.md)."""
 
 
-MARLIN_FRAMEWORK_ERROR = 0.24
+MARLIN_FRAMEWORK_ERROR = 0.25
 """The error bound of vLLM's Marlin fused-MoE kernel timed by SGLang's measurements of it on a
 GPU where vLLM's were not taken (A100): the 90th percentile of the two frameworks' disagreement
-where both measured it, 23% on H100 and 24% on H200 (`dse calibrate --list`, family
-`moe/marlin/sglang_vs_vllm`; a test keeps this at least theirs)."""
+where both measured it without expert parallelism, 23% on H100 and 25% on H200 (`dse calibrate
+--list`, family `moe/marlin/sglang_vs_vllm`; a test keeps this at least theirs)."""
 
 
 def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec, tp: int,
@@ -116,7 +119,9 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
             src, h, inter, k, e, ktp = key[:6]
             which = (f"the {src} table's" if len(tables) == 1 else
                      f"the {'/'.join(tables)} tables' (4-bit weights, 16-bit activations: "
-                     f"{kernel}'s kernels run both formats)")
+                     f"{kernel}'s kernels run both formats"
+                     + ("" if table in tables else
+                        f", and {weight_dtype} weights with 16-bit activations too") + ")")
             return (fn, routing, bound,
                     f"{lead}; {which} nearest shape"
                     + (f" of the {kernel} kernels" if kernel else "")
@@ -155,7 +160,7 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
                         f"{gpu.name}, no fp8 tensor cores): the bf16 fused-MoE measurement "
                         f"of this shape at TP {tp} ({routing} routing), its expert-weight "
                         "reads at the format's bytes (the roofline's ratio of the two; no "
-                        "Marlin measurements on this GPU)")
+                        "Marlin measurement on this GPU at this routing)")
     family = (mxfp4_moe_layout if weight_dtype == "mxfp4"
               and mxfp4_moe_layout in KERNEL_BACKENDS else None)
     for table in (mdt, "bf16") if wo else (mdt,):

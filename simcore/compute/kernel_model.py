@@ -104,7 +104,7 @@ def _other_backend(profile: KernelProfile, mdt: str, arch, tp: int, routing: str
     gpt-oss's shapes with the Triton kernels only (as B200's, with FlashInfer's, where a config
     names Marlin's layout). For gpt-oss-120b on H100 Marlin's kernels come out at 0.7-0.9 times
     the Triton measurement from 1 to 16 tokens and 1.7-2.0 times it at 4,096-8,192 (gpt-oss-20b:
-    1.4-1.5 and 1.8-1.9 times)."""
+    1.35-1.5 and 1.8-1.9 times)."""
     if weight_dtype != "mxfp4" or layout not in KERNEL_BACKENDS:
         return False
     kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
