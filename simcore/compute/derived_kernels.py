@@ -97,10 +97,9 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
     target = ExpertShape(arch.hidden_size, arch.moe_intermediate_size / tp,
                          arch.num_experts_per_tok, arch.num_experts)
 
-    def moved(table: str, tables: tuple[str, ...], kernel: str | None, flops: float,
-              lead: str):
+    def moved(table: str, tables: tuple[str, ...], kernel: str | None, flops: float, lead):
         """The nearest measured shape of `tables` (of `kernel`'s family), moved to this shape
-        and to this format's weight reads, or None."""
+        and to this format's weight reads, or None; `lead(routing)` opens its words."""
         table_bytes = tuple(2.0 if t == "bf16" else dtype_bytes(table_weight_dtype(t))
                             for t in tables)
         for routing in routings:
@@ -123,7 +122,7 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
                      + ("" if table in tables else
                         f", and {weight_dtype} weights with 16-bit activations too") + ")")
             return (fn, routing, bound,
-                    f"{lead}; {which} nearest shape"
+                    f"{lead(routing)}; {which} nearest shape"
                     + (f" of the {kernel} kernels" if kernel else "")
                     + (f" (the {src} table's " if len(tables) > 1 else " (")
                     + f"hidden {h}, intermediate "
@@ -144,9 +143,9 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
         # A format outside the 4-bit tables (fp8) is moved across formats: the floor below.
         own = mdt if mdt in W4A16_TABLES else "marlin"
         out = moved(own, W4A16_TABLES, "marlin", gpu.bf16_flops * a.gemm_flops_fraction,
-                    f"routed experts with {weight_dtype} weights (weight-only on {gpu.name}, "
-                    "no fp8 tensor cores: vLLM runs them in its Marlin MoE kernel); no "
-                    f"{mdt} fused-MoE measurement of this shape at TP {tp}")
+                    lambda routing: f"routed experts with {weight_dtype} weights (weight-only "
+                    f"on {gpu.name}, no fp8 tensor cores: vLLM runs them in its Marlin MoE "
+                    f"kernel); no {mdt} fused-MoE measurement of this shape at TP {tp}")
         if out is not None:
             return out
         for routing in routings:
@@ -169,12 +168,14 @@ def derived_experts(model, profile: KernelProfile, arch: ModelArch, gpu: GpuSpec
         # both (`backend_tables`).
         flops = (gpu.bf16_flops if table == "bf16" or wo else gpu.flops_for(weight_dtype)) \
             * a.gemm_flops_fraction
-        lead = ("routed experts: "
-                + (f"no {mdt} fused-MoE measurement of this shape at TP {tp}"
-                   if all(profile.moe_curve(mdt, *shape, r) is None for r in routings) else
-                   f"MXFP4 experts laid out for {kernel} (model.mxfp4_moe_layout), whose "
-                   f"kernels the profile did not measure at this shape (its {mdt} "
-                   "measurement of it is another backend's)"))
+        def lead(routing: str, kernel=kernel) -> str:
+            return "routed experts: " + (
+                f"no {mdt} fused-MoE measurement of this shape at TP {tp}"
+                if profile.moe_curve(mdt, *shape, routing) is None else
+                f"MXFP4 experts laid out for {kernel} (model.mxfp4_moe_layout), whose "
+                f"kernels the profile did not measure at this shape (its {mdt} "
+                "measurement of it is another backend's)")
+
         out = moved(table, backend_tables(table, kernel), kernel, flops, lead)
         if out is not None:
             return out

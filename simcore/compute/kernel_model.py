@@ -63,7 +63,6 @@ from simcore.compute.derived_kernels import (
     weight_only_ratio,
 )
 from simcore.compute.roofline import prompt_len, windowed_attention
-from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import EXPERT_ONLY_DTYPES, Gemm, ModelArch, dtype_bytes, linear_dtype
 
@@ -574,23 +573,19 @@ class KernelModel(MeasuredModel):
                 self.moe_routing = routing
                 family = mdt if routing == "balanced" else f"{mdt}/{routing}"
                 bounds["moe"] = profile.error_bound(f"moe/{family}") or 0.0
-                measured_by = profile.moe_kernel((mdt, arch.hidden_size,
-                                                  arch.moe_intermediate_size,
-                                                  arch.num_experts_per_tok, arch.num_experts,
-                                                  tp, 1, routing)) or ""
-                if measured_by.startswith(SECOND_FRAMEWORK):
+                kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
+                                             arch.num_experts_per_tok, arch.num_experts, tp, 1,
+                                             routing))
+                if kernel and kernel.startswith(SECOND_FRAMEWORK):
                     bounds["moe"] = max(bounds["moe"], marlin_framework_error(profile))
                     self._derived.append(
-                        f"routed experts: measured in SGLang ({measured_by}), whose Marlin MoE "
+                        f"routed experts: measured in SGLang ({kernel}), whose Marlin MoE "
                         "kernel is vLLM's; vLLM's own tables lack this shape (bound: the two "
                         "frameworks' disagreement where both measured Marlin)")
                 if routing != (moe_routing or DEFAULT_MOE_ROUTING):
                     self._derived.append(
                         f"routed experts: the {routing} routing table (no "
                         f"{DEFAULT_MOE_ROUTING} measurement of this shape)")
-                kernel = profile.moe_kernel((mdt, arch.hidden_size, arch.moe_intermediate_size,
-                                             arch.num_experts_per_tok, arch.num_experts, tp, 1,
-                                             routing))
                 if weight_dtype == "mxfp4" and kernel and mxfp4_moe_layout in KERNEL_BACKENDS \
                         and mxfp4_moe_layout not in kernel:
                     self._derived.append(
