@@ -67,6 +67,10 @@ def _itl_stats(store: RecordStore, index: np.ndarray, mean_itl: np.ndarray,
             gaps = np.diff(times[starts[c:d, None] + np.arange(width)], axis=1)
             whole = gaps.all(axis=1)
             rows = index[c:d]
+            if whole.all():         # most: no row to select (the same rows, the same floats)
+                mean_itl[rows] = gaps.mean(axis=1) * 1e3
+                max_itl[rows] = gaps.max(axis=1) * 1e3
+                continue
             mean_itl[rows[whole]] = gaps[whole].mean(axis=1) * 1e3
             max_itl[rows[whole]] = gaps[whole].max(axis=1) * 1e3
             for r in np.flatnonzero(~whole).tolist():

@@ -36,6 +36,10 @@ class Router:
         """A replica's load report (running + waiting requests) as of now."""
         self.reported_load[replica] = load
 
+    def publish_all(self, loads: list[int]) -> None:
+        """Every replica's load report, in replica order, as of now."""
+        self.reported_load[:] = loads
+
     def route(self, block_keys: tuple[int, ...]) -> int:
         self.last_hashes = None
         n = self.num_replicas

@@ -1,6 +1,7 @@
 """A request's token arrival times held as ranges of its engine's delivery log, and the pooled
 inter-token gaps of a run made from them a block of requests at a time, with the statistics
-numpy would give on the whole array, to the bit, without ever holding it."""
+numpy would give on the whole array, to the bit, without ever holding it (but a short run's,
+kept between the passes over it)."""
 
 from __future__ import annotations
 
@@ -201,6 +202,10 @@ def blockwise_std(x: np.ndarray) -> np.float64:
 _BLOCK = 1 << 20
 """Elements per pass of the array work on per-token arrays (bounds their temporaries)."""
 
+_KEPT_BLOCKS = 8
+"""Most gaps `PooledGaps.scan` keeps for the passes after it, in `_BLOCK`s (64 MB of them): a
+run with more makes them again on each pass, so that it never holds them all."""
+
 _KEY_SHIFT = 44
 """Order statistics of the pooled gaps are found by the top 20 bits of their float64 patterns
 (sign, exponent and 8 bits of mantissa: buckets 0.4% wide), which order non-negative floats."""
@@ -210,13 +215,14 @@ class PooledGaps:
     """The pooled ITLs of a run: the gaps between consecutive chunks of each successful request,
     request after request (`np.diff` of the chunk times without the gaps that cross from one
     request to the next), made from the requests' token times a block of requests at a time
-    and never all held. `scan` makes them once and counts them (`size`) and the top bits of
-    their floats (`key_counts`); `mean_std` and `order_statistics` make them again.
+    and never all held, unless they are few. `scan` makes them once and counts them (`size`)
+    and the top bits of their floats (`key_counts`); `mean_std` and `order_statistics` read
+    them again: those the scan kept (at most `_KEPT_BLOCKS` blocks' worth), else made again.
 
     `token_block(i, j)` gives the token times of successful requests i .. j - 1 concatenated,
     a new float64 array (the block's own buffer); `num_tokens`, each request's count."""
 
-    __slots__ = ("_token_block", "_num_tokens", "size", "key_counts")
+    __slots__ = ("_token_block", "_num_tokens", "size", "key_counts", "_kept")
 
     def __init__(self, token_block: Callable[[int, int], np.ndarray],
                  num_tokens: np.ndarray) -> None:
@@ -224,6 +230,7 @@ class PooledGaps:
         self._num_tokens = num_tokens
         self.size = 0
         self.key_counts = np.zeros(1 << (64 - _KEY_SHIFT), dtype=np.int64)
+        self._kept: list[np.ndarray] | None = None     # the scan's blocks of gaps, if kept
 
     def _chunk_blocks(self):
         """(chunk times, chunks per request) per block of whole requests of about `_BLOCK`
@@ -252,13 +259,19 @@ class PooledGaps:
             i = j
 
     def _blocks(self):
-        """The gaps, in order, an array per block."""
-        for chunk_times, chunks in self._chunk_blocks():
-            yield _gaps_within(chunk_times, chunks)
+        """The gaps, in order, an array per block (not to be written): those the scan kept,
+        else made again."""
+        if self._kept is not None:
+            return iter(self._kept)
+        return (_gaps_within(chunk_times, chunks)
+                for chunk_times, chunks in self._chunk_blocks())
 
     def scan(self, on_chunk_times: Callable[[np.ndarray], None]) -> None:
         """The first pass: each block's chunk times to `on_chunk_times` (before its gaps are
-        taken in their buffer), then its gaps counted."""
+        taken in their buffer), then its gaps counted, and kept while the run's fit in
+        `_KEPT_BLOCKS` blocks."""
+        limit = _KEPT_BLOCKS * _BLOCK
+        kept: list[np.ndarray] | None = []
         for chunk_times, chunks in self._chunk_blocks():
             on_chunk_times(chunk_times)
             gaps = _gaps_within(chunk_times, chunks)
@@ -267,6 +280,12 @@ class PooledGaps:
             self.size += gaps.size
             self.key_counts += np.bincount(gaps.view(np.int64) >> _KEY_SHIFT,
                                            minlength=self.key_counts.size)
+            if kept is not None:
+                if self.size <= limit:
+                    kept.append(gaps)
+                else:
+                    kept = None
+        self._kept = kept
 
     def mean_std(self) -> tuple[np.float64, np.float64]:
         """`np.mean` and `np.std` of the gaps, to the bit: numpy's pairwise summation over the

@@ -141,3 +141,37 @@ def test_a_long_lookup_finds_the_hit_whatever_its_length(hit):
     arr.cache_many(blocks, list(range(1, hit + 1)))
     query = list(range(1, 451))
     assert arr.longest_cached(query) == py.longest_cached(query) == blocks[:450]
+
+
+def test_a_full_ring_of_hashed_free_blocks_keeps_its_live_entries_in_order():
+    """The compiled pool holds its freed hashed blocks in a ring whose entries a prefix hit
+    leaves stale: hits on free blocks, each freed again, fill the ring with stale entries
+    until it is compacted, many times over, with the free queue the Python pool's throughout."""
+    from simcore.engine.array_pool import QHEAD, QTAIL, ArrayBlockPool
+
+    rng = random.Random(7)
+    num_blocks = 9
+    py, arr = BlockPool(num_blocks, True), ArrayBlockPool(num_blocks, True)
+    blocks = py.allocate(num_blocks - 1)
+    assert arr.allocate(num_blocks - 1) == blocks
+    py.cache_many(blocks, list(range(1, num_blocks)))
+    arr.cache_many(blocks, list(range(1, num_blocks)))
+    py.release(blocks)
+    arr.release(blocks)
+    ring = len(arr.queue)
+    appended = 0
+    for _ in range(20 * ring):
+        hit = rng.sample(blocks, rng.randint(1, 3))
+        py.touch(hit)
+        arr.touch(hit)
+        rng.shuffle(hit)
+        py.release(hit)
+        arr.release(hit)
+        appended += len(hit)
+        assert arr.free_queue() == py.free_queue()
+        assert arr.num_free == py.num_free
+        assert all(arr.is_free(b) == py.is_free(b) for b in range(1, num_blocks))
+        assert arr.counts[QTAIL] - arr.counts[QHEAD] <= ring
+    assert appended > 10 * ring       # the ring was compacted again and again
+    assert arr.allocate(num_blocks - 1) == py.allocate(num_blocks - 1)
+    assert arr.num_evictions == py.num_evictions

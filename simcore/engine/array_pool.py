@@ -8,16 +8,25 @@ of the run. Here each operation is one compiled call over arrays, the block list
 numpy arrays (about 10 ns a block each way).
 
 State (`N` blocks, block 0 the null block):
-- `links`, int32 [N + 2, 5]: per block a row of 20 bytes, read together: its ref count
-  (`REF`), its neighbours in the free list that holds it (`PRV`, `NXT`), which list that is
-  (`WHERE`: 0 none, 1 front, 2 free) and the next block holding the same hash (`DUP`, 0 at the
-  end). Rows N and N + 1 are the sentinels of the two circular lists: `front` (freed blocks
-  without a hash, the latest freed first) and `free` (freed blocks with one, least recently
-  used first). Between them in eviction order come the blocks never handed out, `fresh` to
+- `links`, int32 [N + 1, 6]: per block a row of 24 bytes, read together: its ref count
+  (`REF`), its neighbours in `front` while it is there (`PRV`, `NXT`), which free part holds it
+  (`WHERE`: 0 none, 1 front, 2 free), the next block holding the same hash (`DUP`, 0 at the
+  end) and its slot in `queue` while it is in `free` (`SLOT`). Row N is the sentinel of the
+  circular list `front` (freed blocks without a hash, the latest freed first).
+- `queue`, int32 [Q] (Q a power of two of at least 2 N): `free`, the freed blocks with a hash,
+  least recently used first, as a ring read from `counts[QHEAD]` to `counts[QTAIL]` (positions
+  that only grow; a position's slot is it modulo Q). A prefix hit that takes a block out of
+  `free` only marks the block (`WHERE` 0): its entry stays in the ring, stale, and is passed
+  over where it is read (an entry is live iff its block is in `free` with that `SLOT`). So an
+  allocation reads the blocks it pops one after another from the ring rather than chasing a
+  linked list block by block (each block a dependent load, most of them missing the cache: the
+  pool of one engine is megabytes), and a release appends at the tail. When the ring is full,
+  its live entries (at most N - 1) are moved together to its head, and the stale ones dropped.
+  Between `front` and `free` in eviction order come the blocks never handed out, `fresh` to
   N - 1, held as a counter.
 - `block_hash`, int64 [N]: the hash each block holds (0: none).
-- `counts`, int64 [5]: `fresh`, the lengths of `front` and `free`, the evictions so far, and
-  the free blocks in all.
+- `counts`, int64 [7]: `fresh`, the lengths of `front` and `free` (its live entries), the
+  evictions so far, the free blocks in all, and the ring's head and tail positions.
 - `table`, int64 [capacity, 3]: the prefix cache as an open-addressing table (Fibonacci
   hashing, linear probing, deletion by backward shift; a key of 0 marks an empty slot, which no
   hash is), each slot a hash (`KEY`) and the first and last blocks cached under it (`HEAD`,
@@ -38,9 +47,9 @@ import numpy as np
 
 from simcore.compiled import compile_kernel
 
-REF, PRV, NXT, WHERE, DUP = range(5)
+REF, PRV, NXT, WHERE, DUP, SLOT = range(6)
 KEY, HEAD, TAIL = range(3)
-FRESH, NUM_FRONT, NUM_FREE, EVICTIONS, FREE = range(5)
+FRESH, NUM_FRONT, NUM_FREE, EVICTIONS, FREE, QHEAD, QTAIL = range(7)
 IN_FRONT, IN_FREE = 1, 2
 
 
@@ -126,36 +135,83 @@ def _evict(links, table, h, b):
 
 
 @compile_kernel(inline=True)
-def _pop(links, counts, sentinel, count, out, j):
-    """Move blocks from the head of the free list at `sentinel` (its length at counts[count])
-    into out[j:] until either runs out; the next free position of `out`."""
+def _pop_front(links, counts, out, j):
+    """Move blocks from the head of `front` into out[j:] until either runs out; the next free
+    position of `out`."""
     n = out.shape[0]
-    while j < n and counts[count] > 0:
+    sentinel = links.shape[0] - 1
+    while j < n and counts[NUM_FRONT] > 0:
         b = links[sentinel, NXT]
         nxt = links[b, NXT]
         links[sentinel, NXT] = nxt
         links[nxt, PRV] = sentinel
         links[b, WHERE] = 0
-        counts[count] -= 1
+        counts[NUM_FRONT] -= 1
         out[j] = b
         j += 1
     return j
 
 
+@compile_kernel(inline=True)
+def _pop_free(links, queue, counts, out, j):
+    """Move blocks from the head of `free` into out[j:] until either runs out, passing over
+    stale entries; the next free position of `out`."""
+    n = out.shape[0]
+    mask = queue.shape[0] - 1
+    p = counts[QHEAD]
+    while j < n and counts[NUM_FREE] > 0:
+        s = p & mask
+        b = queue[s]
+        p += 1
+        if links[b, WHERE] == IN_FREE and links[b, SLOT] == s:
+            links[b, WHERE] = 0
+            counts[NUM_FREE] -= 1
+            out[j] = b
+            j += 1
+    counts[QHEAD] = p
+    return j
+
+
+@compile_kernel(inline=True)
+def _append_free(links, queue, counts, b):
+    """Put block `b` at the tail of `free`; a full ring first keeps only its live entries,
+    moved together to its head in their order."""
+    mask = queue.shape[0] - 1
+    tail = counts[QTAIL]
+    if tail - counts[QHEAD] > mask:
+        k = counts[QHEAD]
+        for p in range(k, tail):
+            s = p & mask
+            c = queue[s]
+            # A block's stale entries all come before its live one, so a block moved here has
+            # no entry left to read.
+            if links[c, WHERE] == IN_FREE and links[c, SLOT] == s:
+                queue[k & mask] = c
+                links[c, SLOT] = k & mask
+                k += 1
+        tail = k
+    s = tail & mask
+    queue[s] = b
+    links[b, SLOT] = s
+    links[b, WHERE] = IN_FREE
+    counts[QTAIL] = tail + 1
+    counts[NUM_FREE] += 1
+
+
 @compile_kernel
-def _allocate(links, block_hash, counts, table, out):
+def _allocate(links, block_hash, counts, table, queue, out):
     """Pop len(out) blocks from the head of the free queue into `out`: `front`, then the fresh
     blocks, then `free`; each gets one reference and loses the hash it held (an eviction)."""
     n = out.shape[0]
     num_blocks = block_hash.shape[0]
-    j = _pop(links, counts, num_blocks, NUM_FRONT, out, 0)
+    j = _pop_front(links, counts, out, 0)
     fresh = counts[FRESH]
     take = min(n - j, num_blocks - fresh)
     for b in range(fresh, fresh + take):
         out[j] = b
         j += 1
     counts[FRESH] = fresh + take
-    _pop(links, counts, num_blocks + 1, NUM_FREE, out, j)
+    _pop_free(links, queue, counts, out, j)
     evicted = 0
     for j in range(n):
         b = out[j]
@@ -171,16 +227,17 @@ def _allocate(links, block_hash, counts, table, out):
 
 @compile_kernel
 def _touch(links, counts, blocks):
-    """Take a reference on each of `blocks`, pulling those with none out of their free list."""
+    """Take a reference on each of `blocks`, taking those with none out of their free part (a
+    block in `free` only marked: its entry in the ring goes stale)."""
     for b in blocks:
         if links[b, REF] == 0:
-            p = links[b, PRV]
-            nxt = links[b, NXT]
-            links[p, NXT] = nxt
-            links[nxt, PRV] = p
             if links[b, WHERE] == IN_FREE:
                 counts[NUM_FREE] -= 1
             else:
+                p = links[b, PRV]
+                nxt = links[b, NXT]
+                links[p, NXT] = nxt
+                links[nxt, PRV] = p
                 counts[NUM_FRONT] -= 1
             counts[FREE] -= 1
             links[b, WHERE] = 0
@@ -189,7 +246,7 @@ def _touch(links, counts, blocks):
 
 @compile_kernel(inline=True)
 def _link_after(links, a, b):
-    """Put block `b` into a free list right after `a` (a block or a list's sentinel)."""
+    """Put block `b` into `front` right after `a` (a block or the list's sentinel)."""
     nxt = links[a, NXT]
     links[a, NXT] = b
     links[b, PRV] = a
@@ -198,20 +255,17 @@ def _link_after(links, a, b):
 
 
 @compile_kernel
-def _release(links, block_hash, counts, blocks):
+def _release(links, block_hash, counts, queue, blocks):
     """Drop a reference on each of `blocks`, last first; a block left with none joins the tail
     of `free` if it holds a hash, else the head of `front`."""
-    num_blocks = block_hash.shape[0]
-    front, free = num_blocks, num_blocks + 1
+    front = links.shape[0] - 1
     for j in range(blocks.shape[0] - 1, -1, -1):
         b = blocks[j]
         r = links[b, REF] - 1
         links[b, REF] = r
         if r == 0:
-            if block_hash[b] != 0:      # the tail of `free`: after its last block
-                _link_after(links, links[free, PRV], b)
-                links[b, WHERE] = IN_FREE
-                counts[NUM_FREE] += 1
+            if block_hash[b] != 0:      # the tail of `free`
+                _append_free(links, queue, counts, b)
             else:                       # the head of `front`
                 _link_after(links, front, b)
                 links[b, WHERE] = IN_FRONT
@@ -279,24 +333,24 @@ class ArrayBlockPool:
     Python views (`ref_cnt`, `block_hash`, `cached`, `free_queue()`) are built on each read,
     for tests and checks; the engine calls the operations."""
 
-    __slots__ = ("num_blocks", "enable_caching", "links", "hashes", "counts", "table")
+    __slots__ = ("num_blocks", "enable_caching", "links", "hashes", "counts", "table", "queue")
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        links = np.zeros((num_blocks + 2, 5), dtype=np.int32)
-        for s in (num_blocks, num_blocks + 1):       # two empty circular lists
-            links[s, PRV] = links[s, NXT] = s
+        links = np.zeros((num_blocks + 1, 6), dtype=np.int32)
+        links[num_blocks, PRV] = links[num_blocks, NXT] = num_blocks    # `front`, empty
         links[0, REF] = 1                            # the null block is never free
         self.links = links
         self.hashes = np.zeros(num_blocks, dtype=np.int64)
-        self.counts = np.array([1, 0, 0, 0, num_blocks - 1], dtype=np.int64)
+        self.counts = np.array([1, 0, 0, 0, num_blocks - 1, 0, 0], dtype=np.int64)
         capacity = 16
         while capacity < 2 * num_blocks:
             capacity *= 2
         self.table = np.zeros((capacity, 3), dtype=np.int64)
+        self.queue = np.zeros(capacity, dtype=np.int32)
 
     @property
     def num_free(self) -> int:
@@ -310,18 +364,31 @@ class ArrayBlockPool:
     def num_evictions(self, value: int) -> None:
         self.counts[EVICTIONS] = value
 
-    def _list(self, sentinel: int) -> list[int]:
+    def _front(self) -> list[int]:
+        """The blocks of `front`, head first."""
         links, out = self.links, []
+        sentinel = self.num_blocks
         b = int(links[sentinel, NXT])
         while b != sentinel:
             out.append(b)
             b = int(links[b, NXT])
         return out
 
+    def _free(self) -> list[int]:
+        """The live entries of the ring, head first."""
+        links, queue = self.links, self.queue
+        mask = len(queue) - 1
+        out = []
+        for p in range(int(self.counts[QHEAD]), int(self.counts[QTAIL])):
+            b = int(queue[p & mask])
+            if links[b, WHERE] == IN_FREE and links[b, SLOT] == p & mask:
+                out.append(b)
+        return out
+
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (the next allocation's first)."""
         n = self.num_blocks
-        return [*self._list(n), *range(int(self.counts[FRESH]), n), *self._list(n + 1)]
+        return [*self._front(), *range(int(self.counts[FRESH]), n), *self._free()]
 
     def is_free(self, b: int) -> bool:
         return b >= self.counts[FRESH] or bool(self.links[b, WHERE])
@@ -371,7 +438,7 @@ class ArrayBlockPool:
     def take(self, n: int) -> np.ndarray:
         """`allocate`, the blocks as an int32 array (which `cache_many` takes as it is)."""
         out = np.empty(n, dtype=np.int32)
-        _allocate(self.links, self.hashes, self.counts, self.table, out)
+        _allocate(self.links, self.hashes, self.counts, self.table, self.queue, out)
         return out
 
     def touch(self, blocks: list[int]) -> None:
@@ -391,4 +458,5 @@ class ArrayBlockPool:
     def release(self, blocks) -> None:
         """Drop one reference on each of `blocks` (a list, or an int32 array), walking them from
         last to first."""
-        _release(self.links, self.hashes, self.counts, np.asarray(blocks, dtype=np.int32))
+        _release(self.links, self.hashes, self.counts, self.queue,
+                 np.asarray(blocks, dtype=np.int32))

@@ -26,6 +26,7 @@ order, at the end of the run; nothing looks it up during the run (no request is 
 
 from __future__ import annotations
 
+from simcore.engine.block_table import BlockTable
 from simcore.engine.kv_cache import KVCacheManager
 from simcore.engine.request import Request
 
@@ -44,21 +45,24 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
     caching = kv.enable_caching
     req_blocks = kv.req_blocks
     num_cached = kv.num_cached_block
-    # (step, position in the batch, block index, block table) of each block to allocate, and
-    # (step, position, block index) of each block to cache, steps counted from 1.
-    allocs: list[tuple[int, int, int, list[int]]] = []
+    # (step, position in the batch, block index) of each block to allocate and of each block to
+    # cache, steps counted from 1; by position, the block table and the number of keys of each
+    # request with a call in the run.
+    allocs: list[tuple[int, int, int]] = []
     completed: list[tuple[int, int, int]] = []
+    tables: list[BlockTable | None] = [None] * len(reqs)
+    num_keys: list[int] = [0] * len(reqs)
     for i, (r, (c0, _)) in enumerate(zip(reqs, base)):
         rid = r.request_id
         if fit[rid] - c0 >= k:          # no call within the run
             continue
-        held = req_blocks[rid]
+        held = tables[i] = req_blocks[rid]
         end = c0 + k                    # computed tokens after the run
         num_held = len(held)
         num_needed = -(-end // bs)
         for m in range(num_held, num_needed):
             j = m * bs - c0 + 1
-            allocs.append((j if j > 1 else 1, i, m, held))
+            allocs.append((j if j > 1 else 1, i, m))
         if num_needed < num_held:
             num_needed = num_held
         f = num_needed * bs
@@ -70,6 +74,7 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
                 completed.append((j if j > 1 else 1, i, m))
             if num_full > start:
                 num_cached[rid] = start = num_full
+                num_keys[i] = len(r.block_keys)
             if f > (start + 1) * bs - 1:
                 f = (start + 1) * bs - 1
         fit[rid] = f
@@ -79,8 +84,8 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
             raise RuntimeError(f"a quiet run found {pool.num_free} free blocks for "
                                f"{len(allocs)} (the plan counted enough)")
         allocs.sort()
-        for (_, _, _, held), b in zip(allocs, pool.allocate(len(allocs))):
-            held.append(b)
+        for (_, i, _), b in zip(allocs, pool.allocate(len(allocs))):
+            tables[i].append(b)
     if completed:
         completed.sort()
         space = kv.space
@@ -92,12 +97,12 @@ def allocate_run(kv: KVCacheManager, reqs: list[Request], base: list[tuple[int, 
             r = reqs[i]
             if m < r.num_hashes:
                 h = r.block_hashes.item(m)
-            elif m < len(r.block_keys):
+            elif m < num_keys[i]:
                 r.num_output_tokens = base[i][1] + j - 1
                 h = r.ensure_block_hashes(space, bs).item(m)
             else:
                 h = r.draw_fresh(space)
-            blocks.append(req_blocks[r.request_id].at(m))
+            blocks.append(tables[i].at(m))
             hashes_of.append(h)
         if len(blocks) == 1:
             pool.cache(blocks[0], hashes_of[0])

@@ -363,12 +363,11 @@ class Frontend(StepObserver):
     def reporter(self, interval_s: float):
         """Publish every routed engine's load (running and waiting requests) to the router each
         `interval_s`."""
-        scheds = [(k, self.ranks[i].sched) for k, i in enumerate(self.entry)]
-        publish = self.router.publish
+        scheds = [self.ranks[i].sched for i in self.entry]
+        publish_all = self.router.publish_all
         env = self.env
         while True:
-            for k, s in scheds:
-                publish(k, len(s.running) + s.num_waiting)
+            publish_all([len(s.running) + s.num_waiting for s in scheds])
             yield InertTimeout(env, interval_s)
 
     def check_lost(self) -> None:
