@@ -4,7 +4,8 @@ set, and write them to simcore/data/cpu_costs/fitted.json.
 The parameters: the model runner's CPU time per step and per scheduled sequence, the API
 server's per streamed token and per request (its latency, and its work that holds it:
 `simcore.host`), and the calibrated compute
-model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks). The
+model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks) and
+the TP ranks' skew at each all-reduce (`compute.collective_skew_s`: the last rank's wait). The
 objective: the mean over the fit cases and their metric families of |log(predicted /
 measured)|, each prediction `dse.validate_e2e.predict`'s (for an offline ShareGPT batch the median
 over its draws); with the result, per metric family the fit cases' residuals log(measured /
@@ -47,6 +48,7 @@ from simcore.model.presets import load_preset  # noqa: E402
 
 GRIDS = {
     "compute_bound_scale": [1.0, 1.05, 1.1, 1.15, 1.2, 1.25],
+    "collective_skew_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5],
     "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
     "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
     "api_server_per_token_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5],
@@ -85,8 +87,8 @@ REQUEST_PATH_BOUND = 0.015
 PATH_KEYS = ("request_overhead_s", "api_server_per_request_s")
 
 
-UNITS = [("compute_bound_scale",), ("model_runner_step_s",), ("model_runner_per_seq_s",),
-         ("api_server_per_token_s",), PATH_KEYS]
+UNITS = [("compute_bound_scale",), ("collective_skew_s",), ("model_runner_step_s",),
+         ("model_runner_per_seq_s",), ("api_server_per_token_s",), PATH_KEYS]
 """The coordinates of the descent: one parameter each, but for the request path's two, searched
 together (their sum is bounded)."""
 
@@ -128,6 +130,9 @@ def _residuals(args):
     params = dict(params)
     compute = dict(case.config.get("compute", {}))
     compute["compute_bound_scale"] = params.pop("compute_bound_scale", 1.0)
+    skew = params.pop("collective_skew_s", 0.0)
+    if case.config.get("parallelism", {}).get("tensor_parallel_size", 1) > 1:
+        compute["collective_skew_s"] = skew       # refused at TP 1: no all-reduce to wait at
     if routing and routing[0]:
         compute["moe_routing"] = routing[0]
     pred = predict(case, compute, host={"model": "vllm", **params})
@@ -202,7 +207,8 @@ def routing_objectives(cases, params, pool) -> dict[str, float]:
 def descend(cases, pool, log=print) -> tuple[dict, float]:
     """The parameters of least `objective` over `cases`, by coordinate descent from zero (the
     scale from 1): two rounds over each unit's grid, then a round refining around the best."""
-    params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0}
+    params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0,
+              "collective_skew_s": 0.0}
     best = objective(cases, params, pool)
     log(f"start {best:.4f}")
     for rnd in range(3):

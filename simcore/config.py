@@ -442,6 +442,14 @@ class ComputeConfig(BaseModel):
         "sustain lower clocks at its power limit. Default: the value fitted on the fit part of "
         "the end-to-end validation set (simcore/data/cpu_costs/fitted.json), bounded by "
         "published sustained-to-boost clock ratios. Only with a calibrated profile.")
+    collective_skew_s: float | None = Field(
+        None, ge=0.0, le=1e-3, description="Standard deviation of the TP ranks' arrival times "
+        "at each all-reduce, s: every rank waits there for the last one, which arrives this "
+        "much x E[max of tp standard normals] after the mean (0.56 at TP 2, 1.03 at TP 4, 1.42 "
+        "at TP 8), on every all-reduce of a step; a collective measured alone, its ranks "
+        "started together, does not hold it. Default: the value fitted on the fit part of the "
+        "end-to-end validation set (simcore/data/cpu_costs/fitted.json). Only with a "
+        "calibrated profile, and not on a cluster, whose fabric times the collectives.")
 
     @model_validator(mode="after")
     def _check(self) -> "ComputeConfig":
@@ -453,7 +461,17 @@ class ComputeConfig(BaseModel):
         if self.compute_bound_scale is not None and self.kind == "roofline":
             raise ValueError("compute_bound_scale: only used with a calibrated profile (the "
                              "roofline's efficiencies are compute.roofline's)")
+        if self.collective_skew_s is not None and self.kind == "roofline":
+            raise ValueError("collective_skew_s: only used with a calibrated profile (the "
+                             "roofline's collectives are compute.roofline's)")
         return self
+
+    def resolved_collective_skew_s(self) -> float:
+        """`collective_skew_s`, or the fitted value when it is null."""
+        if self.collective_skew_s is not None:
+            return float(self.collective_skew_s)
+        from simcore.host import fitted_collective_skew_s
+        return fitted_collective_skew_s()
 
     def resolved_compute_bound_scale(self) -> float:
         """`compute_bound_scale`, or the fitted value when it is null."""

@@ -52,8 +52,9 @@ end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_
 fitted.json`); their defaults are those fitted values, moved from the host speed the fit ran
 at to the config's `host_speed` (`host_parameter`): all of the CPU side scales with it. The
 calibrated compute model's compute-bound scale (`compute.compute_bound_scale`, sustained
-against boost clocks) is fitted with them, on the same cases, and kept in the same file
-(`fitted_compute_bound_scale`).
+against boost clocks) and its TP ranks' skew at each all-reduce (`compute.collective_skew_s`)
+are fitted with them, on the same cases, and kept in the same file
+(`fitted_compute_bound_scale`, `fitted_collective_skew_s`).
 """
 
 from __future__ import annotations
@@ -229,6 +230,12 @@ def fitted_compute_bound_scale() -> float:
     """The fitted `compute.compute_bound_scale` (1 where no fit has written one): fitted with the
     CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
     return float(_fitted().get("parameters", {}).get("compute_bound_scale", 1.0))
+
+
+def fitted_collective_skew_s() -> float:
+    """The fitted `compute.collective_skew_s` (0 where no fit has written one): fitted with the
+    CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
+    return float(_fitted().get("parameters", {}).get("collective_skew_s", 0.0))
 
 
 def fitted_cases() -> list[str]:

@@ -194,8 +194,20 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         raise ConfigError(f"compute.compute_bound_scale: no kernel profile of {gpu.name} is "
                           "shipped, so the roofline times every op with its own efficiencies "
                           "(compute.roofline); remove it or name a profile in compute.profile")
+    if c.collective_skew_s is not None and kind != "calibrated":
+        raise ConfigError(f"compute.collective_skew_s: no kernel profile of {gpu.name} is "
+                          "shipped, so the roofline times the collectives "
+                          "(compute.roofline); remove it or name a profile in compute.profile")
+    if c.collective_skew_s and tp == 1:
+        raise ConfigError("compute.collective_skew_s: with tensor_parallel_size 1 a step has no "
+                          "all-reduce to wait at; remove it")
+    if c.collective_skew_s is not None and multi_node:
+        raise ConfigError("compute.collective_skew_s: a cluster's collectives are timed on its "
+                          "fabric (cluster.fabric), where this has no effect; remove it")
     if kind == "calibrated":
         kw["compute_bound_scale"] = c.resolved_compute_bound_scale()
+        if not multi_node:
+            kw["collective_skew_s"] = c.resolved_collective_skew_s()
         from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel

@@ -173,7 +173,7 @@ class MeasuredModel(RooflineModel):
             parts = {"gemm": by_op.get("mlp", 0.0), "attention": by_op.get("attention", 0.0),
                      "moe": by_op.get("moe", 0.0), "elementwise": by_op.get("elementwise", 0.0),
                      "lm_head": by_op.get("lm_head", 0.0),
-                     "communication": self.comm_s(shape),
+                     "communication": self.comm_s(shape) - self._ar_skew_s,
                      "overhead": self._step_overhead_s}
             # The attention op holds the projections (gemm) and the kernel (attention).
             if "attn" in self._token_gemm_groups:
@@ -228,12 +228,13 @@ class CalibratedModel(MeasuredModel):
                  kv_cache_dtype: str = "bf16", assumptions=None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
                  op_scale: dict[str, float] | None = None, host=None,
-                 compute_bound_scale: float = 1.0) -> None:
+                 compute_bound_scale: float = 1.0, collective_skew_s: float = 0.0) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
                          multi_node_tp=multi_node_tp, op_scale=op_scale, host=host,
-                         compute_bound_scale=compute_bound_scale)
+                         compute_bound_scale=compute_bound_scale,
+                         collective_skew_s=collective_skew_s)
         self._check_gpu(profile, gpu)
         if weight_dtype not in ("bf16", "fp16"):
             raise ConfigError(f"compute.profile: {profile.profile_id} measured 16-bit GEMMs; "

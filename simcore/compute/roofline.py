@@ -30,7 +30,9 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
   activations and a gather of the logits, by the ring formula of nccl-tests' doc/PERFORMANCE.md over the intra-node
   interconnect: 2(n-1)/n x S/B + 2(n-1) x alpha. They sit on the critical path (vLLM does not
   overlap them). With `sequence_parallel_moe` (expert parallelism with DP > 1) each MoE layer's
-  all-reduce becomes an all-gather, (n-1)/n x S/B + (n-1) x alpha.
+  all-reduce becomes an all-gather, (n-1)/n x S/B + (n-1) x alpha. A calibrated model adds to
+  each the ranks' skew (`compute.collective_skew_s`: every rank waits for the last, sigma x
+  E[max of n standard normals] past the mean), which a collective measured alone does not hold.
 - PP: a sequential estimate without micro-batching: the step takes the sum of all stage times plus
   (pp - 1) hops sending hidden states and residual (intra-node interconnect, or the declared
   inter-node bandwidth for hops between nodes). vLLM overlaps pp batches; a caller simulating that
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,6 +82,20 @@ shared and routed experts), elementwise (norms, rotary, activations, residuals, 
 lm_head (LM head and sampler)."""
 
 _GROUP_OP = {"attn": "attention", "mlp": "mlp", "shared_expert": "moe", "router": "moe"}
+
+
+@lru_cache(maxsize=None)
+def expected_max_of_normals(n: int) -> float:
+    """E[max of `n` independent standard normals] (0 for one; 0.564 for two, 1.029 for four,
+    1.424 for eight): how far past the mean the last of `n` ranks arrives at a barrier, in
+    standard deviations of their arrival times. By the trapezoidal rule over +/-10 sigma of
+    n x phi(x) x Phi(x)^(n-1) x x."""
+    if n <= 1:
+        return 0.0
+    xs = [i / 1000.0 for i in range(-10000, 10001)]
+    vals = [x * n * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+            * (0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))) ** (n - 1) for x in xs]
+    return (sum(vals) - 0.5 * (vals[0] + vals[-1])) / 1000.0
 
 
 def prompt_len(pairs_per_seq: float) -> float:
@@ -214,6 +231,7 @@ class RooflineModel:
         "_pp_s_per_token", "_pp_latency_s", "_pp_hop_s_per_byte",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
         "_linear_cache", "_cscale", "_attn_decode", "_decode_timers", "_triton_context",
+        "_ar_skew_s", "_skew_per_collective_s",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
@@ -221,7 +239,7 @@ class RooflineModel:
                  assumptions: RooflineAssumptions | None = None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
                  op_scale: dict[str, float] | None = None, host=None,
-                 compute_bound_scale: float = 1.0) -> None:
+                 compute_bound_scale: float = 1.0, collective_skew_s: float = 0.0) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
         if tp > gpu.gpus_per_node and not multi_node_tp:
@@ -411,8 +429,15 @@ class RooflineModel:
             self._gather_s_per_row = (tp - 1) / tp * arch.vocab_size * ab / ic
             self._gather_latency_s = (tp - 1) * alpha
         else:
+            num_ar = 0
             self._ar_s_per_token = self._ar_latency_s = 0.0
             self._gather_s_per_row = self._gather_latency_s = 0.0
+        # The ranks' skew at each TP all-reduce (`compute.collective_skew_s`): every rank waits
+        # there for the last to arrive, sigma x E[max of tp standard normals] past the mean. A
+        # wait for the ranks, not link time: `op_scale`'s communication factor leaves it.
+        self._skew_per_collective_s = (float(collective_skew_s) * expected_max_of_normals(tp)
+                                       if num_ar else 0.0)
+        self._ar_skew_s = num_ar * self._skew_per_collective_s
         # Hop i (stage i to i + 1; stage s on node s // stages_per_node) leaves its node when
         # i + 1 is a multiple of stages_per_node.
         stages_per_node = max(1, gpu.gpus_per_node // tp)
@@ -475,13 +500,21 @@ class RooflineModel:
                 f"profile, +/-{self.relative_uncertainty:.0%})"]
 
     def compute_scale_lines(self) -> list[str]:
-        """The assumption line of `compute.compute_bound_scale` where it is not 1."""
-        if self._cscale == 1.0:
-            return []
-        return [f"compute-bound ops x{self._cscale:g}: the tensor cores' sustained clock under "
-                "serving load against the boost clock the kernels were measured at "
-                "(compute.compute_bound_scale, fitted on the end-to-end validation set's fit "
-                "part)"]
+        """The assumption lines of `compute.compute_bound_scale` where it is not 1 and of
+        `compute.collective_skew_s` where it adds time."""
+        lines = []
+        if self._cscale != 1.0:
+            lines.append(f"compute-bound ops x{self._cscale:g}: the tensor cores' sustained "
+                         "clock under serving load against the boost clock the kernels were "
+                         "measured at (compute.compute_bound_scale; by default fitted on the "
+                         "end-to-end validation set's fit part)")
+        if self._ar_skew_s:
+            lines.append(f"each TP all-reduce +{self._skew_per_collective_s * 1e6:.1f} us "
+                         f"({self._ar_skew_s * 1e3:.2f} ms a step): the {self.tp} ranks' skew, "
+                         "the last rank's arrival past the mean, which a collective measured "
+                         "alone does not hold (compute.collective_skew_s; by default fitted on "
+                         "the end-to-end validation set's fit part)")
+        return lines
 
     def measured_share(self) -> float:
         """The share of a step's time that comes from measurements: none."""
@@ -753,7 +786,7 @@ class RooflineModel:
         t = shape.num_tokens
         s = shape.num_seqs
         ar = (self._ar_meas(t) if self._ar_meas is not None
-              else t * self._ar_s_per_token + self._ar_latency_s)
+              else t * self._ar_s_per_token + self._ar_latency_s) + self._ar_skew_s
         gather = (self._gather_meas(s) if self._gather_meas is not None and s
                   else s * self._gather_s_per_row + self._gather_latency_s)
         return (ar + gather
