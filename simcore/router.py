@@ -32,12 +32,9 @@ class Router:
         """Chained hashes of the last routed prompt's keyed blocks (prefix_affinity only), so the
         engine need not hash them again."""
 
-    def publish(self, replica: int, load: int) -> None:
-        """A replica's load report (running + waiting requests) as of now."""
-        self.reported_load[replica] = load
-
     def publish_all(self, loads: list[int]) -> None:
-        """Every replica's load report, in replica order, as of now."""
+        """Every replica's load report (running + waiting requests), in replica order, as of
+        now."""
         self.reported_load[:] = loads
 
     def route(self, block_keys: tuple[int, ...]) -> int:

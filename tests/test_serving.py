@@ -404,8 +404,7 @@ def test_prefix_affinity_routes_as_a_block_by_block_index(prompts, threshold):
         if by_engine:
             router.space.chain(keys)
             continue
-        for replica, load in enumerate(loads):
-            router.publish(replica, load)
+        router.publish_all(list(loads))
         least = sorted(range(3), key=lambda r: (loads[r], (r - router._next) % 3))[0]
         best = -1
         for j in range(1, len(keys) + 1):
