@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from simcore.engine.request import BlockHashSpace, Request
-from simcore.workload.keys import BlockKeys, hash_block_keys
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simcore.workload.keys import BlockKeys, hash_block_keys, hash_block_keys_many
 
 
 def test_expanded_keys_are_the_tuple_the_ids_expand_to():
@@ -18,6 +21,26 @@ def test_expanded_keys_are_the_tuple_the_ids_expand_to():
     assert keys == (14, 15, 6, 7, 18) and (14, 15, 6, 7, 18) == keys
     assert hash_block_keys([], prompt_len=80, block_size=16, hash_block_tokens=32) == ()
     assert hash_block_keys([1], prompt_len=15, block_size=16, hash_block_tokens=32) == ()
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([(1, 1), (16, 32), (16, 512), (2, 8), (32, 32)]),
+       st.lists(st.tuples(st.lists(st.integers(0, 10**6), max_size=6),
+                          st.integers(0, 300)), max_size=8))
+def test_a_traces_keys_expanded_at_once_are_each_rows_own(sizes, rows):
+    """`hash_block_keys_many` (a trace's rows in one pass, each a view of one array) gives what
+    `hash_block_keys` gives row by row: the same keys, () for a row with none."""
+    block_size, hash_block_tokens = sizes
+    many = hash_block_keys_many(rows, block_size=block_size, hash_block_tokens=hash_block_tokens)
+    one = [hash_block_keys(ids, prompt_len=n, block_size=block_size,
+                           hash_block_tokens=hash_block_tokens) for ids, n in rows]
+    assert many == one
+    assert [type(k) for k in many] == [type(k) for k in one]
+    for k in many:
+        if k:
+            with pytest.raises(ValueError):
+                np.asarray(k)[0] = 1
 
 
 def test_block_keys_read_as_their_tuple():

@@ -128,7 +128,7 @@ def as_id_list(value: Any, where: str, key: str, maximum: int) -> list[int]:
     """A list of whole numbers in [0, maximum]."""
     if not isinstance(value, list):
         raise ConfigError(f"{where}: {key} must be a list of whole numbers")
-    if all(type(v) is int for v in value):
+    if set(map(type, value)) <= {int}:
         ids = value
         if ids and min(ids) < 0:
             raise ConfigError(f"{where}: {key} values must be at least 0, got {min(ids)}")

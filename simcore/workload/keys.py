@@ -139,6 +139,28 @@ def hash_block_keys(hash_ids: Sequence[int], *, prompt_len: int, block_size: int
     return BlockKeys(keys)
 
 
+def hash_block_keys_many(rows: Sequence[tuple[Sequence[int], int]], *, block_size: int,
+                         hash_block_tokens: int) -> list[BlockKeys | tuple[()]]:
+    """`hash_block_keys` of each (hash ids, prompt length) of `rows`, expanded in one pass: the
+    used ids of all rows expanded into one read-only array, each row's `BlockKeys` a view of its
+    part (a trace's rows number in the thousands, and numpy's few microseconds a call would be
+    most of expanding them one by one)."""
+    per = hash_block_tokens // block_size
+    used = [min(len(ids), -(-(n // block_size) // per)) for ids, n in rows]
+    flat = np.fromiter((i for (ids, _), u in zip(rows, used) for i in ids[:u]),
+                       dtype=np.int64, count=sum(used))
+    keys = (flat[:, None] * per + np.arange(per, dtype=np.int64)).ravel()
+    keys |= HASH_BLOCK << NAMESPACE_SHIFT
+    keys.flags.writeable = False
+    out: list[BlockKeys | tuple[()]] = []
+    start = 0
+    for (_, n), u in zip(rows, used):
+        count = min(u * per, n // block_size)
+        out.append(BlockKeys(keys[start:start + count]) if count > 0 else ())
+        start += u * per
+    return out
+
+
 def user_keys(keys: Sequence[int], *, prompt_len: int, block_size: int) -> tuple[int, ...]:
     """Namespace verbatim per-block keys, truncated to the prompt's full blocks."""
     tag = USER << NAMESPACE_SHIFT

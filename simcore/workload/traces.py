@@ -9,7 +9,7 @@ from pathlib import Path
 from simcore.errors import ConfigError
 from simcore.workload import files
 from simcore.workload.config import AzureDataset, MooncakeDataset
-from simcore.workload.keys import BlockKeys, check_hash_block, hash_block_keys, max_hash_id
+from simcore.workload.keys import BlockKeys, check_hash_block, hash_block_keys_many, max_hash_id
 from simcore.workload.sample import Sample
 
 MS_PER_S = 1000.0
@@ -54,9 +54,9 @@ def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
     check_hash_block(block_size, ds.hash_block_tokens)
     id_limit = max_hash_id(block_size, ds.hash_block_tokens)
     window = _Window.of(ds)
-    rows: list[MooncakeRow] = []
+    kept: list[tuple[int, float, int, int, list[int]]] = []
     for lineno, obj in files.iter_jsonl(path):
-        if num_prompts is not None and len(rows) >= num_prompts:
+        if num_prompts is not None and len(kept) >= num_prompts:
             break
         where = f"{path}: line {lineno}"
         t_s = files.as_seconds(files.field(obj, "timestamp", where), where, "timestamp", MS_PER_S)
@@ -64,13 +64,12 @@ def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
         output_len = files.count_field(obj, "output_length", where)
         raw_ids = obj.get("hash_ids")
         ids = [] if raw_ids is None else files.as_id_list(raw_ids, where, "hash_ids", id_limit)
-        if not window.contains(t_s):
-            continue
-        keys = hash_block_keys(ids, prompt_len=prompt_len, block_size=block_size,
-                               hash_block_tokens=ds.hash_block_tokens)
-        rows.append(MooncakeRow(lineno, window.run_time_s(t_s), prompt_len, max(1, output_len),
-                                tuple(ids), keys))
-    return rows
+        if window.contains(t_s):
+            kept.append((lineno, window.run_time_s(t_s), prompt_len, max(1, output_len), ids))
+    keys = hash_block_keys_many([(ids, prompt_len) for _, _, prompt_len, _, ids in kept],
+                                block_size=block_size, hash_block_tokens=ds.hash_block_tokens)
+    return [MooncakeRow(lineno, t_s, prompt_len, output_len, tuple(ids), row_keys)
+            for (lineno, t_s, prompt_len, output_len, ids), row_keys in zip(kept, keys)]
 
 
 def mooncake_samples(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
