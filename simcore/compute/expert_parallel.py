@@ -18,8 +18,9 @@ plus the per-step CPU overhead and launch time of the rank roofline (`RooflineMo
   min(EP, E) equal groups. The hottest GPU's load is the expected maximum of a multinomial
   (A = T k trials over `cells` cells), by the normal approximation
       L(A) = A / cells + z_cells * sqrt(A (1 / cells) (1 - 1 / cells)),
-  with z_n = Phi^-1((n - 0.375) / (n + 0.25)), Blom's approximation of the expected largest of n
-  standard normals (z_1 = 0: one cell takes everything), capped at T x min(k, experts per GPU).
+  with z_n the expected largest of n standard normals (`roofline.expected_max_of_normals`, the
+  same E[max] as a TP all-reduce's rank skew; z_1 = 0: one cell takes everything), capped at
+  T x min(k, experts per GPU).
   Its GEMMs take max(2 x L x params per expert / FLOP/s, (active experts x expert bytes +
   L x expert activations) / HBM bandwidth, kernel floors) per MoE layer, where the GPU's
   active experts are ceil(E / EP) x (1 - (1 - k / E)^T). The roofline is deterministic: no
@@ -46,20 +47,12 @@ not modelled, nor redundant experts (EPLB), nor overlap of the all-to-all with c
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
 
 from simcore.compute.base import StepShape, StepTime, check_op_scale
-from simcore.compute.roofline import RooflineAssumptions, RooflineModel
+from simcore.compute.roofline import RooflineAssumptions, RooflineModel, expected_max_of_normals
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
-
-
-def expected_max_normal(n: int) -> float:
-    """Blom's approximation of the expected largest of `n` independent standard normals."""
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 class ExpertParallelRoofline:
@@ -111,7 +104,7 @@ class ExpertParallelRoofline:
         self.experts_per_gpu = -(-e // ep)
         self._k = k
         self._cells = min(ep, e)
-        self._z = expected_max_normal(self._cells)
+        self._z = expected_max_of_normals(self._cells)
         self._ln_miss = math.log1p(-k / e) if k < e else -math.inf
         self._max_per_token = min(k, self.experts_per_gpu)
         self._num_moe = num_moe = arch.num_moe_layers()
