@@ -22,7 +22,21 @@ if TYPE_CHECKING:
     from simcore.config import SimConfig
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group; a command that runs out of memory fails with one line, not a
+    traceback (a workload or deployment far too large for the machine: bounds on the settings
+    refuse the absurd ones first, but not every size that fails to fit)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MemoryError:
+            _fail("this machine ran out of memory for the run: its requests, prompts or "
+                  "engines are too large for it (try fewer requests, shorter prompts or fewer "
+                  "engines); nothing more was written")
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="llm-serving-dse")
 def main() -> None:
     """Plan LLM-serving deployments: simulate a configuration, or search a space of them."""

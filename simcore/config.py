@@ -58,6 +58,12 @@ class PrefillDecodeConfig(BaseModel):
         return None if gpu is None else get_gpu(gpu).name     # the catalog's spelling
 
 
+MAX_ENGINES = 8192
+"""The most engine instances one run simulates: each holds a scheduler and a KV-cache block pool
+(about 2 MB each, measured with 512 Llama-3.1-8B replicas), twice the 4,096 GPUs of 512
+eight-GPU nodes at TP 1."""
+
+
 class ParallelismConfig(BaseModel):
     """How the model is split over GPUs (vLLM's parallel config)."""
 
@@ -93,6 +99,11 @@ class ParallelismConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelismConfig":
+        if self.num_instances > MAX_ENGINES:
+            raise ValueError(f"{self.num_instances:,} engine instances (data_parallel_size x "
+                             f"num_replicas, or prefill plus decode instances); one run holds "
+                             f"at most {MAX_ENGINES:,}, each engine's scheduler and KV-cache "
+                             "pool taking about 2 MB")
         if self.prefill_decode is not None:
             if self.data_parallel_size != 1:
                 raise ValueError("prefill_decode: data_parallel_size must be 1 with "

@@ -110,7 +110,8 @@ def headroom(cfg, result: dict) -> dict | None:
     config's request rate / that capacity; `state`: "over_capacity" when the run's queue kept
     growing (`over_capacity`) or the load fraction reaches 1, "near_capacity" from
     `NEAR_CAPACITY`, else "headroom". No SLO enters: `dse capacity` finds the rate that meets
-    latency SLOs.
+    latency SLOs. None too where the capacity run completes nothing (every request of the
+    kind refused, as one longer than max_model_len): there is no capacity to compare with.
     """
     w = cfg.workload
     # A finite rate is the config's own: a ramp-up or a trace's timestamps need it left inf.
@@ -125,6 +126,8 @@ def headroom(cfg, result: dict) -> dict | None:
                 "capacity_run_replicas_measured": 1, "capacity_run_replicas_scaled_to": copies}
     if cfg.cluster is not None:
         full = {**full, "capacity_run_fabric": "analytical"}
+    if not full["throughput_capacity_rps"] > 0:
+        return None     # nothing of this kind completes (every request refused): no capacity
     load = w.request_rate / full["throughput_capacity_rps"]
     state = ("over_capacity" if result["over_capacity"] or load >= 1.0
              else "near_capacity" if load >= NEAR_CAPACITY else "headroom")

@@ -14,6 +14,7 @@ from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
 from simcore.model.memory import (DEFAULT_CUDA_GRAPH_BYTES, KvCacheMemory, kv_cache_groups,
                                   kv_cache_num_blocks, non_torch_bytes)
+from simcore.workload.config import shared_prefix_field
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,13 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     if e.speculative_config is not None:
         check_speculative(cfg, arch)
     max_model_len = cfg.model.resolved_max_model_len(arch)
+    prefix = shared_prefix_field(cfg.workload.dataset)
+    if prefix is not None and prefix[1] >= max_model_len:
+        # Every prompt starts with it and every request asks for at least one token, so vLLM
+        # would refuse them all; its blocks' keys alone would not fit in memory past a size.
+        raise ConfigError(f"workload.dataset.{prefix[0]}: {prefix[1]} tokens begin every prompt, "
+                          f"at least the model's max_model_len ({max_model_len}): every request "
+                          "would be refused; shorten it or raise model.max_model_len")
     seqs, tokens = default_batch_limits(gpu.memory_bytes, gpu.name, e.enable_chunked_prefill,
                                         max_model_len)
     max_num_seqs = e.max_num_seqs or seqs

@@ -276,6 +276,18 @@ class AgentSessionsDataset(_SessionsBase):
 SESSION_DATASETS = (SessionsDataset, AgentSessionsDataset)
 
 
+def shared_prefix_field(ds) -> tuple[str, int] | None:
+    """(field name, tokens) of the prefix that begins every prompt of dataset `ds`
+    (`prefix_len` of the random and prefix_repetition datasets, `shared_prefix_len` of the
+    session ones), or None for a dataset without one."""
+    if isinstance(ds, (RandomDataset, PrefixRepetitionDataset)):
+        return "prefix_len", ds.prefix_len
+    if isinstance(ds, SESSION_DATASETS):
+        return "shared_prefix_len", ds.shared_prefix_len
+    return None
+
+
+
 class _TimedTrace(_Frozen):
     """Options shared by traces that carry their own send times."""
 

@@ -1,0 +1,97 @@
+"""Sizes far beyond what a run can hold get one clear error naming the field, not a traceback:
+more engines than a run simulates, a shared prefix longer than the model's context (whose
+blocks' keys alone would not fit in memory), a run whose every request is refused (its
+headroom has no capacity to compare with), and a command that runs out of memory anyway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import dse.cli as cli
+from simcore.config import MAX_ENGINES, parse_config
+from simcore.errors import ConfigError
+from simcore.setup import build_deployment
+
+TINY = {
+    "name": "tiny",
+    "model": {"name": "meta-llama/Llama-3.1-8B", "max_model_len": 2048},
+    "hardware": {"gpu": "A100-80GB"},
+    "workload": {"num_prompts": 20, "request_rate": 5,
+                 "dataset": {"kind": "random", "input_len": 128, "output_len": 8}},
+}
+
+
+def _config(**changes) -> dict:
+    data = yaml.safe_load(yaml.safe_dump(TINY))
+    for path, value in changes.items():
+        *head, last = path.split(".")
+        node = data
+        for key in head:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return data
+
+
+def test_more_engines_than_a_run_holds_are_refused_naming_the_field():
+    parse_config(_config(**{"parallelism.data_parallel_size": MAX_ENGINES}))
+    for changes in ({"parallelism.data_parallel_size": MAX_ENGINES + 1},
+                    {"parallelism.data_parallel_size": 10**12},
+                    {"parallelism.data_parallel_size": 4096, "parallelism.num_replicas": 3}):
+        with pytest.raises(ConfigError, match=r"parallelism: .* engine instances .* at most "
+                                              r"8,192"):
+            parse_config(_config(**changes))
+
+
+@pytest.mark.parametrize("dataset, field", [
+    ({"kind": "random", "input_len": 16, "output_len": 8, "prefix_len": 2048}, "prefix_len"),
+    ({"kind": "random", "input_len": 16, "output_len": 8, "prefix_len": 10**12}, "prefix_len"),
+    ({"kind": "prefix_repetition", "prefix_len": 5000, "suffix_len": 16, "num_prefixes": 2,
+      "output_len": 8}, "prefix_len"),
+    ({"kind": "sessions", "num_sessions": 2, "shared_prefix_len": 10**12}, "shared_prefix_len"),
+])
+def test_a_shared_prefix_as_long_as_the_context_is_refused(dataset, field):
+    data = _config(**{"workload.dataset": dataset})
+    if dataset["kind"] == "sessions":
+        del data["workload"]["num_prompts"]
+    cfg = parse_config(data)
+    with pytest.raises(ConfigError, match=rf"^workload\.dataset\.{field}: \d+ tokens begin every "
+                                          r"prompt, at least the model's max_model_len \(2048\)"):
+        build_deployment(cfg)
+
+
+def test_a_prefix_just_under_the_context_is_kept():
+    cfg = parse_config(_config(**{"workload.dataset": {
+        "kind": "random", "input_len": 16, "output_len": 8, "prefix_len": 2047}}))
+    assert build_deployment(cfg).max_model_len == 2048
+
+
+def test_a_run_whose_every_request_is_refused_reports_it_without_headroom(tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(_config(**{"workload.dataset.input_len": 10**12,
+                                              "workload.num_prompts": 200})))
+    res = CliRunner().invoke(cli.main, ["simulate", str(path), "--out",
+                                        str(tmp_path / "out.json")])
+    assert res.exit_code == 0, res.output
+    assert "No request completed: all 200 failed" in res.output
+    assert "Traceback" not in res.output
+    out = yaml.safe_load((tmp_path / "out.json").read_text())
+    assert out["completed"] == 0 and out.get("headroom") is None
+
+
+def test_a_command_that_runs_out_of_memory_fails_in_one_line(monkeypatch, tmp_path: Path):
+    import simcore.uncertainty
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(simcore.uncertainty, "simulate_with_envelope", exhausted)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    res = CliRunner().invoke(cli.main, ["simulate", str(path)])
+    assert res.exit_code == 2
+    assert res.output.startswith("error: this machine ran out of memory for the run")
+    assert res.output.count("\n") == 1
