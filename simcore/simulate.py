@@ -220,7 +220,7 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
     check_runnable(cfg, specs)
     if len(specs) >= COMPILED_MIN_REQUESTS:
         sched_cfg = dataclasses.replace(sched_cfg, compiled=True)
-    interval = cfg.metrics.timeseries_interval_s
+    interval = timeseries_interval_s(cfg, specs)
     par = cfg.parallelism
     dp = par.data_parallel_size
     num_engines = par.num_instances
@@ -270,6 +270,11 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
         **({"sched_configs": role_scheduler_configs(cfg, roles, sched_cfg, cluster)}
            if roles else {}))
     result = assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
+    if interval != cfg.metrics.timeseries_interval_s:
+        result.provenance["assumptions"].append(
+            f"metrics.timeseries_interval_s widened from {cfg.metrics.timeseries_interval_s:g} "
+            f"to {interval:.6g} s: the arrivals span {specs.last_arrival_s:.6g} s, and a run "
+            f"samples the engines at most {MAX_TIMESERIES_SAMPLES:,} times while they arrive")
     if roles:
         result = with_roles(result, cfg, roles)
     return result
@@ -343,6 +348,24 @@ def with_roles(result: RunResult, cfg: SimConfig,
             + list(prov["assumptions"])[len(decode_lines):])
     return dataclasses.replace(result, metrics=m, kv_cache=kv, provenance=prov,
                                expert_parallel=ep)
+
+
+MAX_TIMESERIES_SAMPLES = 200_000
+"""The most samples of the engines' state a run takes while its requests arrive: at the default
+one a second, 55 hours of arrivals. Each is a SimPy event, so a run of requests spread over
+years (a rate of one in a million seconds) would otherwise spend its time sampling idle
+engines."""
+
+
+def timeseries_interval_s(cfg: SimConfig, specs) -> float:
+    """`metrics.timeseries_interval_s`, widened where the requests' arrivals (known in advance:
+    not a sessions workload's) span more than `MAX_TIMESERIES_SAMPLES` intervals: to their span
+    over that many (the result's assumptions say so)."""
+    interval = cfg.metrics.timeseries_interval_s
+    span = getattr(specs, "last_arrival_s", None)
+    if span is not None and span / interval > MAX_TIMESERIES_SAMPLES:
+        return span / MAX_TIMESERIES_SAMPLES
+    return interval
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:

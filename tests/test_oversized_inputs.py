@@ -95,3 +95,23 @@ def test_a_command_that_runs_out_of_memory_fails_in_one_line(monkeypatch, tmp_pa
     assert res.exit_code == 2
     assert res.output.startswith("error: this machine ran out of memory for the run")
     assert res.output.count("\n") == 1
+
+
+def test_arrivals_spread_over_a_long_span_widen_the_sampling_interval_and_say_so(monkeypatch):
+    """A run samples the engines at most MAX_TIMESERIES_SAMPLES times while its requests
+    arrive: requests one in a million seconds apart would otherwise be years of one-second
+    samples of idle engines."""
+    import simcore.simulate as sim
+
+    monkeypatch.setattr(sim, "MAX_TIMESERIES_SAMPLES", 1000)
+    slow = parse_config(_config(**{"workload.request_rate": 1e-6}))
+    r = sim.simulate(slow)
+    widened = [a for a in r["provenance"]["assumptions"] if "widened" in a]
+    assert len(widened) == 1 and "metrics.timeseries_interval_s widened from 1 to" in widened[0]
+    t = r["timeseries"]["t_s"]
+    assert t[-1] >= r["requests"][-1]["send_s"] and len(t) <= 1002
+    assert r["completed"] == 20
+    # At an ordinary rate nothing changes: one sample a second, no such line.
+    r = sim.simulate(parse_config(TINY))
+    assert not any("widened" in a for a in r["provenance"]["assumptions"])
+    assert r["timeseries"]["t_s"][:3] == [0.0, 1.0, 2.0]

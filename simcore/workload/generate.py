@@ -79,6 +79,11 @@ class RequestStream:
     def __len__(self) -> int:
         return len(self._samples)
 
+    @property
+    def last_arrival_s(self) -> float:
+        """When the last request arrives (0 for none)."""
+        return float(self._times_s.max()) if len(self._times_s) else 0.0
+
     def __iter__(self) -> Iterator[RequestSpec]:
         samples, times_s = self._samples, self._times_s
         for i in range(len(samples)) if self._order is None else self._order:
