@@ -220,7 +220,10 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
     check_runnable(cfg, specs)
     if len(specs) >= COMPILED_MIN_REQUESTS:
         sched_cfg = dataclasses.replace(sched_cfg, compiled=True)
-    interval = timeseries_interval_s(cfg, specs)
+    interval = widened_interval_s(cfg.metrics.timeseries_interval_s, specs,
+                                  MAX_TIMESERIES_SAMPLES)
+    report_s = widened_interval_s(cfg.router.periodic_infra_update_time_s, specs,
+                                  MAX_LOAD_REPORTS)
     par = cfg.parallelism
     dp = par.data_parallel_size
     num_engines = par.num_instances
@@ -261,7 +264,7 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
     run = run_serving(
         specs, sched_config=sched_cfg, num_replicas=num_engines,
         step_model=dep.step_model, router_policy=cfg.router.policy,
-        report_interval_s=cfg.router.periodic_infra_update_time_s,
+        report_interval_s=report_s,
         balance_threshold=cfg.router.balance_threshold, max_concurrency=w.max_concurrency,
         max_model_len=dep.max_model_len, sample_interval_s=interval, progress=progress,
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
@@ -271,10 +274,13 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
            if roles else {}))
     result = assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
     if interval != cfg.metrics.timeseries_interval_s:
-        result.provenance["assumptions"].append(
-            f"metrics.timeseries_interval_s widened from {cfg.metrics.timeseries_interval_s:g} "
-            f"to {interval:.6g} s: the arrivals span {specs.last_arrival_s:.6g} s, and a run "
-            f"samples the engines at most {MAX_TIMESERIES_SAMPLES:,} times while they arrive")
+        result.provenance["assumptions"].append(_widened_line(
+            "metrics.timeseries_interval_s", cfg.metrics.timeseries_interval_s, interval, specs,
+            MAX_TIMESERIES_SAMPLES, "samples the engines"))
+    if report_s != cfg.router.periodic_infra_update_time_s and run.num_routed_engines > 1:
+        result.provenance["assumptions"].append(_widened_line(
+            "router.periodic_infra_update_time_s", cfg.router.periodic_infra_update_time_s,
+            report_s, specs, MAX_LOAD_REPORTS, "reports the engines' loads to the router"))
     if roles:
         result = with_roles(result, cfg, roles)
     return result
@@ -356,16 +362,24 @@ one a second, 55 hours of arrivals. Each is a SimPy event, so a run of requests 
 years (a rate of one in a million seconds) would otherwise spend its time sampling idle
 engines."""
 
+MAX_LOAD_REPORTS = 4_000_000
+"""The most load reports the engines publish to the router while the requests arrive: at the
+default 50 ms, the same 55 hours."""
 
-def timeseries_interval_s(cfg: SimConfig, specs) -> float:
-    """`metrics.timeseries_interval_s`, widened where the requests' arrivals (known in advance:
-    not a sessions workload's) span more than `MAX_TIMESERIES_SAMPLES` intervals: to their span
-    over that many (the result's assumptions say so)."""
-    interval = cfg.metrics.timeseries_interval_s
+
+def widened_interval_s(interval_s: float, specs, most: int) -> float:
+    """`interval_s`, or where the requests' arrivals (known in advance: not a sessions
+    workload's) span more than `most` intervals, their span over `most`."""
     span = getattr(specs, "last_arrival_s", None)
-    if span is not None and span / interval > MAX_TIMESERIES_SAMPLES:
-        return span / MAX_TIMESERIES_SAMPLES
-    return interval
+    if span is not None and span / interval_s > most:
+        return span / most
+    return interval_s
+
+
+def _widened_line(setting: str, was: float, now: float, specs, most: int, what: str) -> str:
+    return (f"{setting} widened from {was:g} to {now:.6g} s: the arrivals span "
+            f"{specs.last_arrival_s:.6g} s, and a run {what} at most {most:,} times while they "
+            "arrive")
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:

@@ -115,3 +115,19 @@ def test_arrivals_spread_over_a_long_span_widen_the_sampling_interval_and_say_so
     r = sim.simulate(parse_config(TINY))
     assert not any("widened" in a for a in r["provenance"]["assumptions"])
     assert r["timeseries"]["t_s"][:3] == [0.0, 1.0, 2.0]
+
+
+def test_long_arrival_spans_widen_the_load_reports_of_routed_engines_and_say_so(monkeypatch):
+    import simcore.simulate as sim
+
+    monkeypatch.setattr(sim, "MAX_TIMESERIES_SAMPLES", 1000)
+    monkeypatch.setattr(sim, "MAX_LOAD_REPORTS", 2000)
+    two = parse_config(_config(**{"workload.request_rate": 1e-6,
+                                  "parallelism.data_parallel_size": 2}))
+    lines = [a for a in sim.simulate(two)["provenance"]["assumptions"] if "widened" in a]
+    assert [line.split(" widened")[0] for line in lines] == [
+        "metrics.timeseries_interval_s", "router.periodic_infra_update_time_s"]
+    # One engine publishes no loads: only the sampling is widened.
+    one = parse_config(_config(**{"workload.request_rate": 1e-6}))
+    lines = [a for a in sim.simulate(one)["provenance"]["assumptions"] if "widened" in a]
+    assert [line.split(" widened")[0] for line in lines] == ["metrics.timeseries_interval_s"]

@@ -48,6 +48,8 @@ class ServingRun:
     """How a session workload's sessions ended; None for independent requests."""
     session_turns: list[tuple[str, int]] | None = None
     """With sessions: record i's session id and 0-based turn."""
+    num_routed_engines: int = 1
+    """Engines the router sends requests to; with more than one they report their loads."""
 
 
 def _scheduler(config: SchedulerConfig, space: BlockHashSpace, connector):
@@ -164,4 +166,4 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
                       [r.sched for r in ranks], env.now, router.num_prefix_routed,
                       frontend.outcomes,
                       None if frontend.sessions is None
-                      else [(s.session_id, j) for s, j in frontend.session_of])
+                      else [(s.session_id, j) for s, j in frontend.session_of], len(entry))
