@@ -3,11 +3,12 @@
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from simcore.config import parse_config
+from simcore.config import load_config, parse_config
 from simcore.setup import build_deployment
 from simcore.simulate import scheduler_config, simulate
 
@@ -171,6 +172,26 @@ def test_client_timeouts_fail_the_requests_not_finished_in_time():
         "client timed out after 2.85 s (workload.request_timeout_s)": r["failed"]}
     # Every latency statistic is taken over the completed requests alone.
     assert r["p99_e2el_ms"] <= 2850
+
+
+def test_a_request_the_client_gives_up_on_in_the_api_server_never_reaches_an_engine(
+        monkeypatch):
+    """A client timeout while the request is still on the API server's path fails it once:
+    the hand-off to the engine drops it (it was re-queued and run, finishing its record a second
+    time: with sessions, whose failed turn ends the session, a run then counted -1242 requests
+    lost)."""
+    import simcore.serve.frontend as frontend
+
+    finished = []
+    real = frontend.Frontend.finish
+    monkeypatch.setattr(frontend.Frontend, "finish",
+                        lambda self, idx: (finished.append(idx), real(self, idx)))
+    chat = load_config(Path(__file__).resolve().parents[1] / "examples/multi_turn_chat.yaml")
+    r = simulate(chat.model_copy(update={"workload": chat.workload.model_copy(
+        update={"request_timeout_s": 1e-9})}))
+    assert r["completed"] == 0 and r["failed"] == len(r["requests"]) == 200
+    assert sorted(finished) == list(range(200))      # each turn's record finished once
+    assert all(row["error"].startswith("client timed out") for row in r["requests"])
 
 
 def test_a_small_kv_pool_under_load_preempts():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from simcore.engine.request import Request
+from simcore.engine.request import FINISHED_ABORTED, Request
 from simcore.records import RecordStore, RequestRecord
 from simcore.token_times import DeliveryLog
 from simcore.router import Router
@@ -261,6 +261,11 @@ class Frontend(StepObserver):
 
             def arrive(_, rank=rank, req=req) -> None:
                 self.in_server -= 1
+                if req.status == FINISHED_ABORTED:
+                    # The client gave up while the request was on its way (`give_up`): vLLM's
+                    # server drops a disconnected client's request before the engine hears of
+                    # it. The path's work already done stays done.
+                    return
                 rank.sched.add_request(req)
                 rank.notify()
 
