@@ -272,6 +272,14 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
         api_servers=cfg.host.api_server_count, **request_path(cfg, dep),
         **({"sched_configs": role_scheduler_configs(cfg, roles, sched_cfg, cluster)}
            if roles else {}))
+    if not len(run.records):
+        # Only a sessions workload can send nothing (check_runnable refused the others): every
+        # session ended before its first turn.
+        raise ConfigError("workload.dataset: no session sent a request: every first turn's "
+                          "prompt and reply exceed the client's context limit "
+                          "(max_context_tokens, else the model's max_model_len "
+                          f"{dep.max_model_len}); shorten first_prompt_len, shared_prefix_len or "
+                          "reply_len")
     result = assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
     if interval != cfg.metrics.timeseries_interval_s:
         result.provenance["assumptions"].append(_widened_line(

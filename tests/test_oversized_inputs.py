@@ -131,3 +131,14 @@ def test_long_arrival_spans_widen_the_load_reports_of_routed_engines_and_say_so(
     one = parse_config(_config(**{"workload.request_rate": 1e-6}))
     lines = [a for a in sim.simulate(one)["provenance"]["assumptions"] if "widened" in a]
     assert [line.split(" widened")[0] for line in lines] == ["metrics.timeseries_interval_s"]
+
+
+def test_sessions_whose_first_turns_all_exceed_the_context_are_refused_after_the_run():
+    import simcore.simulate as sim
+
+    data = _config(**{"workload.dataset": {"kind": "sessions", "num_sessions": 5,
+                                           "first_prompt_len": 5000, "max_context_tokens": 4096}})
+    del data["workload"]["num_prompts"]
+    with pytest.raises(ConfigError, match=r"^workload\.dataset: no session sent a request: every "
+                                          r"first turn's prompt and reply exceed"):
+        sim.simulate(parse_config(data))
