@@ -130,43 +130,67 @@ def _validate_slos(goodput_slos_ms: Mapping[str, float]) -> None:
             raise ConfigError(f"goodput SLO {name!r} is {value_ms} ms; it must be non-negative")
 
 
+DENSE_PEAK_BUCKETS = 10_000_000
+"""Runs of up to this many seconds count their peaks in an array a second (80 MB at most); longer
+ones (requests spread over years) count only the seconds that have something, the same peaks."""
+
+
 class _Peaks:
     """vLLM's `max_output_tokens_per_s` and `max_concurrent_requests`, from one-second buckets,
     the chunk times added a block at a time.
 
     Buckets start at the earliest send of a successful request. A chunk counts once in the
     bucket `int(t - t0)`; a request counts as in flight in every bucket from `int(send - t0)`
-    to `int(send + e2el - t0)`, both included.
+    to `int(send + e2el - t0)`, both included. Past `DENSE_PEAK_BUCKETS` buckets only those
+    holding a chunk or a request's first or last bucket are kept (the same maxima).
     """
 
-    __slots__ = ("send_s", "end_s", "t0", "tokens_per_bucket")
+    __slots__ = ("send_s", "end_s", "t0", "num_buckets", "tokens_per_bucket")
 
     def __init__(self, send_s: np.ndarray, e2el_s: np.ndarray) -> None:
         self.send_s = send_s
         self.end_s = send_s + e2el_s
         self.t0 = float(send_s.min()) if send_s.size else 0.0
-        num_buckets = int(np.ceil(self.end_s.max() - self.t0)) + 1 if send_s.size else 0
-        self.tokens_per_bucket = np.zeros(num_buckets, dtype=np.int64)
+        self.num_buckets = (int(np.ceil(self.end_s.max() - self.t0)) + 1 if send_s.size
+                            else 0)
+        # An array a bucket, or a dict of the buckets that have chunks.
+        self.tokens_per_bucket = (np.zeros(self.num_buckets, dtype=np.int64)
+                                  if self.num_buckets <= DENSE_PEAK_BUCKETS else {})
 
     def add(self, chunk_times_s: np.ndarray) -> None:
-        num_buckets = self.tokens_per_bucket.size
+        num_buckets = self.num_buckets
+        counts = self.tokens_per_bucket
         block = _tt._BLOCK
         for a in range(0, chunk_times_s.size, block):      # per block: bounded temporaries
             bucket = (chunk_times_s[a:a + block] - self.t0).astype(np.int64)  # as int()
             bucket = bucket[(bucket >= 0) & (bucket < num_buckets)]
-            self.tokens_per_bucket += np.bincount(bucket, minlength=num_buckets)
+            if isinstance(counts, dict):
+                for b, n in zip(*(x.tolist() for x in np.unique(bucket, return_counts=True))):
+                    counts[b] = counts.get(b, 0) + n
+            else:
+                counts += np.bincount(bucket, minlength=num_buckets)
 
     def result(self) -> tuple[float, int]:
         if self.send_s.size == 0:
             return 0.0, 0
-        num_buckets = self.tokens_per_bucket.size
+        num_buckets = self.num_buckets
         first_bucket = (self.send_s - self.t0).astype(np.int64)
         last_bucket = (self.end_s - self.t0).astype(np.int64)
+        counts = self.tokens_per_bucket
+        if isinstance(counts, dict):
+            # The count in flight changes only where a request's first bucket or the one after
+            # its last is; between them it holds.
+            at, inverse = np.unique(np.concatenate([first_bucket, last_bucket + 1]),
+                                    return_inverse=True)
+            delta = np.bincount(inverse, weights=np.concatenate(
+                [np.ones(first_bucket.size), -np.ones(last_bucket.size)]))
+            in_flight = np.cumsum(delta)[at < num_buckets]
+            return float(max(counts.values(), default=0)), int(in_flight.max())
         in_flight_delta = np.bincount(first_bucket, minlength=num_buckets + 1) - np.bincount(
             last_bucket + 1, minlength=num_buckets + 1
         )
         in_flight = np.cumsum(in_flight_delta)[:num_buckets]
-        return float(self.tokens_per_bucket.max()), int(in_flight.max())
+        return float(counts.max()), int(in_flight.max())
 
 
 def summarize(

@@ -376,8 +376,9 @@ default 50 ms, the same 55 hours."""
 
 
 def widened_interval_s(interval_s: float, specs, most: int) -> float:
-    """`interval_s`, or where the requests' arrivals (known in advance: not a sessions
-    workload's) span more than `most` intervals, their span over `most`."""
+    """`interval_s`, or where the requests' sends span more than `most` intervals (as known
+    before the run: the arrivals; a session's start and its pauses, drawn in advance), that
+    span over `most`."""
     span = getattr(specs, "last_arrival_s", None)
     if span is not None and span / interval_s > most:
         return span / most
@@ -385,9 +386,8 @@ def widened_interval_s(interval_s: float, specs, most: int) -> float:
 
 
 def _widened_line(setting: str, was: float, now: float, specs, most: int, what: str) -> str:
-    return (f"{setting} widened from {was:g} to {now:.6g} s: the arrivals span "
-            f"{specs.last_arrival_s:.6g} s, and a run {what} at most {most:,} times while they "
-            "arrive")
+    return (f"{setting} widened from {was:g} to {now:.6g} s: the requests' sends span at least "
+            f"{specs.last_arrival_s:.6g} s, and a run {what} at most {most:,} times over that")
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:

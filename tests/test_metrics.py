@@ -442,3 +442,28 @@ def test_pooled_itl_statistics_without_gaps_are_zero():
     records = [RequestRecord("a", 1, 1, 0.0, 0.0, token_times_s=[1.0], success=True)]
     assert pooled_latency_stats(_pack(records).itl, "itl", [99.0]) == latency_stats(
         np.empty(0), "itl", [99.0])
+
+
+def test_peaks_of_a_run_too_long_for_an_array_a_second_are_the_same(monkeypatch):
+    """Past DENSE_PEAK_BUCKETS seconds the peaks count only the seconds that hold something
+    (requests a million seconds apart would need an array of years); the maxima are those of
+    the array a second."""
+    import simcore.metrics as metrics
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        scale = float(rng.choice([1.0, 10.0, 1000.0]))
+        send = np.sort(rng.random(n) * scale * 10)
+        e2el = rng.random(n) * scale
+        chunks = np.concatenate([np.sort(s + rng.random(int(rng.integers(0, 20))) * e)
+                                 for s, e in zip(send, e2el)])
+        got = []
+        for dense in (10**9, 0):
+            monkeypatch.setattr(metrics, "DENSE_PEAK_BUCKETS", dense)
+            peaks = metrics._Peaks(send, e2el)
+            half = chunks.size // 2
+            peaks.add(chunks[:half])
+            peaks.add(chunks[half:])
+            got.append(peaks.result())
+        assert got[0] == got[1]

@@ -109,6 +109,13 @@ class SessionStream:
     def __len__(self) -> int:
         return self.num_turns
 
+    @property
+    def last_arrival_s(self) -> float:
+        """The latest a session's last turn can be sent, the replies taking no time: its start
+        plus its pauses (drawn in advance); 0 for none. The sends span at least this."""
+        return max((s.start_s + sum(t.think_s for t in s.turns) for s in self.sessions),
+                   default=0.0)
+
     def __iter__(self) -> Iterator[RequestSpec]:
         for s in self.sessions:
             yield s.spec(0, s.start_s)
