@@ -386,9 +386,11 @@ class RouterConfig(BaseModel):
         "waiting requests in the last load report; prefix_affinity: the replica that was sent the "
         "longest matching prompt prefix, unless its reported load exceeds the least loaded "
         "replica's by more than balance_threshold.")
-    periodic_infra_update_time_s: float = Field(0.05, gt=0, description="Seconds between the load "
-                                                "reports engines publish to the router; the "
-                                                "router only sees these, so its view is stale.")
+    periodic_infra_update_time_s: float = Field(0.05, ge=0.001, description="Seconds between the "
+                                                "load reports engines publish to the router "
+                                                "(at least 1 ms: no engine step is shorter); "
+                                                "the router only sees these, so its view is "
+                                                "stale.")
     balance_threshold: int = Field(16, ge=0, description="prefix_affinity: outstanding-request gap "
                                    "beyond which balance wins over cache affinity.")
 
@@ -403,8 +405,9 @@ class MetricsConfig(BaseModel):
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = Field(
         None, description="SLOs in milliseconds; a request counts toward request_goodput if it "
         "meets all of them (e.g. {ttft: 500, tpot: 50}).")
-    timeseries_interval_s: float = Field(1.0, gt=0, description="Sampling interval of KV usage, "
-                                         "running and waiting requests over time, seconds.")
+    timeseries_interval_s: float = Field(1.0, ge=0.001, description="Sampling interval of KV "
+                                         "usage, running and waiting requests over time, "
+                                         "seconds (at least 1 ms: no engine step is shorter).")
     headroom: bool = Field(True, description="With an envelope (dse simulate, search trials "
                            "with one): one more run of the same requests sent at once measures "
                            "the throughput capacity, and the result's `headroom` says how far "

@@ -1,7 +1,10 @@
-"""Sizes far beyond what a run can hold get one clear error naming the field, not a traceback:
-more engines than a run simulates, a shared prefix longer than the model's context (whose
-blocks' keys alone would not fit in memory), a run whose every request is refused (its
-headroom has no capacity to compare with), and a command that runs out of memory anyway."""
+"""Sizes far beyond what a run can hold get one clear error naming the field, or are said in
+the result, never a traceback or a run that does not end: more engines than a run simulates, a
+shared prefix longer than the model's context (whose blocks' keys alone would not fit in
+memory), a run whose every request is refused (its headroom has no capacity to compare with),
+sessions that send nothing, arrivals spread over years (the sampling and the load reports
+widened, and said), intervals finer than a millisecond, and a command that runs out of memory
+anyway."""
 
 from __future__ import annotations
 
@@ -142,3 +145,14 @@ def test_sessions_whose_first_turns_all_exceed_the_context_are_refused_after_the
     with pytest.raises(ConfigError, match=r"^workload\.dataset: no session sent a request: every "
                                           r"first turn's prompt and reply exceed"):
         sim.simulate(parse_config(data))
+
+
+@pytest.mark.parametrize("path, field", [
+    ("metrics.timeseries_interval_s", "metrics.timeseries_interval_s"),
+    ("router.periodic_infra_update_time_s", "router.periodic_infra_update_time_s")])
+def test_intervals_finer_than_a_millisecond_are_refused(path, field):
+    """A sample or a load report every nanosecond is a billion events a simulated second, more
+    than any run can take; no engine step is shorter than a millisecond."""
+    parse_config(_config(**{path: 0.001}))
+    with pytest.raises(ConfigError, match=rf"{field}: must be at least 0\.001 \(got 1e-09\)"):
+        parse_config(_config(**{path: 1e-9}))
