@@ -33,7 +33,7 @@ class _Commands(click.Group):
         except MemoryError:
             _fail("this machine ran out of memory for the run: its requests, prompts or "
                   "engines are too large for it (try fewer requests, shorter prompts or fewer "
-                  "engines); nothing more was written")
+                  "engines)")
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

@@ -130,9 +130,10 @@ def _validate_slos(goodput_slos_ms: Mapping[str, float]) -> None:
             raise ConfigError(f"goodput SLO {name!r} is {value_ms} ms; it must be non-negative")
 
 
-DENSE_PEAK_BUCKETS = 10_000_000
-"""Runs of up to this many seconds count their peaks in an array a second (80 MB at most); longer
-ones (requests spread over years) count only the seconds that have something, the same peaks."""
+DENSE_PEAK_BUCKETS = 2_000_000
+"""Runs of up to this many seconds (23 days) count their peaks in arrays a second (some 64 MB at
+most); longer ones (requests spread over years) count only the seconds that have something, the
+same peaks."""
 
 
 class _Peaks:

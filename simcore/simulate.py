@@ -221,9 +221,9 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
     if len(specs) >= COMPILED_MIN_REQUESTS:
         sched_cfg = dataclasses.replace(sched_cfg, compiled=True)
     interval = widened_interval_s(cfg.metrics.timeseries_interval_s, specs,
-                                  MAX_TIMESERIES_SAMPLES)
+                                  MAX_TIMESERIES_SAMPLES, SAMPLES_PER_REQUEST)
     report_s = widened_interval_s(cfg.router.periodic_infra_update_time_s, specs,
-                                  MAX_LOAD_REPORTS)
+                                  MAX_LOAD_REPORTS, REPORTS_PER_REQUEST)
     par = cfg.parallelism
     dp = par.data_parallel_size
     num_engines = par.num_instances
@@ -275,20 +275,23 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
     if not len(run.records):
         # Only a sessions workload can send nothing (check_runnable refused the others): every
         # session ended before its first turn.
-        raise ConfigError("workload.dataset: no session sent a request: every first turn's "
-                          "prompt and reply exceed the client's context limit "
-                          "(max_context_tokens, else the model's max_model_len "
-                          f"{dep.max_model_len}); shorten first_prompt_len, shared_prefix_len or "
-                          "reply_len")
+        limit = getattr(specs, "max_context_tokens", None)
+        where = ("workload.dataset.max_context_tokens" if limit is not None
+                 else "the model's max_model_len")
+        raise ConfigError(f"workload.dataset: no session sent a request: every session's first "
+                          f"turn, its prompt and reply, exceeds the client's context limit "
+                          f"({where}, {limit or dep.max_model_len} tokens); shorten the first "
+                          "turns or raise the limit")
     result = assemble_result(cfg, dep, run, cluster=cluster, kv_paths=kv_paths)
     if interval != cfg.metrics.timeseries_interval_s:
         result.provenance["assumptions"].append(_widened_line(
             "metrics.timeseries_interval_s", cfg.metrics.timeseries_interval_s, interval, specs,
-            MAX_TIMESERIES_SAMPLES, "samples the engines"))
-    if report_s != cfg.router.periodic_infra_update_time_s and run.num_routed_engines > 1:
+            "samples the engines"))
+    if (report_s != cfg.router.periodic_infra_update_time_s and run.num_routed_engines > 1
+            and cfg.router.policy != "round_robin"):      # round robin reads no load
         result.provenance["assumptions"].append(_widened_line(
             "router.periodic_infra_update_time_s", cfg.router.periodic_infra_update_time_s,
-            report_s, specs, MAX_LOAD_REPORTS, "reports the engines' loads to the router"))
+            report_s, specs, "reports the engines' loads to the router"))
     if roles:
         result = with_roles(result, cfg, roles)
     return result
@@ -365,29 +368,37 @@ def with_roles(result: RunResult, cfg: SimConfig,
 
 
 MAX_TIMESERIES_SAMPLES = 200_000
-"""The most samples of the engines' state a run takes while its requests arrive: at the default
-one a second, 55 hours of arrivals. Each is a SimPy event, so a run of requests spread over
-years (a rate of one in a million seconds) would otherwise spend its time sampling idle
-engines."""
+"""Samples of the engines' state a run takes while its requests are sent, past which (and past
+`SAMPLES_PER_REQUEST` a request) the sampling interval is widened: at the default one a second,
+55 hours. Each is a SimPy event, so a few requests spread over years (a rate of one in a million
+seconds) would otherwise spend the run sampling idle engines; a busy run of that length has
+requests enough to keep its interval."""
+
+SAMPLES_PER_REQUEST = 100
+"""Samples a request a run may take at least (a busy hour takes well under one)."""
 
 MAX_LOAD_REPORTS = 4_000_000
-"""The most load reports the engines publish to the router while the requests arrive: at the
-default 50 ms, the same 55 hours."""
+"""Load reports the engines publish to the router, in the same way: at the default 50 ms, the
+same 55 hours."""
+
+REPORTS_PER_REQUEST = 2_000
+"""Load reports a request a run may take at least, in the same way."""
 
 
-def widened_interval_s(interval_s: float, specs, most: int) -> float:
-    """`interval_s`, or where the requests' sends span more than `most` intervals (as known
-    before the run: the arrivals; a session's start and its pauses, drawn in advance), that
-    span over `most`."""
+def widened_interval_s(interval_s: float, specs, most: int, per_request: int) -> float:
+    """`interval_s`, or where the requests' planned sends (as known before the run: the
+    arrivals; a session's start and its pauses, drawn in advance) span more than
+    max(`most`, `per_request` x the requests) intervals, that span over that many."""
     span = getattr(specs, "last_arrival_s", None)
-    if span is not None and span / interval_s > most:
-        return span / most
-    return interval_s
+    if span is None:
+        return interval_s
+    most = max(most, per_request * len(specs))
+    return span / most if span / interval_s > most else interval_s
 
 
-def _widened_line(setting: str, was: float, now: float, specs, most: int, what: str) -> str:
-    return (f"{setting} widened from {was:g} to {now:.6g} s: the requests' sends span at least "
-            f"{specs.last_arrival_s:.6g} s, and a run {what} at most {most:,} times over that")
+def _widened_line(setting: str, was: float, now: float, specs, what: str) -> str:
+    return (f"{setting} widened from {was:g} to {now:.6g} s: the requests' planned sends span "
+            f"{specs.last_arrival_s:.6g} s, more than the run {what} for {len(specs):,} requests")
 
 
 def check_runnable(cfg: SimConfig, specs) -> None:

@@ -39,6 +39,17 @@ def _config(**changes) -> dict:
     return data
 
 
+def test_more_engines_set_without_validation_are_refused_at_deployment():
+    """A parallelism copied in without validation (a search's derived data_parallel_size) is
+    held to the same bound when the deployment is built."""
+    cfg = parse_config(TINY)
+    big = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(
+        update={"data_parallel_size": MAX_ENGINES + 1})})
+    with pytest.raises(ConfigError, match=r"^parallelism: 8,193 engine instances; one run holds "
+                                          r"at most 8,192"):
+        build_deployment(big)
+
+
 def test_more_engines_than_a_run_holds_are_refused_naming_the_field():
     parse_config(_config(**{"parallelism.data_parallel_size": MAX_ENGINES}))
     for changes in ({"parallelism.data_parallel_size": MAX_ENGINES + 1},
@@ -107,6 +118,7 @@ def test_arrivals_spread_over_a_long_span_widen_the_sampling_interval_and_say_so
     import simcore.simulate as sim
 
     monkeypatch.setattr(sim, "MAX_TIMESERIES_SAMPLES", 1000)
+    monkeypatch.setattr(sim, "SAMPLES_PER_REQUEST", 10)    # 200 for the 20 requests: 1000 binds
     slow = parse_config(_config(**{"workload.request_rate": 1e-6}))
     r = sim.simulate(slow)
     widened = [a for a in r["provenance"]["assumptions"] if "widened" in a]
@@ -125,11 +137,17 @@ def test_long_arrival_spans_widen_the_load_reports_of_routed_engines_and_say_so(
 
     monkeypatch.setattr(sim, "MAX_TIMESERIES_SAMPLES", 1000)
     monkeypatch.setattr(sim, "MAX_LOAD_REPORTS", 2000)
-    two = parse_config(_config(**{"workload.request_rate": 1e-6,
-                                  "parallelism.data_parallel_size": 2}))
-    lines = [a for a in sim.simulate(two)["provenance"]["assumptions"] if "widened" in a]
+    two = _config(**{"workload.request_rate": 1e-6, "parallelism.data_parallel_size": 2,
+                     "router.policy": "least_outstanding"})
+    lines = [a for a in sim.simulate(parse_config(two))["provenance"]["assumptions"]
+             if "widened" in a]
     assert [line.split(" widened")[0] for line in lines] == [
         "metrics.timeseries_interval_s", "router.periodic_infra_update_time_s"]
+    # Round robin reads no load: its reports are widened unsaid.
+    two["router"]["policy"] = "round_robin"
+    lines = [a for a in sim.simulate(parse_config(two))["provenance"]["assumptions"]
+             if "widened" in a]
+    assert [line.split(" widened")[0] for line in lines] == ["metrics.timeseries_interval_s"]
     # One engine publishes no loads: only the sampling is widened.
     one = parse_config(_config(**{"workload.request_rate": 1e-6}))
     lines = [a for a in sim.simulate(one)["provenance"]["assumptions"] if "widened" in a]
@@ -143,7 +161,9 @@ def test_sessions_whose_first_turns_all_exceed_the_context_are_refused_after_the
                                            "first_prompt_len": 5000, "max_context_tokens": 4096}})
     del data["workload"]["num_prompts"]
     with pytest.raises(ConfigError, match=r"^workload\.dataset: no session sent a request: every "
-                                          r"first turn's prompt and reply exceed"):
+                                          r"session's first turn, its prompt and reply, exceeds "
+                                          r"the client's context limit \(workload\.dataset\."
+                                          r"max_context_tokens, 4096 tokens\)"):
         sim.simulate(parse_config(data))
 
 

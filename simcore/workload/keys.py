@@ -123,20 +123,13 @@ class BlockKeys(Sequence):
 def hash_block_keys(hash_ids: Sequence[int], *, prompt_len: int, block_size: int,
                     hash_block_tokens: int) -> BlockKeys | tuple[()]:
     """Expand hash ids of `hash_block_tokens`-token blocks into `block_size`-token block keys
-    (a `BlockKeys`; () for none).
+    (a `BlockKeys`; () for none): `hash_block_keys_many` of one row.
 
     `block_size` must divide `hash_block_tokens` (the caller checks); ids must be in
     [0, max_hash_id(...)].
     """
-    num_keys = prompt_len // block_size
-    if not hash_ids or num_keys == 0:
-        return ()
-    per = hash_block_tokens // block_size
-    ids = np.asarray(hash_ids, dtype=np.int64)[: -(-num_keys // per)]
-    keys = (ids[:, None] * per + np.arange(per, dtype=np.int64)).ravel()[:num_keys]
-    keys = keys | (HASH_BLOCK << NAMESPACE_SHIFT)
-    keys.flags.writeable = False
-    return BlockKeys(keys)
+    return hash_block_keys_many([(hash_ids, prompt_len)], block_size=block_size,
+                                hash_block_tokens=hash_block_tokens)[0]
 
 
 def hash_block_keys_many(rows: Sequence[tuple[Sequence[int], int]], *, block_size: int,

@@ -111,8 +111,9 @@ class SessionStream:
 
     @property
     def last_arrival_s(self) -> float:
-        """The latest a session's last turn can be sent, the replies taking no time: its start
-        plus its pauses (drawn in advance); 0 for none. The sends span at least this."""
+        """The latest planned send of a session's last turn were the replies instant: its start
+        plus its pauses (drawn in advance); 0 for none. Every session that sends all its turns
+        sends its last one no earlier."""
         return max((s.start_s + sum(t.think_s for t in s.turns) for s in self.sessions),
                    default=0.0)
 
