@@ -64,6 +64,15 @@ MAX_ENGINES = 8192
 eight-GPU nodes at TP 1."""
 
 
+def engines_over_bound(num: int, counted: str = "") -> str | None:
+    """Why `num` engine instances (`counted` saying how they are counted) are more than one run
+    holds, or None when they are not."""
+    if num <= MAX_ENGINES:
+        return None
+    return (f"{num:,} engine instances{counted}; one run holds at most {MAX_ENGINES:,}, each "
+            "engine's scheduler and KV-cache pool taking about 2 MB")
+
+
 class ParallelismConfig(BaseModel):
     """How the model is split over GPUs (vLLM's parallel config)."""
 
@@ -99,11 +108,10 @@ class ParallelismConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelismConfig":
-        if self.num_instances > MAX_ENGINES:
-            raise ValueError(f"{self.num_instances:,} engine instances (data_parallel_size x "
-                             f"num_replicas, or prefill plus decode instances); one run holds "
-                             f"at most {MAX_ENGINES:,}, each engine's scheduler and KV-cache "
-                             "pool taking about 2 MB")
+        too_many = engines_over_bound(self.num_instances, " (data_parallel_size x "
+                                      "num_replicas, or prefill plus decode instances)")
+        if too_many:
+            raise ValueError(too_many)
         if self.prefill_decode is not None:
             if self.data_parallel_size != 1:
                 raise ValueError("prefill_decode: data_parallel_size must be 1 with "

@@ -8,7 +8,8 @@ from pathlib import Path
 from simcore.compute.base import StepTimeModel
 from simcore.compute.expert_parallel import ExpertParallelRoofline
 from simcore.compute.roofline import RooflineModel
-from simcore.config import MAX_ENGINES, SimConfig, check_batch_limits, default_batch_limits
+from simcore.config import (SimConfig, check_batch_limits, default_batch_limits,
+                            engines_over_bound)
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
@@ -119,12 +120,11 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     if e.speculative_config is not None:
         check_speculative(cfg, arch)
     max_model_len = cfg.model.resolved_max_model_len(arch)
-    if par.num_instances > MAX_ENGINES:
+    too_many = engines_over_bound(par.num_instances)
+    if too_many:
         # The config's own check, again for a parallelism set without validation (a search's
         # derived data_parallel_size, a sizing layout).
-        raise ConfigError(f"parallelism: {par.num_instances:,} engine instances; one run holds "
-                          f"at most {MAX_ENGINES:,}, each engine's scheduler and KV-cache pool "
-                          "taking about 2 MB")
+        raise ConfigError(f"parallelism: {too_many}")
     prefix = shared_prefix_field(cfg.workload.dataset)
     if prefix is not None and prefix[1] >= max_model_len:
         # Every prompt starts with it and every request asks for at least one token, so vLLM
