@@ -4,7 +4,9 @@
 engine, everything but the rate and the number of requests) at a sequence of rates:
 
 1. A burst run (every request at time 0) measures the most the engine serves with all work
-   queued; its request throughput, less 10%, is the first rate tried.
+   queued; its request throughput, less 10%, is the first rate tried (or `start`, a rate the
+   caller found to meet: `dse capacity --target-rate` starts its answer's search at the target,
+   so the capacity it states is at least the rate it says the layout serves).
 2. Bracketing: from there, up by x1.25 while the rate meets the SLOs, down by x0.8 while it does
    not, until one rate meets and the next fails (or the rate falls below 1/64 of the burst
    throughput: then no rate meets, and the capacity is 0).
@@ -291,9 +293,11 @@ def _binding(run: RateRun, slos: tuple[Constraint, ...]) -> tuple[str, str]:
 def find_capacity(cfg: SimConfig, slos: tuple[Constraint, ...] | None = None, *,
                   tolerance: float = 0.05, window_s: float = 120.0, min_prompts: int = 200,
                   max_prompts: int = 20_000, envelope: bool = True,
-                  progress: Callable[[RateRun], None] | None = None) -> Capacity:
+                  progress: Callable[[RateRun], None] | None = None,
+                  start: float | None = None) -> Capacity:
     """The highest sustainable request rate of `cfg`'s deployment under `slos` (see the module
-    docstring); raises ConfigError for a workload whose rate cannot vary."""
+    docstring), the bracket starting at `start` where given (else 0.9x the burst's throughput);
+    raises ConfigError for a workload whose rate cannot vary."""
     if not 0 < tolerance < 1:
         raise ConfigError("tolerance: must be in (0, 1)")
     slos = slos or parse_slos(None)
@@ -305,7 +309,8 @@ def find_capacity(cfg: SimConfig, slos: tuple[Constraint, ...] | None = None, *,
     burst = search.burst()
     if not burst > 0:
         raise ConfigError("capacity: the burst run completed no request; nothing to search")
-    lo, hi = search.bracket(burst * 0.9, burst * _FLOOR, tolerance)
+    first = start if start is not None and start > 0 else burst * 0.9
+    lo, hi = search.bracket(first, burst * _FLOOR, tolerance)
     notes: list[str] = []
     below = above = None
     if lo is None:

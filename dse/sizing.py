@@ -11,6 +11,15 @@ answer, and its own capacity is measured, so the answer says how much headroom i
 the target. Candidates that cannot be deployed (the model does not fit, TP does not divide the
 heads) are skipped with their reason.
 
+A layout that cannot reach the target is not run either: its TP x PP with one replica is run
+first (it has the fewest GPUs of its TP), and a replica serves no more requests a second than
+that run served with the target's load on it alone (at a rate it cannot keep up with, all but
+the last of its requests queued). Replicas share a router's load, so DP of them serve at most DP
+times that; a layout whose bound is under a quarter of the target (`BOUND_MARGIN`: a burst's
+ramp and drain, and a router's imbalance, never cost a factor of four) is listed as skipped with
+the bound, not simulated. A target no layout can approach is then answered after one run per TP
+instead of one per layout.
+
 With a `cluster` section the candidates are run on that cluster (at most its GPUs), and
 disaggregated layouts join them: prefill and decode instances, each role with its own TP over
 the same powers of two, as many of each as the GPU budget allows. Both kinds are ordered by GPU
@@ -29,6 +38,11 @@ from simcore.config import SimConfig
 from simcore.errors import ConfigError
 
 
+BOUND_MARGIN = 4.0
+"""A layout of DP replicas is skipped when the target exceeds this many times DP x the request
+throughput its TP x PP served alone at the target (the module docstring)."""
+
+
 @dataclass(frozen=True)
 class Option:
     """One parallelism tried: its layout, and its run at the target rate (or why none)."""
@@ -43,6 +57,11 @@ class Option:
     `tp`, each of PP `pp` (`dp` is 1); 0 for an aggregated layout."""
     num_decode: int = 0
     prefill_tp: int = 0
+    skipped: bool = False
+    """Not run: its replicas together cannot serve the target (`reason` gives the bound)."""
+    served_alone: float | None = None
+    """A skipped layout: the request throughput one replica of its TP x PP served at the
+    target, which bounds it."""
 
     @property
     def disaggregated(self) -> bool:
@@ -107,6 +126,7 @@ class Sizing:
             out = {"serving": "disaggregated" if o.disaggregated else "aggregated",
                    "tp": o.tp, "pp": o.pp, "dp": o.dp, "num_gpus": o.num_gpus,
                    "meets": bool(o.run and o.run.meets), "reason": o.reason,
+                   "skipped": o.skipped,
                    "run": o.run.as_dict() if o.run else None}
             if o.disaggregated:
                 out.update(num_prefill_instances=o.num_prefill,
@@ -216,10 +236,19 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
         max_gpus = min(max_gpus, cfg.cluster.num_nodes * gpn)
     tried: list[Option] = []
     best_count = None
+    # (TP, PP) -> the request throughput its one replica served at the target.
+    served_alone: dict[tuple[int, int], float] = {}
     for cand in _candidates(base, max_gpus):
         n = cand.num_gpus
         if best_count is not None and n > best_count:
             break
+        alone = None if cand.disaggregated else served_alone.get((cand.tp, cand.pp))
+        if alone is not None and rate > BOUND_MARGIN * cand.dp * alone:
+            tried.append(replace(cand, skipped=True, served_alone=alone, reason=(
+                f"{cand.dp} replicas serve at most about {cand.dp} x {alone:,.4g} req/s (what "
+                f"one replica of TP {cand.tp} x PP {cand.pp} served at the target), under "
+                f"1/{BOUND_MARGIN:g} of the target")))
+            continue
         lay = _option_config(base, cand)
         if cfg.cluster is None:
             try:
@@ -241,6 +270,8 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
             tried.append(replace(cand, reason=f"the run stopped: {err}"))
             continue
         tried.append(o)
+        if not cand.disaggregated and cand.dp == 1:
+            served_alone[(cand.tp, cand.pp)] = o.run.request_throughput
         if progress is not None:
             progress(o)
         if o.run.meets and best_count is None:
@@ -252,8 +283,12 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
     best = max(meeting, key=lambda o: (o.margin(slos), -o.tp, -o.prefill_tp))
     cap = find_capacity(_option_config(cfg, best), slos,
                         window_s=window_s, min_prompts=min_prompts, max_prompts=max_prompts,
-                        envelope=False)
+                        envelope=False, start=rate)
     return Sizing(rate, slos, best, cap, tuple(tried), with_disaggregated=with_pd)
+
+
+def _alone(o: Option) -> str:
+    return f"{o.served_alone:,.4g}"
 
 
 def render_sizing(s: Sizing) -> str:
@@ -272,8 +307,22 @@ def render_sizing(s: Sizing) -> str:
                      f"({s.capacity.rate / s.target_rate:.2f}x the target), "
                      f"bound first by {s.capacity.binding}")
     lines.append("")
+    skipped: dict[tuple[int, int], list[Option]] = {}
     for o in s.tried:
-        if o.run is None:
+        if o.skipped:
+            skipped.setdefault((o.tp, o.pp), []).append(o)
+    for o in s.tried:
+        if o.skipped:
+            group = skipped.pop((o.tp, o.pp), None)
+            if group is None:       # listed with the first of its TP x PP
+                continue
+            lo, hi = group[0], group[-1]
+            dps = f"{lo.dp}" if lo is hi else f"{lo.dp}-{hi.dp}"
+            gpus = f"{lo.num_gpus}" if lo is hi else f"{lo.num_gpus}-{hi.num_gpus}"
+            lines.append(f"  TP {o.tp} x PP {o.pp} x DP {dps} ({gpus} GPUs): not run: DP "
+                         f"replicas serve at most about DP x {_alone(o)} req/s (what one "
+                         f"replica served at the target), under 1/{BOUND_MARGIN:g} of the target")
+        elif o.run is None:
             lines.append(f"  {o.label}: cannot be deployed ({o.reason})")
         else:
             verdict = "meets" if o.run.meets else "misses: " + "; ".join(o.run.violations)
