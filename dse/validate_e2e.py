@@ -583,9 +583,9 @@ FlashAttention 2's or the roofline's times the two kernels' ratio measured on L4
 (`simcore.calibration.triton_attention`), and async scheduling hiding vLLM's scheduler
 but not the model runner's fitted time, and offline ShareGPT batches predicted by the median
 over their draws (`OFFLINE_DRAWS`), Mixtral-8x7B's ShareGPT loads in its own tokenizer's
-counts (62 held-out cases, 57 with a throughput figure: throughput 9.9% / -7.5%, TTFT 13.3% /
+counts (64 held-out cases, 59 with a throughput figure: throughput 10.1% / -7.3%, TTFT 13.3% /
 +0.0%, TPOT 8.7% / -2.2%, E2E 5.3% / +5.3% median |error| / median signed error; envelope
-coverage 89%, 84%, 90%, 100%, the envelope built from the fit part's cross-validated
+coverage 88%, 84%, 90%, 100%, the envelope built from the fit part's cross-validated
 residuals, those of the case's GPU where its fit cases give at least
 `simcore.uncertainty.MIN_GPU_RESIDUALS`: A100 and H100 for throughput, TTFT and TPOT), with a
 margin.
