@@ -72,7 +72,8 @@ def _runs_progress(bar):
 @click.option("--trace", "trace_out", type=click.Path(path_type=Path),
               default=None, help="Write the Perfetto trace of the config's cluster.trace window "
                                  "here (and leave it out of --out).")
-@click.option("--seed", type=int, default=None, help="Override the config's seed.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Override the config's seed.")
 @click.option("--envelope", type=click.Choice(["bounds", "samples", "first_order", "calibrated"]),
               default=None, help="Override uncertainty.method: how the metrics' envelope is "
                                  "computed (bounds: 2 extra runs; samples: uncertainty.samples "
@@ -454,7 +455,8 @@ def dashboard(study_file: Path, host: str, port: int) -> None:
 @click.argument("scenario", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(["packet", "flow", "analytical"]), default=None,
               help="Fabric fidelity (default: the scenario's own, else packet).")
-@click.option("--seed", type=int, default=None, help="Override the scenario's seed.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Override the scenario's seed.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the measurements as JSON here.")
 def fabric(scenario: Path, backend: str | None, seed: int | None, out: Path | None) -> None:

@@ -22,7 +22,8 @@ from simcore.errors import ConfigError
 @click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.2,
               show_default=True, help="Fraction of each curve's token counts / message sizes "
                                       "held out of the fit to measure its error.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the hold-out draw.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the hold-out draw.")
 @click.option("--id", "profile_id", default=None, help="Profile id (default: from the GPU).")
 @click.option("--list", "list_profiles", is_flag=True,
               help="List the shipped profiles and their held-out errors instead of fitting.")

@@ -25,7 +25,8 @@ from simcore.errors import ConfigError
 @click.option("--no-envelope", is_flag=True,
               help="Skip the capacity's envelope (two more searches, with every op class at "
                    "either end of its error bound).")
-@click.option("--seed", type=int, default=None, help="Override the config's seed.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Override the config's seed.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the answer and every run as JSON here.")
 @click.option("--quiet", is_flag=True, help="Do not list the runs as they finish.")

@@ -305,4 +305,4 @@ class AnalyticalFabric(MessageFabric):
         return FabricStats(messages=self._results(), links=links, duration_s=now,
                            payload_sent_bytes=sent, payload_delivered_bytes=delivered,
                            payload_in_flight_bytes=sent - delivered, utilization_t_s=t_s,
-                           utilization=util)
+                           utilization=util, utilization_interval_s=load.interval_s)

@@ -413,7 +413,8 @@ class FlowFabric(MessageFabric):
                            payload_sent_bytes=self._sent_bytes,
                            payload_delivered_bytes=self._delivered_bytes,
                            payload_in_flight_bytes=self._sent_bytes - self._delivered_bytes,
-                           utilization_t_s=t_s, utilization=util)
+                           utilization_t_s=t_s, utilization=util,
+                           utilization_interval_s=self._load.interval_s)
 
 
 @compile_kernel

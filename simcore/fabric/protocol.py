@@ -79,6 +79,10 @@ class FabricStats:
     num_pfc_pause_frames: int = 0
     utilization_t_s: list[float] = field(default_factory=list)
     utilization: list[list[float]] = field(default_factory=list)   # per sample, per link
+    # The samples' interval: the settings' sample_interval_s, doubled as often as a long run
+    # needed to hold its samples (`simcore.fabric.utilization.MAX_SAMPLE_VALUES`); 0: the
+    # settings' own.
+    utilization_interval_s: float = 0.0
     queue_histogram_bytes: dict[int, list[int]] = field(default_factory=dict)  # link -> bins
     # Ids of unreliable (datagram) messages that lost a packet, hence never delivered; only the
     # packet backend drops packets.

@@ -69,6 +69,11 @@ def render_fabric_summary(result: dict[str, Any]) -> str:
             lines.append(_row(f"  traffic {t['traffic']} ({t['kind']}) p99 FCT (us):",
                               _us(t["fct_s"]["p99"])))
     lines.append(_title(" Busiest links (utilization mean / max) ", "-"))
+    widened = result["utilization_over_time"].get("sampled_every_s")
+    if widened is not None:
+        lines += textwrap.wrap(f"The max is over samples of {widened:.3g} s: the run was too long "
+                               f"to hold them at settings.sample_interval_s, which was doubled "
+                               f"until it could.", _LINE)
     busiest = sorted(result["links"], key=lambda lk: -lk["utilization_mean"])[:_TOP_LINKS]
     for lk in busiest:
         lines.append(_row(f"  {lk['name']} ({lk['rate_gbps']:g} Gb/s)",

@@ -22,6 +22,10 @@ from simcore.fabric.topology import HOST, Topology
 
 PERCENTILES = (50, 90, 99)
 MAX_SERIES_POINTS = 200
+MAX_PACKETS = 100_000_000
+"""Most packets a scenario's messages may be cut into for the packet backend, which simulates
+each one (about a million a CPU second on a dumbbell, so some minutes), unless the scenario stops
+the run at a `duration_s`."""
 """Utilization time series are averaged down to at most this many points per link."""
 MAX_LISTED_MESSAGES = 10_000
 """Per-message records are listed when there are at most this many (unless asked otherwise)."""
@@ -68,6 +72,8 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
     where = str(scenario) if isinstance(scenario, (str, Path)) else "scenario"
     sc = load_scenario(scenario)
     if seed is not None:
+        if seed < 0:
+            raise ConfigError(f"--seed must be a non-negative integer, got {seed}")
         sc = sc.model_copy(update={"seed": seed})
     name = backend or sc.backend
     if name not in BACKENDS:
@@ -75,6 +81,15 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
     topology = build_topology(sc, where=where)
     settings = resolved_settings(sc, topology)
     planned = expand_traffic(sc, topology, where=where)
+    if name == "packet" and sc.duration_s is None:
+        payload = topology.mtu_bytes - topology.header_bytes
+        packets = sum(max(1, -(-m.size_bytes // payload)) for m in planned)
+        if packets > MAX_PACKETS:
+            raise ConfigError(
+                f"{where}: traffic: the packet backend simulates every packet, and these "
+                f"messages are {packets:,} packets of {payload} payload bytes, past the "
+                f"{MAX_PACKETS:,} it takes (some minutes); use the flow or analytical backend, "
+                f"send less, or stop the run at a duration_s")
     fabric = make_fabric(name, topology, settings, seed=sc.seed)
     for msg in planned:
         # Only the packet backend loses packets, so only it tells the transports apart.
@@ -84,6 +99,8 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
                     flow_key=msg.flow_key, traffic_class=msg.traffic_class, **transport)
     fabric.run(sc.duration_s)
     stats = fabric.stats()
+    if name == "packet":
+        _check_clock(stats, planned, where)
     conserved = True
     try:
         stats.check_conservation()
@@ -93,6 +110,21 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
             raise
     return summarize(sc, name, topology, planned, stats, conserved=conserved,
                      include_messages=include_messages)
+
+
+def _check_clock(stats: FabricStats, planned: list[PlannedMessage], where: str) -> None:
+    """Refuse a packet run that ran into the end of the backend's clock with messages left,
+    whose events past it never happen (`simcore.fabric.packet.clock.HORIZON_S`; the run's own
+    `duration_s` is at most a fifth of it)."""
+    from simcore.fabric.packet.clock import HORIZON_S
+
+    left = len(planned) - len(stats.messages) - len(stats.lost_message_ids)
+    if left > 0 and stats.duration_s >= 0.9 * HORIZON_S:
+        raise ConfigError(
+            f"{where}: the run reached the end of the packet backend's clock ({HORIZON_S:.3g} s: "
+            f"picoseconds in 64 bits) with {len(stats.messages):,} of {len(planned):,} messages "
+            f"delivered; its links are too slow for its traffic at this fidelity: use the flow "
+            f"or analytical backend")
 
 
 def distribution(values: list[float] | np.ndarray) -> dict[str, float | None]:
@@ -196,7 +228,12 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
     settings = scenario.settings
     util = np.asarray(stats.utilization, dtype=float).reshape(len(stats.utilization_t_s),
                                                               len(topology.links))
-    t_s, interval, series = _coarsen(stats.utilization_t_s, util, settings.sample_interval_s)
+    sampled = stats.utilization_interval_s or settings.sample_interval_s
+    t_s, interval, series = _coarsen(stats.utilization_t_s, util, sampled)
+    over_time = {"interval_s": interval, "t_s": t_s, "per_link": series.T.tolist()}
+    if sampled > settings.sample_interval_s:
+        # A run too long for its samples at the configured interval (MAX_SAMPLE_VALUES).
+        over_time["sampled_every_s"] = sampled
     bin_bytes = settings.queue_histogram_bin_bytes
     links = []
     for li, (link, ls) in enumerate(zip(topology.links, stats.links)):
@@ -232,8 +269,7 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
         "flows": _messages_block(stats.messages, planned, scenario, topology, listed,
                                  stats.lost_message_ids),
         "links": links,
-        "utilization_over_time": {"interval_s": interval, "t_s": t_s,
-                                  "per_link": series.T.tolist()},
+        "utilization_over_time": over_time,
         "congestion": {"ecn_marks": stats.num_ecn_marks, "cnps": stats.num_cnps,
                        "dcqcn_rate_cuts": stats.num_rate_cuts,
                        "pfc_pause_frames": stats.num_pfc_pause_frames,

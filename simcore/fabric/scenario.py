@@ -21,6 +21,28 @@ MAX_MESSAGES = 2_000_000
 """Most messages one scenario may expand to (a CBR or Poisson source over a long time is the usual
 way to hit it); beyond it the run would not fit in memory or time."""
 
+MAX_NODES = 65_536
+"""Most nodes (hosts and switches) a scenario's topology may have, and MAX_CABLES the most
+cables: sixteen times a 512-server, 4,096-GPU rail-optimized fabric, past which building it alone
+would not fit in memory or time."""
+MAX_CABLES = 262_144
+
+MAX_TIME_S = 1e6
+"""Latest time a scenario may name (a message's or a source's start and stop, the run's
+duration), seconds: about 12 days, inside the packet backend's clock (picoseconds in 64 bits,
+to about 53 days)."""
+MAX_DELAY_S = 1.0
+"""Longest propagation delay of a link, seconds (a geostationary satellite hop takes about
+0.25 s)."""
+
+MAX_RATE_GBPS = 1e5
+"""Fastest link or source, Gb/s (100 Tb/s, past any link built): the packet backend times a frame
+in whole picoseconds, and a 64-byte frame takes 5 of them at this rate."""
+
+_Rate = Annotated[float, Field(le=MAX_RATE_GBPS)]
+_Time = Annotated[float, Field(le=MAX_TIME_S)]
+_Delay = Annotated[float, Field(le=MAX_DELAY_S)]
+
 
 class DumbbellTopology(_Buffered):
     """Left hosts -- switch L == bottleneck == switch R -- right hosts (hosts L0.., R0..)."""
@@ -28,9 +50,9 @@ class DumbbellTopology(_Buffered):
     kind: Literal["dumbbell"] = Field(description="Topology variant tag.")
     num_left: int = Field(ge=1, description="Hosts on the left switch.")
     num_right: int = Field(ge=1, description="Hosts on the right switch.")
-    rate_gbps: float = Field(gt=0, description="Host link rate, Gb/s.")
-    delay_s: float = Field(gt=0, description="Propagation delay of every link, seconds.")
-    bottleneck_rate_gbps: float | None = Field(None, gt=0, description="Rate of the switch-to-"
+    rate_gbps: _Rate = Field(gt=0, description="Host link rate, Gb/s.")
+    delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
+    bottleneck_rate_gbps: _Rate | None = Field(None, gt=0, description="Rate of the switch-to-"
                                                "switch link, Gb/s; default rate_gbps.")
 
 
@@ -39,8 +61,8 @@ class StarTopology(_Buffered):
 
     kind: Literal["star"] = Field(description="Topology variant tag.")
     num_hosts: int = Field(ge=2, description="Hosts on the switch.")
-    rate_gbps: float = Field(gt=0, description="Link rate, Gb/s.")
-    delay_s: float = Field(gt=0, description="Propagation delay of every link, seconds.")
+    rate_gbps: _Rate = Field(gt=0, description="Link rate, Gb/s.")
+    delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
 
 
 class LeafSpineTopology(_Buffered):
@@ -50,11 +72,11 @@ class LeafSpineTopology(_Buffered):
     num_leaves: int = Field(ge=1, description="Leaf (ToR) switches.")
     hosts_per_leaf: int = Field(ge=1, description="Hosts under each leaf.")
     num_spines: int = Field(ge=1, description="Spine switches.")
-    host_rate_gbps: float = Field(gt=0, description="Host link rate, Gb/s.")
-    delay_s: float = Field(gt=0, description="Propagation delay of every link, seconds.")
+    host_rate_gbps: _Rate = Field(gt=0, description="Host link rate, Gb/s.")
+    delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
     oversubscription: float = Field(1.0, gt=0, description="Host bandwidth over uplink bandwidth "
                                     "per leaf; sets the uplink rate unless spine_rate_gbps does.")
-    spine_rate_gbps: float | None = Field(None, gt=0, description="Rate of each leaf-spine link, "
+    spine_rate_gbps: _Rate | None = Field(None, gt=0, description="Rate of each leaf-spine link, "
                                           "Gb/s; default from oversubscription.")
 
 
@@ -64,8 +86,8 @@ class FatTreeTopology(_Buffered):
     kind: Literal["fat_tree"] = Field(description="Topology variant tag.")
     k: int = Field(ge=2, description="Switch radix (even): k pods of k/2 edge and k/2 aggregation "
                    "switches, (k/2)^2 cores.")
-    rate_gbps: float = Field(gt=0, description="Rate of every link, Gb/s.")
-    delay_s: float = Field(gt=0, description="Propagation delay of every link, seconds.")
+    rate_gbps: _Rate = Field(gt=0, description="Rate of every link, Gb/s.")
+    delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
 
 
 class RailOptimizedTopology(_Buffered):
@@ -75,15 +97,15 @@ class RailOptimizedTopology(_Buffered):
     kind: Literal["rail_optimized"] = Field(description="Topology variant tag.")
     num_nodes: int = Field(ge=1, description="Servers.")
     gpus_per_node: int = Field(ge=1, description="GPUs (and rails) per server.")
-    nic_rate_gbps: float = Field(gt=0, description="NIC link rate per GPU, Gb/s.")
-    nvlink_rate_gbps: float = Field(gt=0, description="NVLink rate per GPU, Gb/s.")
-    delay_s: float = Field(gt=0, description="Propagation delay of NIC and spine links, seconds.")
-    nvlink_delay_s: float = Field(1e-6, gt=0, description="Latency of an NVLink hop, seconds.")
+    nic_rate_gbps: _Rate = Field(gt=0, description="NIC link rate per GPU, Gb/s.")
+    nvlink_rate_gbps: _Rate = Field(gt=0, description="NVLink rate per GPU, Gb/s.")
+    delay_s: _Delay = Field(gt=0, description="Propagation delay of NIC and spine links, seconds.")
+    nvlink_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of an NVLink hop, seconds.")
     num_spines: int = Field(0, ge=0, description="Spines joining the rail switches; 0: none.")
     oversubscription: float = Field(1.0, gt=0, description="Rail-to-spine oversubscription.")
-    pcie_rate_gbps: float | None = Field(None, gt=0, description="If set, each GPU reaches its "
+    pcie_rate_gbps: _Rate | None = Field(None, gt=0, description="If set, each GPU reaches its "
                                          "NIC over a PCIe link of this rate, Gb/s.")
-    pcie_delay_s: float = Field(1e-6, gt=0, description="Latency of the PCIe hop, seconds.")
+    pcie_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of the PCIe hop, seconds.")
 
 
 class ExplicitNode(_Frozen):
@@ -99,8 +121,8 @@ class ExplicitLink(_Buffered):
 
     a: str = Field(description="Name of one end.")
     b: str = Field(description="Name of the other end.")
-    rate_gbps: float = Field(gt=0, description="Rate of each direction, Gb/s.")
-    delay_s: float = Field(gt=0, description="Propagation delay, seconds.")
+    rate_gbps: _Rate = Field(gt=0, description="Rate of each direction, Gb/s.")
+    delay_s: _Delay = Field(gt=0, description="Propagation delay, seconds.")
     kind: str = Field("fabric", description="Medium label for reports (fabric, nvlink, pcie...).")
     discipline: Literal["default", "drop_tail", "ecn"] = Field(
         "default", description="Egress-queue discipline at both ends: drop_tail, ecn (RED/ECN "
@@ -167,7 +189,7 @@ class MessageTraffic(_Traffic):
     src: str = Field(description="Sending host.")
     dst: str = Field(description="Receiving host.")
     size_bytes: Bytes = Field(ge=0, description="Payload bytes.")
-    at_s: float = Field(0.0, ge=0, description="When it is handed to the sender's NIC, seconds.")
+    at_s: _Time = Field(0.0, ge=0, description="When it is handed to the sender's NIC, seconds.")
 
 
 class CbrTraffic(_Source):
@@ -178,12 +200,12 @@ class CbrTraffic(_Source):
     kind: Literal["cbr"] = Field(description="Traffic variant tag.")
     src: str = Field(description="Sending host.")
     dst: str = Field(description="Receiving host.")
-    rate_gbps: float = Field(gt=0, description="On-wire rate of the packet train (payload + "
+    rate_gbps: _Rate = Field(gt=0, description="On-wire rate of the packet train (payload + "
                              "headers), Gb/s.")
     payload_bytes: Bytes = Field(gt=0, description="Payload per packet; at most mtu_bytes - "
                                  "header_bytes.")
-    start_s: float = Field(0.0, ge=0, description="First packet, seconds.")
-    stop_s: float = Field(gt=0, description="No packet at or after this time, seconds.")
+    start_s: _Time = Field(0.0, ge=0, description="First packet, seconds.")
+    stop_s: _Time = Field(gt=0, description="No packet at or after this time, seconds.")
 
     @model_validator(mode="after")
     def _window(self) -> CbrTraffic:
@@ -198,7 +220,7 @@ class AllToAllTraffic(_Traffic):
     kind: Literal["all_to_all"] = Field(description="Traffic variant tag.")
     hosts: HostSet = Field("all", description="Participating hosts, or all.")
     size_bytes: Bytes = Field(ge=0, description="Payload bytes per ordered pair.")
-    at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
+    at_s: _Time = Field(0.0, ge=0, description="Start time, seconds.")
 
 
 class IncastTraffic(_Traffic):
@@ -209,7 +231,7 @@ class IncastTraffic(_Traffic):
                              "receiver).")
     receiver: str = Field(description="The receiving host.")
     size_bytes: Bytes = Field(ge=0, description="Payload bytes per sender.")
-    at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
+    at_s: _Time = Field(0.0, ge=0, description="Start time, seconds.")
 
 
 class PermutationTraffic(_Traffic):
@@ -219,7 +241,7 @@ class PermutationTraffic(_Traffic):
     kind: Literal["permutation"] = Field(description="Traffic variant tag.")
     hosts: HostSet = Field("all", description="Participating hosts, or all.")
     size_bytes: Bytes = Field(ge=0, description="Payload bytes per sender.")
-    at_s: float = Field(0.0, ge=0, description="Start time, seconds.")
+    at_s: _Time = Field(0.0, ge=0, description="Start time, seconds.")
 
 
 class PoissonTraffic(_Source):
@@ -233,8 +255,8 @@ class PoissonTraffic(_Source):
     rate_pps: float = Field(gt=0, description="Mean packets per second.")
     payload_bytes: Bytes = Field(gt=0, description="Payload per packet; at most mtu_bytes - "
                                  "header_bytes.")
-    start_s: float = Field(0.0, ge=0, description="When the source starts, seconds.")
-    duration_s: float = Field(gt=0, description="How long it sends, seconds.")
+    start_s: _Time = Field(0.0, ge=0, description="When the source starts, seconds.")
+    duration_s: _Time = Field(gt=0, description="How long it sends, seconds.")
 
 
 TrafficSpec = Annotated[Union[MessageTraffic, CbrTraffic, AllToAllTraffic, IncastTraffic,
@@ -245,13 +267,13 @@ class Scenario(_Frozen):
     """A whole `dse fabric` input: which network, with which settings, under what traffic."""
 
     name: str = Field("fabric scenario", description="A label carried into the results.")
-    seed: int = Field(0, description="Seed of every random choice (ECMP salts, permutations, "
+    seed: int = Field(0, ge=0, description="Seed of every random choice (ECMP salts, permutations, "
                       "Poisson gaps, ECN marking); same seed, same result.")
     backend: Literal["packet", "flow", "analytical"] = Field(
         "packet", description="Backend used unless the command line picks one: packet (queues, "
         "ECN, PFC, DCQCN), flow (max-min fair sharing) or analytical (messages serialised "
         "first come, first served on shared links).")
-    duration_s: float | None = Field(None, gt=0, description="Stop the run at this time; "
+    duration_s: _Time | None = Field(None, gt=0, description="Stop the run at this time; "
                                      "messages still in flight are reported as such. Default: "
                                      "run until every message is delivered.")
     topology: TopologySpec = Field(description="The network: a builder and its parameters, or "
@@ -307,9 +329,39 @@ def load_scenario(source: str | Path | Mapping[str, Any] | Scenario, *,
         raise ConfigError(f"{where}: {format_validation_error(err, Scenario)}") from None
 
 
+def topology_size(spec) -> tuple[int, int]:
+    """(nodes, cables) the topology `spec` builds: hosts and switches, and bidirectional
+    cables."""
+    match spec:
+        case DumbbellTopology():
+            return spec.num_left + spec.num_right + 2, spec.num_left + spec.num_right + 1
+        case StarTopology():
+            return spec.num_hosts + 1, spec.num_hosts
+        case LeafSpineTopology():
+            return (spec.num_spines + spec.num_leaves * (1 + spec.hosts_per_leaf),
+                    spec.num_leaves * (spec.hosts_per_leaf + spec.num_spines))
+        case FatTreeTopology():
+            k = spec.k
+            return k * k // 4 + k * k + k ** 3 // 4, 3 * k ** 3 // 4
+        case RailOptimizedTopology():
+            per_gpu = 2 if spec.pcie_rate_gbps else 1
+            gpus = spec.num_nodes * spec.gpus_per_node
+            return (spec.gpus_per_node + spec.num_nodes + per_gpu * gpus + spec.num_spines,
+                    (1 + per_gpu) * gpus + spec.gpus_per_node * spec.num_spines)
+        case ExplicitTopology():
+            return len(spec.nodes), len(spec.links)
+    raise AssertionError(f"unhandled topology kind {spec.kind}")
+
+
 def build_topology(scenario: Scenario, *, where: str = "scenario") -> Topology:
-    """The scenario's Topology, framed with the settings' MTU and header size."""
+    """The scenario's Topology, framed with the settings' MTU and header size; one past
+    MAX_NODES nodes or MAX_CABLES cables is refused before it is built."""
     spec, s = scenario.topology, scenario.settings
+    nodes, cables = topology_size(spec)
+    if nodes > MAX_NODES or cables > MAX_CABLES:
+        raise ConfigError(f"{where}: topology: {spec.kind} of {nodes:,} nodes and {cables:,} "
+                          f"cables is past the most the fabric simulator builds ({MAX_NODES:,} "
+                          f"nodes, {MAX_CABLES:,} cables)")
     frame = {"mtu_bytes": s.mtu_bytes, "header_bytes": s.header_bytes}
     gbps = 1e9
     try:

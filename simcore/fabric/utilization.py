@@ -1,5 +1,12 @@
 """Link utilization over time: the bytes each link carried in every sampling interval, accumulated
-from piecewise-constant transmission rates."""
+from piecewise-constant transmission rates.
+
+The bins are dense in time, so a run that spans many intervals (a message sent an hour in, a
+terabyte on one link) would hold an interval per 10 us of it for every link. They are held to
+`MAX_SAMPLE_VALUES` values: where a later time needs more, the interval doubles, each pair of
+adjacent bins merged into one (the bytes of [2k w, (2k + 2) w) are those of the two halves), as
+often as it takes; the interval used is `interval_s`, which the run's result reports. A run that
+fits keeps its configured interval and its figures to the bit."""
 
 from __future__ import annotations
 
@@ -10,15 +17,39 @@ import numpy as np
 from simcore.compiled import compile_kernel
 
 
+MAX_SAMPLE_VALUES = 1 << 24
+"""Most utilization values (intervals x links) a run holds: 128 MB of float64 (see the module
+docstring); the packet backend keeps its samples to the same bound."""
+
+
+def max_intervals(num_links: int) -> int:
+    """Most sampling intervals a run of `num_links` links holds (`MAX_SAMPLE_VALUES`): an even
+    number, at least 64."""
+    return max(64, MAX_SAMPLE_VALUES // max(1, num_links) // 2 * 2)
+
+
 class LinkLoadRecorder:
     """Bins of carried bytes, one row per sampling interval [k*interval_s, (k+1)*interval_s) and
-    one column per link. Rows grow as later times are recorded; nothing is ever removed."""
+    one column per link. Rows grow as later times are recorded, to `max_intervals` of them, past
+    which the interval doubles (see the module docstring); nothing is ever removed."""
 
     def __init__(self, num_links: int, interval_s: float) -> None:
         if interval_s <= 0:
             raise ValueError(f"sample interval must be positive, got {interval_s}")
         self.interval_s = interval_s
+        self._max_rows = max_intervals(num_links)
         self._bins = np.zeros((16, num_links))
+
+    def _fit(self, t_s: float) -> None:
+        """Double the interval (merging adjacent bins) until time `t_s` falls in a bin that may
+        be held."""
+        while t_s // self.interval_s >= self._max_rows:
+            bins = self._bins
+            if len(bins) % 2:
+                bins = np.concatenate([bins, np.zeros((1, bins.shape[1]))])
+            merged = bins[0::2] + bins[1::2]
+            self._bins = np.concatenate([merged, np.zeros_like(merged)])
+            self.interval_s *= 2
 
     def _grow(self, row: int) -> None:
         if row >= len(self._bins):
@@ -32,6 +63,7 @@ class LinkLoadRecorder:
         links, or one rate for `link`, or for each of a list of distinct links)."""
         if t1_s <= t0_s:
             return
+        self._fit(t1_s)
         width = self.interval_s
         k0 = int(t0_s // width)
         k1 = int(t1_s // width)
@@ -61,6 +93,7 @@ class LinkLoadRecorder:
             links, num_links = links[keep], num_links[live]
         if len(t0_s) == 0:
             return
+        self._fit(float(t1_s.max()))
         width = self.interval_s
         k0 = np.floor_divide(t0_s, width).astype(np.int64)
         k1 = np.floor_divide(t1_s, width).astype(np.int64)
@@ -75,6 +108,7 @@ class LinkLoadRecorder:
 
     def copy(self) -> LinkLoadRecorder:
         other = LinkLoadRecorder(self._bins.shape[1], self.interval_s)
+        other._max_rows = self._max_rows
         other._bins = self._bins.copy()
         return other
 
@@ -84,6 +118,7 @@ class LinkLoadRecorder:
         in each interval over what the link could carry in it (the last one may be shorter)."""
         if until_s <= 0:
             return [], []
+        self._fit(until_s)
         width = self.interval_s
         n = max(1, math.ceil(until_s / width - 1e-9))
         self._grow(n - 1)

@@ -9,7 +9,8 @@ from simcore.fabric.packet import events, heap, nic
 from simcore.fabric.packet._jit import njit, view
 from simcore.fabric.packet.link import busy_done_s
 from simcore.fabric.packet.clock import to_ps
-from simcore.fabric.packet.state import (C_LAST, C_NMSG, C_NOW, C_NSMP, K_DATA, NUM_CLASSES,
+from simcore.fabric.packet.state import (C_LAST, C_NMSG, C_NOW, C_NSMP, CF_SMP, K_DATA,
+                                         NUM_CLASSES,
                                          NUM_COUNTERS, kernel_view,
                                          load_topology as _load_topology)
 
@@ -131,6 +132,13 @@ def read_in_flight_payload(ref):
         if st.p_kind[p] == K_DATA:
             total += st.p_pay[p]
     return total
+
+
+@njit
+def read_sample_interval(ref):
+    """The interval of the samples held, s: the configured one, doubled each time the kernel
+    held its most samples (`events._sample`)."""
+    return kernel_view(ref).cfg[CF_SMP]
 
 
 @njit

@@ -12,7 +12,7 @@ from simcore.fabric.packet.state import C_NOW, NEVER
 
 PS_PER_S = 1e12
 """Picoseconds per second."""
-_HORIZON_S = 4.6e6
+HORIZON_S = 4.6e6
 """Seconds from which a time is `NEVER` (about 53 days: 4.6e18 ps stays inside int64)."""
 
 
@@ -20,7 +20,7 @@ _HORIZON_S = 4.6e6
 def to_ps(t):
     """Seconds `t` (a duration) as whole picoseconds (nearest), `NEVER` from about 53 days on
     (inf too)."""
-    if not t < _HORIZON_S:
+    if not t < HORIZON_S:
         return NEVER
     return np.int64(np.rint(t * PS_PER_S))
 
@@ -36,7 +36,7 @@ def ps_at_or_after(t):
     """The first whole picosecond k whose time in seconds, k / PS_PER_S, is not before instant
     `t` (an instant given in seconds from Python: an event at k sees a clock of at least t);
     `NEVER` from about 53 days on."""
-    if not t < _HORIZON_S:
+    if not t < HORIZON_S:
         return NEVER
     k = np.int64(np.ceil(t * PS_PER_S))
     while k / PS_PER_S < t:
@@ -49,7 +49,7 @@ def ps_at_or_after(t):
 @njit
 def ps_at_or_before(t):
     """The last whole picosecond k with k / PS_PER_S not after instant `t` (seconds)."""
-    if not t < _HORIZON_S:
+    if not t < HORIZON_S:
         return NEVER
     k = np.int64(np.floor(t * PS_PER_S))
     while k / PS_PER_S > t:

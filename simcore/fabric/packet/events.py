@@ -29,7 +29,7 @@ from simcore.fabric.packet.link import busy_done_s, finish_tx, set_paused
 from simcore.fabric.packet.nic import (message_start, nic_kick, nic_receive, rp_timer, rto_check,
                                        source_emit)
 from simcore.fabric.packet.state import (C_EVENTS, C_HN, C_LAST, C_NOW, C_NSMP, C_OBN, C_STALL,
-                                         CF_SMP,
+                                         CF_SMP, CF_SMPMAX,
                                          K_DATA, K_PAUSE, NEVER, NUM_CLASSES, free_packet,
                                          grow_floats)
 from simcore.fabric.packet.switch import switch_kick, switch_receive, switch_release, xoff_refresh
@@ -82,8 +82,22 @@ def _sample(st):
     k = st.cnt[C_NSMP]
     nl = st.n_links
     if k == st.smp_cap:
-        st.smp = grow_floats(st, st.smp, k * nl, 2 * k * nl, 0.0)
-        st.smp_cap = 2 * k
+        if k >= st.cfg[CF_SMPMAX]:
+            # Held full: the interval doubles. Sample j was taken at (j + 1) w, so those at the
+            # doubled interval's instants are the odd ones (samples are cumulative busy times,
+            # so dropping the others loses nothing of the coarser series); the one due now, at
+            # (k + 1) w, falls between them, and the next is at (k + 2) w.
+            half = k // 2
+            for j in range(half):
+                for l in range(nl):
+                    st.smp[j * nl + l] = st.smp[(2 * j + 1) * nl + l]
+            st.cnt[C_NSMP] = half
+            st.cfg[CF_SMP] *= 2.0
+            st.clk[1] = (half + 1) * st.cfg[CF_SMP]
+            return
+        cap = min(2 * k, int(st.cfg[CF_SMPMAX]))
+        st.smp = grow_floats(st, st.smp, k * nl, cap * nl, 0.0)
+        st.smp_cap = cap
     t = st.clk[1]
     for l in range(nl):
         st.smp[k * nl + l] = busy_done_s(st, l, t)

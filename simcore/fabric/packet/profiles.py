@@ -28,9 +28,11 @@ from simcore.errors import ConfigError
 from simcore.fabric.ecmp import default_salts
 from simcore.fabric.settings import FabricSettings
 from simcore.fabric.topology import HOST, Topology
+from simcore.fabric.utilization import max_intervals
 from simcore.fabric.packet.state import (CF_ACKN, CF_ALPHA, CF_AR, CF_ARTH, CF_CC, CF_CTRL, CF_FC,
                                          CF_HBIN, CF_HDR, CF_LOSSLESS, CF_NHOST, CF_PAY, CF_REL,
-                                         CF_RTO, CF_SMP, CF_WIN, CF_XON, FC_CREDIT, FC_NONE, FC_PFC,
+                                         CF_RTO, CF_SMP, CF_SMPMAX, CF_WIN, CF_XON, FC_CREDIT,
+                                         FC_NONE, FC_PFC,
                                          NUM_CFG, NUM_CLASSES)
 
 PAUSE_QUANTUM_BITS = 512
@@ -275,6 +277,7 @@ def resolve(topology: Topology, settings: FabricSettings, packet: PacketSettings
     cfg[CF_HBIN] = settings.queue_histogram_bin_bytes
     cfg[CF_ARTH] = threshold
     cfg[CF_SMP] = settings.sample_interval_s
+    cfg[CF_SMPMAX] = max_intervals(num_links)
     cfg[CF_NHOST] = num_hosts
     cfg[CF_LOSSLESS] = lossless
     return Plan(host, host_index, salt, pool, src, dst, rev, rate, delay, cap, ecn,

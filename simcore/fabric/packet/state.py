@@ -85,6 +85,7 @@ CF_ARTH = 14       # adaptive routing keeps the hashed port unless another is th
 CF_SMP = 15        # utilization sample interval, s (0: off)
 CF_NHOST = 16      # number of hosts
 CF_LOSSLESS = 17   # bit c set: traffic class c is lossless (PFC priority or credited lane)
+CF_SMPMAX = 18     # most utilization samples held; past it the interval doubles (every other kept)
 NUM_CFG = 24
 
 # Transports of a queue pair (f_rel).

@@ -27,6 +27,7 @@ from simcore.fabric.packet.state import (C_CNPS, C_DATA_HOPS, C_DELIV_PAY, C_DGR
                                          C_MARKS, C_NACKS, C_PAUSES, C_PLIVE, C_RETX, C_RETX_PAY,
                                          C_SENT_PAY, C_TIMEOUTS)
 from simcore.fabric.protocol import FabricStats, LinkStats, MessageResult
+from simcore.fabric.utilization import max_intervals
 
 COUNTERS = {
     "events": C_EVENTS, "packet_hops": C_DATA_HOPS, "frames": C_FRAMES,
@@ -39,14 +40,26 @@ COUNTERS = {
 """Name -> index of the kernel counters `PacketFabric.counters()` reports."""
 
 
-def utilization(st, interval_s: float, now: float) -> tuple[list[float], list[list[float]]]:
-    """(sample start times, utilization per sample per link) over [0, now), samples of
-    `interval_s` (the last one may be shorter): busy time in each over its length."""
+def utilization(st, interval_s: float, now: float
+                ) -> tuple[list[float], list[list[float]], float]:
+    """(sample start times, utilization per sample per link, the samples' interval) over
+    [0, now): busy time in each interval over its length (the last one may be shorter). The
+    interval is `interval_s` (the configured one), doubled where the kernel held its most
+    samples, and again here while [0, now) would take more than `max_intervals` of them (a run
+    stopped long after its last event): samples being cumulative, every other one is kept."""
     if interval_s <= 0 or now <= 0:
-        return [], []
-    num = max(1, math.ceil(now / interval_s - 1e-9))
+        return [], [], interval_s
+    interval_s = api.read_sample_interval(st)
     taken = api.read_samples(st)
     busy_s, on_wire, tx_end = api.read_busy_parts(st)
+    limit = max_intervals(len(busy_s))
+    step = 1
+    while math.ceil(now / (interval_s * step) - 1e-9) > limit:
+        step *= 2
+    if step > 1:                # sample j was taken at (j + 1) x the interval
+        taken = taken[step - 1::step]
+        interval_s *= step
+    num = max(1, math.ceil(now / interval_s - 1e-9))
     busy = np.zeros((num + 1, len(busy_s)))
     have = min(len(taken), num - 1)
     busy[1:1 + have] = taken[:have]
@@ -57,7 +70,7 @@ def utilization(st, interval_s: float, now: float) -> tuple[list[float], list[li
     starts = np.arange(num) * interval_s
     spans = np.minimum(interval_s, now - starts)
     util = np.diff(busy, axis=0) / spans[:, None]
-    return starts.tolist(), util.tolist()
+    return starts.tolist(), util.tolist(), interval_s
 
 
 def build_stats(st, now: float, messages: list[MessageResult], interval_s: float,
@@ -72,7 +85,7 @@ def build_stats(st, now: float, messages: list[MessageResult], interval_s: float
                        paused_s_by_class=[float(x) for x in paused[i]])
              for i in range(len(sent))]
     cnt = api.read_counters(st)
-    t_s, util = utilization(st, interval_s, now)
+    t_s, util, interval_s = utilization(st, interval_s, now)
     histogram = {i: hist[i].tolist() for i in range(len(hist)) if hist[i].any()}
     return FabricStats(
         messages=messages, links=links, duration_s=now,
@@ -83,4 +96,5 @@ def build_stats(st, now: float, messages: list[MessageResult], interval_s: float
         num_retransmits=int(cnt[C_RETX]), num_ecn_marks=int(cnt[C_MARKS]),
         num_cnps=int(cnt[C_CNPS]), num_rate_cuts=num_rate_cuts,
         num_pfc_pause_frames=int(cnt[C_PAUSES]), utilization_t_s=t_s, utilization=util,
+        utilization_interval_s=interval_s,
         queue_histogram_bytes=histogram, lost_message_ids=list(lost_message_ids or []))

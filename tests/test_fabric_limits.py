@@ -1,0 +1,134 @@
+"""Fabric scenarios at sizes and times past what a run can hold: refused with one sentence naming
+the field, or run with the link-utilization samples held to their bound (the interval doubled),
+never out of memory."""
+
+import numpy as np
+import pytest
+
+from simcore.errors import ConfigError
+from simcore.fabric import run as fabric_run
+from simcore.fabric import utilization
+from simcore.fabric.run import run_scenario
+from simcore.fabric.scenario import MAX_CABLES, MAX_NODES, build_topology, load_scenario
+
+STAR = {"kind": "star", "num_hosts": 4, "rate_gbps": 10, "delay_s": 1e-6}
+
+
+def _two_messages(second_at_s: float, **extra) -> dict:
+    return {"topology": STAR, "settings": {"profile": "roce"},
+            "traffic": [{"kind": "message", "src": "h0", "dst": "h1", "size_bytes": 200_000},
+                        {"kind": "message", "src": "h2", "dst": "h1", "size_bytes": 200_000,
+                         "at_s": second_at_s}], **extra}
+
+
+@pytest.mark.parametrize("topology", [
+    {"kind": "dumbbell", "num_left": 10**12, "num_right": 1, "rate_gbps": 10, "delay_s": 1e-6},
+    {"kind": "leaf_spine", "num_leaves": 1000, "hosts_per_leaf": 1, "num_spines": 1000,
+     "host_rate_gbps": 10, "delay_s": 1e-6},
+    {"kind": "fat_tree", "k": 100, "rate_gbps": 10, "delay_s": 1e-6},
+    {"kind": "rail_optimized", "num_nodes": 10**6, "gpus_per_node": 8, "nic_rate_gbps": 400,
+     "nvlink_rate_gbps": 3600, "delay_s": 1e-6},
+])
+def test_a_topology_too_large_to_build_is_refused_before_it_is_built(topology):
+    sc = load_scenario({"topology": topology,
+                        "traffic": [{"kind": "message", "src": "h0", "dst": "h0",
+                                     "size_bytes": 1}]})
+    with pytest.raises(ConfigError, match=f"past the most the fabric simulator builds "
+                                          f"\\({MAX_NODES:,} nodes, {MAX_CABLES:,} cables\\)"):
+        build_topology(sc)
+
+
+@pytest.mark.parametrize("where, value, field", [
+    ("topology", {**STAR, "delay_s": 5.0}, "topology.delay_s: must be at most 1"),
+    ("at_s", 2e6, "traffic.1.at_s: must be at most 1000000"),
+    ("duration_s", 1e7, "duration_s: must be at most 1000000"),
+])
+def test_times_past_the_packet_clock_and_delays_past_a_second_name_their_field(where, value,
+                                                                               field):
+    data = _two_messages(0.0)
+    if where == "topology":
+        data["topology"] = value
+    elif where == "at_s":
+        data["traffic"][1]["at_s"] = value
+    else:
+        data["duration_s"] = value
+    with pytest.raises(ConfigError, match=field):
+        load_scenario(data)
+
+
+@pytest.mark.parametrize("backend", ["packet", "flow", "analytical"])
+def test_a_long_run_doubles_the_sampling_interval_instead_of_growing_without_bound(
+        backend, monkeypatch):
+    # 2,000 values over 8 links: 250 intervals held. The second message, sent at 10 ms, is
+    # delivered at about 10.16 ms: 1,016 intervals of 10 us, 254 of 40 us, so the interval
+    # doubles three times, to 80 us.
+    base = run_scenario(_two_messages(0.01), backend)
+    monkeypatch.setattr(utilization, "MAX_SAMPLE_VALUES", 2000)
+    held = run_scenario(_two_messages(0.01), backend)
+    over = held["utilization_over_time"]
+    assert over["sampled_every_s"] == pytest.approx(8e-5)
+    assert "sampled_every_s" not in base["utilization_over_time"]
+    assert held["duration_s"] == base["duration_s"]
+    assert held["flows"] == base["flows"]
+    for a, b in zip(held["links"], base["links"]):
+        assert a["bytes_sent"] == b["bytes_sent"]
+        assert a["utilization_mean"] == pytest.approx(b["utilization_mean"])
+        assert a["utilization_max"] <= b["utilization_max"] + 1e-9
+    # The series holds every byte: utilization x interval x rate summed over time.
+    rates = np.array([lk["rate_gbps"] * 1e9 / 8 for lk in held["links"]])
+    t = np.array(over["t_s"])
+    spans = np.minimum(np.diff(np.append(t, held["duration_s"])), over["interval_s"])
+    carried = (np.array(over["per_link"]) * spans[None, :]).sum(axis=1) * rates
+    sent = np.array([lk["bytes_sent"] for lk in held["links"]], dtype=float)
+    busy = sent > 0
+    assert carried[busy] == pytest.approx(
+        [lk["busy_s"] * r for lk, r, b in zip(held["links"], rates, busy) if b], rel=1e-6)
+
+
+def test_the_report_says_when_the_samples_were_widened(monkeypatch):
+    from simcore.fabric.report import render_fabric_summary
+
+    monkeypatch.setattr(utilization, "MAX_SAMPLE_VALUES", 2000)
+    text = render_fabric_summary(run_scenario(_two_messages(0.01), "flow"))
+    assert "The max is over samples of 8e-05 s" in " ".join(text.split())
+
+
+def test_traffic_of_more_packets_than_the_packet_backend_takes_is_refused(monkeypatch):
+    monkeypatch.setattr(fabric_run, "MAX_PACKETS", 90)
+    # 200,000 bytes in 4,034-byte payloads (4,096-byte frames, 62 header bytes): 50 each.
+    with pytest.raises(ConfigError, match="100 packets of 4034 payload bytes, past the 90 it "
+                                          "takes .*use the flow or analytical backend"):
+        run_scenario(_two_messages(0.0), "packet")
+    assert run_scenario(_two_messages(0.0), "flow")["bytes"]["conserved"]
+    # A run stopped at a duration simulates what fits in it.
+    stopped = run_scenario(_two_messages(0.0, duration_s=1e-4), "packet")
+    assert stopped["duration_s"] == pytest.approx(1e-4)
+
+
+def test_a_negative_seed_is_refused_in_the_file_and_on_the_command_line():
+    from click.testing import CliRunner
+
+    from dse.cli import main
+
+    with pytest.raises(ConfigError, match="seed: must be at least 0"):
+        load_scenario({**_two_messages(0.0), "seed": -1})
+    with pytest.raises(ConfigError, match="--seed must be a non-negative integer"):
+        run_scenario(_two_messages(0.0), "flow", seed=-1)
+    res = CliRunner().invoke(main, ["fabric", "x.yaml", "--seed", "-1"])
+    assert res.exit_code == 2 and "-1 is not in the range x>=0" in res.output
+
+
+def test_a_link_past_100_tbps_is_refused():
+    with pytest.raises(ConfigError, match="topology.rate_gbps: must be at most 100000"):
+        load_scenario({**_two_messages(0.0), "topology": {**STAR, "rate_gbps": 1e6}})
+
+
+def test_a_packet_run_that_reaches_the_end_of_its_clock_is_refused_not_reported():
+    # One bit a second: 2 MB takes six months, past the packet clock's 53 days.
+    slow = {**_two_messages(0.0), "topology": {**STAR, "rate_gbps": 1e-9}}
+    for t in slow["traffic"]:
+        t["size_bytes"] = 2_000_000
+    with pytest.raises(ConfigError, match="end of the packet backend's clock .* 0 of 2 messages "
+                                          "delivered.*use the flow or analytical backend"):
+        run_scenario(slow, "packet")
+    assert run_scenario(slow, "flow")["flows"]["num_completed"] == 2
