@@ -419,6 +419,16 @@ def check_runnable(cfg: SimConfig, specs) -> None:
     if (tier is not None or pd is not None) and cfg.workload.request_timeout_s is not None:
         raise ConfigError("workload.request_timeout_s: client timeouts are not modelled with "
                           "prefill/decode disaggregation or an external KV tier; remove one")
+    span = getattr(specs, "last_arrival_s", None)
+    if cfg.cluster is not None and cfg.cluster.fabric.backend == "packet" and span is not None:
+        from simcore.fabric.packet.clock import HORIZON_S
+
+        if span >= HORIZON_S / 2:
+            raise ConfigError(
+                f"cluster.fabric.backend: packet: the workload's planned sends span {span:.4g} "
+                f"s, and the packet fabric's clock (picoseconds in 64 bits) ends at "
+                f"{HORIZON_S:.3g} s, about 53 days, with half of it kept for the run to finish; "
+                f"use the flow or analytical backend, or a higher request rate")
 
 
 def cluster_result(cluster, run: ServingRun, kv_paths=None) -> dict:

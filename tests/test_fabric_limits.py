@@ -2,6 +2,8 @@
 the field, or run with the link-utilization samples held to their bound (the interval doubled),
 never out of memory."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -132,3 +134,57 @@ def test_a_packet_run_that_reaches_the_end_of_its_clock_is_refused_not_reported(
                                           "delivered.*use the flow or analytical backend"):
         run_scenario(slow, "packet")
     assert run_scenario(slow, "flow")["flows"]["num_completed"] == 2
+
+
+def test_a_packet_fabric_refuses_to_run_past_the_end_of_its_clock():
+    from simcore.fabric.packet.clock import HORIZON_S
+    from simcore.fabric.run import make_fabric
+
+    sc = load_scenario(_two_messages(0.0))
+    fabric = make_fabric("packet", build_topology(sc), sc.settings, seed=0)
+    with pytest.raises(ConfigError, match="passed the end of the packet fabric's clock"):
+        fabric.run(HORIZON_S * 1.5)
+
+
+CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster" / "dense_pp_8node.yaml"
+
+
+def _cluster(**changes):
+    from simcore.config import load_config
+
+    cfg = load_config(CLUSTER)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    for path, value in changes.items():
+        cur = data
+        *head, last = path.split(".")
+        for k in head:
+            cur = cur[k]
+        cur[last] = value
+    return data
+
+
+def test_a_cluster_on_the_packet_fabric_whose_sends_outlast_its_clock_is_refused_at_once():
+    # 16 requests a billion seconds apart: the packet fabric's run used to spin for ever at the
+    # end of its clock.
+    from simcore.config import parse_config
+    from simcore.simulate import simulate
+
+    cfg = parse_config(_cluster(**{"workload.request_rate": 1e-9, "workload.num_prompts": 16}),
+                       base_dir=CLUSTER.parent)
+    with pytest.raises(ConfigError, match="cluster.fabric.backend: packet: the workload's planned "
+                                          "sends span .* use the flow or analytical backend"):
+        simulate(cfg)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("cluster.network.topology.delay_s", 1e12, "delay_s: must be at most 1"),
+    ("cluster.network.nic_gbps", 1e12, "nic_gbps: must be at most 100000"),
+    ("cluster.dag.pp_microbatches", 10**12, "pp_microbatches: must be at most 64"),
+    ("cluster.num_nodes", 10**12, "num_nodes: must be at most 1024"),
+    ("cluster.network.num_storage_nodes", 10**12, "num_storage_nodes: must be at most 4096"),
+])
+def test_cluster_network_settings_past_what_a_run_holds_are_refused(path, value, message):
+    from simcore.config import parse_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(_cluster(**{path: value}), base_dir=CLUSTER.parent)

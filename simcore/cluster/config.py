@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from simcore.cluster.network import NetworkConfig
 from simcore.fabric.fidelity import (BACKENDS, MODEL, PACKET_ONLY_TOPOLOGY, backends_ignoring,
                                      changed_settings, unread_settings, unread_topology)
-from simcore.fabric.settings import FabricSettings
+from simcore.fabric.settings import MAX_RATE_GBPS, MAX_TIME_S, FabricSettings
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -26,6 +26,10 @@ FIDELITY_LINES = {backend: f"{backend} fabric: {MODEL[backend]}"
                   for backend in ("analytical", "flow")}
 """The assumption a cluster result states for a fabric backend without queues."""
 
+
+MAX_CLUSTER_NODES = 1024
+"""Most GPU servers a cluster section may have: a 4,096-server cluster's packet fabric alone took
+13.6 GB to build and run 16 requests, and 10^12 servers ran the machine out of memory."""
 
 class FabricConfig(BaseModel):
     """Which fabric backend carries the traffic between nodes, and its settings."""
@@ -112,9 +116,9 @@ class DagConfig(BaseModel):
         "comm_stream: communication on its own stream, overlapping independent compute; "
         "two_batch: the batch is split into two micro-batches whose compute and communication "
         "interleave (two-batch overlap), communication on its own stream.")
-    pp_microbatches: int = Field(1, ge=1, description="Micro-batches a step's batch is split "
-                                 "into for the pipeline stages (1: stages run one after another "
-                                 "per step).")
+    pp_microbatches: int = Field(1, ge=1, le=64, description="Micro-batches a step's batch is "
+                                 "split into for the pipeline stages (1: stages run one after "
+                                 "another per step; at most 64).")
     collectives: CollectiveConfig = Field(default_factory=CollectiveConfig,
                                           description="Collective algorithms.")
     moe_routing: MoeRoutingConfig = Field(default_factory=MoeRoutingConfig,
@@ -130,10 +134,11 @@ class TenantTraffic(BaseModel):
     src_gpu: int = Field(ge=0, description="Global GPU index whose NIC sends (node x "
                          "gpus_per_node + local rank).")
     dst_gpu: int = Field(ge=0, description="Global GPU index whose NIC receives.")
-    rate_gbps: float = Field(gt=0, description="Offered load, Gb/s.")
+    rate_gbps: float = Field(gt=0, le=MAX_RATE_GBPS, description="Offered load, Gb/s.")
     message_bytes: int = Field(1 << 20, gt=0, description="Size of each message, bytes.")
-    start_s: float = Field(0.0, ge=0, description="First message, s.")
-    stop_s: float | None = Field(None, gt=0, description="No message after this time; default: "
+    start_s: float = Field(0.0, ge=0, le=MAX_TIME_S, description="First message, s.")
+    stop_s: float | None = Field(None, gt=0, le=MAX_TIME_S, description="No message after this "
+                                 "time; default: "
                                  "until the serving run ends.")
 
 
@@ -166,7 +171,8 @@ class ClusterConfig(BaseModel):
 
     model_config = _FROZEN
 
-    num_nodes: int = Field(ge=1, description="GPU servers.")
+    num_nodes: int = Field(ge=1, le=MAX_CLUSTER_NODES, description="GPU servers (at most "
+                           "1,024: twice the 512-server clusters the simulator is sized for).")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="NICs, topology "
                                    "and storage servers.")
     fabric: FabricConfig = Field(default_factory=FabricConfig, description="Fabric backend and "

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, model_validator
 
 from simcore.errors import ConfigError
-from simcore.fabric.settings import _Buffered, _Frozen
+from simcore.fabric.settings import MAX_DELAY_S, MAX_RATE_GBPS, _Buffered, _Frozen
 from simcore.fabric.topology import HOST, SWITCH, Topology, _Builder
 
 DEFAULT_NODES_PER_LEAF = 4
@@ -37,7 +37,8 @@ class ClusterLeafSpine(_Buffered):
     oversubscription: float = Field(1.0, gt=0, description="Downlink over uplink bandwidth of a "
                                     "leaf: each leaf-spine link runs at NIC ports per leaf x NIC "
                                     "rate / (num_spines x oversubscription).")
-    delay_s: float = Field(1e-6, gt=0, description="Propagation delay of every link, seconds.")
+    delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
+                           "every link, seconds.")
 
     @model_validator(mode="after")
     def _grouping(self) -> ClusterLeafSpine:
@@ -54,7 +55,8 @@ class ClusterFatTree(_Buffered):
     kind: Literal["fat_tree"] = Field(description="Topology variant tag.")
     k: int | None = Field(None, ge=2, description="Switch radix (even), for k^3/4 host ports. "
                           "Default: the smallest even k with a port for every NIC.")
-    delay_s: float = Field(1e-6, gt=0, description="Propagation delay of every link, seconds.")
+    delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
+                           "every link, seconds.")
 
     @model_validator(mode="after")
     def _even(self) -> ClusterFatTree:
@@ -71,15 +73,16 @@ class NetworkConfig(_Frozen):
     """The cluster's scale-out fabric: NIC rate, topology and storage servers (packet framing comes
     from the fabric settings)."""
 
-    nic_gbps: float = Field(400.0, gt=0, description="Rate of each GPU's NIC, Gb/s (ConnectX-7: "
-                            "400).")
+    nic_gbps: float = Field(400.0, gt=0, le=MAX_RATE_GBPS, description="Rate of each GPU's "
+                            "NIC, Gb/s (ConnectX-7: 400).")
     topology: ClusterTopologyConfig = Field(ClusterLeafSpine(kind="leaf_spine"),
                                             description="How the NICs are switched: leaf_spine "
                                             "(rail-optimized by default) or fat_tree.")
-    num_storage_nodes: int = Field(0, ge=0, description="Storage servers of an external KV-cache "
-                                   "tier on this fabric; 0: none.")
-    storage_nic_gbps: float = Field(400.0, gt=0, description="NIC rate of each storage server, "
-                                    "Gb/s.")
+    num_storage_nodes: int = Field(0, ge=0, le=4096, description="Storage servers of an "
+                                   "external KV-cache tier on this fabric (at most 4,096); 0: "
+                                   "none.")
+    storage_nic_gbps: float = Field(400.0, gt=0, le=MAX_RATE_GBPS, description="NIC rate of "
+                                    "each storage server, Gb/s.")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
-from simcore.fabric.settings import Bytes, Discipline, FabricSettings, _Buffered, _Frozen
+from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, Bytes, Discipline,
+                                     FabricSettings, _Buffered, _Frozen)
 from simcore.fabric.topology import HOST, Topology
 
 MAX_MESSAGES = 2_000_000
@@ -26,18 +27,6 @@ MAX_NODES = 65_536
 cables: sixteen times a 512-server, 4,096-GPU rail-optimized fabric, past which building it alone
 would not fit in memory or time."""
 MAX_CABLES = 262_144
-
-MAX_TIME_S = 1e6
-"""Latest time a scenario may name (a message's or a source's start and stop, the run's
-duration), seconds: about 12 days, inside the packet backend's clock (picoseconds in 64 bits,
-to about 53 days)."""
-MAX_DELAY_S = 1.0
-"""Longest propagation delay of a link, seconds (a geostationary satellite hop takes about
-0.25 s)."""
-
-MAX_RATE_GBPS = 1e5
-"""Fastest link or source, Gb/s (100 Tb/s, past any link built): the packet backend times a frame
-in whole picoseconds, and a 64-byte frame takes 5 of them at this rate."""
 
 _Rate = Annotated[float, Field(le=MAX_RATE_GBPS)]
 _Time = Annotated[float, Field(le=MAX_TIME_S)]

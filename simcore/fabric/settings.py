@@ -44,6 +44,18 @@ def _whole_number(value: Any) -> Any:
 Bytes = Annotated[int, BeforeValidator(_whole_number)]
 
 
+MAX_TIME_S = 1e6
+"""Latest time a fabric input may name (a message's or a source's start and stop, a run's
+duration), seconds: about 12 days, inside the packet backend's clock (picoseconds in 64 bits,
+to about 53 days)."""
+MAX_DELAY_S = 1.0
+"""Longest propagation delay of a link, seconds (a geostationary satellite hop takes about
+0.25 s)."""
+MAX_RATE_GBPS = 1e5
+"""Fastest link or source, Gb/s (100 Tb/s, past any link built): the packet backend times a frame
+in whole picoseconds, and a 64-byte frame takes 5 of them at this rate."""
+
+
 class _Frozen(BaseModel):
     """Base of the fabric's configuration models (scenario files, a cluster's network):
     immutable, unknown keys rejected."""

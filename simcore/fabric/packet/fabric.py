@@ -23,6 +23,7 @@ from simcore.errors import ConfigError
 from simcore.fabric.messages import num_packets, plan_message
 from simcore.fabric.ecmp import default_salts, flow_hash, path, source_port
 from simcore.fabric.packet import api, events, nic, stats
+from simcore.fabric.packet.clock import HORIZON_S
 from simcore.fabric.packet.profiles import PacketSettings, resolve
 from simcore.fabric.packet.state import C_STALL as STALL_COUNTER
 from simcore.fabric.packet.state import (CF_LOSSLESS, CF_REL, NUM_CLASSES, REL_GBN, REL_NONE,
@@ -150,6 +151,10 @@ class PacketFabric:
         if self._running:
             raise RuntimeError("run() was called from inside a completion callback")
         limit = math.inf if until_s is None else float(until_s)
+        if HORIZON_S <= limit < math.inf:
+            raise ConfigError(f"the run passed the end of the packet fabric's clock "
+                              f"({HORIZON_S:.3g} s, about 53 days: picoseconds in 64 bits); "
+                              f"use the flow or analytical fabric for a run this long")
         self._running = True
         try:
             while True:
