@@ -4,9 +4,10 @@
 engine, everything but the rate and the number of requests) at a sequence of rates:
 
 1. A burst run (every request at time 0) measures the most the engine serves with all work
-   queued; its request throughput, less 10%, is the first rate tried (or `start`, a rate the
-   caller found to meet: `dse capacity --target-rate` starts its answer's search at the target,
-   so the capacity it states is at least the rate it says the layout serves).
+   queued; its request throughput, less 10%, is the first rate tried (or `start` where that is
+   higher: a rate the caller found to meet, which also bounds the answer from below, so that
+   `dse capacity --target-rate` states a capacity of at least the rate it says its layout
+   serves).
 2. Bracketing: from there, up by x1.25 while the rate meets the SLOs, down by x0.8 while it does
    not, until one rate meets and the next fails (or the rate falls below 1/64 of the burst
    throughput: then no rate meets, and the capacity is 0).
@@ -239,9 +240,11 @@ class _Search:
             self.progress(run)
         return run
 
-    def bracket(self, start: float, floor: float, tolerance: float
-                ) -> tuple[RateRun | None, RateRun]:
-        """(highest meeting run or None, lowest failing run above it), within tolerance."""
+    def bracket(self, start: float, floor: float, tolerance: float,
+                known: RateRun | None = None) -> tuple[RateRun | None, RateRun]:
+        """(highest meeting run or None, lowest failing run above it), within tolerance;
+        `known`, a run found to meet, bounds the meeting side from below where it lies under
+        the failing run."""
         first = self.at(start)
         lo: RateRun | None = None
         hi: RateRun | None = None
@@ -265,8 +268,12 @@ class _Search:
                     lo = nxt
                     break
                 hi = nxt
-            if lo is None:
+            if lo is None and not (known is not None and known.meets
+                                   and known.rate < hi.rate):
                 return None, hi
+        if known is not None and known.meets and known.rate < hi.rate and (
+                lo is None or known.rate > lo.rate):
+            lo = known
         while hi.rate / lo.rate > 1 + tolerance:
             mid = self.at(math.sqrt(lo.rate * hi.rate))
             if mid.meets:
@@ -309,8 +316,11 @@ def find_capacity(cfg: SimConfig, slos: tuple[Constraint, ...] | None = None, *,
     burst = search.burst()
     if not burst > 0:
         raise ConfigError("capacity: the burst run completed no request; nothing to search")
-    first = start if start is not None and start > 0 else burst * 0.9
-    lo, hi = search.bracket(first, burst * _FLOOR, tolerance)
+    first, known = burst * 0.9, None
+    if start is not None and start > 0:
+        known = search.at(start)
+        first = max(start, first)
+    lo, hi = search.bracket(first, burst * _FLOOR, tolerance, known)
     notes: list[str] = []
     below = above = None
     if lo is None:

@@ -17,8 +17,10 @@ that run served with the target's load on it alone (at a rate it cannot keep up 
 the last of its requests queued). Replicas share a router's load, so DP of them serve at most DP
 times that; a layout whose bound is under a quarter of the target (`BOUND_MARGIN`: a burst's
 ramp and drain, and a router's imbalance, never cost a factor of four) is listed as skipped with
-the bound, not simulated. A target no layout can approach is then answered after one run per TP
-instead of one per layout.
+the bound, not simulated. No bound is taken from a run with failed requests, nor where clients
+time out (`workload.request_timeout_s`: an overloaded replica then completes far less than it
+can), and disaggregated layouts are always run. A target no aggregated layout can approach is
+then answered after one aggregated run per TP instead of one per layout.
 
 With a `cluster` section the candidates are run on that cluster (at most its GPUs), and
 disaggregated layouts join them: prefill and decode instances, each role with its own TP over
@@ -126,7 +128,7 @@ class Sizing:
             out = {"serving": "disaggregated" if o.disaggregated else "aggregated",
                    "tp": o.tp, "pp": o.pp, "dp": o.dp, "num_gpus": o.num_gpus,
                    "meets": bool(o.run and o.run.meets), "reason": o.reason,
-                   "skipped": o.skipped,
+                   "skipped": o.skipped, "served_alone": o.served_alone,
                    "run": o.run.as_dict() if o.run else None}
             if o.disaggregated:
                 out.update(num_prefill_instances=o.num_prefill,
@@ -270,7 +272,10 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
             tried.append(replace(cand, reason=f"the run stopped: {err}"))
             continue
         tried.append(o)
-        if not cand.disaggregated and cand.dp == 1:
+        if (not cand.disaggregated and cand.dp == 1 and not o.run.failed
+                and cfg.workload.request_timeout_s is None):
+            # A client that gives up makes an overloaded replica serve less than it can: no
+            # bound from a run with timeouts or failures.
             served_alone[(cand.tp, cand.pp)] = o.run.request_throughput
         if progress is not None:
             progress(o)

@@ -188,3 +188,27 @@ def test_cluster_network_settings_past_what_a_run_holds_are_refused(path, value,
 
     with pytest.raises(ConfigError, match=message):
         parse_config(_cluster(**{path: value}), base_dir=CLUSTER.parent)
+
+
+def test_a_cluster_network_past_the_fabric_bounds_is_refused_before_it_is_built():
+    from simcore.cluster.network import NetworkConfig, build_cluster_network
+
+    with pytest.raises(ConfigError, match="80,000,000 NICs.*past the most the fabric simulator "
+                                          "builds"):
+        build_cluster_network(NetworkConfig(), 8, 10_000_000, where="cluster.network")
+    with pytest.raises(ConfigError, match="past the most the fabric simulator builds"):
+        build_cluster_network(NetworkConfig(topology={"kind": "leaf_spine",
+                                                      "oversubscription": 0.01}),
+                              1024, 8, where="cluster.network")
+
+
+def test_samples_that_end_on_the_last_held_boundary_keep_their_interval(monkeypatch):
+    monkeypatch.setattr(utilization, "MAX_SAMPLE_VALUES", 2000)
+    width = 2.0 ** -17
+    rec = utilization.LinkLoadRecorder(8, width)
+    held = utilization.max_intervals(8)
+    rec.add(0.0, held * width, 1.0, link=0)
+    t_s, util = rec.samples(np.ones(8), held * width)
+    assert rec.interval_s == width and len(t_s) == held
+    rec.add(0.0, (held + 0.5) * width, 1.0, link=1)
+    assert rec.interval_s == 2 * width

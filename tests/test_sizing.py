@@ -80,3 +80,19 @@ def test_cli_target_rate(tmp_path):
     assert res.exit_code == 0, res.output
     assert res.output.startswith("Fewest GPUs for 5 req/s within p99_ttft_ms <= 1000")
     assert out.is_file()
+
+
+def test_a_target_far_below_the_capacity_is_answered_and_bounded_by_it():
+    s = fewest_gpus(load_config(QUICKSTART), 0.001, SLOS, max_gpus=1, window_s=10,
+                    max_prompts=400)
+    assert s.best is not None and s.best.num_gpus == 1
+    assert s.capacity.rate >= 0.001 and s.capacity.rate > 1.0
+
+
+def test_no_layout_is_skipped_by_a_bound_taken_where_clients_time_out():
+    cfg = load_config(QUICKSTART)
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(
+        update={"request_timeout_s": 5.0})})
+    s = fewest_gpus(cfg, 1e6, SLOS, max_gpus=2, window_s=10, max_prompts=400)
+    assert s.best is None
+    assert not any(o.skipped for o in s.tried) and len(s.tried) == 3

@@ -76,10 +76,12 @@ class CollectiveConfig(BaseModel):
     tree_threshold_bytes: int = Field(256 * 1024, ge=0, description="Largest all-reduce that "
                                       "auto sends by tree across nodes, bytes.")
     chunks: int = Field(1, ge=1, le=64, description="Pipelined chunks per ring or tree step.")
-    intra_node_latency_s: float | None = Field(None, ge=0, description="Latency per transfer "
+    intra_node_latency_s: float | None = Field(None, ge=0, le=1.0, description="Latency per "
+                                               "transfer "
                                                "over NVLink, s; default: the roofline's "
                                                "collective_hop_latency_s.")
-    inter_node_latency_s: float | None = Field(None, ge=0, description="Software latency per "
+    inter_node_latency_s: float | None = Field(None, ge=0, le=1.0, description="Software "
+                                               "latency per "
                                                "transfer across nodes (the fabric adds wire "
                                                "and switch time), s; default: the roofline's "
                                                "inter_node_latency_s.")

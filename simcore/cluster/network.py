@@ -30,11 +30,12 @@ class ClusterLeafSpine(_Buffered):
     nodes_per_leaf: int | None = Field(None, ge=1, description="Whole nodes under each leaf; "
                                        "only with rails: false. The last leaf may be partly "
                                        f"filled. Default {DEFAULT_NODES_PER_LEAF}.")
-    num_spines: int | None = Field(None, ge=1, description="Spine switches. Default: enough for "
+    num_spines: int | None = Field(None, ge=1, le=4096, description="Spine switches (at most "
+                                   "4,096). Default: enough for "
                                    "leaf uplinks at the NIC rate, ceil(NICs per leaf / "
                                    "oversubscription), as in a Clos of one switch model; none "
                                    "when the whole fabric is one leaf.")
-    oversubscription: float = Field(1.0, gt=0, description="Downlink over uplink bandwidth of a "
+    oversubscription: float = Field(1.0, ge=0.01, description="Downlink over uplink bandwidth of a "
                                     "leaf: each leaf-spine link runs at NIC ports per leaf x NIC "
                                     "rate / (num_spines x oversubscription).")
     delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
@@ -53,7 +54,8 @@ class ClusterFatTree(_Buffered):
     then the storage servers."""
 
     kind: Literal["fat_tree"] = Field(description="Topology variant tag.")
-    k: int | None = Field(None, ge=2, description="Switch radix (even), for k^3/4 host ports. "
+    k: int | None = Field(None, ge=2, le=64, description="Switch radix (even, at most 64), for "
+                          "k^3/4 host ports. "
                           "Default: the smallest even k with a port for every NIC.")
     delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
                            "every link, seconds.")
@@ -130,6 +132,7 @@ def build_cluster_network(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int
         if value < 1:
             raise ConfigError(f"{parent}.{name}: must be at least 1, got {value}")
     spec = cfg.topology
+    _check_size(cfg, num_nodes, gpus_per_node, parent)
     b = _Builder(f"cluster_{spec.kind}")
     match spec:
         case ClusterLeafSpine():
@@ -141,6 +144,31 @@ def build_cluster_network(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int
             raise AssertionError(f"unhandled cluster topology kind {spec.kind}")
     topology = b.build(mtu_bytes, header_bytes)
     return ClusterNetwork(topology, tuple(gpu_host), tuple(storage), num_nodes, gpus_per_node)
+
+
+def _check_size(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int, where: str) -> None:
+    """Refuse, before anything is built, a fabric past the simulator's bounds
+    (`simcore.fabric.scenario.MAX_NODES`, `MAX_CABLES`): its NICs, then its switches and
+    cables."""
+    from simcore.fabric.scenario import MAX_CABLES, MAX_NODES
+
+    nics = num_nodes * gpus_per_node + cfg.num_storage_nodes
+    nodes = cables = nics
+    spec = cfg.topology
+    if nics <= MAX_NODES:
+        if isinstance(spec, ClusterLeafSpine):
+            groups, _, _ = _leaves(cfg, spec, num_nodes, gpus_per_node)
+            leaves = len(groups) + (1 if cfg.num_storage_nodes else 0)
+            spines = leaf_spine_num_spines(cfg, num_nodes, gpus_per_node)
+            nodes, cables = nics + leaves + spines, nics + leaves * spines
+        elif spec.k is not None:
+            k = spec.k
+            nodes, cables = k ** 3 // 4 + 5 * k * k // 4, 3 * k ** 3 // 4
+    if nodes > MAX_NODES or cables > MAX_CABLES:
+        raise ConfigError(f"{where}: the network of {num_nodes:,} servers of {gpus_per_node:,} "
+                          f"GPUs ({nics:,} NICs) comes to {nodes:,} nodes and {cables:,} cables, "
+                          f"past the most the fabric simulator builds ({MAX_NODES:,} nodes, "
+                          f"{MAX_CABLES:,} cables)")
 
 
 def _nic_name(gpu: int, gpus_per_node: int) -> str:

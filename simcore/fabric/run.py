@@ -22,11 +22,11 @@ from simcore.fabric.topology import HOST, Topology
 
 PERCENTILES = (50, 90, 99)
 MAX_SERIES_POINTS = 200
+"""Utilization time series are averaged down to at most this many points per link."""
 MAX_PACKETS = 100_000_000
 """Most packets a scenario's messages may be cut into for the packet backend, which simulates
 each one (about a million a CPU second on a dumbbell, so some minutes), unless the scenario stops
 the run at a `duration_s`."""
-"""Utilization time series are averaged down to at most this many points per link."""
 MAX_LISTED_MESSAGES = 10_000
 """Per-message records are listed when there are at most this many (unless asked otherwise)."""
 
@@ -114,8 +114,8 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
 
 def _check_clock(stats: FabricStats, planned: list[PlannedMessage], where: str) -> None:
     """Refuse a packet run that ran into the end of the backend's clock with messages left,
-    whose events past it never happen (`simcore.fabric.packet.clock.HORIZON_S`; the run's own
-    `duration_s` is at most a fifth of it)."""
+    whose events past it never happen (`simcore.fabric.packet.clock.HORIZON_S`; a scenario's
+    own `duration_s` is under a quarter of it)."""
     from simcore.fabric.packet.clock import HORIZON_S
 
     left = len(planned) - len(stats.messages) - len(stats.lost_message_ids)

@@ -18,8 +18,9 @@ from simcore.compiled import compile_kernel
 
 
 MAX_SAMPLE_VALUES = 1 << 24
-"""Most utilization values (intervals x links) a run holds: 128 MB of float64 (see the module
-docstring); the packet backend keeps its samples to the same bound."""
+"""Most utilization values (intervals x links) a run holds, 128 MB of float64, or 64 intervals
+where its links are so many that fewer would be held (see the module docstring); the packet
+backend keeps its samples to the same bound."""
 
 
 def max_intervals(num_links: int) -> int:
@@ -40,20 +41,27 @@ class LinkLoadRecorder:
         self._max_rows = max_intervals(num_links)
         self._bins = np.zeros((16, num_links))
 
+    def _last_row(self, t_s: float) -> int:
+        """The bin of an interval ending at `t_s` (one ending on a boundary ends the bin
+        before it)."""
+        k = int(t_s // self.interval_s)
+        return k - 1 if k > 0 and k * self.interval_s >= t_s else k
+
     def _fit(self, t_s: float) -> None:
-        """Double the interval (merging adjacent bins) until time `t_s` falls in a bin that may
-        be held."""
-        while t_s // self.interval_s >= self._max_rows:
+        """Double the interval (merging adjacent bins) until an interval ending at `t_s` falls
+        in a bin that may be held."""
+        while self._last_row(t_s) >= self._max_rows:
             bins = self._bins
             if len(bins) % 2:
                 bins = np.concatenate([bins, np.zeros((1, bins.shape[1]))])
             merged = bins[0::2] + bins[1::2]
-            self._bins = np.concatenate([merged, np.zeros_like(merged)])
+            self._bins = np.concatenate([merged, np.zeros_like(merged)])[:self._max_rows]
             self.interval_s *= 2
 
     def _grow(self, row: int) -> None:
         if row >= len(self._bins):
-            extra = np.zeros((max(row + 1, 2 * len(self._bins)) - len(self._bins),
+            extra = np.zeros((min(max(row + 1, 2 * len(self._bins)), self._max_rows)
+                              - len(self._bins),
                               self._bins.shape[1]))
             self._bins = np.concatenate([self._bins, extra])
 
