@@ -212,3 +212,13 @@ def test_samples_that_end_on_the_last_held_boundary_keep_their_interval(monkeypa
     assert rec.interval_s == width and len(t_s) == held
     rec.add(0.0, (held + 0.5) * width, 1.0, link=1)
     assert rec.interval_s == 2 * width
+
+
+def test_a_derived_link_past_100_tbps_is_refused():
+    sc = load_scenario({"topology": {"kind": "leaf_spine", "num_leaves": 2, "hosts_per_leaf": 4,
+                                     "num_spines": 2, "host_rate_gbps": 1e5, "delay_s": 1e-6,
+                                     "oversubscription": 1e-6},
+                        "traffic": [{"kind": "message", "src": "h0", "dst": "h1",
+                                     "size_bytes": 10}]})
+    with pytest.raises(ConfigError, match="leaf_spine builder derives links of 2e\\+11 Gb/s"):
+        build_topology(sc)

@@ -351,6 +351,16 @@ def build_topology(scenario: Scenario, *, where: str = "scenario") -> Topology:
         raise ConfigError(f"{where}: topology: {spec.kind} of {nodes:,} nodes and {cables:,} "
                           f"cables is past the most the fabric simulator builds ({MAX_NODES:,} "
                           f"nodes, {MAX_CABLES:,} cables)")
+    built = _build(spec, s, where)
+    fastest = max(link.rate_bps for link in built.links) / 1e9
+    if fastest > MAX_RATE_GBPS:
+        raise ConfigError(f"{where}: topology: its {spec.kind} builder derives links of "
+                          f"{fastest:,.4g} Gb/s (from its rates and oversubscription), past the "
+                          f"{MAX_RATE_GBPS:,.0f} Gb/s the fabric simulator takes")
+    return built
+
+
+def _build(spec, s: FabricSettings, where: str) -> Topology:
     frame = {"mtu_bytes": s.mtu_bytes, "header_bytes": s.header_bytes}
     gbps = 1e9
     try:
