@@ -268,12 +268,11 @@ class _Search:
                     lo = nxt
                     break
                 hi = nxt
-            if lo is None and not (known is not None and known.meets
-                                   and known.rate < hi.rate):
-                return None, hi
         if known is not None and known.meets and known.rate < hi.rate and (
                 lo is None or known.rate > lo.rate):
             lo = known
+        if lo is None:
+            return None, hi
         while hi.rate / lo.rate > 1 + tolerance:
             mid = self.at(math.sqrt(lo.rate * hi.rate))
             if mid.meets:

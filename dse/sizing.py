@@ -292,10 +292,6 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
     return Sizing(rate, slos, best, cap, tuple(tried), with_disaggregated=with_pd)
 
 
-def _alone(o: Option) -> str:
-    return f"{o.served_alone:,.4g}"
-
-
 def render_sizing(s: Sizing) -> str:
     slos = ", ".join(str(c) for c in s.slos)
     lines = []
@@ -325,7 +321,7 @@ def render_sizing(s: Sizing) -> str:
             dps = f"{lo.dp}" if lo is hi else f"{lo.dp}-{hi.dp}"
             gpus = f"{lo.num_gpus}" if lo is hi else f"{lo.num_gpus}-{hi.num_gpus}"
             lines.append(f"  TP {o.tp} x PP {o.pp} x DP {dps} ({gpus} GPUs): not run: DP "
-                         f"replicas serve at most about DP x {_alone(o)} req/s (what one "
+                         f"replicas serve at most about DP x {o.served_alone:,.4g} req/s (what one "
                          f"replica served at the target), under 1/{BOUND_MARGIN:g} of the target")
         elif o.run is None:
             lines.append(f"  {o.label}: cannot be deployed ({o.reason})")

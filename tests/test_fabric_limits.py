@@ -11,7 +11,8 @@ from simcore.errors import ConfigError
 from simcore.fabric import run as fabric_run
 from simcore.fabric import utilization
 from simcore.fabric.run import run_scenario
-from simcore.fabric.scenario import MAX_CABLES, MAX_NODES, build_topology, load_scenario
+from simcore.fabric.scenario import build_topology, load_scenario
+from simcore.fabric.topology import MAX_CABLES, MAX_NODES
 
 STAR = {"kind": "star", "num_hosts": 4, "rate_gbps": 10, "delay_s": 1e-6}
 

@@ -11,7 +11,8 @@ from pydantic import Field, model_validator
 
 from simcore.errors import ConfigError
 from simcore.fabric.settings import MAX_DELAY_S, MAX_RATE_GBPS, _Buffered, _Frozen
-from simcore.fabric.topology import HOST, SWITCH, Topology, _Builder
+from simcore.fabric.topology import (HOST, MAX_NODES, SWITCH, Topology, _Builder, check_size,
+                                     fat_tree_size)
 
 DEFAULT_NODES_PER_LEAF = 4
 """Whole nodes under one leaf without rails: 4 nodes of 8 GPUs fill the 32 downlinks of a 64-port
@@ -148,10 +149,7 @@ def build_cluster_network(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int
 
 def _check_size(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int, where: str) -> None:
     """Refuse, before anything is built, a fabric past the simulator's bounds
-    (`simcore.fabric.scenario.MAX_NODES`, `MAX_CABLES`): its NICs, then its switches and
-    cables."""
-    from simcore.fabric.scenario import MAX_CABLES, MAX_NODES
-
+    (`simcore.fabric.topology.check_size`): its NICs, then its switches and cables."""
     nics = num_nodes * gpus_per_node + cfg.num_storage_nodes
     nodes = cables = nics
     spec = cfg.topology
@@ -162,13 +160,9 @@ def _check_size(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int, where: s
             spines = leaf_spine_num_spines(cfg, num_nodes, gpus_per_node)
             nodes, cables = nics + leaves + spines, nics + leaves * spines
         elif spec.k is not None:
-            k = spec.k
-            nodes, cables = k ** 3 // 4 + 5 * k * k // 4, 3 * k ** 3 // 4
-    if nodes > MAX_NODES or cables > MAX_CABLES:
-        raise ConfigError(f"{where}: the network of {num_nodes:,} servers of {gpus_per_node:,} "
-                          f"GPUs ({nics:,} NICs) comes to {nodes:,} nodes and {cables:,} cables, "
-                          f"past the most the fabric simulator builds ({MAX_NODES:,} nodes, "
-                          f"{MAX_CABLES:,} cables)")
+            nodes, cables = fat_tree_size(spec.k)
+    check_size(nodes, cables, f"{where}: the network of {num_nodes:,} servers of "
+                              f"{gpus_per_node:,} GPUs ({nics:,} NICs)")
 
 
 def _nic_name(gpu: int, gpus_per_node: int) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 from simcore.errors import ConfigError
 from simcore.fabric.fidelity import BACKENDS, MODEL, unread_settings, unread_topology
+from simcore.fabric.messages import num_packets
 from simcore.fabric.protocol import Fabric, FabricStats, MessageResult
 from simcore.fabric.scenario import (PlannedMessage, Scenario, build_topology, expand_traffic,
                                      load_scenario, resolved_settings)
@@ -83,7 +84,8 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
     planned = expand_traffic(sc, topology, where=where)
     if name == "packet" and sc.duration_s is None:
         payload = topology.mtu_bytes - topology.header_bytes
-        packets = sum(max(1, -(-m.size_bytes // payload)) for m in planned)
+        packets = sum(num_packets(m.size_bytes, topology.mtu_bytes, topology.header_bytes)
+                      for m in planned)
         if packets > MAX_PACKETS:
             raise ConfigError(
                 f"{where}: traffic: the packet backend simulates every packet, and these "

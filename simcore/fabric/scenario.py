@@ -16,17 +16,11 @@ from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
 from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, Bytes, Discipline,
                                      FabricSettings, _Buffered, _Frozen)
-from simcore.fabric.topology import HOST, Topology
+from simcore.fabric.topology import HOST, Topology, check_size
 
 MAX_MESSAGES = 2_000_000
 """Most messages one scenario may expand to (a CBR or Poisson source over a long time is the usual
 way to hit it); beyond it the run would not fit in memory or time."""
-
-MAX_NODES = 65_536
-"""Most nodes (hosts and switches) a scenario's topology may have, and MAX_CABLES the most
-cables: sixteen times a 512-server, 4,096-GPU rail-optimized fabric, past which building it alone
-would not fit in memory or time."""
-MAX_CABLES = 262_144
 
 _Rate = Annotated[float, Field(le=MAX_RATE_GBPS)]
 _Time = Annotated[float, Field(le=MAX_TIME_S)]
@@ -330,8 +324,7 @@ def topology_size(spec) -> tuple[int, int]:
             return (spec.num_spines + spec.num_leaves * (1 + spec.hosts_per_leaf),
                     spec.num_leaves * (spec.hosts_per_leaf + spec.num_spines))
         case FatTreeTopology():
-            k = spec.k
-            return k * k // 4 + k * k + k ** 3 // 4, 3 * k ** 3 // 4
+            return topo.fat_tree_size(spec.k)
         case RailOptimizedTopology():
             per_gpu = 2 if spec.pcie_rate_gbps else 1
             gpus = spec.num_nodes * spec.gpus_per_node
@@ -344,13 +337,10 @@ def topology_size(spec) -> tuple[int, int]:
 
 def build_topology(scenario: Scenario, *, where: str = "scenario") -> Topology:
     """The scenario's Topology, framed with the settings' MTU and header size; one past
-    MAX_NODES nodes or MAX_CABLES cables is refused before it is built."""
+    `simcore.fabric.topology.MAX_NODES` nodes or `MAX_CABLES` cables is refused before it is
+    built."""
     spec, s = scenario.topology, scenario.settings
-    nodes, cables = topology_size(spec)
-    if nodes > MAX_NODES or cables > MAX_CABLES:
-        raise ConfigError(f"{where}: topology: {spec.kind} of {nodes:,} nodes and {cables:,} "
-                          f"cables is past the most the fabric simulator builds ({MAX_NODES:,} "
-                          f"nodes, {MAX_CABLES:,} cables)")
+    check_size(*topology_size(spec), f"{where}: topology: the {spec.kind}")
     built = _build(spec, s, where)
     fastest = max(link.rate_bps for link in built.links) / 1e9
     if fastest > MAX_RATE_GBPS:

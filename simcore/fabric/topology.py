@@ -256,6 +256,28 @@ class _Builder:
         return Topology(self.name, self.nodes, self.links, mtu_bytes, header_bytes)
 
 
+MAX_NODES = 65_536
+"""Most nodes (hosts and switches) a fabric may have, and MAX_CABLES the most cables: sixteen
+times a 512-server, 4,096-GPU rail-optimized fabric, past which building it alone would not fit
+in memory or time (`check_size`, before a builder runs)."""
+MAX_CABLES = 262_144
+
+
+def check_size(nodes: int, cables: int, what: str) -> None:
+    """Refuse `what` (naming its field and size) of `nodes` nodes and `cables` cables past
+    MAX_NODES or MAX_CABLES."""
+    if nodes > MAX_NODES or cables > MAX_CABLES:
+        raise ConfigError(f"{what} comes to {nodes:,} nodes and {cables:,} cables, past the most "
+                          f"the fabric simulator builds ({MAX_NODES:,} nodes, {MAX_CABLES:,} "
+                          f"cables)")
+
+
+def fat_tree_size(k: int) -> tuple[int, int]:
+    """(nodes, cables) of `fat_tree(k)`: k^3/4 hosts, k^2 edge and aggregation switches and
+    (k/2)^2 cores; a cable per host and per switch-to-switch pair below the cores."""
+    return k ** 3 // 4 + k * k + k * k // 4, 3 * k ** 3 // 4
+
+
 def _check_positive(**kw: float) -> None:
     for k, v in kw.items():
         if v is None or v <= 0:
