@@ -287,6 +287,19 @@ def test_fat_tree_too_small_is_a_config_error_naming_k():
         _net(2, 8, topology={"kind": "fat_tree", "k": 4}, num_storage_nodes=2)
 
 
+def test_uplinks_derived_past_the_fastest_link_are_refused():
+    # 8 rails of 16 NICs at 50 Tb/s over one spine at oversubscription 0.01: 8 x 10^7 Gb/s
+    # uplinks, which the packet kernel cannot frame; at oversubscription 1 they are 800 Tb/s.
+    for over in (0.01, 1.0):
+        with pytest.raises(ConfigError, match=r"^cluster\.network\.topology: the leaf_spine "
+                                              r"network derives links of .* Gb/s"):
+            _net(16, 8, nic_gbps=5e4, topology={"kind": "leaf_spine", "num_spines": 1,
+                                                "oversubscription": over})
+    # Spread over enough spines the same NICs fit.
+    net = _net(16, 8, nic_gbps=5e4, topology={"kind": "leaf_spine"})
+    assert max(link.rate_bps for link in net.topology.links) == 5e4 * GBPS
+
+
 def test_errors_name_the_place_given():
     with pytest.raises(ConfigError, match=r"^cluster\.prefill\.network\.topology\.k:"):
         build_cluster_network(NetworkConfig(topology=ClusterFatTree(kind="fat_tree", k=2)), 2,

@@ -11,8 +11,8 @@ from pydantic import Field, model_validator
 
 from simcore.errors import ConfigError
 from simcore.fabric.settings import MAX_DELAY_S, MAX_RATE_GBPS, _Buffered, _Frozen
-from simcore.fabric.topology import (HOST, MAX_NODES, SWITCH, Topology, _Builder, check_size,
-                                     fat_tree_size)
+from simcore.fabric.topology import (HOST, MAX_NODES, SWITCH, Topology, _Builder, check_rates,
+                                     check_size, fat_tree_size)
 
 DEFAULT_NODES_PER_LEAF = 4
 """Whole nodes under one leaf without rails: 4 nodes of 8 GPUs fill the 32 downlinks of a 64-port
@@ -144,6 +144,7 @@ def build_cluster_network(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int
         case _:
             raise AssertionError(f"unhandled cluster topology kind {spec.kind}")
     topology = b.build(mtu_bytes, header_bytes)
+    check_rates(topology, f"{where}.topology: the {spec.kind} network")
     return ClusterNetwork(topology, tuple(gpu_host), tuple(storage), num_nodes, gpus_per_node)
 
 

@@ -16,7 +16,7 @@ from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
 from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, Bytes, Discipline,
                                      FabricSettings, _Buffered, _Frozen)
-from simcore.fabric.topology import HOST, Topology, check_size
+from simcore.fabric.topology import HOST, Topology, check_rates, check_size
 
 MAX_MESSAGES = 2_000_000
 """Most messages one scenario may expand to (a CBR or Poisson source over a long time is the usual
@@ -342,11 +342,7 @@ def build_topology(scenario: Scenario, *, where: str = "scenario") -> Topology:
     spec, s = scenario.topology, scenario.settings
     check_size(*topology_size(spec), f"{where}: topology: the {spec.kind}")
     built = _build(spec, s, where)
-    fastest = max(link.rate_bps for link in built.links) / 1e9
-    if fastest > MAX_RATE_GBPS:
-        raise ConfigError(f"{where}: topology: its {spec.kind} builder derives links of "
-                          f"{fastest:,.4g} Gb/s (from its rates and oversubscription), past the "
-                          f"{MAX_RATE_GBPS:,.0f} Gb/s the fabric simulator takes")
+    check_rates(built, f"{where}: topology: its {spec.kind} builder")
     return built
 
 

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from simcore.errors import ConfigError
+from simcore.fabric.settings import MAX_RATE_GBPS
 
 HOST = "host"
 SWITCH = "switch"
@@ -270,6 +271,17 @@ def check_size(nodes: int, cables: int, what: str) -> None:
         raise ConfigError(f"{what} comes to {nodes:,} nodes and {cables:,} cables, past the most "
                           f"the fabric simulator builds ({MAX_NODES:,} nodes, {MAX_CABLES:,} "
                           f"cables)")
+
+
+def check_rates(topology: "Topology", what: str) -> None:
+    """Refuse `what` (naming its field) when its builder derived a link faster than
+    `simcore.fabric.settings.MAX_RATE_GBPS` (a leaf-spine's uplinks at a small oversubscription
+    over few spines), as a rate given directly is refused."""
+    fastest = max((link.rate_bps for link in topology.links), default=0.0) / 1e9
+    if fastest > MAX_RATE_GBPS:
+        raise ConfigError(f"{what} derives links of {fastest:,.4g} Gb/s (from its rates and "
+                          f"oversubscription), past the {MAX_RATE_GBPS:,.0f} Gb/s the fabric "
+                          f"simulator takes")
 
 
 def fat_tree_size(k: int) -> tuple[int, int]:
