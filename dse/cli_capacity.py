@@ -47,6 +47,13 @@ def capacity(config: Path, slo: str | None, tolerance: float, window_s: float, m
     from simcore.config import load_config
     from simcore.footprint import available_memory_bytes, check_fits
 
+    ctx = click.get_current_context()
+    given = {name for name in ("no_envelope", "max_gpus")
+             if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+    if target_rate is None and "max_gpus" in given:
+        _fail("--max-gpus: only used with --target-rate")
+    if target_rate is not None and "no_envelope" in given:
+        _fail("--no-envelope: --target-rate measures the answer's capacity without an envelope")
     try:
         slos = parse_slos(slo)
         cfg = load_config(config)
@@ -72,7 +79,8 @@ def capacity(config: Path, slo: str | None, tolerance: float, window_s: float, m
                     click.echo(f"  {o.label}: {verdict}", err=True)
 
             sizing = fewest_gpus(cfg, target_rate, slos, max_gpus=max_gpus, window_s=window_s,
-                                 max_prompts=max_prompts, progress=tried)
+                                 max_prompts=max_prompts, tolerance=tolerance, progress=tried,
+                                 capacity_progress=progress)
             click.echo(render_sizing(sizing))
             if out is not None:
                 _write_json(out, sizing.as_dict(), "sizing")

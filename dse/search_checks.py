@@ -5,7 +5,7 @@ reads, a base configuration `dse simulate` would refuse, and outputs that cannot
 from __future__ import annotations
 
 from dse.backends import check_storage_writable
-from dse.evaluate import deploy_check, static_metric_names, trial_mapping
+from dse.evaluate import EvalSpec, deploy_check, static_metric_names, trial_mapping
 from dse.fidelity import check_parameters_have_effect
 from dse.outputs import write_problem
 from dse.study import StudyConfig
@@ -36,10 +36,15 @@ def check_overrides(study: StudyConfig) -> None:
 def check_base(study: StudyConfig) -> None:
     """Refuse a base configuration that `dse simulate` would refuse at start-up (it does not
     validate, or vLLM's checks fail: TP does not divide the heads, the model does not fit),
-    with `dse simulate`'s sentence under `base:`. Cheap: nothing is simulated."""
+    with `dse simulate`'s sentence under `base:`, and one whose workload a capacity objective
+    cannot vary the rate of (`dse capacity` refuses it alike). Cheap: nothing is simulated."""
     cfg = parse_config(study.base, source="base")
     try:
         deploy_check(cfg)
+        if EvalSpec.of(study).wants_capacity:
+            # A capacity objective varies the request rate: the workload must let it.
+            from dse.capacity import _check_workload
+            _check_workload(cfg)
     except ConfigError as err:
         raise ConfigError(f"base: {err}") from None
 

@@ -19,7 +19,9 @@ times that; a layout whose bound is under a quarter of the target (`BOUND_MARGIN
 ramp and drain, and a router's imbalance, never cost a factor of four) is listed as skipped with
 the bound, not simulated. No bound is taken from a run with failed requests, nor where clients
 time out (`workload.request_timeout_s`: an overloaded replica then completes far less than it
-can), and disaggregated layouts are always run. A target no aggregated layout can approach is
+can), nor with expert parallelism (DP ranks share the experts, so more of them hold fewer
+weights each and more KV cache: DP ranks serve more than DP times one), and disaggregated
+layouts are always run. A target no aggregated layout can approach is
 then answered after one aggregated run per TP instead of one per layout.
 
 With a `cluster` section the candidates are run on that cluster (at most its GPUs), and
@@ -31,6 +33,7 @@ deciding between layouts of one count.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dse.capacity import (Capacity, RateRun, _check_workload, _Search, _with_slo_metrics,
@@ -64,6 +67,9 @@ class Option:
     served_alone: float | None = None
     """A skipped layout: the request throughput one replica of its TP x PP served at the
     target, which bounds it."""
+    stopped: bool = False
+    """Deployable, but its run at the target stopped (`reason` says why), e.g. a KV cache that
+    cannot hold what it must keep."""
 
     @property
     def disaggregated(self) -> bool:
@@ -129,6 +135,7 @@ class Sizing:
                    "tp": o.tp, "pp": o.pp, "dp": o.dp, "num_gpus": o.num_gpus,
                    "meets": bool(o.run and o.run.meets), "reason": o.reason,
                    "skipped": o.skipped, "served_alone": o.served_alone,
+                   "stopped": o.stopped,
                    "run": o.run.as_dict() if o.run else None}
             if o.disaggregated:
                 out.update(num_prefill_instances=o.num_prefill,
@@ -169,22 +176,26 @@ def _pd_layouts(cfg: SimConfig, max_gpus: int) -> list[tuple[int, int, int, int,
 
 
 def _layout_config(cfg: SimConfig, tp: int, pp: int, dp: int) -> SimConfig:
+    """An aggregated layout: DP ranks of TP x PP, as one replica (the config's `num_replicas`
+    would multiply its GPUs), without the config's disaggregation."""
     if cfg.parallelism.prefill_decode is not None:
         cfg = cfg.with_section("parallelism", prefill_decode=None)
     return cfg.with_section("parallelism", tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                            data_parallel_size=dp)
+                            data_parallel_size=dp, num_replicas=1)
 
 
 def _option_config(cfg: SimConfig, o: Option) -> SimConfig:
-    """The config of one candidate layout."""
+    """The config of one candidate layout; a disaggregated one keeps the rest of the config's
+    `prefill_decode` (the roles' GPUs and expert parallelism)."""
     if not o.disaggregated:
         return _layout_config(cfg, o.tp, o.pp, o.dp)
     from simcore.config import PrefillDecodeConfig
 
-    pd = PrefillDecodeConfig(num_prefill_instances=o.num_prefill,
-                             num_decode_instances=o.num_decode,
-                             prefill_tensor_parallel_size=o.prefill_tp,
-                             decode_tensor_parallel_size=o.tp)
+    counts = {"num_prefill_instances": o.num_prefill, "num_decode_instances": o.num_decode,
+              "prefill_tensor_parallel_size": o.prefill_tp, "decode_tensor_parallel_size": o.tp}
+    given = cfg.parallelism.prefill_decode
+    pd = (PrefillDecodeConfig(**counts) if given is None
+          else PrefillDecodeConfig.model_validate({**given.model_dump(), **counts}))
     return cfg.with_section("parallelism", tensor_parallel_size=o.tp, pipeline_parallel_size=o.pp,
                             data_parallel_size=1, num_replicas=1, prefill_decode=pd)
 
@@ -219,15 +230,19 @@ def _deploy_problem(lay: SimConfig) -> str | None:
 
 def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
                 max_gpus: int = 64, window_s: float = 120.0, min_prompts: int = 200,
-                max_prompts: int = 20_000, progress=None) -> Sizing:
+                max_prompts: int = 20_000, tolerance: float = 0.05, progress=None,
+                capacity_progress=None) -> Sizing:
     """The layout on the fewest GPUs whose run at `rate` meets `slos` (see the module
-    docstring); raises ConfigError for a workload whose rate cannot vary or a bad target."""
+    docstring), its capacity found within `tolerance`; raises ConfigError for a workload whose
+    rate cannot vary or a bad target. `progress(option)` follows the layouts' runs,
+    `capacity_progress(run)` the answer's capacity search."""
     from dataclasses import replace
 
     from simcore.setup import build_deployment
 
-    if not rate > 0:
-        raise ConfigError("--target-rate: must be a positive number of requests per second")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ConfigError("--target-rate: must be a positive, finite number of requests per "
+                          "second")
     if cfg.cluster is None and cfg.parallelism.prefill_decode is not None:
         raise ConfigError("parallelism.prefill_decode: disaggregation moves KV caches over a "
                           "network; add a cluster section")
@@ -269,13 +284,16 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
             o = replace(cand, run=search.at(rate))
         except (ConfigError, RuntimeError) as err:
             # e.g. an engine whose KV cache cannot hold what it must keep: no steady state.
-            tried.append(replace(cand, reason=f"the run stopped: {err}"))
+            tried.append(replace(cand, stopped=True, reason=str(err)))
             continue
         tried.append(o)
         if (not cand.disaggregated and cand.dp == 1 and not o.run.failed
-                and cfg.workload.request_timeout_s is None):
+                and cfg.workload.request_timeout_s is None
+                and not cfg.parallelism.enable_expert_parallel):
             # A client that gives up makes an overloaded replica serve less than it can: no
-            # bound from a run with timeouts or failures.
+            # bound from a run with timeouts or failures. Nor with expert parallelism: DP ranks
+            # share the experts, so each holds fewer weights and more KV cache, and DP of them
+            # serve more than DP times one.
             served_alone[(cand.tp, cand.pp)] = o.run.request_throughput
         if progress is not None:
             progress(o)
@@ -288,7 +306,8 @@ def fewest_gpus(cfg: SimConfig, rate: float, slos: tuple[Constraint, ...], *,
     best = max(meeting, key=lambda o: (o.margin(slos), -o.tp, -o.prefill_tp))
     cap = find_capacity(_option_config(cfg, best), slos,
                         window_s=window_s, min_prompts=min_prompts, max_prompts=max_prompts,
-                        envelope=False, start=rate)
+                        envelope=False, start=rate, tolerance=tolerance,
+                        progress=capacity_progress)
     return Sizing(rate, slos, best, cap, tuple(tried), with_disaggregated=with_pd)
 
 
@@ -323,6 +342,8 @@ def render_sizing(s: Sizing) -> str:
             lines.append(f"  TP {o.tp} x PP {o.pp} x DP {dps} ({gpus} GPUs): not run: DP "
                          f"replicas serve at most about DP x {o.served_alone:,.4g} req/s (what one "
                          f"replica served at the target), under 1/{BOUND_MARGIN:g} of the target")
+        elif o.stopped:
+            lines.append(f"  {o.label}: the run stopped ({o.reason})")
         elif o.run is None:
             lines.append(f"  {o.label}: cannot be deployed ({o.reason})")
         else:

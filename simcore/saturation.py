@@ -74,7 +74,9 @@ def load_trend(arrivals_s: np.ndarray, ends_s: np.ndarray) -> LoadTrend | None:
     t = np.linspace(t0, t1, _SAMPLES)
     in_system = (np.searchsorted(a, t, side="right")
                  - np.searchsorted(d, t, side="right")).astype(float)
-    slope = float(np.polyfit(t - t0, in_system, 1)[0])
+    # Fitted over time in units of the span: seconds squared underflow at the spans of very
+    # high rates (a span of 1e-168 s left the least-squares fit singular).
+    slope = float(np.polyfit((t - t0) / span, in_system, 1)[0]) / span
     arrived = int(np.searchsorted(a, t1, side="right") - np.searchsorted(a, t0, side="right"))
     finished = int(np.searchsorted(d, t1, side="right") - np.searchsorted(d, t0, side="right"))
     offered = arrived / span

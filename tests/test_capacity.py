@@ -52,6 +52,14 @@ def test_trend_undefined_for_a_burst_or_a_handful():
     assert load_trend(a, a + 1) is None
 
 
+def test_trend_of_a_very_high_rate_is_fitted_without_underflow():
+    # Arrivals 1e-170 s apart: time squared underflows unless the fit is in units of the span.
+    a = _poisson(10, 2000) * 1e-170
+    t = load_trend(a, a + 2e-170)
+    assert t is not None and not t.over_capacity
+    assert t.offered_request_rate == pytest.approx(1e171, rel=0.1)
+
+
 def test_every_rated_result_says_whether_it_kept_up():
     cfg = load_config(QUICKSTART)
     w = cfg.workload.model_copy(update={"num_prompts": 600})

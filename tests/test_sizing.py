@@ -72,6 +72,41 @@ def test_a_bad_target_is_refused():
         fewest_gpus(load_config(QUICKSTART), 0.0, SLOS)
 
 
+@pytest.mark.parametrize("rate", [float("inf"), float("nan"), -1.0])
+def test_a_target_that_is_not_a_finite_positive_rate_is_refused(rate):
+    with pytest.raises(ConfigError, match="--target-rate: must be a positive, finite"):
+        fewest_gpus(load_config(QUICKSTART), rate, SLOS)
+
+
+def test_a_workload_of_sessions_is_refused():
+    # Its rate is session starts and each turn waits for the last reply.
+    cfg = load_config(QUICKSTART.parent / "multi_turn_chat.yaml")
+    with pytest.raises(ConfigError, match="^workload.dataset: sessions"):
+        fewest_gpus(cfg, 2.0, SLOS)
+
+
+def test_a_layout_is_one_replica_whatever_the_config_replicates():
+    cfg = load_config(QUICKSTART).with_section("parallelism", num_replicas=4)
+    s = fewest_gpus(cfg, 1.0, SLOS, max_gpus=1, window_s=10, max_prompts=400)
+    assert s.best is not None and s.best.num_gpus == 1
+    assert s.capacity.num_gpus == 1
+
+
+def test_disaggregated_layouts_keep_the_roles_gpus_and_expert_parallelism():
+    from dse.sizing import Option, _option_config
+
+    cfg = load_config(QUICKSTART.parent / "cluster" / "pd_disaggregation.yaml")
+    pd = cfg.parallelism.prefill_decode.model_copy(update={"decode_gpu": "H200",
+                                                           "decode_expert_parallel": False})
+    cfg = cfg.with_section("parallelism", prefill_decode=pd)
+    lay = _option_config(cfg, Option(2, 1, 1, None, num_prefill=3, num_decode=1,
+                                     prefill_tp=1))
+    got = lay.parallelism.prefill_decode
+    assert (got.num_prefill_instances, got.num_decode_instances) == (3, 1)
+    assert (got.prefill_tensor_parallel_size, got.decode_tensor_parallel_size) == (1, 2)
+    assert got.decode_gpu == "H200" and got.decode_expert_parallel is False
+
+
 def test_cli_target_rate(tmp_path):
     out = tmp_path / "sizing.json"
     res = CliRunner().invoke(main, ["capacity", str(QUICKSTART), "--target-rate", "5",
@@ -80,6 +115,15 @@ def test_cli_target_rate(tmp_path):
     assert res.exit_code == 0, res.output
     assert res.output.startswith("Fewest GPUs for 5 req/s within p99_ttft_ms <= 1000")
     assert out.is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-gpus", "4"], "--max-gpus: only used with --target-rate"),
+    (["--target-rate", "5", "--no-envelope"], "--no-envelope: --target-rate measures"),
+])
+def test_cli_refuses_options_that_would_have_no_effect(args, message):
+    res = CliRunner().invoke(main, ["capacity", str(QUICKSTART), *args])
+    assert res.exit_code == 2 and message in res.output
 
 
 def test_a_target_far_below_the_capacity_is_answered_and_bounded_by_it():
@@ -96,3 +140,31 @@ def test_no_layout_is_skipped_by_a_bound_taken_where_clients_time_out():
     s = fewest_gpus(cfg, 1e6, SLOS, max_gpus=2, window_s=10, max_prompts=400)
     assert s.best is None
     assert not any(o.skipped for o in s.tried) and len(s.tried) == 3
+
+
+def test_no_layout_is_skipped_by_a_bound_taken_with_expert_parallelism():
+    # DP ranks of an expert-parallel group share the experts: more of them hold more KV cache
+    # each, so one rank's run does not bound DP of them.
+    cfg = parse_config({"name": "moe", "model": {"name": "Qwen/Qwen3-30B-A3B",
+                                                 "max_model_len": 2048},
+                        "hardware": {"gpu": "H100-SXM"},
+                        "parallelism": {"enable_expert_parallel": True},
+                        "workload": {"num_prompts": 200, "request_rate": 1,
+                                     "dataset": {"kind": "random", "input_len": 128,
+                                                 "output_len": 16}}})
+    s = fewest_gpus(cfg, 1e6, SLOS, max_gpus=2, window_s=10, max_prompts=300)
+    assert s.best is None
+    assert not any(o.skipped for o in s.tried) and len(s.tried) == 3
+
+
+def test_a_run_that_stopped_is_listed_as_stopped_not_undeployable():
+    from dse.sizing import Option, Sizing
+
+    s = Sizing(5.0, SLOS, None, None, (
+        Option(1, 1, 1, None, reason="model does not fit"),
+        Option(2, 1, 1, None, reason="the KV cache cannot hold one request", stopped=True)))
+    text = render_sizing(s)
+    assert "TP 1 x PP 1 x DP 1 (1 GPUs): cannot be deployed (model does not fit)" in text
+    assert ("TP 2 x PP 1 x DP 1 (2 GPUs): the run stopped (the KV cache cannot hold one "
+            "request)") in text
+    assert [o["stopped"] for o in s.as_dict()["tried"]] == [False, True]
