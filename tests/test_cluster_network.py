@@ -298,6 +298,38 @@ def test_uplinks_derived_past_the_fastest_link_are_refused():
     # Spread over enough spines the same NICs fit.
     net = _net(16, 8, nic_gbps=5e4, topology={"kind": "leaf_spine"})
     assert max(link.rate_bps for link in net.topology.links) == 5e4 * GBPS
+    # The refusal names the link: here a storage leaf of 4,096 servers over spines sized for a
+    # rail of 2 NICs.
+    with pytest.raises(ConfigError, match=r"storage_leaf to spine0\), past the most"):
+        _net(2, 8, num_storage_nodes=4096)
+
+
+def test_uplinks_derived_under_the_slowest_link_are_refused():
+    # 1 Gb/s NICs, one spine, oversubscription 1,000: 4 NICs' uplink at 4 Mb/s fits, 1 at 1 Mb/s
+    # fits, whole nodes of 1 GPU with a leaf each at 1/1,000 Gb/s is the least.
+    _net(4, 1, nic_gbps=1, topology={"kind": "leaf_spine", "rails": False, "nodes_per_leaf": 1,
+                                     "num_spines": 1, "oversubscription": 1000})
+    with pytest.raises(ConfigError, match=r"derives links of 0\.0005 Gb/s .*under the least"):
+        _net(4, 1, nic_gbps=1, topology={"kind": "leaf_spine", "rails": False,
+                                         "nodes_per_leaf": 1, "num_spines": 2,
+                                         "oversubscription": 1000})
+
+
+@pytest.mark.parametrize("gpus_per_node, k, nodes", [(8, 64, 2 * 8 + 64 * 64 + 32 * 32),
+                                                      (8, None, 2 * 8 + 4 * 4 + 2 * 2)])
+def test_a_fat_tree_is_sized_by_the_hosts_it_builds(gpus_per_node, k, nodes):
+    # An explicit k=64 builds a host per NIC only (its 65,536 host ports stay empty), so it is
+    # not refused for 16 NICs.
+    topology = {"kind": "fat_tree"} | ({"k": k} if k else {})
+    net = _net(2, gpus_per_node, topology=topology)
+    assert len(net.topology.nodes) == nodes
+
+
+def test_a_fat_tree_past_the_node_bound_is_refused_before_it_is_built():
+    # 1,024 servers of 64 GPUs: k = 64 takes the 65,536 NICs, with 5,120 switches past the bound.
+    with pytest.raises(ConfigError, match=r"^cluster: the network of 1,024 servers of 64 GPUs "
+                                          r"\(65,536 NICs\) comes to 70,656 nodes"):
+        _net(1024, 64, topology={"kind": "fat_tree"})
 
 
 def test_errors_name_the_place_given():
@@ -361,7 +393,10 @@ def test_topology_kind_is_a_discriminated_union():
     ({"topology": {"kind": "fat_tree", "k": 5}}, "topology.fat_tree", "k must be even"),
     ({"topology": {"kind": "fat_tree", "delay_s": 0}}, "topology.fat_tree.delay_s",
      "greater than 0"),
-    ({"nic_gbps": 0}, "nic_gbps", "greater than 0"),
+    ({"nic_gbps": 0}, "nic_gbps", "greater than or equal to 1"),
+    ({"storage_nic_gbps": 1e-6}, "storage_nic_gbps", "greater than or equal to 1"),
+    ({"topology": {"kind": "leaf_spine", "oversubscription": float("inf")}},
+     "topology.leaf_spine.oversubscription", "less than or equal to 1000"),
     ({"num_storage_nodes": -1}, "num_storage_nodes", "greater than or equal to 0"),
     ({"nic_rate": 400}, "nic_rate", "Extra inputs are not permitted"),
 ])

@@ -11,7 +11,7 @@ from simcore.errors import ConfigError
 from simcore.fabric import run as fabric_run
 from simcore.fabric import utilization
 from simcore.fabric.run import run_scenario
-from simcore.fabric.scenario import build_topology, load_scenario
+from simcore.fabric.scenario import build_topology, expand_traffic, load_scenario
 from simcore.fabric.topology import MAX_CABLES, MAX_NODES
 
 STAR = {"kind": "star", "num_hosts": 4, "rate_gbps": 10, "delay_s": 1e-6}
@@ -126,15 +126,29 @@ def test_a_link_past_100_tbps_is_refused():
         load_scenario({**_two_messages(0.0), "topology": {**STAR, "rate_gbps": 1e6}})
 
 
+def test_a_link_under_1_mbps_is_refused():
+    # One bit a second: 2 MB would take six months, past the packet clock's 53 days; a frame
+    # of a link of 10^-13 Gb/s outlasts the clock.
+    for rate in (1e-9, 1e-13):
+        with pytest.raises(ConfigError, match="topology.rate_gbps: must be at least 0.001"):
+            load_scenario({**_two_messages(0.0), "topology": {**STAR, "rate_gbps": rate}})
+
+
 def test_a_packet_run_that_reaches_the_end_of_its_clock_is_refused_not_reported():
-    # One bit a second: 2 MB takes six months, past the packet clock's 53 days.
-    slow = {**_two_messages(0.0), "topology": {**STAR, "rate_gbps": 1e-9}}
-    for t in slow["traffic"]:
-        t["size_bytes"] = 2_000_000
-    with pytest.raises(ConfigError, match="end of the packet backend's clock .* 0 of 2 messages "
-                                          "delivered.*use the flow or analytical backend"):
-        run_scenario(slow, "packet")
-    assert run_scenario(slow, "flow")["flows"]["num_completed"] == 2
+    from types import SimpleNamespace
+
+    from simcore.fabric.packet.clock import HORIZON_S
+    from simcore.fabric.run import _check_clock
+
+    planned = [object(), object()]
+    for duration_s, ran_s in ((None, 1e-6), (None, HORIZON_S), (10.0, HORIZON_S)):
+        stats = SimpleNamespace(messages=[], lost_message_ids=[], duration_s=ran_s)
+        with pytest.raises(ConfigError, match="end of the packet backend's clock .* 0 of 2 "
+                                              "messages delivered.*use the flow or analytical"):
+            _check_clock(stats, planned, "scenario", duration_s)
+    # A run its duration stopped keeps its undelivered messages.
+    _check_clock(SimpleNamespace(messages=[], lost_message_ids=[], duration_s=10.0), planned,
+                 "scenario", 10.0)
 
 
 def test_a_packet_fabric_refuses_to_run_past_the_end_of_its_clock():
@@ -183,6 +197,12 @@ def test_a_cluster_on_the_packet_fabric_whose_sends_outlast_its_clock_is_refused
     ("cluster.dag.pp_microbatches", 10**12, "pp_microbatches: must be at most 64"),
     ("cluster.num_nodes", 10**12, "num_nodes: must be at most 1024"),
     ("cluster.network.num_storage_nodes", 10**12, "num_storage_nodes: must be at most 4096"),
+    ("cluster.network.nic_gbps", 1e-6, "nic_gbps: must be at least 1"),
+    ("cluster.network.topology.oversubscription", 1e12,
+     "oversubscription: must be at most 1000"),
+    ("cluster.tenant_traffic", [{"src_gpu": 0, "dst_gpu": 1, "rate_gbps": 100,
+                                 "message_bytes": 4096}], "3.052e\\+06 messages a second, past "
+                                                          "the 100,000 a tenant may send"),
 ])
 def test_cluster_network_settings_past_what_a_run_holds_are_refused(path, value, message):
     from simcore.config import parse_config
@@ -223,3 +243,34 @@ def test_a_derived_link_past_100_tbps_is_refused():
                                      "size_bytes": 10}]})
     with pytest.raises(ConfigError, match="leaf_spine builder derives links of 2e\\+11 Gb/s"):
         build_topology(sc)
+
+
+def test_tenant_traffic_past_its_nic_is_refused():
+    from simcore.config import parse_config
+    from simcore.simulate import simulate
+
+    tenant = [{"src_gpu": 0, "dst_gpu": 8, "rate_gbps": 450, "message_bytes": 4 << 20}]
+    cfg = parse_config(_cluster(**{"cluster.tenant_traffic": tenant}), base_dir=CLUSTER.parent)
+    with pytest.raises(ConfigError, match=r"^cluster.tenant_traffic\[0\].rate_gbps: 450 Gb/s is "
+                                          r"past its NIC's 400"):
+        simulate(cfg)
+
+
+def test_an_all_to_all_past_the_message_bound_is_refused_before_it_is_expanded():
+    sc = load_scenario({"topology": {"kind": "star", "num_hosts": 60_000, "rate_gbps": 10,
+                                     "delay_s": 1e-6},
+                        "traffic": [{"kind": "all_to_all", "hosts": "all",
+                                     "size_bytes": 1000}]})
+    with pytest.raises(ConfigError, match="an all-to-all of 60,000 hosts is 3,599,940,000 "
+                                          "messages"):
+        expand_traffic(sc, build_topology(sc))
+
+
+def test_adaptive_routing_past_its_table_bound_is_refused(monkeypatch):
+    from simcore.fabric.packet import profiles
+
+    monkeypatch.setattr(profiles, "MAX_ADAPTIVE_ENTRIES", 19)
+    sc = load_scenario({**_two_messages(0.0), "settings": {"profile": "slingshot"}})
+    with pytest.raises(ConfigError, match="adaptive routing .* keeps the ports toward every host "
+                                          "at every node, 5 x 4 entries here, past the 19"):
+        run_scenario(sc, "packet")

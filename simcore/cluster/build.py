@@ -54,6 +54,10 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
         if t.src_gpu // gpn == t.dst_gpu // gpn:
             raise ConfigError(f"cluster.tenant_traffic[{i}]: src_gpu and dst_gpu are on the same "
                               f"node; tenant traffic crosses the fabric between nodes")
+        if t.rate_gbps > c.network.nic_gbps:
+            raise ConfigError(f"cluster.tenant_traffic[{i}].rate_gbps: {t.rate_gbps:g} Gb/s is "
+                              f"past its NIC's {c.network.nic_gbps:g} (cluster.network.nic_gbps): "
+                              f"its messages would queue without end")
     settings = c.fabric.settings.model_copy(
         update={"sample_interval_s": c.fabric.utilization_interval_s})
     network = build_cluster_network(c.network, c.num_nodes, gpn, mtu_bytes=settings.mtu_bytes,

@@ -128,6 +128,11 @@ class DagConfig(BaseModel):
                                                       "parallelism.")
 
 
+MAX_TENANT_MESSAGES_PER_S = 100_000
+"""Most messages a second of one tenant's traffic (100 Gb/s in messages of 128 KB): each is an
+event of the serving run, and 4 KB messages at 100 Gb/s (3 million a second) never finished."""
+
+
 class TenantTraffic(BaseModel):
     """Traffic of another tenant on the same fabric: messages from one NIC to another at a rate."""
 
@@ -142,6 +147,15 @@ class TenantTraffic(BaseModel):
     stop_s: float | None = Field(None, gt=0, le=MAX_TIME_S, description="No message after this "
                                  "time; default: "
                                  "until the serving run ends.")
+
+    @model_validator(mode="after")
+    def _bounded_message_rate(self) -> "TenantTraffic":
+        per_s = self.rate_gbps * 1e9 / 8 / self.message_bytes
+        if per_s > MAX_TENANT_MESSAGES_PER_S:
+            raise ValueError(f"rate_gbps / message_bytes: {per_s:,.4g} messages a second, past "
+                             f"the {MAX_TENANT_MESSAGES_PER_S:,} a tenant may send (each is an "
+                             f"event of the run); send larger messages")
+        return self
 
 
 class KvTierConfig(BaseModel):

@@ -10,11 +10,15 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, model_validator
 
 from simcore.errors import ConfigError
-from simcore.fabric.settings import MAX_DELAY_S, MAX_RATE_GBPS, _Buffered, _Frozen
+from simcore.fabric.settings import (MAX_DELAY_S, MAX_OVERSUBSCRIPTION, MAX_RATE_GBPS, _Buffered,
+                                     _Frozen)
 from simcore.fabric.topology import (HOST, MAX_NODES, SWITCH, Topology, _Builder, check_rates,
                                      check_size, fat_tree_size)
 
 DEFAULT_NODES_PER_LEAF = 4
+MIN_NIC_GBPS = 1.0
+"""Slowest NIC of a cluster, Gb/s: a server's KV caches (hundreds of MB) and collectives on a
+slower one hold a serving run's requests for ever (a NIC of 10^-6 Gb/s filled 4 GB)."""
 """Whole nodes under one leaf without rails: 4 nodes of 8 GPUs fill the 32 downlinks of a 64-port
 switch whose other 32 ports go up (a non-blocking ToR)."""
 
@@ -36,9 +40,10 @@ class ClusterLeafSpine(_Buffered):
                                    "leaf uplinks at the NIC rate, ceil(NICs per leaf / "
                                    "oversubscription), as in a Clos of one switch model; none "
                                    "when the whole fabric is one leaf.")
-    oversubscription: float = Field(1.0, ge=0.01, description="Downlink over uplink bandwidth of a "
-                                    "leaf: each leaf-spine link runs at NIC ports per leaf x NIC "
-                                    "rate / (num_spines x oversubscription).")
+    oversubscription: float = Field(1.0, ge=0.01, le=MAX_OVERSUBSCRIPTION,
+                                    description="Downlink over uplink bandwidth of a leaf (at "
+                                    "most 1,000): each leaf-spine link runs at NIC ports per "
+                                    "leaf x NIC rate / (num_spines x oversubscription).")
     delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
                            "every link, seconds.")
 
@@ -76,16 +81,17 @@ class NetworkConfig(_Frozen):
     """The cluster's scale-out fabric: NIC rate, topology and storage servers (packet framing comes
     from the fabric settings)."""
 
-    nic_gbps: float = Field(400.0, gt=0, le=MAX_RATE_GBPS, description="Rate of each GPU's "
-                            "NIC, Gb/s (ConnectX-7: 400).")
+    nic_gbps: float = Field(400.0, ge=MIN_NIC_GBPS, le=MAX_RATE_GBPS, description="Rate of "
+                            "each GPU's NIC, Gb/s (ConnectX-7: 400; at least 1).")
     topology: ClusterTopologyConfig = Field(ClusterLeafSpine(kind="leaf_spine"),
                                             description="How the NICs are switched: leaf_spine "
                                             "(rail-optimized by default) or fat_tree.")
     num_storage_nodes: int = Field(0, ge=0, le=4096, description="Storage servers of an "
                                    "external KV-cache tier on this fabric (at most 4,096); 0: "
                                    "none.")
-    storage_nic_gbps: float = Field(400.0, gt=0, le=MAX_RATE_GBPS, description="NIC rate of "
-                                    "each storage server, Gb/s.")
+    storage_nic_gbps: float = Field(400.0, ge=MIN_NIC_GBPS, le=MAX_RATE_GBPS,
+                                    description="NIC rate of each storage server, Gb/s (at least "
+                                    "1).")
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ def build_cluster_network(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int
         if value < 1:
             raise ConfigError(f"{parent}.{name}: must be at least 1, got {value}")
     spec = cfg.topology
-    _check_size(cfg, num_nodes, gpus_per_node, parent)
+    _check_size(cfg, num_nodes, gpus_per_node, where)
     b = _Builder(f"cluster_{spec.kind}")
     match spec:
         case ClusterLeafSpine():
@@ -150,7 +156,8 @@ def build_cluster_network(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int
 
 def _check_size(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int, where: str) -> None:
     """Refuse, before anything is built, a fabric past the simulator's bounds
-    (`simcore.fabric.topology.check_size`): its NICs, then its switches and cables."""
+    (`simcore.fabric.topology.check_size`): its NICs, then its switches and cables. `where`:
+    the network section's place (its parent names the refusal)."""
     nics = num_nodes * gpus_per_node + cfg.num_storage_nodes
     nodes = cables = nics
     spec = cfg.topology
@@ -160,9 +167,13 @@ def _check_size(cfg: NetworkConfig, num_nodes: int, gpus_per_node: int, where: s
             leaves = len(groups) + (1 if cfg.num_storage_nodes else 0)
             spines = leaf_spine_num_spines(cfg, num_nodes, gpus_per_node)
             nodes, cables = nics + leaves + spines, nics + leaves * spines
-        elif spec.k is not None:
-            nodes, cables = fat_tree_size(spec.k)
-    check_size(nodes, cables, f"{where}: the network of {num_nodes:,} servers of "
+        else:
+            # Every switch of the radix, and a host (and its cable) only per NIC.
+            k = _fat_tree_k(cfg, spec, num_nodes * gpus_per_node, where)
+            switches, switch_cables = (n - k ** 3 // 4 for n in fat_tree_size(k))
+            nodes, cables = nics + switches, nics + switch_cables
+    parent = where.rpartition(".")[0] or where
+    check_size(nodes, cables, f"{parent}: the network of {num_nodes:,} servers of "
                               f"{gpus_per_node:,} GPUs ({nics:,} NICs)")
 
 
@@ -235,11 +246,9 @@ def _leaf_spine(b: _Builder, cfg: NetworkConfig, spec: ClusterLeafSpine, num_nod
     return gpu_host, storage
 
 
-def _fat_tree(b: _Builder, cfg: NetworkConfig, spec: ClusterFatTree, num_nodes: int,
-              gpus_per_node: int, mtu_bytes: int, where: str) -> tuple[list[int], list[int]]:
-    """A k-ary fat-tree whose host ports take the NICs in GPU order, then the storage servers;
-    ports left over stay empty. Switch links run at the GPU NIC rate."""
-    num_gpus = num_nodes * gpus_per_node
+def _fat_tree_k(cfg: NetworkConfig, spec: ClusterFatTree, num_gpus: int, where: str) -> int:
+    """The fat-tree's radix: `k` when set (refused with fewer host ports than NICs), else the
+    smallest even k whose k^3/4 host ports take every NIC."""
     num_hosts = num_gpus + cfg.num_storage_nodes
     k = spec.k
     if k is None:
@@ -250,6 +259,15 @@ def _fat_tree(b: _Builder, cfg: NetworkConfig, spec: ClusterFatTree, num_nodes: 
         raise ConfigError(f"{where}.topology.k: a fat-tree of k={k} has {k ** 3 // 4} host "
                           f"ports, fewer than the {num_hosts} NICs ({num_gpus} GPUs + "
                           f"{cfg.num_storage_nodes} storage); raise k or leave it out")
+    return k
+
+
+def _fat_tree(b: _Builder, cfg: NetworkConfig, spec: ClusterFatTree, num_nodes: int,
+              gpus_per_node: int, mtu_bytes: int, where: str) -> tuple[list[int], list[int]]:
+    """A k-ary fat-tree whose host ports take the NICs in GPU order, then the storage servers;
+    ports left over stay empty. Switch links run at the GPU NIC rate."""
+    num_gpus = num_nodes * gpus_per_node
+    k = _fat_tree_k(cfg, spec, num_gpus, where)
     nic_bps, storage_bps = cfg.nic_gbps * 1e9, cfg.storage_nic_gbps * 1e9
     buffer = spec.buffer(mtu_bytes)
     half = k // 2

@@ -102,7 +102,7 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
     fabric.run(sc.duration_s)
     stats = fabric.stats()
     if name == "packet":
-        _check_clock(stats, planned, where)
+        _check_clock(stats, planned, where, sc.duration_s)
     conserved = True
     try:
         stats.check_conservation()
@@ -114,14 +114,17 @@ def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, backend: s
                      include_messages=include_messages)
 
 
-def _check_clock(stats: FabricStats, planned: list[PlannedMessage], where: str) -> None:
+def _check_clock(stats: FabricStats, planned: list[PlannedMessage], where: str,
+                 duration_s: float | None) -> None:
     """Refuse a packet run that ran into the end of the backend's clock with messages left,
     whose events past it never happen (`simcore.fabric.packet.clock.HORIZON_S`; a scenario's
-    own `duration_s` is under a quarter of it)."""
+    own `duration_s` is under a quarter of it): one that reached it, or one without a
+    `duration_s` that ended with messages neither delivered nor lost (its next event lay past
+    the clock)."""
     from simcore.fabric.packet.clock import HORIZON_S
 
     left = len(planned) - len(stats.messages) - len(stats.lost_message_ids)
-    if left > 0 and stats.duration_s >= 0.9 * HORIZON_S:
+    if left > 0 and (duration_s is None or stats.duration_s >= 0.9 * HORIZON_S):
         raise ConfigError(
             f"{where}: the run reached the end of the packet backend's clock ({HORIZON_S:.3g} s: "
             f"picoseconds in 64 bits) with {len(stats.messages):,} of {len(planned):,} messages "

@@ -14,8 +14,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
-from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, Bytes, Discipline,
-                                     FabricSettings, _Buffered, _Frozen)
+from simcore.fabric.settings import (MAX_DELAY_S, MAX_OVERSUBSCRIPTION, MAX_RATE_GBPS, MAX_TIME_S,
+                                     MIN_RATE_GBPS, Bytes, Discipline, FabricSettings, _Buffered,
+                                     _Frozen)
 from simcore.fabric.topology import HOST, Topology, check_rates, check_size
 
 MAX_MESSAGES = 2_000_000
@@ -23,6 +24,9 @@ MAX_MESSAGES = 2_000_000
 way to hit it); beyond it the run would not fit in memory or time."""
 
 _Rate = Annotated[float, Field(le=MAX_RATE_GBPS)]
+_LinkRate = Annotated[float, Field(ge=MIN_RATE_GBPS, le=MAX_RATE_GBPS)]
+"""A link's rate (a source's may be slower)."""
+_Oversubscription = Annotated[float, Field(gt=0, le=MAX_OVERSUBSCRIPTION)]
 _Time = Annotated[float, Field(le=MAX_TIME_S)]
 _Delay = Annotated[float, Field(le=MAX_DELAY_S)]
 
@@ -33,10 +37,10 @@ class DumbbellTopology(_Buffered):
     kind: Literal["dumbbell"] = Field(description="Topology variant tag.")
     num_left: int = Field(ge=1, description="Hosts on the left switch.")
     num_right: int = Field(ge=1, description="Hosts on the right switch.")
-    rate_gbps: _Rate = Field(gt=0, description="Host link rate, Gb/s.")
+    rate_gbps: _LinkRate = Field(description="Host link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
-    bottleneck_rate_gbps: _Rate | None = Field(None, gt=0, description="Rate of the switch-to-"
-                                               "switch link, Gb/s; default rate_gbps.")
+    bottleneck_rate_gbps: _LinkRate | None = Field(None, description="Rate of the switch-to-"
+                                                   "switch link, Gb/s; default rate_gbps.")
 
 
 class StarTopology(_Buffered):
@@ -44,7 +48,7 @@ class StarTopology(_Buffered):
 
     kind: Literal["star"] = Field(description="Topology variant tag.")
     num_hosts: int = Field(ge=2, description="Hosts on the switch.")
-    rate_gbps: _Rate = Field(gt=0, description="Link rate, Gb/s.")
+    rate_gbps: _LinkRate = Field(description="Link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
 
 
@@ -55,12 +59,13 @@ class LeafSpineTopology(_Buffered):
     num_leaves: int = Field(ge=1, description="Leaf (ToR) switches.")
     hosts_per_leaf: int = Field(ge=1, description="Hosts under each leaf.")
     num_spines: int = Field(ge=1, description="Spine switches.")
-    host_rate_gbps: _Rate = Field(gt=0, description="Host link rate, Gb/s.")
+    host_rate_gbps: _LinkRate = Field(description="Host link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
-    oversubscription: float = Field(1.0, gt=0, description="Host bandwidth over uplink bandwidth "
-                                    "per leaf; sets the uplink rate unless spine_rate_gbps does.")
-    spine_rate_gbps: _Rate | None = Field(None, gt=0, description="Rate of each leaf-spine link, "
-                                          "Gb/s; default from oversubscription.")
+    oversubscription: _Oversubscription = Field(
+        1.0, description="Host bandwidth over uplink bandwidth per leaf; sets the uplink rate "
+        "unless spine_rate_gbps does.")
+    spine_rate_gbps: _LinkRate | None = Field(None, description="Rate of each leaf-spine link, "
+                                              "Gb/s; default from oversubscription.")
 
 
 class FatTreeTopology(_Buffered):
@@ -69,7 +74,7 @@ class FatTreeTopology(_Buffered):
     kind: Literal["fat_tree"] = Field(description="Topology variant tag.")
     k: int = Field(ge=2, description="Switch radix (even): k pods of k/2 edge and k/2 aggregation "
                    "switches, (k/2)^2 cores.")
-    rate_gbps: _Rate = Field(gt=0, description="Rate of every link, Gb/s.")
+    rate_gbps: _LinkRate = Field(description="Rate of every link, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
 
 
@@ -80,14 +85,15 @@ class RailOptimizedTopology(_Buffered):
     kind: Literal["rail_optimized"] = Field(description="Topology variant tag.")
     num_nodes: int = Field(ge=1, description="Servers.")
     gpus_per_node: int = Field(ge=1, description="GPUs (and rails) per server.")
-    nic_rate_gbps: _Rate = Field(gt=0, description="NIC link rate per GPU, Gb/s.")
-    nvlink_rate_gbps: _Rate = Field(gt=0, description="NVLink rate per GPU, Gb/s.")
+    nic_rate_gbps: _LinkRate = Field(description="NIC link rate per GPU, Gb/s.")
+    nvlink_rate_gbps: _LinkRate = Field(description="NVLink rate per GPU, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of NIC and spine links, seconds.")
     nvlink_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of an NVLink hop, seconds.")
     num_spines: int = Field(0, ge=0, description="Spines joining the rail switches; 0: none.")
-    oversubscription: float = Field(1.0, gt=0, description="Rail-to-spine oversubscription.")
-    pcie_rate_gbps: _Rate | None = Field(None, gt=0, description="If set, each GPU reaches its "
-                                         "NIC over a PCIe link of this rate, Gb/s.")
+    oversubscription: _Oversubscription = Field(1.0, description="Rail-to-spine "
+                                                "oversubscription.")
+    pcie_rate_gbps: _LinkRate | None = Field(None, description="If set, each GPU reaches its "
+                                             "NIC over a PCIe link of this rate, Gb/s.")
     pcie_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of the PCIe hop, seconds.")
 
 
@@ -104,7 +110,7 @@ class ExplicitLink(_Buffered):
 
     a: str = Field(description="Name of one end.")
     b: str = Field(description="Name of the other end.")
-    rate_gbps: _Rate = Field(gt=0, description="Rate of each direction, Gb/s.")
+    rate_gbps: _LinkRate = Field(description="Rate of each direction, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay, seconds.")
     kind: str = Field("fabric", description="Medium label for reports (fabric, nvlink, pcie...).")
     discipline: Literal["default", "drop_tail", "ecn"] = Field(
@@ -477,6 +483,11 @@ def expand_traffic(scenario: Scenario, topology: Topology, *,
                 members = hosts.many(item.hosts, "hosts")
                 if len(members) < 2:
                     raise ConfigError(f"{hosts.where}.hosts: an all-to-all needs two hosts")
+                if len(raw) + len(members) * (len(members) - 1) > MAX_MESSAGES:
+                    raise ConfigError(f"{where}: traffic.{i}: an all-to-all of {len(members):,} "
+                                      f"hosts is {len(members) * (len(members) - 1):,} "
+                                      f"messages, more than the {MAX_MESSAGES:,} a scenario may "
+                                      f"send")
                 pairs.extend((item.at_s, s, d, item.size_bytes)
                              for s in members for d in members if s != d)
             case IncastTraffic():

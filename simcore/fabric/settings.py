@@ -51,6 +51,12 @@ to about 53 days)."""
 MAX_DELAY_S = 1.0
 """Longest propagation delay of a link, seconds (a geostationary satellite hop takes about
 0.25 s)."""
+MIN_RATE_GBPS = 1e-3
+"""Slowest link, Gb/s (1 Mb/s): a frame of 4 KB takes 33 ms; slower links (a derived uplink of
+an oversubscription of 10^12, a NIC of 1 b/s) leave a run that holds its messages for ever."""
+MAX_OVERSUBSCRIPTION = 1e3
+"""Largest oversubscription of a leaf's uplinks (a thousand times its hosts' bandwidth over its
+uplinks' is past any fabric built)."""
 MAX_RATE_GBPS = 1e5
 """Fastest link or source, Gb/s (100 Tb/s, past any link built): the packet backend times a frame
 in whole picoseconds, and a 64-byte frame takes 5 of them at this rate."""

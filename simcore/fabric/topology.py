@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from simcore.errors import ConfigError
-from simcore.fabric.settings import MAX_RATE_GBPS
+from simcore.fabric.settings import MAX_RATE_GBPS, MIN_RATE_GBPS
 
 HOST = "host"
 SWITCH = "switch"
@@ -276,12 +276,22 @@ def check_size(nodes: int, cables: int, what: str) -> None:
 def check_rates(topology: "Topology", what: str) -> None:
     """Refuse `what` (naming its field) when its builder derived a link faster than
     `simcore.fabric.settings.MAX_RATE_GBPS` (a leaf-spine's uplinks at a small oversubscription
-    over few spines), as a rate given directly is refused."""
-    fastest = max((link.rate_bps for link in topology.links), default=0.0) / 1e9
-    if fastest > MAX_RATE_GBPS:
-        raise ConfigError(f"{what} derives links of {fastest:,.4g} Gb/s (from its rates and "
-                          f"oversubscription), past the {MAX_RATE_GBPS:,.0f} Gb/s the fabric "
-                          f"simulator takes")
+    over few spines, or a storage leaf of many servers) or slower than `MIN_RATE_GBPS` (at a
+    large oversubscription), as a rate given directly is refused; the message names the link."""
+    if not topology.links:
+        return
+    slow = min(topology.links, key=lambda link: link.rate_bps)
+    fast = max(topology.links, key=lambda link: link.rate_bps)
+    for link, bad, bound in ((fast, fast.rate_bps / 1e9 > MAX_RATE_GBPS, "past the most"),
+                             (slow, slow.rate_bps / 1e9 < MIN_RATE_GBPS, "under the least")):
+        if bad:
+            nodes = topology.nodes
+            limit = MAX_RATE_GBPS if link is fast else MIN_RATE_GBPS
+            raise ConfigError(
+                f"{what} derives links of {link.rate_bps / 1e9:,.4g} Gb/s (from its rates, "
+                f"oversubscription and port counts: {nodes[link.src].name} to "
+                f"{nodes[link.dst].name}), {bound} the fabric simulator takes "
+                f"({limit:,.4g} Gb/s)")
 
 
 def fat_tree_size(k: int) -> tuple[int, int]:

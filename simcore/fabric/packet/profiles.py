@@ -41,6 +41,9 @@ PAUSE_QUANTUM_BITS = 512
 UNLIMITED_CREDITS = 1 << 62
 """Credits of a link into a host: a NIC drains its receive buffer at line rate."""
 
+MAX_ADAPTIVE_ENTRIES = 1 << 23
+"""Most (node, host) entries of adaptive routing's port table: built in Python at about 1.7 s a
+million (a star of 2,900 hosts; a fat-tree of k=62 would need 3.8 billion)."""
 MAX_HISTOGRAM_BINS = 1024
 """Most bins of a port's queue-occupancy histogram when their number is left to the backend."""
 
@@ -249,9 +252,18 @@ def resolve(topology: Topology, settings: FabricSettings, packet: PacketSettings
                     cap[lk.index] = -1 if buf is None else int(buf)
 
     num_hosts = len(hosts)
-    nh_off = np.zeros(num_nodes * num_hosts + 1, dtype=np.int64)
-    nh_links: list[int] = []
     adaptive = settings.routing == "adaptive"
+    # Adaptive routing's table of equal-cost ports per node and destination host (only it
+    # reads one): built in Python, node by node.
+    if adaptive and num_nodes * num_hosts > MAX_ADAPTIVE_ENTRIES:
+        raise ConfigError(
+            f"routing: adaptive routing (the settings' routing, or its profile's) on the packet "
+            f"backend keeps the ports "
+            f"toward every host at every node, {num_nodes:,} x {num_hosts:,} entries here, past "
+            f"the {MAX_ADAPTIVE_ENTRIES:,} it builds; use ecmp routing, or the flow or "
+            f"analytical backend")
+    nh_off = np.zeros((num_nodes * num_hosts if adaptive else 0) + 1, dtype=np.int64)
+    nh_links: list[int] = []
     if adaptive:
         for n in range(num_nodes):
             for j, h in enumerate(hosts):
