@@ -34,6 +34,7 @@ deciding between layouts of one count.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dse.capacity import (Capacity, RateRun, _check_workload, _Search, _with_slo_metrics,
@@ -149,30 +150,35 @@ class Sizing:
                 "tried": [opt(o) for o in self.tried]}
 
 
-def _layouts(cfg: SimConfig, max_gpus: int) -> list[tuple[int, int, int]]:
-    from pathlib import Path
-
-    gpn = cfg.hardware.resolve().gpus_per_node
-    heads = cfg.model.resolve(Path(cfg.base_dir)).num_attention_heads
-    pp = cfg.parallelism.pipeline_parallel_size
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= gpn and heads % t == 0]
-    out = [(tp, pp, dp) for tp in tps for dp in range(1, max_gpus + 1)
-           if tp * pp * dp <= max_gpus]
-    return sorted(out, key=lambda x: (x[0] * x[1] * x[2], x[0]))
-
-
-def _pd_layouts(cfg: SimConfig, max_gpus: int) -> list[tuple[int, int, int, int, int]]:
-    """(prefill TP, decode TP, PP, prefill instances, decode instances) within `max_gpus`."""
+def _tp_sizes(cfg: SimConfig) -> list[int]:
+    """The tensor-parallel sizes tried: powers of two that divide the attention heads and fit a
+    node."""
     from pathlib import Path
 
     gpn = cfg.hardware.gpus_per_node or cfg.hardware.resolve().gpus_per_node
     heads = cfg.model.resolve(Path(cfg.base_dir)).num_attention_heads
-    pp = cfg.parallelism.pipeline_parallel_size
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= gpn and heads % t == 0]
-    out = [(tp_p, tp_d, pp, n_p, n_d) for tp_p in tps for tp_d in tps
-           for n_p in range(1, max_gpus + 1) for n_d in range(1, max_gpus + 1)
-           if pp * (n_p * tp_p + n_d * tp_d) <= max_gpus]
-    return sorted(out, key=lambda x: (x[2] * (x[3] * x[0] + x[4] * x[1]), x[1], x[0]))
+    return [t for t in (1, 2, 4, 8, 16) if t <= gpn and heads % t == 0]
+
+
+def _layouts(tps: list[int], pp: int, n: int) -> list[tuple[int, int, int]]:
+    """(TP, PP, DP) of exactly `n` GPUs, by TP."""
+    return [(tp, pp, n // (tp * pp)) for tp in tps if n % (tp * pp) == 0]
+
+
+def _pd_layouts(tps: list[int], pp: int, n: int) -> list[tuple[int, int, int, int, int]]:
+    """(prefill TP, decode TP, PP, prefill instances, decode instances) of exactly `n` GPUs, by
+    decode TP, then prefill TP, then prefill instances."""
+    if n % pp:
+        return []
+    per_stage = n // pp
+    out = []
+    for tp_d in tps:
+        for tp_p in tps:
+            for n_p in range(1, per_stage // tp_p + 1):
+                rest = per_stage - n_p * tp_p
+                if rest >= tp_d and rest % tp_d == 0:
+                    out.append((tp_p, tp_d, pp, n_p, rest // tp_d))
+    return out
 
 
 def _layout_config(cfg: SimConfig, tp: int, pp: int, dp: int) -> SimConfig:
@@ -200,14 +206,20 @@ def _option_config(cfg: SimConfig, o: Option) -> SimConfig:
                             data_parallel_size=1, num_replicas=1, prefill_decode=pd)
 
 
-def _candidates(cfg: SimConfig, max_gpus: int) -> list[Option]:
+def _candidates(cfg: SimConfig, max_gpus: int) -> Iterator[Option]:
     """Every layout to try, by GPU count (aggregated first within a count): the config's TP x
-    PP x DP, and with a cluster section its disaggregated layouts too, on at most its GPUs."""
-    out = [Option(tp, pp, dp, None) for tp, pp, dp in _layouts(cfg, max_gpus)]
-    if cfg.cluster is not None:
-        out += [Option(tp_d, pp, 1, None, num_prefill=n_p, num_decode=n_d, prefill_tp=tp_p)
-                for tp_p, tp_d, pp, n_p, n_d in _pd_layouts(cfg, max_gpus)]
-    return sorted(out, key=lambda o: (o.num_gpus, o.disaggregated))
+    PP x DP, and with a cluster section its disaggregated layouts too, on at most its GPUs;
+    made one GPU count at a time, as the search reaches it (a cluster of thousands of GPUs has
+    millions of disaggregated layouts)."""
+    tps = _tp_sizes(cfg)
+    pp = cfg.parallelism.pipeline_parallel_size
+    for n in range(1, max_gpus + 1):
+        for tp, _, dp in _layouts(tps, pp, n):
+            yield Option(tp, pp, dp, None)
+        if cfg.cluster is not None:
+            for tp_p, tp_d, _, n_p, n_d in _pd_layouts(tps, pp, n):
+                yield Option(tp_d, pp, 1, None, num_prefill=n_p, num_decode=n_d,
+                             prefill_tp=tp_p)
 
 
 def _deploy_problem(lay: SimConfig) -> str | None:
