@@ -118,6 +118,11 @@ fit part had 28-30 cases; 3 since it has 68, each fold's parameters then fitted 
 them, more than 5 folds left each when the part was smaller, at 3 of 5 folds' CPU time)."""
 
 
+OFFLINE_UNREAD = ("api_server_per_token_s", "request_overhead_s", "api_server_per_request_s")
+"""The API server's parameters, which a case of vLLM's LLM class (host.entrypoint offline) has no
+server to spend."""
+
+
 def cv_fold(case) -> int:
     """The declared fold of a fit case: by its source (a page or CI build measures several
     cases, which leave and join the fit together), the first 8 hex digits of the sha256 of the
@@ -135,6 +140,9 @@ def _residuals(args):
         compute["collective_skew_s"] = skew       # refused at TP 1: no all-reduce to wait at
     if routing and routing[0]:
         compute["moe_routing"] = routing[0]
+    if (case.config.get("host") or {}).get("entrypoint") == "offline":
+        for key in OFFLINE_UNREAD:      # no API server: refused there (no effect)
+            params.pop(key, None)
     pred = predict(case, compute, host={"model": "vllm", **params})
     return {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
 

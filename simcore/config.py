@@ -402,6 +402,16 @@ class RouterConfig(BaseModel):
     balance_threshold: int = Field(16, ge=0, description="prefix_affinity: outstanding-request gap "
                                    "beyond which balance wins over cache affinity.")
 
+    @model_validator(mode="after")
+    def _check_policy_reads(self) -> "RouterConfig":
+        given = self.model_fields_set
+        if "balance_threshold" in given and self.policy != "prefix_affinity":
+            raise ValueError(f"balance_threshold: only read by policy prefix_affinity, not "
+                             f"{self.policy}")
+        if "periodic_infra_update_time_s" in given and self.policy == "round_robin":
+            raise ValueError("periodic_infra_update_time_s: round_robin reads no load reports")
+        return self
+
 
 class MetricsConfig(BaseModel):
     """What the summary reports, as `vllm bench serve --metric-percentiles/--goodput` set it."""
@@ -591,6 +601,10 @@ class SimConfig(BaseModel):
         if self.host.chat_template_parse != "cached" and not chat:
             raise ValueError("host.chat_template_parse: per_request has no effect on "
                              "completions requests; set workload.endpoint: chat_completions")
+        if self.host.model == "vllm" and "step_overhead_s" in self.compute.roofline.model_fields_set:
+            raise ValueError("compute.roofline.step_overhead_s: only used with host.model "
+                             "constant; host.model vllm times the CPU side from vLLM's measured "
+                             "costs (host section)")
         return self
 
     def gpus_by_type(self) -> dict[str, int]:

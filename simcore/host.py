@@ -63,7 +63,7 @@ import json
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcore.errors import ConfigError
 from simcore.reference_data import DATA_DIR
@@ -94,32 +94,35 @@ class HostConfig(BaseModel):
         "measured, is not counted).")
     cpu_costs: str = Field(DEFAULT_CPU_COSTS, description="Measured vLLM CPU costs, a file in "
                            "simcore/data/cpu_costs (without .json).")
-    host_speed: float = Field(0.4, gt=0, description="CPU time on the deployment's host per "
-                              "second of the measuring CPU (a 2-vCPU cloud guest about 2.5x "
-                              "slower at Python than a current server core: declared). It "
-                              "scales vLLM's measured costs and the fitted parameters below "
-                              "left null (fitted at the default 0.4: at 0.2 they take half).")
-    model_runner_step_s: float | None = Field(None, ge=0, description="Model-runner CPU time per "
-                                              "step (input preparation, launches), s. Null: "
-                                              "the fitted value x host_speed / 0.4.")
-    model_runner_per_seq_s: float | None = Field(None, ge=0, description="Model-runner CPU time "
-                                                 "per scheduled sequence, s. Null: fitted "
-                                                 "(x host_speed / 0.4).")
-    api_server_per_token_s: float | None = Field(None, ge=0, description="API server time per "
-                                                 "streamed token beyond the measured streaming "
-                                                 "work (response generator, HTTP send), s. "
-                                                 "Null: fitted (x host_speed / 0.4).")
-    request_overhead_s: float | None = Field(None, ge=0, description="Latency of one "
+    host_speed: float = Field(0.4, ge=1e-3, le=100, description="CPU time on the deployment's "
+                              "host per second of the measuring CPU (a 2-vCPU cloud guest "
+                              "about 2.5x slower at Python than a current server core: "
+                              "declared; 0.001-100). It scales vLLM's measured costs and the "
+                              "fitted parameters below left null (fitted at the default 0.4: "
+                              "at 0.2 they take half).")
+    model_runner_step_s: float | None = Field(None, ge=0, le=1.0, description="Model-runner CPU "
+                                              "time per step (input preparation, launches), s "
+                                              "(at most 1). Null: the fitted value x "
+                                              "host_speed / 0.4.")
+    model_runner_per_seq_s: float | None = Field(None, ge=0, le=1.0, description="Model-runner "
+                                                 "CPU time per scheduled sequence, s (at most "
+                                                 "1). Null: fitted (x host_speed / 0.4).")
+    api_server_per_token_s: float | None = Field(None, ge=0, le=1.0, description="API server "
+                                                 "time per streamed token beyond the measured "
+                                                 "streaming work (response generator, HTTP "
+                                                 "send), s (at most 1). Null: fitted (x "
+                                                 "host_speed / 0.4).")
+    request_overhead_s: float | None = Field(None, ge=0, le=60.0, description="Latency of one "
                                              "request's API-server path beyond its measured CPU "
                                              "work (HTTP handling, the event loop's hand-offs), "
-                                             "s; it delays each request without holding the "
-                                             "server process. Null: fitted (x host_speed / "
-                                             "0.4).")
+                                             "s (at most 60); it delays each request without "
+                                             "holding the server process. Null: fitted (x "
+                                             "host_speed / 0.4).")
     api_server_per_request_s: float | None = Field(
-        None, ge=0, description="API server CPU time per request beyond its measured work "
-        "(the HTTP route, request validation, the response's set-up), "
-        "s; it holds the server process like the measured work, so a burst's requests share "
-        "it and wait for one another. Null: fitted (x host_speed / 0.4).")
+        None, ge=0, le=60.0, description="API server CPU time per request beyond its measured "
+        "work (the HTTP route, request validation, the response's set-up), s (at most 60); it "
+        "holds the server process like the measured work, so a burst's requests share it and "
+        "wait for one another. Null: fitted (x host_speed / 0.4).")
     chat_template_parse: Literal["cached", "per_request"] = Field(
         "cached", description="How the API server resolves a chat request's Hugging Face chat "
         "template (workload.endpoint chat_completions): cached, as vLLM does apart from 0.11.0 "
@@ -127,7 +130,7 @@ class HostConfig(BaseModel):
         "0.11.0 does: it parses the template again for every request to find the variables it "
         "reads (resolve_chat_template_kwargs), on the server's event loop (measured: 16 ms a "
         "request on the measuring CPU for Qwen3's template). Both scaled by host_speed.")
-    api_server_count: int = Field(1, ge=1, description="API server processes (vLLM "
+    api_server_count: int = Field(1, ge=1, le=1024, description="API server processes (vLLM "
                                   "--api-server-count): requests arriving faster than they "
                                   "handle their paths queue before the engine.")
 
@@ -137,8 +140,29 @@ class HostConfig(BaseModel):
         per-request path modelled)."""
         return self.model == "vllm" and self.entrypoint == "api_server"
 
+    @field_validator("cpu_costs")
+    @classmethod
+    def _shipped_costs(cls, name: str) -> str:
+        if not (CPU_COSTS_DIR / f"{name}.json").is_file():
+            known = sorted(p.stem for p in CPU_COSTS_DIR.glob("vllm-*.json"))
+            raise ValueError(f"no measured CPU costs {name!r} (shipped: {', '.join(known)})")
+        return name
+
     @model_validator(mode="after")
     def _check(self) -> "HostConfig":
+        given = self.model_fields_set
+        if self.model == "constant":
+            unread = [f for f in ("cpu_costs", "host_speed", *FITTED_KEYS) if f in given]
+            if unread:
+                raise ValueError(f"{unread[0]}: has no effect with model: constant, which "
+                                 "takes only compute.roofline.step_overhead_s per step (use "
+                                 "model: vllm)")
+        if self.entrypoint == "offline":
+            unread = [f for f in ("api_server_per_token_s", "request_overhead_s",
+                                  "api_server_per_request_s") if f in given]
+            if unread:
+                raise ValueError(f"{unread[0]}: has no effect with entrypoint: offline, which "
+                                 "has no API server")
         if self.model == "constant" and self.entrypoint == "offline":
             raise ValueError("entrypoint: offline has no effect with model: constant, which "
                              "models no API server (use model: vllm)")

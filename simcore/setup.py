@@ -106,6 +106,9 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     if par.enable_expert_parallel and not arch.is_moe:
         raise ConfigError(f"parallelism.enable_expert_parallel: {arch.name} is a dense model; "
                           "expert parallelism needs a mixture-of-experts model")
+    if cfg.model.dtype == "mxfp4" and not arch.is_moe:
+        raise ConfigError(f"model.dtype: mxfp4 quantizes a mixture-of-experts model's experts "
+                          f"(vLLM's MXFP4 checkpoints); {arch.name} is a dense model")
     try:
         arch.check_tp(tp)
     except ConfigError as err:
@@ -200,6 +203,12 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
               assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
               op_scale=op_scale, host=host)
     kind = c.resolved_kind(gpu.name)
+    peaks = [f for f in ("bf16_flops", "fp8_flops", "hbm_bandwidth_bytes_per_s")
+             if getattr(cfg.hardware, f) is not None]
+    if peaks and kind == "calibrated":
+        raise ConfigError(f"hardware.{peaks[0]}: the {gpu.name} kernel profile times the step's "
+                          "kernels as measured, so a peak reaches only the ops it does not "
+                          "cover; set compute.kind: roofline to time the GPU by its peaks")
     if c.moe_routing is not None and kind != "calibrated":
         raise ConfigError(f"compute.moe_routing: no kernel profile of {gpu.name} is shipped, so "
                           "the roofline times the experts (routing uniformly); remove it or "

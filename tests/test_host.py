@@ -22,6 +22,8 @@ from simcore.uncertainty import (
 EXPLICIT = dict(model_runner_step_s=1e-3, model_runner_per_seq_s=2e-5,
                 api_server_per_token_s=3e-5, request_overhead_s=0.04,
                 api_server_per_request_s=2e-3)
+RUNNER = dict(model_runner_step_s=1e-3, model_runner_per_seq_s=2e-5)
+"""EXPLICIT's model runner alone: what an offline engine (no API server) reads."""
 
 
 def test_engine_time_is_the_measured_scheduler_scaled_plus_the_model_runner():
@@ -190,9 +192,12 @@ def test_the_servers_unmeasured_work_per_request_holds_it():
         assert run["mean_api_server_ms"] == pytest.approx(1e3 * sum(ends) / 8, rel=1e-9)
     # The 5 ms each, shared: the wait grows by nearly the other seven requests' 35 ms.
     assert 30 < held["mean_api_server_wait_ms"] - base["mean_api_server_wait_ms"] <= 35 + 1e-9
-    assert HostOverheads(HostConfig(**{**host, "entrypoint": "offline",
-                                       "api_server_per_request_s": 0.005})).request_cpu_s(256) \
-        == 0.0
+    runner = {k: host[k] for k in ("model_runner_step_s", "model_runner_per_seq_s")}
+    assert HostOverheads(HostConfig(**runner, entrypoint="offline")).request_cpu_s(256) == 0.0
+    # Without an API server, its parameters are refused (they would have no effect).
+    with pytest.raises(Exception, match="api_server_per_request_s: has no effect with "
+                                        "entrypoint: offline"):
+        HostConfig(**runner, entrypoint="offline", api_server_per_request_s=0.005)
 
 
 def test_api_server_count_without_an_api_server_is_refused():
@@ -214,7 +219,7 @@ def test_async_scheduling_is_modelled_and_never_slower():
 
 def test_offline_entrypoint_has_no_api_server_pace_or_request_delay():
     served = HostOverheads(HostConfig(**EXPLICIT))
-    offline = HostOverheads(HostConfig(entrypoint="offline", **EXPLICIT))
+    offline = HostOverheads(HostConfig(entrypoint="offline", **RUNNER))
     assert offline.request_overhead_s == 0.0 and offline.request_cpu_s(1000) == 0.0
     assert offline.tokenize_s(1000) == 0.0
     assert offline.engine_s(64, 64, 64) == served.engine_s(64, 64, 64)
@@ -224,7 +229,7 @@ def test_offline_entrypoint_has_no_api_server_pace_or_request_delay():
     assert 0 < offline.frontend_s(64) == pytest.approx(
         served.frontend_s(64) - 64 * (3e-5 + stream))
     base = simulate(_cfg(host={**EXPLICIT, "request_overhead_s": 0.0}))
-    off = simulate(_cfg(host={**EXPLICIT, "entrypoint": "offline"}))
+    off = simulate(_cfg(host={**RUNNER, "entrypoint": "offline"}))
     # One request: the engine sees it as soon as it is sent, without the API server's work.
     assert off["mean_api_server_ms"] == 0.0 < base["mean_api_server_ms"]
     assert off["mean_ttft_ms"] == pytest.approx(base["mean_ttft_ms"]

@@ -173,6 +173,78 @@ def test_sessions_whose_first_turns_all_exceed_the_context_are_refused_after_the
 def test_intervals_finer_than_a_millisecond_are_refused(path, field):
     """A sample or a load report every nanosecond is a billion events a simulated second, more
     than any run can take; no engine step is shorter than a millisecond."""
-    parse_config(_config(**{path: 0.001}))
+    policy = {"router.policy": "least_outstanding"} if path.startswith("router.") else {}
+    parse_config(_config(**{path: 0.001}, **policy))
     with pytest.raises(ConfigError, match=rf"{field}: must be at least 0\.001 \(got 1e-09\)"):
-        parse_config(_config(**{path: 1e-9}))
+        parse_config(_config(**{path: 1e-9}, **policy))
+
+
+# -- settings past what a run holds, and settings with no effect ------------------------------
+
+@pytest.mark.parametrize("path, value, message", [
+    ("compute.roofline.relative_uncertainty", 35, "relative_uncertainty: must be less than 1"),
+    ("compute.roofline.relative_uncertainty", float("inf"), "relative_uncertainty"),
+    ("compute.roofline.min_kernel_s", float("inf"), "min_kernel_s: must be at most 0.01"),
+    ("host.host_speed", 1e12, "host.host_speed: must be at most 100"),
+    ("host.model_runner_step_s", float("inf"), "host.model_runner_step_s: must be at most 1"),
+    ("host.request_overhead_s", 1e12, "host.request_overhead_s: must be at most 60"),
+    ("host.api_server_count", 10**12, "host.api_server_count: must be at most 1024"),
+    ("host.cpu_costs", "bogus", "host.cpu_costs: no measured CPU costs 'bogus'"),
+])
+def test_settings_past_what_a_run_holds_name_their_field(path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(_config(**{path: value}))
+
+
+def test_a_ramp_of_nan_requests_a_second_is_refused():
+    with pytest.raises(ConfigError, match="ramp_up_start_rps and ramp_up_end_rps must be "
+                                          "positive and finite"):
+        parse_config(_config(**{"workload.request_rate": "inf",
+                                "workload.ramp_up_strategy": "linear",
+                                "workload.ramp_up_start_rps": float("nan"),
+                                "workload.ramp_up_end_rps": 10}))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"host.model": "constant", "host.host_speed": 0.05},
+     "host.host_speed: has no effect with model: constant"),
+    ({"host.model": "constant", "host.request_overhead_s": 1.0},
+     "host.request_overhead_s: has no effect with model: constant"),
+    ({"host.entrypoint": "offline", "host.api_server_per_request_s": 0.01},
+     "host.api_server_per_request_s: has no effect with entrypoint: offline"),
+    ({"compute.roofline.step_overhead_s": 0.1},
+     "compute.roofline.step_overhead_s: only used with host.model constant"),
+    ({"router.balance_threshold": 0}, "router.balance_threshold: only read by policy prefix_affinity"),
+    ({"router.policy": "round_robin", "router.periodic_infra_update_time_s": 10},
+     "periodic_infra_update_time_s: round_robin reads no load reports"),
+])
+def test_settings_that_would_have_no_effect_are_refused(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(_config(**changes))
+    # Where they are read they are taken.
+    if changes.get("host.model") == "constant":
+        parse_config(_config(**{**changes, "host.model": "vllm"}))
+
+
+def test_a_gpu_peak_under_a_kernel_profile_is_refused_and_taken_by_the_roofline():
+    with pytest.raises(ConfigError, match="hardware.bf16_flops: the A100-80GB kernel profile "
+                                          "times the step's kernels as measured"):
+        build_deployment(parse_config(_config(**{"hardware.bf16_flops": 156e12})))
+    slow = build_deployment(parse_config(_config(**{"hardware.bf16_flops": 156e12,
+                                                    "compute.kind": "roofline"})))
+    assert slow.gpu.bf16_flops == 156e12
+
+
+def test_mxfp4_weights_on_a_dense_model_are_refused():
+    with pytest.raises(ConfigError, match="model.dtype: mxfp4 quantizes a mixture-of-experts "
+                                          "model's experts"):
+        build_deployment(parse_config(_config(**{"model.dtype": "mxfp4"})))
+
+
+def test_a_negative_intermediate_size_is_refused():
+    from dataclasses import replace
+
+    from simcore.model.presets import load_preset
+
+    with pytest.raises(ConfigError, match="intermediate_size must not be negative"):
+        replace(load_preset("meta-llama/Llama-3.1-8B"), intermediate_size=-100_000)

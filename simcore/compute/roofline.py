@@ -167,17 +167,17 @@ class RooflineAssumptions(BaseModel):
         0.8, gt=0, le=1,
         description="Achieved fraction of the intra-node interconnect bandwidth in collectives.")
     collective_hop_latency_s: float = Field(
-        1.5e-6, ge=0, description="Per-hop latency alpha of ring collectives and PP sends, s.")
+        1.5e-6, ge=0, le=1e-2, description="Per-hop latency alpha of ring collectives and PP sends, s.")
     min_kernel_s: float = Field(
-        3e-6, ge=0,
+        3e-6, ge=0, le=1e-2,
         description="Shortest duration of a GPU kernel inside a CUDA graph, s (small kernels "
                     "take ~1-6 us on A100/H100).")
     step_overhead_s: float = Field(
-        0.5e-3, ge=0,
+        0.5e-3, ge=0, le=1.0,
         description="CPU time per step not hidden by async scheduling (input preparation, "
                     "sampler launch, output processing), s.")
     eager_launch_s_per_layer: float = Field(
-        20e-6, ge=0,
+        20e-6, ge=0, le=1e-2,
         description="CPU time to launch one layer outside a full CUDA graph (piecewise graphs "
                     "plus eager attention), s; overlaps GPU work.")
     cuda_graph_max_num_tokens: int = Field(
@@ -191,12 +191,13 @@ class RooflineAssumptions(BaseModel):
         description="Per-GPU network bandwidth for PP hops and the expert-parallel all-to-all "
                     "between nodes, bytes/s (400 Gb/s NIC).")
     inter_node_latency_s: float = Field(
-        5e-6, ge=0, description="Latency of one PP hop, or of one all-to-all phase, between "
+        5e-6, ge=0, le=1.0, description="Latency of one PP hop, or of one all-to-all phase, between "
                                 "nodes, s.")
     relative_uncertainty: float = Field(
-        0.35, gt=0,
-        description="Declared symmetric bound on the relative error of a step time: an "
-                    "uncalibrated roofline is typically within +/-35% of measured vLLM steps.")
+        0.35, gt=0, lt=1,
+        description="Declared symmetric bound on the relative error of a step time, a fraction "
+                    "under 1 (0.35, not 35): an uncalibrated roofline is typically within "
+                    "+/-35% of measured vLLM steps.")
 
 
 def _bound(compute_bound: float, memory_bound: float, comm: float) -> str:

@@ -219,6 +219,8 @@ class ModelArch:
         for field_name in positive:
             if getattr(self, field_name) <= 0:
                 raise ConfigError(f"model {self.name}: {field_name} must be positive")
+        if self.intermediate_size < 0:
+            raise ConfigError(f"model {self.name}: intermediate_size must not be negative")
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError(f"model {self.name}: num_attention_heads "
                               f"({self.num_attention_heads}) is not a multiple of num_kv_heads "

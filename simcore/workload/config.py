@@ -294,8 +294,8 @@ class _TimedTrace(_Frozen):
     path: str = Field(description="Trace file, relative to the configuration's directory.")
     use_timestamps: bool = Field(True, description="Send each request at its trace time (vLLM's "
                                  "--self-timed); false: use request_rate/burstiness/ramp-up instead.")
-    time_scale: float = Field(1.0, gt=0, description="Multiplies every trace time offset: 0.5 replays "
-                              "twice as fast, 2 half as fast.")
+    time_scale: float = Field(1.0, gt=0, le=1e6, description="Multiplies every trace time offset: "
+                              "0.5 replays twice as fast, 2 half as fast (at most 10^6).")
     start_s: float = Field(0.0, ge=0, description="Start of the replayed window, seconds after the "
                            "trace's first request; it becomes time 0 of the run.")
     duration_s: float | None = Field(None, gt=0, description="Length of the replayed window in trace "
@@ -412,7 +412,7 @@ class WorkloadConfig(_Frozen):
                              "ramp_up_end_rps; leave request_rate unset (inf)")
         if start is None or end is None:
             raise ValueError("a ramp_up_strategy needs both ramp_up_start_rps and ramp_up_end_rps")
-        if start <= 0 or end <= 0 or math.isinf(end):
+        if not (start > 0 and 0 < end < math.inf):
             raise ValueError("ramp_up_start_rps and ramp_up_end_rps must be positive and finite")
         if start > end:
             raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
