@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -387,8 +388,10 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
             click.echo(f"note: {note}")
         if outcome.workers_line():
             click.echo(outcome.workers_line())
-        click.echo(outcome.summary())
         report = decided_report(study)
+        # The run's notes (a timeout's stop, a baseline not enqueued) go in the report too.
+        report = replace(report, notes=report.notes + outcome.notes)
+        click.echo(outcome.summary(report))
         paths = write_report_files(report, study.report_dir, study.report.formats)
     except ConfigError as e:
         _fail_in(study_file, e)

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from dse.space import (DECODE_COUNT_PATH, SERVING, IntParam, FloatParam, SearchSpace, apply,
-                       serving_mode)
+from dse.space import (DECODE_COUNT_PATH, SERVING, FloatParam, IntParam, SearchSpace, apply,
+                       on_grid, serving_mode)
 from dse.study import Constraint, Objective, hourly_usd
 from simcore import metric_catalog
 from simcore.config import SimConfig, parse_config
@@ -507,6 +507,8 @@ def _outside(p: Any, v: Any) -> str | None:
             return "is not a number"
         if not p.low <= v <= p.high:
             return f"is outside the space ({p.low:g}..{p.high:g})"
+        if p.step is not None and not on_grid(v, p.low, p.step):
+            return f"is off the space's grid ({p.low:g}..{p.high:g}, step {p.step:g})"
     elif not any(type(v) is type(c) and v == c for c in p.choices):
         return f"is not one of the choices {list(p.choices)}"
     return None

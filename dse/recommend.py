@@ -264,6 +264,12 @@ def recommend(report: StudyReport, study: StudyConfig | None = None) -> Recommen
            f"{len(pool)} {'confirmed ' if confirmed else ''}configuration"
            f"{'s that meet' if many else ' that meets'} every SLO at the {basis} fidelity; "
            f"its tightest SLO is {tightest} ({margins[tightest]:.0%} inside the bound).")
+    n_confirmed = sum(1 for c in report.configurations if c.confirmed)
+    if not confirmed and n_confirmed:
+        why += (f" None of the {n_confirmed} confirmed configuration"
+                f"{'s meets' if n_confirmed != 1 else ' meets'} every SLO at the confirmation "
+                "fidelity, and this one was only screened: confirm it (a larger "
+                "fidelity.confirm_top_k) before deploying it.")
     if same:
         why += (" Measured the same: " + ", ".join(
             f"#{c.number} ({', '.join(f'{k} = {v}' for k, v in c.params.items())})"

@@ -19,6 +19,7 @@ seed alone would start its random stream from the beginning.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -27,7 +28,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna
+from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna, storage_file
 from dse.batched_storage import BatchedStorage
 from dse.driver import StageDriver, interrupt_trials, is_interrupted
 from dse.evaluate import EvalSpec, baseline_values, check_metric_names, clip
@@ -93,13 +94,23 @@ class SearchOutcome:
             return None
         return f"{self.workers} Ray worker{'s' if self.workers != 1 else ''} ({self.workers_from})"
 
-    def summary(self) -> str:
-        """One line of counts: trials by outcome, the Pareto set, the confirmations."""
+    def summary(self, report=None) -> str:
+        """One line of counts: trials by outcome, the Pareto set, the confirmations. With the
+        study's `report` (`dse.report.StudyReport`), the SLO-feasible count and the Pareto set
+        are the report's, so that the terminal and the report agree."""
         reused = (f" ({self.num_reused} answered from an identical earlier configuration)"
                   if self.num_reused else "")
-        line = (f"study {self.study_name}: {self.num_complete} complete{reused}, "
-                f"{self.num_infeasible} infeasible, {self.num_failed} failed; Pareto set of "
-                f"{len(self.pareto_trials)}")
+        if report is None:
+            line = (f"study {self.study_name}: {self.num_complete} complete{reused}, "
+                    f"{self.num_infeasible} infeasible, {self.num_failed} failed; Pareto set of "
+                    f"{len(self.pareto_trials)}")
+        else:
+            interrupted = (f", {self.num_interrupted} interrupted" if self.num_interrupted
+                           else "")
+            line = (f"study {self.study_name}: {self.num_complete} complete{reused} "
+                    f"({len(report.feasible)} within every SLO), {self.num_infeasible} "
+                    f"undeployable, {self.num_failed} failed{interrupted}; Pareto set of "
+                    f"{len(report.pareto)}")
         if self.confirmed_trials:
             line += f", {len(self.confirmed_trials)} confirmed"
         if self.confirm_failed:
@@ -240,6 +251,34 @@ def _progress_bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
                 file=sys.stderr, dynamic_ncols=True)
 
 
+@contextmanager
+def _sole_search(study: StudyConfig):
+    """Hold the study's lock for the search (a hidden file beside a sqlite or journal storage,
+    one per study name): a second `dse search` of the same study while one runs would mark the
+    first one's running trials interrupted and queue them again, and the first would then fail
+    to record them. ConfigError when it is held."""
+    import fcntl
+
+    path = storage_file(study.storage_url)
+    if path is None:                 # a database server: it keeps its own transactions
+        yield
+        return
+    digest = hashlib.sha256(study.name.encode()).hexdigest()[:12]
+    lock = path.parent / f".{path.name}.{digest}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"study {study.name!r} in {path} is being searched by another "
+                              "dse search; wait for it to end (or stop it), then run this "
+                              "again") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
                ) -> SearchOutcome:
     """Search the study's space and leave every trial in its storage; returns the counts.
@@ -275,6 +314,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
         check_metric_names(spec, base_metric_names(study))
         stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress,
                      shipment=ship)
+        cleanup.enter_context(_sole_search(study))      # checked; the storage is opened now
         storage = BatchedStorage(open_storage(url))
         st = _open_study(storage, study.name, study, sampler, "screen", resume, url)
         interrupt_trials(st, storage, st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
@@ -295,6 +335,11 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
         confirm = None
         if study.fidelity.confirm is not None and stopped_by != "timeout":
             confirm = _confirm(st, storage, url, f"{study.name}/confirm", stage)
+        if stopped_by == "timeout":
+            notes.append("budget.timeout_s stopped the search before its budget of trials"
+                         + ("; its confirmation stage did not run"
+                            if study.fidelity.confirm is not None else "")
+                         + "; run the same command to go on")
     outcome = _outcome(st, url, confirm, stopped_by, notes)
     if not pool.started:
         return outcome

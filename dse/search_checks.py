@@ -1,6 +1,7 @@
 """What a search checks before any trial runs, so that bad input is one sentence and never a
 half-run study: fidelity overrides that would hide a searched value, searched parameters no stage
-reads, a base configuration `dse simulate` would refuse, and outputs that cannot be written."""
+reads, a base configuration `dse simulate` would refuse (with the confirmation overrides too),
+and outputs that cannot be written."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def check_before_search(study: StudyConfig) -> None:
     check_overrides(study)
     check_parameters_have_effect(study)
     check_base(study)
+    check_confirm(study)
     check_outputs(study)
 
 
@@ -47,6 +49,20 @@ def check_base(study: StudyConfig) -> None:
             _check_workload(cfg)
     except ConfigError as err:
         raise ConfigError(f"base: {err}") from None
+
+
+def check_confirm(study: StudyConfig) -> None:
+    """Refuse confirmation overrides with which the base would not run (a misspelt setting, a
+    bad value), under `fidelity.confirm:`, before screening spends its trials: found only at
+    the confirmation stage, the study could not be resumed with them mended (its fidelity is
+    part of its identity)."""
+    if not study.fidelity.confirm:
+        return
+    try:
+        _names_of_runnable(study.base, study.fidelity.confirm)
+    except ConfigError as err:
+        raise ConfigError(f"fidelity.confirm: the base with these overrides cannot run "
+                          f"({err})") from None
 
 
 def base_metric_names(study: StudyConfig) -> set[str]:

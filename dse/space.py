@@ -77,6 +77,13 @@ class IntParam(BaseModel):
         return self
 
 
+def on_grid(value: float, low: float, step: float) -> bool:
+    """Whether `value` is on the grid of `step` from `low`, as Optuna's FloatDistribution judges
+    it (within 1e-8 of a step)."""
+    k = (value - low) / step
+    return abs(k - round(k)) < 1e-8
+
+
 class FloatParam(BaseModel):
     """A real number in [low, high], optionally on a log scale or a step grid."""
 
@@ -94,6 +101,9 @@ class FloatParam(BaseModel):
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
         if self.log and (self.low <= 0 or self.step is not None):
             raise ValueError("a log-scale float needs low > 0 and no step")
+        if self.step is not None and not on_grid(self.high, self.low, self.step):
+            raise ValueError(f"step ({self.step:g}) does not divide high - low "
+                             f"({self.high:g} - {self.low:g}): the grid would stop short of high")
         return self
 
 

@@ -84,7 +84,8 @@ class Sampler(BaseModel):
     kind: Literal["tpe", "nsga2", "nsga3", "gp", "random", "grid"] = Field(
         "tpe", description="tpe: multivariate TPE (default); nsga2/nsga3: genetic; gp: Gaussian "
         "process (needs torch); random and grid: baselines.")
-    seed: int = Field(0, description="Sampler seed: same seed, same trials.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Sampler seed: same seed, same trials "
+                      "(0 to 2^32 - 1).")
     n_startup_trials: int = Field(10, ge=0, description="tpe/gp: random trials before the model "
                                   "takes over.")
     population_size: int = Field(20, ge=2, description="nsga2/nsga3: population per generation.")

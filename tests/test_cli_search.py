@@ -117,8 +117,8 @@ def load(url: str, name: str = NAME) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=open_storage(url))
 
 
-COUNTS_RE = re.compile(rf"^study {NAME}: 6 complete, 0 infeasible, 0 failed; "
-                       r"Pareto set of (\d+), 2 confirmed$", re.M)
+COUNTS_RE = re.compile(rf"^study {NAME}: 6 complete \((\d+) within every SLO\), 0 undeployable, "
+                       r"0 failed; Pareto set of (\d+), 2 confirmed$", re.M)
 
 
 def report_paths(stdout: str) -> dict[str, str]:
@@ -134,11 +134,14 @@ def test_search_prints_the_counts_and_the_report_paths(searched):
     assert "Traceback" not in p.stdout + p.stderr and "error:" not in p.stderr, p.stderr
     m = COUNTS_RE.search(p.stdout)
     assert m, p.stdout
-    assert int(m.group(1)) >= 1
+    assert int(m.group(2)) >= 1
     paths = report_paths(p.stdout)
     assert paths == {k: str(searched.report_dir / f) for k, f in FILES.items()}, p.stdout
     for path in paths.values():
         assert Path(path).is_file() and Path(path).stat().st_size > 0, path
+    # The terminal's counts are the report's.
+    counts = json.loads(Path(paths["json"]).read_text())["counts"]
+    assert (counts["feasible"], counts["pareto"]) == (int(m.group(1)), int(m.group(2)))
     # The storage lies where the study file says, not in the working directory.
     assert (searched.dir / "run" / "study.db").is_file()
 
@@ -245,7 +248,7 @@ def test_search_again_resumes_without_new_trials(searched, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     assert COUNTS_RE.search(p.stdout), p.stdout
-    assert COUNTS_RE.search(p.stdout).group(1) == COUNTS_RE.search(searched.proc.stdout).group(1)
+    assert COUNTS_RE.search(p.stdout).groups() == COUNTS_RE.search(searched.proc.stdout).groups()
     after = [(t.number, t.params, t.values) for t in load(searched.storage_url).trials]
     assert after == before, "resuming a finished study ran new screening trials"
     assert len(load(searched.storage_url, f"{NAME}/confirm").trials) == confirm_before == 2
@@ -400,7 +403,8 @@ def test_a_search_where_no_trial_completes_exits_1_with_the_reasons_counted(tmp_
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
     assert p.stderr.splitlines() == ["error: no trial completed: 2 x timed out after 1 s"]
-    assert re.search(rf"^study {NAME}: 0 complete, 0 infeasible, 2 failed; Pareto set of 0$",
+    assert re.search(rf"^study {NAME}: 0 complete \(0 within every SLO\), 0 undeployable, 2 "
+                     rf"failed; Pareto set of 0$",
                      p.stdout, re.M), p.stdout
     assert report_paths(p.stdout), "the report was not written"
 

@@ -162,3 +162,22 @@ def test_the_runner_up_comparison_is_read_from_the_front_matrix(tmp_path, monkey
     assert set(beats) == {o.metric for o in OBJECTIVES}
     assert (f"over {pairs.draws} draws of the step-time errors shared by both, at the screening "
             "fidelity: " + ", ".join(f"{m} {p:.0%}" for m, p in beats.items())) in rec.trade_off
+
+
+def test_a_screened_only_pick_says_that_every_confirmed_configuration_missed(url, tmp_path):
+    from dataclasses import replace
+
+    report = build_report(url, "unit", OBJECTIVES, CONSTRAINTS)
+    confirmed = [c for c in report.configurations if c.confirmed]
+    assert confirmed, "the unit study confirms some configurations"
+    # Every confirmation missed an SLO: the pick falls back to a configuration only screened.
+    missed = tuple(replace(c, confirm=replace(c.confirm, feasible=False), rank=None)
+                   if c.confirmed else c for c in report.configurations)
+    rec = recommend(replace(report, configurations=missed), _study(url, tmp_path))
+    if rec is None:
+        pytest.skip("no screened-only configuration meets the SLOs in the unit study")
+    assert rec.basis == "screening"
+    assert (f"None of the {len(confirmed)} confirmed configuration" in rec.why
+            and "only screened" in rec.why), rec.why
+    # With a confirmed configuration that meets them, no such caveat.
+    assert "only screened" not in recommend(report, _study(url, tmp_path)).why

@@ -367,6 +367,9 @@ def test_the_wall_clock_limit_stops_asking_and_skips_confirmation(ray_address, t
         update={"screen": {"workload.num_prompts": 30000}}))
     out = run_search(study, progress=False)
     assert out.stopped_by == "timeout" and out.confirm_study_name is None
+    # Said, and to be said in the report (`dse search` adds the run's notes to it).
+    assert any(n.startswith("budget.timeout_s stopped the search before its budget of trials")
+               and "confirmation stage did not run" in n for n in out.notes), out.notes
     trials = load(study).trials
     assert 0 < out.num_complete == len(trials) < 40
     assert all(t.user_attrs["metrics"]["num_prompts"] == 30000 for t in trials)
@@ -839,3 +842,18 @@ def test_workers_default_to_the_cpus_this_process_may_use_and_ray_starts_once(mo
     finally:
         set_here.close()
     assert inits[-1]["num_cpus"] == 3 and set_here.workers_from == "execution.workers"
+
+
+def test_a_second_search_of_a_study_being_searched_is_refused(tmp_path):
+    from dse.runner import _sole_search
+
+    study = tiny(tmp_path)
+    with _sole_search(study):
+        with pytest.raises(ConfigError, match=r"study 'tiny' in .*tiny.db is being searched by "
+                                              r"another dse search"):
+            run_search(study, progress=False)
+        # Another study of the same storage is not held.
+        with _sole_search(study.model_copy(update={"name": "other"})):
+            pass
+    with _sole_search(study):       # released at the end
+        pass

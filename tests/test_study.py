@@ -471,3 +471,41 @@ def test_every_shipped_search_space_loads(path):
         assert "." in p
     if space.num_gpus is not None:
         assert space.num_gpus >= 1
+
+
+def test_a_float_grid_must_reach_its_high_and_the_baseline_must_be_on_it():
+    from dse.evaluate import _outside
+    from dse.space import FloatParam
+
+    with pytest.raises(ValueError, match="step \\(0.07\\) does not divide high - low"):
+        FloatParam(type="float", low=0.8, high=0.95, step=0.07)
+    p = FloatParam(type="float", low=0.8, high=0.95, step=0.05)
+    assert _outside(p, 0.85) is None and _outside(p, 0.95) is None
+    # vLLM's default gpu_memory_utilization 0.92 is in the range but off the grid: Optuna could
+    # not record it, so it is not queued as the baseline.
+    assert "off the space's grid" in _outside(p, 0.92)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**40])
+def test_a_sampler_seed_outside_numpy_range_is_refused(seed):
+    from dse.study import Sampler
+
+    with pytest.raises(ValueError, match="seed"):
+        Sampler(seed=seed)
+
+
+def test_confirmation_overrides_that_cannot_run_are_refused_before_any_trial(tmp_path):
+    from dse.search_checks import check_confirm
+
+    study = parse_study({
+        "name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                              "hardware": {"gpu": "A100-80GB"},
+                              "workload": {"num_prompts": 8}},
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                         "choices": [8, 16]}}},
+        "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}],
+        "fidelity": {"confirm": {"workload.nm_prompts": 50}},
+        "storage": f"sqlite:///{tmp_path / 's.db'}"})
+    with pytest.raises(ConfigError, match="^fidelity.confirm: the base with these overrides "
+                                          "cannot run .*workload.nm_prompts"):
+        check_confirm(study)
