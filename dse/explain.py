@@ -317,5 +317,10 @@ def headroom_sentence(h: Mapping) -> str:
         return (f"Near capacity: {rate} offered is {pct(h['load_fraction'])} of the {cap} it "
                 f"serves with the engines full, where queueing delay climbs steeply; "
                 f"{h['binds_first_label']} binds first.")
+    filling = (f" Its queue still grew {h['queue_growth_rps']:,.3g} req/s over the second half "
+               f"of the arrivals: at {pct(h['load_fraction'])} of the capacity that is the run "
+               f"filling from empty, not overload; a longer run (more prompts) shows the steady "
+               f"state." if h.get("still_filling") else "")
     return (f"Headroom: {rate} offered is {pct(h['load_fraction'])} of the {cap} it serves "
-            f"with the engines full; as load rises, {h['binds_first_label']} binds first.")
+            f"with the engines full; as load rises, {h['binds_first_label']} binds first."
+            + filling)

@@ -109,9 +109,11 @@ def headroom(cfg, result: dict) -> dict | None:
     rate over the middle half of the completions, the engines full throughout, is
     `throughput_capacity_rps`, and its top resource factor (`simcore.attribution`, queueing and
     the offered load left aside) is what binds first as load rises. `load_fraction` = the
-    config's request rate / that capacity; `state`: "over_capacity" when the run's queue kept
-    growing (`over_capacity`) or the load fraction reaches 1, "near_capacity" from
-    `NEAR_CAPACITY`, else "headroom". No SLO enters: `dse capacity` finds the rate that meets
+    config's request rate / that capacity; `state`: "over_capacity" when the load fraction
+    reaches 1, or the run's queue kept growing (`over_capacity`) at a load fraction from
+    `NEAR_CAPACITY`, "near_capacity" from `NEAR_CAPACITY`, else "headroom"; `still_filling`
+    when the queue kept growing under `NEAR_CAPACITY` (a run too short for its steady state:
+    filling from empty, not overload). No SLO enters: `dse capacity` finds the rate that meets
     latency SLOs. None too where the capacity run completes nothing (every request of the
     kind refused, as one longer than max_model_len): there is no capacity to compare with.
     """
@@ -131,11 +133,15 @@ def headroom(cfg, result: dict) -> dict | None:
     if not full["throughput_capacity_rps"] > 0:
         return None     # nothing of this kind completes (every request refused): no capacity
     load = w.request_rate / full["throughput_capacity_rps"]
-    state = ("over_capacity" if result["over_capacity"] or load >= 1.0
+    # A queue still growing at a load well under the capacity measured with the engines full is
+    # the run filling from empty (its requests' time in the system about as long as the half
+    # window the trend is taken over), not overload: a longer run shows the steady state.
+    filling = bool(result["over_capacity"]) and load < NEAR_CAPACITY
+    state = ("over_capacity" if load >= 1.0 or (result["over_capacity"] and not filling)
              else "near_capacity" if load >= NEAR_CAPACITY else "headroom")
     return {"state": state, "offered_rps": w.request_rate, "load_fraction": load,
             "served_rps": result["served_request_rate"],
-            "queue_growth_rps": result["queue_growth_rps"], **full}
+            "queue_growth_rps": result["queue_growth_rps"], "still_filling": filling, **full}
 
 
 _CAPACITY_CACHE: dict[str, dict | None] = {}

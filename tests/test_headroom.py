@@ -57,6 +57,27 @@ def test_overload_says_the_queue_grows(runs):
     assert "the queue grows" in e["sentences"][0]
 
 
+def test_a_short_run_still_filling_under_capacity_is_not_called_overloaded():
+    # 100 requests at 10 req/s on the quickstart's A100: the queue still grows over the second
+    # half of the arrivals (requests take about as long as that half), at 59% of the capacity.
+    from pathlib import Path
+
+    import yaml
+
+    d = yaml.safe_load((Path(__file__).parent.parent / "examples/quickstart.yaml").read_text())
+    d["workload"]["num_prompts"] = 100
+    d["uncertainty"] = {"method": "first_order"}
+    r = simulate_with_envelope(parse_config(d))
+    h = r["headroom"]
+    assert r["over_capacity"] and h["load_fraction"] < 0.85
+    assert h["state"] == "headroom" and h["still_filling"]
+    first = explain(r)["sentences"][0]
+    assert first.startswith("Headroom: 10 req/s offered is ")
+    assert "that is the run filling from empty, not overload" in first
+    # At capacity a growing queue is overload.
+    assert not _run(40.0)["headroom"]["still_filling"]
+
+
 def test_no_headroom_without_a_rate_or_when_switched_off():
     burst = _run(float("inf"))
     assert "headroom" not in burst and explain(burst)["load_state"] is None
