@@ -149,6 +149,10 @@ class Configuration:
     confirm: Measurement | None = None
     rank: int | None = None
     confirm_rank: int | None = None
+    repeat_of: int | None = None
+    """The earlier trial of the same resolved configuration this trial was answered from
+    (`same_config_as`): listed with the trials, but ranked, carded and counted once, as that
+    trial."""
 
     @property
     def values(self) -> tuple[float, ...] | None:
@@ -234,7 +238,7 @@ class StudyReport:
 
     @property
     def not_feasible(self) -> list[Configuration]:
-        return [c for c in self.configurations if c.rank is None]
+        return [c for c in self.configurations if c.rank is None and c.repeat_of is None]
 
     @property
     def confirmed(self) -> list[Configuration]:
@@ -282,7 +286,9 @@ class StudyReport:
         states: dict[str, int] = {}
         for c in self.configurations:
             states[c.screen.state.lower()] = states.get(c.screen.state.lower(), 0) + 1
-        return {"trials": len(self.configurations), "feasible": len(self.feasible),
+        return {"trials": len(self.configurations),
+                "repeats": sum(c.repeat_of is not None for c in self.configurations),
+                "feasible": len(self.feasible),
                 "pareto": len(self.pareto),
                 "confirmed": sum(1 for c in self.configurations if c.confirmed),
                 **dict(sorted(states.items()))}
@@ -364,15 +370,22 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
     for t in study.get_trials(deepcopy=False):
         runs = confirms.get(t.number, [])
         complete = [m for m in runs if m.complete]
+        twin = t.user_attrs.get("same_config_as")
         configs.append(Configuration(
             number=t.number, params=dict(t.params), distributions=dict(t.distributions),
             baseline=bool(t.user_attrs.get("baseline", False)),
             screen=measurement(t, study_name, constraints, "screen"),
-            confirm=(complete or runs or [None])[-1]))
+            confirm=(complete or runs or [None])[-1],
+            repeat_of=twin if isinstance(twin, int) else None))
 
     notes = []
+    repeats = sum(c.repeat_of is not None for c in configs)
+    if repeats:
+        notes.append(f"{repeats} trial{'s' if repeats != 1 else ''} proposed a configuration "
+                     "already run and took its result (same_config_as): each configuration is "
+                     "ranked and counted once, as its first trial.")
     reference = None
-    feasible = [i for i, c in enumerate(configs) if c.feasible]
+    feasible = [i for i, c in enumerate(configs) if c.feasible and c.repeat_of is None]
     if feasible:
         vals = _ranked(configs, feasible, lambda c: c.values, directions, "rank")
         if len(objectives) > 1:

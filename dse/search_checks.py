@@ -17,6 +17,7 @@ from simcore.errors import ConfigError
 def check_before_search(study: StudyConfig) -> None:
     """Every check that needs no simulation and no Ray, in the order a user would fix them."""
     check_overrides(study)
+    check_space_applies(study)
     check_parameters_have_effect(study)
     check_base(study)
     check_confirm(study)
@@ -33,6 +34,18 @@ def check_overrides(study: StudyConfig) -> None:
                 if path == p or path.startswith(p + ".") or p.startswith(path + "."):
                     raise ConfigError(f"fidelity.{stage}: {path} is also a search parameter "
                                       f"({p}); a fidelity override would hide its value")
+
+
+def check_space_applies(study: StudyConfig) -> None:
+    """Refuse a space none of whose parameters exists for the base (each `when` names a model
+    kind the base is not: every trial would be the base again), and disaggregated serving on a
+    base without the cluster it needs (every such trial would be undeployable)."""
+    if not study.space.active(study.base):
+        raise ConfigError("space: no parameter applies to the base's model (each one's `when` "
+                          "names another kind of model); every trial would run the base")
+    if "disaggregated" in (study.space.serving or ()) and "cluster" not in study.base:
+        raise ConfigError("space.serving: disaggregated serving moves KV caches over a network; "
+                          "add a cluster section to the base")
 
 
 def check_base(study: StudyConfig) -> None:

@@ -46,7 +46,7 @@ class Constraint(BaseModel):
     model_config = _FROZEN
     metric: str = Field(description="A numeric key of the simulate result.")
     op: Literal["<=", "<", ">=", ">"] = Field(description="Comparison.")
-    value: float = Field(description="Threshold.")
+    value: float = Field(allow_inf_nan=False, description="Threshold (finite).")
 
     def violation(self, x: float) -> float:
         """Optuna's constraint value: minus the slack (<= 0) when met, the shortfall (> 0) if not."""
@@ -90,6 +90,17 @@ class Sampler(BaseModel):
                                   "takes over.")
     population_size: int = Field(20, ge=2, description="nsga2/nsga3: population per generation.")
 
+    @model_validator(mode="after")
+    def _check_reads(self) -> "Sampler":
+        given = self.model_fields_set
+        if "n_startup_trials" in given and self.kind not in ("tpe", "gp"):
+            raise ValueError(f"n_startup_trials: only read by the tpe and gp samplers, not "
+                             f"{self.kind}")
+        if "population_size" in given and self.kind not in ("nsga2", "nsga3"):
+            raise ValueError(f"population_size: only read by the nsga2 and nsga3 samplers, not "
+                             f"{self.kind}")
+        return self
+
 
 class Fidelity(BaseModel):
     """Screen cheaply, then re-run the best candidates at a higher fidelity."""
@@ -101,6 +112,13 @@ class Fidelity(BaseModel):
                                            "re-runs (None: no confirmation stage).")
     confirm_top_k: int = Field(5, ge=1, description="How many of the best screened "
                                "configurations (by non-dominated rank) to re-run.")
+
+    @model_validator(mode="after")
+    def _check_confirm(self) -> "Fidelity":
+        if "confirm_top_k" in self.model_fields_set and self.confirm is None:
+            raise ValueError("confirm_top_k: has no effect without confirm (no confirmation "
+                             "stage)")
+        return self
 
 
 class Execution(BaseModel):
@@ -226,6 +244,10 @@ class StudyConfig(BaseModel):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"objectives: {', '.join(twice)} is listed twice")
+        seen = [(c.metric, c.op, c.value) for c in self.constraints]
+        again = next((c for c in seen if seen.count(c) > 1), None)
+        if again:
+            raise ValueError(f"constraints: {again[0]} {again[1]} {again[2]:g} is listed twice")
         return self
 
     @property

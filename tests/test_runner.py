@@ -306,6 +306,16 @@ def test_a_configuration_proposed_again_is_not_simulated_again(ray_address, tmp_
             assert first.params == t.params and first.values == t.values
             assert t.user_attrs["metrics"] == first.user_attrs["metrics"]
             assert t.user_attrs["elapsed_s"] == 0.0
+    # The report ranks and counts each configuration once, as its first trial.
+    from dse.report import build_report
+
+    report = build_report(study.storage_url, study.name, study.objectives, study.constraints)
+    assert report.counts()["trials"] == 8 and report.counts()["repeats"] == 6
+    ranked = [c for c in report.configurations if c.rank is not None]
+    assert sorted(c.number for c in ranked) == sorted(t.number for t in simulated)
+    assert {c.number for c in report.pareto} <= {t.number for t in simulated}
+    assert not report.not_feasible
+    assert any("6 trials proposed a configuration already run" in n for n in report.notes)
 
 
 @pytest.mark.slow

@@ -509,3 +509,44 @@ def test_confirmation_overrides_that_cannot_run_are_refused_before_any_trial(tmp
     with pytest.raises(ConfigError, match="^fidelity.confirm: the base with these overrides "
                                           "cannot run .*workload.nm_prompts"):
         check_confirm(study)
+
+
+@pytest.mark.parametrize("update, message", [
+    ({"constraints": ["p99_ttft_ms <= 100", "p99_ttft_ms <= 100"]},
+     "constraints: p99_ttft_ms <= 100 is listed twice"),
+    ({"constraints": [{"metric": "p99_ttft_ms", "op": "<=", "value": float("inf")}]},
+     "constraints.0.value"),
+    ({"sampler": {"kind": "nsga2", "n_startup_trials": 5}},
+     "sampler.n_startup_trials: only read by the tpe and gp samplers, not nsga2"),
+    ({"sampler": {"kind": "random", "population_size": 5}},
+     "sampler.population_size: only read by the nsga2 and nsga3 samplers, not random"),
+    ({"fidelity": {"confirm_top_k": 2}},
+     "fidelity.confirm_top_k: has no effect without confirm"),
+])
+def test_study_settings_with_no_effect_or_twice_are_refused(update, message):
+    data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                                  "hardware": {"gpu": "A100-80GB"}},
+            "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                             "choices": [8, 16]}}},
+            "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}], **update}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_study(data)
+
+
+def test_a_space_that_does_not_apply_to_the_base_is_refused_before_any_trial():
+    from dse.search_checks import check_space_applies
+
+    data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                                  "hardware": {"gpu": "A100-80GB"},
+                                  "workload": {"num_prompts": 8}},
+            "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]}
+    moe_only = parse_study({**data, "space": {"parameters": {
+        "parallelism.enable_expert_parallel": {"type": "categorical", "choices": [True, False],
+                                               "when": "moe"}}}})
+    with pytest.raises(ConfigError, match="^space: no parameter applies to the base's model"):
+        check_space_applies(moe_only)
+    pd = parse_study({**data, "space": {"serving": ["aggregated", "disaggregated"],
+                                        "parameters": {"engine.max_num_seqs": {
+                                            "type": "categorical", "choices": [8, 16]}}}})
+    with pytest.raises(ConfigError, match="^space.serving: disaggregated serving moves KV caches"):
+        check_space_applies(pd)
