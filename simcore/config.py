@@ -3,6 +3,7 @@ validated at the edge with vLLM's own rules; bad input becomes one sentence nami
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -436,6 +437,10 @@ class MetricsConfig(BaseModel):
         for p in self.percentiles:
             if not 0 < p < 100 and p != 100:
                 raise ValueError(f"percentiles: {p} is not in (0, 100]")
+        for name, ms in (self.goodput or {}).items():
+            if not 0 < ms < math.inf:
+                raise ValueError(f"goodput.{name}: must be a positive, finite number of "
+                                 f"milliseconds (got {ms})")
         return self
 
 

@@ -215,6 +215,10 @@ def test_a_ramp_of_nan_requests_a_second_is_refused():
     ({"compute.roofline.step_overhead_s": 0.1},
      "compute.roofline.step_overhead_s: only used with host.model constant"),
     ({"router.balance_threshold": 0}, "router.balance_threshold: only read by policy prefix_affinity"),
+    ({"workload.request_rate": "inf", "workload.burstiness": 0.5},
+     "workload.burstiness: has no effect when every request is sent at once"),
+    ({"metrics.goodput": {"ttft": float("nan")}},
+     "goodput.ttft: must be a positive, finite number of milliseconds"),
     ({"router.policy": "round_robin", "router.periodic_infra_update_time_s": 10},
      "periodic_infra_update_time_s: round_robin reads no load reports"),
 ])
