@@ -92,11 +92,14 @@ class Sampler(BaseModel):
 
     @model_validator(mode="after")
     def _check_reads(self) -> "Sampler":
-        given = self.model_fields_set
-        if "n_startup_trials" in given and self.kind not in ("tpe", "gp"):
+        # Against the defaults, not the fields given: a study written out whole reads back.
+        default = Sampler.model_fields
+        if (self.n_startup_trials != default["n_startup_trials"].default
+                and self.kind not in ("tpe", "gp")):
             raise ValueError(f"n_startup_trials: only read by the tpe and gp samplers, not "
                              f"{self.kind}")
-        if "population_size" in given and self.kind not in ("nsga2", "nsga3"):
+        if (self.population_size != default["population_size"].default
+                and self.kind not in ("nsga2", "nsga3")):
             raise ValueError(f"population_size: only read by the nsga2 and nsga3 samplers, not "
                              f"{self.kind}")
         return self
@@ -115,7 +118,8 @@ class Fidelity(BaseModel):
 
     @model_validator(mode="after")
     def _check_confirm(self) -> "Fidelity":
-        if "confirm_top_k" in self.model_fields_set and self.confirm is None:
+        if (self.confirm_top_k != Fidelity.model_fields["confirm_top_k"].default
+                and self.confirm is None):
             raise ValueError("confirm_top_k: has no effect without confirm (no confirmation "
                              "stage)")
         return self

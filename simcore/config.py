@@ -405,11 +405,16 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_policy_reads(self) -> "RouterConfig":
-        given = self.model_fields_set
-        if "balance_threshold" in given and self.policy != "prefix_affinity":
+        # Against the defaults, not the fields given: a config written out whole (every field,
+        # defaults included) reads back.
+        default = RouterConfig.model_fields
+        if (self.balance_threshold != default["balance_threshold"].default
+                and self.policy != "prefix_affinity"):
             raise ValueError(f"balance_threshold: only read by policy prefix_affinity, not "
                              f"{self.policy}")
-        if "periodic_infra_update_time_s" in given and self.policy == "round_robin":
+        if (self.periodic_infra_update_time_s
+                != default["periodic_infra_update_time_s"].default
+                and self.policy == "round_robin"):
             raise ValueError("periodic_infra_update_time_s: round_robin reads no load reports")
         return self
 
@@ -606,7 +611,8 @@ class SimConfig(BaseModel):
         if self.host.chat_template_parse != "cached" and not chat:
             raise ValueError("host.chat_template_parse: per_request has no effect on "
                              "completions requests; set workload.endpoint: chat_completions")
-        if self.host.model == "vllm" and "step_overhead_s" in self.compute.roofline.model_fields_set:
+        if self.host.model == "vllm" and (self.compute.roofline.step_overhead_s
+                                          != RooflineAssumptions().step_overhead_s):
             raise ValueError("compute.roofline.step_overhead_s: only used with host.model "
                              "constant; host.model vllm times the CPU side from vLLM's measured "
                              "costs (host section)")

@@ -150,16 +150,18 @@ class HostConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "HostConfig":
-        given = self.model_fields_set
+        # Against the defaults, not the fields given: a config written out whole reads back.
+        default = {f: HostConfig.model_fields[f].default for f in ("cpu_costs", "host_speed",
+                                                                   *FITTED_KEYS)}
         if self.model == "constant":
-            unread = [f for f in ("cpu_costs", "host_speed", *FITTED_KEYS) if f in given]
+            unread = [f for f, d in default.items() if getattr(self, f) != d]
             if unread:
                 raise ValueError(f"{unread[0]}: has no effect with model: constant, which "
                                  "takes only compute.roofline.step_overhead_s per step (use "
                                  "model: vllm)")
         if self.entrypoint == "offline":
             unread = [f for f in ("api_server_per_token_s", "request_overhead_s",
-                                  "api_server_per_request_s") if f in given]
+                                  "api_server_per_request_s") if getattr(self, f) is not None]
             if unread:
                 raise ValueError(f"{unread[0]}: has no effect with entrypoint: offline, which "
                                  "has no API server")

@@ -333,3 +333,17 @@ def test_without_chunked_prefill_the_default_budget_covers_max_model_len():
     assert default_batch_limits(80 * 2**30, "H100-SXM", False, 4096) == (1024, 8192)
     assert default_batch_limits(80 * 2**30, "A100-80GB", True, 4096) == (256, 2048)
     assert default_batch_limits(69 * 2**30, "H100-SXM", True, 4096) == (256, 2048)
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.parametrize("path", sorted([*EXAMPLES.glob("*.yaml"),
+                                         *(EXAMPLES / "cluster").glob("*.yaml")]),
+                         ids=lambda p: p.name)
+def test_a_config_written_out_whole_reads_back(path):
+    # Every field, defaults included, as a tool writing a resolved config out would: the checks
+    # of settings with no effect compare with the defaults, so this reads back the same.
+    cfg = load_config(path)
+    again = parse_config(cfg.model_dump(mode="json", exclude={"base_dir"}), base_dir=path.parent)
+    assert again == cfg

@@ -388,7 +388,7 @@ class WorkloadConfig(_Frozen):
                 self.request_rate != math.inf or self.ramp_up_strategy is not None):
             raise ValueError("request_rate and ramp_up_strategy have no effect while the trace's "
                              "timestamps are used; set dataset.use_timestamps: false to use them")
-        if "burstiness" in self.model_fields_set and self.ramp_up_strategy is None and (
+        if self.burstiness != 1.0 and self.ramp_up_strategy is None and (
                 self.request_rate == math.inf
                 or (isinstance(ds, TIMED_TRACES) and ds.use_timestamps)):
             raise ValueError("burstiness: has no effect when every request is sent at once "
