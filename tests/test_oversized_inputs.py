@@ -196,6 +196,15 @@ def test_settings_past_what_a_run_holds_name_their_field(path, value, message):
         parse_config(_config(**{path: value}))
 
 
+def test_a_trace_time_scale_without_its_timestamps_is_refused():
+    trace = {"kind": "mooncake", "path": str(Path(__file__).parent.parent / "examples" / "data"
+                                             / "mooncake_head.jsonl"),
+             "use_timestamps": False, "time_scale": 0.5}
+    with pytest.raises(ConfigError, match="workload: dataset.time_scale: has no effect with "
+                                          "dataset.use_timestamps false"):
+        parse_config(_config(**{"workload.dataset": trace}))
+
+
 def test_a_ramp_of_nan_requests_a_second_is_refused():
     with pytest.raises(ConfigError, match="ramp_up_start_rps and ramp_up_end_rps must be "
                                           "positive and finite"):

@@ -388,6 +388,9 @@ class WorkloadConfig(_Frozen):
                 self.request_rate != math.inf or self.ramp_up_strategy is not None):
             raise ValueError("request_rate and ramp_up_strategy have no effect while the trace's "
                              "timestamps are used; set dataset.use_timestamps: false to use them")
+        if isinstance(ds, TIMED_TRACES) and not ds.use_timestamps and ds.time_scale != 1.0:
+            raise ValueError("dataset.time_scale: has no effect with dataset.use_timestamps "
+                             "false (the send times come from request_rate)")
         if self.burstiness != 1.0 and self.ramp_up_strategy is None and (
                 self.request_rate == math.inf
                 or (isinstance(ds, TIMED_TRACES) and ds.use_timestamps)):
