@@ -121,8 +121,9 @@ def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
 
 
 def check_outputs(study: StudyConfig) -> None:
-    """Refuse a storage file or report folder that cannot be written, before anything runs."""
-    check_storage_writable(study.storage_url)
+    """Refuse a report folder or storage file that cannot be written, before anything runs: the
+    folder first, which holds the storage unless the study names one."""
     problem = write_problem(study.report_dir, folder=True)
     if problem:
         raise ConfigError(f"report.dir: cannot write the report to {study.report_dir}: {problem}")
+    check_storage_writable(study.storage_url)

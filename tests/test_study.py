@@ -550,3 +550,20 @@ def test_a_space_that_does_not_apply_to_the_base_is_refused_before_any_trial():
                                             "type": "categorical", "choices": [8, 16]}}}})
     with pytest.raises(ConfigError, match="^space.serving: disaggregated serving moves KV caches"):
         check_space_applies(pd)
+
+
+def test_a_report_dir_that_is_a_file_is_named_as_such(tmp_path):
+    from dse.search_checks import check_outputs
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    study = parse_study({
+        "name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                              "hardware": {"gpu": "A100-80GB"}, "workload": {"num_prompts": 8}},
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                         "choices": [8, 16]}}},
+        "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}],
+        "report": {"dir": str(afile)}})
+    # The storage lives in the report folder by default: the folder is what to fix.
+    with pytest.raises(ConfigError, match=f"^report.dir: cannot write the report to {afile}"):
+        check_outputs(study)
