@@ -85,6 +85,11 @@ def available_memory_bytes() -> int | None:
     return max(min(found), 0) if found else None
 
 
+MAX_OUTPUT_TOKENS = 10_000_000
+"""More output tokens a request than any model's context window (the longest are a few million
+tokens): a run refused for its memory at such lengths is refused for the lengths."""
+
+
 def check_fits(cfg: SimConfig, available_bytes: int | None) -> None:
     """Refuse, naming workload.num_prompts, a run whose estimated memory exceeds
     `available_bytes` (None: unknown, nothing is refused)."""
@@ -92,6 +97,12 @@ def check_fits(cfg: SimConfig, available_bytes: int | None) -> None:
     if need is None or available_bytes is None or need <= available_bytes:
         return
     tokens, known = output_tokens_per_request(cfg)
+    if known and tokens > MAX_OUTPUT_TOKENS:
+        # Fewer requests would not help: each one's output is past any model's context.
+        raise ConfigError(
+            f"workload.dataset: {tokens:,.0f} output tokens a request are past any model's "
+            f"context ({MAX_OUTPUT_TOKENS:,} tokens) and would need {need / GIB:,.1f} GiB to "
+            f"simulate; lower the dataset's output length")
     per_request = REQUEST_BYTES + OUTPUT_TOKEN_BYTES * tokens
     each = (f"{per_request:,.0f} bytes a request with {tokens:g} output tokens each" if known
             else f"at least {per_request:,.0f} bytes a request")

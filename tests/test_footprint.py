@@ -55,6 +55,14 @@ def test_check_fits_refuses_only_what_exceeds_the_memory():
     assert str(e.value).startswith("workload.num_prompts: 10,000,000 requests need about ")
 
 
+def test_output_past_any_context_is_blamed_on_the_lengths_not_the_request_count():
+    cfg = config(num_prompts=100, dataset={"kind": "random", "input_len": 128,
+                                           "output_len": 10**12})
+    with pytest.raises(ConfigError, match=r"^workload.dataset: 1,000,000,000,000 output tokens "
+                                          r"a request are past any model's context"):
+        check_fits(cfg, 2**34)
+
+
 def test_available_memory_is_read_on_this_machine():
     have = available_memory_bytes()
     assert have is None or 0 < have < 2**50
