@@ -292,6 +292,11 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
         result.provenance["assumptions"].append(_widened_line(
             "router.periodic_infra_update_time_s", cfg.router.periodic_infra_update_time_s,
             report_s, specs, "reports the engines' loads to the router"))
+    if run.num_routed_engines <= 1 and cfg.router != type(cfg.router)():
+        # Said, not refused: a study may search the router beside DP, and its DP-1 trials run.
+        result.provenance["assumptions"].append(
+            f"router: one engine takes every request, so no router chooses; the router "
+            f"section (policy {cfg.router.policy}) has no effect on this run")
     if roles:
         result = with_roles(result, cfg, roles)
     return result

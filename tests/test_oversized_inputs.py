@@ -261,3 +261,16 @@ def test_a_negative_intermediate_size_is_refused():
 
     with pytest.raises(ConfigError, match="intermediate_size must not be negative"):
         replace(load_preset("meta-llama/Llama-3.1-8B"), intermediate_size=-100_000)
+
+
+def test_a_router_in_front_of_one_engine_is_said_to_have_no_effect():
+    import simcore.simulate as sim
+
+    one = sim.simulate(parse_config(_config(**{"router.policy": "prefix_affinity"})))
+    assert any(a.startswith("router: one engine takes every request") and "prefix_affinity" in a
+               for a in one["provenance"]["assumptions"])
+    two = sim.simulate(parse_config(_config(**{"router.policy": "prefix_affinity",
+                                               "parallelism.data_parallel_size": 2})))
+    assert not any(a.startswith("router:") for a in two["provenance"]["assumptions"])
+    plain = sim.simulate(parse_config(_config()))
+    assert not any(a.startswith("router:") for a in plain["provenance"]["assumptions"])
