@@ -299,8 +299,10 @@ class EngineConfig(BaseModel):
                                             "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS); false "
                                             "for earlier releases, which captured the graphs "
                                             "after allocating the KV cache.")
-    num_gpu_blocks_override: int | None = Field(None, ge=2, description="Use this many KV blocks "
-                                                "instead of the memory-derived number.")
+    num_gpu_blocks_override: int | None = Field(None, ge=2, le=1 << 27, description="Use this "
+                                                "many KV blocks instead of the memory-derived "
+                                                "number (at most 2^27: each takes about 14 "
+                                                "bytes of the simulator's memory).")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps.")
     enable_prefix_caching: bool = Field(True, description="Reuse cached full KV blocks across "
                                         "requests with a common prefix.")

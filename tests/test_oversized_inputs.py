@@ -190,6 +190,8 @@ def test_intervals_finer_than_a_millisecond_are_refused(path, field):
     ("host.request_overhead_s", 1e12, "host.request_overhead_s: must be at most 60"),
     ("host.api_server_count", 10**12, "host.api_server_count: must be at most 1024"),
     ("host.cpu_costs", "bogus", "host.cpu_costs: no measured CPU costs 'bogus'"),
+    ("engine.num_gpu_blocks_override", 10**12,
+     "engine.num_gpu_blocks_override: must be at most 134217728"),
 ])
 def test_settings_past_what_a_run_holds_name_their_field(path, value, message):
     with pytest.raises(ConfigError, match=message):
