@@ -251,6 +251,15 @@ def _progress_bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
                 file=sys.stderr, dynamic_ncols=True)
 
 
+def off_grid(study: StudyConfig, values: dict[str, Any]) -> str | None:
+    """Why the baseline `values` are not a point of the study's grid (the first value not among
+    its parameter's grid values), or None when they are."""
+    grid = study.space.grid(study.base)
+    off = next((k for k, v in values.items() if k in grid and v not in grid[k]), None)
+    return (None if off is None
+            else f"{off} = {values[off]!r} is not a point of the grid ({grid[off]})")
+
+
 @contextmanager
 def _sole_search(study: StudyConfig):
     """Hold the study's lock for the search (a hidden file beside a sqlite or journal storage,
@@ -322,6 +331,10 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
         trials = st.get_trials(deepcopy=False)
         if not trials and study.baseline:
             values, why = baseline_values(study.base, study.space)
+            if values is not None and study.sampler.kind == "grid":
+                off = off_grid(study, values)
+                if off is not None:     # it would take a trial of the grid's budget
+                    values, why = None, off
             if values is None:
                 notes.append(f"baseline not enqueued: {why}")
             else:

@@ -203,11 +203,12 @@ class SearchSpace(BaseModel):
                 out[path] = list(p.choices)
             elif isinstance(p, IntParam):
                 if p.log:
+                    # Doublings from low, and high itself where they stop short of it.
                     vals, v = [], p.low
                     while v <= p.high:
                         vals.append(v)
                         v *= 2
-                    out[path] = vals
+                    out[path] = vals + ([p.high] if vals[-1] != p.high else [])
                 else:
                     out[path] = list(range(p.low, p.high + 1, p.step))
             else:

@@ -257,6 +257,22 @@ def test_grid_values():
     assert grid["engine.max_num_batched_tokens"] == [1024, 2048, 3072, 4096]
     assert grid["engine.gpu_memory_utilization"] == pytest.approx([0.8, 0.85, 0.9])
     assert grid["router.policy"] == ["round_robin", "least_outstanding"]
+    # A log grid whose doublings stop short of its high ends at the high.
+    short = SearchSpace.model_validate({"parameters": params(
+        engine__max_num_seqs={"type": "int", "low": 10, "high": 200, "log": True})})
+    assert short.grid(good_study()["base"])["engine.max_num_seqs"] == [10, 20, 40, 80, 160, 200]
+
+
+def test_a_baseline_off_the_grid_is_not_queued_under_the_grid_sampler():
+    from dse.runner import off_grid
+
+    data = {**good_study(), "sampler": {"kind": "grid"},
+            "space": {"parameters": params(
+                engine__max_num_seqs={"type": "int", "low": 10, "high": 200, "log": True})}}
+    study = parse_study(data)
+    assert off_grid(study, {"engine.max_num_seqs": 40}) is None
+    assert off_grid(study, {"engine.max_num_seqs": 100}) == (
+        "engine.max_num_seqs = 100 is not a point of the grid ([10, 20, 40, 80, 160, 200])")
 
 
 # -- paths relative to the study file ------------------------------------------------------------
