@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dse.space import SearchSpace, load_space
 from simcore import metric_catalog
 from simcore.config import parse_config
-from simcore.errors import ConfigError, format_validation_error
+from simcore.errors import ConfigError, away_from_default, format_validation_error
 from simcore.loading import load_yaml
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
@@ -92,14 +92,10 @@ class Sampler(BaseModel):
 
     @model_validator(mode="after")
     def _check_reads(self) -> "Sampler":
-        # Against the defaults, not the fields given: a study written out whole reads back.
-        default = Sampler.model_fields
-        if (self.n_startup_trials != default["n_startup_trials"].default
-                and self.kind not in ("tpe", "gp")):
+        if away_from_default(self, "n_startup_trials") and self.kind not in ("tpe", "gp"):
             raise ValueError(f"n_startup_trials: only read by the tpe and gp samplers, not "
                              f"{self.kind}")
-        if (self.population_size != default["population_size"].default
-                and self.kind not in ("nsga2", "nsga3")):
+        if away_from_default(self, "population_size") and self.kind not in ("nsga2", "nsga3"):
             raise ValueError(f"population_size: only read by the nsga2 and nsga3 samplers, not "
                              f"{self.kind}")
         return self
@@ -118,8 +114,7 @@ class Fidelity(BaseModel):
 
     @model_validator(mode="after")
     def _check_confirm(self) -> "Fidelity":
-        if (self.confirm_top_k != Fidelity.model_fields["confirm_top_k"].default
-                and self.confirm is None):
+        if away_from_default(self, "confirm_top_k") and self.confirm is None:
             raise ValueError("confirm_top_k: has no effect without confirm (no confirmation "
                              "stage)")
         return self

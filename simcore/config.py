@@ -12,7 +12,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
-from simcore.errors import NOT_MODELLED, ConfigError, format_validation_error
+from simcore.errors import NOT_MODELLED, ConfigError, away_from_default, format_validation_error
 from simcore.host import HostConfig
 from simcore.hardware import HardwareConfig, get_gpu
 from simcore.loading import load_yaml
@@ -407,16 +407,11 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_policy_reads(self) -> "RouterConfig":
-        # Against the defaults, not the fields given: a config written out whole (every field,
-        # defaults included) reads back.
-        default = RouterConfig.model_fields
-        if (self.balance_threshold != default["balance_threshold"].default
-                and self.policy != "prefix_affinity"):
+        if away_from_default(self, "balance_threshold") and self.policy != "prefix_affinity":
             raise ValueError(f"balance_threshold: only read by policy prefix_affinity, not "
                              f"{self.policy}")
-        if (self.periodic_infra_update_time_s
-                != default["periodic_infra_update_time_s"].default
-                and self.policy == "round_robin"):
+        if away_from_default(self, "periodic_infra_update_time_s") and (
+                self.policy == "round_robin"):
             raise ValueError("periodic_infra_update_time_s: round_robin reads no load reports")
         return self
 
@@ -613,8 +608,8 @@ class SimConfig(BaseModel):
         if self.host.chat_template_parse != "cached" and not chat:
             raise ValueError("host.chat_template_parse: per_request has no effect on "
                              "completions requests; set workload.endpoint: chat_completions")
-        if self.host.model == "vllm" and (self.compute.roofline.step_overhead_s
-                                          != RooflineAssumptions().step_overhead_s):
+        if self.host.model == "vllm" and away_from_default(self.compute.roofline,
+                                                           "step_overhead_s"):
             raise ValueError("compute.roofline.step_overhead_s: only used with host.model "
                              "constant; host.model vllm times the CPU side from vLLM's measured "
                              "costs (host section)")

@@ -56,6 +56,15 @@ def show(value: Any) -> str:
     return text if len(text) <= _MAX_SHOWN_CHARS else text[:_MAX_SHOWN_CHARS - 3] + "..."
 
 
+def away_from_default(model: BaseModel, *names: str) -> list[str]:
+    """The fields of `names` whose values in `model` differ from their defaults: the settings a
+    check of settings with no effect refuses. Against the defaults, not the fields given, so
+    that a config written out whole (every field, defaults included) reads back."""
+    fields = type(model).model_fields
+    return [n for n in names
+            if getattr(model, n) != fields[n].get_default(call_default_factory=True)]
+
+
 def format_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:
     """The first error of `err` as one sentence, "PATH: what was wrong"; `model` (the class that
     was validated) lets the path drop the tags of discriminated unions and place unknown keys."""

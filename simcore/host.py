@@ -61,11 +61,12 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, away_from_default
 from simcore.reference_data import DATA_DIR
 
 CPU_COSTS_DIR = DATA_DIR / "cpu_costs"
@@ -143,18 +144,13 @@ class HostConfig(BaseModel):
     @field_validator("cpu_costs")
     @classmethod
     def _shipped_costs(cls, name: str) -> str:
-        if not (CPU_COSTS_DIR / f"{name}.json").is_file():
-            known = sorted(p.stem for p in CPU_COSTS_DIR.glob("vllm-*.json"))
-            raise ValueError(f"no measured CPU costs {name!r} (shipped: {', '.join(known)})")
+        _cpu_costs_path(name)
         return name
 
     @model_validator(mode="after")
     def _check(self) -> "HostConfig":
-        # Against the defaults, not the fields given: a config written out whole reads back.
-        default = {f: HostConfig.model_fields[f].default for f in ("cpu_costs", "host_speed",
-                                                                   *FITTED_KEYS)}
         if self.model == "constant":
-            unread = [f for f, d in default.items() if getattr(self, f) != d]
+            unread = away_from_default(self, "cpu_costs", "host_speed", *FITTED_KEYS)
             if unread:
                 raise ValueError(f"{unread[0]}: has no effect with model: constant, which "
                                  "takes only compute.roofline.step_overhead_s per step (use "
@@ -177,13 +173,22 @@ class HostConfig(BaseModel):
         return self
 
 
-@lru_cache(maxsize=4)
-def _cpu_costs(name: str) -> dict:
+def _cpu_costs_path(name: str) -> Path:
+    """The shipped file of measured CPU costs `name`; ValueError naming the shipped ones when
+    there is none (a ConfigError, naming host.cpu_costs, where the field is checked)."""
     path = CPU_COSTS_DIR / f"{name}.json"
     if not path.is_file():
         known = sorted(p.stem for p in CPU_COSTS_DIR.glob("vllm-*.json"))
-        raise ConfigError(f"host.cpu_costs: no measured CPU costs {name!r} (shipped: "
-                          f"{', '.join(known)})")
+        raise ValueError(f"no measured CPU costs {name!r} (shipped: {', '.join(known)})")
+    return path
+
+
+@lru_cache(maxsize=4)
+def _cpu_costs(name: str) -> dict:
+    try:
+        path = _cpu_costs_path(name)
+    except ValueError as err:
+        raise ConfigError(f"host.cpu_costs: {err}") from None
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -167,7 +167,8 @@ class RooflineAssumptions(BaseModel):
         0.8, gt=0, le=1,
         description="Achieved fraction of the intra-node interconnect bandwidth in collectives.")
     collective_hop_latency_s: float = Field(
-        1.5e-6, ge=0, le=1e-2, description="Per-hop latency alpha of ring collectives and PP sends, s.")
+        1.5e-6, ge=0, le=1e-2,
+        description="Per-hop latency alpha of ring collectives and PP sends, s.")
     min_kernel_s: float = Field(
         3e-6, ge=0, le=1e-2,
         description="Shortest duration of a GPU kernel inside a CUDA graph, s (small kernels "
@@ -191,8 +192,8 @@ class RooflineAssumptions(BaseModel):
         description="Per-GPU network bandwidth for PP hops and the expert-parallel all-to-all "
                     "between nodes, bytes/s (400 Gb/s NIC).")
     inter_node_latency_s: float = Field(
-        5e-6, ge=0, le=1.0, description="Latency of one PP hop, or of one all-to-all phase, between "
-                                "nodes, s.")
+        5e-6, ge=0, le=1.0,
+        description="Latency of one PP hop, or of one all-to-all phase, between nodes, s.")
     relative_uncertainty: float = Field(
         0.35, gt=0, lt=1,
         description="Declared symmetric bound on the relative error of a step time, a fraction "

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simcore.errors import away_from_default
+
 DEFAULT_NUM_PROMPTS = 1000
 """vLLM's `--num-prompts` default, used by the datasets that are sampled rather than replayed."""
 
@@ -391,7 +393,7 @@ class WorkloadConfig(_Frozen):
         if isinstance(ds, TIMED_TRACES) and not ds.use_timestamps and ds.time_scale != 1.0:
             raise ValueError("dataset.time_scale: has no effect with dataset.use_timestamps "
                              "false (the send times come from request_rate)")
-        if self.burstiness != 1.0 and self.ramp_up_strategy is None and (
+        if away_from_default(self, "burstiness") and self.ramp_up_strategy is None and (
                 self.request_rate == math.inf
                 or (isinstance(ds, TIMED_TRACES) and ds.use_timestamps)):
             raise ValueError("burstiness: has no effect when every request is sent at once "
