@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from dse.study import Constraint
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
+from simcore.workload.config import SESSION_DATASETS
 
 DEFAULT_SLOS = ("p99_ttft_ms <= 1000", "p99_tpot_ms <= 50")
 """The SLOs capacity is measured against when none are given."""
@@ -160,10 +161,10 @@ def _check_workload(cfg: SimConfig) -> None:
     if w.ramp_up_strategy is not None:
         raise ConfigError("workload.ramp_up_strategy: capacity varies the request rate itself; "
                           "remove the ramp-up")
-    if getattr(w.dataset, "kind", None) == "sessions":
-        raise ConfigError("workload.dataset: sessions: the request rate is the rate sessions "
-                          "start, and each turn waits for the reply before it, so the rate of "
-                          "requests is not capacity's to set; use a single-turn dataset")
+    if isinstance(w.dataset, SESSION_DATASETS):
+        raise ConfigError(f"workload.dataset: {w.dataset.kind}: the request rate is the rate "
+                          "sessions start, and each turn waits for the reply before it, so the "
+                          "rate of requests is not capacity's to set; use a single-turn dataset")
     if getattr(w.dataset, "use_timestamps", False):
         raise ConfigError("workload.dataset.use_timestamps: a trace's own timestamps fix its "
                           "rate; set it to false to find the capacity for the trace's "

@@ -83,6 +83,12 @@ def test_a_workload_of_sessions_is_refused():
     cfg = load_config(QUICKSTART.parent / "multi_turn_chat.yaml")
     with pytest.raises(ConfigError, match="^workload.dataset: sessions"):
         fewest_gpus(cfg, 2.0, SLOS)
+    # Agentic sessions alike.
+    agent = cfg.with_section("workload", dataset=parse_config({
+        **cfg.model_dump(mode="json", exclude={"base_dir"}),
+        "workload": {"dataset": {"kind": "agent_sessions", "num_sessions": 4}}}).workload.dataset)
+    with pytest.raises(ConfigError, match="^workload.dataset: agent_sessions: the request rate"):
+        fewest_gpus(agent, 2.0, SLOS)
 
 
 def test_a_layout_is_one_replica_whatever_the_config_replicates():
