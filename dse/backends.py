@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -46,6 +47,34 @@ def storage_file(url: str) -> Path | None:
             path = url[len(scheme):]
             return Path(path) if path and path != ":memory:" else None
     return None
+
+
+@contextmanager
+def sole_search(url: str, name: str):
+    """Hold study `name`'s lock for a search (a hidden file beside a sqlite or journal storage
+    `url`, one per study name): a second `dse search` of the same study while one runs would
+    mark the first one's running trials interrupted and queue them again, and the first would
+    then fail to record them. ConfigError when it is held."""
+    import fcntl
+
+    path = storage_file(url)
+    if path is None:                 # a database server: it keeps its own transactions
+        yield
+        return
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    lock = path.parent / f".{path.name}.{digest}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"study {name!r} in {path} is being searched by another "
+                              "dse search; wait for it to end (or stop it), then run this "
+                              "again") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def check_storage_writable(url: str) -> None:

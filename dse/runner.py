@@ -19,7 +19,6 @@ seed alone would start its random stream from the beginning.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import math
@@ -28,7 +27,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna, storage_file
+from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna, sole_search
 from dse.batched_storage import BatchedStorage
 from dse.driver import StageDriver, interrupt_trials, is_interrupted
 from dse.evaluate import EvalSpec, baseline_values, check_metric_names, clip
@@ -260,34 +259,6 @@ def off_grid(study: StudyConfig, values: dict[str, Any]) -> str | None:
             else f"{off} = {values[off]!r} is not a point of the grid ({grid[off]})")
 
 
-@contextmanager
-def _sole_search(study: StudyConfig):
-    """Hold the study's lock for the search (a hidden file beside a sqlite or journal storage,
-    one per study name): a second `dse search` of the same study while one runs would mark the
-    first one's running trials interrupted and queue them again, and the first would then fail
-    to record them. ConfigError when it is held."""
-    import fcntl
-
-    path = storage_file(study.storage_url)
-    if path is None:                 # a database server: it keeps its own transactions
-        yield
-        return
-    digest = hashlib.sha256(study.name.encode()).hexdigest()[:12]
-    lock = path.parent / f".{path.name}.{digest}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise ConfigError(f"study {study.name!r} in {path} is being searched by another "
-                              "dse search; wait for it to end (or stop it), then run this "
-                              "again") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
                ) -> SearchOutcome:
     """Search the study's space and leave every trial in its storage; returns the counts.
@@ -323,7 +294,7 @@ def run_search(study: StudyConfig, *, progress: bool = True, resume: bool = True
         check_metric_names(spec, base_metric_names(study))
         stage = dict(study=study, spec=spec, pool=pool, deadline=deadline, progress=progress,
                      shipment=ship)
-        cleanup.enter_context(_sole_search(study))      # checked; the storage is opened now
+        cleanup.enter_context(sole_search(url, study.name))   # checked; the storage opens now
         storage = BatchedStorage(open_storage(url))
         st = _open_study(storage, study.name, study, sampler, "screen", resume, url)
         interrupt_trials(st, storage, st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),

@@ -855,15 +855,15 @@ def test_workers_default_to_the_cpus_this_process_may_use_and_ray_starts_once(mo
 
 
 def test_a_second_search_of_a_study_being_searched_is_refused(tmp_path):
-    from dse.runner import _sole_search
+    from dse.backends import sole_search
 
     study = tiny(tmp_path)
-    with _sole_search(study):
+    with sole_search(study.storage_url, study.name):
         with pytest.raises(ConfigError, match=r"study 'tiny' in .*tiny.db is being searched by "
                                               r"another dse search"):
             run_search(study, progress=False)
         # Another study of the same storage is not held.
-        with _sole_search(study.model_copy(update={"name": "other"})):
+        with sole_search(study.storage_url, "other"):
             pass
-    with _sole_search(study):       # released at the end
+    with sole_search(study.storage_url, study.name):       # released at the end
         pass
