@@ -49,6 +49,7 @@ from simcore.model.presets import load_preset  # noqa: E402
 GRIDS = {
     "compute_bound_scale": [1.0, 1.05, 1.1, 1.15, 1.2, 1.25],
     "collective_skew_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5],
+    "graphless_collective_scale": [1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0],
     "model_runner_step_s": [0.0, 2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3],
     "model_runner_per_seq_s": [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.2e-4, 1.8e-4, 2.5e-4],
     "api_server_per_token_s": [0.0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5],
@@ -57,7 +58,8 @@ GRIDS = {
 }
 
 BOUNDS = {"api_server_per_token_s": 6e-5, "request_overhead_s": 0.015,
-          "api_server_per_request_s": 7e-3, "compute_bound_scale": 1.25}
+          "api_server_per_request_s": 7e-3, "compute_bound_scale": 1.25,
+          "graphless_collective_scale": 4.0}
 """Upper bounds from a published measurement of a whole vLLM server, so that the fit cannot
 give the API server costs no real one has: Llama-3.1-8B on H100 under ShareGPT at 200 req/s
 offered served 129.9 req/s on 1.71 replicas on average (about 76 req/s, some 15,000 output
@@ -77,17 +79,20 @@ clock under serving load against the boost clock the kernel databases measured a
 limit an A100 sustains 1,305 of its 1,410 MHz (the clock NVIDIA took for its HPL peak; G. Lockwood,
 "Peak FLOPS", glennklockwood.com/garden/peak-FLOPS), and an H100 PCIe under sustained GEMM load
 was seen averaging 1,384 of its 1,755 MHz boost (0.79; reanimator/bee, benchmark clock
-calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest ratio."""
+calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest ratio. The graphless steps' collective scale is held
+to the range `compute.graphless_collective_scale` accepts."""
 
 
-FLOORS = {"compute_bound_scale": 1.0}
-"""Lower bounds: a sustained clock is never above the boost clock."""
+FLOORS = {"compute_bound_scale": 1.0, "graphless_collective_scale": 1.0}
+"""Lower bounds: a sustained clock is never above the boost clock; a collective in a step is
+never faster than measured alone."""
 REQUEST_PATH_BOUND = 0.015
 """request_overhead_s + api_server_per_request_s, at most (see `BOUNDS`)."""
 PATH_KEYS = ("request_overhead_s", "api_server_per_request_s")
 
 
-UNITS = [("compute_bound_scale",), ("collective_skew_s",), ("model_runner_step_s",),
+UNITS = [("compute_bound_scale",), ("collective_skew_s",), ("graphless_collective_scale",),
+         ("model_runner_step_s",),
          ("model_runner_per_seq_s",), ("api_server_per_token_s",), PATH_KEYS]
 """The coordinates of the descent: one parameter each, but for the request path's two, searched
 together (their sum is bounded)."""
@@ -136,8 +141,10 @@ def _residuals(args):
     compute = dict(case.config.get("compute", {}))
     compute["compute_bound_scale"] = params.pop("compute_bound_scale", 1.0)
     skew = params.pop("collective_skew_s", 0.0)
+    graphless = params.pop("graphless_collective_scale", 1.0)
     if case.config.get("parallelism", {}).get("tensor_parallel_size", 1) > 1:
         compute["collective_skew_s"] = skew       # refused at TP 1: no all-reduce to wait at
+        compute["graphless_collective_scale"] = graphless
     if routing and routing[0]:
         compute["moe_routing"] = routing[0]
     if (case.config.get("host") or {}).get("entrypoint") == "offline":
@@ -216,7 +223,7 @@ def descend(cases, pool, log=print) -> tuple[dict, float]:
     """The parameters of least `objective` over `cases`, by coordinate descent from zero (the
     scale from 1): two rounds over each unit's grid, then a round refining around the best."""
     params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0,
-              "collective_skew_s": 0.0}
+              "collective_skew_s": 0.0, "graphless_collective_scale": 1.0}
     best = objective(cases, params, pool)
     log(f"start {best:.4f}")
     for rnd in range(3):

@@ -489,6 +489,14 @@ class ComputeConfig(BaseModel):
         "started together, does not hold it. Default: the value fitted on the fit part of the "
         "end-to-end validation set (simcore/data/cpu_costs/fitted.json). Only with a "
         "calibrated profile, and not on a cluster, whose fabric times the collectives.")
+    graphless_collective_scale: float | None = Field(
+        None, ge=1.0, le=4.0, description="Multiplier on the TP all-reduces' time in steps not "
+        "replayed as one full CUDA graph (prefills, mixed batches, batches past "
+        "cuda_graph_max_num_tokens: vLLM runs them as piecewise CUDA graphs with the attention "
+        "in between, launched op by op), against the collectives measured alone; decode steps "
+        "replayed as one graph keep the measured time. Default: the value fitted on the fit "
+        "part of the end-to-end validation set (simcore/data/cpu_costs/fitted.json). Only with "
+        "a calibrated profile, and not on a cluster, whose fabric times the collectives.")
 
     @model_validator(mode="after")
     def _check(self) -> "ComputeConfig":
@@ -503,7 +511,17 @@ class ComputeConfig(BaseModel):
         if self.collective_skew_s is not None and self.kind == "roofline":
             raise ValueError("collective_skew_s: only used with a calibrated profile (the "
                              "roofline's collectives are compute.roofline's)")
+        if self.graphless_collective_scale is not None and self.kind == "roofline":
+            raise ValueError("graphless_collective_scale: only used with a calibrated profile "
+                             "(the roofline's collectives are compute.roofline's)")
         return self
+
+    def resolved_graphless_collective_scale(self) -> float:
+        """`graphless_collective_scale`, or the fitted value when it is null."""
+        if self.graphless_collective_scale is not None:
+            return float(self.graphless_collective_scale)
+        from simcore.host import fitted_graphless_collective_scale
+        return fitted_graphless_collective_scale()
 
     def resolved_collective_skew_s(self) -> float:
         """`collective_skew_s`, or the fitted value when it is null."""

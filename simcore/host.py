@@ -263,6 +263,12 @@ def fitted_compute_bound_scale() -> float:
     return float(_fitted().get("parameters", {}).get("compute_bound_scale", 1.0))
 
 
+def fitted_graphless_collective_scale() -> float:
+    """The fitted `compute.graphless_collective_scale` (1 where no fit has written one): fitted
+    with the CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
+    return float(_fitted().get("parameters", {}).get("graphless_collective_scale", 1.0))
+
+
 def fitted_collective_skew_s() -> float:
     """The fitted `compute.collective_skew_s` (0 where no fit has written one): fitted with the
     CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""

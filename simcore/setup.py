@@ -227,10 +227,22 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
     if c.collective_skew_s is not None and multi_node:
         raise ConfigError("compute.collective_skew_s: a cluster's collectives are timed on its "
                           "fabric (cluster.fabric), where this has no effect; remove it")
+    if c.graphless_collective_scale is not None and kind != "calibrated":
+        raise ConfigError(f"compute.graphless_collective_scale: no kernel profile of {gpu.name} "
+                          "is shipped, so the roofline times the collectives "
+                          "(compute.roofline); remove it or name a profile in compute.profile")
+    if c.graphless_collective_scale not in (None, 1.0) and tp == 1:
+        raise ConfigError("compute.graphless_collective_scale: with tensor_parallel_size 1 a "
+                          "step has no all-reduce to scale; remove it")
+    if c.graphless_collective_scale is not None and multi_node:
+        raise ConfigError("compute.graphless_collective_scale: a cluster's collectives are "
+                          "timed on its fabric (cluster.fabric), where this has no effect; "
+                          "remove it")
     if kind == "calibrated":
         kw["compute_bound_scale"] = c.resolved_compute_bound_scale()
         if not multi_node:
             kw["collective_skew_s"] = c.resolved_collective_skew_s()
+            kw["graphless_collective_scale"] = c.resolved_graphless_collective_scale()
         from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel

@@ -11,7 +11,7 @@ from simcore.compute.base import StepShape
 from simcore.compute.roofline import expected_max_of_normals
 from simcore.config import load_config, parse_config
 from simcore.errors import ConfigError
-from simcore.host import fitted_collective_skew_s
+from simcore.host import fitted_collective_skew_s, fitted_graphless_collective_scale
 from simcore.setup import build_deployment
 
 BASE = {"model": {"name": "meta-llama/Llama-3.1-70B", "max_model_len": 4096},
@@ -95,4 +95,64 @@ def test_it_is_refused_where_it_would_have_no_effect():
     raw = cfg.model_dump(mode="json", exclude_unset=True)
     raw["compute"] = {**raw.get("compute", {}), "kind": "calibrated", "collective_skew_s": 1e-5}
     with pytest.raises(ConfigError, match=r"^compute\.collective_skew_s: a cluster"):
+        build_deployment(parse_config(raw, base_dir=cfg.base_dir))
+
+
+PREFILL = StepShape.from_requests([(2048, 0)])
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_graphless_steps_scale_their_all_reduces_and_graph_replays_keep_them(tp):
+    # The all-reduces of a step launched op by op (a prefill) take the scale; a decode step
+    # replayed as one full CUDA graph keeps the collectives' measured time, and the skew is
+    # added after the scale (a wait for the ranks, not the collective's own time).
+    one = model(tp, collective_skew_s=1e-5, graphless_collective_scale=1.0)
+    two = model(tp, collective_skew_s=1e-5, graphless_collective_scale=2.0)
+    assert not PREFILL.runs_full_graph(one.cuda_graph_max_num_tokens)
+    assert DECODE.runs_full_graph(one.cuda_graph_max_num_tokens)
+    skew = one._ar_skew_s
+    gather = one.comm_s(StepShape.from_requests([(2048, 0)])) - one._ar_meas(2048) - skew
+    assert two.comm_s(PREFILL) - gather - skew == pytest.approx(
+        2.0 * (one.comm_s(PREFILL) - gather - skew), rel=1e-9)
+    assert two.comm_s(DECODE) == one.comm_s(DECODE)
+    assert two.step_time(DECODE).total_s == one.step_time(DECODE).total_s
+    assert two.step_time(PREFILL).total_s > one.step_time(PREFILL).total_s
+    assert two.op_bounds(PREFILL) == one.op_bounds(PREFILL)           # compute is untouched
+    # A quiet run's decode timer for a batch past the graphs' capture size (launched op by op)
+    # times the step as op by op does.
+    big = one.cuda_graph_max_num_tokens + 8
+    shape = StepShape.from_requests([(1, 300)] * big)
+    assert not shape.runs_full_graph(two.cuda_graph_max_num_tokens)
+    kv = int(shape.kv_tokens_read)
+    assert two.decode_timer(big)(kv).total_s == pytest.approx(
+        two._step_time(shape).total_s, rel=1e-12)
+    assert two.decode_timer(big)(kv).total_s > one.decode_timer(big)(kv).total_s
+    assert "compute.graphless_collective_scale" in " ".join(two.assumption_lines())
+    assert "compute.graphless_collective_scale" not in " ".join(one.assumption_lines())
+
+
+def test_the_graphless_scale_defaults_to_the_fitted_value_and_is_refused_where_inert():
+    fitted = fitted_graphless_collective_scale()
+    assert 1.0 <= fitted <= 4.0
+    default, explicit = model(), model(graphless_collective_scale=fitted)
+    assert default.comm_s(PREFILL) == explicit.comm_s(PREFILL)
+    d = copy.deepcopy(BASE)
+    d["compute"] = {"kind": "roofline", "graphless_collective_scale": 1.5}
+    with pytest.raises(ConfigError, match="compute.graphless_collective_scale"):
+        parse_config(d)
+    d["compute"] = {"kind": "calibrated", "graphless_collective_scale": 0.5}
+    with pytest.raises(ConfigError, match="graphless_collective_scale"):
+        parse_config(d)
+    d["compute"] = {"kind": "calibrated", "graphless_collective_scale": 1.5}
+    d["model"] = {"name": "meta-llama/Llama-3.1-8B", "max_model_len": 4096}
+    d["parallelism"]["tensor_parallel_size"] = 1
+    with pytest.raises(ConfigError, match=r"^compute\.graphless_collective_scale: with tensor_"):
+        build_deployment(parse_config(d))
+    d["compute"]["graphless_collective_scale"] = 1.0         # no effect either way: accepted
+    build_deployment(parse_config(d))
+    cfg = load_config("examples/cluster/dense_pp_8node.yaml")
+    raw = cfg.model_dump(mode="json", exclude_unset=True)
+    raw["compute"] = {**raw.get("compute", {}), "kind": "calibrated",
+                      "graphless_collective_scale": 1.5}
+    with pytest.raises(ConfigError, match=r"^compute\.graphless_collective_scale: a cluster"):
         build_deployment(parse_config(raw, base_dir=cfg.base_dir))

@@ -228,13 +228,15 @@ class CalibratedModel(MeasuredModel):
                  kv_cache_dtype: str = "bf16", assumptions=None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
                  op_scale: dict[str, float] | None = None, host=None,
-                 compute_bound_scale: float = 1.0, collective_skew_s: float = 0.0) -> None:
+                 compute_bound_scale: float = 1.0, collective_skew_s: float = 0.0,
+                 graphless_collective_scale: float = 1.0) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
                          multi_node_tp=multi_node_tp, op_scale=op_scale, host=host,
                          compute_bound_scale=compute_bound_scale,
-                         collective_skew_s=collective_skew_s)
+                         collective_skew_s=collective_skew_s,
+                         graphless_collective_scale=graphless_collective_scale)
         self._check_gpu(profile, gpu)
         if weight_dtype not in ("bf16", "fp16"):
             raise ConfigError(f"compute.profile: {profile.profile_id} measured 16-bit GEMMs; "

@@ -310,13 +310,15 @@ class KernelModel(MeasuredModel):
                  multi_node_tp: bool = False, op_scale: dict[str, float] | None = None,
                  host=None, moe_routing: str | None = None,
                  compute_bound_scale: float = 1.0, mxfp4_moe_layout: str | None = None,
-                 collective_skew_s: float = 0.0) -> None:
+                 collective_skew_s: float = 0.0,
+                 graphless_collective_scale: float = 1.0) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
                          multi_node_tp=multi_node_tp, op_scale=op_scale, host=host,
                          compute_bound_scale=compute_bound_scale,
-                         collective_skew_s=collective_skew_s)
+                         collective_skew_s=collective_skew_s,
+                         graphless_collective_scale=graphless_collective_scale)
         self._check_gpu(profile, gpu)
         self.profile = profile
         self.moe_routing: str | None = None     # the routing of the MoE table used, if one is

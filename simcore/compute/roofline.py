@@ -233,7 +233,7 @@ class RooflineModel:
         "_pp_s_per_token", "_pp_latency_s", "_pp_hop_s_per_byte",
         "_step_overhead_s", "_eager_launch_s", "_graph_max_tokens", "op_scale", "host",
         "_linear_cache", "_cscale", "_attn_decode", "_decode_timers", "_triton_context",
-        "_ar_skew_s", "_skew_per_collective_s",
+        "_ar_skew_s", "_skew_per_collective_s", "_graphless_ar_scale",
     )
 
     def __init__(self, arch: ModelArch, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
@@ -241,7 +241,8 @@ class RooflineModel:
                  assumptions: RooflineAssumptions | None = None,
                  sequence_parallel_moe: bool = False, multi_node_tp: bool = False,
                  op_scale: dict[str, float] | None = None, host=None,
-                 compute_bound_scale: float = 1.0, collective_skew_s: float = 0.0) -> None:
+                 compute_bound_scale: float = 1.0, collective_skew_s: float = 0.0,
+                 graphless_collective_scale: float = 1.0) -> None:
         a = assumptions or RooflineAssumptions()
         arch.check_tp(tp)
         if tp > gpu.gpus_per_node and not multi_node_tp:
@@ -440,6 +441,9 @@ class RooflineModel:
         self._skew_per_collective_s = (float(collective_skew_s) * expected_max_of_normals(tp)
                                        if num_ar else 0.0)
         self._ar_skew_s = num_ar * self._skew_per_collective_s
+        # The all-reduces of a step not replayed as one full CUDA graph, against the collective
+        # measured alone (`compute.graphless_collective_scale`).
+        self._graphless_ar_scale = float(graphless_collective_scale) if num_ar else 1.0
         # Hop i (stage i to i + 1; stage s on node s // stages_per_node) leaves its node when
         # i + 1 is a multiple of stages_per_node.
         stages_per_node = max(1, gpu.gpus_per_node // tp)
@@ -502,7 +506,8 @@ class RooflineModel:
                 f"profile, +/-{self.relative_uncertainty:.0%})"]
 
     def compute_scale_lines(self) -> list[str]:
-        """The assumption lines of `compute.compute_bound_scale` where it is not 1 and of
+        """The assumption lines of `compute.compute_bound_scale` and
+        `compute.graphless_collective_scale` where they are not 1 and of
         `compute.collective_skew_s` where it adds time."""
         lines = []
         if self._cscale != 1.0:
@@ -510,6 +515,11 @@ class RooflineModel:
                          "clock under serving load against the boost clock the kernels were "
                          "measured at (compute.compute_bound_scale; by default fitted on the "
                          "end-to-end validation set's fit part)")
+        if self._graphless_ar_scale != 1.0:
+            lines.append(f"TP all-reduces x{self._graphless_ar_scale:g} in steps not replayed as "
+                         "one full CUDA graph (prefills, mixed and large batches), against the "
+                         "collectives measured alone (compute.graphless_collective_scale; by "
+                         "default fitted on the end-to-end validation set's fit part)")
         if self._ar_skew_s:
             lines.append(f"each TP all-reduce +{self._skew_per_collective_s * 1e6:.1f} us "
                          f"({self._ar_skew_s * 1e3:.2f} ms a step): the {self.tp} ranks' skew, "
@@ -788,7 +798,10 @@ class RooflineModel:
         t = shape.num_tokens
         s = shape.num_seqs
         ar = (self._ar_meas(t) if self._ar_meas is not None
-              else t * self._ar_s_per_token + self._ar_latency_s) + self._ar_skew_s
+              else t * self._ar_s_per_token + self._ar_latency_s)
+        if self._graphless_ar_scale != 1.0 and not shape.runs_full_graph(self._graph_max_tokens):
+            ar *= self._graphless_ar_scale
+        ar += self._ar_skew_s
         gather = (self._gather_meas(s) if self._gather_meas is not None and s
                   else s * self._gather_s_per_row + self._gather_latency_s)
         return (ar + gather
