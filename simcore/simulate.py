@@ -408,10 +408,17 @@ def _widened_line(setting: str, was: float, now: float, specs, what: str) -> str
 
 def check_runnable(cfg: SimConfig, specs) -> None:
     """Refuse, before anything runs, what `simulate` cannot run: a workload with no requests
-    (`specs`, its request stream), disaggregation without a cluster, an external KV tier beside
-    disaggregation, and client timeouts with KV moved over the fabric."""
+    (`specs`, its request stream), the priority policy over requests of one priority (it would
+    be FCFS), disaggregation without a cluster, an external KV tier beside disaggregation, and
+    client timeouts with KV moved over the fabric."""
     if not len(specs):
         raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
+    if cfg.engine.scheduling_policy == "priority" and not getattr(specs, "priorities_differ",
+                                                                  False):
+        raise ConfigError("engine.scheduling_policy: priority has no effect: every request of "
+                          "the workload has the same priority, so it serves them as fcfs does "
+                          "(only a custom dataset's lines carry priorities, as `priority`); "
+                          "use fcfs")
     pd = cfg.parallelism.prefill_decode
     tier = cfg.cluster.kv_tier if cfg.cluster is not None else None
     if pd is not None and cfg.cluster is None:

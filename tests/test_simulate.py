@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from simcore.config import load_config, parse_config
+from simcore.errors import ConfigError
 from simcore.setup import build_deployment
 from simcore.simulate import scheduler_config, simulate
 
@@ -225,6 +226,38 @@ def test_policy_options_run_to_completion(engine):
     default = run(model=model, workload=workload, engine={"num_gpu_blocks_override": 200})
     assert list(r["requests"]) != list(default["requests"]), \
         "the option should change some decision under KV pressure"
+
+
+def _priority_run(tmp_path, policy, priorities):
+    """One sequence at a time, every request sent at once: the order the engine serves a custom
+    file's lines in (their request ids by time to first token)."""
+    lines = [{"prompt_len": 64, "output_len": 4, **({} if p is None else {"priority": p})}
+             for p in priorities]
+    (tmp_path / "prio.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    d = copy.deepcopy(BASE)
+    d.update(engine={"max_num_seqs": 1, "scheduling_policy": policy},
+             workload={"num_prompts": len(lines), "request_rate": "inf",
+                       "dataset": {"kind": "custom", "path": "prio.jsonl", "shuffle": False}})
+    r = simulate(parse_config(d, base_dir=tmp_path))
+    return [row["request_id"] for row in sorted(r["requests"], key=lambda row: row["ttft_ms"])]
+
+
+def test_a_custom_files_priorities_order_service_under_the_priority_policy(tmp_path):
+    priorities = [3, 1, 2, 0, -1]
+    assert _priority_run(tmp_path, "fcfs", priorities) == ["r0", "r1", "r2", "r3", "r4"]
+    # vLLM: the lowest value first (ties by arrival).
+    assert _priority_run(tmp_path, "priority", priorities) == ["r4", "r3", "r1", "r2", "r0"]
+
+
+@pytest.mark.parametrize("priorities", [[None, None, None], [2, 2, 2]])
+def test_the_priority_policy_over_requests_of_one_priority_is_refused(tmp_path, priorities):
+    with pytest.raises(ConfigError, match=r"^engine\.scheduling_policy: priority has no effect"):
+        _priority_run(tmp_path, "priority", priorities)
+
+
+def test_the_priority_policy_is_refused_for_datasets_without_priorities():
+    with pytest.raises(ConfigError, match=r"^engine\.scheduling_policy: priority has no effect"):
+        run(engine={"scheduling_policy": "priority"})
 
 
 def test_prefix_repetition_hits_the_prefix_cache():

@@ -32,12 +32,13 @@ PRESSURE = {**BASE,
             "workload": {"num_prompts": 160, "request_rate": 40, "request_timeout_s": 6.0,
                          "dataset": {"kind": "random", "input_len": 600, "output_len": 120,
                                      "range_ratio": 0.5, "prefix_len": 256}}}
-# Several shared prompts under the priority policy, prefix-cache evictions in a small pool.
+# Several shared prompts of priorities 0-3 under the priority policy, prefix-cache evictions
+# in a small pool.
 PRIORITY = {**BASE,
             "engine": {"num_gpu_blocks_override": 300, "scheduling_policy": "priority"},
             "workload": {"num_prompts": 120, "request_rate": 30,
-                         "dataset": {"kind": "prefix_repetition", "prefix_len": 512,
-                                     "suffix_len": 128, "num_prefixes": 6, "output_len": 60}}}
+                         "dataset": {"kind": "custom", "path": str(
+                             ROOT / "tests" / "data" / "priority_prefixes.jsonl")}}}
 
 
 def _fake_python(tmp_path: Path) -> Path:

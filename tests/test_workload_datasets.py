@@ -274,6 +274,17 @@ def test_custom_output_len_override():
     assert {r.output_len for r in reqs} == {33}
 
 
+def test_custom_priorities_go_with_their_lines_also_when_oversampled(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt_len": 20, "output_len": 2, "priority": -3}\n'
+                                      '{"prompt_len": 30, "output_len": 2}\n'
+                                      '{"prompt_len": 40, "output_len": 2, "priority": "7"}\n')
+    cfg = WorkloadConfig.model_validate({"num_prompts": 9, "dataset": {"kind": "custom",
+                                                                        "path": "p.jsonl"}})
+    reqs = generate_requests(cfg, block_size=16, seed=0, base_dir=tmp_path, max_model_len=None)
+    assert len(reqs) == 9
+    assert {(r.prompt_len, r.priority) for r in reqs} == {(20, -3), (30, 0), (40, 7)}
+
+
 # --- mooncake ---------------------------------------------------------------------------------
 
 def test_mooncake_first_line_keys_by_hand():

@@ -126,6 +126,14 @@ def test_sharegpt_unknown_suffix(tmp_path):
      "line 2: block_keys must be a whole number"),
     ('{"prompt_len": -50, "output_len": 5}', "line 2: prompt_len must be at least 1"),
     ('{"prompt_len": true, "output_len": 5}', "line 2: prompt_len must be a whole number"),
+    ('{"prompt_len": 5, "output_len": 5, "priority": "high"}',
+     "line 2: priority must be a whole number, got 'high'"),
+    ('{"prompt_len": 5, "output_len": 5, "priority": 1.5}',
+     "line 2: priority must be a whole number, got 1.5"),
+    ('{"prompt_len": 5, "output_len": 5, "priority": true}',
+     "line 2: priority must be a whole number, got True"),
+    ('{"prompt_len": 5, "output_len": 5, "priority": 9223372036854775808}',
+     r"line 2: priority must lie in \[-2\^63, 2\^63\)"),
 ])
 def test_custom_bad_line_is_named(tmp_path, bad_line, message):
     name = write_lines(tmp_path / "c.jsonl", ['{"prompt_len": 5, "output_len": 1}', bad_line])

@@ -148,7 +148,8 @@ class CustomDataset(_Frozen):
     Each line is an object with `prompt_len` (tokens) or `prompt` (text, length estimated by
     `text_estimate`), `output_len` (unless overridden here), and optionally the prompt's content
     identity: `block_keys` (one key per `block_size`-token block, verbatim) or `hash_ids` (one id per
-    `hash_block_tokens`-token block, expanded as for Mooncake).
+    `hash_block_tokens`-token block, expanded as for Mooncake), and `priority` (a whole number,
+    default 0: under engine.scheduling_policy priority a lower value is served first, as in vLLM).
     """
 
     kind: Literal["custom"] = Field("custom", description="Dataset variant tag.")

@@ -88,6 +88,14 @@ def count_field(obj: Mapping[str, Any], key: str, where: str, minimum: int = 0) 
 
 def as_count(value: Any, where: str, key: str, minimum: int = 0) -> int:
     """A whole number >= minimum, from an int, an integral float or a decimal string."""
+    number = as_whole(value, where, key)
+    if number < minimum:
+        raise ConfigError(f"{where}: {key} must be at least {minimum}, got {value!r}")
+    return number
+
+
+def as_whole(value: Any, where: str, key: str) -> int:
+    """A whole number of any sign, from an int, an integral float or a decimal string."""
     number: int | None = None
     if isinstance(value, bool):
         number = None
@@ -106,8 +114,6 @@ def as_count(value: Any, where: str, key: str, minimum: int = 0) -> int:
             number = int(as_float) if as_float.is_integer() else None
     if number is None:
         raise ConfigError(f"{where}: {key} must be a whole number, got {value!r}")
-    if number < minimum:
-        raise ConfigError(f"{where}: {key} must be at least {minimum}, got {value!r}")
     return number
 
 

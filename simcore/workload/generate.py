@@ -80,6 +80,12 @@ class RequestStream:
         return len(self._samples)
 
     @property
+    def priorities_differ(self) -> bool:
+        """Whether some requests have other priorities than the rest (only a custom dataset's
+        lines carry priorities)."""
+        return bool(getattr(self._samples, "priorities_differ", False))
+
+    @property
     def last_arrival_s(self) -> float:
         """When the last request arrives (0 for none)."""
         return float(self._times_s.max()) if len(self._times_s) else 0.0
@@ -90,7 +96,7 @@ class RequestStream:
             s = samples[i]
             yield RequestSpec(request_id=s.request_id, arrival_s=float(times_s[i]),
                               prompt_len=s.prompt_len, output_len=s.output_len,
-                              block_keys=s.block_keys)
+                              block_keys=s.block_keys, priority=s.priority)
 
 
 def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,

@@ -23,6 +23,7 @@ class Sample:
     output_len: int
     block_keys: tuple[int, ...] | BlockKeys = ()
     timestamp_s: float | None = None
+    priority: int = 0
 
 
 class SampleColumns(Sequence[Sample]):
@@ -31,18 +32,28 @@ class SampleColumns(Sequence[Sample]):
 
     Sample i is request `{id_prefix}{i}` with `prompt_lens[i]` and `output_lens[i]` tokens and
     the content keys `keys[key_index[i]]` (`keys[0]` for every request when `key_index` is
-    None: one shared prefix, or none). Immutable after construction."""
+    None: one shared prefix, or none) and the priority `priorities[i]` (0 for every request
+    when `priorities` is None). Immutable after construction."""
 
     def __init__(self, id_prefix: str, prompt_lens: np.ndarray, output_lens: np.ndarray,
-                 keys: Sequence[tuple[int, ...]] = ((),), key_index: np.ndarray | None = None):
-        if len(prompt_lens) != len(output_lens) or (
-                key_index is not None and len(key_index) != len(prompt_lens)):
+                 keys: Sequence[tuple[int, ...]] = ((),), key_index: np.ndarray | None = None,
+                 priorities: np.ndarray | None = None):
+        if len(prompt_lens) != len(output_lens) or any(
+                column is not None and len(column) != len(prompt_lens)
+                for column in (key_index, priorities)):
             raise ValueError("every column needs one entry a sample")
         self._id_prefix = id_prefix
         self._prompt_lens = prompt_lens
         self._output_lens = output_lens
         self._keys = keys
         self._key_index = key_index
+        self._priorities = priorities
+
+    @property
+    def priorities_differ(self) -> bool:
+        """Whether some samples have other priorities than the rest."""
+        p = self._priorities
+        return p is not None and len(p) > 0 and bool(p.min() != p.max())
 
     def __len__(self) -> int:
         return len(self._prompt_lens)
@@ -52,5 +63,6 @@ class SampleColumns(Sequence[Sample]):
         if not 0 <= i < len(self):
             raise IndexError(i)
         keys = self._keys[0 if self._key_index is None else int(self._key_index[i])]
+        priority = 0 if self._priorities is None else int(self._priorities[i])
         return Sample(f"{self._id_prefix}{i}", int(self._prompt_lens[i]),
-                      int(self._output_lens[i]), keys)
+                      int(self._output_lens[i]), keys, priority=priority)

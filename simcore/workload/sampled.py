@@ -56,8 +56,11 @@ def sharegpt_samples(ds: ShareGPTDataset, num_prompts: int, *, path: Path, block
 
 def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_size: int,
                    seed: int) -> SampleColumns:
-    """Lines of a custom JSONL file, chosen as vLLM's custom dataset does (no length filter)."""
+    """Lines of a custom JSONL file, chosen as vLLM's custom dataset does (no length filter);
+    a line's optional `priority` (a whole number, vLLM's meaning: lower is served first under
+    engine.scheduling_policy priority) goes with each request that sends it."""
     rows: list[tuple[int, int, tuple[int, ...]]] = []
+    priorities: list[int] = []
     for row_index, (lineno, obj) in enumerate(files.iter_jsonl(path)):
         where = f"{path}: line {lineno}"
         prompt_len = _custom_prompt_len(obj, where, ds.text_estimate)
@@ -68,11 +71,13 @@ def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_siz
         keys = _custom_keys(obj, where, prompt_len, block_size, ds.hash_block_tokens)
         rows.append((prompt_len, output_len,
                      _row_content_keys(path, row_index, prompt_len, block_size, keys)))
+        priorities.append(_custom_priority(obj, where))
     chosen = vllm_order(np.ones(len(rows), dtype=bool), num_prompts, shuffle=ds.shuffle,
                         seed=seed)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no requests in the file")
-    return _build(chosen, lambda row: rows[row])
+    return _build(chosen, lambda row: rows[row],
+                  np.array(priorities, dtype=np.int64) if any(priorities) else None)
 
 
 def _sharegpt_json(path: Path, estimate: TextLengthEstimate
@@ -148,9 +153,11 @@ def vllm_order(valid: np.ndarray, num_prompts: int, *, shuffle: bool, seed: int)
     return np.asarray(chosen, dtype=np.int64)
 
 
-def _build(chosen: np.ndarray, make: Callable[[int], _Row]) -> SampleColumns:
-    """Request i sends row chosen[i] (an oversampled row is sent again with the same prompt and
-    keys, under its own id); each distinct row is made once, in order of first use."""
+def _build(chosen: np.ndarray, make: Callable[[int], _Row],
+           priorities: np.ndarray | None = None) -> SampleColumns:
+    """Request i sends row chosen[i] (an oversampled row is sent again with the same prompt,
+    keys and priority, under its own id); each distinct row is made once, in order of first
+    use. `priorities`: each row's priority (None: all 0)."""
     rows, first_use, row_of = np.unique(chosen, return_index=True, return_inverse=True)
     made: list[_Row] = [(0, 0, ())] * len(rows)
     for j in np.argsort(first_use, kind="stable").tolist():
@@ -158,7 +165,7 @@ def _build(chosen: np.ndarray, make: Callable[[int], _Row]) -> SampleColumns:
     prompt_lens = np.array([m[0] for m in made], dtype=np.int64)
     output_lens = np.array([m[1] for m in made], dtype=np.int64)
     return SampleColumns("r", prompt_lens[row_of], output_lens[row_of], [m[2] for m in made],
-                         row_of)
+                         row_of, None if priorities is None else priorities[chosen])
 
 
 def _row_content_keys(path: Path, row_index: int, prompt_len: int, block_size: int,
@@ -179,6 +186,19 @@ def _custom_prompt_len(obj: dict, where: str, estimate: TextLengthEstimate) -> i
     if not isinstance(prompt, str):
         raise ConfigError(f"{where}: 'prompt' must be a string")
     return max(1, estimate_tokens(prompt, estimate))
+
+
+PRIORITY_LIMIT = 1 << 63
+"""A custom line's priority lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT) (a 64-bit integer)."""
+
+
+def _custom_priority(obj: dict, where: str) -> int:
+    if obj.get("priority") is None:
+        return 0
+    priority = files.as_whole(obj["priority"], where, "priority")
+    if not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
+        raise ConfigError(f"{where}: priority must lie in [-2^63, 2^63), got {obj['priority']!r}")
+    return priority
 
 
 def _custom_keys(obj: dict, where: str, prompt_len: int, block_size: int,
