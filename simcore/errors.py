@@ -13,7 +13,8 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,16 @@ def show(value: Any) -> str:
         except (TypeError, ValueError):
             text = repr(value)
     return text if len(text) <= _MAX_SHOWN_CHARS else text[:_MAX_SHOWN_CHARS - 3] + "..."
+
+
+def _not_true_or_false(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+WholeNumber = typing.Annotated[int, BeforeValidator(_not_true_or_false)]
+"""An int field that refuses YAML's true and false, which pydantic would read as 1 and 0."""
 
 
 def away_from_default(model: BaseModel, *names: str) -> list[str]:

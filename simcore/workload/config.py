@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simcore.errors import away_from_default
+from simcore.errors import WholeNumber, away_from_default
 
 DEFAULT_NUM_PROMPTS = 1000
 """vLLM's `--num-prompts` default, used by the datasets that are sampled rather than replayed."""
@@ -37,11 +37,11 @@ class TextLengthEstimate(_Frozen):
 class LengthFilter(_Frozen):
     """vLLM's `is_valid_sequence` filter on ShareGPT samples; the defaults are vLLM's."""
 
-    min_len: int = Field(4, ge=0, description="Drop samples whose prompt, or whose output (unless "
+    min_len: WholeNumber = Field(4, ge=0, description="Drop samples whose prompt, or whose output (unless "
                          "output_len overrides it), has fewer tokens than this.")
-    max_prompt_len: int | None = Field(1024, ge=1, description="Drop samples whose prompt has more "
+    max_prompt_len: WholeNumber | None = Field(1024, ge=1, description="Drop samples whose prompt has more "
                                        "tokens than this; null keeps them.")
-    max_total_len: int | None = Field(2048, ge=1, description="Drop samples whose prompt + output "
+    max_total_len: WholeNumber | None = Field(2048, ge=1, description="Drop samples whose prompt + output "
                                       "has more tokens than this; null keeps them.")
 
 
@@ -55,13 +55,13 @@ class RandomDataset(_Frozen):
     """
 
     kind: Literal["random"] = Field("random", description="Dataset variant tag.")
-    input_len: int = Field(1024, ge=0, description="Mean random prompt length in tokens, prefix "
+    input_len: WholeNumber = Field(1024, ge=0, description="Mean random prompt length in tokens, prefix "
                            "excluded (vLLM --random-input-len).")
-    output_len: int = Field(128, ge=1, description="Mean output length in tokens "
+    output_len: WholeNumber = Field(128, ge=1, description="Mean output length in tokens "
                             "(vLLM --random-output-len).")
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
                                "uniform length ranges, in [0, 1) (vLLM --random-range-ratio).")
-    prefix_len: int = Field(0, ge=0, description="Tokens of the prefix shared by every request "
+    prefix_len: WholeNumber = Field(0, ge=0, description="Tokens of the prefix shared by every request "
                             "(vLLM --random-prefix-len).")
 
     @model_validator(mode="after")
@@ -81,13 +81,13 @@ class PrefixRepetitionDataset(_Frozen):
     """
 
     kind: Literal["prefix_repetition"] = Field("prefix_repetition", description="Dataset variant tag.")
-    prefix_len: int = Field(256, ge=0, description="Tokens of each shared prefix "
+    prefix_len: WholeNumber = Field(256, ge=0, description="Tokens of each shared prefix "
                             "(vLLM --prefix-repetition-prefix-len).")
-    suffix_len: int = Field(256, ge=0, description="Tokens of each request's unique suffix "
+    suffix_len: WholeNumber = Field(256, ge=0, description="Tokens of each request's unique suffix "
                             "(vLLM --prefix-repetition-suffix-len).")
-    num_prefixes: int = Field(10, ge=1, description="Number of distinct prefixes "
+    num_prefixes: WholeNumber = Field(10, ge=1, description="Number of distinct prefixes "
                               "(vLLM --prefix-repetition-num-prefixes).")
-    output_len: int = Field(128, ge=1, description="Output tokens of every request "
+    output_len: WholeNumber = Field(128, ge=1, description="Output tokens of every request "
                             "(vLLM --prefix-repetition-output-len).")
     shuffle: bool = Field(True, description="Shuffle the requests with the seed; false sends them "
                           "prefix by prefix (vLLM --disable-shuffle).")
@@ -125,7 +125,7 @@ class ShareGPTDataset(_Frozen):
         None, description="Which tokenizer's counts of the shipped lengths to send: `llama3` "
         "(Llama-3's BPE, the default) or `mistral_v1` (Mistral's 32k SentencePiece: Mistral-7B "
         "v0.1, Mixtral-8x7B); only without a `path`, whose own lengths are used.")
-    output_len: int | None = Field(None, ge=1, description="Output tokens of every request, instead "
+    output_len: WholeNumber | None = Field(None, ge=1, description="Output tokens of every request, instead "
                                    "of each answer's length (vLLM --sharegpt-output-len).")
     shuffle: bool = Field(True, description="Shuffle the entries with the seed before taking them "
                           "(false: vLLM --disable-shuffle).")
@@ -154,11 +154,11 @@ class CustomDataset(_Frozen):
 
     kind: Literal["custom"] = Field("custom", description="Dataset variant tag.")
     path: str = Field(description="JSONL file, relative to the configuration's directory.")
-    output_len: int | None = Field(None, ge=1, description="Output tokens of every request, instead "
+    output_len: WholeNumber | None = Field(None, ge=1, description="Output tokens of every request, instead "
                                    "of each line's output_len (vLLM --custom-output-len).")
     shuffle: bool = Field(True, description="Shuffle the lines with the seed before taking them "
                           "(false: vLLM --disable-shuffle).")
-    hash_block_tokens: int = Field(512, ge=1, description="Tokens per hash id in `hash_ids`.")
+    hash_block_tokens: WholeNumber = Field(512, ge=1, description="Tokens per hash id in `hash_ids`.")
     text_estimate: TextLengthEstimate = Field(default_factory=TextLengthEstimate, description="Token "
                                               "count estimate for `prompt` text.")
 
@@ -167,7 +167,7 @@ class LengthRange(_Frozen):
     """A count drawn afresh at each use as vLLM's random dataset draws its lengths: an integer
     uniform in [floor(mean * (1 - range_ratio)), ceil(mean * (1 + range_ratio))]."""
 
-    mean: int = Field(ge=0, description="Mean of the count.")
+    mean: WholeNumber = Field(ge=0, description="Mean of the count.")
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
                                "uniform range, in [0, 1); 0 = always the mean.")
 
@@ -180,7 +180,7 @@ class LengthRange(_Frozen):
         return math.ceil(self.mean * (1 + self.range_ratio))
 
 
-Count = Annotated[int, Field(ge=0)] | LengthRange
+Count = Annotated[WholeNumber, Field(ge=0)] | LengthRange
 """A fixed count (an integer), or a LengthRange drawn at each use."""
 
 
@@ -219,9 +219,9 @@ class _SessionsBase(_Frozen):
     fails (refused, timed out).
     """
 
-    num_sessions: int = Field(100, ge=1, description="Sessions the client runs.")
+    num_sessions: WholeNumber = Field(100, ge=1, description="Sessions the client runs.")
     turns: Count = Field(4, description="Turns (requests) per session.")
-    shared_prefix_len: int = Field(0, ge=0, description="Tokens at the start of every session's "
+    shared_prefix_len: WholeNumber = Field(0, ge=0, description="Tokens at the start of every session's "
                                    "first prompt that all sessions share (a system prompt).")
     first_prompt_len: Count = Field(512, description="Tokens of the first prompt after the "
                                     "shared prefix.")
@@ -230,7 +230,7 @@ class _SessionsBase(_Frozen):
     reply_len: Count = Field(256, description="Output tokens of each turn (ignore_eos).")
     think_time_s: ThinkTimeSpec = Field(10.0, description="Pause after a reply before the next "
                                         "turn: seconds (fixed), or {distribution, mean_s}.")
-    max_context_tokens: int | None = Field(None, ge=1, description="A turn whose prompt plus "
+    max_context_tokens: WholeNumber | None = Field(None, ge=1, description="A turn whose prompt plus "
                                            "reply would exceed this is not sent and ends its "
                                            "session; null: the server's max_model_len.")
 
@@ -263,7 +263,7 @@ class AgentSessionsDataset(_SessionsBase):
     kind: Literal["agent_sessions"] = Field("agent_sessions", description="Dataset variant tag.")
     turns: Count = Field(LengthRange(mean=12, range_ratio=0.5), description="Turns (model "
                          "calls) per session.")
-    shared_prefix_len: int = Field(2048, ge=0, description="Tokens of system prompt and tool "
+    shared_prefix_len: WholeNumber = Field(2048, ge=0, description="Tokens of system prompt and tool "
                                    "definitions every session starts with.")
     first_prompt_len: Count = Field(256, description="Tokens of the task after the shared "
                                     "prefix.")
@@ -315,7 +315,7 @@ class MooncakeDataset(_TimedTrace):
     """
 
     kind: Literal["mooncake"] = Field("mooncake", description="Dataset variant tag.")
-    hash_block_tokens: int = Field(512, ge=1, description="Tokens per hash id.")
+    hash_block_tokens: WholeNumber = Field(512, ge=1, description="Tokens per hash id.")
     sessions: bool = Field(False, description="Replay conversations as closed-loop sessions: a "
                            "request whose prompt extends an earlier one's prompt and output "
                            "becomes that request's next turn, sent after the earlier one "
@@ -352,7 +352,7 @@ class WorkloadConfig(_Frozen):
     num_sessions replaces num_prompts.
     """
 
-    num_prompts: int | None = Field(None, ge=1, description="Requests to send. Null: 1000 (vLLM's "
+    num_prompts: WholeNumber | None = Field(None, ge=1, description="Requests to send. Null: 1000 (vLLM's "
                                     "default) for random, prefix_repetition, sharegpt and custom; "
                                     "every request of the window for mooncake and azure (set, it "
                                     "caps them to the first num_prompts).")
@@ -367,7 +367,7 @@ class WorkloadConfig(_Frozen):
                                             "ramp-up, requests/s (vLLM --ramp-up-start-rps).")
     ramp_up_end_rps: float | None = Field(None, description="Rate of the last request under a "
                                           "ramp-up, requests/s (vLLM --ramp-up-end-rps).")
-    max_concurrency: int | None = Field(None, ge=1, description="Most requests in flight; the "
+    max_concurrency: WholeNumber | None = Field(None, ge=1, description="Most requests in flight; the "
                                         "client holds the rest back (vLLM --max-concurrency). "
                                         "Carried here, applied by the simulated client.")
     dataset: Dataset = Field(default_factory=RandomDataset, description="Where prompts and lengths "
