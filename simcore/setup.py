@@ -13,9 +13,15 @@ from simcore.config import (SimConfig, check_batch_limits, default_batch_limits,
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes
-from simcore.model.memory import (DEFAULT_CUDA_GRAPH_BYTES, KvCacheMemory, kv_cache_groups,
-                                  kv_cache_num_blocks, non_torch_bytes)
+from simcore.model.memory import (DEFAULT_CUDA_GRAPH_BYTES, KvCacheMemory, MemoryRefusal,
+                                  kv_cache_groups, kv_cache_num_blocks, non_torch_bytes)
 from simcore.workload.config import shared_prefix_field
+
+MEMORY_CAUSE_FIELDS = {"weights": "parallelism.tensor_parallel_size",
+                       "max_num_batched_tokens": "engine.max_num_batched_tokens",
+                       "max_num_seqs": "engine.max_num_seqs",
+                       "max_model_len": "model.max_model_len"}
+"""The setting a start-up memory refusal names, by its MemoryRefusal cause."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,8 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                 **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv}
                    if draft_weights or draft_kv else {}))
         except ConfigError as err:
-            raise ConfigError(f"parallelism.tensor_parallel_size: {err}") from None
+            field = MEMORY_CAUSE_FIELDS[err.cause if isinstance(err, MemoryRefusal) else "weights"]
+            raise ConfigError(f"{field}: {err}") from None
         num_blocks = memory.num_blocks
     model = step_model(cfg, arch, gpu, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
                        op_scale=op_scale)

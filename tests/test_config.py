@@ -172,6 +172,24 @@ def test_model_too_big_for_the_gpu():
                                          parallelism={"tensor_parallel_size": 4})))
 
 
+@pytest.mark.parametrize("changes, field", [
+    # A step's activations (here 95,000 GiB) leave no KV cache: the token budget's fault.
+    ({"engine": {"max_num_batched_tokens": 10**9}}, "engine.max_num_batched_tokens"),
+    # The sampler's run over 200,000 rows of the vocabulary, larger than a step's forward.
+    ({"engine": {"max_num_seqs": 200_000, "max_num_batched_tokens": 200_000}},
+     "engine.max_num_seqs"),
+    # The weights take most of the little memory allowed: more GPUs.
+    ({"engine": {"gpu_memory_utilization": 0.2}}, "parallelism.tensor_parallel_size"),
+    # One request of the model's whole context does not fit.
+    ({"hardware": {"gpu": "L40S"}, "engine": {"gpu_memory_utilization": 0.55},
+      "model": {"max_model_len": 131072}}, "model.max_model_len"),
+])
+def test_a_memory_refusal_names_the_setting_responsible(changes, field):
+    msg = error_of(merged(**changes), deploy=True)
+    assert msg.startswith(f"{field}: ")
+    assert "KV cache" in msg
+
+
 @pytest.mark.parametrize("section, values, field", [
     ("engine", {"enable_lora": True}, "enable_lora"),
     ("engine", {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1"}},

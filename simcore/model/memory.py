@@ -41,6 +41,17 @@ def non_torch_bytes(tp: int, nvlink: bool) -> float:
 DEFAULT_NON_TORCH_BYTES = non_torch_bytes(1, True)
 
 
+class MemoryRefusal(ConfigError):
+    """vLLM would not start for want of memory; `cause` says which setting to change:
+    "weights" (the model's weights: parallelism), "max_num_batched_tokens" or "max_num_seqs"
+    (the activation peak of the profiling run, the larger share of what leaves no KV cache),
+    or "max_model_len" (one longest request does not fit)."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
 @dataclass(frozen=True, slots=True)
 class KvCacheMemory:
     """Memory breakdown of the GPU that limits the KV cache, and the resulting block count.
@@ -215,9 +226,10 @@ def kv_cache_num_blocks(
     experts split whole over `ep` GPUs when ep > 1, vLLM's expert parallelism with
     EP = DP x TP). A block holds `block_size` tokens of one KV-cache group's layers
     (`kv_cache_groups`: all layers, or with sliding-window layers each kind's share). Raises
-    ConfigError when the weights do not fit, when nothing is left for the KV cache, or when one
+    MemoryRefusal when the weights do not fit, when nothing is left for the KV cache, or when one
     `max_model_len` request would not fit (vLLM refuses to start then; a sliding-window group
-    needs only its window and a chunk of it).
+    needs only its window and a chunk of it); its cause names the larger share where nothing is
+    left: the weights, or the activation peak.
 
     A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU and
     `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the target's
@@ -240,16 +252,16 @@ def kv_cache_num_blocks(
         if draft_weight_bytes and stage == pp - 1:
             weights += draft_weight_bytes
         if weights >= requested:
-            raise ConfigError(
+            raise MemoryRefusal(
                 f"model weights of {arch.name} need {weights / GIB:.1f} GiB per GPU but only "
                 f"{requested / GIB:.1f} GiB is usable ({gpu_memory_utilization} x "
                 f"{total_memory_bytes / GIB:.1f} GiB); increase tensor_parallel_size or "
                 f"pipeline_parallel_size (now {tp} and {pp}), use a GPU with more memory, or "
-                "use fp8 weights")
-        activation = activation_peak_bytes(
-            arch, tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, last_stage=stage == pp - 1,
-            sampler_bytes_per_logit=sampler_bytes_per_logit, ep=ep)
+                "use fp8 weights", "weights")
+        peak = dict(tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
+                    max_num_seqs=max_num_seqs, sampler_bytes_per_logit=sampler_bytes_per_logit,
+                    ep=ep)
+        activation = activation_peak_bytes(arch, last_stage=stage == pp - 1, **peak)
         kv_bytes = requested - weights - activation - cuda_graph_bytes - non_torch_bytes
         per_block = block_size * layers_per_block * arch.kv_elems_per_token_per_layer(tp) \
             * kv_elem_bytes
@@ -257,12 +269,17 @@ def kv_cache_num_blocks(
             per_block += block_size * draft_kv_bytes_per_token
         num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if num_blocks <= 0:
-            raise ConfigError(
+            cause = "weights"
+            if activation > weights + cuda_graph_bytes + non_torch_bytes:
+                # The sampler's run over max_num_seqs rows, or the forward of a full step.
+                forward = activation_peak_bytes(arch, last_stage=False, **peak)
+                cause = "max_num_seqs" if activation > forward else "max_num_batched_tokens"
+            raise MemoryRefusal(
                 f"no memory left for the KV cache of {arch.name}: weights take "
                 f"{weights / GIB:.1f} GiB and activations/graphs "
                 f"{(activation + cuda_graph_bytes + non_torch_bytes) / GIB:.1f} GiB of "
                 f"{requested / GIB:.1f} GiB; increase gpu_memory_utilization or parallelism, or "
-                "decrease max_num_batched_tokens / max_num_seqs")
+                "decrease max_num_batched_tokens / max_num_seqs", cause)
         result = KvCacheMemory(
             total_memory_bytes=total_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
             requested_bytes=requested, weight_bytes=weights, activation_peak_bytes=activation,
@@ -277,9 +294,10 @@ def kv_cache_num_blocks(
         needed_blocks = groups.max_blocks_per_request(block_size, max_model_len,
                                                       max_num_batched_tokens)
         if needed_blocks > best.num_blocks:
-            raise ConfigError(
+            raise MemoryRefusal(
                 f"one request of max_model_len {max_model_len} tokens needs "
                 f"{needed_blocks * best.bytes_per_block / GIB:.2f} GiB of KV cache but only "
                 f"{best.kv_cache_bytes / GIB:.2f} GiB is available per GPU; decrease "
-                "max_model_len or increase gpu_memory_utilization or parallelism")
+                "max_model_len or increase gpu_memory_utilization or parallelism",
+                "max_model_len")
     return best
