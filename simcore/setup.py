@@ -20,8 +20,11 @@ from simcore.workload.config import shared_prefix_field
 MEMORY_CAUSE_FIELDS = {"weights": "parallelism.tensor_parallel_size",
                        "max_num_batched_tokens": "engine.max_num_batched_tokens",
                        "max_num_seqs": "engine.max_num_seqs",
-                       "max_model_len": "model.max_model_len"}
-"""The setting a start-up memory refusal names, by its MemoryRefusal cause."""
+                       "max_model_len": "model.max_model_len",
+                       "drafter": "engine.speculative_config.method",
+                       "draft_model": "engine.speculative_config.model"}
+"""The setting a start-up memory refusal names, by its MemoryRefusal cause (a drafter's by the
+speculative method, a draft model's by its name)."""
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,14 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                 max_model_len=max_model_len, expert_align=cfg.model.expert_align(gpu.name),
                 cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES if e.profile_cuda_graph_memory else 0.0,
                 non_torch_bytes=non_torch_bytes(tp, "pcie" not in gpu.interconnect.lower()),
-                **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv}
+                **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv,
+                    "draft_name": drafter_arch(cfg, arch).name}
                    if draft_weights or draft_kv else {}))
         except ConfigError as err:
-            field = MEMORY_CAUSE_FIELDS[err.cause if isinstance(err, MemoryRefusal) else "weights"]
+            cause = err.cause if isinstance(err, MemoryRefusal) else "weights"
+            if cause == "drafter" and e.speculative_config.method == "draft_model":
+                cause = "draft_model"
+            field = MEMORY_CAUSE_FIELDS[cause]
             raise ConfigError(f"{field}: {err}") from None
         num_blocks = memory.num_blocks
     model = step_model(cfg, arch, gpu, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,

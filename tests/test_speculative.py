@@ -303,6 +303,24 @@ def test_combinations_vllm_refuses_are_refused(spec, sections, field, words):
     assert words in msg
 
 
+DRAFT_70B = {"method": "draft_model", "model": "meta-llama/Llama-3.1-70B",
+             "num_speculative_tokens": 3, "acceptance_rate": 0.6}
+
+
+@pytest.mark.parametrize("sections, words", [
+    # The draft model's weights alone exceed the GPU.
+    ({}, "need 146.4 GiB per GPU"),
+    # The weights fit; the draft model's leave no KV cache.
+    ({"hardware": {"gpu": "H200"}, "parallelism": {"tensor_parallel_size": 2},
+      "engine": {"gpu_memory_utilization": 0.55}}, "no memory left for the KV cache"),
+])
+def test_a_draft_model_that_does_not_fit_is_named(sections, words):
+    msg = refusal(DRAFT_70B, deploy=True, **sections)
+    assert msg.startswith("engine.speculative_config.model: "), msg
+    assert words in msg
+    assert "its drafter meta-llama/Llama-3.1-70B" in msg and "use a smaller drafter" in msg
+
+
 def test_mtp_on_a_model_with_mtp_layers_and_a_draft_model_are_accepted():
     dep = build_deployment(config({"method": "mtp", "num_speculative_tokens": 2,
                                    "acceptance_rate": 0.8},

@@ -45,7 +45,8 @@ class MemoryRefusal(ConfigError):
     """vLLM would not start for want of memory; `cause` says which setting to change:
     "weights" (the model's weights: parallelism), "max_num_batched_tokens" or "max_num_seqs"
     (the activation peak of the profiling run, the larger share of what leaves no KV cache),
-    or "max_model_len" (one longest request does not fit)."""
+    "drafter" (a speculative-decoding drafter's weights, heavier than the model's), or
+    "max_model_len" (one longest request does not fit)."""
 
     def __init__(self, message: str, cause: str):
         super().__init__(message)
@@ -216,6 +217,7 @@ def kv_cache_num_blocks(
     sampler_bytes_per_logit: float = DEFAULT_SAMPLER_BYTES_PER_LOGIT,
     draft_weight_bytes: float = 0.0,
     draft_kv_bytes_per_token: float = 0.0,
+    draft_name: str = "",
     expert_align: tuple[int, int] = (1, 1),
 ) -> KvCacheMemory:
     """KV blocks per GPU by vLLM's formula, with every term of the breakdown.
@@ -233,7 +235,7 @@ def kv_cache_num_blocks(
 
     A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU and
     `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the target's
-    blocks), both on the last stage, where it runs. Under an expert-only weight format (mxfp4) the routed experts take the
+    blocks), both on the last stage, where it runs; a refusal names it `draft_name`. Under an expert-only weight format (mxfp4) the routed experts take the
     padded shapes of the kernel layout `expert_align` (`simcore.model.arch.MXFP4_MOE_LAYOUTS`).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -248,16 +250,23 @@ def kv_cache_num_blocks(
 
     best: KvCacheMemory | None = None
     for stage, layers_per_block in enumerate(groups.layers_per_block):
-        weights = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep, expert_align)
-        if draft_weight_bytes and stage == pp - 1:
-            weights += draft_weight_bytes
+        target = arch.stage_weight_bytes(weight_dtype, tp, pp, stage, ep, expert_align)
+        draft = draft_weight_bytes if stage == pp - 1 else 0.0
+        weights = target + draft
+        # The larger of the two models' weights is the one to shrink or spread.
+        heavier = "drafter" if draft > target else "weights"
+        smaller_draft = "use a smaller drafter, " if heavier == "drafter" else ""
+        whose = f"model weights of {arch.name}"
+        if draft:
+            whose += (f" ({target / GIB:.1f} GiB) and of its drafter {draft_name or 'model'} "
+                      f"({draft / GIB:.1f} GiB)")
         if weights >= requested:
             raise MemoryRefusal(
-                f"model weights of {arch.name} need {weights / GIB:.1f} GiB per GPU but only "
+                f"{whose} need {weights / GIB:.1f} GiB per GPU but only "
                 f"{requested / GIB:.1f} GiB is usable ({gpu_memory_utilization} x "
-                f"{total_memory_bytes / GIB:.1f} GiB); increase tensor_parallel_size or "
-                f"pipeline_parallel_size (now {tp} and {pp}), use a GPU with more memory, or "
-                "use fp8 weights", "weights")
+                f"{total_memory_bytes / GIB:.1f} GiB); {smaller_draft}increase "
+                f"tensor_parallel_size or pipeline_parallel_size (now {tp} and {pp}), use a GPU "
+                "with more memory, or use fp8 weights", heavier)
         peak = dict(tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
                     max_num_seqs=max_num_seqs, sampler_bytes_per_logit=sampler_bytes_per_logit,
                     ep=ep)
@@ -269,17 +278,19 @@ def kv_cache_num_blocks(
             per_block += block_size * draft_kv_bytes_per_token
         num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if num_blocks <= 0:
-            cause = "weights"
+            cause = heavier
             if activation > weights + cuda_graph_bytes + non_torch_bytes:
                 # The sampler's run over max_num_seqs rows, or the forward of a full step.
                 forward = activation_peak_bytes(arch, last_stage=False, **peak)
                 cause = "max_num_seqs" if activation > forward else "max_num_batched_tokens"
+                smaller_draft = ""
             raise MemoryRefusal(
-                f"no memory left for the KV cache of {arch.name}: weights take "
-                f"{weights / GIB:.1f} GiB and activations/graphs "
-                f"{(activation + cuda_graph_bytes + non_torch_bytes) / GIB:.1f} GiB of "
-                f"{requested / GIB:.1f} GiB; increase gpu_memory_utilization or parallelism, or "
-                "decrease max_num_batched_tokens / max_num_seqs", cause)
+                f"no memory left for the KV cache of {arch.name}: "
+                f"{whose if draft else 'weights'} take {weights / GIB:.1f} GiB and "
+                f"activations/graphs {(activation + cuda_graph_bytes + non_torch_bytes) / GIB:.1f}"
+                f" GiB of {requested / GIB:.1f} GiB; {smaller_draft}increase "
+                "gpu_memory_utilization or parallelism, or decrease max_num_batched_tokens / "
+                "max_num_seqs", cause)
         result = KvCacheMemory(
             total_memory_bytes=total_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
             requested_bytes=requested, weight_bytes=weights, activation_peak_bytes=activation,
