@@ -8,6 +8,7 @@ one of fcfs, priority (got 'lifo')"."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import types
 import typing
@@ -47,6 +48,8 @@ def show(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     if isinstance(value, str):
         text = repr(value)
     else:
@@ -88,12 +91,14 @@ def _format(errors: list[dict], model: type[BaseModel] | None, resolved: frozens
     path = _Path.of(model, e["loc"], resolved)
     if path.union_at is not None:
         # The input matched none of a union's members: each member reported its own error.
-        # One that got past the member's type (a list's item, a validator) is the closest.
+        # One that got past the member's type (a list's item, a validator, a number out of
+        # its member's range) is the closest.
         prefix = e["loc"][:path.union_at]
         group = [x for x in errors if x["loc"][:path.union_at] == prefix
                  and len(x["loc"]) > path.union_at]
         inner = [x for x in group if len(x["loc"]) > path.union_at + 1
-                 or x["type"] in ("value_error", "assertion_error")]
+                 or x["type"] in ("value_error", "assertion_error", "finite_number")
+                 or x["type"] in _NUMBER_BOUNDS]
         if inner:
             return _format(inner, model, resolved | {path.union_at})
         labels = dict.fromkeys(str(x["loc"][path.union_at]) for x in group)
@@ -184,6 +189,7 @@ def _label_kind(label: str) -> str:
     """What a union member accepts, from pydantic's label for it."""
     if label.startswith("function-") and "," in label:
         label = label[label.rindex(",") + 1:].rstrip("]").strip()
+    label = label.removeprefix("constrained-")     # a number with bounds: "constrained-float"
     if label in _KIND_OF_LABEL:
         return _KIND_OF_LABEL[label]
     if label.startswith("literal["):

@@ -215,6 +215,18 @@ def test_lossless_classes_name_the_field():
      "config: workload.dataset.input_len: expected a whole number (got true)"),
     ({"workload": {"dataset": {"kind": "sessions", "turns": True}}},
      "config: workload.dataset.turns: expected a whole number (got true)"),
+    # A number out of its range in a union with a section: the number's own bound, not the
+    # union's member labels; infinities as YAML writes them.
+    ({"workload": {"dataset": {"kind": "sessions", "think_time_s": float("inf")}}},
+     "config: workload.dataset.think_time_s: expected a finite number (got .inf)"),
+    ({"workload": {"dataset": {"kind": "sessions", "think_time_s": -1}}},
+     "config: workload.dataset.think_time_s: must be at least 0 (got -1)"),
+    ({"workload": {"dataset": {"kind": "sessions", "think_time_s": "long"}}},
+     "config: workload.dataset.think_time_s: expected a number or a mapping of settings "
+     "(got 'long')"),
+    ({"workload": {"dataset": {"kind": "sessions",
+                               "think_time_s": {"mean_s": float("inf")}}}},
+     "config: workload.dataset.think_time_s.mean_s: expected a finite number (got .inf)"),
     ({"metrics": {"goodput": {"ttfx": 500}}},
      "config: metrics.goodput: each key must be one of ttft, tpot, e2el (got 'ttfx')"),
     ({"uncertainty": {"percentiles": [5]}},
