@@ -126,6 +126,22 @@ def test_a_link_past_100_tbps_is_refused():
         load_scenario({**_two_messages(0.0), "topology": {**STAR, "rate_gbps": 1e6}})
 
 
+LEAF_SPINE = {"kind": "leaf_spine", "num_leaves": 2, "hosts_per_leaf": 2, "num_spines": 1,
+              "host_rate_gbps": 10, "delay_s": 1e-6}
+RAILS = {"kind": "rail_optimized", "num_nodes": 2, "gpus_per_node": 2, "nic_rate_gbps": 10,
+         "nvlink_rate_gbps": 100, "delay_s": 1e-6, "num_spines": 1}
+
+
+@pytest.mark.parametrize("topology", [LEAF_SPINE, RAILS], ids=["leaf_spine", "rails"])
+@pytest.mark.parametrize("value", [0.001, 0])
+def test_a_scenario_oversubscription_is_held_to_a_clusters_bounds(topology, value):
+    with pytest.raises(ConfigError, match=r"topology\.oversubscription: must be at least 0\.01 "
+                                          rf"\(got {value}\)"):
+        load_scenario({**_two_messages(0.0), "topology": {**topology,
+                                                           "oversubscription": value}})
+    load_scenario({**_two_messages(0.0), "topology": {**topology, "oversubscription": 0.01}})
+
+
 def test_a_link_under_1_mbps_is_refused():
     # One bit a second: 2 MB would take six months, past the packet clock's 53 days; a frame
     # of a link of 10^-13 Gb/s outlasts the clock.
@@ -200,6 +216,8 @@ def test_a_cluster_on_the_packet_fabric_whose_sends_outlast_its_clock_is_refused
     ("cluster.network.nic_gbps", 1e-6, "nic_gbps: must be at least 1"),
     ("cluster.network.topology.oversubscription", 1e12,
      "oversubscription: must be at most 1000"),
+    ("cluster.network.topology.oversubscription", 0.001,
+     "cluster.network.topology.oversubscription: must be at least 0.01 \\(got 0.001\\)"),
     ("cluster.tenant_traffic", [{"src_gpu": 0, "dst_gpu": 1, "rate_gbps": 100,
                                  "message_bytes": 4096}], "3.052e\\+06 messages a second, past "
                                                           "the 100,000 a tenant may send"),
@@ -238,10 +256,10 @@ def test_samples_that_end_on_the_last_held_boundary_keep_their_interval(monkeypa
 def test_a_derived_link_past_100_tbps_is_refused():
     sc = load_scenario({"topology": {"kind": "leaf_spine", "num_leaves": 2, "hosts_per_leaf": 4,
                                      "num_spines": 2, "host_rate_gbps": 1e5, "delay_s": 1e-6,
-                                     "oversubscription": 1e-6},
+                                     "oversubscription": 0.01},
                         "traffic": [{"kind": "message", "src": "h0", "dst": "h1",
                                      "size_bytes": 10}]})
-    with pytest.raises(ConfigError, match="leaf_spine builder derives links of 2e\\+11 Gb/s"):
+    with pytest.raises(ConfigError, match="leaf_spine builder derives links of 2e\\+07 Gb/s"):
         build_topology(sc)
 
 

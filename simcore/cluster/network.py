@@ -10,8 +10,8 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, model_validator
 
 from simcore.errors import ConfigError
-from simcore.fabric.settings import (MAX_DELAY_S, MAX_OVERSUBSCRIPTION, MAX_RATE_GBPS, _Buffered,
-                                     _Frozen)
+from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, OVERSUBSCRIPTION_RANGE,
+                                     Oversubscription, _Buffered, _Frozen)
 from simcore.fabric.topology import (HOST, MAX_NODES, SWITCH, Topology, _Builder, check_rates,
                                      check_size, fat_tree_size)
 
@@ -40,10 +40,10 @@ class ClusterLeafSpine(_Buffered):
                                    "leaf uplinks at the NIC rate, ceil(NICs per leaf / "
                                    "oversubscription), as in a Clos of one switch model; none "
                                    "when the whole fabric is one leaf.")
-    oversubscription: float = Field(1.0, ge=0.01, le=MAX_OVERSUBSCRIPTION,
-                                    description="Downlink over uplink bandwidth of a leaf (at "
-                                    "most 1,000): each leaf-spine link runs at NIC ports per "
-                                    "leaf x NIC rate / (num_spines x oversubscription).")
+    oversubscription: Oversubscription = Field(
+        1.0, description=f"Downlink over uplink bandwidth of a leaf ({OVERSUBSCRIPTION_RANGE}): "
+        "each leaf-spine link runs at NIC ports per leaf x NIC rate / (num_spines x "
+        "oversubscription).")
     delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
                            "every link, seconds.")
 

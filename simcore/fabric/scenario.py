@@ -14,9 +14,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from simcore.errors import ConfigError, format_validation_error
 from simcore.fabric import topology as topo
-from simcore.fabric.settings import (MAX_DELAY_S, MAX_OVERSUBSCRIPTION, MAX_RATE_GBPS, MAX_TIME_S,
-                                     MIN_RATE_GBPS, Bytes, Discipline, FabricSettings, _Buffered,
-                                     _Frozen)
+from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, MIN_RATE_GBPS,
+                                     OVERSUBSCRIPTION_RANGE, Bytes, Discipline, FabricSettings,
+                                     Oversubscription, _Buffered, _Frozen)
 from simcore.fabric.topology import HOST, Topology, check_rates, check_size
 
 MAX_MESSAGES = 2_000_000
@@ -26,7 +26,6 @@ way to hit it); beyond it the run would not fit in memory or time."""
 _Rate = Annotated[float, Field(le=MAX_RATE_GBPS)]
 _LinkRate = Annotated[float, Field(ge=MIN_RATE_GBPS, le=MAX_RATE_GBPS)]
 """A link's rate (a source's may be slower)."""
-_Oversubscription = Annotated[float, Field(gt=0, le=MAX_OVERSUBSCRIPTION)]
 _Time = Annotated[float, Field(le=MAX_TIME_S)]
 _Delay = Annotated[float, Field(le=MAX_DELAY_S)]
 
@@ -61,9 +60,9 @@ class LeafSpineTopology(_Buffered):
     num_spines: int = Field(ge=1, description="Spine switches.")
     host_rate_gbps: _LinkRate = Field(description="Host link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
-    oversubscription: _Oversubscription = Field(
-        1.0, description="Host bandwidth over uplink bandwidth per leaf; sets the uplink rate "
-        "unless spine_rate_gbps does.")
+    oversubscription: Oversubscription = Field(
+        1.0, description="Host bandwidth over uplink bandwidth per leaf "
+        f"({OVERSUBSCRIPTION_RANGE}); sets the uplink rate unless spine_rate_gbps does.")
     spine_rate_gbps: _LinkRate | None = Field(None, description="Rate of each leaf-spine link, "
                                               "Gb/s; default from oversubscription.")
 
@@ -90,8 +89,8 @@ class RailOptimizedTopology(_Buffered):
     delay_s: _Delay = Field(gt=0, description="Propagation delay of NIC and spine links, seconds.")
     nvlink_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of an NVLink hop, seconds.")
     num_spines: int = Field(0, ge=0, description="Spines joining the rail switches; 0: none.")
-    oversubscription: _Oversubscription = Field(1.0, description="Rail-to-spine "
-                                                "oversubscription.")
+    oversubscription: Oversubscription = Field(1.0, description="Rail-to-spine "
+                                               f"oversubscription ({OVERSUBSCRIPTION_RANGE}).")
     pcie_rate_gbps: _LinkRate | None = Field(None, description="If set, each GPU reaches its "
                                              "NIC over a PCIe link of this rate, Gb/s.")
     pcie_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of the PCIe hop, seconds.")

@@ -54,9 +54,17 @@ MAX_DELAY_S = 1.0
 MIN_RATE_GBPS = 1e-3
 """Slowest link, Gb/s (1 Mb/s): a frame of 4 KB takes 33 ms; slower links (a derived uplink of
 an oversubscription of 10^12, a NIC of 1 b/s) leave a run that holds its messages for ever."""
+MIN_OVERSUBSCRIPTION = 0.01
+"""Smallest oversubscription of a leaf's uplinks (uplinks of a hundred times its hosts'
+bandwidth)."""
 MAX_OVERSUBSCRIPTION = 1e3
 """Largest oversubscription of a leaf's uplinks (a thousand times its hosts' bandwidth over its
 uplinks' is past any fabric built)."""
+Oversubscription = Annotated[float, Field(ge=MIN_OVERSUBSCRIPTION, le=MAX_OVERSUBSCRIPTION)]
+"""A leaf's downlink over uplink bandwidth, in a scenario's topology and a cluster's network
+alike."""
+OVERSUBSCRIPTION_RANGE = f"{MIN_OVERSUBSCRIPTION:g} to {MAX_OVERSUBSCRIPTION:,.0f}"
+"""The bounds of Oversubscription as the fields' descriptions give them."""
 MAX_RATE_GBPS = 1e5
 """Fastest link or source, Gb/s (100 Tb/s, past any link built): the packet backend times a frame
 in whole picoseconds, and a 64-byte frame takes 5 of them at this rate."""
