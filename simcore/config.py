@@ -472,8 +472,9 @@ class ComputeConfig(BaseModel):
         "that exponent: fewer distinct experts in a small batch, a longer hottest-expert queue "
         "in a large one). Default: simcore.compute.kernel_model.DEFAULT_MOE_ROUTING where the "
         "profile measured it, chosen on the fit part of the end-to-end validation set. Only "
-        "with kind: calibrated and a MoE model; where the experts are timed by the roofline "
-        "(expert parallelism, no measured shape) routing is uniform and the result says so.")
+        "with kind: calibrated and a MoE model, and not with expert parallelism on every "
+        "instance (its group's roofline times the experts, routing uniformly); where no shape "
+        "was measured the roofline times them with uniform routing and the result says so.")
     compute_bound_scale: float | None = Field(
         None, ge=1.0, le=2.0, description="Multiplier on the time of a calibrated model's "
         "compute-bound ops (measured kernels and roofline fallbacks alike): kernel databases "
@@ -631,6 +632,14 @@ class SimConfig(BaseModel):
             raise ValueError("compute.roofline.step_overhead_s: only used with host.model "
                              "constant; host.model vllm times the CPU side from vLLM's measured "
                              "costs (host section)")
+        par = self.parallelism
+        if self.compute.moe_routing is not None and all(
+                par.role_expert_parallel(r) for r in ("prefill", "decode")):
+            raise ValueError("compute.moe_routing: has no effect with expert parallelism "
+                             "(parallelism.enable_expert_parallel), whose routed experts are "
+                             "timed by the expert-parallel group's roofline with uniform "
+                             "routing (on a cluster, cluster.dag.moe_routing sets their "
+                             "popularity); remove it")
         return self
 
     def gpus_by_type(self) -> dict[str, int]:

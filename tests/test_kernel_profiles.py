@@ -487,6 +487,31 @@ def test_moe_routing_is_refused_where_it_would_do_nothing():
         simulate(cfg)
 
 
+@pytest.mark.parametrize("parallelism", [
+    {"tensor_parallel_size": 2, "data_parallel_size": 2, "enable_expert_parallel": True},
+    {"tensor_parallel_size": 2, "enable_expert_parallel": True},
+    {"tensor_parallel_size": 2, "enable_expert_parallel": True,
+     "prefill_decode": {"num_prefill_instances": 1, "num_decode_instances": 1}},
+], ids=["dp2", "dp1", "both-roles"])
+def test_moe_routing_is_refused_where_expert_parallelism_times_the_experts(parallelism):
+    # The group's roofline routes uniformly: the routing would change nothing.
+    moe = {"model": {"name": "mistralai/Mixtral-8x7B-v0.1"}, "hardware": {"gpu": "H100-SXM"},
+           "parallelism": parallelism, "workload": {"num_prompts": 4}}
+    SimConfig.model_validate(moe)
+    with pytest.raises(Exception, match=r"compute\.moe_routing: has no effect with expert "
+                                        r"parallelism"):
+        SimConfig.model_validate({**moe, "compute": {"moe_routing": "balanced"}})
+
+
+def test_moe_routing_is_kept_where_one_role_runs_without_expert_parallelism():
+    SimConfig.model_validate({
+        "model": {"name": "mistralai/Mixtral-8x7B-v0.1"}, "hardware": {"gpu": "H100-SXM"},
+        "parallelism": {"tensor_parallel_size": 2, "enable_expert_parallel": True,
+                        "prefill_decode": {"num_prefill_instances": 1, "num_decode_instances": 1,
+                                           "prefill_expert_parallel": False}},
+        "compute": {"moe_routing": "balanced"}, "workload": {"num_prompts": 4}})
+
+
 @pytest.mark.parametrize("profile_id", shipped_kernel_profile_ids())
 def test_a_shipped_profiles_digest_is_that_of_its_json_text(profile_id):
     """A shipped profile's digest is taken from its file's bytes; they are exactly the JSON text
