@@ -156,3 +156,19 @@ def test_the_graphless_scale_defaults_to_the_fitted_value_and_is_refused_where_i
                       "graphless_collective_scale": 1.5}
     with pytest.raises(ConfigError, match=r"^compute\.graphless_collective_scale: a cluster"):
         build_deployment(parse_config(raw, base_dir=cfg.base_dir))
+
+
+def test_an_idle_expert_parallel_ranks_dummy_batch_keeps_its_measured_all_reduces():
+    # An idle DP rank's dummy batch (one token, no sequence) replays its CUDA graph, so the
+    # graphless scale leaves its all-reduces: a decode group step is the same at any scale.
+    d = {"model": {"name": "Qwen/Qwen3-235B-A22B"}, "hardware": {"gpu": "H200"},
+         "parallelism": {"tensor_parallel_size": 2, "data_parallel_size": 4,
+                         "enable_expert_parallel": True},
+         "workload": {"num_prompts": 10, "request_rate": 1}}
+    one = StepShape(1, 1, 1, 100.0, 100, 100)
+    parts = []
+    for scale in (1.0, 4.0):
+        d["compute"] = {"graphless_collective_scale": scale}
+        m = build_deployment(parse_config(d)).step_model
+        parts.append((m.group_parts([one] + [StepShape.dummy()] * 3), m.step_time(one).total_s))
+    assert parts[0] == parts[1]

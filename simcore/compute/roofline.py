@@ -799,7 +799,9 @@ class RooflineModel:
         s = shape.num_seqs
         ar = (self._ar_meas(t) if self._ar_meas is not None
               else t * self._ar_s_per_token + self._ar_latency_s)
-        if self._graphless_ar_scale != 1.0 and not shape.runs_full_graph(self._graph_max_tokens):
+        if self._graphless_ar_scale != 1.0 and not shape.is_dummy \
+                and not shape.runs_full_graph(self._graph_max_tokens):
+            # (A dummy batch, an idle DP rank's one-token forward, replays its graph.)
             ar *= self._graphless_ar_scale
         ar += self._ar_skew_s
         gather = (self._gather_meas(s) if self._gather_meas is not None and s
