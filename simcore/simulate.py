@@ -406,19 +406,30 @@ def _widened_line(setting: str, was: float, now: float, specs, what: str) -> str
             f"{specs.last_arrival_s:.6g} s, more than the run {what} for {len(specs):,} requests")
 
 
-def check_runnable(cfg: SimConfig, specs) -> None:
-    """Refuse, before anything runs, what `simulate` cannot run: a workload with no requests
-    (`specs`, its request stream), the priority policy over requests of one priority (it would
-    be FCFS), disaggregation without a cluster, an external KV tier beside disaggregation, and
-    client timeouts with KV moved over the fabric."""
-    if not len(specs):
-        raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
-    if cfg.engine.scheduling_policy == "priority" and not getattr(specs, "priorities_differ",
-                                                                  False):
+def check_policy(policy: str, specs) -> None:
+    """Refuse the scheduling policy `policy` (engine.scheduling_policy) for the requests `specs`
+    where it has no effect (priority over requests of one priority: it would be FCFS) or vLLM
+    refuses it (fcfs over requests with priorities)."""
+    if policy == "priority" and not getattr(specs, "priorities_differ", False):
         raise ConfigError("engine.scheduling_policy: priority has no effect: every request of "
                           "the workload has the same priority, so it serves them as fcfs does "
                           "(only a custom dataset's lines carry priorities, as `priority`); "
                           "use fcfs")
+    if policy == "fcfs" and getattr(specs, "has_priorities", False):
+        raise ConfigError("engine.scheduling_policy: the workload's requests carry priorities "
+                          "(its custom dataset's `priority`), which vLLM refuses under fcfs "
+                          "('Priority scheduling is not enabled'); set scheduling_policy: "
+                          "priority, or drop the priorities")
+
+
+def check_runnable(cfg: SimConfig, specs) -> None:
+    """Refuse, before anything runs, what `simulate` cannot run: a workload with no requests
+    (`specs`, its request stream), the priority policy over requests of one priority (it would
+    be FCFS) and priorities under FCFS (vLLM refuses them), disaggregation without a cluster, an external KV tier beside disaggregation, and
+    client timeouts with KV moved over the fabric."""
+    if not len(specs):
+        raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
+    check_policy(cfg.engine.scheduling_policy, specs)
     pd = cfg.parallelism.prefill_decode
     tier = cfg.cluster.kv_tier if cfg.cluster is not None else None
     if pd is not None and cfg.cluster is None:

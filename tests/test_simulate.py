@@ -244,7 +244,7 @@ def _priority_run(tmp_path, policy, priorities):
 
 def test_a_custom_files_priorities_order_service_under_the_priority_policy(tmp_path):
     priorities = [3, 1, 2, 0, -1]
-    assert _priority_run(tmp_path, "fcfs", priorities) == ["r0", "r1", "r2", "r3", "r4"]
+    assert _priority_run(tmp_path, "fcfs", [None] * 5) == ["r0", "r1", "r2", "r3", "r4"]
     # vLLM: the lowest value first (ties by arrival).
     assert _priority_run(tmp_path, "priority", priorities) == ["r4", "r3", "r1", "r2", "r0"]
 
@@ -253,6 +253,15 @@ def test_a_custom_files_priorities_order_service_under_the_priority_policy(tmp_p
 def test_the_priority_policy_over_requests_of_one_priority_is_refused(tmp_path, priorities):
     with pytest.raises(ConfigError, match=r"^engine\.scheduling_policy: priority has no effect"):
         _priority_run(tmp_path, "priority", priorities)
+
+
+def test_priorities_under_fcfs_are_refused_as_vllm_refuses_them(tmp_path):
+    # vLLM: "Got priority ... but Priority scheduling is not enabled" for any priority but 0.
+    for priorities in ([3, 1, 2], [5, 5, 5]):
+        with pytest.raises(ConfigError, match=r"^engine\.scheduling_policy: the workload's "
+                                              r"requests carry priorities"):
+            _priority_run(tmp_path, "fcfs", priorities)
+    assert _priority_run(tmp_path, "fcfs", [0, 0, 0]) == ["r0", "r1", "r2"]
 
 
 def test_the_priority_policy_is_refused_for_datasets_without_priorities():

@@ -86,6 +86,12 @@ class RequestStream:
         return bool(getattr(self._samples, "priorities_differ", False))
 
     @property
+    def has_priorities(self) -> bool:
+        """Whether some request has a priority other than 0, vLLM's default (only a custom
+        dataset's lines carry priorities)."""
+        return bool(getattr(self._samples, "has_priorities", False))
+
+    @property
     def last_arrival_s(self) -> float:
         """When the last request arrives (0 for none)."""
         return float(self._times_s.max()) if len(self._times_s) else 0.0

@@ -55,6 +55,12 @@ class SampleColumns(Sequence[Sample]):
         p = self._priorities
         return p is not None and len(p) > 0 and bool(p.min() != p.max())
 
+    @property
+    def has_priorities(self) -> bool:
+        """Whether some sample has a priority other than 0 (vLLM's default)."""
+        p = self._priorities
+        return p is not None and bool(np.any(p != 0))
+
     def __len__(self) -> int:
         return len(self._prompt_lens)
 
