@@ -46,6 +46,42 @@ def check_space_applies(study: StudyConfig) -> None:
     if "disaggregated" in (study.space.serving or ()) and "cluster" not in study.base:
         raise ConfigError("space.serving: disaggregated serving moves KV caches over a network; "
                           "add a cluster section to the base")
+    check_searched_values(study)
+
+
+def check_searched_values(study: StudyConfig) -> None:
+    """Refuse a searched value that the base makes a refusal of every trial that draws it: a
+    scheduling policy the base's workload refuses (`simcore.simulate.check_policy`), expert
+    parallelism beside the base's compute.moe_routing (which it leaves with no effect). A base
+    that does not validate or whose workload cannot be read is left to `check_base`."""
+    from pathlib import Path
+
+    from simcore.simulate import check_policy
+    from simcore.workload.generate import request_stream
+
+    active = study.space.active(study.base)
+    policy = active.get("engine.scheduling_policy")
+    ep = active.get("parallelism.enable_expert_parallel")
+    routing = (study.base.get("compute") or {}).get("moe_routing")
+    if ep is not None and routing is not None and True in getattr(ep, "choices", ()):
+        raise ConfigError("base: compute.moe_routing: has no effect on the trials with expert "
+                          "parallelism that space.parallelism.enable_expert_parallel searches "
+                          "(an expert-parallel group's roofline times the routed experts, "
+                          "routing uniformly); remove it from the base")
+    if policy is None:
+        return
+    try:
+        cfg = parse_config(study.base, source="base")
+        specs = request_stream(cfg.workload, block_size=cfg.engine.block_size, seed=cfg.seed,
+                               base_dir=Path(cfg.base_dir))
+    except ConfigError:
+        return
+    for choice in getattr(policy, "choices", ()):
+        try:
+            check_policy(choice, specs)
+        except ConfigError as err:
+            raise ConfigError(f"space.engine.scheduling_policy: the choice {choice} is refused "
+                              f"for the base's workload ({err})") from None
 
 
 def check_base(study: StudyConfig) -> None:

@@ -568,6 +568,46 @@ def test_a_space_that_does_not_apply_to_the_base_is_refused_before_any_trial():
         check_space_applies(pd)
 
 
+def test_searched_values_the_base_refuses_are_refused_before_any_trial(tmp_path):
+    from dse.search_checks import check_space_applies
+
+    policies = {"engine.scheduling_policy": {"type": "categorical",
+                                             "choices": ["fcfs", "priority"]}}
+    data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                                  "hardware": {"gpu": "A100-80GB"},
+                                  "workload": {"num_prompts": 8}},
+            "space": {"parameters": policies},
+            "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]}
+    # No dataset but a custom file carries priorities: the priority policy would be fcfs.
+    with pytest.raises(ConfigError, match=r"^space\.engine\.scheduling_policy: the choice "
+                                          r"priority is refused .*priority has no effect"):
+        check_space_applies(parse_study(data))
+    # A custom file with priorities: vLLM refuses them under fcfs.
+    (tmp_path / "p.jsonl").write_text("".join(
+        f'{{"prompt_len": 32, "output_len": 4, "priority": {p}}}\n' for p in (0, 1, 2)))
+    custom = copy.deepcopy(data)
+    custom["base"]["workload"] = {"num_prompts": 3, "dataset": {"kind": "custom",
+                                                                 "path": str(tmp_path / "p.jsonl")}}
+    with pytest.raises(ConfigError, match=r"^space\.engine\.scheduling_policy: the choice fcfs"):
+        check_space_applies(parse_study(custom))
+    custom["space"]["parameters"] = {"engine.scheduling_policy": {
+        "type": "categorical", "choices": ["priority"]}, "engine.max_num_seqs": {
+        "type": "categorical", "choices": [8, 16]}}
+    check_space_applies(parse_study(custom))
+    # compute.moe_routing has no effect on the expert-parallel trials the space searches.
+    moe = copy.deepcopy(data)
+    moe["base"]["model"] = {"name": "Qwen/Qwen3-30B-A3B"}
+    moe["base"]["hardware"] = {"gpu": "H100-SXM"}
+    moe["base"]["compute"] = {"moe_routing": "balanced"}
+    moe["space"]["parameters"] = {"parallelism.enable_expert_parallel": {
+        "type": "categorical", "choices": [False, True], "when": "moe"}}
+    with pytest.raises(ConfigError, match=r"^base: compute\.moe_routing: has no effect on the "
+                                          r"trials with expert parallelism"):
+        check_space_applies(parse_study(moe))
+    del moe["base"]["compute"]
+    check_space_applies(parse_study(moe))
+
+
 def test_a_report_dir_that_is_a_file_is_named_as_such(tmp_path):
     from dse.search_checks import check_outputs
 
