@@ -264,7 +264,8 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         layout = (cfg.model.resolved_mxfp4_moe_layout(gpu.name) if weight_dtype == "mxfp4"
                   else None)
         rank: StepTimeModel = (KernelModel(arch, gpu, profile=profile, moe_routing=c.moe_routing,
-                                           mxfp4_moe_layout=layout, **kw)
+                                           mxfp4_moe_layout=layout,
+                                           expert_parallel=par.enable_expert_parallel, **kw)
                                if isinstance(profile, KernelProfile)
                                else CalibratedModel(arch, gpu, profile=profile, **kw))
     else:

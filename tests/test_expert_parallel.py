@@ -378,3 +378,16 @@ def test_the_shipped_moe_study_searches_expert_parallelism_for_moe_models_only()
         assert precheck(study.base, {"parallelism.tensor_parallel_size": tp,
                                      "parallelism.enable_expert_parallel": True},
                         screen, study) is None
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_the_rank_model_reports_the_routed_experts_as_the_group_times_them(dp):
+    # At any DP an expert-parallel group's roofline times the routed experts (uniform routing):
+    # the rank model's provenance and error bound do not claim a measured fused-MoE table.
+    d = {"model": {"name": "Qwen/Qwen3-30B-A3B"}, "hardware": {"gpu": "H100-SXM"},
+         "parallelism": {"tensor_parallel_size": 2, "data_parallel_size": dp,
+                         "enable_expert_parallel": True},
+         "workload": {"num_prompts": 10, "request_rate": 1}}
+    m = build_deployment(parse_config(d)).step_model
+    assert m.rank_model.moe_routing is None
+    assert "routed experts: roofline, uniform routing (expert parallelism)" in m.fallbacks()

@@ -311,7 +311,7 @@ class KernelModel(MeasuredModel):
                  host=None, moe_routing: str | None = None,
                  compute_bound_scale: float = 1.0, mxfp4_moe_layout: str | None = None,
                  collective_skew_s: float = 0.0,
-                 graphless_collective_scale: float = 1.0) -> None:
+                 graphless_collective_scale: float = 1.0, expert_parallel: bool = False) -> None:
         super().__init__(arch, gpu, tp=tp, pp=pp, weight_dtype=weight_dtype,
                          kv_cache_dtype=kv_cache_dtype, assumptions=assumptions,
                          sequence_parallel_moe=sequence_parallel_moe,
@@ -540,13 +540,15 @@ class KernelModel(MeasuredModel):
                         f"prefill scaled by {triton.describe()}")
             self._fallbacks.append(f"attention kernel: roofline ({why})")
 
-        # Routed experts (TP-sharded; expert parallelism times them over its whole group).
+        # Routed experts (TP-sharded; expert parallelism times them over its whole group, at
+        # any DP: `simcore.compute.expert_parallel`).
+        grouped = sequence_parallel_moe or expert_parallel
         if arch.is_moe:
             mdt = moe_dtype(weight_dtype)
             routings = (moe_routing,) if moe_routing else (
                 DEFAULT_MOE_ROUTING, *(r for r in MOE_ROUTINGS if r != DEFAULT_MOE_ROUTING))
             moe = routing = None
-            for routing in () if sequence_parallel_moe else routings:
+            for routing in () if grouped else routings:
                 moe = profile.moe_curve(mdt, arch.hidden_size, arch.moe_intermediate_size,
                                         arch.num_experts_per_tok, arch.num_experts, tp, 1,
                                         routing)
@@ -557,7 +559,7 @@ class KernelModel(MeasuredModel):
                                                   mxfp4_moe_layout):
                 moe = None      # the layout's backend ran them: its kernels time them
             derived = None
-            if moe is None and not sequence_parallel_moe:
+            if moe is None and not grouped:
                 derived = derived_experts(self, profile, arch, gpu, tp, weight_dtype, mdt,
                                           routings, mxfp4_moe_layout)
                 if derived is None:
@@ -599,10 +601,10 @@ class KernelModel(MeasuredModel):
                         "the measured kernel their time")
             else:
                 self._sources["moe"].add(rough)
-                why = ("expert parallelism" if sequence_parallel_moe else
+                why = ("expert parallelism" if grouped else
                        f"no {mdt} fused-MoE measurement of this shape at TP {tp}"
                        + (f" with {moe_routing} routing" if moe_routing else ""))
-                if weight_dtype in EXPERT_ONLY_DTYPES and not sequence_parallel_moe:
+                if weight_dtype in EXPERT_ONLY_DTYPES and not grouped:
                     why += (f"; {weight_dtype} experts read at "
                             f"{8 * dtype_bytes(weight_dtype):g} bits per weight and run at the "
                             "bf16 tensor-core rate, as vLLM's weight-only MXFP4 kernels (Marlin "
