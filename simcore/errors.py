@@ -286,8 +286,8 @@ class _Path:
         for i, seg in enumerate(loc):
             ann, discriminator = _unwrap(ann, discriminator)
             members = _union_members(ann)
-            if isinstance(seg, str) and seg.startswith("function-"):
-                continue
+            if isinstance(seg, str) and seg.startswith("function-") and not members:
+                continue        # a validator's label outside a union (a member's is its label)
             if seg == "[key]":      # the error is in the key just walked, not in its value
                 path.key_error = True
                 path.parts.pop()

@@ -214,7 +214,29 @@ def test_lossless_classes_name_the_field():
     ({"workload": {"dataset": {"kind": "random", "input_len": True}}},
      "config: workload.dataset.input_len: expected a whole number (got true)"),
     ({"workload": {"dataset": {"kind": "sessions", "turns": True}}},
-     "config: workload.dataset.turns: expected a whole number (got true)"),
+     "config: workload.dataset.turns: expected a whole number or a mapping of settings "
+     "(got true)"),
+    ({"workload": {"dataset": {"kind": "sessions", "turns": {"mean": True}}}},
+     "config: workload.dataset.turns.mean: expected a whole number (got true)"),
+    # A count written as a mapping is a LengthRange: its own fields are named (the whole-number
+    # member's validator label must not hide the union).
+    ({"workload": {"dataset": {"kind": "sessions", "turns": {"mean": -3}}}},
+     "config: workload.dataset.turns.mean: must be at least 0 (got -3)"),
+    ({"workload": {"dataset": {"kind": "sessions", "turns": {"mean": 3, "typo": 1}}}},
+     "config: workload.dataset.turns.typo: is not a known setting (check its spelling and "
+     "place in the file)"),
+    ({"workload": {"dataset": {"kind": "sessions", "turns": {"range_ratio": 0.5}}}},
+     "config: workload.dataset.turns.mean: is required"),
+    ({"workload": {"dataset": {"kind": "sessions",
+                               "reply_len": {"mean": 3, "range_ratio": 1.5}}}},
+     "config: workload.dataset.reply_len.range_ratio: must be less than 1 (got 1.5)"),
+    ({"workload": {"dataset": {"kind": "agent_sessions", "first_prompt_len": {"mean": -3}}}},
+     "config: workload.dataset.first_prompt_len.mean: must be at least 0 (got -3)"),
+    ({"workload": {"dataset": {"kind": "sessions", "turns": -1}}},
+     "config: workload.dataset.turns: must be at least 0 (got -1)"),
+    ({"workload": {"dataset": {"kind": "sessions", "turns": "x"}}},
+     "config: workload.dataset.turns: expected a whole number or a mapping of settings "
+     "(got 'x')"),
     # A number out of its range in a union with a section: the number's own bound, not the
     # union's member labels; infinities as YAML writes them.
     ({"workload": {"dataset": {"kind": "sessions", "think_time_s": float("inf")}}},
