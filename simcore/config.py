@@ -12,7 +12,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
-from simcore.errors import NOT_MODELLED, ConfigError, away_from_default, format_validation_error
+from simcore.errors import (NOT_MODELLED, ConfigError, WholeNumber, away_from_default,
+                            format_validation_error)
 from simcore.host import HostConfig
 from simcore.hardware import HardwareConfig, get_gpu
 from simcore.loading import load_yaml
@@ -30,13 +31,15 @@ class PrefillDecodeConfig(BaseModel):
 
     model_config = _FROZEN
 
-    num_prefill_instances: int = Field(1, ge=1, description="Instances that run prompts.")
-    num_decode_instances: int = Field(1, ge=1, description="Instances that generate tokens.")
-    prefill_tensor_parallel_size: int | None = Field(
+    num_prefill_instances: WholeNumber = Field(1, ge=1, description="Instances that run "
+                                               "prompts.")
+    num_decode_instances: WholeNumber = Field(1, ge=1, description="Instances that generate "
+                                              "tokens.")
+    prefill_tensor_parallel_size: WholeNumber | None = Field(
         None, ge=1, description="TP of each prefill instance (default: "
         "parallelism.tensor_parallel_size); its step times, KV-cache size and batch limits are "
         "those of a deployment at this TP.")
-    decode_tensor_parallel_size: int | None = Field(
+    decode_tensor_parallel_size: WholeNumber | None = Field(
         None, ge=1, description="TP of each decode instance (default: "
         "parallelism.tensor_parallel_size), likewise.")
     prefill_gpu: str | None = Field(
@@ -79,14 +82,15 @@ class ParallelismConfig(BaseModel):
 
     model_config = _FROZEN
 
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs that shard every layer (TP); "
-                                      "must divide the attention heads.")
-    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (PP); each holds a "
-                                        "contiguous slice of the layers.")
-    data_parallel_size: int = Field(1, ge=1, description="Data-parallel ranks (DP), each with "
-                                    "TP x PP GPUs, its own scheduler and KV cache, behind the "
-                                    "router. Without expert parallelism they are independent "
-                                    "engine replicas; with it they step in lock-step.")
+    tensor_parallel_size: WholeNumber = Field(1, ge=1, description="GPUs that shard every "
+                                              "layer (TP); must divide the attention heads.")
+    pipeline_parallel_size: WholeNumber = Field(1, ge=1, description="Pipeline stages (PP); each "
+                                                "holds a contiguous slice of the layers.")
+    data_parallel_size: WholeNumber = Field(1, ge=1, description="Data-parallel ranks (DP), each "
+                                            "with TP x PP GPUs, its own scheduler and KV cache, "
+                                            "behind the router. Without expert parallelism "
+                                            "they are independent engine replicas; with it "
+                                            "they step in lock-step.")
     enable_expert_parallel: bool = Field(False, description="vLLM's expert parallelism for MoE "
                                          "models: routed experts spread whole over EP = DP x TP "
                                          "GPUs (per pipeline stage), attention data-parallel, "
@@ -96,10 +100,11 @@ class ParallelismConfig(BaseModel):
                                          "prefill_decode, each role's instances are one EP group "
                                          "(EP = its instances x its TP).")
 
-    num_replicas: int = Field(1, ge=1, description="Independent copies of the whole deployment "
-                              "(DP x TP x PP GPUs each, with expert parallelism each its own "
-                              "lock-step EP group) behind one router, as separate vLLM "
-                              "deployments behind a load balancer.")
+    num_replicas: WholeNumber = Field(1, ge=1, description="Independent copies of the whole "
+                                      "deployment (DP x TP x PP GPUs each, with expert "
+                                      "parallelism each its own lock-step EP group) behind one "
+                                      "router, as separate vLLM deployments behind a load "
+                                      "balancer.")
     prefill_decode: PrefillDecodeConfig | None = Field(
         None, description="Prefill/decode disaggregation (needs a cluster): prefill instances "
         "run each prompt and produce its first token, its KV cache crosses the fabric, and a "
@@ -204,18 +209,19 @@ class SpeculativeConfig(BaseModel):
         "eagle / eagle3 (a one-layer draft head on the target's hidden states), mtp (the "
         "target's own multi-token-prediction layers, e.g. DeepSeek-V3) or ngram (prompt lookup "
         "on the CPU).")
-    num_speculative_tokens: int = Field(ge=1, description="Draft tokens proposed per "
-                                        "decoding request and step (k).")
+    num_speculative_tokens: WholeNumber = Field(ge=1, description="Draft tokens proposed per "
+                                                "decoding request and step (k).")
     model: str | None = Field(None, description="draft_model: the draft model, a preset name as "
                               "model.name takes it (it times the draft). eagle / eagle3: the "
                               "draft head's checkpoint name, informative only (the head is timed "
                               "as one decoder layer of the target's width). Not used by mtp "
                               "and ngram.")
-    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest n-gram "
-                                          "matched (only matters to acceptance, which is "
-                                          "declared).")
-    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest n-gram "
-                                          "matched (only matters to acceptance).")
+    prompt_lookup_min: WholeNumber | None = Field(None, ge=1, description="ngram: shortest "
+                                                  "n-gram matched (only matters to "
+                                                  "acceptance, which is declared).")
+    prompt_lookup_max: WholeNumber | None = Field(None, ge=1, description="ngram: longest "
+                                                  "n-gram matched (only matters to "
+                                                  "acceptance).")
     acceptance_rate: float | None = Field(None, ge=0, le=1, description="Acceptance model: the "
                                           "probability that a draft token is accepted given "
                                           "that the one before it was (the same at every "
@@ -283,14 +289,14 @@ class EngineConfig(BaseModel):
 
     model_config = _FROZEN
 
-    max_num_seqs: int | None = Field(None, ge=1, description="Most requests in one batch. Default "
-                                     "as `vllm serve`: 1024 on GPUs with >= 70 GiB other than "
-                                     "A100, else 256.")
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="Token budget of one step. "
-                                               "Default as `vllm serve`: 8192 on GPUs with >= 70 GiB"
-                                               " other than A100, else 2048 (with chunked prefill)"
-                                               "; max_model_len without chunked prefill.")
-    block_size: int = Field(16, description="Tokens per KV-cache block.")
+    max_num_seqs: WholeNumber | None = Field(
+        None, ge=1, description="Most requests in one batch. Default as `vllm serve`: 1024 on "
+        "GPUs with >= 70 GiB other than A100, else 256.")
+    max_num_batched_tokens: WholeNumber | None = Field(
+        None, ge=1, description="Token budget of one step. Default as `vllm serve`: 8192 on GPUs "
+        "with >= 70 GiB other than A100, else 2048 (with chunked prefill); max_model_len "
+        "without chunked prefill.")
+    block_size: WholeNumber = Field(16, description="Tokens per KV-cache block.")
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Fraction of GPU memory "
                                           "vLLM may use for weights, activations and KV cache.")
     profile_cuda_graph_memory: bool = Field(True, description="Subtract the CUDA graphs' "
@@ -299,15 +305,16 @@ class EngineConfig(BaseModel):
                                             "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS); false "
                                             "for earlier releases, which captured the graphs "
                                             "after allocating the KV cache.")
-    num_gpu_blocks_override: int | None = Field(None, ge=2, le=1 << 27, description="Use this "
-                                                "many KV blocks instead of the memory-derived "
-                                                "number (at most 2^27: each takes about 14 "
-                                                "bytes of the simulator's memory).")
+    num_gpu_blocks_override: WholeNumber | None = Field(
+        None, ge=2, le=1 << 27, description="Use this many KV blocks instead of the "
+        "memory-derived number (at most 2^27: each takes about 14 bytes of the simulator's "
+        "memory).")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps.")
     enable_prefix_caching: bool = Field(True, description="Reuse cached full KV blocks across "
                                         "requests with a common prefix.")
-    long_prefill_token_threshold: int = Field(0, ge=0, description="Cap on prompt tokens one "
-                                              "request may schedule per step (0 = no cap).")
+    long_prefill_token_threshold: WholeNumber = Field(
+        0, ge=0, description="Cap on prompt tokens one request may schedule per step (0 = no "
+        "cap).")
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="Waiting-queue "
                                                            "order and preemption victim choice.")
     preemption_mode: Literal["vllm", "least_work_done"] = Field(
@@ -319,11 +326,10 @@ class EngineConfig(BaseModel):
                                    "vLLM's every-step admission.")
     scheduler_reserve_full_isl: bool = Field(True, description="Admit a request only if its whole "
                                              "prompt fits in free KV blocks (vLLM default).")
-    max_num_scheduled_tokens: int | None = Field(None, ge=1, description="Most tokens the "
-                                                 "scheduler may issue in one step (vLLM "
-                                                 "--max-num-scheduled-tokens); a step stays "
-                                                 "within both this and max_num_batched_tokens. "
-                                                 "Null: max_num_batched_tokens.")
+    max_num_scheduled_tokens: WholeNumber | None = Field(
+        None, ge=1, description="Most tokens the scheduler may issue in one step (vLLM "
+        "--max-num-scheduled-tokens); a step stays within both this and max_num_batched_tokens. "
+        "Null: max_num_batched_tokens.")
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of the KV blocks kept free "
                              "when admitting a waiting or preempted request while others run "
                              "(vLLM --watermark); admission with nothing running ignores it.")
@@ -589,8 +595,8 @@ class SimConfig(BaseModel):
     model_config = _FROZEN
 
     name: str = Field("simulation", description="A label carried into the results.")
-    seed: int = Field(0, description="Seed of every random choice (workload, routing ties); same "
-                      "seed, same result.")
+    seed: WholeNumber = Field(0, description="Seed of every random choice (workload, routing "
+                              "ties); same seed, same result.")
     model: ModelConfig = Field(description="The served model: a preset name or a Hugging Face "
                                "config.json, with weight and KV-cache dtypes.")
     hardware: HardwareConfig = Field(description="The GPU (from the catalog) and its node.")

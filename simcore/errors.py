@@ -60,14 +60,21 @@ def show(value: Any) -> str:
     return text if len(text) <= _MAX_SHOWN_CHARS else text[:_MAX_SHOWN_CHARS - 3] + "..."
 
 
-def _not_true_or_false(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
+def _refusing_true_or_false(kind: str, expected: str) -> BeforeValidator:
+    """A validator that refuses YAML's true and false with pydantic's `kind` of type error."""
+    def not_true_or_false(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise PydanticCustomError(kind, f"Input should be a valid {expected}")
+        return value
+    return BeforeValidator(not_true_or_false)
 
 
-WholeNumber = typing.Annotated[int, BeforeValidator(_not_true_or_false)]
+WholeNumber = typing.Annotated[int, _refusing_true_or_false("int_type", "integer")]
 """An int field that refuses YAML's true and false, which pydantic would read as 1 and 0."""
+
+Number = typing.Annotated[float, _refusing_true_or_false("float_type", "number")]
+"""A float field that refuses YAML's true and false, which pydantic would read as 1.0 and 0.0;
+numbers, numeric text and infinities read as a float field reads them."""
 
 
 def away_from_default(model: BaseModel, *names: str) -> list[str]:

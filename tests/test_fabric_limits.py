@@ -142,6 +142,17 @@ def test_a_scenario_oversubscription_is_held_to_a_clusters_bounds(topology, valu
     load_scenario({**_two_messages(0.0), "topology": {**topology, "oversubscription": 0.01}})
 
 
+@pytest.mark.parametrize("topology", [LEAF_SPINE, RAILS], ids=["leaf_spine", "rails"])
+def test_a_scenario_oversubscription_of_true_is_refused(topology):
+    # YAML's true is not an oversubscription of 1.
+    with pytest.raises(ConfigError, match=r"topology\.oversubscription: expected a number "
+                                          r"\(got true\)"):
+        load_scenario({**_two_messages(0.0), "topology": {**topology,
+                                                           "oversubscription": True}})
+    sc = load_scenario({**_two_messages(0.0), "topology": {**topology, "oversubscription": "2"}})
+    assert sc.topology.oversubscription == 2.0
+
+
 def test_a_link_under_1_mbps_is_refused():
     # One bit a second: 2 MB would take six months, past the packet clock's 53 days; a frame
     # of a link of 10^-13 Gb/s outlasts the clock.
@@ -218,6 +229,8 @@ def test_a_cluster_on_the_packet_fabric_whose_sends_outlast_its_clock_is_refused
      "oversubscription: must be at most 1000"),
     ("cluster.network.topology.oversubscription", 0.001,
      "cluster.network.topology.oversubscription: must be at least 0.01 \\(got 0.001\\)"),
+    ("cluster.network.topology.oversubscription", True,
+     "cluster.network.topology.oversubscription: expected a number \\(got true\\)"),
     ("cluster.tenant_traffic", [{"src_gpu": 0, "dst_gpu": 1, "rate_gbps": 100,
                                  "message_bytes": 4096}], "3.052e\\+06 messages a second, past "
                                                           "the 100,000 a tenant may send"),

@@ -237,6 +237,28 @@ def test_lossless_classes_name_the_field():
     ({"workload": {"dataset": {"kind": "sessions", "turns": "x"}}},
      "config: workload.dataset.turns: expected a whole number or a mapping of settings "
      "(got 'x')"),
+    # Nor are they counts, seeds or rates anywhere else in the config.
+    ({"engine": {"max_num_seqs": True}},
+     "config: engine.max_num_seqs: expected a whole number (got true)"),
+    ({"engine": {"block_size": True}},
+     "config: engine.block_size: expected a whole number (got true)"),
+    ({"engine": {"speculative_config": {"method": "ngram", "num_speculative_tokens": True,
+                                        "acceptance_rate": 0.5}}},
+     "config: engine.speculative_config.num_speculative_tokens: expected a whole number "
+     "(got true)"),
+    ({"parallelism": {"tensor_parallel_size": True}},
+     "config: parallelism.tensor_parallel_size: expected a whole number (got true)"),
+    ({"parallelism": {"prefill_decode": {"num_decode_instances": True}}},
+     "config: parallelism.prefill_decode.num_decode_instances: expected a whole number "
+     "(got true)"),
+    ({"seed": True}, "config: seed: expected a whole number (got true)"),
+    ({"workload": {"request_rate": True}},
+     "config: workload.request_rate: expected a number (got true)"),
+    ({"workload": {"dataset": {"kind": "sessions", "think_time_s": True}}},
+     "config: workload.dataset.think_time_s: expected a number or a mapping of settings "
+     "(got true)"),
+    ({"workload": {"dataset": {"kind": "agent_sessions", "think_time_s": {"mean_s": False}}}},
+     "config: workload.dataset.think_time_s.mean_s: expected a number (got false)"),
     # A number out of its range in a union with a section: the number's own bound, not the
     # union's member labels; infinities as YAML writes them.
     ({"workload": {"dataset": {"kind": "sessions", "think_time_s": float("inf")}}},
@@ -282,10 +304,27 @@ def test_lossless_classes_name_the_field():
      "file)"),
 ])
 def test_config_sentences(changes, message):
+    with pytest.raises(ConfigError) as e:
+        parse_config(_quickstart_with(changes))
+    assert str(e.value) == message
+
+
+def _quickstart_with(changes: dict) -> dict:
+    """The quickstart config with each top-level key of `changes` set (a section's mapping
+    merged into the section)."""
     data = load_yaml(EXAMPLES / "quickstart.yaml")
     for key, value in changes.items():
         data[key] = value if not isinstance(value, dict) or not isinstance(data.get(key), dict) \
             else {**data[key], **value}
-    with pytest.raises(ConfigError) as e:
-        parse_config(data)
-    assert str(e.value) == message
+    return data
+
+
+@pytest.mark.parametrize("changes, read", [
+    ({"engine": {"max_num_seqs": "64"}}, lambda c: c.engine.max_num_seqs == 64),
+    ({"seed": 7.0}, lambda c: c.seed == 7),
+    ({"workload": {"request_rate": "inf"}}, lambda c: c.workload.request_rate == float("inf")),
+    ({"workload": {"request_rate": 5}}, lambda c: c.workload.request_rate == 5.0),
+    ({"workload": {"request_rate": "2.5"}}, lambda c: c.workload.request_rate == 2.5),
+])
+def test_numbers_refusing_true_and_false_read_numbers_as_before(changes, read):
+    assert read(parse_config(_quickstart_with(changes)))

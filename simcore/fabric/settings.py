@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, field_validator,
                       model_validator)
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, Number
 
 if TYPE_CHECKING:
     from simcore.fabric.dcqcn import DcqcnParams
@@ -60,7 +60,7 @@ bandwidth)."""
 MAX_OVERSUBSCRIPTION = 1e3
 """Largest oversubscription of a leaf's uplinks (a thousand times its hosts' bandwidth over its
 uplinks' is past any fabric built)."""
-Oversubscription = Annotated[float, Field(ge=MIN_OVERSUBSCRIPTION, le=MAX_OVERSUBSCRIPTION)]
+Oversubscription = Annotated[Number, Field(ge=MIN_OVERSUBSCRIPTION, le=MAX_OVERSUBSCRIPTION)]
 """A leaf's downlink over uplink bandwidth, in a scenario's topology and a cluster's network
 alike."""
 OVERSUBSCRIPTION_RANGE = f"{MIN_OVERSUBSCRIPTION:g} to {MAX_OVERSUBSCRIPTION:,.0f}"

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simcore.errors import WholeNumber, away_from_default
+from simcore.errors import Number, WholeNumber, away_from_default
 
 DEFAULT_NUM_PROMPTS = 1000
 """vLLM's `--num-prompts` default, used by the datasets that are sampled rather than replayed."""
@@ -197,10 +197,10 @@ class ThinkTime(_Frozen):
     distribution: Literal["fixed", "exponential"] = Field("exponential", description="'fixed': "
                                                           "always mean_s; 'exponential': "
                                                           "exponentially distributed, mean mean_s.")
-    mean_s: float = Field(ge=0, allow_inf_nan=False, description="Mean pause in seconds.")
+    mean_s: Number = Field(ge=0, allow_inf_nan=False, description="Mean pause in seconds.")
 
 
-ThinkTimeSpec = Annotated[float, Field(ge=0, allow_inf_nan=False)] | ThinkTime
+ThinkTimeSpec = Annotated[Number, Field(ge=0, allow_inf_nan=False)] | ThinkTime
 """A fixed pause in seconds (a number), or a ThinkTime."""
 
 
@@ -356,11 +356,11 @@ class WorkloadConfig(_Frozen):
                                     "default) for random, prefix_repetition, sharegpt and custom; "
                                     "every request of the window for mooncake and azure (set, it "
                                     "caps them to the first num_prompts).")
-    request_rate: float = Field(math.inf, gt=0, description="Mean requests per second; inf sends all "
-                                "at time 0 (vLLM --request-rate).")
-    burstiness: float = Field(1.0, gt=0, description="Gamma shape of the gaps between sends: 1 = "
-                              "Poisson, < 1 burstier, > 1 more regular, inf = constant gaps "
-                              "(vLLM --burstiness).")
+    request_rate: Number = Field(math.inf, gt=0, description="Mean requests per second; inf "
+                                 "sends all at time 0 (vLLM --request-rate).")
+    burstiness: Number = Field(1.0, gt=0, description="Gamma shape of the gaps between sends: 1 "
+                               "= Poisson, < 1 burstier, > 1 more regular, inf = constant gaps "
+                               "(vLLM --burstiness).")
     ramp_up_strategy: Literal["linear", "exponential"] | None = Field(None, description="Rate ramp-up "
                                                                       "(vLLM --ramp-up-strategy).")
     ramp_up_start_rps: float | None = Field(None, description="Rate of the first request under a "
