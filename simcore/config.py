@@ -18,6 +18,7 @@ from simcore.host import HostConfig
 from simcore.hardware import HardwareConfig, get_gpu
 from simcore.loading import load_yaml
 from simcore.model.config import ModelConfig
+from simcore.model.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from simcore.workload.config import WorkloadConfig
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
@@ -297,8 +298,9 @@ class EngineConfig(BaseModel):
         "with >= 70 GiB other than A100, else 2048 (with chunked prefill); max_model_len "
         "without chunked prefill.")
     block_size: WholeNumber = Field(16, description="Tokens per KV-cache block.")
-    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Fraction of GPU memory "
-                                          "vLLM may use for weights, activations and KV cache.")
+    gpu_memory_utilization: float = Field(
+        DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1, description="Fraction of GPU memory vLLM may "
+        "use for weights, activations and KV cache.")
     profile_cuda_graph_memory: bool = Field(True, description="Subtract the CUDA graphs' "
                                             "estimated memory before sizing the KV cache, as "
                                             "vLLM does by default since 0.21 "

@@ -21,6 +21,7 @@ MEMORY_CAUSE_FIELDS = {"weights": "parallelism.tensor_parallel_size",
                        "max_num_batched_tokens": "engine.max_num_batched_tokens",
                        "max_num_seqs": "engine.max_num_seqs",
                        "max_model_len": "model.max_model_len",
+                       "gpu_memory_utilization": "engine.gpu_memory_utilization",
                        "drafter": "engine.speculative_config.method",
                        "draft_model": "engine.speculative_config.model"}
 """The setting a start-up memory refusal names, by its MemoryRefusal cause (a drafter's by the

@@ -190,6 +190,18 @@ def test_a_memory_refusal_names_the_setting_responsible(changes, field):
     assert "KV cache" in msg
 
 
+def test_weights_refused_for_a_lowered_utilisation_name_it():
+    # 15 GiB of weights in the 7.9 GiB of 0.1 x 80 GiB; the default 0.92 has room for them.
+    msg = error_of(merged(engine={"gpu_memory_utilization": 0.1}), deploy=True)
+    assert msg.startswith("engine.gpu_memory_utilization: model weights of ")
+    assert "raise gpu_memory_utilization (the default 0.92 allows 72.9 GiB)" in msg
+    # Past what the default allows, the weights need more GPUs whatever the utilisation.
+    msg = error_of(merged(model={"name": "meta-llama/Llama-3.1-70B"},
+                          engine={"gpu_memory_utilization": 0.5}), deploy=True)
+    assert msg.startswith("parallelism.tensor_parallel_size: model weights of ")
+    assert "raise gpu_memory_utilization" not in msg
+
+
 @pytest.mark.parametrize("section, values, field", [
     ("engine", {"enable_lora": True}, "enable_lora"),
     ("engine", {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1"}},

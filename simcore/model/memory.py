@@ -22,6 +22,8 @@ is 38.25-38.55 bytes on gpt-oss-20b/120b, Llama-3.1-8B, Llama-3.3-70B (TP 2), Qw
 2) on H100 and Qwen3-235B (TP 4) on H200, whatever the vocabulary (128k-201k), TP or MoE
 (`simcore/data/measurements/vllm_startup_memory.csv`, the rows marked fit)."""
 DEFAULT_SAMPLER_BYTES_PER_LOGIT = SAMPLER_BYTES_PER_LOGIT
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+"""vLLM's default gpu_memory_utilization (0.9 before 0.21), engine.gpu_memory_utilization's."""
 
 
 def non_torch_bytes(tp: int, nvlink: bool) -> float:
@@ -45,8 +47,9 @@ class MemoryRefusal(ConfigError):
     """vLLM would not start for want of memory; `cause` says which setting to change:
     "weights" (the model's weights: parallelism), "max_num_batched_tokens" or "max_num_seqs"
     (the activation peak of the profiling run, the larger share of what leaves no KV cache),
-    "drafter" (a speculative-decoding drafter's weights, heavier than the model's), or
-    "max_model_len" (one longest request does not fit)."""
+    "drafter" (a speculative-decoding drafter's weights, heavier than the model's),
+    "gpu_memory_utilization" (a utilisation below the default leaves the weights no room where
+    the default would), or "max_model_len" (one longest request does not fit)."""
 
     def __init__(self, message: str, cause: str):
         super().__init__(message)
@@ -208,7 +211,7 @@ def kv_cache_num_blocks(
     pp: int = 1,
     ep: int = 1,
     block_size: int = 16,
-    gpu_memory_utilization: float = 0.92,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 1024,
     max_model_len: int | None = None,
@@ -261,12 +264,18 @@ def kv_cache_num_blocks(
             whose += (f" ({target / GIB:.1f} GiB) and of its drafter {draft_name or 'model'} "
                       f"({draft / GIB:.1f} GiB)")
         if weights >= requested:
+            # They fit in what the default utilisation allows: the lowered one is to blame.
+            at_default = total_memory_bytes * DEFAULT_GPU_MEMORY_UTILIZATION
+            lowered = weights < at_default
             raise MemoryRefusal(
                 f"{whose} need {weights / GIB:.1f} GiB per GPU but only "
                 f"{requested / GIB:.1f} GiB is usable ({gpu_memory_utilization} x "
-                f"{total_memory_bytes / GIB:.1f} GiB); {smaller_draft}increase "
-                f"tensor_parallel_size or pipeline_parallel_size (now {tp} and {pp}), use a GPU "
-                "with more memory, or use fp8 weights", heavier)
+                f"{total_memory_bytes / GIB:.1f} GiB); "
+                + (f"raise gpu_memory_utilization (the default {DEFAULT_GPU_MEMORY_UTILIZATION} "
+                   f"allows {at_default / GIB:.1f} GiB), " if lowered else "")
+                + f"{smaller_draft}increase tensor_parallel_size or pipeline_parallel_size (now "
+                f"{tp} and {pp}), use a GPU with more memory, or use fp8 weights",
+                "gpu_memory_utilization" if lowered else heavier)
         peak = dict(tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
                     max_num_seqs=max_num_seqs, sampler_bytes_per_logit=sampler_bytes_per_logit,
                     ep=ep)
