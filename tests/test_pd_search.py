@@ -88,6 +88,21 @@ def test_a_layout_that_does_not_fit_is_refused_naming_the_field():
         simulate(pd_config(8, 3))
 
 
+def test_a_role_memory_refusal_leads_with_the_setting_responsible():
+    from simcore.cluster.roles import build_role_deployments
+
+    # The token budget's activations leave the TP-4 prefill instances no KV cache: the budget
+    # is named, with the role beside it (not the role's TP before it).
+    cfg = pd_config(4, 8).with_section("engine", max_num_batched_tokens=10**9)
+    with pytest.raises(ConfigError, match=r"^engine\.max_num_batched_tokens \(prefill "
+                                          r"instances\): no memory left for the KV cache"):
+        build_role_deployments(cfg)
+    # 131 GiB of weights on one GPU: the role's TP is what to change.
+    with pytest.raises(ConfigError, match=r"^parallelism\.prefill_decode\."
+                                          r"prefill_tensor_parallel_size: model weights"):
+        build_role_deployments(pd_config(1, 8))
+
+
 # -- KV shard mapping -----------------------------------------------------------------------------
 
 def test_kv_heads_by_rank_follow_vllm():

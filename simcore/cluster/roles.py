@@ -12,6 +12,8 @@ its own; both kinds of node must hold the same number of GPUs.
 
 from __future__ import annotations
 
+import re
+
 from simcore.cluster.placement import (DECODE, DECODE_TP_FIELD, PREFILL, PREFILL_TP_FIELD,
                                        Instance, Placement, place)
 from simcore.config import SimConfig
@@ -25,6 +27,8 @@ ROLE_GPU_FIELDS = {PREFILL: "parallelism.prefill_decode.prefill_gpu",
                    DECODE: "parallelism.prefill_decode.decode_gpu"}
 TP_FIELD = "parallelism.tensor_parallel_size"
 EP_FIELD = "parallelism.enable_expert_parallel"
+_LEADING_FIELD = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*): ")
+"""The dotted field a start-up refusal begins with ("engine.max_num_batched_tokens: ...")."""
 
 
 def role_gpu_name(cfg: SimConfig, role: str) -> str:
@@ -103,12 +107,18 @@ def build_role_deployments(cfg: SimConfig, *, op_scale: dict[str, float] | None 
             out[role] = build_deployment(role_config(cfg, role), op_scale=op_scale)
         except ConfigError as err:
             text = str(err)
+            named = _LEADING_FIELD.match(text)
+            field = named.group(1) if named else None
             ep_field = f"parallelism.prefill_decode.{role}_expert_parallel"
             own_ep = par.role_setting(role, "expert_parallel") is not None
-            if own_ep and text.startswith(EP_FIELD + ":"):
+            if own_ep and field == EP_FIELD:
                 text = ep_field + text[len(EP_FIELD):]
-            elif explicit and text.startswith(TP_FIELD + ":"):
+            elif explicit and field == TP_FIELD:
                 text = ROLE_TP_FIELDS[role] + text[len(TP_FIELD):]
+            elif explicit and field is not None:
+                # Another setting is responsible (the token budget, max_model_len, ...): it
+                # leads, the role said beside it.
+                text = f"{field} ({role} instances){text[len(field):]}"
             elif explicit:
                 text = f"{ROLE_TP_FIELDS[role]} ({role} instances): {text}"
             elif own_gpu:
