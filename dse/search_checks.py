@@ -64,10 +64,18 @@ def check_searched_values(study: StudyConfig) -> None:
     ep = active.get("parallelism.enable_expert_parallel")
     routing = (study.base.get("compute") or {}).get("moe_routing")
     if ep is not None and routing is not None and True in getattr(ep, "choices", ()):
-        raise ConfigError("base: compute.moe_routing: has no effect on the trials with expert "
-                          "parallelism that space.parallelism.enable_expert_parallel searches "
-                          "(an expert-parallel group's roofline times the routed experts, "
-                          "routing uniformly); remove it from the base")
+        # Refused where expert parallelism leaves every role expert-parallel (the config's own
+        # check); a role kept without it still reads the routing.
+        try:
+            parse_config(trial_mapping(study.base, {"parallelism.enable_expert_parallel": True},
+                                       {}), source="base")
+        except ConfigError as err:
+            if "compute.moe_routing" in str(err):
+                raise ConfigError("base: compute.moe_routing: has no effect on the trials with "
+                                  "expert parallelism that space.parallelism."
+                                  "enable_expert_parallel searches (an expert-parallel group's "
+                                  "roofline times the routed experts, routing uniformly); "
+                                  "remove it from the base") from None
     if policy is None:
         return
     try:

@@ -408,11 +408,12 @@ def _widened_line(setting: str, was: float, now: float, specs, what: str) -> str
 
 def check_policy(policy: str, specs) -> None:
     """Refuse the scheduling policy `policy` (engine.scheduling_policy) for the requests `specs`
-    where it has no effect (priority over requests of one priority: it would be FCFS) or vLLM
-    refuses it (fcfs over requests with priorities)."""
-    if policy == "priority" and not getattr(specs, "priorities_differ", False):
+    where it has no effect (priority over requests of priority 0 alone: it would be FCFS) or
+    vLLM refuses it (fcfs over requests with priorities other than 0; one such priority shared
+    by all needs the priority policy, though it orders nothing)."""
+    if policy == "priority" and not getattr(specs, "has_priorities", False):
         raise ConfigError("engine.scheduling_policy: priority has no effect: every request of "
-                          "the workload has the same priority, so it serves them as fcfs does "
+                          "the workload has priority 0, so it serves them as fcfs does "
                           "(only a custom dataset's lines carry priorities, as `priority`); "
                           "use fcfs")
     if policy == "fcfs" and getattr(specs, "has_priorities", False):

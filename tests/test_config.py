@@ -178,8 +178,9 @@ def test_model_too_big_for_the_gpu():
     # The sampler's run over 200,000 rows of the vocabulary, larger than a step's forward.
     ({"engine": {"max_num_seqs": 200_000, "max_num_batched_tokens": 200_000}},
      "engine.max_num_seqs"),
-    # The weights take most of the little memory allowed: more GPUs.
-    ({"engine": {"gpu_memory_utilization": 0.2}}, "parallelism.tensor_parallel_size"),
+    # The weights take most of the little memory allowed, where the default utilisation would
+    # leave the KV cache room: the lowered utilisation's fault.
+    ({"engine": {"gpu_memory_utilization": 0.2}}, "engine.gpu_memory_utilization"),
     # One request of the model's whole context does not fit.
     ({"hardware": {"gpu": "L40S"}, "engine": {"gpu_memory_utilization": 0.55},
       "model": {"max_model_len": 131072}}, "model.max_model_len"),

@@ -249,10 +249,16 @@ def test_a_custom_files_priorities_order_service_under_the_priority_policy(tmp_p
     assert _priority_run(tmp_path, "priority", priorities) == ["r4", "r3", "r1", "r2", "r0"]
 
 
-@pytest.mark.parametrize("priorities", [[None, None, None], [2, 2, 2]])
-def test_the_priority_policy_over_requests_of_one_priority_is_refused(tmp_path, priorities):
+@pytest.mark.parametrize("priorities", [[None, None, None], [0, 0, 0]])
+def test_the_priority_policy_over_requests_of_priority_0_is_refused(tmp_path, priorities):
     with pytest.raises(ConfigError, match=r"^engine\.scheduling_policy: priority has no effect"):
         _priority_run(tmp_path, "priority", priorities)
+
+
+def test_one_priority_other_than_0_shared_by_all_runs_under_the_priority_policy(tmp_path):
+    # vLLM accepts such requests only under the priority policy, which then serves them in
+    # arrival order: one policy of the two runs them.
+    assert _priority_run(tmp_path, "priority", [2, 2, 2]) == ["r0", "r1", "r2"]
 
 
 def test_priorities_under_fcfs_are_refused_as_vllm_refuses_them(tmp_path):

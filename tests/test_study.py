@@ -606,6 +606,13 @@ def test_searched_values_the_base_refuses_are_refused_before_any_trial(tmp_path)
         check_space_applies(parse_study(moe))
     del moe["base"]["compute"]
     check_space_applies(parse_study(moe))
+    # Where a disaggregated role is kept without expert parallelism, the routing still counts.
+    moe["base"]["compute"] = {"moe_routing": "balanced"}
+    moe["base"]["parallelism"] = {"tensor_parallel_size": 2, "prefill_decode": {
+        "num_prefill_instances": 1, "num_decode_instances": 2,
+        "prefill_expert_parallel": False}}
+    moe["base"]["cluster"] = {"num_nodes": 1}
+    check_space_applies(parse_study(moe))
 
 
 def test_a_report_dir_that_is_a_file_is_named_as_such(tmp_path):

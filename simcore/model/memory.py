@@ -48,8 +48,8 @@ class MemoryRefusal(ConfigError):
     "weights" (the model's weights: parallelism), "max_num_batched_tokens" or "max_num_seqs"
     (the activation peak of the profiling run, the larger share of what leaves no KV cache),
     "drafter" (a speculative-decoding drafter's weights, heavier than the model's),
-    "gpu_memory_utilization" (a utilisation below the default leaves the weights no room where
-    the default would), or "max_model_len" (one longest request does not fit)."""
+    "gpu_memory_utilization" (a utilisation below the default leaves the weights, or the KV
+    cache, no room where the default would), or "max_model_len" (one longest request does not fit)."""
 
     def __init__(self, message: str, cause: str):
         super().__init__(message)
@@ -288,7 +288,14 @@ def kv_cache_num_blocks(
         num_blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if num_blocks <= 0:
             cause = heavier
-            if activation > weights + cuda_graph_bytes + non_torch_bytes:
+            # What the default utilisation would leave the KV cache: the lowered one is to
+            # blame where that holds a block.
+            kv_at_default = total_memory_bytes * DEFAULT_GPU_MEMORY_UTILIZATION - (requested
+                                                                                  - kv_bytes)
+            if kv_at_default >= per_block:
+                cause = "gpu_memory_utilization"
+                smaller_draft = ""
+            elif activation > weights + cuda_graph_bytes + non_torch_bytes:
                 # The sampler's run over max_num_seqs rows, or the forward of a full step.
                 forward = activation_peak_bytes(arch, last_stage=False, **peak)
                 cause = "max_num_seqs" if activation > forward else "max_num_batched_tokens"
@@ -299,7 +306,10 @@ def kv_cache_num_blocks(
                 f"activations/graphs {(activation + cuda_graph_bytes + non_torch_bytes) / GIB:.1f}"
                 f" GiB of {requested / GIB:.1f} GiB; {smaller_draft}increase "
                 "gpu_memory_utilization or parallelism, or decrease max_num_batched_tokens / "
-                "max_num_seqs", cause)
+                "max_num_seqs"
+                + (f" (the default gpu_memory_utilization {DEFAULT_GPU_MEMORY_UTILIZATION} "
+                   f"would leave the KV cache {kv_at_default / GIB:.1f} GiB)"
+                   if cause == "gpu_memory_utilization" else ""), cause)
         result = KvCacheMemory(
             total_memory_bytes=total_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
             requested_bytes=requested, weight_bytes=weights, activation_peak_bytes=activation,
