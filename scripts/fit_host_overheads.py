@@ -4,8 +4,10 @@ set, and write them to simcore/data/cpu_costs/fitted.json.
 The parameters: the model runner's CPU time per step and per scheduled sequence, the API
 server's per streamed token and per request (its latency, and its work that holds it:
 `simcore.host`), and the calibrated compute
-model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks) and
-the TP ranks' skew at each all-reduce (`compute.collective_skew_s`: the last rank's wait). The
+model's compute-bound scale (`compute.compute_bound_scale`: sustained against boost clocks),
+the TP ranks' skew at each all-reduce (`compute.collective_skew_s`: the last rank's wait) and the
+all-reduces' scale in steps not replayed as one full CUDA graph
+(`compute.graphless_collective_scale`). The
 objective: the mean over the fit cases and their metric families of |log(predicted /
 measured)|, each prediction `dse.validate_e2e.predict`'s (for an offline ShareGPT batch the median
 over its draws); with the result, per metric family the fit cases' residuals log(measured /

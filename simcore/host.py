@@ -52,9 +52,11 @@ end-to-end validation set (`scripts/fit_host_overheads.py` -> `simcore/data/cpu_
 fitted.json`); their defaults are those fitted values, moved from the host speed the fit ran
 at to the config's `host_speed` (`host_parameter`): all of the CPU side scales with it. The
 calibrated compute model's compute-bound scale (`compute.compute_bound_scale`, sustained
-against boost clocks) and its TP ranks' skew at each all-reduce (`compute.collective_skew_s`)
-are fitted with them, on the same cases, and kept in the same file
-(`fitted_compute_bound_scale`, `fitted_collective_skew_s`).
+against boost clocks), its TP ranks' skew at each all-reduce (`compute.collective_skew_s`) and
+its all-reduces' scale in steps not replayed as one full CUDA graph
+(`compute.graphless_collective_scale`) are fitted with them, on the same cases, and kept in the
+same file (`fitted_compute_bound_scale`, `fitted_collective_skew_s`,
+`fitted_graphless_collective_scale`).
 """
 
 from __future__ import annotations
