@@ -321,7 +321,7 @@ def test_the_shipped_residuals_by_gpu_are_the_pooled_ones_split_up():
         q = fitted_residuals()[fam]
         assert {g for g, v in q["by_gpu"].items() if len(v) >= MIN_GPU_RESIDUALS} == \
             {"A100-80GB", "H100-SXM"}, fam
-    assert len(fitted_cases()) == 68
+    assert len(fitted_cases()) == 71
 
 
 def test_calibrated_envelope_says_whose_errors_it_took():

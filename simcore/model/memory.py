@@ -294,7 +294,6 @@ def kv_cache_num_blocks(
                                                                                   - kv_bytes)
             if kv_at_default >= per_block:
                 cause = "gpu_memory_utilization"
-                smaller_draft = ""
             elif activation > weights + cuda_graph_bytes + non_torch_bytes:
                 # The sampler's run over max_num_seqs rows, or the forward of a full step.
                 forward = activation_peak_bytes(arch, last_stage=False, **peak)
