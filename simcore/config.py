@@ -12,7 +12,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from simcore.cluster.config import ClusterConfig
 from simcore.compute.roofline import RooflineAssumptions
-from simcore.errors import (NOT_MODELLED, ConfigError, WholeNumber, away_from_default,
+from simcore.errors import (NOT_MODELLED, ConfigError, Number, WholeNumber, away_from_default,
                             format_validation_error)
 from simcore.host import HostConfig
 from simcore.hardware import HardwareConfig, get_gpu
@@ -298,7 +298,7 @@ class EngineConfig(BaseModel):
         "with >= 70 GiB other than A100, else 2048 (with chunked prefill); max_model_len "
         "without chunked prefill.")
     block_size: WholeNumber = Field(16, description="Tokens per KV-cache block.")
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: Number = Field(
         DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1, description="Fraction of GPU memory vLLM may "
         "use for weights, activations and KV cache.")
     profile_cuda_graph_memory: bool = Field(True, description="Subtract the CUDA graphs' "

@@ -252,6 +252,12 @@ def test_lossless_classes_name_the_field():
      "config: parallelism.prefill_decode.num_decode_instances: expected a whole number "
      "(got true)"),
     ({"seed": True}, "config: seed: expected a whole number (got true)"),
+    ({"engine": {"gpu_memory_utilization": True}},
+     "config: engine.gpu_memory_utilization: expected a number (got true)"),
+    ({"workload": {"dataset": {"kind": "random", "range_ratio": True}}},
+     "config: workload.dataset.range_ratio: expected a number (got true)"),
+    ({"cluster": {"num_nodes": True}},
+     "config: cluster.num_nodes: expected a whole number (got true)"),
     ({"workload": {"request_rate": True}},
      "config: workload.request_rate: expected a number (got true)"),
     ({"workload": {"dataset": {"kind": "sessions", "think_time_s": True}}},

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.cluster.network import NetworkConfig
+from simcore.errors import WholeNumber
 from simcore.fabric.fidelity import (BACKENDS, MODEL, PACKET_ONLY_TOPOLOGY, backends_ignoring,
                                      changed_settings, unread_settings, unread_topology)
 from simcore.fabric.settings import MAX_RATE_GBPS, MAX_TIME_S, FabricSettings
@@ -187,7 +188,7 @@ class ClusterConfig(BaseModel):
 
     model_config = _FROZEN
 
-    num_nodes: int = Field(ge=1, le=MAX_CLUSTER_NODES, description="GPU servers (at most "
+    num_nodes: WholeNumber = Field(ge=1, le=MAX_CLUSTER_NODES, description="GPU servers (at most "
                            "1,024: twice the 512-server clusters the simulator is sized for).")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="NICs, topology "
                                    "and storage servers.")

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from simcore.errors import ConfigError, format_validation_error
+from simcore.errors import ConfigError, WholeNumber, format_validation_error
 from simcore.fabric import topology as topo
 from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, MIN_RATE_GBPS,
                                      OVERSUBSCRIPTION_RANGE, Bytes, Discipline, FabricSettings,
@@ -82,7 +82,7 @@ class RailOptimizedTopology(_Buffered):
     cross-rail traffic relays over NVLink (PXN) unless spines join the rails."""
 
     kind: Literal["rail_optimized"] = Field(description="Topology variant tag.")
-    num_nodes: int = Field(ge=1, description="Servers.")
+    num_nodes: WholeNumber = Field(ge=1, description="Servers.")
     gpus_per_node: int = Field(ge=1, description="GPUs (and rails) per server.")
     nic_rate_gbps: _LinkRate = Field(description="NIC link rate per GPU, Gb/s.")
     nvlink_rate_gbps: _LinkRate = Field(description="NVLink rate per GPU, Gb/s.")

@@ -59,7 +59,7 @@ class RandomDataset(_Frozen):
                            "excluded (vLLM --random-input-len).")
     output_len: WholeNumber = Field(128, ge=1, description="Mean output length in tokens "
                             "(vLLM --random-output-len).")
-    range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
+    range_ratio: Number = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
                                "uniform length ranges, in [0, 1) (vLLM --random-range-ratio).")
     prefix_len: WholeNumber = Field(0, ge=0, description="Tokens of the prefix shared by every request "
                             "(vLLM --random-prefix-len).")
@@ -168,7 +168,7 @@ class LengthRange(_Frozen):
     uniform in [floor(mean * (1 - range_ratio)), ceil(mean * (1 + range_ratio))]."""
 
     mean: WholeNumber = Field(ge=0, description="Mean of the count.")
-    range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
+    range_ratio: Number = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
                                "uniform range, in [0, 1); 0 = always the mean.")
 
     @property
