@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, field_validator,
                       model_validator)
 
-from simcore.errors import ConfigError, Number
+from simcore.errors import ConfigError, Number, WholeNumber
 
 if TYPE_CHECKING:
     from simcore.fabric.dcqcn import DcqcnParams
@@ -93,7 +93,7 @@ class _Buffered(_Frozen):
     buffer_bytes: Bytes | None = Field(None, gt=0, description="Egress-queue capacity per link in "
                                        "bytes of frames on the wire, headers included; leave out "
                                        "(and buffer_packets) for unbounded.")
-    buffer_packets: int | None = Field(None, gt=0, description="Egress-queue capacity per link in "
+    buffer_packets: WholeNumber | None = Field(None, gt=0, description="Egress-queue capacity per link in "
                                        "full-size packets: buffer_packets x mtu_bytes bytes of "
                                        "frames, headers included.")
 
@@ -146,15 +146,15 @@ class EcnSettings(BaseModel):
 
     enabled: bool = Field(True, description="Mark packets at egress queues (queues without it are "
                           "drop-tail).")
-    kmin_bytes: int | None = Field(None, gt=0, description="Kmin in bytes for every link; null: "
+    kmin_bytes: WholeNumber | None = Field(None, gt=0, description="Kmin in bytes for every link; null: "
                                    "kmin_bytes_per_25gbps scaled to the link's rate.")
-    kmax_bytes: int | None = Field(None, gt=0, description="Kmax in bytes for every link; null: "
+    kmax_bytes: WholeNumber | None = Field(None, gt=0, description="Kmax in bytes for every link; null: "
                                    "kmax_bytes_per_25gbps scaled to the link's rate.")
-    kmin_bytes_per_25gbps: int = Field(100_000, gt=0, description="Kmin per 25 Gb/s of link rate "
+    kmin_bytes_per_25gbps: WholeNumber = Field(100_000, gt=0, description="Kmin per 25 Gb/s of link rate "
                                        "(100 KB at 25G, 400 KB at 100G: HPCC / Alibaba values).")
-    kmax_bytes_per_25gbps: int = Field(400_000, gt=0, description="Kmax per 25 Gb/s of link rate "
+    kmax_bytes_per_25gbps: WholeNumber = Field(400_000, gt=0, description="Kmax per 25 Gb/s of link rate "
                                        "(400 KB at 25G, 1.6 MB at 100G).")
-    pmax: float = Field(0.2, gt=0, le=1, description="Marking probability at Kmax.")
+    pmax: Number = Field(0.2, gt=0, le=1, description="Marking probability at Kmax.")
 
     @model_validator(mode="after")
     def _ordered(self) -> EcnSettings:
@@ -188,15 +188,15 @@ class PfcSettings(BaseModel):
 
     enabled: bool = Field(True, description="Lossless operation through PAUSE frames; off: lossy, "
                           "drops at full buffers and go-back-N retransmission.")
-    alpha: float = Field(0.125, gt=0, description="Dynamic-threshold factor: XOFF threshold = "
+    alpha: Number = Field(0.125, gt=0, description="Dynamic-threshold factor: XOFF threshold = "
                          "alpha x free shared buffer (1/8 at NIC-rate ports).")
-    shared_buffer_bytes: int = Field(32_000_000, gt=0, description="Shared packet buffer of each "
+    shared_buffer_bytes: WholeNumber = Field(32_000_000, gt=0, description="Shared packet buffer of each "
                                      "switch, bytes.")
-    headroom_bytes: int | None = Field(None, gt=0, description="Headroom per ingress port; null: "
+    headroom_bytes: WholeNumber | None = Field(None, gt=0, description="Headroom per ingress port; null: "
                                        "2 x link RTT x rate + 2 MTU, per link.")
-    xon_offset_bytes: int = Field(8192, ge=0, description="XON is sent when the port's use falls "
+    xon_offset_bytes: WholeNumber = Field(8192, ge=0, description="XON is sent when the port's use falls "
                                   "this far below the XOFF threshold.")
-    pause_quanta: int = Field(65535, gt=0, le=65535, description="Pause time carried by an XOFF "
+    pause_quanta: WholeNumber = Field(65535, gt=0, le=65535, description="Pause time carried by an XOFF "
                               "frame, in quanta of 512 bit times.")
 
     def headroom_for(self, rate_bps: float, delay_s: float, mtu_bytes: int) -> float:
@@ -213,7 +213,7 @@ class CreditSettings(BaseModel):
     model_config = _FROZEN
 
     enabled: bool = Field(False, description="Lossless operation through credits.")
-    buffer_bytes: int | None = Field(None, gt=0, description="Receive buffer advertised per port "
+    buffer_bytes: WholeNumber | None = Field(None, gt=0, description="Receive buffer advertised per port "
                                      "(per virtual lane); null: the link's buffer_bytes, or 2 x "
                                      "bandwidth-delay product + 2 MTU when that is unbounded.")
 
@@ -264,28 +264,28 @@ class DcqcnSettings(BaseModel):
     variant: Literal["paper", "mellanox"] = Field(
         "mellanox", description="paper: the SIGCOMM 2015 semantics; mellanox: NIC-firmware "
         "timers.")
-    g: float | None = Field(None, gt=0, le=1, description="EWMA gain of alpha.")
-    alpha_timer_s: float | None = Field(None, gt=0, description="K: alpha decays every K "
+    g: Number | None = Field(None, gt=0, le=1, description="EWMA gain of alpha.")
+    alpha_timer_s: Number | None = Field(None, gt=0, description="K: alpha decays every K "
                                         "without a cut.")
-    rate_decrease_min_interval_s: float | None = Field(None, ge=0, description="Shortest time "
+    rate_decrease_min_interval_s: Number | None = Field(None, ge=0, description="Shortest time "
                                                        "between two rate cuts.")
-    increase_timer_s: float | None = Field(None, gt=0, description="T: period of timer "
+    increase_timer_s: Number | None = Field(None, gt=0, description="T: period of timer "
                                            "rate-increase events.")
-    byte_counter_bytes: int | None = Field(None, ge=0, description="B: bytes per byte-counter "
+    byte_counter_bytes: WholeNumber | None = Field(None, ge=0, description="B: bytes per byte-counter "
                                            "rate-increase event; 0 turns the byte counter off.")
-    fast_recovery_steps: int | None = Field(None, ge=0, description="F: fast-recovery steps "
+    fast_recovery_steps: WholeNumber | None = Field(None, ge=0, description="F: fast-recovery steps "
                                             "after a cut.")
-    rate_ai_gbps: float | None = Field(None, ge=0, description="R_AI: additive-increase step, "
+    rate_ai_gbps: Number | None = Field(None, ge=0, description="R_AI: additive-increase step, "
                                        "Gb/s.")
-    rate_hai_gbps: float | None = Field(None, ge=0, description="R_HAI: hyper-increase step, "
+    rate_hai_gbps: Number | None = Field(None, ge=0, description="R_HAI: hyper-increase step, "
                                         "Gb/s.")
-    min_rate_gbps: float | None = Field(None, gt=0, description="Floor of the current rate, Gb/s.")
-    initial_alpha: float | None = Field(None, ge=0, le=1, description="Alpha used by the first "
+    min_rate_gbps: Number | None = Field(None, gt=0, description="Floor of the current rate, Gb/s.")
+    initial_alpha: Number | None = Field(None, ge=0, le=1, description="Alpha used by the first "
                                         "cut.")
     clamp_target_rate_on_cut: bool | None = Field(None, description="Every cut sets the target "
                                                   "rate to the current rate (paper) or only after "
                                                   "an increase event (Mellanox firmware).")
-    cnp_interval_s: float = Field(50e-6, gt=0, description="Notification point: at most one CNP "
+    cnp_interval_s: Number = Field(50e-6, gt=0, description="Notification point: at most one CNP "
                                   "per flow per this interval.")
 
     @model_validator(mode="after")
@@ -332,8 +332,8 @@ class FabricSettings(BaseModel):
     profile: Profile = Field("roce", description="Preset the other fields default from: roce "
                              "(PFC + ECN + DCQCN), infiniband (credit-based, lossless), slingshot "
                              "(credit-based, adaptive routing, ECN).")
-    mtu_bytes: int = Field(description="Largest packet on the wire, headers included, bytes.", gt=0)
-    header_bytes: int = Field(description="Header bytes per packet; payload per packet is "
+    mtu_bytes: WholeNumber = Field(description="Largest packet on the wire, headers included, bytes.", gt=0)
+    header_bytes: WholeNumber = Field(description="Header bytes per packet; payload per packet is "
                               "mtu_bytes - header_bytes.", ge=0)
     routing: Literal["ecmp", "adaptive"] = Field(description="ecmp: per-switch 5-tuple hash; "
                                                  "adaptive: least-queued equal-cost next hop "
@@ -345,7 +345,7 @@ class FabricSettings(BaseModel):
     traffic_classes: TrafficClassSettings = Field(
         default_factory=TrafficClassSettings, description="Lossless classes and the scheduler "
         "among classes (packet backend; the others carry every class alike).")
-    retransmit_timeout_s: float = Field(100e-6, gt=0, description="Retransmission timeout of the "
+    retransmit_timeout_s: Number = Field(100e-6, gt=0, description="Retransmission timeout of the "
                                         "reliable transport (go-back-N or selective repeat) "
                                         "when the fabric is lossy (fixed, no back-off; 1,000 "
                                         "timeouts in a row without an acknowledgement stop the "
@@ -353,9 +353,9 @@ class FabricSettings(BaseModel):
     link_disciplines: dict[int, Discipline] = Field(
         default_factory=dict, description="Egress-queue discipline per link index, overriding "
         "ecn.enabled for those links (an explicit topology's per-link `discipline` fills it).")
-    sample_interval_s: float = Field(10e-6, gt=0, description="Interval of the link-utilization "
+    sample_interval_s: Number = Field(10e-6, gt=0, description="Interval of the link-utilization "
                                      "time series.")
-    queue_histogram_bin_bytes: int = Field(description="Width of the queue-occupancy histogram "
+    queue_histogram_bin_bytes: WholeNumber = Field(description="Width of the queue-occupancy histogram "
                                            "bins, bytes; left out or null: one MTU.", gt=0)
 
     @model_validator(mode="before")
