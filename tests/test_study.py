@@ -586,8 +586,8 @@ def test_searched_values_the_base_refuses_are_refused_before_any_trial(tmp_path)
     (tmp_path / "p.jsonl").write_text("".join(
         f'{{"prompt_len": 32, "output_len": 4, "priority": {p}}}\n' for p in (0, 1, 2)))
     custom = copy.deepcopy(data)
-    custom["base"]["workload"] = {"num_prompts": 3, "dataset": {"kind": "custom",
-                                                                 "path": str(tmp_path / "p.jsonl")}}
+    custom["base"]["workload"] = {"num_prompts": 3, "dataset": {
+        "kind": "custom", "path": str(tmp_path / "p.jsonl")}}
     with pytest.raises(ConfigError, match=r"^space\.engine\.scheduling_policy: the choice fcfs"):
         check_space_applies(parse_study(custom))
     custom["space"]["parameters"] = {"engine.scheduling_policy": {

@@ -188,8 +188,9 @@ class ClusterConfig(BaseModel):
 
     model_config = _FROZEN
 
-    num_nodes: WholeNumber = Field(ge=1, le=MAX_CLUSTER_NODES, description="GPU servers (at most "
-                           "1,024: twice the 512-server clusters the simulator is sized for).")
+    num_nodes: WholeNumber = Field(
+        ge=1, le=MAX_CLUSTER_NODES, description="GPU servers (at most 1,024: twice the 512-server "
+        "clusters the simulator is sized for).")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="NICs, topology "
                                    "and storage servers.")
     fabric: FabricConfig = Field(default_factory=FabricConfig, description="Fabric backend and "

@@ -93,9 +93,9 @@ class _Buffered(_Frozen):
     buffer_bytes: Bytes | None = Field(None, gt=0, description="Egress-queue capacity per link in "
                                        "bytes of frames on the wire, headers included; leave out "
                                        "(and buffer_packets) for unbounded.")
-    buffer_packets: WholeNumber | None = Field(None, gt=0, description="Egress-queue capacity per link in "
-                                       "full-size packets: buffer_packets x mtu_bytes bytes of "
-                                       "frames, headers included.")
+    buffer_packets: WholeNumber | None = Field(
+        None, gt=0, description="Egress-queue capacity per link in full-size packets: "
+        "buffer_packets x mtu_bytes bytes of frames, headers included.")
 
     @model_validator(mode="after")
     def _one_unit(self) -> _Buffered:
@@ -146,14 +146,18 @@ class EcnSettings(BaseModel):
 
     enabled: bool = Field(True, description="Mark packets at egress queues (queues without it are "
                           "drop-tail).")
-    kmin_bytes: WholeNumber | None = Field(None, gt=0, description="Kmin in bytes for every link; null: "
-                                   "kmin_bytes_per_25gbps scaled to the link's rate.")
-    kmax_bytes: WholeNumber | None = Field(None, gt=0, description="Kmax in bytes for every link; null: "
-                                   "kmax_bytes_per_25gbps scaled to the link's rate.")
-    kmin_bytes_per_25gbps: WholeNumber = Field(100_000, gt=0, description="Kmin per 25 Gb/s of link rate "
-                                       "(100 KB at 25G, 400 KB at 100G: HPCC / Alibaba values).")
-    kmax_bytes_per_25gbps: WholeNumber = Field(400_000, gt=0, description="Kmax per 25 Gb/s of link rate "
-                                       "(400 KB at 25G, 1.6 MB at 100G).")
+    kmin_bytes: WholeNumber | None = Field(
+        None, gt=0, description="Kmin in bytes for every link; null: kmin_bytes_per_25gbps scaled "
+        "to the link's rate.")
+    kmax_bytes: WholeNumber | None = Field(
+        None, gt=0, description="Kmax in bytes for every link; null: kmax_bytes_per_25gbps scaled "
+        "to the link's rate.")
+    kmin_bytes_per_25gbps: WholeNumber = Field(
+        100_000, gt=0, description="Kmin per 25 Gb/s of link rate (100 KB at 25G, 400 KB at 100G: "
+        "HPCC / Alibaba values).")
+    kmax_bytes_per_25gbps: WholeNumber = Field(
+        400_000, gt=0, description="Kmax per 25 Gb/s of link rate (400 KB at 25G, 1.6 MB at "
+        "100G).")
     pmax: Number = Field(0.2, gt=0, le=1, description="Marking probability at Kmax.")
 
     @model_validator(mode="after")
@@ -188,16 +192,20 @@ class PfcSettings(BaseModel):
 
     enabled: bool = Field(True, description="Lossless operation through PAUSE frames; off: lossy, "
                           "drops at full buffers and go-back-N retransmission.")
-    alpha: Number = Field(0.125, gt=0, description="Dynamic-threshold factor: XOFF threshold = "
-                         "alpha x free shared buffer (1/8 at NIC-rate ports).")
-    shared_buffer_bytes: WholeNumber = Field(32_000_000, gt=0, description="Shared packet buffer of each "
-                                     "switch, bytes.")
-    headroom_bytes: WholeNumber | None = Field(None, gt=0, description="Headroom per ingress port; null: "
-                                       "2 x link RTT x rate + 2 MTU, per link.")
-    xon_offset_bytes: WholeNumber = Field(8192, ge=0, description="XON is sent when the port's use falls "
-                                  "this far below the XOFF threshold.")
-    pause_quanta: WholeNumber = Field(65535, gt=0, le=65535, description="Pause time carried by an XOFF "
-                              "frame, in quanta of 512 bit times.")
+    alpha: Number = Field(
+        0.125, gt=0, description="Dynamic-threshold factor: XOFF threshold = alpha x free shared "
+        "buffer (1/8 at NIC-rate ports).")
+    shared_buffer_bytes: WholeNumber = Field(
+        32_000_000, gt=0, description="Shared packet buffer of each switch, bytes.")
+    headroom_bytes: WholeNumber | None = Field(
+        None, gt=0, description="Headroom per ingress port; null: 2 x link RTT x rate + 2 MTU, "
+        "per link.")
+    xon_offset_bytes: WholeNumber = Field(
+        8192, ge=0, description="XON is sent when the port's use falls this far below the XOFF "
+        "threshold.")
+    pause_quanta: WholeNumber = Field(
+        65535, gt=0, le=65535, description="Pause time carried by an XOFF frame, in quanta of 512 "
+        "bit times.")
 
     def headroom_for(self, rate_bps: float, delay_s: float, mtu_bytes: int) -> float:
         """Headroom in bytes at an ingress port fed by a link of `rate_bps` and `delay_s`."""
@@ -213,9 +221,9 @@ class CreditSettings(BaseModel):
     model_config = _FROZEN
 
     enabled: bool = Field(False, description="Lossless operation through credits.")
-    buffer_bytes: WholeNumber | None = Field(None, gt=0, description="Receive buffer advertised per port "
-                                     "(per virtual lane); null: the link's buffer_bytes, or 2 x "
-                                     "bandwidth-delay product + 2 MTU when that is unbounded.")
+    buffer_bytes: WholeNumber | None = Field(
+        None, gt=0, description="Receive buffer advertised per port (per virtual lane); null: the "
+        "link's buffer_bytes, or 2 x bandwidth-delay product + 2 MTU when that is unbounded.")
 
 
 class TrafficClassSettings(BaseModel):
@@ -265,28 +273,30 @@ class DcqcnSettings(BaseModel):
         "mellanox", description="paper: the SIGCOMM 2015 semantics; mellanox: NIC-firmware "
         "timers.")
     g: Number | None = Field(None, gt=0, le=1, description="EWMA gain of alpha.")
-    alpha_timer_s: Number | None = Field(None, gt=0, description="K: alpha decays every K "
-                                        "without a cut.")
-    rate_decrease_min_interval_s: Number | None = Field(None, ge=0, description="Shortest time "
-                                                       "between two rate cuts.")
-    increase_timer_s: Number | None = Field(None, gt=0, description="T: period of timer "
-                                           "rate-increase events.")
-    byte_counter_bytes: WholeNumber | None = Field(None, ge=0, description="B: bytes per byte-counter "
-                                           "rate-increase event; 0 turns the byte counter off.")
-    fast_recovery_steps: WholeNumber | None = Field(None, ge=0, description="F: fast-recovery steps "
-                                            "after a cut.")
-    rate_ai_gbps: Number | None = Field(None, ge=0, description="R_AI: additive-increase step, "
-                                       "Gb/s.")
-    rate_hai_gbps: Number | None = Field(None, ge=0, description="R_HAI: hyper-increase step, "
-                                        "Gb/s.")
-    min_rate_gbps: Number | None = Field(None, gt=0, description="Floor of the current rate, Gb/s.")
-    initial_alpha: Number | None = Field(None, ge=0, le=1, description="Alpha used by the first "
-                                        "cut.")
+    alpha_timer_s: Number | None = Field(
+        None, gt=0, description="K: alpha decays every K without a cut.")
+    rate_decrease_min_interval_s: Number | None = Field(
+        None, ge=0, description="Shortest time between two rate cuts.")
+    increase_timer_s: Number | None = Field(
+        None, gt=0, description="T: period of timer rate-increase events.")
+    byte_counter_bytes: WholeNumber | None = Field(
+        None, ge=0, description="B: bytes per byte-counter rate-increase event; 0 turns the byte "
+        "counter off.")
+    fast_recovery_steps: WholeNumber | None = Field(
+        None, ge=0, description="F: fast-recovery steps after a cut.")
+    rate_ai_gbps: Number | None = Field(
+        None, ge=0, description="R_AI: additive-increase step, Gb/s.")
+    rate_hai_gbps: Number | None = Field(
+        None, ge=0, description="R_HAI: hyper-increase step, Gb/s.")
+    min_rate_gbps: Number | None = Field(None, gt=0,
+                                         description="Floor of the current rate, Gb/s.")
+    initial_alpha: Number | None = Field(
+        None, ge=0, le=1, description="Alpha used by the first cut.")
     clamp_target_rate_on_cut: bool | None = Field(None, description="Every cut sets the target "
                                                   "rate to the current rate (paper) or only after "
                                                   "an increase event (Mellanox firmware).")
-    cnp_interval_s: Number = Field(50e-6, gt=0, description="Notification point: at most one CNP "
-                                  "per flow per this interval.")
+    cnp_interval_s: Number = Field(
+        50e-6, gt=0, description="Notification point: at most one CNP per flow per this interval.")
 
     @model_validator(mode="after")
     def _buildable(self) -> DcqcnSettings:
@@ -332,9 +342,11 @@ class FabricSettings(BaseModel):
     profile: Profile = Field("roce", description="Preset the other fields default from: roce "
                              "(PFC + ECN + DCQCN), infiniband (credit-based, lossless), slingshot "
                              "(credit-based, adaptive routing, ECN).")
-    mtu_bytes: WholeNumber = Field(description="Largest packet on the wire, headers included, bytes.", gt=0)
-    header_bytes: WholeNumber = Field(description="Header bytes per packet; payload per packet is "
-                              "mtu_bytes - header_bytes.", ge=0)
+    mtu_bytes: WholeNumber = Field(
+        gt=0, description="Largest packet on the wire, headers included, bytes.")
+    header_bytes: WholeNumber = Field(
+        ge=0, description="Header bytes per packet; payload per packet is mtu_bytes - "
+        "header_bytes.")
     routing: Literal["ecmp", "adaptive"] = Field(description="ecmp: per-switch 5-tuple hash; "
                                                  "adaptive: least-queued equal-cost next hop "
                                                  "(packet backend only; the others use ECMP).")
@@ -345,18 +357,18 @@ class FabricSettings(BaseModel):
     traffic_classes: TrafficClassSettings = Field(
         default_factory=TrafficClassSettings, description="Lossless classes and the scheduler "
         "among classes (packet backend; the others carry every class alike).")
-    retransmit_timeout_s: Number = Field(100e-6, gt=0, description="Retransmission timeout of the "
-                                        "reliable transport (go-back-N or selective repeat) "
-                                        "when the fabric is lossy (fixed, no back-off; 1,000 "
-                                        "timeouts in a row without an acknowledgement stop the "
-                                        "run with an error).")
+    retransmit_timeout_s: Number = Field(
+        100e-6, gt=0, description="Retransmission timeout of the reliable transport (go-back-N or "
+        "selective repeat) when the fabric is lossy (fixed, no back-off; 1,000 timeouts in a row "
+        "without an acknowledgement stop the run with an error).")
     link_disciplines: dict[int, Discipline] = Field(
         default_factory=dict, description="Egress-queue discipline per link index, overriding "
         "ecn.enabled for those links (an explicit topology's per-link `discipline` fills it).")
-    sample_interval_s: Number = Field(10e-6, gt=0, description="Interval of the link-utilization "
-                                     "time series.")
-    queue_histogram_bin_bytes: WholeNumber = Field(description="Width of the queue-occupancy histogram "
-                                           "bins, bytes; left out or null: one MTU.", gt=0)
+    sample_interval_s: Number = Field(
+        10e-6, gt=0, description="Interval of the link-utilization time series.")
+    queue_histogram_bin_bytes: WholeNumber = Field(
+        gt=0, description="Width of the queue-occupancy histogram bins, bytes; left out or null: "
+        "one MTU.")
 
     @model_validator(mode="before")
     @classmethod

@@ -49,7 +49,8 @@ class MemoryRefusal(ConfigError):
     (the activation peak of the profiling run, the larger share of what leaves no KV cache),
     "drafter" (a speculative-decoding drafter's weights, heavier than the model's),
     "gpu_memory_utilization" (a utilisation below the default leaves the weights, or the KV
-    cache, no room where the default would), or "max_model_len" (one longest request does not fit)."""
+    cache, no room where the default would), or "max_model_len" (one longest request does not
+    fit)."""
 
     def __init__(self, message: str, cause: str):
         super().__init__(message)
@@ -238,8 +239,9 @@ def kv_cache_num_blocks(
 
     A speculative-decoding drafter adds `draft_weight_bytes` of weights per GPU and
     `draft_kv_bytes_per_token` to every block's tokens (its KV layers share the target's
-    blocks), both on the last stage, where it runs; a refusal names it `draft_name`. Under an expert-only weight format (mxfp4) the routed experts take the
-    padded shapes of the kernel layout `expert_align` (`simcore.model.arch.MXFP4_MOE_LAYOUTS`).
+    blocks), both on the last stage, where it runs; a refusal names it `draft_name`. Under an
+    expert-only weight format (mxfp4) the routed experts take the padded shapes of the kernel
+    layout `expert_align` (`simcore.model.arch.MXFP4_MOE_LAYOUTS`).
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -276,7 +278,8 @@ def kv_cache_num_blocks(
                 + f"{smaller_draft}increase tensor_parallel_size or pipeline_parallel_size (now "
                 f"{tp} and {pp}), use a GPU with more memory, or use fp8 weights",
                 "gpu_memory_utilization" if lowered else heavier)
-        peak = dict(tp=tp, act_dtype_bytes=act_bytes, max_num_batched_tokens=max_num_batched_tokens,
+        peak = dict(tp=tp, act_dtype_bytes=act_bytes,
+                    max_num_batched_tokens=max_num_batched_tokens,
                     max_num_seqs=max_num_seqs, sampler_bytes_per_logit=sampler_bytes_per_logit,
                     ep=ep)
         activation = activation_peak_bytes(arch, last_stage=stage == pp - 1, **peak)

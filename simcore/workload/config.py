@@ -37,12 +37,15 @@ class TextLengthEstimate(_Frozen):
 class LengthFilter(_Frozen):
     """vLLM's `is_valid_sequence` filter on ShareGPT samples; the defaults are vLLM's."""
 
-    min_len: WholeNumber = Field(4, ge=0, description="Drop samples whose prompt, or whose output (unless "
-                         "output_len overrides it), has fewer tokens than this.")
-    max_prompt_len: WholeNumber | None = Field(1024, ge=1, description="Drop samples whose prompt has more "
-                                       "tokens than this; null keeps them.")
-    max_total_len: WholeNumber | None = Field(2048, ge=1, description="Drop samples whose prompt + output "
-                                      "has more tokens than this; null keeps them.")
+    min_len: WholeNumber = Field(
+        4, ge=0, description="Drop samples whose prompt, or whose output (unless output_len "
+        "overrides it), has fewer tokens than this.")
+    max_prompt_len: WholeNumber | None = Field(
+        1024, ge=1, description="Drop samples whose prompt has more tokens than this; null keeps "
+        "them.")
+    max_total_len: WholeNumber | None = Field(
+        2048, ge=1, description="Drop samples whose prompt + output has more tokens than this; "
+        "null keeps them.")
 
 
 class RandomDataset(_Frozen):
@@ -55,14 +58,17 @@ class RandomDataset(_Frozen):
     """
 
     kind: Literal["random"] = Field("random", description="Dataset variant tag.")
-    input_len: WholeNumber = Field(1024, ge=0, description="Mean random prompt length in tokens, prefix "
-                           "excluded (vLLM --random-input-len).")
-    output_len: WholeNumber = Field(128, ge=1, description="Mean output length in tokens "
-                            "(vLLM --random-output-len).")
-    range_ratio: Number = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
-                               "uniform length ranges, in [0, 1) (vLLM --random-range-ratio).")
-    prefix_len: WholeNumber = Field(0, ge=0, description="Tokens of the prefix shared by every request "
-                            "(vLLM --random-prefix-len).")
+    input_len: WholeNumber = Field(
+        1024, ge=0, description="Mean random prompt length in tokens, prefix excluded (vLLM "
+        "--random-input-len).")
+    output_len: WholeNumber = Field(
+        128, ge=1, description="Mean output length in tokens (vLLM --random-output-len).")
+    range_ratio: Number = Field(
+        0.0, ge=0.0, lt=1.0, description="Relative half-width r of the uniform length ranges, in "
+        "[0, 1) (vLLM --random-range-ratio).")
+    prefix_len: WholeNumber = Field(
+        0, ge=0, description="Tokens of the prefix shared by every request (vLLM "
+        "--random-prefix-len).")
 
     @model_validator(mode="after")
     def _nonempty_prompt(self) -> RandomDataset:
@@ -80,15 +86,20 @@ class PrefixRepetitionDataset(_Frozen):
     suffix_len tokens; the suffixes are random, so only the prefixes are shared.
     """
 
-    kind: Literal["prefix_repetition"] = Field("prefix_repetition", description="Dataset variant tag.")
-    prefix_len: WholeNumber = Field(256, ge=0, description="Tokens of each shared prefix "
-                            "(vLLM --prefix-repetition-prefix-len).")
-    suffix_len: WholeNumber = Field(256, ge=0, description="Tokens of each request's unique suffix "
-                            "(vLLM --prefix-repetition-suffix-len).")
-    num_prefixes: WholeNumber = Field(10, ge=1, description="Number of distinct prefixes "
-                              "(vLLM --prefix-repetition-num-prefixes).")
-    output_len: WholeNumber = Field(128, ge=1, description="Output tokens of every request "
-                            "(vLLM --prefix-repetition-output-len).")
+    kind: Literal["prefix_repetition"] = Field(
+        "prefix_repetition", description="Dataset variant tag.")
+    prefix_len: WholeNumber = Field(
+        256, ge=0, description="Tokens of each shared prefix (vLLM "
+        "--prefix-repetition-prefix-len).")
+    suffix_len: WholeNumber = Field(
+        256, ge=0, description="Tokens of each request's unique suffix (vLLM "
+        "--prefix-repetition-suffix-len).")
+    num_prefixes: WholeNumber = Field(
+        10, ge=1, description="Number of distinct prefixes (vLLM "
+        "--prefix-repetition-num-prefixes).")
+    output_len: WholeNumber = Field(
+        128, ge=1, description="Output tokens of every request (vLLM "
+        "--prefix-repetition-output-len).")
     shuffle: bool = Field(True, description="Shuffle the requests with the seed; false sends them "
                           "prefix by prefix (vLLM --disable-shuffle).")
 
@@ -125,14 +136,15 @@ class ShareGPTDataset(_Frozen):
         None, description="Which tokenizer's counts of the shipped lengths to send: `llama3` "
         "(Llama-3's BPE, the default) or `mistral_v1` (Mistral's 32k SentencePiece: Mistral-7B "
         "v0.1, Mixtral-8x7B); only without a `path`, whose own lengths are used.")
-    output_len: WholeNumber | None = Field(None, ge=1, description="Output tokens of every request, instead "
-                                   "of each answer's length (vLLM --sharegpt-output-len).")
+    output_len: WholeNumber | None = Field(
+        None, ge=1, description="Output tokens of every request, instead of each answer's length "
+        "(vLLM --sharegpt-output-len).")
     shuffle: bool = Field(True, description="Shuffle the entries with the seed before taking them "
                           "(false: vLLM --disable-shuffle).")
     length_filter: LengthFilter | None = Field(default_factory=LengthFilter, description="vLLM's "
                                                "sample filter; null keeps every sample.")
-    text_estimate: TextLengthEstimate = Field(default_factory=TextLengthEstimate, description="Token "
-                                              "count estimate for JSON text.")
+    text_estimate: TextLengthEstimate = Field(
+        default_factory=TextLengthEstimate, description="Token count estimate for JSON text.")
 
     @model_validator(mode="after")
     def _tokenizer_needs_shipped_lengths(self):
@@ -154,13 +166,15 @@ class CustomDataset(_Frozen):
 
     kind: Literal["custom"] = Field("custom", description="Dataset variant tag.")
     path: str = Field(description="JSONL file, relative to the configuration's directory.")
-    output_len: WholeNumber | None = Field(None, ge=1, description="Output tokens of every request, instead "
-                                   "of each line's output_len (vLLM --custom-output-len).")
+    output_len: WholeNumber | None = Field(
+        None, ge=1, description="Output tokens of every request, instead of each line's "
+        "output_len (vLLM --custom-output-len).")
     shuffle: bool = Field(True, description="Shuffle the lines with the seed before taking them "
                           "(false: vLLM --disable-shuffle).")
-    hash_block_tokens: WholeNumber = Field(512, ge=1, description="Tokens per hash id in `hash_ids`.")
-    text_estimate: TextLengthEstimate = Field(default_factory=TextLengthEstimate, description="Token "
-                                              "count estimate for `prompt` text.")
+    hash_block_tokens: WholeNumber = Field(
+        512, ge=1, description="Tokens per hash id in `hash_ids`.")
+    text_estimate: TextLengthEstimate = Field(
+        default_factory=TextLengthEstimate, description="Token count estimate for `prompt` text.")
 
 
 class LengthRange(_Frozen):
@@ -168,8 +182,9 @@ class LengthRange(_Frozen):
     uniform in [floor(mean * (1 - range_ratio)), ceil(mean * (1 + range_ratio))]."""
 
     mean: WholeNumber = Field(ge=0, description="Mean of the count.")
-    range_ratio: Number = Field(0.0, ge=0.0, lt=1.0, description="Relative half-width r of the "
-                               "uniform range, in [0, 1); 0 = always the mean.")
+    range_ratio: Number = Field(
+        0.0, ge=0.0, lt=1.0, description="Relative half-width r of the uniform range, in [0, 1); "
+        "0 = always the mean.")
 
     @property
     def low(self) -> int:
@@ -221,8 +236,9 @@ class _SessionsBase(_Frozen):
 
     num_sessions: WholeNumber = Field(100, ge=1, description="Sessions the client runs.")
     turns: Count = Field(4, description="Turns (requests) per session.")
-    shared_prefix_len: WholeNumber = Field(0, ge=0, description="Tokens at the start of every session's "
-                                   "first prompt that all sessions share (a system prompt).")
+    shared_prefix_len: WholeNumber = Field(
+        0, ge=0, description="Tokens at the start of every session's first prompt that all "
+        "sessions share (a system prompt).")
     first_prompt_len: Count = Field(512, description="Tokens of the first prompt after the "
                                     "shared prefix.")
     user_message_len: Count = Field(128, description="Tokens of each later turn's new message, "
@@ -230,9 +246,9 @@ class _SessionsBase(_Frozen):
     reply_len: Count = Field(256, description="Output tokens of each turn (ignore_eos).")
     think_time_s: ThinkTimeSpec = Field(10.0, description="Pause after a reply before the next "
                                         "turn: seconds (fixed), or {distribution, mean_s}.")
-    max_context_tokens: WholeNumber | None = Field(None, ge=1, description="A turn whose prompt plus "
-                                           "reply would exceed this is not sent and ends its "
-                                           "session; null: the server's max_model_len.")
+    max_context_tokens: WholeNumber | None = Field(
+        None, ge=1, description="A turn whose prompt plus reply would exceed this is not sent and "
+        "ends its session; null: the server's max_model_len.")
 
     @model_validator(mode="after")
     def _check_counts(self) -> _SessionsBase:
@@ -263,8 +279,9 @@ class AgentSessionsDataset(_SessionsBase):
     kind: Literal["agent_sessions"] = Field("agent_sessions", description="Dataset variant tag.")
     turns: Count = Field(LengthRange(mean=12, range_ratio=0.5), description="Turns (model "
                          "calls) per session.")
-    shared_prefix_len: WholeNumber = Field(2048, ge=0, description="Tokens of system prompt and tool "
-                                   "definitions every session starts with.")
+    shared_prefix_len: WholeNumber = Field(
+        2048, ge=0, description="Tokens of system prompt and tool definitions every session "
+        "starts with.")
     first_prompt_len: Count = Field(256, description="Tokens of the task after the shared "
                                     "prefix.")
     user_message_len: Count = Field(LengthRange(mean=300, range_ratio=0.9), description="Tokens "
@@ -295,14 +312,16 @@ class _TimedTrace(_Frozen):
     """Options shared by traces that carry their own send times."""
 
     path: str = Field(description="Trace file, relative to the configuration's directory.")
-    use_timestamps: bool = Field(True, description="Send each request at its trace time (vLLM's "
-                                 "--self-timed); false: use request_rate/burstiness/ramp-up instead.")
+    use_timestamps: bool = Field(
+        True, description="Send each request at its trace time (vLLM's --self-timed); false: use "
+        "request_rate/burstiness/ramp-up instead.")
     time_scale: float = Field(1.0, gt=0, le=1e6, description="Multiplies every trace time offset: "
                               "0.5 replays twice as fast, 2 half as fast (at most 10^6).")
     start_s: float = Field(0.0, ge=0, description="Start of the replayed window, seconds after the "
                            "trace's first request; it becomes time 0 of the run.")
-    duration_s: float | None = Field(None, gt=0, description="Length of the replayed window in trace "
-                                     "seconds; null: to the end of the trace.")
+    duration_s: float | None = Field(
+        None, gt=0, description="Length of the replayed window in trace seconds; null: to the end "
+        "of the trace.")
 
 
 class MooncakeDataset(_TimedTrace):
@@ -352,24 +371,24 @@ class WorkloadConfig(_Frozen):
     num_sessions replaces num_prompts.
     """
 
-    num_prompts: WholeNumber | None = Field(None, ge=1, description="Requests to send. Null: 1000 (vLLM's "
-                                    "default) for random, prefix_repetition, sharegpt and custom; "
-                                    "every request of the window for mooncake and azure (set, it "
-                                    "caps them to the first num_prompts).")
+    num_prompts: WholeNumber | None = Field(
+        None, ge=1, description="Requests to send. Null: 1000 (vLLM's default) for random, "
+        "prefix_repetition, sharegpt and custom; every request of the window for mooncake and "
+        "azure (set, it caps them to the first num_prompts).")
     request_rate: Number = Field(math.inf, gt=0, description="Mean requests per second; inf "
                                  "sends all at time 0 (vLLM --request-rate).")
     burstiness: Number = Field(1.0, gt=0, description="Gamma shape of the gaps between sends: 1 "
                                "= Poisson, < 1 burstier, > 1 more regular, inf = constant gaps "
                                "(vLLM --burstiness).")
-    ramp_up_strategy: Literal["linear", "exponential"] | None = Field(None, description="Rate ramp-up "
-                                                                      "(vLLM --ramp-up-strategy).")
+    ramp_up_strategy: Literal["linear", "exponential"] | None = Field(
+        None, description="Rate ramp-up (vLLM --ramp-up-strategy).")
     ramp_up_start_rps: float | None = Field(None, description="Rate of the first request under a "
                                             "ramp-up, requests/s (vLLM --ramp-up-start-rps).")
     ramp_up_end_rps: float | None = Field(None, description="Rate of the last request under a "
                                           "ramp-up, requests/s (vLLM --ramp-up-end-rps).")
-    max_concurrency: WholeNumber | None = Field(None, ge=1, description="Most requests in flight; the "
-                                        "client holds the rest back (vLLM --max-concurrency). "
-                                        "Carried here, applied by the simulated client.")
+    max_concurrency: WholeNumber | None = Field(
+        None, ge=1, description="Most requests in flight; the client holds the rest back (vLLM "
+        "--max-concurrency). Carried here, applied by the simulated client.")
     dataset: Dataset = Field(default_factory=RandomDataset, description="Where prompts and lengths "
                              "come from; `kind` selects the variant.")
     endpoint: Literal["completions", "chat_completions"] = Field(
