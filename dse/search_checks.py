@@ -54,10 +54,7 @@ def check_searched_values(study: StudyConfig) -> None:
     scheduling policy the base's workload refuses (`simcore.simulate.check_policy`), expert
     parallelism beside the base's compute.moe_routing (which it leaves with no effect). A base
     that does not validate or whose workload cannot be read is left to `check_base`."""
-    from pathlib import Path
-
-    from simcore.simulate import check_policy
-    from simcore.workload.generate import request_stream
+    from simcore.simulate import check_policy, config_requests
 
     active = study.space.active(study.base)
     policy = active.get("engine.scheduling_policy")
@@ -79,9 +76,7 @@ def check_searched_values(study: StudyConfig) -> None:
     if policy is None:
         return
     try:
-        cfg = parse_config(study.base, source="base")
-        specs = request_stream(cfg.workload, block_size=cfg.engine.block_size, seed=cfg.seed,
-                               base_dir=Path(cfg.base_dir))
+        specs = config_requests(parse_config(study.base, source="base"))
     except ConfigError:
         return
     for choice in getattr(policy, "choices", ()):
@@ -148,10 +143,7 @@ def base_metric_names(study: StudyConfig) -> set[str]:
 def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
     """`static_metric_names` of the base with the overrides, after `dse simulate`'s checks
     before a run; their ConfigError, without a source prefix, when one fails."""
-    from pathlib import Path
-
-    from simcore.simulate import check_runnable
-    from simcore.workload.generate import request_stream
+    from simcore.simulate import check_runnable, config_requests
 
     source = "base"
     try:
@@ -159,8 +151,7 @@ def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
     except ConfigError as err:
         raise ConfigError(str(err).removeprefix(f"{source}: ")) from None
     deploy_check(cfg)
-    check_runnable(cfg, request_stream(cfg.workload, block_size=cfg.engine.block_size,
-                                       seed=cfg.seed, base_dir=Path(cfg.base_dir)))
+    check_runnable(cfg, config_requests(cfg))
     return static_metric_names(cfg)
 
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from dse.validate_e2e import load_cases, predict  # noqa: E402
 from simcore.calibration.kernels import MOE_ROUTINGS  # noqa: E402
-from simcore.host import FITTED, FITTED_KEYS, HostConfig  # noqa: E402
+from simcore.host import FITTED, FITTED_COMPUTE, FITTED_KEYS, HostConfig  # noqa: E402
 from simcore.model.presets import load_preset  # noqa: E402
 
 GRIDS = {
@@ -81,8 +81,9 @@ clock under serving load against the boost clock the kernel databases measured a
 limit an A100 sustains 1,305 of its 1,410 MHz (the clock NVIDIA took for its HPL peak; G. Lockwood,
 "Peak FLOPS", glennklockwood.com/garden/peak-FLOPS), and an H100 PCIe under sustained GEMM load
 was seen averaging 1,384 of its 1,755 MHz boost (0.79; reanimator/bee, benchmark clock
-calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest ratio. The graphless steps' collective scale is held
-to the range `compute.graphless_collective_scale` accepts."""
+calibration notes, 2026-04-06). The bound 1.25 is the inverse of that lowest ratio. The
+graphless steps' collective scale is held to the range `compute.graphless_collective_scale`
+accepts."""
 
 
 FLOORS = {"compute_bound_scale": 1.0, "graphless_collective_scale": 1.0}
@@ -224,8 +225,7 @@ def routing_objectives(cases, params, pool) -> dict[str, float]:
 def descend(cases, pool, log=print) -> tuple[dict, float]:
     """The parameters of least `objective` over `cases`, by coordinate descent from zero (the
     scale from 1): two rounds over each unit's grid, then a round refining around the best."""
-    params = {**dict.fromkeys(FITTED_KEYS, 0.0), "compute_bound_scale": 1.0,
-              "collective_skew_s": 0.0, "graphless_collective_scale": 1.0}
+    params = {**dict.fromkeys(FITTED_KEYS, 0.0), **FITTED_COMPUTE}
     best = objective(cases, params, pool)
     log(f"start {best:.4f}")
     for rnd in range(3):

@@ -517,34 +517,21 @@ class ComputeConfig(BaseModel):
         if self.compute_bound_scale is not None and self.kind == "roofline":
             raise ValueError("compute_bound_scale: only used with a calibrated profile (the "
                              "roofline's efficiencies are compute.roofline's)")
-        if self.collective_skew_s is not None and self.kind == "roofline":
-            raise ValueError("collective_skew_s: only used with a calibrated profile (the "
-                             "roofline's collectives are compute.roofline's)")
-        if self.graphless_collective_scale is not None and self.kind == "roofline":
-            raise ValueError("graphless_collective_scale: only used with a calibrated profile "
-                             "(the roofline's collectives are compute.roofline's)")
+        for name in ("collective_skew_s", "graphless_collective_scale"):
+            if getattr(self, name) is not None and self.kind == "roofline":
+                raise ValueError(f"{name}: only used with a calibrated profile (the roofline's "
+                                 "collectives are compute.roofline's)")
         return self
 
-    def resolved_graphless_collective_scale(self) -> float:
-        """`graphless_collective_scale`, or the fitted value when it is null."""
-        if self.graphless_collective_scale is not None:
-            return float(self.graphless_collective_scale)
-        from simcore.host import fitted_graphless_collective_scale
-        return fitted_graphless_collective_scale()
-
-    def resolved_collective_skew_s(self) -> float:
-        """`collective_skew_s`, or the fitted value when it is null."""
-        if self.collective_skew_s is not None:
-            return float(self.collective_skew_s)
-        from simcore.host import fitted_collective_skew_s
-        return fitted_collective_skew_s()
-
-    def resolved_compute_bound_scale(self) -> float:
-        """`compute_bound_scale`, or the fitted value when it is null."""
-        if self.compute_bound_scale is not None:
-            return float(self.compute_bound_scale)
-        from simcore.host import fitted_compute_bound_scale
-        return fitted_compute_bound_scale()
+    def resolved(self, name: str) -> float:
+        """A fitted setting (`simcore.host.FITTED_COMPUTE`: compute_bound_scale,
+        collective_skew_s, graphless_collective_scale) as set, or the fitted value when it is
+        null."""
+        value = getattr(self, name)
+        if value is not None:
+            return float(value)
+        from simcore.host import fitted_compute
+        return fitted_compute(name)
 
     def resolved_kind(self, gpu: str) -> str:
         """The compute model a run on `gpu` uses: `kind`, or for auto `calibrated` where

@@ -55,8 +55,7 @@ calibrated compute model's compute-bound scale (`compute.compute_bound_scale`, s
 against boost clocks), its TP ranks' skew at each all-reduce (`compute.collective_skew_s`) and
 its all-reduces' scale in steps not replayed as one full CUDA graph
 (`compute.graphless_collective_scale`) are fitted with them, on the same cases, and kept in the
-same file (`fitted_compute_bound_scale`, `fitted_collective_skew_s`,
-`fitted_graphless_collective_scale`).
+same file (`fitted_compute`).
 """
 
 from __future__ import annotations
@@ -259,22 +258,16 @@ def fitted_parameters() -> dict[str, float]:
     return {k: float(params.get(k, 0.0)) for k in FITTED_KEYS}
 
 
-def fitted_compute_bound_scale() -> float:
-    """The fitted `compute.compute_bound_scale` (1 where no fit has written one): fitted with the
-    CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
-    return float(_fitted().get("parameters", {}).get("compute_bound_scale", 1.0))
+FITTED_COMPUTE = {"compute_bound_scale": 1.0, "collective_skew_s": 0.0,
+                  "graphless_collective_scale": 1.0}
+"""The calibrated compute model's fitted settings (`compute.<name>`), each with the value that
+leaves the measured kernels as they are, taken where no fit has written one."""
 
 
-def fitted_graphless_collective_scale() -> float:
-    """The fitted `compute.graphless_collective_scale` (1 where no fit has written one): fitted
-    with the CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
-    return float(_fitted().get("parameters", {}).get("graphless_collective_scale", 1.0))
-
-
-def fitted_collective_skew_s() -> float:
-    """The fitted `compute.collective_skew_s` (0 where no fit has written one): fitted with the
-    CPU-side parameters, on the same cases (`scripts/fit_host_overheads.py`)."""
-    return float(_fitted().get("parameters", {}).get("collective_skew_s", 0.0))
+def fitted_compute(name: str) -> float:
+    """The fitted `compute.<name>` of `FITTED_COMPUTE`: fitted with the CPU-side parameters, on
+    the same cases (`scripts/fit_host_overheads.py`)."""
+    return float(_fitted().get("parameters", {}).get(name, FITTED_COMPUTE[name]))
 
 
 def fitted_cases() -> list[str]:

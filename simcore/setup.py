@@ -12,6 +12,7 @@ from simcore.config import (SimConfig, check_batch_limits, default_batch_limits,
                             engines_over_bound)
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
+from simcore.host import FITTED_COMPUTE
 from simcore.model.arch import ModelArch, dtype_bytes
 from simcore.model.memory import (DEFAULT_CUDA_GRAPH_BYTES, KvCacheMemory, MemoryRefusal,
                                   kv_cache_groups, kv_cache_num_blocks, non_torch_bytes)
@@ -232,32 +233,27 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         raise ConfigError(f"compute.compute_bound_scale: no kernel profile of {gpu.name} is "
                           "shipped, so the roofline times every op with its own efficiencies "
                           "(compute.roofline); remove it or name a profile in compute.profile")
-    if c.collective_skew_s is not None and kind != "calibrated":
-        raise ConfigError(f"compute.collective_skew_s: no kernel profile of {gpu.name} is "
-                          "shipped, so the roofline times the collectives "
-                          "(compute.roofline); remove it or name a profile in compute.profile")
-    if c.collective_skew_s and tp == 1:
-        raise ConfigError("compute.collective_skew_s: with tensor_parallel_size 1 a step has no "
-                          "all-reduce to wait at; remove it")
-    if c.collective_skew_s is not None and multi_node:
-        raise ConfigError("compute.collective_skew_s: a cluster's collectives are timed on its "
-                          "fabric (cluster.fabric), where this has no effect; remove it")
-    if c.graphless_collective_scale is not None and kind != "calibrated":
-        raise ConfigError(f"compute.graphless_collective_scale: no kernel profile of {gpu.name} "
-                          "is shipped, so the roofline times the collectives "
-                          "(compute.roofline); remove it or name a profile in compute.profile")
-    if c.graphless_collective_scale not in (None, 1.0) and tp == 1:
-        raise ConfigError("compute.graphless_collective_scale: with tensor_parallel_size 1 a "
-                          "step has no all-reduce to scale; remove it")
-    if c.graphless_collective_scale is not None and multi_node:
-        raise ConfigError("compute.graphless_collective_scale: a cluster's collectives are "
-                          "timed on its fabric (cluster.fabric), where this has no effect; "
-                          "remove it")
+    # The TP all-reduces' fitted settings: each refused where no all-reduce of the kernel
+    # profile takes it (at TP 1 unless it is the value that changes nothing).
+    for name, verb in (("collective_skew_s", "wait at"), ("graphless_collective_scale", "scale")):
+        value = getattr(c, name)
+        if value is None:
+            continue
+        if kind != "calibrated":
+            raise ConfigError(f"compute.{name}: no kernel profile of {gpu.name} is shipped, so "
+                              "the roofline times the collectives (compute.roofline); remove it "
+                              "or name a profile in compute.profile")
+        if tp == 1 and value != FITTED_COMPUTE[name]:
+            raise ConfigError(f"compute.{name}: with tensor_parallel_size 1 a step has no "
+                              f"all-reduce to {verb}; remove it")
+        if multi_node:
+            raise ConfigError(f"compute.{name}: a cluster's collectives are timed on its fabric "
+                              "(cluster.fabric), where this has no effect; remove it")
     if kind == "calibrated":
-        kw["compute_bound_scale"] = c.resolved_compute_bound_scale()
+        kw["compute_bound_scale"] = c.resolved("compute_bound_scale")
         if not multi_node:
-            kw["collective_skew_s"] = c.resolved_collective_skew_s()
-            kw["graphless_collective_scale"] = c.resolved_graphless_collective_scale()
+            kw["collective_skew_s"] = c.resolved("collective_skew_s")
+            kw["graphless_collective_scale"] = c.resolved("graphless_collective_scale")
         from simcore.calibration.kernels import KernelProfile
         from simcore.compute.calibrated import CalibratedModel, resolve_profile
         from simcore.compute.kernel_model import KernelModel

@@ -406,17 +406,25 @@ def _widened_line(setting: str, was: float, now: float, specs, what: str) -> str
             f"{specs.last_arrival_s:.6g} s, more than the run {what} for {len(specs):,} requests")
 
 
+def config_requests(cfg: SimConfig):
+    """The request stream of `cfg`'s workload, at its block size and seed, its files read from
+    its base folder: what a run of it sends, made without running it."""
+    return request_stream(cfg.workload, block_size=cfg.engine.block_size, seed=cfg.seed,
+                          base_dir=Path(cfg.base_dir))
+
+
 def check_policy(policy: str, specs) -> None:
     """Refuse the scheduling policy `policy` (engine.scheduling_policy) for the requests `specs`
     where it has no effect (priority over requests of priority 0 alone: it would be FCFS) or
     vLLM refuses it (fcfs over requests with priorities other than 0; one such priority shared
     by all needs the priority policy, though it orders nothing)."""
-    if policy == "priority" and not getattr(specs, "has_priorities", False):
+    carried = getattr(specs, "has_priorities", False)
+    if policy == "priority" and not carried:
         raise ConfigError("engine.scheduling_policy: priority has no effect: every request of "
                           "the workload has priority 0, so it serves them as fcfs does "
                           "(only a custom dataset's lines carry priorities, as `priority`); "
                           "use fcfs")
-    if policy == "fcfs" and getattr(specs, "has_priorities", False):
+    if policy == "fcfs" and carried:
         raise ConfigError("engine.scheduling_policy: the workload's requests carry priorities "
                           "(its custom dataset's `priority`), which vLLM refuses under fcfs "
                           "('Priority scheduling is not enabled'); set scheduling_policy: "
@@ -425,9 +433,9 @@ def check_policy(policy: str, specs) -> None:
 
 def check_runnable(cfg: SimConfig, specs) -> None:
     """Refuse, before anything runs, what `simulate` cannot run: a workload with no requests
-    (`specs`, its request stream), the priority policy over requests of one priority (it would
-    be FCFS) and priorities under FCFS (vLLM refuses them), disaggregation without a cluster, an external KV tier beside disaggregation, and
-    client timeouts with KV moved over the fabric."""
+    (`specs`, its request stream), a scheduling policy `check_policy` refuses for its requests,
+    disaggregation without a cluster, an external KV tier beside disaggregation, and client
+    timeouts with KV moved over the fabric."""
     if not len(specs):
         raise ConfigError("workload: it produces no requests (check num_prompts and the dataset)")
     check_policy(cfg.engine.scheduling_policy, specs)

@@ -11,7 +11,7 @@ from simcore.compute.base import StepShape
 from simcore.compute.roofline import expected_max_of_normals
 from simcore.config import load_config, parse_config
 from simcore.errors import ConfigError
-from simcore.host import fitted_collective_skew_s, fitted_graphless_collective_scale
+from simcore.host import fitted_compute
 from simcore.setup import build_deployment
 
 BASE = {"model": {"name": "meta-llama/Llama-3.1-70B", "max_model_len": 4096},
@@ -73,7 +73,7 @@ def test_one_gpu_has_no_collective_to_wait_at():
 
 
 def test_the_default_is_the_fitted_value_and_says_so():
-    fitted = fitted_collective_skew_s()
+    fitted = fitted_compute("collective_skew_s")
     assert 0.0 <= fitted <= 1e-4
     default, explicit = model(), model(collective_skew_s=fitted)
     assert default.comm_s(DECODE) == explicit.comm_s(DECODE)
@@ -132,7 +132,7 @@ def test_graphless_steps_scale_their_all_reduces_and_graph_replays_keep_them(tp)
 
 
 def test_the_graphless_scale_defaults_to_the_fitted_value_and_is_refused_where_inert():
-    fitted = fitted_graphless_collective_scale()
+    fitted = fitted_compute("graphless_collective_scale")
     assert 1.0 <= fitted <= 4.0
     default, explicit = model(), model(graphless_collective_scale=fitted)
     assert default.comm_s(PREFILL) == explicit.comm_s(PREFILL)

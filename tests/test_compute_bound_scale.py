@@ -9,7 +9,7 @@ import pytest
 from simcore.compute.base import StepShape
 from simcore.config import parse_config
 from simcore.errors import ConfigError
-from simcore.host import fitted_compute_bound_scale
+from simcore.host import fitted_compute
 from simcore.setup import build_deployment
 
 BASE = {"model": {"name": "meta-llama/Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM"},
@@ -47,7 +47,7 @@ def test_compute_bound_ops_scale_and_memory_bound_ones_do_not(scale):
 
 
 def test_the_default_is_the_fitted_value_inside_its_bound_and_says_so():
-    fitted = fitted_compute_bound_scale()
+    fitted = fitted_compute("compute_bound_scale")
     assert 1.0 <= fitted <= 1.25
     default = model()
     assert default._cscale == fitted

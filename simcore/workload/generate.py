@@ -80,12 +80,6 @@ class RequestStream:
         return len(self._samples)
 
     @property
-    def priorities_differ(self) -> bool:
-        """Whether some requests have other priorities than the rest (only a custom dataset's
-        lines carry priorities)."""
-        return bool(getattr(self._samples, "priorities_differ", False))
-
-    @property
     def has_priorities(self) -> bool:
         """Whether some request has a priority other than 0, vLLM's default (only a custom
         dataset's lines carry priorities)."""

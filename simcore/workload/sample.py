@@ -50,12 +50,6 @@ class SampleColumns(Sequence[Sample]):
         self._priorities = priorities
 
     @property
-    def priorities_differ(self) -> bool:
-        """Whether some samples have other priorities than the rest."""
-        p = self._priorities
-        return p is not None and len(p) > 0 and bool(p.min() != p.max())
-
-    @property
     def has_priorities(self) -> bool:
         """Whether some sample has a priority other than 0 (vLLM's default)."""
         p = self._priorities
