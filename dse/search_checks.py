@@ -58,21 +58,7 @@ def check_searched_values(study: StudyConfig) -> None:
 
     active = study.space.active(study.base)
     policy = active.get("engine.scheduling_policy")
-    ep = active.get("parallelism.enable_expert_parallel")
-    routing = (study.base.get("compute") or {}).get("moe_routing")
-    if ep is not None and routing is not None and True in getattr(ep, "choices", ()):
-        # Refused where expert parallelism leaves every role expert-parallel (the config's own
-        # check); a role kept without it still reads the routing.
-        try:
-            parse_config(trial_mapping(study.base, {"parallelism.enable_expert_parallel": True},
-                                       {}), source="base")
-        except ConfigError as err:
-            if "compute.moe_routing" in str(err):
-                raise ConfigError("base: compute.moe_routing: has no effect on the trials with "
-                                  "expert parallelism that space.parallelism."
-                                  "enable_expert_parallel searches (an expert-parallel group's "
-                                  "roofline times the routed experts, routing uniformly); "
-                                  "remove it from the base") from None
+    check_routing_beside_expert_parallel(study, active)
     if policy is None:
         return
     try:
@@ -85,6 +71,51 @@ def check_searched_values(study: StudyConfig) -> None:
         except ConfigError as err:
             raise ConfigError(f"space.engine.scheduling_policy: the choice {choice} is refused "
                               f"for the base's workload ({err})") from None
+
+
+EP_PATH = "parallelism.enable_expert_parallel"
+ROUTING_PATH = "compute.moe_routing"
+ROUTING_INERT = "compute.moe_routing: has no effect"
+"""The start of the config's refusal of a routing that every role's expert parallelism leaves
+with no effect (`simcore.config.SimConfig`'s check)."""
+
+
+def check_routing_beside_expert_parallel(study: StudyConfig, active: dict) -> None:
+    """Refuse a compute.moe_routing (the base's or a searched choice) that the expert
+    parallelism of some trials (the base's or a searched choice) leaves with no effect: each
+    pair of their values is read as a trial reads it (so a choice written "true" counts as
+    true), and the config's own check decides, since a role kept without expert parallelism
+    still reads the routing."""
+    ep = active.get(EP_PATH)
+    routing = active.get(ROUTING_PATH)
+    base_routing = (study.base.get("compute") or {}).get("moe_routing")
+    if routing is None and (ep is None or base_routing is None):
+        return
+    ep_values = list(getattr(ep, "choices", ())) if ep is not None else [None]
+    routings = list(getattr(routing, "choices", ())) if routing is not None else [base_routing]
+    for route in routings:
+        if route is None:
+            continue
+        for value in ep_values:
+            values = {ROUTING_PATH: route}
+            if value is not None:
+                values[EP_PATH] = value
+            try:
+                parse_config(trial_mapping(study.base, values, {}), source="base")
+            except ConfigError as err:
+                if ROUTING_INERT not in str(err):
+                    continue        # another refusal: check_base or the trial names it
+                why = ("an expert-parallel group's roofline times the routed experts, routing "
+                       "uniformly")
+                if routing is None:
+                    raise ConfigError(f"base: compute.moe_routing: has no effect on the trials "
+                                      f"with expert parallelism that space.{EP_PATH} searches "
+                                      f"({why}); remove it from the base") from None
+                where = (f"the trials with expert parallelism that space.{EP_PATH} searches"
+                         if ep is not None else "the base's expert parallelism")
+                raise ConfigError(f"space.{ROUTING_PATH}: the choice {route} has no effect on "
+                                  f"{where} ({why}); search the routing without expert "
+                                  f"parallelism") from None
 
 
 def check_base(study: StudyConfig) -> None:

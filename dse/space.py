@@ -44,7 +44,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
 from simcore.errors import ConfigError, format_validation_error, show
 
@@ -329,6 +330,42 @@ def check_paths(space: SearchSpace, source: str) -> None:
                     break       # a free-form mapping (e.g. speculative_config): checked per trial
                 raise ConfigError(f"{source}: parameters.{path}: {part!r} is a single value, "
                                   f"not a section")
+            if k == len(parts) - 1 and not models:
+                _check_values(path, space.parameters[path], [f[part] for f in fields], source)
+
+
+def _check_values(path: str, param: Any, infos: list[Any], source: str) -> None:
+    """Refuse a value of the parameter at `path` (a categorical choice, or a range's low or high
+    end) that the setting itself refuses whatever the other settings are (its type, its bounds,
+    its allowed names), so that no trial is spent on it; `infos` are the setting's declarations
+    (several through a union of sections: a value any of them takes passes)."""
+    if isinstance(param, CategoricalParam):
+        values = [("the choice", v) for v in param.choices]
+    else:
+        values = [("the low end", param.low), ("the high end", param.high)]
+    for what, value in values:
+        reasons = []
+        for info in infos:
+            try:
+                _adapter(info).validate_python(value)
+                break
+            except ValidationError as err:
+                reasons.append(err.errors()[0]["msg"])
+        else:
+            raise ConfigError(f"{source}: parameters.{path}: {what} {show(value)} is refused by "
+                              f"the setting ({reasons[0]}); no trial could run it")
+
+
+_ADAPTERS: dict[int, Any] = {}
+
+
+def _adapter(info: Any) -> Any:
+    """A validator of one setting's values alone (its type and constraints, from its field
+    declaration), kept per declaration."""
+    adapter = _ADAPTERS.get(id(info))
+    if adapter is None:
+        adapter = _ADAPTERS[id(info)] = (info, TypeAdapter(Annotated[info.annotation, info]))
+    return adapter[1]
 
 
 def _takes_mapping(ann: Any) -> bool:

@@ -613,6 +613,64 @@ def test_searched_values_the_base_refuses_are_refused_before_any_trial(tmp_path)
         "prefill_expert_parallel": False}}
     moe["base"]["cluster"] = {"num_nodes": 1}
     check_space_applies(parse_study(moe))
+    # A choice written as text is read as the trial reads it: "true" is expert parallelism.
+    quoted = copy.deepcopy(data)
+    quoted["base"]["model"] = {"name": "Qwen/Qwen3-30B-A3B"}
+    quoted["base"]["hardware"] = {"gpu": "H100-SXM"}
+    quoted["base"]["compute"] = {"moe_routing": "balanced"}
+    quoted["space"]["parameters"] = {"parallelism.enable_expert_parallel": {
+        "type": "categorical", "choices": ["false", "true"]}}
+    with pytest.raises(ConfigError, match=r"^base: compute\.moe_routing: has no effect"):
+        check_space_applies(parse_study(quoted))
+    quoted["space"]["parameters"]["parallelism.enable_expert_parallel"]["choices"] = ["false"]
+    check_space_applies(parse_study(quoted))
+    # A searched routing beside searched expert parallelism, or the base's.
+    routing = {"type": "categorical", "choices": ["balanced", "power_law_1.2"]}
+    searched = copy.deepcopy(quoted)
+    del searched["base"]["compute"]
+    searched["space"]["parameters"] = {
+        "parallelism.enable_expert_parallel": {"type": "categorical", "choices": [False, True]},
+        "compute.moe_routing": routing}
+    with pytest.raises(ConfigError, match=r"^space\.compute\.moe_routing: the choice balanced "
+                                          r"has no effect on the trials with expert parallelism "
+                                          r"that space\.parallelism\.enable_expert_parallel"):
+        check_space_applies(parse_study(searched))
+    searched["space"]["parameters"] = {"compute.moe_routing": routing}
+    check_space_applies(parse_study(searched))
+    searched["base"]["parallelism"] = {"tensor_parallel_size": 2, "enable_expert_parallel": True}
+    with pytest.raises(ConfigError, match=r"^space\.compute\.moe_routing: the choice balanced "
+                                          r"has no effect on the base's expert parallelism"):
+        check_space_applies(parse_study(searched))
+
+
+@pytest.mark.parametrize("path, param, message", [
+    ("engine.max_num_seqs", {"type": "categorical", "choices": [8, 0]},
+     "the choice 0 is refused by the setting (Input should be greater than or equal to 1)"),
+    ("engine.max_num_seqs", {"type": "int", "low": 0, "high": 8},
+     "the low end 0 is refused by the setting"),
+    ("engine.gpu_memory_utilization", {"type": "float", "low": 0.5, "high": 1.5},
+     "the high end 1.5 is refused by the setting (Input should be less than or equal to 1)"),
+    ("engine.max_num_seqs", {"type": "categorical", "choices": [True, 8]},
+     "the choice true is refused by the setting"),
+    ("compute.moe_routing", {"type": "categorical", "choices": ["balanced", "zipf"]},
+     "the choice 'zipf' is refused by the setting (Input should be 'balanced'"),
+    ("model.dtype", {"type": "categorical", "choices": ["bf16", "fp7"]},
+     "the choice 'fp7' is refused by the setting"),
+])
+def test_searched_values_no_trial_could_run_are_refused_with_the_setting(path, param, message):
+    data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                                  "hardware": {"gpu": "A100-80GB"},
+                                  "workload": {"num_prompts": 8}},
+            "space": {"parameters": {path: param}},
+            "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]}
+    with pytest.raises(ConfigError, match=re.escape(f"parameters.{path}: {message}")):
+        parse_study(data)
+    # The same setting searched over values it takes is accepted.
+    ok = {"categorical": {"type": "categorical", "choices": [None, "balanced"]}
+          if path == "compute.moe_routing" else {"type": "categorical", "choices": ["bf16"]}
+          if path == "model.dtype" else {"type": "categorical", "choices": [0.5, 0.9]}
+          if "memory" in path else {"type": "categorical", "choices": [8, 16]}}
+    parse_study({**data, "space": {"parameters": {path: ok["categorical"]}}})
 
 
 def test_a_report_dir_that_is_a_file_is_named_as_such(tmp_path):
