@@ -54,7 +54,8 @@ def check_searched_values(study: StudyConfig) -> None:
     scheduling policy the base's workload refuses (`simcore.simulate.check_policy`), expert
     parallelism beside the base's compute.moe_routing (which it leaves with no effect). A base
     that does not validate or whose workload cannot be read is left to `check_base`."""
-    from simcore.simulate import check_policy, config_requests
+    from simcore.simulate import check_policy
+    from simcore.workload.generate import config_requests
 
     active = study.space.active(study.base)
     policy = active.get("engine.scheduling_policy")
@@ -174,7 +175,8 @@ def base_metric_names(study: StudyConfig) -> set[str]:
 def _names_of_runnable(base: dict, overrides: dict) -> set[str]:
     """`static_metric_names` of the base with the overrides, after `dse simulate`'s checks
     before a run; their ConfigError, without a source prefix, when one fails."""
-    from simcore.simulate import check_runnable, config_requests
+    from simcore.simulate import check_runnable
+    from simcore.workload.generate import config_requests
 
     source = "base"
     try:

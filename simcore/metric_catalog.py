@@ -383,12 +383,9 @@ def shows_load_trend(cfg: SimConfig) -> bool:
     if not timed and n is not None:
         return n >= MIN_REQUESTS and (math.isfinite(w.request_rate)
                                       or w.ramp_up_strategy is not None)
-    from pathlib import Path
+    from simcore.workload.generate import config_requests
 
-    from simcore.workload.generate import request_stream
-
-    stream = request_stream(w, block_size=cfg.engine.block_size, seed=cfg.seed,
-                            base_dir=Path(cfg.base_dir))
+    stream = config_requests(cfg)
     if len(stream) < MIN_REQUESTS:
         return False
     arrivals = [r.arrival_s for r in stream]

@@ -30,7 +30,7 @@ from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, Time
 from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment, drafter_arch
-from simcore.workload.generate import request_stream
+from simcore.workload.generate import config_requests
 from simcore.workload.sessions import session_summary
 
 def host_of(model) -> HostOverheads | None:
@@ -215,8 +215,7 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
         dep = build_deployment(cfg, op_scale=op_scale)
     sched_cfg = scheduler_config(cfg, dep)
     w = cfg.workload
-    specs = request_stream(w, block_size=cfg.engine.block_size, seed=cfg.seed,
-                           base_dir=dep.base_dir)
+    specs = config_requests(cfg)
     check_runnable(cfg, specs)
     if len(specs) >= COMPILED_MIN_REQUESTS:
         sched_cfg = dataclasses.replace(sched_cfg, compiled=True)
@@ -404,13 +403,6 @@ def widened_interval_s(interval_s: float, specs, most: int, per_request: int) ->
 def _widened_line(setting: str, was: float, now: float, specs, what: str) -> str:
     return (f"{setting} widened from {was:g} to {now:.6g} s: the requests' planned sends span "
             f"{specs.last_arrival_s:.6g} s, more than the run {what} for {len(specs):,} requests")
-
-
-def config_requests(cfg: SimConfig):
-    """The request stream of `cfg`'s workload, at its block size and seed, its files read from
-    its base folder: what a run of it sends, made without running it."""
-    return request_stream(cfg.workload, block_size=cfg.engine.block_size, seed=cfg.seed,
-                          base_dir=Path(cfg.base_dir))
 
 
 def check_policy(policy: str, specs) -> None:

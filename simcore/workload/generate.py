@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from simcore.workload.sessions import SessionStream, session_stream
 from simcore.workload.spec import RequestSpec
 from simcore.workload.synthetic import prefix_repetition_samples, random_samples
 from simcore.workload.traces import azure_samples, mooncake_samples
+
+if TYPE_CHECKING:
+    from simcore.config import SimConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,14 @@ class RequestStream:
             yield RequestSpec(request_id=s.request_id, arrival_s=float(times_s[i]),
                               prompt_len=s.prompt_len, output_len=s.output_len,
                               block_keys=s.block_keys, priority=s.priority)
+
+
+def config_requests(cfg: SimConfig) -> RequestStream | SessionStream:
+    """The request stream of a simulate config's workload, at its engine's block size and its
+    seed, its files read from its base folder: what a run of it sends, made without running
+    it."""
+    return request_stream(cfg.workload, block_size=cfg.engine.block_size, seed=cfg.seed,
+                          base_dir=Path(cfg.base_dir))
 
 
 def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
