@@ -161,7 +161,7 @@ def moe_transfer_errors(profile) -> list[tuple[str, object]]:
     per kernel backend (`[triton]`, ...) with two models or more measured by it."""
     from simcore.calibration.moe_transfer import KERNEL_BACKENDS, leave_one_out
     from simcore.compute.kernel_model import DEFAULT_MOE_ROUTING, table_weight_dtype
-    from simcore.compute.roofline import RooflineAssumptions
+    from simcore.compute.assumptions import RooflineAssumptions
     from simcore.hardware import get_gpu
     from simcore.model.arch import dtype_bytes
 

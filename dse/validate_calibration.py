@@ -92,7 +92,7 @@ def collective_rows(vidur: Path | None = None) -> list[Row]:
     """Per shipped profile and collective: median held-out error; and the roofline's ring
     all-reduce (the reference profile) against the H100 DGX NCCL table for messages of 1 MiB
     and more, where bandwidth dominates."""
-    from simcore.compute.roofline import RooflineAssumptions
+    from simcore.compute.assumptions import RooflineAssumptions
     from simcore.hardware import get_gpu
 
     root = _vidur_root(vidur or VIDUR_DIR)

@@ -11,7 +11,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_validator)
 
 from simcore.cluster.config import ClusterConfig
-from simcore.compute.roofline import RooflineAssumptions
+from simcore.compute.assumptions import RooflineAssumptions
 from simcore.errors import (NOT_MODELLED, ConfigError, Number, WholeNumber, away_from_default,
                             format_validation_error)
 from simcore.host import HostConfig

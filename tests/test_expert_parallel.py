@@ -9,7 +9,8 @@ import pytest
 from simcore.compute.base import StepShape, StepTime
 from simcore.compute.expert_parallel import ExpertParallelRoofline
 from simcore.compute.roofline import expected_max_of_normals
-from simcore.compute.roofline import RooflineAssumptions, RooflineModel
+from simcore.compute.assumptions import RooflineAssumptions
+from simcore.compute.roofline import RooflineModel
 from simcore.config import parse_config
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.errors import ConfigError

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from simcore.compute.base import StepShape
 from simcore.compute.derived_kernels import MARLIN_FRAMEWORK_ERROR
-from simcore.compute.roofline import windowed_attention
+from simcore.compute.attention_views import windowed_attention
 from simcore.config import parse_config
 from simcore.engine.hybrid_kv import (GROUP_KEY_BITS, GroupHits, HybridKVCacheManager,
                                       sliding_window_blocks)

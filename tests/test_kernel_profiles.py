@@ -17,7 +17,7 @@ from simcore.calibration.kernels import (
     HOST_BOUND_RATIO, KernelProfile, shipped_kernel_profile, shipped_kernel_profile_ids)
 from simcore.compute.base import StepShape
 from simcore.compute.kernel_model import KernelModel
-from simcore.compute.roofline import prompt_len
+from simcore.compute.attention_views import prompt_len
 from simcore.config import SimConfig
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from simcore.compute.base import StepShape, StepTime
 from simcore.compute.decode_steps import BOUNDS, compiled_steps
-from simcore.compute.roofline import RooflineAssumptions, RooflineModel
+from simcore.compute.assumptions import RooflineAssumptions
+from simcore.compute.roofline import RooflineModel
 from simcore.errors import ConfigError
 from simcore.hardware import get_gpu
 from simcore.model.hf import arch_from_hf_dict, load_hf_config

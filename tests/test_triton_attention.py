@@ -11,7 +11,7 @@ import pytest
 from simcore.calibration.triton_attention import (SHIPPED, context_ratio, fit_triton_context_ratio,
                                                   ratio_from)
 from simcore.compute.base import StepShape
-from simcore.compute.roofline import prefill_prompts_factor
+from simcore.compute.attention_views import prefill_prompts_factor
 from simcore.config import parse_config
 from simcore.errors import ConfigError
 from simcore.setup import build_deployment

@@ -49,7 +49,8 @@ from __future__ import annotations
 import math
 
 from simcore.compute.base import StepShape, StepTime, check_op_scale
-from simcore.compute.roofline import RooflineAssumptions, RooflineModel, expected_max_of_normals
+from simcore.compute.assumptions import RooflineAssumptions
+from simcore.compute.roofline import RooflineModel, expected_max_of_normals
 from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.model.arch import ModelArch, dtype_bytes

@@ -12,7 +12,7 @@ that have the op:
   chunk over a cached prefix costs the pairs it computes); sliding-window layers from the
   sliding-window grids of their window, mapped the same way, where the profile measured them,
   else from the full-attention grids at the step's window view
-  (`simcore.compute.roofline.windowed_attention`): decodes at their mean KV length within the
+  (`simcore.compute.attention_views.windowed_attention`): decodes at their mean KV length within the
   window, prefills at the prompts that keep both their tokens and the window's query-key pairs
   (`windowed_prefill_s`);
 - MLA models (DeepSeek-V3 style): vLLM's whole MLA attention module of each layer (down- and
@@ -62,7 +62,7 @@ from simcore.compute.derived_kernels import (
     weight_only,
     weight_only_ratio,
 )
-from simcore.compute.roofline import prompt_len, windowed_attention
+from simcore.compute.attention_views import prompt_len, windowed_attention
 from simcore.hardware import GpuSpec
 from simcore.model.arch import EXPERT_ONLY_DTYPES, Gemm, ModelArch, dtype_bytes, linear_dtype
 

@@ -11,7 +11,7 @@ What is modelled, per GPU of a TP group, summed over all layers of all pipeline 
   times its own efficiency; bytes = the KV cache read (kv_tokens_read) + the new KV written +
   queries and outputs. The whole mixed batch is one roofline, as vLLM V1 runs one varlen kernel.
   Sliding-window layers count the pairs and KV reads of the step's window view
-  (`windowed_attention`: each query over at most `sliding_window` keys).
+  (`simcore.compute.attention_views.windowed_attention`: each query over at most `sliding_window` keys).
   MLA: decode tokens use the absorbed form (attention over the 576-wide latent; the latent
   up-projection applied to the query and output of each decode token), prefill tokens the
   expanded form (the up-projection applied to every KV token of the prefilling requests). The
@@ -63,11 +63,11 @@ import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from simcore.compute.assumptions import RooflineAssumptions
+from simcore.compute.attention_views import prefill_prompts_factor, windowed_attention
 from simcore.compute.base import OP_CLASSES, StepShape, StepTime, check_op_scale
 from simcore.compute.decode_steps import BOUNDS, bound_of, decode_step, decode_step_time
-from simcore.errors import ConfigError, Number, WholeNumber
+from simcore.errors import ConfigError
 from simcore.hardware import GpuSpec
 from simcore.host import HostOverheads
 from simcore.model.arch import Gemm, ModelArch, dtype_bytes, linear_dtype
@@ -96,109 +96,6 @@ def expected_max_of_normals(n: int) -> float:
     vals = [x * n * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
             * (0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))) ** (n - 1) for x in xs]
     return (sum(vals) - 0.5 * (vals[0] + vals[-1])) / 1000.0
-
-
-def prompt_len(pairs_per_seq: float) -> float:
-    """The prompt length whose causal query-key pairs, L (L + 1) / 2, are `pairs_per_seq`."""
-    return (math.sqrt(1.0 + 8.0 * pairs_per_seq) - 1.0) / 2.0
-
-
-def prefill_prompts_factor(factor, num_seqs: int, pairs: float) -> float:
-    """`factor(b, L)` at the prompts a step's prefilling sequences stand for where the measured
-    context grids look them up (`simcore.compute.kernel_model`): `num_seqs` prompts of the
-    length L whose causal query-key pairs are their `pairs` shared equally (a chunk over a
-    cached prefix: the prompt with as many pairs)."""
-    length = prompt_len(pairs / num_seqs)
-    return factor(num_seqs, length if length > 1.0 else 1.0)
-
-
-def windowed_attention(shape: StepShape, window: int) -> StepShape:
-    """The step as a sliding-window layer's attention sees it: every query over at most `window`
-    keys, its own included (the query at position q reads keys max(0, q - window + 1) to q).
-
-    Same tokens and sequences; `attn_qk_pairs`, `kv_tokens_read` and `decode_kv_tokens` those of
-    the window. A shape holds sums over its requests, not each request, so the window is applied
-    to them as follows: the decodes read min(decode_kv_tokens, decodes x window) keys (exact when
-    every decode's context is past the window, or none is); the prefilling sequences are taken as
-    alike, each with the mean chunk of n new tokens over the mean context c: min(c + n,
-    window - 1 + n) keys read, and pairs m c + m (m + 1) / 2 + (n - m) window for the
-    m = min(n, max(window - c, 0)) queries whose window still reaches the first token (exact for
-    one prefilling sequence). Never more than the whole context's pairs and reads.
-    """
-    d = shape.num_decode_seqs
-    decode_kv = shape.decode_kv_tokens
-    if decode_kv > d * window:
-        decode_kv = d * window
-    pairs = float(decode_kv)
-    kv = decode_kv
-    spec = shape.num_spec_tokens
-    spec_pairs = shape.spec_qk_pairs
-    if spec_pairs > spec * window:      # each draft query over at most the window
-        spec_pairs = float(spec * window)
-    p = shape.num_seqs - d
-    if p > 0:
-        n = (shape.num_tokens - d - spec) / p
-        c = (shape.kv_tokens_read - shape.decode_kv_tokens) / p - n
-        m = min(n, max(window - c, 0.0))
-        prefill_pairs = p * (m * c + m * (m + 1) / 2 + (n - m) * window)
-        prefill_kv = p * min(c + n, window - 1 + n)
-        pairs += min(prefill_pairs, shape.attn_qk_pairs - shape.decode_kv_tokens)
-        kv += min(round(prefill_kv), shape.kv_tokens_read - shape.decode_kv_tokens)
-    return StepShape(shape.num_tokens, shape.num_seqs, d, pairs, kv, decode_kv, spec, spec_pairs)
-
-class RooflineAssumptions(BaseModel):
-    """Declared efficiency factors, latencies and overheads of the roofline model (all overridable).
-
-    Defaults: GEMM and bandwidth fractions match per-op timings of vLLM's kernels on A100/H100
-    (Vidur's profiles: large bf16 GEMMs at ~65-75% of peak, single-token GEMMs at ~80-85% of peak
-    HBM bandwidth); NCCL all-reduce bus bandwidth reaches ~75-80% of NVLink peak.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gemm_flops_fraction: Number = Field(
-        0.7, gt=0, le=1, description="Achieved fraction of peak FLOP/s in linear layers.")
-    attention_flops_fraction: Number = Field(
-        0.5, gt=0, le=1,
-        description="Achieved fraction of the bf16 peak FLOP/s in attention kernels.")
-    hbm_bandwidth_fraction: Number = Field(
-        0.8, gt=0, le=1, description="Achieved fraction of peak HBM bandwidth.")
-    interconnect_bandwidth_fraction: Number = Field(
-        0.8, gt=0, le=1,
-        description="Achieved fraction of the intra-node interconnect bandwidth in collectives.")
-    collective_hop_latency_s: Number = Field(
-        1.5e-6, ge=0, le=1e-2,
-        description="Per-hop latency alpha of ring collectives and PP sends, s.")
-    min_kernel_s: Number = Field(
-        3e-6, ge=0, le=1e-2,
-        description="Shortest duration of a GPU kernel inside a CUDA graph, s (small kernels "
-                    "take ~1-6 us on A100/H100).")
-    step_overhead_s: Number = Field(
-        0.5e-3, ge=0, le=1.0,
-        description="CPU time per step not hidden by async scheduling (input preparation, "
-                    "sampler launch, output processing), s.")
-    eager_launch_s_per_layer: Number = Field(
-        20e-6, ge=0, le=1e-2,
-        description="CPU time to launch one layer outside a full CUDA graph (piecewise graphs "
-                    "plus eager attention), s; overlaps GPU work.")
-    cuda_graph_max_num_tokens: WholeNumber = Field(
-        512, ge=0, description="Largest decode-only batch run as a full CUDA graph, tokens.")
-    sampler_hbm_bytes_per_logit: Number = Field(
-        16.0, ge=0,
-        description="HBM traffic of sampling per vocabulary entry of each sampled row, bytes "
-                    "(fp32 logits read and written by temperature, softmax, top-k/top-p).")
-    inter_node_bandwidth_bytes_per_s: Number = Field(
-        50e9, gt=0,
-        description="Per-GPU network bandwidth for PP hops and the expert-parallel all-to-all "
-                    "between nodes, bytes/s (400 Gb/s NIC).")
-    inter_node_latency_s: Number = Field(
-        5e-6, ge=0, le=1.0,
-        description="Latency of one PP hop, or of one all-to-all phase, between nodes, s.")
-    relative_uncertainty: Number = Field(
-        0.35, gt=0, lt=1,
-        description="Declared symmetric bound on the relative error of a step time, a fraction "
-                    "under 1 (0.35, not 35): an uncalibrated roofline is typically within "
-                    "+/-35% of measured vLLM steps.")
 
 
 def _bound(compute_bound: float, memory_bound: float, comm: float) -> str:
