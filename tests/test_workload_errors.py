@@ -1,6 +1,7 @@
 """Bad data files and settings: one ConfigError naming the file and line (or the field), never a traceback."""
 
 import json
+import re
 
 import pytest
 
@@ -33,10 +34,12 @@ def test_missing_file_names_the_path(tmp_path, kind, name):
         run(tmp_path, {"kind": kind, "path": name})
 
 
-@pytest.mark.parametrize("path", ["", "sub", "none.csv"])
-def test_a_bad_sharegpt_path_is_still_named_when_the_path_is_optional(tmp_path, path):
+@pytest.mark.parametrize("path, problem", [("", "is a folder, not a file"),
+                                           ("sub", "is a folder, not a file"),
+                                           ("none.csv", "no such file")])
+def test_a_bad_sharegpt_path_is_still_named_when_the_path_is_optional(tmp_path, path, problem):
     (tmp_path / "sub").mkdir()
-    with pytest.raises(ConfigError, match=r"no such file \(workload\.dataset\.path: "):
+    with pytest.raises(ConfigError, match=problem + r" \(workload\.dataset\.path: "):
         run(tmp_path, {"kind": "sharegpt", "path": path})
 
 
@@ -149,7 +152,7 @@ def test_custom_empty_file(tmp_path):
 
 def test_directory_instead_of_file(tmp_path):
     (tmp_path / "d.jsonl").mkdir()
-    with pytest.raises(ConfigError, match="d.jsonl: no such file"):
+    with pytest.raises(ConfigError, match="d.jsonl: is a folder, not a file"):
         run(tmp_path, {"kind": "mooncake", "path": "d.jsonl"})
 
 
@@ -164,3 +167,104 @@ def test_bad_seed_and_block_size(tmp_path):
         run(tmp_path, {"kind": "random"}, seed=-1)
     with pytest.raises(ConfigError, match="block_size"):
         run(tmp_path, {"kind": "random"}, block_size=0)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt_len": 100, "output_len": 10000000000000000000}',
+     "line 2: output_len must be at most 2,147,483,647, got 1e+19"),
+    ('{"prompt_len": 1e300, "output_len": 10}',
+     "line 2: prompt_len must be at most 2,147,483,647, got 1e+300"),
+    ('{"prompt_len": 100, "output_len": 10, "priority": -1e300}',
+     "line 2: priority must be at least -9,223,372,036,854,775,808, got -1e+300"),
+    ('{"prompt_len": 100, "prompt_len": 200, "output_len": 10}',
+     "line 2: the key 'prompt_len' is given twice in one object"),
+    ('{"prompt_len": 2000000000, "output_len": 10}',
+     "line 2: a prompt of 2,000,000,000 tokens is too long to key"),
+])
+def test_custom_numbers_too_large_and_repeated_keys_are_named(tmp_path, line, message):
+    # These used to end in an OverflowError, be read as the key's last value, or name no line.
+    name = write_lines(tmp_path / "c.jsonl", ['{"prompt_len": 5, "output_len": 1}', line])
+    with pytest.raises(ConfigError, match=re.escape(f"c.jsonl: {message}")):
+        run(tmp_path, {"kind": "custom", "path": name}, num_prompts=2)
+
+
+def test_trace_times_and_lengths_out_of_range_are_named(tmp_path):
+    name = mooncake_file(tmp_path, '{"timestamp": 1e300, "input_length": 10, "output_length": 5}')
+    with pytest.raises(ConfigError, match=re.escape("line 3: timestamp must be at most 1e+12 "
+                                                    "(1e+09 s), got 1e+300")):
+        run(tmp_path, {"kind": "mooncake", "path": name})
+    name = mooncake_file(tmp_path, '{"timestamp": 0, "input_length": 1e300, "output_length": 5}')
+    with pytest.raises(ConfigError, match="line 3: input_length must be at most 2,147,483,647"):
+        run(tmp_path, {"kind": "mooncake", "path": name})
+    name = write_lines(tmp_path / "azure.csv", ["TIMESTAMP,ContextTokens,GeneratedTokens",
+                                                "2023-11-16 18:15:46.68,1e300,4"])
+    with pytest.raises(ConfigError, match="line 2: ContextTokens must be at most"):
+        run(tmp_path, {"kind": "azure", "path": name})
+
+
+def test_repeated_csv_columns_extra_fields_and_a_byte_order_mark(tmp_path):
+    name = write_lines(tmp_path / "azure.csv", ["TIMESTAMP,ContextTokens,GeneratedTokens,"
+                                                "ContextTokens", "2023-11-16 18:15:46.68,3,4,5"])
+    with pytest.raises(ConfigError, match="azure.csv: line 1: the header names ContextTokens "
+                                          "more than once"):
+        run(tmp_path, {"kind": "azure", "path": name})
+    name = write_lines(tmp_path / "azure.csv", ["TIMESTAMP,ContextTokens,GeneratedTokens",
+                                                "2023-11-16 18:15:46.68,3,4",
+                                                "2023-11-16 18:15:47.68,3,4,9"])
+    with pytest.raises(ConfigError, match="azure.csv: line 3: 4 fields, the header has 3"):
+        run(tmp_path, {"kind": "azure", "path": name})
+    # A byte-order mark (as some editors write) is passed over, in CSV and in JSONL alike.
+    (tmp_path / "bom.csv").write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                      "2023-11-16 18:15:46.68,3,4\n", encoding="utf-8")
+    assert len(run(tmp_path, {"kind": "azure", "path": "bom.csv"})) == 1
+    (tmp_path / "bom.jsonl").write_text("\ufeff" + json.dumps(GOOD_MOONCAKE) + "\n",
+                                        encoding="utf-8")
+    assert len(run(tmp_path, {"kind": "mooncake", "path": "bom.jsonl"})) == 1
+
+
+def test_a_trace_with_no_request_in_its_window_says_where_its_requests_lie(tmp_path):
+    name = write_lines(tmp_path / "t.jsonl", [
+        json.dumps({**GOOD_MOONCAKE, "timestamp": 1000}),
+        json.dumps({**GOOD_MOONCAKE, "timestamp": 3000})])
+    with pytest.raises(ConfigError, match=re.escape(
+            "t.jsonl: no request of the trace falls in the replayed window, 10 s to its end "
+            "(workload.dataset.start_s, duration_s); its requests lie from 1 to 3 s")):
+        run(tmp_path, {"kind": "mooncake", "path": name, "start_s": 10})
+    write_lines(tmp_path / "empty.jsonl", [])
+    with pytest.raises(ConfigError, match="empty.jsonl: no requests in the file"):
+        run(tmp_path, {"kind": "mooncake", "path": "empty.jsonl"})
+    write_lines(tmp_path / "a.csv", ["TIMESTAMP,ContextTokens,GeneratedTokens"])
+    with pytest.raises(ConfigError, match=r"a.csv: no requests in the file \(a header and no "
+                                          r"rows\)"):
+        run(tmp_path, {"kind": "azure", "path": "a.csv"})
+
+
+def test_dataset_settings_the_data_leaves_with_no_effect_are_refused(tmp_path):
+    name = write_lines(tmp_path / "c.jsonl", ['{"prompt_len": 50, "output_len": 5}'])
+    with pytest.raises(ConfigError, match="c.jsonl: workload.dataset.hash_block_tokens has no "
+                                          "effect: no line gives 'hash_ids'"):
+        run(tmp_path, {"kind": "custom", "path": name, "hash_block_tokens": 64})
+    with pytest.raises(ConfigError, match="c.jsonl: workload.dataset.text_estimate has no "
+                                          r"effect: no line gives its prompt as text"):
+        run(tmp_path, {"kind": "custom", "path": name, "text_estimate": {"method": "chars"}})
+    # Given where a line reads them, they are taken.
+    write_lines(tmp_path / "t.jsonl", ['{"prompt": "a b c", "output_len": 5}',
+                                       '{"prompt_len": 64, "output_len": 5, "hash_ids": [1]}'])
+    run(tmp_path, {"kind": "custom", "path": "t.jsonl", "hash_block_tokens": 64,
+                   "text_estimate": {"method": "chars"}})
+    trace = write_lines(tmp_path / "m.jsonl", ['{"timestamp": 0, "input_length": 100, '
+                                               '"output_length": 5}'])
+    with pytest.raises(ConfigError, match="m.jsonl: workload.dataset.hash_block_tokens has no "
+                                          "effect: no request replayed gives 'hash_ids'"):
+        run(tmp_path, {"kind": "mooncake", "path": trace, "hash_block_tokens": 64})
+    for path in (None, "lengths.csv"):
+        with pytest.raises(ValueError, match="text_estimate estimates the token counts of a "
+                                              "ShareGPT JSON file's text and has no effect"):
+            run(tmp_path, {"kind": "sharegpt", "path": path, "text_estimate": {"method": "chars"}})
+
+
+@pytest.mark.parametrize("field", ["time_scale", "start_s", "duration_s"])
+def test_trace_window_settings_must_be_finite(tmp_path, field):
+    with pytest.raises(ValueError, match="finite number|greater than 0"):
+        WorkloadConfig.model_validate({"dataset": {"kind": "mooncake", "path": "t.jsonl",
+                                                   field: float("nan")}})

@@ -29,9 +29,10 @@ class TextLengthEstimate(_Frozen):
     """
 
     method: Literal["words", "chars"] = Field("words", description="Count words or characters.")
-    tokens_per_word: float = Field(1.3, gt=0, description="Tokens per whitespace-separated word "
-                                   "(method 'words').")
-    chars_per_token: float = Field(4.0, gt=0, description="Characters per token (method 'chars').")
+    tokens_per_word: Number = Field(1.3, gt=0, allow_inf_nan=False, description="Tokens per "
+                                    "whitespace-separated word (method 'words').")
+    chars_per_token: Number = Field(4.0, gt=0, allow_inf_nan=False, description="Characters per "
+                                    "token (method 'chars').")
 
 
 class LengthFilter(_Frozen):
@@ -151,6 +152,12 @@ class ShareGPTDataset(_Frozen):
         if self.tokenizer is not None and self.path is not None:
             raise ValueError("tokenizer chooses among the shipped lengths and has no effect with "
                              "a `path` (whose file gives the lengths); set one of them")
+        if "text_estimate" in self.model_fields_set and (
+                self.path is None or not self.path.lower().endswith(".json")):
+            raise ValueError("text_estimate estimates the token counts of a ShareGPT JSON file's "
+                             "text and has no effect on "
+                             + ("the shipped lengths" if self.path is None else
+                                "a lengths CSV (its counts are tokens)") + "; remove it")
         return self
 
 
@@ -315,13 +322,16 @@ class _TimedTrace(_Frozen):
     use_timestamps: bool = Field(
         True, description="Send each request at its trace time (vLLM's --self-timed); false: use "
         "request_rate/burstiness/ramp-up instead.")
-    time_scale: float = Field(1.0, gt=0, le=1e6, description="Multiplies every trace time offset: "
-                              "0.5 replays twice as fast, 2 half as fast (at most 10^6).")
-    start_s: float = Field(0.0, ge=0, description="Start of the replayed window, seconds after the "
-                           "trace's first request; it becomes time 0 of the run.")
-    duration_s: float | None = Field(
-        None, gt=0, description="Length of the replayed window in trace seconds; null: to the end "
-        "of the trace.")
+    time_scale: Number = Field(1.0, gt=0, le=1e6, allow_inf_nan=False, description="Multiplies "
+                               "every trace time offset: 0.5 replays twice as fast, 2 half as "
+                               "fast (at most 10^6).")
+    start_s: Number = Field(0.0, ge=0, allow_inf_nan=False, description="Start of the replayed "
+                            "window, seconds after the trace's time 0 (a Mooncake trace's own "
+                            "time 0, from which its timestamps count; an Azure trace's first "
+                            "request); it becomes time 0 of the run.")
+    duration_s: Number | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Length of the replayed window in trace "
+        "seconds; null: to the end of the trace.")
 
 
 class MooncakeDataset(_TimedTrace):
@@ -382,10 +392,10 @@ class WorkloadConfig(_Frozen):
                                "(vLLM --burstiness).")
     ramp_up_strategy: Literal["linear", "exponential"] | None = Field(
         None, description="Rate ramp-up (vLLM --ramp-up-strategy).")
-    ramp_up_start_rps: float | None = Field(None, description="Rate of the first request under a "
-                                            "ramp-up, requests/s (vLLM --ramp-up-start-rps).")
-    ramp_up_end_rps: float | None = Field(None, description="Rate of the last request under a "
-                                          "ramp-up, requests/s (vLLM --ramp-up-end-rps).")
+    ramp_up_start_rps: Number | None = Field(None, description="Rate of the first request under "
+                                             "a ramp-up, requests/s (vLLM --ramp-up-start-rps).")
+    ramp_up_end_rps: Number | None = Field(None, description="Rate of the last request under a "
+                                           "ramp-up, requests/s (vLLM --ramp-up-end-rps).")
     max_concurrency: WholeNumber | None = Field(
         None, ge=1, description="Most requests in flight; the client holds the rest back (vLLM "
         "--max-concurrency). Carried here, applied by the simulated client.")
@@ -396,9 +406,9 @@ class WorkloadConfig(_Frozen):
         "(/v1/completions, vllm bench serve's default backend), or chat_completions "
         "(/v1/chat/completions, --backend openai-chat), whose requests the API server first "
         "turns into a prompt with the model's chat template (host.chat_template_parse).")
-    request_timeout_s: float | None = Field(
-        None, gt=0, description="Seconds after its send at which the client gives up a request "
-        "that has not finished: the engine aborts it (vLLM's finish_requests) and it counts as "
+    request_timeout_s: Number | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Seconds after its send at which the "
+        "client gives up a request that has not finished: the engine aborts it (vLLM's finish_requests) and it counts as "
         "failed, left out of the latency and token metrics, as in vllm bench serve. Null: never "
         "(vllm bench serve's own client session times out after 6 hours, 21600).")
 

@@ -61,21 +61,29 @@ def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_siz
     engine.scheduling_policy priority) goes with each request that sends it."""
     rows: list[tuple[int, int, tuple[int, ...]]] = []
     priorities: list[int] = []
+    texts = hashes = False      # whether a line gives its prompt as text, its ids as hash_ids
     for row_index, (lineno, obj) in enumerate(files.iter_jsonl(path)):
         where = f"{path}: line {lineno}"
         prompt_len = _custom_prompt_len(obj, where, ds.text_estimate)
+        texts = texts or "prompt_len" not in obj
+        hashes = hashes or obj.get("hash_ids") is not None
         if ds.output_len is not None:
             output_len = ds.output_len
         else:
             output_len = max(1, files.count_field(obj, "output_len", where))
         keys = _custom_keys(obj, where, prompt_len, block_size, ds.hash_block_tokens)
         rows.append((prompt_len, output_len,
-                     _row_content_keys(path, row_index, prompt_len, block_size, keys)))
+                     _row_content_keys(where, row_index, prompt_len, block_size, keys)))
         priorities.append(_custom_priority(obj, where))
     chosen = vllm_order(np.ones(len(rows), dtype=bool), num_prompts, shuffle=ds.shuffle,
                         seed=seed)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no requests in the file")
+    for name, used, what in (("text_estimate", texts, "its prompt as text ('prompt')"),
+                             ("hash_block_tokens", hashes, "'hash_ids'")):
+        if name in ds.model_fields_set and not used:
+            raise ConfigError(f"{path}: workload.dataset.{name} has no effect: no line gives "
+                              f"{what}; remove it")
     return _build(chosen, lambda row: rows[row],
                   np.array(priorities, dtype=np.int64) if any(priorities) else None)
 
@@ -168,12 +176,14 @@ def _build(chosen: np.ndarray, make: Callable[[int], _Row],
                          row_of, None if priorities is None else priorities[chosen])
 
 
-def _row_content_keys(path: Path, row_index: int, prompt_len: int, block_size: int,
+def _row_content_keys(where: Path | str, row_index: int, prompt_len: int, block_size: int,
                       keys: tuple[int, ...]) -> tuple[int, ...]:
-    """`keys`, then row-unique keys for the rest of the prompt's full blocks."""
+    """`keys`, then row-unique keys for the rest of the prompt's full blocks; `where` (the file,
+    or its line) names the row in an error."""
     num_blocks = prompt_len // block_size
     if num_blocks >= MAX_ROW_BLOCKS:
-        raise ConfigError(f"{path}: a prompt of {prompt_len} tokens is too long to key")
+        raise ConfigError(f"{where}: a prompt of {prompt_len:,} tokens is too long to key (at "
+                          f"most {MAX_ROW_BLOCKS * block_size - 1:,} at block size {block_size})")
     return keys + row_keys(row_index, len(keys), num_blocks)
 
 
@@ -195,9 +205,10 @@ PRIORITY_LIMIT = 1 << 63
 def _custom_priority(obj: dict, where: str) -> int:
     if obj.get("priority") is None:
         return 0
-    priority = files.as_whole(obj["priority"], where, "priority")
+    priority = files.as_whole(obj["priority"], where, "priority", limit=PRIORITY_LIMIT)
     if not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
-        raise ConfigError(f"{where}: priority must lie in [-2^63, 2^63), got {obj['priority']!r}")
+        raise ConfigError(f"{where}: priority must lie in [-2^63, 2^63), got "
+                          f"{files.short(obj['priority'])}")
     return priority
 
 

@@ -35,6 +35,35 @@ class _Window:
         return (t_s - self.start_s) * self.time_scale
 
 
+class _Span:
+    """The trace times read, so that a window holding none of them can say where they lie."""
+
+    __slots__ = ("count", "first_s", "last_s")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first_s = float("inf")
+        self.last_s = float("-inf")
+
+    def add(self, t_s: float) -> None:
+        self.count += 1
+        if t_s < self.first_s:
+            self.first_s = t_s
+        if t_s > self.last_s:
+            self.last_s = t_s
+
+    def refuse(self, path: Path, window: _Window, num_prompts: int | None) -> None:
+        """Raise the ConfigError of a trace that gives the window no request."""
+        if not self.count:
+            raise ConfigError(f"{path}: no requests in the file")
+        if num_prompts == 0:
+            return
+        end = "its end" if window.end_s == float("inf") else f"{window.end_s:g} s"
+        raise ConfigError(f"{path}: no request of the trace falls in the replayed window, "
+                          f"{window.start_s:g} s to {end} (workload.dataset.start_s, duration_s); "
+                          f"its requests lie from {self.first_s:g} to {self.last_s:g} s")
+
+
 @dataclass(frozen=True, slots=True)
 class MooncakeRow:
     """One request of a Mooncake trace's window: its 1-based line, run time, lengths (output at
@@ -55,6 +84,8 @@ def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
     id_limit = max_hash_id(block_size, ds.hash_block_tokens)
     window = _Window.of(ds)
     kept: list[tuple[int, float, int, int, list[int]]] = []
+    span = _Span()
+    hashed = False              # whether a line read gives hash_ids
     for lineno, obj in files.iter_jsonl(path):
         if num_prompts is not None and len(kept) >= num_prompts:
             break
@@ -64,8 +95,15 @@ def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
         output_len = files.count_field(obj, "output_length", where)
         raw_ids = obj.get("hash_ids")
         ids = [] if raw_ids is None else files.as_id_list(raw_ids, where, "hash_ids", id_limit)
+        hashed = hashed or raw_ids is not None
+        span.add(t_s)
         if window.contains(t_s):
             kept.append((lineno, window.run_time_s(t_s), prompt_len, max(1, output_len), ids))
+    if not kept:
+        span.refuse(path, window, num_prompts)
+    if "hash_block_tokens" in ds.model_fields_set and not hashed:
+        raise ConfigError(f"{path}: workload.dataset.hash_block_tokens has no effect: no request "
+                          f"replayed gives 'hash_ids'; remove it")
     keys = hash_block_keys_many([(ids, prompt_len) for _, _, prompt_len, _, ids in kept],
                                 block_size=block_size, hash_block_tokens=ds.hash_block_tokens)
     return [MooncakeRow(lineno, t_s, prompt_len, output_len, tuple(ids), row_keys)
@@ -97,18 +135,22 @@ def azure_samples(ds: AzureDataset, num_prompts: int | None, *, path: Path) -> l
                      files.count_field(row, "ContextTokens", where, 1),
                      files.count_field(row, "GeneratedTokens", where)))
     if not rows:
-        return []
+        raise ConfigError(f"{path}: no requests in the file (a header and no rows)")
     try:
         first = min(at for at, _, _ in rows)
     except TypeError:
         raise ConfigError(f"{path}: TIMESTAMP mixes times with and without a time zone") from None
     window = _Window.of(ds)
     samples: list[Sample] = []
+    span = _Span()
     for index, (at, prompt_len, output_len) in enumerate(rows):
         if num_prompts is not None and len(samples) >= num_prompts:
             break
         t_s = (at - first).total_seconds()
+        span.add(t_s)
         if window.contains(t_s):
             samples.append(Sample(f"a{index}", prompt_len, max(1, output_len), (),
                                   window.run_time_s(t_s)))
+    if not samples:
+        span.refuse(path, window, num_prompts)
     return samples
