@@ -268,3 +268,17 @@ def test_trace_window_settings_must_be_finite(tmp_path, field):
     with pytest.raises(ValueError, match="finite number|greater than 0"):
         WorkloadConfig.model_validate({"dataset": {"kind": "mooncake", "path": "t.jsonl",
                                                    field: float("nan")}})
+
+
+def test_more_hash_ids_than_the_prompt_has_blocks_are_refused(tmp_path):
+    name = mooncake_file(tmp_path, '{"timestamp": 0, "input_length": 100, "output_length": 5, '
+                                   '"hash_ids": [1, 2]}')
+    with pytest.raises(ConfigError, match=re.escape(
+            "trace.jsonl: line 3: hash_ids gives 2 ids for a prompt of 100 tokens, which has 1 "
+            "block(s) of 512")):
+        run(tmp_path, {"kind": "mooncake", "path": name})
+    name = write_lines(tmp_path / "c.jsonl", ['{"prompt_len": 64, "output_len": 5, '
+                                              '"hash_ids": [1, 2, 3]}'])
+    with pytest.raises(ConfigError, match="c.jsonl: line 1: hash_ids gives 3 ids for a prompt "
+                                          "of 64 tokens, which has 2 block"):
+        run(tmp_path, {"kind": "custom", "path": name, "hash_block_tokens": 32})

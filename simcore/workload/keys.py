@@ -55,6 +55,18 @@ def check_hash_block(block_size: int, hash_block_tokens: int) -> None:
                           f"{hash_block_tokens}-token hash blocks (workload.dataset.hash_block_tokens)")
 
 
+def check_hash_count(ids: Sequence[int], prompt_len: int, hash_block_tokens: int,
+                     where: str) -> None:
+    """A prompt of `prompt_len` tokens has one hash id per `hash_block_tokens`-token block, its
+    last one partial: more ids than that name blocks it does not have (refused, naming
+    `where`)."""
+    most = -(-prompt_len // hash_block_tokens)
+    if len(ids) > most:
+        raise ConfigError(f"{where}: hash_ids gives {len(ids)} ids for a prompt of {prompt_len} "
+                          f"tokens, which has {most} block(s) of {hash_block_tokens} "
+                          f"(workload.dataset.hash_block_tokens)")
+
+
 def max_hash_id(block_size: int, hash_block_tokens: int) -> int:
     """Largest hash id whose expanded keys still fit in the value range."""
     return VALUE_LIMIT // (hash_block_tokens // block_size) - 1

@@ -12,8 +12,8 @@ import numpy as np
 from simcore.errors import ConfigError
 from simcore.workload import files
 from simcore.workload.config import CustomDataset, LengthFilter, ShareGPTDataset, TextLengthEstimate
-from simcore.workload.keys import (MAX_ROW_BLOCKS, VALUE_LIMIT, check_hash_block, hash_block_keys,
-                                   max_hash_id, row_keys, user_keys)
+from simcore.workload.keys import (MAX_ROW_BLOCKS, VALUE_LIMIT, check_hash_block, check_hash_count,
+                                   hash_block_keys, max_hash_id, row_keys, user_keys)
 from simcore.workload.sample import SampleColumns
 
 _Row = tuple[int, int, tuple[int, ...]]
@@ -224,6 +224,7 @@ def _custom_keys(obj: dict, where: str, prompt_len: int, block_size: int,
         check_hash_block(block_size, hash_block_tokens)
         ids = files.as_id_list(obj["hash_ids"], where, "hash_ids",
                                max_hash_id(block_size, hash_block_tokens))
+        check_hash_count(ids, prompt_len, hash_block_tokens, where)
         return hash_block_keys(ids, prompt_len=prompt_len, block_size=block_size,
                                hash_block_tokens=hash_block_tokens)
     return ()

@@ -9,7 +9,8 @@ from pathlib import Path
 from simcore.errors import ConfigError
 from simcore.workload import files
 from simcore.workload.config import AzureDataset, MooncakeDataset
-from simcore.workload.keys import BlockKeys, check_hash_block, hash_block_keys_many, max_hash_id
+from simcore.workload.keys import (BlockKeys, check_hash_block, check_hash_count,
+                                   hash_block_keys_many, max_hash_id)
 from simcore.workload.sample import Sample
 
 MS_PER_S = 1000.0
@@ -95,6 +96,7 @@ def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
         output_len = files.count_field(obj, "output_length", where)
         raw_ids = obj.get("hash_ids")
         ids = [] if raw_ids is None else files.as_id_list(raw_ids, where, "hash_ids", id_limit)
+        check_hash_count(ids, prompt_len, ds.hash_block_tokens, where)
         hashed = hashed or raw_ids is not None
         span.add(t_s)
         if window.contains(t_s):
