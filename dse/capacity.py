@@ -45,7 +45,7 @@ from simcore.workload.config import SESSION_DATASETS
 DEFAULT_SLOS = ("p99_ttft_ms <= 1000", "p99_tpot_ms <= 50")
 """The SLOs capacity is measured against when none are given."""
 
-_SLO_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|<)\s*([-+0-9.eE]+)\s*$")
+_SLO_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|<)\s*(\S+)\s*$")
 _LATENCY_RE = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el|queue)_ms$")
 _GOODPUT_FAMILIES = ("ttft", "tpot", "e2el")
 _STEP_UP, _STEP_DOWN = 1.25, 0.8
@@ -66,13 +66,22 @@ def parse_slos(text: str | None, *, where: str = "--slo") -> tuple[Constraint, .
         if not m:
             raise ConfigError(f"{where}: {item.strip()!r} is not 'metric <= value' (an upper "
                               f"bound, e.g. p99_ttft_ms<=1000)")
-        metric, op, value = m.group(1), m.group(2), float(m.group(3))
-        if not _LATENCY_RE.match(metric):
+        metric, op = m.group(1), m.group(2)
+        stat = _LATENCY_RE.match(metric)
+        if not stat:
             raise ConfigError(f"{where}: {metric!r} is not a latency statistic: use mean_, "
                               f"median_ or pNN_ with ttft, tpot, itl, e2el or queue and _ms "
                               f"(e.g. p99_ttft_ms)")
-        if not value > 0:
-            raise ConfigError(f"{where}: {metric} must be bounded by a positive number of ms")
+        if stat.group(2) is not None and not 0 < float(stat.group(2)) <= 100:
+            raise ConfigError(f"{where}: {metric}: a percentile lies in (0, 100], got "
+                              f"{stat.group(2)}")
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            value = math.nan
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{where}: {metric} must be bounded by a positive, finite number "
+                              f"of ms, got {m.group(3)!r}")
         out.append(Constraint(metric=metric, op=op, value=value))
     names = [c.metric for c in out]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -97,7 +106,9 @@ class RateRun:
     values: dict[str, float]
     request_throughput: float
     output_throughput: float
-    request_goodput: float
+    request_goodput: float | None
+    """Requests/s within the SLOs' goodput thresholds (`goodput_thresholds`); None where the SLOs
+    give none."""
     queue_growth_rps: float | None
     over_capacity: bool
     failed: int
@@ -145,7 +156,7 @@ class Capacity:
             "max_sustainable_rate_per_gpu": self.rate_per_gpu,
             "slos": [str(c) for c in self.slos],
             "binding": self.binding, "binding_detail": self.binding_detail,
-            "goodput_at_capacity": at.request_goodput if at else 0.0,
+            "goodput_at_capacity": at.request_goodput if at else None,
             "output_throughput_at_capacity": at.output_throughput if at else 0.0,
             "burst_request_throughput": self.burst_request_throughput,
             "num_gpus": self.num_gpus,
@@ -171,18 +182,31 @@ def _check_workload(cfg: SimConfig) -> None:
                           "request shapes")
 
 
-def _with_slo_metrics(cfg: SimConfig, slos: tuple[Constraint, ...]) -> SimConfig:
-    """The config with every SLO percentile reported and the SLOs as the goodput thresholds."""
-    pcts = list(cfg.metrics.percentiles)
+def goodput_thresholds(slos: tuple[Constraint, ...]) -> dict[str, float]:
+    """The per-request goodput thresholds the SLOs give (vLLM's --goodput: a request counts when
+    its TTFT, TPOT and E2E latency are each within their bound): each percentile SLO on ttft,
+    tpot or e2el bounds every request's value (the tightest where several do). A mean or median
+    bound is not one on each request (half the requests exceed a median by construction), nor
+    is one on the ITL or the queue (vLLM's goodput has no such threshold); none gives one."""
     goodput: dict[str, float] = {}
+    for c in slos:
+        m = _LATENCY_RE.match(c.metric)
+        fam = m.group(3)
+        if m.group(2) is not None and fam in _GOODPUT_FAMILIES:
+            goodput[fam] = min(goodput.get(fam, math.inf), c.value)
+    return goodput
+
+
+def _with_slo_metrics(cfg: SimConfig, slos: tuple[Constraint, ...]) -> SimConfig:
+    """The config with every SLO percentile reported and the SLOs' goodput thresholds
+    (`goodput_thresholds`) in place of its own; none where they give none."""
+    pcts = list(cfg.metrics.percentiles)
     for c in slos:
         m = _LATENCY_RE.match(c.metric)
         if m.group(2) is not None and float(m.group(2)) not in pcts:
             pcts.append(float(m.group(2)))
-        fam = m.group(3)
-        if fam in _GOODPUT_FAMILIES:
-            goodput[fam] = min(goodput.get(fam, math.inf), c.value)
-    return cfg.with_section("metrics", percentiles=tuple(sorted(pcts)), goodput=goodput or None)
+    return cfg.with_section("metrics", percentiles=tuple(sorted(pcts)),
+                            goodput=goodput_thresholds(slos) or None)
 
 
 class _Search:
@@ -237,7 +261,8 @@ class _Search:
         run = RateRun(rate=key, num_prompts=n, values=values,
                       request_throughput=float(r["request_throughput"]),
                       output_throughput=float(r["output_throughput"]),
-                      request_goodput=float(r["request_goodput"] or 0.0),
+                      request_goodput=(None if r["request_goodput"] is None
+                                       else float(r["request_goodput"])),
                       queue_growth_rps=growth, over_capacity=over, failed=int(r["failed"]),
                       violations=tuple(violations))
         self.runs[key] = run
@@ -375,8 +400,10 @@ def render_capacity(c: Capacity) -> str:
         at = c.at
         lines.append(f"Capacity: {c.rate:,.4g} req/s ({c.rate_per_gpu:,.4g} per GPU on "
                      f"{c.num_gpus}) under {slos}")
-        lines.append(f"  at it: {at.output_throughput:,.0f} output tok/s, goodput "
-                     f"{at.request_goodput:,.4g} req/s")
+        goodput = ("goodput n/a (no percentile SLO on TTFT, TPOT or E2E latency to hold each "
+                   "request to)" if at.request_goodput is None else
+                   f"goodput {at.request_goodput:,.4g} req/s")
+        lines.append(f"  at it: {at.output_throughput:,.0f} output tok/s, {goodput}")
     else:
         lines.append(f"Capacity: none: no rate meets {slos}")
     lines.append(f"  binds first: {c.binding_detail}")

@@ -87,6 +87,12 @@ def test_default_slos_are_stated():
     ("p99_ttft<=5", "not a latency statistic"),
     ("p99_ttft_ms<=0", "positive"),
     ("p99_ttft_ms<=10,p99_ttft_ms<=20", "bounded twice"),
+    # These used to end in a traceback (float() of the text, numpy's percentile) or pass.
+    ("p99_ttft_ms<=1..0", "positive, finite number of ms, got '1..0'"),
+    ("p99_ttft_ms<=e", "positive, finite number of ms, got 'e'"),
+    ("p99_ttft_ms<=1e400", "positive, finite number of ms, got '1e400'"),
+    ("p150_ttft_ms<=1000", r"p150_ttft_ms: a percentile lies in \(0, 100\], got 150"),
+    ("p0_ttft_ms<=1000", r"a percentile lies in \(0, 100\], got 0"),
 ])
 def test_bad_slos_are_refused_by_name(text, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -209,3 +215,28 @@ def test_a_trial_can_maximise_the_sustainable_rate():
     assert out.values == (expected,)  # one GPU
     assert out.metrics["max_sustainable_requests_per_dollar"] == pytest.approx(
         expected * 3600 / 2.5)
+
+
+def test_decimal_percentile_slos_and_the_goodput_thresholds_they_give():
+    from dse.capacity import goodput_thresholds
+
+    slos = parse_slos("p99.9_ttft_ms<=1000,median_tpot_ms<=30,p95_ttft_ms<=300,"
+                      "p99_itl_ms<=200,mean_e2el_ms<=9000,p90_e2el_ms<=8000")
+    assert [c.metric for c in slos][0] == "p99.9_ttft_ms"
+    # Percentile bounds on TTFT, TPOT or E2E hold each request (the tightest where several do);
+    # a median or mean bound, or one on the ITL, does not.
+    assert goodput_thresholds(slos) == {"ttft": 300.0, "e2el": 8000.0}
+    assert goodput_thresholds(parse_slos("p99_itl_ms<=200,median_tpot_ms<=30")) == {}
+
+
+def test_goodput_is_stated_as_not_applicable_where_the_slos_give_no_threshold(tiny_capacity):
+    import dataclasses
+
+    from dse.capacity import render_capacity
+
+    _, c = tiny_capacity
+    assert c.at.request_goodput is not None
+    assert f"goodput {c.at.request_goodput:,.4g} req/s" in render_capacity(c)
+    none = dataclasses.replace(c, at=dataclasses.replace(c.at, request_goodput=None))
+    assert "goodput n/a (no percentile SLO on TTFT, TPOT or E2E latency" in render_capacity(none)
+    assert none.as_dict()["goodput_at_capacity"] is None
