@@ -152,7 +152,7 @@ class ShareGPTDataset(_Frozen):
         if self.tokenizer is not None and self.path is not None:
             raise ValueError("tokenizer chooses among the shipped lengths and has no effect with "
                              "a `path` (whose file gives the lengths); set one of them")
-        if "text_estimate" in self.model_fields_set and (
+        if away_from_default(self, "text_estimate") and (
                 self.path is None or not self.path.lower().endswith(".json")):
             raise ValueError("text_estimate estimates the token counts of a ShareGPT JSON file's "
                              "text and has no effect on "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, away_from_default
 from simcore.workload import files
 from simcore.workload.config import CustomDataset, LengthFilter, ShareGPTDataset, TextLengthEstimate
 from simcore.workload.keys import (MAX_ROW_BLOCKS, VALUE_LIMIT, check_hash_block, check_hash_count,
@@ -79,9 +79,10 @@ def custom_samples(ds: CustomDataset, num_prompts: int, *, path: Path, block_siz
                         seed=seed)
     if chosen.size == 0:
         raise ConfigError(f"{path}: no requests in the file")
+    set_ = away_from_default(ds, "text_estimate", "hash_block_tokens")
     for name, used, what in (("text_estimate", texts, "its prompt as text ('prompt')"),
                              ("hash_block_tokens", hashes, "'hash_ids'")):
-        if name in ds.model_fields_set and not used:
+        if name in set_ and not used:
             raise ConfigError(f"{path}: workload.dataset.{name} has no effect: no line gives "
                               f"{what}; remove it")
     return _build(chosen, lambda row: rows[row],

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, away_from_default
 from simcore.workload import files
 from simcore.workload.config import AzureDataset, MooncakeDataset
 from simcore.workload.keys import (BlockKeys, check_hash_block, check_hash_count,
@@ -103,7 +103,7 @@ def mooncake_rows(ds: MooncakeDataset, num_prompts: int | None, *, path: Path,
             kept.append((lineno, window.run_time_s(t_s), prompt_len, max(1, output_len), ids))
     if not kept:
         span.refuse(path, window, num_prompts)
-    if "hash_block_tokens" in ds.model_fields_set and not hashed:
+    if away_from_default(ds, "hash_block_tokens") and not hashed:
         raise ConfigError(f"{path}: workload.dataset.hash_block_tokens has no effect: no request "
                           f"replayed gives 'hash_ids'; remove it")
     keys = hash_block_keys_many([(ids, prompt_len) for _, _, prompt_len, _, ids in kept],
