@@ -8,7 +8,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from simcore.config import SimConfig
+from simcore.config import SimConfig, default_batch_limits
 
 VLLM_VERSION = "0.33.0"
 SIMULATOR_ONLY = "not a vLLM option: the simulated engine differs from stock vLLM here"
@@ -117,23 +117,12 @@ def weight_flags(dtype: str, quant: str | None, name: str, warnings: list[str],
 
 # --- engine flags -------------------------------------------------------------------------
 
-def vllm_default_batch(memory_bytes: float, gpu: str) -> tuple[int, int]:
-    """vLLM 0.33's `vllm serve` defaults (max_num_seqs, max_num_batched_tokens) on a GPU
-    (`EngineArgs.get_batch_defaults`), before the max_model_len floor without chunking."""
-    if memory_bytes >= 160 * 2**30:
-        return 1024, 16384
-    if memory_bytes >= 70 * 2**30 and "a100" not in gpu.lower():
-        return 1024, 8192
-    return 256, 2048
-
-
 def engine_flags(cfg: SimConfig, dep, warnings: list[str],
                  resolved: list[tuple[str, str, str]]) -> list[str]:
     e = cfg.engine
     given = e.model_fields_set
-    v_seqs, v_tokens = vllm_default_batch(dep.gpu.memory_bytes, dep.gpu.name)
-    if not e.enable_chunked_prefill:
-        v_tokens = max(v_tokens, dep.max_model_len)
+    v_seqs, v_tokens = default_batch_limits(dep.gpu.memory_bytes, dep.gpu.name,
+                                            e.enable_chunked_prefill, dep.max_model_len)
     for key, value, stock in (("max_num_seqs", dep.max_num_seqs, v_seqs),
                               ("max_num_batched_tokens", dep.max_num_batched_tokens, v_tokens)):
         if key in given and getattr(e, key) is not None:
@@ -229,6 +218,14 @@ def speculative_flag(spec, warnings: list[str]) -> str:
     out: dict = {"method": spec.method}
     if spec.model:
         out["model"] = spec.model
+        if spec.method == "draft_model" and "/" not in spec.model:
+            from simcore.model.presets import load_preset
+
+            name = load_preset(spec.model).name       # the simulated draft model's own id
+            if name != spec.model:
+                out["model"] = name
+                warnings.append(f"engine.speculative_config.model {spec.model!r} is a preset's "
+                                f"short name; the command names its Hugging Face id {name}")
     elif spec.method in ("eagle", "eagle3"):
         out["model"] = "<EAGLE head checkpoint>"
         warnings.append(f"engine.speculative_config.model not set: vLLM's {spec.method} needs "

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simcore.hardware import get_gpu
 from simcore.loading import parse_yaml, read_text
 from simcore.reference_data import DATA_DIR
 
@@ -245,6 +246,9 @@ def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
       CUDA graphs after allocating the KV cache, from the memory gpu_memory_utilization leaves,
       instead of subtracting their estimate first (`engine.profile_cuda_graph_memory`; vLLM's
       start-up message "CUDA graph memory profiling is enabled (default since v0.21.0)");
+    - before 0.28 the API server's default token budget on GPUs of 160 GiB or more (B200) was
+      8,192, as on the other large GPUs; 0.28 made it 16,384 (`EngineArgs.get_batch_defaults`,
+      vLLM pull request 51726);
 
     Rows whose quoted settings vLLM could not have started with are left out by `load_cases`
     with the simulator's reason: GPUStack's Qwen3-32B (bf16) and gpt-oss-120b on one H100. By
@@ -261,6 +265,13 @@ def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
                      "vLLM)")
     if _measured_before(row, (0, 21), "2026-04"):
         settings["engine"] = {"gpu_memory_utilization": 0.9, "profile_cuda_graph_memory": False}
+    gpu = _GPUS.get(str((row.get("hardware") or {}).get("gpu")))
+    tool = str((row.get("benchmark") or {}).get("tool") or "")
+    if gpu is not None and get_gpu(gpu).memory_bytes >= 160 * 2**30 \
+            and tool not in OFFLINE_TOOLS and _measured_before(row, (0, 28), "2026-08"):
+        settings.setdefault("engine", {})["max_num_batched_tokens"] = 8192
+        notes.append("the API server's token budget 8192 by default (16384 on this GPU since "
+                     "vLLM 0.28)")
     return settings, notes
 
 

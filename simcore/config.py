@@ -294,9 +294,9 @@ class EngineConfig(BaseModel):
         None, ge=1, description="Most requests in one batch. Default as `vllm serve`: 1024 on "
         "GPUs with >= 70 GiB other than A100, else 256.")
     max_num_batched_tokens: WholeNumber | None = Field(
-        None, ge=1, description="Token budget of one step. Default as `vllm serve`: 8192 on GPUs "
-        "with >= 70 GiB other than A100, else 2048 (with chunked prefill); max_model_len "
-        "without chunked prefill.")
+        None, ge=1, description="Token budget of one step. Default as `vllm serve` (0.28 and "
+        "later): 16384 on GPUs with >= 160 GiB, 8192 on those with >= 70 GiB other than A100, "
+        "else 2048 (with chunked prefill); max_model_len without chunked prefill.")
     block_size: WholeNumber = Field(16, description="Tokens per KV-cache block.")
     gpu_memory_utilization: Number = Field(
         DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1, description="Fraction of GPU memory vLLM may "
@@ -697,9 +697,16 @@ def check_batch_limits(max_num_seqs: int, max_num_batched_tokens: int, max_model
 
 def default_batch_limits(gpu_memory_bytes: float, gpu_name: str, chunked: bool,
                          max_model_len: int) -> tuple[int, int]:
-    """vLLM `vllm serve` defaults for (max_num_seqs, max_num_batched_tokens) on a GPU."""
-    big = gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower()
-    seqs, tokens = (1024, 8192) if big else (256, 2048)
+    """vLLM `vllm serve` defaults for (max_num_seqs, max_num_batched_tokens) on a GPU
+    (`EngineArgs.get_batch_defaults` of vLLM 0.28 and later, which gave GPUs of 160 GiB or more
+    a token budget of 16,384; 8,192 before), then, without chunked prefill, max_model_len at
+    least."""
+    if gpu_memory_bytes >= 160 * 2**30:
+        seqs, tokens = 1024, 16384
+    elif gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower():
+        seqs, tokens = 1024, 8192
+    else:
+        seqs, tokens = 256, 2048
     if not chunked:
         tokens = max(tokens, max_model_len)
     return seqs, tokens

@@ -89,12 +89,16 @@ def test_defaults_the_simulator_resolved_are_passed_and_named():
     plan = launch_plan(_cfg(hardware={"gpu": "B200"}))
     argv = plan.serve_argv
     assert _flag(argv, "--max-num-seqs") == "1024"
-    assert _flag(argv, "--max-num-batched-tokens") == "8192"
+    # vLLM 0.28 and later give GPUs of 160 GiB or more a token budget of 16,384, which the
+    # simulation uses too: the command passes it and names it.
+    assert _flag(argv, "--max-num-batched-tokens") == "16384"
     seqs = next(w for w in plan.warnings if w.startswith("engine.max_num_seqs not set"))
     assert "1024" in seqs
     tokens = next(w for w in plan.warnings if w.startswith("engine.max_num_batched_tokens"))
-    assert "stock vLLM 0.33.0 would pick 16384" in tokens
+    assert "the simulation used 16384 for B200; the command passes 16384" in tokens
+    assert "stock vLLM" not in tokens
     assert ("engine.max_num_seqs", "1024", "simulator default for B200") in plan.resolved
+    assert _flag(launch_plan(_cfg()).serve_argv, "--max-num-batched-tokens") == "8192"
 
 
 # --- dtypes -------------------------------------------------------------------------------
@@ -179,6 +183,21 @@ def test_engine_settings_map_to_vllm_flags():
                  "--no-enable-chunked-prefill", "--async-scheduling"):
         assert flag in argv
     assert not plan.warnings   # every setting above is a vLLM flag
+
+
+def test_a_draft_model_named_by_a_presets_short_name_is_launched_by_its_hugging_face_id():
+    spec = {"method": "draft_model", "model": "Llama-3.1-8B", "num_speculative_tokens": 4,
+            "acceptance_rate": 0.6}
+    plan = launch_plan(parse_config({"model": {"name": "meta-llama/Llama-3.1-70B"},
+                                     "hardware": {"gpu": "H100-SXM"},
+                                     "parallelism": {"tensor_parallel_size": 4},
+                                     "engine": {"speculative_config": spec},
+                                     "workload": WORKLOAD}, base_dir=ROOT))
+    config = json.loads(_flag(plan.serve_argv, "--speculative-config"))
+    assert config == {"method": "draft_model", "model": "meta-llama/Llama-3.1-8B",
+                      "num_speculative_tokens": 4}
+    assert any("engine.speculative_config.model 'Llama-3.1-8B' is a preset's short name"
+               in w for w in plan.warnings)
 
 
 def test_simulator_only_options_are_warned_about_not_dropped():
