@@ -113,6 +113,9 @@ class RateRun:
     over_capacity: bool
     failed: int
     violations: tuple[str, ...]
+    client_cap: int | None = None
+    """The client's max_concurrency where the run's requests in flight reached it (it, not the
+    engine, then held the rest back); None otherwise."""
 
     @property
     def meets(self) -> bool:
@@ -264,7 +267,7 @@ class _Search:
                       request_goodput=(None if r["request_goodput"] is None
                                        else float(r["request_goodput"])),
                       queue_growth_rps=growth, over_capacity=over, failed=int(r["failed"]),
-                      violations=tuple(violations))
+                      violations=tuple(violations), client_cap=_client_cap(r))
         self.runs[key] = run
         if self.progress is not None:
             self.progress(run)
@@ -312,14 +315,28 @@ class _Search:
         return lo, hi
 
 
+def _client_cap(result: dict) -> int | None:
+    """The workload's max_concurrency where a run's requests in flight reached it."""
+    cap = result.get("max_concurrency")
+    peak = result.get("max_concurrent_requests")
+    return int(cap) if cap is not None and peak is not None and peak >= cap else None
+
+
 def _binding(run: RateRun, slos: tuple[Constraint, ...]) -> tuple[str, str]:
-    """The SLO missed by the largest factor in `run` (else the queue's growth)."""
+    """The SLO missed by the largest factor in `run` (else the queue's growth: behind the
+    client's max_concurrency where the run reached it, else the engine's)."""
     worst = max(((run.values[c.metric] / c.value, c) for c in slos
                  if not c.met(run.values[c.metric])), default=None, key=lambda t: t[0])
     if worst is not None:
         ratio, c = worst
         return c.metric, (f"{c.metric} is {run.values[c.metric]:,.4g} ms at {run.rate:,.4g} "
                           f"req/s, {ratio:.2f}x its bound of {c.value:g}")
+    if run.over_capacity and run.client_cap is not None:
+        return "max_concurrency", (
+            f"the SLOs hold but requests pile up {run.queue_growth_rps:.3g} req/s at "
+            f"{run.rate:,.4g} req/s behind the client's max_concurrency of {run.client_cap} in "
+            f"flight (workload.max_concurrency), which caps what is served at "
+            f"{run.request_throughput:,.4g} req/s")
     if run.over_capacity:
         return "queue_growth", (f"the SLOs hold but the queue grows {run.queue_growth_rps:.3g} "
                                 f"req/s at {run.rate:,.4g} req/s: the engine cannot keep up")

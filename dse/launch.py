@@ -505,9 +505,11 @@ def _front(cfg: SimConfig, units: list[LaunchUnit], warnings: list[str],
             notes.append(f"host.api_server_count {cfg.host.api_server_count}: the simulation "
                          "shared these API server processes among all replicas; each replica "
                          "below runs its own")
+        reports = ("; the simulated router saw load reports every "
+                   f"{cfg.router.periodic_infra_update_time_s:g} s" if policy != "round_robin"
+                   else "")          # round robin reads no load
         return (f"{par.num_replicas} independent deployments behind a load balancer with the "
-                f"{policy} policy (as router.policy; the simulated router saw load reports "
-                f"every {cfg.router.periodic_infra_update_time_s:g} s): "
+                f"{policy} policy (as router.policy{reports}): "
                 + ", ".join(u.endpoint for u in units), None)
     return f"One OpenAI-compatible endpoint: {units[0].endpoint}", None
 

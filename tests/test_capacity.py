@@ -240,3 +240,22 @@ def test_goodput_is_stated_as_not_applicable_where_the_slos_give_no_threshold(ti
     none = dataclasses.replace(c, at=dataclasses.replace(c.at, request_goodput=None))
     assert "goodput n/a (no percentile SLO on TTFT, TPOT or E2E latency" in render_capacity(none)
     assert none.as_dict()["goodput_at_capacity"] is None
+
+
+def test_a_queue_behind_the_clients_concurrency_cap_is_named_as_such(tiny_capacity):
+    import dataclasses
+
+    from dse.capacity import _binding, _client_cap
+
+    assert _client_cap({"max_concurrency": 16, "max_concurrent_requests": 16}) == 16
+    assert _client_cap({"max_concurrency": 16, "max_concurrent_requests": 9}) is None
+    assert _client_cap({"max_concurrency": None, "max_concurrent_requests": 90}) is None
+    _, c = tiny_capacity
+    over = dataclasses.replace(c.at, over_capacity=True, queue_growth_rps=0.5, violations=())
+    slos = parse_slos("p99_ttft_ms<=1e9")
+    assert _binding(over, slos)[0] == "queue_growth"
+    assert "the engine cannot keep up" in _binding(over, slos)[1]
+    capped = dataclasses.replace(over, client_cap=16)
+    name, detail = _binding(capped, slos)
+    assert name == "max_concurrency"
+    assert "behind the client's max_concurrency of 16 in flight" in detail
