@@ -306,21 +306,23 @@ def headroom_sentence(h: Mapping) -> str:
     elif h.get("capacity_run_fabric"):
         cap += f" (measured on the {h['capacity_run_fabric']} fabric)"
     rate = f"{h['offered_rps']:,.3g} req/s"
+    full = ("the engines full" if not h.get("capacity_run_client_cap") else
+            f"the client's {h['capacity_run_client_cap']} requests in flight")
     if h["state"] == "over_capacity":
         growth = h["queue_growth_rps"]
         grows = (f"the queue grows {growth:,.3g} req/s (served {h['served_rps']:,.3g}), so "
                  f"latency percentiles grow with the run's length" if growth and growth > 0
                  else "requests queue faster than they are served")
-        return (f"Over capacity: {rate} offered against a capacity of {cap} with the engines "
-                f"full; {grows}. The capacity is set by {h['binds_first_label']}.")
+        return (f"Over capacity: {rate} offered against a capacity of {cap} with {full}; "
+                f"{grows}. The capacity is set by {h['binds_first_label']}.")
     if h["state"] == "near_capacity":
         return (f"Near capacity: {rate} offered is {pct(h['load_fraction'])} of the {cap} it "
-                f"serves with the engines full, where queueing delay climbs steeply; "
+                f"serves with {full}, where queueing delay climbs steeply; "
                 f"{h['binds_first_label']} binds first.")
     filling = (f" Its queue still grew {h['queue_growth_rps']:,.3g} req/s over the second half "
                f"of the arrivals: at {pct(h['load_fraction'])} of the capacity that is the run "
                f"filling from empty, not overload; a longer run (more prompts) shows the steady "
                f"state." if h.get("still_filling") else "")
     return (f"Headroom: {rate} offered is {pct(h['load_fraction'])} of the {cap} it serves "
-            f"with the engines full; as load rises, {h['binds_first_label']} binds first."
+            f"with {full}; as load rises, {h['binds_first_label']} binds first."
             + filling)

@@ -101,8 +101,9 @@ def headroom(cfg, result: dict) -> dict | None:
     a ramp-up, a trace on its own timestamps).
 
     The capacity is measured, not estimated, by one more run (`capacity_config`): the same kind of
-    requests kept at the engines' full concurrency (max_num_seqs per engine) by a client that
-    sends the next as one finishes, until four times that many have been sent. With a cluster
+    requests kept at the engines' full concurrency (max_num_seqs per engine), or at the client's
+    max_concurrency where that is lower (`client_cap`: then it is what binds first), by a client
+    that sends the next as one finishes, until four times that many have been sent. With a cluster
     that run is of one replica on the analytical fabric, scaled by the replicas
     (`capacity_copies`; the result says so: `capacity_run_fabric`,
     `capacity_run_replicas_scaled_to`). Its completion
@@ -130,6 +131,11 @@ def headroom(cfg, result: dict) -> dict | None:
                 "capacity_run_replicas_measured": 1, "capacity_run_replicas_scaled_to": copies}
     if cfg.cluster is not None:
         full = {**full, "capacity_run_fabric": "analytical"}
+    cap = client_cap(cfg, result)
+    if cap is not None:
+        full = {**full, "binds_first": "max_concurrency", "capacity_run_client_cap": cap,
+                "binds_first_label": f"the client's max_concurrency of {cap} requests in "
+                                     f"flight (workload.max_concurrency)"}
     if not full["throughput_capacity_rps"] > 0:
         return None     # nothing of this kind completes (every request refused): no capacity
     load = w.request_rate / full["throughput_capacity_rps"]
@@ -190,14 +196,31 @@ def capacity_copies(cfg) -> int:
     return par.num_replicas
 
 
+def client_cap(cfg, result: dict) -> int | None:
+    """The workload's max_concurrency where it is below what the engines hold at once
+    (max_num_seqs each): the client, not the engines, then sets how many requests are served at
+    a time, at any load (one replica's share of it with a cluster, `capacity_copies`); None
+    otherwise."""
+    cap = cfg.workload.max_concurrency
+    if cap is None:
+        return None
+    full = result["limits"]["max_num_seqs"] * len(result["replicas"])
+    return cap if cap < full else None
+
+
 def capacity_config(cfg, result: dict):
-    """The config of the run that measures the throughput capacity (see `headroom`). With a
-    cluster, one replica (`capacity_copies`) on the analytical fabric: a cluster's capacity run
-    holds thousands of requests, which a flow or packet fabric would take hours over."""
+    """The config of the run that measures the throughput capacity (see `headroom`): the
+    engines kept full, or as full as the client's max_concurrency lets them be (`client_cap`).
+    With a cluster, one replica (`capacity_copies`) on the analytical fabric: a cluster's
+    capacity run holds thousands of requests, which a flow or packet fabric would take hours
+    over."""
     copies = capacity_copies(cfg)
     engines = len(result["replicas"]) // copies
-    concurrency = min(result["limits"]["max_num_seqs"] * engines,
-                      CAPACITY_RUN_MAX_REQUESTS // 4)
+    full = result["limits"]["max_num_seqs"] * engines
+    cap = client_cap(cfg, result)
+    if cap is not None:
+        full = min(full, max(1, cap // copies))
+    concurrency = min(full, CAPACITY_RUN_MAX_REQUESTS // 4)
     n = max((cfg.workload.resolved_num_prompts or 0) // copies, 4 * concurrency)
     out = cfg.with_section("workload", request_rate=math.inf, num_prompts=n,
                            max_concurrency=concurrency)

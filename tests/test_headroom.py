@@ -78,6 +78,30 @@ def test_a_short_run_still_filling_under_capacity_is_not_called_overloaded():
     assert not _run(40.0)["headroom"]["still_filling"]
 
 
+def test_a_clients_concurrency_cap_below_the_engines_sets_the_capacity():
+    # 16 requests in flight on an engine that holds 64: the client, not the engine, caps what
+    # is served. The capacity run keeps 16 in flight, and the verdict names the client's cap
+    # (before, the engines were kept full, and a queue growing behind the cap at 10 req/s was
+    # called a run still filling, at well under that capacity).
+    capped = _run(10.0, workload={"num_prompts": 600, "request_rate": 10.0, "max_concurrency": 16,
+                                  "dataset": {"kind": "random", "input_len": 512,
+                                              "output_len": 128}})
+    h = capped["headroom"]
+    assert h["capacity_run_concurrency"] == 16 and h["capacity_run_client_cap"] == 16
+    assert h["binds_first"] == "max_concurrency"
+    assert h["state"] == "over_capacity" and not h["still_filling"]
+    assert capped["served_request_rate"] == pytest.approx(h["throughput_capacity_rps"], rel=0.1)
+    first = explain(capped)["sentences"][0]
+    assert first.startswith("Over capacity: 10 req/s offered against a capacity of")
+    assert "with the client's 16 requests in flight" in first
+    assert "set by the client's max_concurrency of 16 requests in flight" in first
+    # A cap the engines never reach changes nothing.
+    loose = _run(3.0, workload={"num_prompts": 1500, "request_rate": 3.0, "max_concurrency": 64,
+                                "dataset": {"kind": "random", "input_len": 512, "output_len": 128}})
+    assert "capacity_run_client_cap" not in loose["headroom"]
+    assert loose["headroom"]["binds_first"] != "max_concurrency"
+
+
 def test_no_headroom_without_a_rate_or_when_switched_off():
     burst = _run(float("inf"))
     assert "headroom" not in burst and explain(burst)["load_state"] is None
