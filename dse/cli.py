@@ -384,15 +384,22 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
             _fail("interrupted: finished trials are stored and running ones marked "
                   "interrupted; run the same command to resume")
             return
-        for note in outcome.notes:
-            click.echo(f"note: {note}")
-        if outcome.workers_line():
-            click.echo(outcome.workers_line())
-        report = decided_report(study)
-        # The run's notes (a timeout's stop, a baseline not enqueued) go in the report too.
-        report = replace(report, notes=report.notes + outcome.notes)
-        click.echo(outcome.summary(report))
-        paths = write_report_files(report, study.report_dir, study.report.formats)
+        # Ray's shutdown may have put the default handler back.
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            for note in outcome.notes:
+                click.echo(f"note: {note}")
+            if outcome.workers_line():
+                click.echo(outcome.workers_line())
+            report = decided_report(study)
+            # The run's notes (a timeout's stop, a baseline not enqueued) go in the report too.
+            report = replace(report, notes=report.notes + outcome.notes)
+            click.echo(outcome.summary(report))
+            paths = write_report_files(report, study.report_dir, study.report.formats)
+        except KeyboardInterrupt:
+            _fail(f"interrupted while writing the report: every trial is stored; "
+                  f"`dse report {study_file}` writes it")
+            return
     except ConfigError as e:
         _fail_in(study_file, e)
         return

@@ -307,11 +307,21 @@ def _close_matches(name: str, known: set[str]) -> str:
     return "e.g. p99_ttft_ms, p99_tpot_ms, output_throughput_per_gpu, output_tokens_per_dollar"
 
 
-def check_metric_names(spec: EvalSpec, known: set[str]) -> None:
-    """Raise ConfigError naming the first objective or constraint whose metric is not known."""
+def check_metric_names(spec: EvalSpec, known: set[str],
+                       where: str = "the study's base (with its screen overrides)") -> None:
+    """Raise ConfigError naming the first objective or constraint whose metric is not known
+    (`known`, the metrics of `where`'s result), and the condition under which a result carries
+    it where the catalog has one."""
     for field_name, items in (("objectives", spec.objectives), ("constraints", spec.constraints)):
         for i, item in enumerate(items):
             if item.metric not in known:
+                from simcore.metric_catalog import CONDITIONS, lookup
+
+                entry = lookup(item.metric)
+                if entry is not None and entry.when != "always":
+                    raise ConfigError(f"{field_name}[{i}].metric: {item.metric!r} is reported "
+                                      f"only {CONDITIONS[entry.when]}, which {where} does "
+                                      f"not meet")
                 raise ConfigError(f"{field_name}[{i}].metric: {item.metric!r} is not a numeric "
                                   f"metric of the result ({_close_matches(item.metric, known)})")
 
@@ -330,7 +340,7 @@ def score(result: Mapping[str, Any], spec: EvalSpec, *, elapsed_s: float = 0.0,
     non-finite objective or constraint metric makes the trial "failed" (Optuna cannot rank it).
     """
     metrics = result_metrics(result, spec.usd_per_gpu_hour, dict(spec.usd_per_gpu_hour_by_gpu))
-    check_metric_names(spec, set(metrics))
+    check_metric_names(spec, set(metrics), "this trial's configuration")
     prov = result["provenance"]
     common = dict(profile=prov["compute_profile"], calibrated=prov["calibrated"],
                   elapsed_s=elapsed_s)

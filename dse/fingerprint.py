@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 PARTS = ("base", "space", "objectives", "constraints", "fidelity", "cost")
 """The parts of a study whose change makes its stored trials incomparable with new ones."""
+DIGEST_ATTR = "study_digest"
+"""Study user attribute: `study_digest` of the study file it was run with."""
 
 
 def _strings(node: Any) -> Iterator[str]:
@@ -101,3 +103,8 @@ def changed_parts(stored: Mapping[str, str], now: Mapping[str, str]) -> list[str
     """The parts whose digest differs (a part missing from `stored` counts as unchanged: the
     study was stored before that part was digested)."""
     return [p for p in PARTS if p in stored and stored[p] != now.get(p)]
+
+
+def changed_words(changed: list[str]) -> str:
+    """The changed parts in words: "base", "base and space", "base, space and cost"."""
+    return " and ".join(", ".join(changed).rsplit(", ", 1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from itertools import combinations
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dse.fingerprint import DIGEST_ATTR, changed_parts, changed_words
 from dse.pareto import pareto_ranks
 from dse.study import Constraint, Objective
 from simcore.errors import ConfigError
@@ -248,7 +249,10 @@ class StudyReport:
 
     @property
     def baseline(self) -> Configuration | None:
-        return next((c for c in self.configurations if c.baseline), None)
+        """The base configuration's trial: the first that completed (a search interrupted and
+        resumed runs the base again), else the first."""
+        runs = [c for c in self.configurations if c.baseline]
+        return next((c for c in runs if c.screen.complete), runs[0] if runs else None)
 
     def headline_metrics(self, config: Configuration | None = None) -> list[str]:
         """Objectives, then SLO metrics, then the runner's summary keys, without repeats."""
@@ -329,12 +333,17 @@ def _optuna_quiet():
 
 def build_report(storage_url: str, study_name: str, objectives: Sequence[Objective],
                  constraints: Sequence[Constraint] = (), *,
-                 confirm_study_name: str | None = None) -> StudyReport:
+                 confirm_study_name: str | None = None,
+                 digest: Mapping[str, str] | None = None) -> StudyReport:
     """Read a study (and its confirmation study, if stored) and rank its configurations.
 
     `objectives` must match the stored study's directions. `confirm_study_name` defaults to
     f"{study_name}/confirm"; its trials name the screened trial they re-run in the
-    `confirms_trial` user attribute. Raises ConfigError when the study is not in the storage.
+    `confirms_trial` user attribute. `digest` (`dse.fingerprint.study_digest` of the study file
+    reporting it), where given, must match the one the study was run with, part by part, as a
+    resumed search must: another objective, constraint, base, space, fidelity or price would
+    label the stored trials with what they were not run under. Raises ConfigError when the
+    study is not in the storage, or was run with another study file.
     """
     import optuna
 
@@ -350,6 +359,14 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
                           f"run `dse search` first")
     with _optuna_quiet():
         study = optuna.load_study(study_name=study_name, storage=storage)
+    if digest is not None:
+        changed = changed_parts(study.user_attrs.get(DIGEST_ATTR, {}), digest)
+        if changed:
+            what = changed_words(changed)
+            raise ConfigError(f"study {study_name!r} in {redact_url(storage_url)} was run with "
+                              f"another {what}: its report would label the stored trials with "
+                              f"this study file's; report it with the study file it was run "
+                              f"with (restore the {what})")
     stored = [d.name.lower() for d in study.directions]
     if stored != directions:
         raise ConfigError(f"study {study_name!r}: stored directions {stored} do not match the "

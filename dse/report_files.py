@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dse.fidelity import inert_notes
+from dse.fingerprint import study_digest
 from dse.report import FILE_NAMES, LAUNCH_FILE, StudyReport, build_report
 from simcore.errors import ConfigError
 
@@ -23,7 +24,7 @@ def decided_report(study: StudyConfig, *, storage: str | None = None) -> StudyRe
     from dse.report_serving import serving_comparison
 
     report = build_report(storage or study.storage_url, study.name, study.objectives,
-                          study.constraints)
+                          study.constraints, digest=study_digest(study))
     report = decide(replace(report, notes=report.notes + tuple(inert_notes(study))), study)
     serving = serving_comparison(report, study)
     return replace(report, serving=serving) if serving is not None else report

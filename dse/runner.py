@@ -40,7 +40,7 @@ from dse.backends import RayPool, make_sampler, open_storage, quiet_optuna, sole
 from dse.batched_storage import BatchedStorage
 from dse.driver import StageDriver, interrupt_trials, is_interrupted
 from dse.evaluate import EvalSpec, baseline_values, check_metric_names, clip
-from dse.fingerprint import changed_parts, study_digest
+from dse.fingerprint import DIGEST_ATTR, changed_parts, changed_words, study_digest
 from dse.interrupts import search_signals, storage_writes
 from dse.pareto import pareto_ranks
 from dse.search_checks import base_metric_names, check_before_search
@@ -48,8 +48,6 @@ from dse.ship import Shipment, shipment
 from dse.study import StudyConfig
 from simcore.errors import ConfigError
 
-DIGEST_ATTR = "study_digest"
-"""Study user attribute: `dse.fingerprint.study_digest` of the study file it was run with."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +180,7 @@ def _create_or_load(storage: optuna.storages.BaseStorage, name: str, study: Stud
                               f"not {objectives}; choose another name or storage")
         changed = changed_parts(st.user_attrs.get(DIGEST_ATTR, {}), digest)
         if changed:
-            what = " and ".join(", ".join(changed).rsplit(", ", 1))
+            what = changed_words(changed)
             raise ConfigError(
                 f"study {name!r} in {url.split('@')[-1]} was run with another {what}: resuming "
                 f"it would put trials of both into one Pareto set; to start a new study give "

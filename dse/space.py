@@ -39,6 +39,7 @@ leave over TP x PP of a decode instance; `max_gpus` instead bounds the GPUs from
 from __future__ import annotations
 
 import copy
+import math
 import itertools
 from collections.abc import Mapping
 from pathlib import Path
@@ -330,8 +331,14 @@ def check_paths(space: SearchSpace, source: str) -> None:
                     break       # a free-form mapping (e.g. speculative_config): checked per trial
                 raise ConfigError(f"{source}: parameters.{path}: {part!r} is a single value, "
                                   f"not a section")
-            if k == len(parts) - 1 and not models:
-                _check_values(path, space.parameters[path], [f[part] for f in fields], source)
+            if k == len(parts) - 1:
+                infos = [f[part] for f in fields]
+                if all(_is_section(i.annotation) for i in infos):
+                    settings = ", ".join(sorted({n for m in models for n in m.model_fields}))
+                    raise ConfigError(f"{source}: parameters.{path}: {part!r} is a section of "
+                                      f"settings, not one setting (search one of them: "
+                                      f"{settings})")
+                _check_values(path, space.parameters[path], infos, source)
 
 
 def _check_values(path: str, param: Any, infos: list[Any], source: str) -> None:
@@ -343,6 +350,12 @@ def _check_values(path: str, param: Any, infos: list[Any], source: str) -> None:
         values = [("the choice", v) for v in param.choices]
     else:
         values = [("the low end", param.low), ("the high end", param.high)]
+        if isinstance(param, FloatParam) and param.high > param.low and (
+                param.step is None or not float(param.step).is_integer()):
+            # A value between the ends, off any whole number: a setting that takes whole
+            # numbers only refuses most of what a float range draws.
+            inside = round(param.low + (param.high - param.low) / math.pi, 4)
+            values.append(("a value inside the float range,", inside))
     for what, value in values:
         reasons = []
         for info in infos:
@@ -352,6 +365,10 @@ def _check_values(path: str, param: Any, infos: list[Any], source: str) -> None:
             except ValidationError as err:
                 reasons.append(err.errors()[0]["msg"])
         else:
+            if what.startswith("a value inside"):
+                raise ConfigError(f"{source}: parameters.{path}: {what} {show(value)}, is "
+                                  f"refused by the setting ({reasons[0]}); search it with "
+                                  f"type: int")
             raise ConfigError(f"{source}: parameters.{path}: {what} {show(value)} is refused by "
                               f"the setting ({reasons[0]}); no trial could run it")
 
@@ -366,6 +383,20 @@ def _adapter(info: Any) -> Any:
     if adapter is None:
         adapter = _ADAPTERS[id(info)] = (info, TypeAdapter(Annotated[info.annotation, info]))
     return adapter[1]
+
+
+def _is_section(ann: Any) -> bool:
+    """Whether a declaration takes a section (a model, or null) and no single value."""
+    if ann is type(None):
+        return True
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return True
+    args = getattr(ann, "__args__", None)
+    if not args or getattr(ann, "__origin__", None) is Literal:
+        return False
+    if getattr(ann, "__metadata__", None) is not None:      # Annotated[X, ...]
+        return _is_section(args[0])
+    return all(_is_section(a) for a in args) and any(a is not type(None) for a in args)
 
 
 def _takes_mapping(ann: Any) -> bool:

@@ -232,7 +232,11 @@ class StudyConfig(BaseModel):
                 m = _CONSTRAINT_RE.match(c)
                 if not m:
                     raise ValueError(f"{c!r} is not 'metric <= value' (ops <=, <, >=, >)")
-                out.append({"metric": m.group(1), "op": m.group(2), "value": float(m.group(3))})
+                try:
+                    value = float(m.group(3))
+                except ValueError:
+                    raise ValueError(f"{c!r}: {m.group(3)!r} is not a number") from None
+                out.append({"metric": m.group(1), "op": m.group(2), "value": value})
             else:
                 out.append(c)
         return out

@@ -481,3 +481,40 @@ def test_a_driver_killed_outright_leaves_no_ray_behind(tmp_path, processes, wait
     while processes.alive(ray_processes) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes.alive(ray_processes) == [], "Ray processes were left behind"
+
+def test_an_interrupt_while_the_report_is_written_is_exit_2_and_says_how_to_write_it(
+        tmp_path, monkeypatch):
+    # After the trials, an interrupt (Ctrl-C, or SIGTERM, whose handler is set again once Ray
+    # has shut down) used to end in click's "Aborted!" with exit 1, which means no trial ran.
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    import dse.report_files
+    import dse.runner
+    from dse.cli import main
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "i", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                              "hardware": {"gpu": "A100-80GB"}, "workload": {"num_prompts": 8}},
+        "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                         "choices": [8, 16]}}},
+        "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}],
+        "report": {"dir": str(tmp_path / "r")}}))
+    outcome = SimpleNamespace(notes=(), workers_line=lambda: "")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dse.runner, "run_search", lambda *a, **k: outcome)
+    monkeypatch.setattr(dse.report_files, "decided_report", interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        r = CliRunner().invoke(main, ["search", str(study)])
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert r.exit_code == 2
+    assert ("interrupted while writing the report: every trial is stored; `dse report "
+            f"{study}` writes it") in r.output

@@ -446,3 +446,57 @@ def test_every_format_carries_the_pairwise_matrix(files, report):
     assert "Mean chance of doing better than the other" in page
     md = files["md"].read_text()
     assert "### Chance of doing better, pairwise" in md and "| row better than | #" in md
+
+
+def test_a_study_file_other_than_the_one_run_is_refused_as_a_resumed_search_is(tmp_path):
+    from dse.fingerprint import DIGEST_ATTR, study_digest
+    from dse.report_files import decided_report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    data = {"name": "d", "base": BASE, "objectives": [o.model_dump() for o in OBJECTIVES],
+            "constraints": [str(c) for c in CONSTRAINTS], "storage": url,
+            "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                             "choices": [2, 4]}}},
+            "report": {"dir": str(tmp_path / "r")}}
+    run_with = parse_study(data)
+    study = optuna.create_study(study_name="d", storage=url,
+                                directions=[o.direction for o in OBJECTIVES])
+    study.set_user_attr(DIGEST_ATTR, study_digest(run_with))
+    for v in ((3.0, 1.0), (1.0, 2.0)):
+        t = study.ask()
+        t.set_user_attr("feasible", True)
+        study.tell(t, list(v))
+    decided_report(run_with)        # the study file it was run with
+    # Another constraint, objective or base would label the stored trials with what they were
+    # not run under (the report used to be written, mislabelled, with exit 0).
+    for change, part in ((dict(constraints=["p99_tpot_ms <= 50"]), "constraints"),
+                         (dict(objectives=[{"metric": "mean_ttft_ms", "direction": "minimize"},
+                                           OBJECTIVES[1].model_dump()]), "objectives"),
+                         (dict(base={**BASE, "engine": {"max_num_seqs": 256,
+                                                        "gpu_memory_utilization": 0.5}}),
+                          "base")):
+        with pytest.raises(ConfigError, match=f"^study 'd' in .* was run with another {part}: "
+                                              f"its report would label the stored trials"):
+            decided_report(parse_study({**data, **change}))
+
+
+def test_the_baseline_is_the_base_configurations_completed_run(tmp_path):
+    # A search interrupted while the base ran, then resumed, runs the base again: the report
+    # compares every trial with the completed run, not the interrupted one.
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="b", storage=url,
+                                directions=[o.direction for o in OBJECTIVES])
+    t = study.ask()
+    t.suggest_categorical("engine.max_num_seqs", [2, 256])
+    t.set_user_attr("baseline", True)
+    t.set_user_attr("failure_reason", "interrupted")
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    for baseline, v in ((True, (2.0, 2.0)), (False, (1.0, 3.0))):
+        t = study.ask()
+        t.suggest_categorical("engine.max_num_seqs", [2, 256])
+        t.set_user_attr("baseline", baseline)
+        t.set_user_attr("feasible", True)
+        study.tell(t, list(v))
+    r = build_report(url, "b", OBJECTIVES)
+    assert r.baseline.number == 1
+    assert "baseline #1" in render_markdown(r) and "baseline #0" not in render_markdown(r)

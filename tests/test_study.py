@@ -656,6 +656,13 @@ def test_searched_values_the_base_refuses_are_refused_before_any_trial(tmp_path)
      "the choice 'zipf' is refused by the setting (Input should be 'balanced'"),
     ("model.dtype", {"type": "categorical", "choices": ["bf16", "fp7"]},
      "the choice 'fp7' is refused by the setting"),
+    # A float range over a whole-number setting draws values it refuses between its ends.
+    ("engine.max_num_seqs", {"type": "float", "low": 8, "high": 64},
+     "a value inside the float range, 25.8254, is refused by the setting (Input should be a "
+     "valid integer, got a number with a fractional part); search it with type: int"),
+    # A section is no one setting (a whole budget of trials used to fail on it).
+    ("engine", {"type": "int", "low": 8, "high": 64},
+     "'engine' is a section of settings, not one setting (search one of them: "),
 ])
 def test_searched_values_no_trial_could_run_are_refused_with_the_setting(path, param, message):
     data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
@@ -666,11 +673,16 @@ def test_searched_values_no_trial_could_run_are_refused_with_the_setting(path, p
     with pytest.raises(ConfigError, match=re.escape(f"parameters.{path}: {message}")):
         parse_study(data)
     # The same setting searched over values it takes is accepted.
+    if path == "engine":
+        return
     ok = {"categorical": {"type": "categorical", "choices": [None, "balanced"]}
           if path == "compute.moe_routing" else {"type": "categorical", "choices": ["bf16"]}
           if path == "model.dtype" else {"type": "categorical", "choices": [0.5, 0.9]}
           if "memory" in path else {"type": "categorical", "choices": [8, 16]}}
     parse_study({**data, "space": {"parameters": {path: ok["categorical"]}}})
+    if path == "engine.max_num_seqs":     # a float range on a whole-number grid is whole
+        parse_study({**data, "space": {"parameters": {path: {"type": "float", "low": 8,
+                                                             "high": 64, "step": 8}}}})
 
 
 def test_a_report_dir_that_is_a_file_is_named_as_such(tmp_path):
@@ -688,3 +700,37 @@ def test_a_report_dir_that_is_a_file_is_named_as_such(tmp_path):
     # The storage lives in the report folder by default: the folder is what to fix.
     with pytest.raises(ConfigError, match=f"^report.dir: cannot write the report to {afile}"):
         check_outputs(study)
+
+
+def test_a_constraint_value_that_is_no_number_is_named():
+    data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                                  "hardware": {"gpu": "A100-80GB"}},
+            "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                             "choices": [8, 16]}}},
+            "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}],
+            "constraints": ["p99_tpot_ms <= 50", "p99_ttft_ms <= ."]}
+    with pytest.raises(ConfigError, match=re.escape("constraints: 'p99_ttft_ms <= .': '.' is "
+                                                    "not a number")):
+        parse_study(data)
+
+
+def test_a_metric_the_base_does_not_report_says_when_it_is_reported():
+    from dse.evaluate import EvalSpec, check_metric_names
+    from dse.search_checks import base_metric_names
+
+    data = {"name": "c", "base": {"model": {"name": "meta-llama/Llama-3.1-8B"},
+                                  "hardware": {"gpu": "A100-80GB"},
+                                  "workload": {"num_prompts": 30, "request_rate": 5}},
+            "space": {"parameters": {"engine.max_num_seqs": {"type": "categorical",
+                                                             "choices": [8, 16]}}},
+            "objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]}
+    for metric, when in (("spec_decode_acceptance_rate", "with engine.speculative_config"),
+                         ("network_share_of_request_latency", "with a cluster section"),
+                         ("queue_growth_rps", "when arrivals are spread over time")):
+        study = parse_study({**data, "constraints": [f"{metric} <= 50"]})
+        with pytest.raises(ConfigError, match=re.escape(
+                f"constraints[0].metric: {metric!r} is reported only {when}")):
+            check_metric_names(EvalSpec.of(study), base_metric_names(study))
+    study = parse_study({**data, "constraints": ["p99_ttft_mss <= 50"]})
+    with pytest.raises(ConfigError, match="is not a numeric metric of the result"):
+        check_metric_names(EvalSpec.of(study), base_metric_names(study))
