@@ -451,7 +451,9 @@ def build_report(storage_url: str, study_name: str, objectives: Sequence[Objecti
 def _view_study(configs: Sequence[Configuration], directions: list[str]) -> optuna.Study:
     """An in-memory copy of the study carrying the report's feasibility, for Optuna's plots.
 
-    Trials are added in number order, so its trial numbers are the main study's.
+    Trials are added in number order, so its trial numbers are the main study's. A repeat of an
+    earlier trial's configuration (answered from it, `Configuration.repeat_of`) is added as not
+    completed, so that the plots count each configuration once, as the report's ranks do.
     """
     import optuna
     from optuna.trial import TrialState, create_trial
@@ -460,7 +462,7 @@ def _view_study(configs: Sequence[Configuration], directions: list[str]) -> optu
         view = optuna.create_study(storage=optuna.storages.InMemoryStorage(),
                                    directions=directions)
     for c in configs:
-        if c.screen.complete and c.values is not None:
+        if c.screen.complete and c.values is not None and c.repeat_of is None:
             t = create_trial(values=list(c.values), params=c.params,
                              distributions=c.distributions,
                              user_attrs={"fidelity": c.fidelity},

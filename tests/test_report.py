@@ -500,3 +500,19 @@ def test_the_baseline_is_the_base_configurations_completed_run(tmp_path):
     r = build_report(url, "b", OBJECTIVES)
     assert r.baseline.number == 1
     assert "baseline #1" in render_markdown(r) and "baseline #0" not in render_markdown(r)
+
+
+def test_a_repeated_configuration_is_plotted_once_as_it_is_ranked_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="r", storage=url,
+                                directions=[o.direction for o in OBJECTIVES])
+    for v, twin in (((1.0, 1.0), None), ((2.0, 3.0), None), ((1.0, 1.0), 0)):
+        t = study.ask()
+        t.set_user_attr("feasible", True)
+        if twin is not None:
+            t.set_user_attr("same_config_as", twin)
+        study.tell(t, list(v))
+    r = build_report(url, "r", OBJECTIVES)
+    assert sorted(c.number for c in r.pareto) == [0, 1]
+    # The plots' study holds the same front: the repeat is not one more point on it.
+    assert sorted(t.number for t in r.view.best_trials) == [0, 1]
