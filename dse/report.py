@@ -490,6 +490,14 @@ def write_report_files(report: StudyReport, out_dir: Path,
     return write(report, out_dir, formats)
 
 
+def setting_text(x: Any) -> str:
+    """A searched setting's value as it is written in a config (8192 and 16384 alike, without
+    separators; a fraction to six significant digits), where `_fmt` writes measured numbers."""
+    if isinstance(x, float) and math.isfinite(x):
+        return f"{x:g}" if x != int(x) or abs(x) >= 1e15 else str(int(x))
+    return "" if x is None else str(x)
+
+
 def _fmt(x: Any) -> str:
     """A number as people read it: ints plain, large floats with separators, small ones 4 digits."""
     if isinstance(x, bool) or x is None:

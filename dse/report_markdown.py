@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dse.report import StudyReport, _fmt
+from dse.report import StudyReport, _fmt, setting_text
 from dse.report_groups import MAX_CARDS, discrepancies, pareto_groups, ranked_pareto
 from dse.report_pairs import left_out_text, pair_rows
 from dse.report_render import (ALSO, _chance_text, _confirmed_rows, _explanation_parts,
@@ -103,8 +103,8 @@ def render_markdown(report: StudyReport) -> str:
             lines += _md_table(
                 ["parameter", "value"] + ([f"baseline #{report.baseline.number}"]
                                           if has_base else []),
-                ([_bold(n, ch), _bold(_fmt(v), ch)] + ([bv if bv is not None else "—"]
-                                                        if has_base else [])
+                ([_bold(n, ch), _bold(setting_text(v), ch)]
+                 + ([setting_text(bv) if bv is not None else "—"] if has_base else [])
                  for n, v, bv, ch in diff))
         head, mrows = _metric_rows(report, c)
         lines += _md_table(head, (_metric_cells(head, r) for r in mrows))

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dse.report import Configuration, Measurement, StudyReport, _fmt, envelope
+from dse.report import Configuration, Measurement, StudyReport, _fmt, envelope, setting_text
 from dse.report_figures import Figure, figures
 from dse.report_groups import (MAX_CARDS, discrepancies, overlap_figure, pareto_groups,
                                ranked_pareto)
@@ -208,8 +208,9 @@ def _card_html(report: StudyReport, c: Configuration, overlaps: list[dict[str, A
         rows = []
         for name, v, bv, changed in diff:
             wrap = (lambda s: f'<span class="changed">{s}</span>') if changed else (lambda s: s)
-            rows.append([wrap(_e(name)), wrap(_e(v))]
-                        + ([_e(bv) if bv is not None else "—"] if has_base else []))
+            rows.append([wrap(_e(name)), wrap(_e(setting_text(v)))]
+                        + ([_e(setting_text(bv)) if bv is not None else "—"] if has_base
+                           else []))
         head = ["parameter", "value"] + ([f"baseline #{report.baseline.number}"]
                                          if has_base else [])
         parts.append("<h4>Parameters</h4>" + _table(head, rows))

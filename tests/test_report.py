@@ -516,3 +516,11 @@ def test_a_repeated_configuration_is_plotted_once_as_it_is_ranked_once(tmp_path)
     assert sorted(c.number for c in r.pareto) == [0, 1]
     # The plots' study holds the same front: the repeat is not one more point on it.
     assert sorted(t.number for t in r.view.best_trials) == [0, 1]
+
+
+def test_searched_settings_read_as_a_config_writes_them():
+    from dse.report import setting_text
+
+    # 8192 and 16384 alike (a measured number reads 16,384), a fraction as written.
+    assert [setting_text(v) for v in (8192, 16384, 16384.0, 0.85, 1e-05, "fp8", None, True)] == \
+        ["8192", "16384", "16384", "0.85", "1e-05", "fp8", "", "True"]
