@@ -408,7 +408,7 @@ def search(study_file: Path, no_resume: bool, quiet: bool) -> None:
     click.echo("")
     rec = report.recommendation
     for line in (rec.lines() if rec is not None
-                 else ["No configuration meets every SLO: nothing to recommend."]):
+                 else [report.no_recommendation()]):
         click.echo(line)
     if report.serving is not None:
         click.echo("")

@@ -254,6 +254,16 @@ class StudyReport:
         runs = [c for c in self.configurations if c.baseline]
         return next((c for c in runs if c.screen.complete), runs[0] if runs else None)
 
+    def no_recommendation(self) -> str:
+        """Why there is no recommendation: no configuration meets every SLO, or none of those
+        finished yet while trials still run (a report written during a search)."""
+        running = sum(c.screen.state == "RUNNING" for c in self.configurations)
+        if running:
+            return (f"No finished configuration meets every SLO yet ({running} trial"
+                    f"{'s are' if running > 1 else ' is'} still running): nothing to recommend "
+                    f"so far.")
+        return "No configuration meets every SLO: nothing to recommend."
+
     def headline_metrics(self, config: Configuration | None = None) -> list[str]:
         """Objectives, then SLO metrics, then the runner's summary keys, without repeats."""
         names = [o.metric for o in self.objectives] + [c.metric for c in self.constraints]

@@ -35,8 +35,7 @@ def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 def _recommendation_md(report: StudyReport) -> list[str]:
     r = report.recommendation
     if r is None:
-        return ["## Recommendation", "", "No configuration meets every SLO: nothing to "
-                "recommend.", ""]
+        return ["## Recommendation", "", _md(report.no_recommendation()), ""]
     lines = r.lines()
     out = [f"## {_md(lines[0])}", ""]
     for x in lines[1:]:

@@ -291,7 +291,7 @@ def _recommendation_html(report: StudyReport) -> list[str]:
     r = report.recommendation
     if r is None:
         return ['<section class="decision" id="recommendation"><h2>Recommendation</h2>'
-                '<p class="bad">No configuration meets every SLO: nothing to recommend.</p>'
+                f'<p class="bad">{_e(report.no_recommendation())}</p>'
                 "</section>"]
     lines = r.lines()
     margins = next(x for x in lines if x.startswith("Margins to the SLOs: "))

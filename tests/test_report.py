@@ -524,3 +524,20 @@ def test_searched_settings_read_as_a_config_writes_them():
     # 8192 and 16384 alike (a measured number reads 16,384), a fraction as written.
     assert [setting_text(v) for v in (8192, 16384, 16384.0, 0.85, 1e-05, "fp8", None, True)] == \
         ["8192", "16384", "16384", "0.85", "1e-05", "fp8", "", "True"]
+
+
+def test_a_report_written_while_trials_run_says_none_has_finished_yet(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="w", storage=url,
+                                directions=[o.direction for o in OBJECTIVES])
+    t = study.ask()
+    t.set_user_attr("feasible", False)
+    t.set_user_attr("violations", ["p99_tpot_ms <= 13 not met"])
+    study.tell(t, [1.0, 1.0])
+    study.ask()                     # a trial still running
+    r = build_report(url, "w", OBJECTIVES)
+    assert r.recommendation is None
+    text = ("No finished configuration meets every SLO yet (1 trial is still running): "
+            "nothing to recommend so far.")
+    assert r.no_recommendation() == text
+    assert text in render_markdown(r) and text in render_html(r)
