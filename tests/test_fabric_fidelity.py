@@ -192,8 +192,9 @@ def test_tenant_traffic_is_read_by_the_analytical_fabric():
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("sample_interval_s", 1e-3, "utilization_interval_s"),
+    ("sample_interval_s", 1e-3, "busy fraction over the whole run"),
     ("queue_histogram_bin_bytes", 1000, "deepest queue"),
+    ("link_disciplines", {0: "drop_tail"}, "numbered by its builder"),
 ])
 def test_settings_no_cluster_run_reads_are_refused(field, value, words):
     with pytest.raises(ConfigError) as err:
@@ -201,6 +202,16 @@ def test_settings_no_cluster_run_reads_are_refused(field, value, words):
     msg = str(err.value)
     assert f"cluster.fabric: settings.{field} has no effect in a cluster run" in msg
     assert words in msg and "\n" not in msg
+
+
+def test_the_utilization_interval_no_cluster_result_reads_is_refused():
+    # A cluster result reports each link's busy fraction over the run, never the samples.
+    with pytest.raises(ConfigError, match="utilization_interval_s has no effect: a cluster "
+                                          "result reports each link's busy fraction"):
+        cluster_config("analytical", {"utilization_interval_s": 1e-3})
+    with pytest.raises(ConfigError, match="utilization_interval_s"):
+        cluster_config("analytical", {"utilization_interval_s": float("inf")})
+    cluster_config("analytical", {"utilization_interval_s": 1e-2})     # the default, written
 
 
 @pytest.mark.parametrize("path, backends", [

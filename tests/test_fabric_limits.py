@@ -2,6 +2,7 @@
 the field, or run with the link-utilization samples held to their bound (the interval doubled),
 never out of memory."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -285,6 +286,32 @@ def test_tenant_traffic_past_its_nic_is_refused():
     with pytest.raises(ConfigError, match=r"^cluster.tenant_traffic\[0\].rate_gbps: 450 Gb/s is "
                                           r"past its NIC's 400"):
         simulate(cfg)
+
+
+def test_tenants_that_together_pass_a_nic_are_refused():
+    # Each within its NIC, two tenants from one NIC at once queue without end: the run used to
+    # go on for ever. Windows that do not overlap share the NIC in turn.
+    from simcore.config import parse_config
+    from simcore.simulate import simulate
+
+    two = [{"src_gpu": 0, "dst_gpu": 8, "rate_gbps": 300, "message_bytes": 4 << 20},
+           {"src_gpu": 0, "dst_gpu": 9, "rate_gbps": 300, "message_bytes": 4 << 20}]
+    cfg = parse_config(_cluster(**{"cluster.tenant_traffic": two}), base_dir=CLUSTER.parent)
+    with pytest.raises(ConfigError, match=re.escape(
+            "cluster.tenant_traffic[0], [1]: together they send from GPU 0's NIC at 600 Gb/s, "
+            "past its 400 (cluster.network.nic_gbps)")):
+        simulate(cfg)
+    into = [{**two[0], "src_gpu": 1}, {**two[1], "dst_gpu": 8}]
+    cfg = parse_config(_cluster(**{"cluster.tenant_traffic": into}), base_dir=CLUSTER.parent)
+    with pytest.raises(ConfigError, match=re.escape("together they send to GPU 8's NIC")):
+        simulate(cfg)
+    from simcore.cluster.build import check_tenants_share_of_nics
+    from simcore.cluster.config import TenantTraffic
+
+    in_turn = [TenantTraffic(**two[0], stop_s=1.0), TenantTraffic(**two[1], start_s=1.0)]
+    check_tenants_share_of_nics(in_turn, 400.0)
+    with pytest.raises(ValueError, match=r"stop_s \(1\) must come after start_s \(5\)"):
+        TenantTraffic(**two[0], start_s=5.0, stop_s=1.0)
 
 
 def test_an_all_to_all_past_the_message_bound_is_refused_before_it_is_expanded():

@@ -160,6 +160,26 @@ def test_buffers_in_packets_or_bytes_and_per_link_disciplines():
     assert [res.discipline(i) for i in range(4)] == ["drop_tail", "drop_tail", "ecn", "ecn"]
 
 
+def test_a_discipline_for_a_link_the_topology_lacks_and_a_looped_cable_are_refused():
+    msg = [{"kind": "message", "src": "h0", "dst": "h1", "size_bytes": 1}]
+    for index in (999, -1):
+        sc = _scenario(msg, settings={"link_disciplines": {index: "ecn"}})
+        with pytest.raises(ConfigError, match=rf"settings.link_disciplines: no link {index} "
+                                              r"\(the topology's links are 0 to 7\)"):
+            resolved_settings(sc, build_topology(sc))
+    spec = {"kind": "explicit",
+            "nodes": [{"name": "a", "kind": "host"}, {"name": "b", "kind": "host"},
+                      {"name": "s", "kind": "switch"}],
+            "links": [{"a": "a", "b": "s", "rate_gbps": 10, "delay_s": 1e-6},
+                      {"a": "s", "b": "b", "rate_gbps": 10, "delay_s": 1e-6},
+                      {"a": "s", "b": "s", "rate_gbps": 10, "delay_s": 1e-6}]}
+    with pytest.raises(ConfigError, match=r"topology.links.2.*a and b are both 's': a cable "
+                                          r"joins two nodes"):
+        _scenario([{"kind": "message", "src": "a", "dst": "b", "size_bytes": 1}], spec)
+    with pytest.raises(ConfigError, match="sample_interval_s"):
+        _scenario(msg, settings={"sample_interval_s": float("inf")})
+
+
 def test_settings_merge_over_the_profile():
     s = FabricSettings(profile="roce", ecn={"pmax": 0.5}, dcqcn={"variant": "paper"})
     assert s.ecn.enabled and s.ecn.pmax == 0.5 and s.ecn.kmin_bytes_per_25gbps == 100_000

@@ -20,6 +20,37 @@ from simcore.model.arch import dtype_bytes
 from simcore.setup import Deployment
 
 
+def check_tenants_share_of_nics(tenants, nic_gbps: float) -> None:
+    """Refuse tenants whose rates, at some time, add up past one NIC's rate, sent from it or to
+    it (each alone within it, `build_cluster` checks): their messages would queue without end.
+    A tenant sends from `start_s` until `stop_s` (the end of the run where null)."""
+    for side in ("src_gpu", "dst_gpu"):
+        by_nic: dict[int, list[int]] = {}
+        for i, t in enumerate(tenants):
+            by_nic.setdefault(getattr(t, side), []).append(i)
+        for gpu, members in by_nic.items():
+            if len(members) < 2:
+                continue
+            # Sweep the windows' ends in time order, stops before starts at the same instant.
+            events = sorted([(tenants[i].start_s, 1, i) for i in members]
+                            + [(tenants[i].stop_s, 0, i) for i in members
+                               if tenants[i].stop_s is not None])
+            active: list[int] = []
+            for _, starts, i in events:
+                if not starts:
+                    active.remove(i)
+                    continue
+                active.append(i)
+                total = sum(tenants[j].rate_gbps for j in active)
+                if total > nic_gbps:
+                    which = ", ".join(f"[{j}]" for j in sorted(active))
+                    verb = "send from" if side == "src_gpu" else "send to"
+                    raise ConfigError(f"cluster.tenant_traffic{which}: together they {verb} "
+                                      f"GPU {gpu}'s NIC at {total:g} Gb/s, past its "
+                                      f"{nic_gbps:g} (cluster.network.nic_gbps): their "
+                                      f"messages would queue without end")
+
+
 def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
                   roles: dict[str, Deployment] | None = None) -> ClusterRuntime:
     """The runtime of `cfg.cluster` for deployment `dep` on clock `env`; with `roles` (prefill
@@ -58,6 +89,7 @@ def build_cluster(env: simpy.Environment, cfg: SimConfig, dep: Deployment, *,
             raise ConfigError(f"cluster.tenant_traffic[{i}].rate_gbps: {t.rate_gbps:g} Gb/s is "
                               f"past its NIC's {c.network.nic_gbps:g} (cluster.network.nic_gbps): "
                               f"its messages would queue without end")
+    check_tenants_share_of_nics(c.tenant_traffic, c.network.nic_gbps)
     settings = c.fabric.settings.model_copy(
         update={"sample_interval_s": c.fabric.utilization_interval_s})
     network = build_cluster_network(c.network, c.num_nodes, gpn, mtu_bytes=settings.mtu_bytes,

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcore.cluster.network import NetworkConfig
-from simcore.errors import WholeNumber
+from simcore.errors import Number, WholeNumber, away_from_default
 from simcore.fabric.fidelity import (BACKENDS, MODEL, PACKET_ONLY_TOPOLOGY, backends_ignoring,
                                      changed_settings, unread_settings, unread_topology)
 from simcore.fabric.settings import MAX_RATE_GBPS, MAX_TIME_S, FabricSettings
@@ -16,10 +16,13 @@ from simcore.fabric.settings import MAX_RATE_GBPS, MAX_TIME_S, FabricSettings
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 CLUSTER_UNREAD_SETTINGS = {
-    "sample_interval_s": "a cluster run samples link utilization every "
-                         "cluster.fabric.utilization_interval_s; set that instead",
+    "sample_interval_s": "a cluster result reports each link's busy fraction over the whole "
+                         "run (link_utilization_mean, busiest_link), not a sampled series; "
+                         "remove it",
     "queue_histogram_bin_bytes": "a cluster result reports the deepest queue, not a queue "
                                  "histogram; remove it",
+    "link_disciplines": "a cluster's links are numbered by its builder, which the config does "
+                        "not show; set settings.ecn.enabled for every link",
 }
 """Fabric settings no backend reads in a cluster run, with what to do instead (refused)."""
 
@@ -44,10 +47,11 @@ class FabricConfig(BaseModel):
     settings: FabricSettings = Field(default_factory=FabricSettings, description="Protocol "
                                      "profile (roce, infiniband, slingshot), ECN, PFC, DCQCN, "
                                      "buffers and packet framing, as for `dse fabric`.")
-    utilization_interval_s: float = Field(1e-2, gt=0, description="Interval of the link-"
-                                          "utilization samples over a serving run, s (replaces "
-                                          "settings.sample_interval_s, sized for fabric "
-                                          "scenarios of microseconds).")
+    utilization_interval_s: Number = Field(
+        1e-2, gt=0, allow_inf_nan=False, description="Interval at which the fabric samples link "
+        "utilization over a serving run, s. A cluster result reports each link's busy fraction "
+        "over the whole run, not the samples, so only this default is taken (another value is "
+        "refused as having no effect).")
 
     @model_validator(mode="after")
     def _read_in_a_cluster(self) -> FabricConfig:
@@ -55,6 +59,10 @@ class FabricConfig(BaseModel):
             why = CLUSTER_UNREAD_SETTINGS.get(path)
             if why is not None:
                 raise ValueError(f"settings.{path} has no effect in a cluster run: {why}")
+        if away_from_default(self, "utilization_interval_s"):
+            raise ValueError("utilization_interval_s has no effect: a cluster result reports "
+                             "each link's busy fraction over the whole run (link_utilization_mean, "
+                             "busiest_link), not a sampled series; remove it")
         return self
 
 
@@ -74,18 +82,17 @@ class CollectiveConfig(BaseModel):
         "auto", description="auto: direct inside a node or with one rank per node, else "
         "hierarchical (DeepEP-style: one RDMA message per destination node to the GPU of the "
         "same local rank, then NVLink to the final GPU).")
-    tree_threshold_bytes: int = Field(256 * 1024, ge=0, description="Largest all-reduce that "
-                                      "auto sends by tree across nodes, bytes.")
-    chunks: int = Field(1, ge=1, le=64, description="Pipelined chunks per ring or tree step.")
-    intra_node_latency_s: float | None = Field(None, ge=0, le=1.0, description="Latency per "
-                                               "transfer "
-                                               "over NVLink, s; default: the roofline's "
-                                               "collective_hop_latency_s.")
-    inter_node_latency_s: float | None = Field(None, ge=0, le=1.0, description="Software "
-                                               "latency per "
-                                               "transfer across nodes (the fabric adds wire "
-                                               "and switch time), s; default: the roofline's "
-                                               "inter_node_latency_s.")
+    tree_threshold_bytes: WholeNumber = Field(
+        256 * 1024, ge=0, description="Largest all-reduce that auto sends by tree across nodes, "
+        "bytes.")
+    chunks: WholeNumber = Field(
+        1, ge=1, le=64, description="Pipelined chunks per ring or tree step.")
+    intra_node_latency_s: Number | None = Field(
+        None, ge=0, le=1.0, description="Latency per transfer over NVLink, s; default: the "
+        "roofline's collective_hop_latency_s.")
+    inter_node_latency_s: Number | None = Field(
+        None, ge=0, le=1.0, description="Software latency per transfer across nodes (the fabric "
+        "adds wire and switch time), s; default: the roofline's inter_node_latency_s.")
 
 
 class MoeRoutingConfig(BaseModel):
@@ -97,12 +104,13 @@ class MoeRoutingConfig(BaseModel):
                                                    "expert equally likely; zipf: expert i "
                                                    "(in a seeded random order) has weight "
                                                    "1 / (i + 1)^zipf_exponent.")
-    zipf_exponent: float = Field(1.0, ge=0, description="Skew of the zipf popularity.")
-    dispatch_bytes_per_element: float = Field(2.0, gt=0, description="Bytes per hidden element "
-                                              "sent by the dispatch all-to-all (2: bf16; about "
-                                              "1.03 for DeepEP's fp8 with scales).")
-    combine_bytes_per_element: float = Field(2.0, gt=0, description="Bytes per hidden element "
-                                             "returned by the combine all-to-all (bf16).")
+    zipf_exponent: Number = Field(1.0, ge=0, description="Skew of the zipf popularity.")
+    dispatch_bytes_per_element: Number = Field(
+        2.0, gt=0, description="Bytes per hidden element sent by the dispatch all-to-all (2: "
+        "bf16; about 1.03 for DeepEP's fp8 with scales).")
+    combine_bytes_per_element: Number = Field(
+        2.0, gt=0, description="Bytes per hidden element returned by the combine all-to-all "
+        "(bf16).")
 
 
 class DagConfig(BaseModel):
@@ -110,18 +118,18 @@ class DagConfig(BaseModel):
 
     model_config = _FROZEN
 
-    layer_groups: int = Field(4, ge=1, description="Consecutive layers of a pipeline stage "
-                              "fused into one DAG layer (their compute and collectives summed): "
-                              "the stage is cut into this many groups (at most its layer "
-                              "count). More groups, finer interleaving of traffic, slower runs.")
+    layer_groups: WholeNumber = Field(
+        4, ge=1, description="Consecutive layers of a pipeline stage fused into one DAG layer "
+        "(their compute and collectives summed): the stage is cut into this many groups (at most "
+        "its layer count). More groups, finer interleaving of traffic, slower runs.")
     overlap: Literal["none", "comm_stream", "two_batch"] = Field(
         "none", description="none: collectives run on the compute stream (vLLM's default); "
         "comm_stream: communication on its own stream, overlapping independent compute; "
         "two_batch: the batch is split into two micro-batches whose compute and communication "
         "interleave (two-batch overlap), communication on its own stream.")
-    pp_microbatches: int = Field(1, ge=1, le=64, description="Micro-batches a step's batch is "
-                                 "split into for the pipeline stages (1: stages run one after "
-                                 "another per step; at most 64).")
+    pp_microbatches: WholeNumber = Field(
+        1, ge=1, le=64, description="Micro-batches a step's batch is split into for the pipeline "
+        "stages (1: stages run one after another per step; at most 64).")
     collectives: CollectiveConfig = Field(default_factory=CollectiveConfig,
                                           description="Collective algorithms.")
     moe_routing: MoeRoutingConfig = Field(default_factory=MoeRoutingConfig,
@@ -139,18 +147,21 @@ class TenantTraffic(BaseModel):
 
     model_config = _FROZEN
 
-    src_gpu: int = Field(ge=0, description="Global GPU index whose NIC sends (node x "
-                         "gpus_per_node + local rank).")
-    dst_gpu: int = Field(ge=0, description="Global GPU index whose NIC receives.")
-    rate_gbps: float = Field(gt=0, le=MAX_RATE_GBPS, description="Offered load, Gb/s.")
-    message_bytes: int = Field(1 << 20, gt=0, description="Size of each message, bytes.")
-    start_s: float = Field(0.0, ge=0, le=MAX_TIME_S, description="First message, s.")
-    stop_s: float | None = Field(None, gt=0, le=MAX_TIME_S, description="No message after this "
-                                 "time; default: "
-                                 "until the serving run ends.")
+    src_gpu: WholeNumber = Field(
+        ge=0, description="Global GPU index whose NIC sends (node x gpus_per_node + local rank).")
+    dst_gpu: WholeNumber = Field(ge=0, description="Global GPU index whose NIC receives.")
+    rate_gbps: Number = Field(gt=0, le=MAX_RATE_GBPS, description="Offered load, Gb/s.")
+    message_bytes: WholeNumber = Field(1 << 20, gt=0, description="Size of each message, bytes.")
+    start_s: Number = Field(0.0, ge=0, le=MAX_TIME_S, description="First message, s.")
+    stop_s: Number | None = Field(
+        None, gt=0, le=MAX_TIME_S, description="No message after this time; default: until the "
+        "serving run ends.")
 
     @model_validator(mode="after")
     def _bounded_message_rate(self) -> "TenantTraffic":
+        if self.stop_s is not None and self.stop_s <= self.start_s:
+            raise ValueError(f"stop_s ({self.stop_s:g}) must come after start_s "
+                             f"({self.start_s:g}): the tenant would send nothing")
         per_s = self.rate_gbps * 1e9 / 8 / self.message_bytes
         if per_s > MAX_TENANT_MESSAGES_PER_S:
             raise ValueError(f"rate_gbps / message_bytes: {per_s:,.4g} messages a second, past "
@@ -164,12 +175,13 @@ class KvTierConfig(BaseModel):
 
     model_config = _FROZEN
 
-    capacity_tokens: int = Field(gt=0, description="Tokens of KV cache the tier holds (LRU).")
-    max_kvc_ready_requests: int = Field(4, ge=1, description="Most requests per engine holding "
-                                        "blocks for fetches at once, so fetches cannot starve "
-                                        "running requests of memory.")
-    min_fetch_blocks: int = Field(1, ge=1, description="Smallest tier hit, in blocks, worth a "
-                                  "fetch.")
+    capacity_tokens: WholeNumber = Field(
+        gt=0, description="Tokens of KV cache the tier holds (LRU).")
+    max_kvc_ready_requests: WholeNumber = Field(
+        4, ge=1, description="Most requests per engine holding blocks for fetches at once, so "
+        "fetches cannot starve running requests of memory.")
+    min_fetch_blocks: WholeNumber = Field(
+        1, ge=1, description="Smallest tier hit, in blocks, worth a fetch.")
 
 
 class TraceConfig(BaseModel):
@@ -177,9 +189,10 @@ class TraceConfig(BaseModel):
 
     model_config = _FROZEN
 
-    first_step: int = Field(0, ge=0, description="Index of the first traced step (counting every "
-                            "step of every engine in time order).")
-    num_steps: int = Field(0, ge=0, description="Steps to trace; 0: no trace.")
+    first_step: WholeNumber = Field(
+        0, ge=0, description="Index of the first traced step (counting every step of every engine "
+        "in time order).")
+    num_steps: WholeNumber = Field(0, ge=0, description="Steps to trace; 0: no trace.")
 
 
 class ClusterConfig(BaseModel):

@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, Number, WholeNumber
 from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, OVERSUBSCRIPTION_RANGE,
                                      Oversubscription, _Buffered, _Frozen)
 from simcore.fabric.topology import (HOST, MAX_NODES, SWITCH, Topology, _Builder, check_rates,
@@ -32,20 +32,19 @@ class ClusterLeafSpine(_Buffered):
     kind: Literal["leaf_spine"] = Field(description="Topology variant tag.")
     rails: bool = Field(True, description="Rail-optimized: NIC g of every node under leaf g. "
                         "false: nodes_per_leaf whole nodes under each leaf.")
-    nodes_per_leaf: int | None = Field(None, ge=1, description="Whole nodes under each leaf; "
-                                       "only with rails: false. The last leaf may be partly "
-                                       f"filled. Default {DEFAULT_NODES_PER_LEAF}.")
-    num_spines: int | None = Field(None, ge=1, le=4096, description="Spine switches (at most "
-                                   "4,096). Default: enough for "
-                                   "leaf uplinks at the NIC rate, ceil(NICs per leaf / "
-                                   "oversubscription), as in a Clos of one switch model; none "
-                                   "when the whole fabric is one leaf.")
+    nodes_per_leaf: WholeNumber | None = Field(
+        None, ge=1, description="Whole nodes under each leaf; only with rails: false. The last "
+        f"leaf may be partly filled. Default {DEFAULT_NODES_PER_LEAF}.")
+    num_spines: WholeNumber | None = Field(
+        None, ge=1, le=4096, description="Spine switches (at most 4,096). Default: enough for "
+        "leaf uplinks at the NIC rate, ceil(NICs per leaf / oversubscription), as in a Clos of "
+        "one switch model; none when the whole fabric is one leaf.")
     oversubscription: Oversubscription = Field(
         1.0, description=f"Downlink over uplink bandwidth of a leaf ({OVERSUBSCRIPTION_RANGE}): "
         "each leaf-spine link runs at NIC ports per leaf x NIC rate / (num_spines x "
         "oversubscription).")
-    delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
-                           "every link, seconds.")
+    delay_s: Number = Field(
+        1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of every link, seconds.")
 
     @model_validator(mode="after")
     def _grouping(self) -> ClusterLeafSpine:
@@ -60,11 +59,11 @@ class ClusterFatTree(_Buffered):
     then the storage servers."""
 
     kind: Literal["fat_tree"] = Field(description="Topology variant tag.")
-    k: int | None = Field(None, ge=2, le=64, description="Switch radix (even, at most 64), for "
-                          "k^3/4 host ports. "
-                          "Default: the smallest even k with a port for every NIC.")
-    delay_s: float = Field(1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of "
-                           "every link, seconds.")
+    k: WholeNumber | None = Field(
+        None, ge=2, le=64, description="Switch radix (even, at most 64), for k^3/4 host ports. "
+        "Default: the smallest even k with a port for every NIC.")
+    delay_s: Number = Field(
+        1e-6, gt=0, le=MAX_DELAY_S, description="Propagation delay of every link, seconds.")
 
     @model_validator(mode="after")
     def _even(self) -> ClusterFatTree:
@@ -81,17 +80,18 @@ class NetworkConfig(_Frozen):
     """The cluster's scale-out fabric: NIC rate, topology and storage servers (packet framing comes
     from the fabric settings)."""
 
-    nic_gbps: float = Field(400.0, ge=MIN_NIC_GBPS, le=MAX_RATE_GBPS, description="Rate of "
-                            "each GPU's NIC, Gb/s (ConnectX-7: 400; at least 1).")
+    nic_gbps: Number = Field(
+        400.0, ge=MIN_NIC_GBPS, le=MAX_RATE_GBPS, description="Rate of each GPU's NIC, Gb/s "
+        "(ConnectX-7: 400; at least 1).")
     topology: ClusterTopologyConfig = Field(ClusterLeafSpine(kind="leaf_spine"),
                                             description="How the NICs are switched: leaf_spine "
                                             "(rail-optimized by default) or fat_tree.")
-    num_storage_nodes: int = Field(0, ge=0, le=4096, description="Storage servers of an "
-                                   "external KV-cache tier on this fabric (at most 4,096); 0: "
-                                   "none.")
-    storage_nic_gbps: float = Field(400.0, ge=MIN_NIC_GBPS, le=MAX_RATE_GBPS,
-                                    description="NIC rate of each storage server, Gb/s (at least "
-                                    "1).")
+    num_storage_nodes: WholeNumber = Field(
+        0, ge=0, le=4096, description="Storage servers of an external KV-cache tier on this "
+        "fabric (at most 4,096); 0: none.")
+    storage_nic_gbps: Number = Field(
+        400.0, ge=MIN_NIC_GBPS, le=MAX_RATE_GBPS, description="NIC rate of each storage server, "
+        "Gb/s (at least 1).")
 
 
 @dataclass(frozen=True)

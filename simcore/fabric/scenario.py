@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from simcore.errors import ConfigError, WholeNumber, format_validation_error
+from simcore.errors import ConfigError, Number, WholeNumber, format_validation_error
 from simcore.fabric import topology as topo
 from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, MIN_RATE_GBPS,
                                      OVERSUBSCRIPTION_RANGE, Bytes, Discipline, FabricSettings,
@@ -23,19 +23,19 @@ MAX_MESSAGES = 2_000_000
 """Most messages one scenario may expand to (a CBR or Poisson source over a long time is the usual
 way to hit it); beyond it the run would not fit in memory or time."""
 
-_Rate = Annotated[float, Field(le=MAX_RATE_GBPS)]
-_LinkRate = Annotated[float, Field(ge=MIN_RATE_GBPS, le=MAX_RATE_GBPS)]
+_Rate = Annotated[Number, Field(le=MAX_RATE_GBPS)]
+_LinkRate = Annotated[Number, Field(ge=MIN_RATE_GBPS, le=MAX_RATE_GBPS)]
 """A link's rate (a source's may be slower)."""
-_Time = Annotated[float, Field(le=MAX_TIME_S)]
-_Delay = Annotated[float, Field(le=MAX_DELAY_S)]
+_Time = Annotated[Number, Field(le=MAX_TIME_S)]
+_Delay = Annotated[Number, Field(le=MAX_DELAY_S)]
 
 
 class DumbbellTopology(_Buffered):
     """Left hosts -- switch L == bottleneck == switch R -- right hosts (hosts L0.., R0..)."""
 
     kind: Literal["dumbbell"] = Field(description="Topology variant tag.")
-    num_left: int = Field(ge=1, description="Hosts on the left switch.")
-    num_right: int = Field(ge=1, description="Hosts on the right switch.")
+    num_left: WholeNumber = Field(ge=1, description="Hosts on the left switch.")
+    num_right: WholeNumber = Field(ge=1, description="Hosts on the right switch.")
     rate_gbps: _LinkRate = Field(description="Host link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
     bottleneck_rate_gbps: _LinkRate | None = Field(None, description="Rate of the switch-to-"
@@ -46,7 +46,7 @@ class StarTopology(_Buffered):
     """Hosts h0.. on one switch (the incast topology)."""
 
     kind: Literal["star"] = Field(description="Topology variant tag.")
-    num_hosts: int = Field(ge=2, description="Hosts on the switch.")
+    num_hosts: WholeNumber = Field(ge=2, description="Hosts on the switch.")
     rate_gbps: _LinkRate = Field(description="Link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
 
@@ -55,9 +55,9 @@ class LeafSpineTopology(_Buffered):
     """2-tier Clos: every leaf connects to every spine; hosts h0.. in leaf order."""
 
     kind: Literal["leaf_spine"] = Field(description="Topology variant tag.")
-    num_leaves: int = Field(ge=1, description="Leaf (ToR) switches.")
-    hosts_per_leaf: int = Field(ge=1, description="Hosts under each leaf.")
-    num_spines: int = Field(ge=1, description="Spine switches.")
+    num_leaves: WholeNumber = Field(ge=1, description="Leaf (ToR) switches.")
+    hosts_per_leaf: WholeNumber = Field(ge=1, description="Hosts under each leaf.")
+    num_spines: WholeNumber = Field(ge=1, description="Spine switches.")
     host_rate_gbps: _LinkRate = Field(description="Host link rate, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
     oversubscription: Oversubscription = Field(
@@ -71,8 +71,9 @@ class FatTreeTopology(_Buffered):
     """3-tier k-ary fat-tree: k^3/4 hosts h0.., full bisection bandwidth."""
 
     kind: Literal["fat_tree"] = Field(description="Topology variant tag.")
-    k: int = Field(ge=2, description="Switch radix (even): k pods of k/2 edge and k/2 aggregation "
-                   "switches, (k/2)^2 cores.")
+    k: WholeNumber = Field(
+        ge=2, description="Switch radix (even): k pods of k/2 edge and k/2 aggregation switches, "
+        "(k/2)^2 cores.")
     rate_gbps: _LinkRate = Field(description="Rate of every link, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of every link, seconds.")
 
@@ -83,12 +84,13 @@ class RailOptimizedTopology(_Buffered):
 
     kind: Literal["rail_optimized"] = Field(description="Topology variant tag.")
     num_nodes: WholeNumber = Field(ge=1, description="Servers.")
-    gpus_per_node: int = Field(ge=1, description="GPUs (and rails) per server.")
+    gpus_per_node: WholeNumber = Field(ge=1, description="GPUs (and rails) per server.")
     nic_rate_gbps: _LinkRate = Field(description="NIC link rate per GPU, Gb/s.")
     nvlink_rate_gbps: _LinkRate = Field(description="NVLink rate per GPU, Gb/s.")
     delay_s: _Delay = Field(gt=0, description="Propagation delay of NIC and spine links, seconds.")
     nvlink_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of an NVLink hop, seconds.")
-    num_spines: int = Field(0, ge=0, description="Spines joining the rail switches; 0: none.")
+    num_spines: WholeNumber = Field(
+        0, ge=0, description="Spines joining the rail switches; 0: none.")
     oversubscription: Oversubscription = Field(1.0, description="Rail-to-spine "
                                                f"oversubscription ({OVERSUBSCRIPTION_RANGE}).")
     pcie_rate_gbps: _LinkRate | None = Field(None, description="If set, each GPU reaches its "
@@ -116,6 +118,12 @@ class ExplicitLink(_Buffered):
         "default", description="Egress-queue discipline at both ends: drop_tail, ecn (RED/ECN "
         "marking), or default (ecn when settings.ecn.enabled).")
 
+    @model_validator(mode="after")
+    def _two_ends(self) -> ExplicitLink:
+        if self.a == self.b:
+            raise ValueError(f"a and b are both {self.a!r}: a cable joins two nodes")
+        return self
+
 
 class ExplicitTopology(_Frozen):
     """Nodes and cables given one by one."""
@@ -142,8 +150,9 @@ _RESENT = ("How lost packets are resent where its class may drop (no PFC or cred
 class _Traffic(_Frozen):
     """Fields every traffic entry has."""
 
-    traffic_class: int = Field(0, ge=0, le=7, description="Priority (traffic class, InfiniBand "
-                               "virtual lane) its packets travel in; the packet backend only.")
+    traffic_class: WholeNumber = Field(
+        0, ge=0, le=7, description="Priority (traffic class, InfiniBand virtual lane) its packets "
+        "travel in; the packet backend only.")
     transport: Transport = Field("go_back_n", description=_RESENT + "; the packet backend only "
                                  "(the others lose nothing). datagram is for cbr and poisson "
                                  "sources.")
@@ -240,7 +249,7 @@ class PoissonTraffic(_Source):
     kind: Literal["poisson"] = Field(description="Traffic variant tag.")
     src: str = Field(description="Sending host.")
     dst: str = Field(description="Receiving host.")
-    rate_pps: float = Field(gt=0, description="Mean packets per second.")
+    rate_pps: Number = Field(gt=0, description="Mean packets per second.")
     payload_bytes: Bytes = Field(gt=0, description="Payload per packet; at most mtu_bytes - "
                                  "header_bytes.")
     start_s: _Time = Field(0.0, ge=0, description="When the source starts, seconds.")
@@ -255,8 +264,9 @@ class Scenario(_Frozen):
     """A whole `dse fabric` input: which network, with which settings, under what traffic."""
 
     name: str = Field("fabric scenario", description="A label carried into the results.")
-    seed: int = Field(0, ge=0, description="Seed of every random choice (ECMP salts, permutations, "
-                      "Poisson gaps, ECN marking); same seed, same result.")
+    seed: WholeNumber = Field(
+        0, ge=0, description="Seed of every random choice (ECMP salts, permutations, Poisson "
+        "gaps, ECN marking); same seed, same result.")
     backend: Literal["packet", "flow", "analytical"] = Field(
         "packet", description="Backend used unless the command line picks one: packet (queues, "
         "ECN, PFC, DCQCN), flow (max-min fair sharing) or analytical (messages serialised "
@@ -400,7 +410,13 @@ def _build(spec, s: FabricSettings, where: str) -> Topology:
 
 
 def resolved_settings(scenario: Scenario, topology: Topology) -> FabricSettings:
-    """The scenario's settings with an explicit topology's per-link disciplines filled in."""
+    """The scenario's settings with an explicit topology's per-link disciplines filled in; a
+    link index of settings.link_disciplines the topology does not have is refused."""
+    num_links = len(topology.links)
+    for li in scenario.settings.link_disciplines:
+        if not 0 <= li < num_links:
+            raise ConfigError(f"settings.link_disciplines: no link {li} (the topology's links "
+                              f"are 0 to {num_links - 1})")
     spec = scenario.topology
     if not isinstance(spec, ExplicitTopology):
         return scenario.settings

@@ -41,7 +41,9 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
-Bytes = Annotated[int, BeforeValidator(_whole_number)]
+Bytes = Annotated[WholeNumber, BeforeValidator(_whole_number)]
+"""A byte count: a whole number, also written as an integral float or a string with
+underscores (1e5, "100_000"); true and false refused."""
 
 
 MAX_TIME_S = 1e6
@@ -239,9 +241,9 @@ class TrafficClassSettings(BaseModel):
 
     model_config = _FROZEN
 
-    lossless: tuple[int, ...] = Field(tuple(range(8)), description="Classes PFC keeps lossless "
-                                      "(its enabled priorities); the others may drop and run "
-                                      "go-back-N.")
+    lossless: tuple[WholeNumber, ...] = Field(
+        tuple(range(8)), description="Classes PFC keeps lossless (its enabled priorities); the "
+        "others may drop and run go-back-N.")
     scheduler: Literal["strict_priority"] = Field("strict_priority", description="How egress "
                                                   "ports share the link among classes: strict "
                                                   "priority, higher class first.")
@@ -365,7 +367,8 @@ class FabricSettings(BaseModel):
         default_factory=dict, description="Egress-queue discipline per link index, overriding "
         "ecn.enabled for those links (an explicit topology's per-link `discipline` fills it).")
     sample_interval_s: Number = Field(
-        10e-6, gt=0, description="Interval of the link-utilization time series.")
+        10e-6, gt=0, allow_inf_nan=False, description="Interval of the link-utilization time "
+        "series.")
     queue_histogram_bin_bytes: WholeNumber = Field(
         gt=0, description="Width of the queue-occupancy histogram bins, bytes; left out or null: "
         "one MTU.")
