@@ -138,9 +138,20 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
     if "cluster" in result:
         click.echo(_render_cluster(result["cluster"]))
     if trace is not None:
+        _note_empty_trace(cfg, trace)
         _write_json(trace_out, trace, "trace")
     if out is not None:
         _write_json(out, result, "result")
+
+
+def _note_empty_trace(cfg: SimConfig, trace: dict) -> None:
+    """Say so where the config's trace window holds none of the run's steps (the file written
+    then has no event)."""
+    if not trace.get("traceEvents"):
+        t = cfg.cluster.trace
+        click.echo(f"note: the trace window (cluster.trace: {t.num_steps} steps from step "
+                   f"{t.first_step}) holds none of the run's steps; the trace written has no "
+                   f"event", err=True)
 
 
 def _check_trace_window(config: Path, cfg: SimConfig) -> None:
@@ -334,6 +345,7 @@ def replay(steps: Path, config: Path, instance: int, out: Path | None,
     click.echo(_render_replay(result))
     click.echo(_render_cluster(result["cluster"]))
     if trace is not None:
+        _note_empty_trace(cfg, trace)
         _write_json(trace_out, trace, "trace")
     if out is not None:
         _write_json(out, result, "result")

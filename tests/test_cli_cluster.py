@@ -152,6 +152,17 @@ def test_simulate_trace_without_a_window_is_one_error_line(tmp_path, cluster, wo
     assert r.stdout == "" and not (tmp_path / "t.json").exists()
 
 
+def test_a_trace_window_past_the_runs_steps_is_said_to_hold_none(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", cluster={"num_nodes": 2,
+                                                     "trace": {"first_step": 100000,
+                                                               "num_steps": 5}})
+    r = dse("simulate", cfg, "--quiet", "--trace", tmp_path / "t.json")
+    assert r.exit_code == 0, r.output
+    assert ("note: the trace window (cluster.trace: 5 steps from step 100000) holds none of "
+            "the run's steps; the trace written has no event") in r.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == []
+
+
 # -- dse replay ----------------------------------------------------------------------------------
 
 

@@ -273,6 +273,23 @@ def test_lossless_classes_name_the_field():
      "config: cluster.tenant_traffic.0.dst_gpu: expected a whole number (got true)"),
     ({"cluster": {"num_nodes": 2, "trace": {"num_steps": True}}},
      "config: cluster.trace.num_steps: expected a whole number (got true)"),
+    # Cluster settings the rest of the config leaves with no effect.
+    ({"cluster": {"num_nodes": 2, "dag": {"pp_microbatches": 4}}},
+     "config: cluster.dag.pp_microbatches: has no effect: with pipeline_parallel_size 1 there "
+     "are no pipeline stages to split a batch over; remove it"),
+    ({"cluster": {"num_nodes": 2, "dag": {"moe_routing": {"popularity": "zipf"}}}},
+     "config: cluster.dag.moe_routing: has no effect: the routing of tokens to experts is drawn "
+     "only for expert-parallel groups (parallelism.enable_expert_parallel); remove it"),
+    ({"cluster": {"num_nodes": 2, "dag": {"collectives": {"all_to_all": "direct"}}}},
+     "config: cluster.dag.collectives.all_to_all: has no effect: only expert-parallel groups "
+     "(parallelism.enable_expert_parallel) run all-to-alls; remove it"),
+    ({"cluster": {"num_nodes": 2, "dag": {"collectives": {"all_reduce": "ring",
+                                                          "tree_threshold_bytes": 1024}}}},
+     "config: cluster.dag.collectives.tree_threshold_bytes: has no effect: it sets where "
+     "all_reduce auto switches from tree to hierarchical; all_reduce is ring; remove it"),
+    ({"cluster": {"num_nodes": 2, "network": {"storage_nic_gbps": 100}}},
+     "config: cluster.network.storage_nic_gbps: has no effect: there are no storage servers "
+     "(network.num_storage_nodes 0); remove it"),
     ({"compute": {"kind": "roofline", "roofline": {"gemm_flops_fraction": True}}},
      "config: compute.roofline.gemm_flops_fraction: expected a number (got true)"),
     ({"compute": {"kind": "roofline", "roofline": {"cuda_graph_max_num_tokens": False}}},
