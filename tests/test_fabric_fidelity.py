@@ -230,3 +230,22 @@ def test_the_utilization_interval_no_cluster_result_reads_is_refused():
 ])
 def test_which_backends_ignore_a_config_path(path, backends):
     assert backends_ignoring_path(path) == backends
+
+
+def test_settings_of_a_feature_switched_off_are_reported_as_having_no_effect():
+    # DCQCN off with its CNP interval set, and a retransmission timeout on a fabric PFC keeps
+    # lossless in every class: no backend reads them.
+    sc = scenario(dcqcn={"enabled": False, "cnp_interval_s": 4e-6}, retransmit_timeout_s=1e-5)
+    r = run_scenario(sc, "packet")
+    assert r["inert_settings"] == ["settings.dcqcn.cnp_interval_s",
+                                   "settings.retransmit_timeout_s"]
+    assert "No effect (their feature is off, or the fabric never drops): " \
+           "settings.dcqcn.cnp_interval_s, settings.retransmit_timeout_s" in \
+           " ".join(render_fabric_summary(r).split())
+    # The same run without them: identical flows.
+    plain = run_scenario(scenario(dcqcn={"enabled": False}), "packet")
+    assert flows(plain) == flows(r)
+    assert run_scenario(scenario(), "packet")["inert_settings"] == []
+    cfg = cluster_config("packet", {"settings": {"dcqcn": {"enabled": False, "g": 0.5}}})
+    assert ("no effect on this result (their feature is off, or the fabric never drops): "
+            "cluster.fabric.settings.dcqcn.g") in cfg.cluster.assumption_lines()

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from simcore.cluster.network import NetworkConfig
 from simcore.errors import Number, WholeNumber, away_from_default
 from simcore.fabric.fidelity import (BACKENDS, MODEL, PACKET_ONLY_TOPOLOGY, backends_ignoring,
-                                     changed_settings, unread_settings, unread_topology)
+                                     changed_settings, off_feature_settings, unread_settings,
+                                     unread_topology)
 from simcore.fabric.settings import MAX_RATE_GBPS, MAX_TIME_S, FabricSettings
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
@@ -241,6 +242,11 @@ class ClusterConfig(BaseModel):
         if unread:
             lines.append(f"ignored at fidelity {backend} (no effect on this result): "
                          + ", ".join(unread))
+        inert = [f"cluster.fabric.settings.{p}" for p in off_feature_settings(self.fabric.settings)
+                 if f"cluster.fabric.settings.{p}" not in unread]
+        if inert:
+            lines.append("no effect on this result (their feature is off, or the fabric never "
+                         "drops): " + ", ".join(inert))
         return lines
 
     def _packet_line(self) -> str:

@@ -68,6 +68,27 @@ def _diff(value: BaseModel, default: BaseModel, prefix: str, out: list[str]) -> 
             out.append(prefix + name)
 
 
+FEATURES = ("ecn", "pfc", "credit", "dcqcn")
+"""The sections of the fabric settings switched by their `enabled` field."""
+
+
+def off_feature_settings(settings: FabricSettings) -> list[str]:
+    """The settings set away from their profile's defaults that no backend reads here: inside
+    a feature switched off (ecn, pfc, credit or dcqcn with enabled false), and the
+    retransmission timeout on a fabric that never drops (credits, or PFC over every traffic
+    class). Dotted paths inside FabricSettings, in field order."""
+    never_drops = settings.credit.enabled or (settings.pfc.enabled
+                                              and len(set(settings.traffic_classes.lossless)) == 8)
+    out = []
+    for p in changed_settings(settings):
+        head, _, rest = p.partition(".")
+        if head in FEATURES and rest and rest != "enabled" and not getattr(settings, head).enabled:
+            out.append(p)
+        elif p == "retransmit_timeout_s" and never_drops:
+            out.append(p)
+    return out
+
+
 def unread_settings(backend: str, settings: FabricSettings) -> list[str]:
     """The settings set away from their profile's defaults that `backend` does not read, as
     dotted paths inside FabricSettings, in field order."""

@@ -55,6 +55,10 @@ def render_fabric_summary(result: dict[str, Any]) -> str:
     if ignored:
         lines += textwrap.wrap(f"Ignored at fidelity {result['backend']} (read by the packet "
                                f"backend only): {', '.join(ignored)}", _LINE)
+    inert = result.get("inert_settings")
+    if inert:
+        lines += textwrap.wrap(f"No effect (their feature is off, or the fabric never drops): "
+                               f"{', '.join(inert)}", _LINE)
     lines.append(_title(" Flow completion ", "-"))
     fct, slow = flows["fct_s"], flows["slowdown"]
     lines += [

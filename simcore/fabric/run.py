@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from simcore.errors import ConfigError
-from simcore.fabric.fidelity import BACKENDS, MODEL, unread_settings, unread_topology
+from simcore.fabric.fidelity import (BACKENDS, MODEL, off_feature_settings, unread_settings,
+                                     unread_topology)
 from simcore.fabric.messages import num_packets
 from simcore.fabric.protocol import Fabric, FabricStats, MessageResult
 from simcore.fabric.scenario import (PlannedMessage, Scenario, build_topology, expand_traffic,
@@ -266,6 +267,7 @@ def summarize(scenario: Scenario, backend: str, topology: Topology,
         "profile": settings.profile,
         "model": f"{backend} fabric: {MODEL[backend]}",
         "ignored_settings": ignored_settings(scenario, backend),
+        "inert_settings": [f"settings.{p}" for p in off_feature_settings(scenario.settings)],
         "topology": {"kind": scenario.topology.kind, "num_hosts": num_hosts,
                      "num_switches": len(topology.nodes) - num_hosts,
                      "num_links": len(topology.links), "mtu_bytes": topology.mtu_bytes,
