@@ -707,6 +707,13 @@ def cluster_settings_without_effect(cfg: SimConfig) -> list[tuple[str, str]]:
     if coll.all_reduce != "auto" and away_from_default(coll, "tree_threshold_bytes"):
         out.append(("cluster.dag.collectives.tree_threshold_bytes", f"it sets where all_reduce "
                     f"auto switches from tree to hierarchical; all_reduce is {coll.all_reduce}"))
+    if c.num_nodes == 1 and net.num_storage_nodes == 0:
+        topo = net.topology
+        names = [n for n in type(topo).model_fields if n != "kind"]
+        for name in away_from_default(net, "nic_gbps") + [
+                f"topology.{n}" for n in away_from_default(topo, *names)]:
+            out.append((f"cluster.network.{name}", "a cluster of one node without storage "
+                        "servers sends nothing over its network (its GPUs talk over NVLink)"))
     if net.num_storage_nodes == 0 and away_from_default(net, "storage_nic_gbps"):
         out.append(("cluster.network.storage_nic_gbps", "there are no storage servers "
                     "(network.num_storage_nodes 0)"))

@@ -180,6 +180,22 @@ def test_a_discipline_for_a_link_the_topology_lacks_and_a_looped_cable_are_refus
         _scenario(msg, settings={"sample_interval_s": float("inf")})
 
 
+@pytest.mark.parametrize("topology, message", [
+    ({"kind": "leaf_spine", "num_leaves": 2, "hosts_per_leaf": 2, "num_spines": 1,
+      "host_rate_gbps": 10, "delay_s": 1e-6, "spine_rate_gbps": 10, "oversubscription": 4},
+     "oversubscription has no effect beside spine_rate_gbps"),
+    ({"kind": "rail_optimized", "num_nodes": 2, "gpus_per_node": 2, "nic_rate_gbps": 10,
+      "nvlink_rate_gbps": 100, "delay_s": 1e-6, "oversubscription": 2},
+     r"oversubscription has no effect without spines \(num_spines 0\)"),
+    ({"kind": "rail_optimized", "num_nodes": 2, "gpus_per_node": 2, "nic_rate_gbps": 10,
+      "nvlink_rate_gbps": 100, "delay_s": 1e-6, "pcie_delay_s": 2e-6},
+     "pcie_delay_s has no effect without pcie_rate_gbps"),
+])
+def test_topology_fields_the_rest_leaves_with_no_effect_are_refused(topology, message):
+    with pytest.raises(ConfigError, match=message):
+        _scenario([], topology)
+
+
 def test_settings_merge_over_the_profile():
     s = FabricSettings(profile="roce", ecn={"pmax": 0.5}, dcqcn={"variant": "paper"})
     assert s.ecn.enabled and s.ecn.pmax == 0.5 and s.ecn.kmin_bytes_per_25gbps == 100_000

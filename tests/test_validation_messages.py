@@ -290,6 +290,11 @@ def test_lossless_classes_name_the_field():
     ({"cluster": {"num_nodes": 2, "network": {"storage_nic_gbps": 100}}},
      "config: cluster.network.storage_nic_gbps: has no effect: there are no storage servers "
      "(network.num_storage_nodes 0); remove it"),
+    ({"cluster": {"num_nodes": 1, "network": {"topology": {"kind": "leaf_spine",
+                                                           "num_spines": 4}}}},
+     "config: cluster.network.topology.num_spines: has no effect: a cluster of one node "
+     "without storage servers sends nothing over its network (its GPUs talk over NVLink); "
+     "remove it"),
     ({"compute": {"kind": "roofline", "roofline": {"gemm_flops_fraction": True}}},
      "config: compute.roofline.gemm_flops_fraction: expected a number (got true)"),
     ({"compute": {"kind": "roofline", "roofline": {"cuda_graph_max_num_tokens": False}}},

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from simcore.errors import ConfigError, Number, WholeNumber, format_validation_error
+from simcore.errors import (ConfigError, Number, WholeNumber, away_from_default,
+                            format_validation_error)
 from simcore.fabric import topology as topo
 from simcore.fabric.settings import (MAX_DELAY_S, MAX_RATE_GBPS, MAX_TIME_S, MIN_RATE_GBPS,
                                      OVERSUBSCRIPTION_RANGE, Bytes, Discipline, FabricSettings,
@@ -66,6 +67,13 @@ class LeafSpineTopology(_Buffered):
     spine_rate_gbps: _LinkRate | None = Field(None, description="Rate of each leaf-spine link, "
                                               "Gb/s; default from oversubscription.")
 
+    @model_validator(mode="after")
+    def _one_uplink_rate(self) -> LeafSpineTopology:
+        if self.spine_rate_gbps is not None and away_from_default(self, "oversubscription"):
+            raise ValueError("oversubscription has no effect beside spine_rate_gbps, which sets "
+                             "the leaf-spine links' rate; give one of them")
+        return self
+
 
 class FatTreeTopology(_Buffered):
     """3-tier k-ary fat-tree: k^3/4 hosts h0.., full bisection bandwidth."""
@@ -96,6 +104,16 @@ class RailOptimizedTopology(_Buffered):
     pcie_rate_gbps: _LinkRate | None = Field(None, description="If set, each GPU reaches its "
                                              "NIC over a PCIe link of this rate, Gb/s.")
     pcie_delay_s: _Delay = Field(1e-6, gt=0, description="Latency of the PCIe hop, seconds.")
+
+    @model_validator(mode="after")
+    def _read(self) -> RailOptimizedTopology:
+        if self.num_spines == 0 and away_from_default(self, "oversubscription"):
+            raise ValueError("oversubscription has no effect without spines (num_spines 0): it "
+                             "sets the rail-to-spine links' rate; remove it")
+        if self.pcie_rate_gbps is None and away_from_default(self, "pcie_delay_s"):
+            raise ValueError("pcie_delay_s has no effect without pcie_rate_gbps (no PCIe hop "
+                             "between a GPU and its NIC); remove it, or set pcie_rate_gbps")
+        return self
 
 
 class ExplicitNode(_Frozen):
