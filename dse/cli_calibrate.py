@@ -38,18 +38,34 @@ def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
     """Fit a calibration profile from MEASUREMENTS (files or directories in vidur's layout), or
     a kernel profile from AIConfigurator's database (--from-aiconfigurator), write it, and print
     the error distribution on what was held out of the fit."""
+    ctx = click.get_current_context()
+    given = {name for name in ("out", "gpu", "node", "holdout", "seed", "profile_id",
+                               "aiconfigurator")
+             if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
     try:
         if list_profiles:
+            if measurements or given:
+                what = ", ".join(f"--{n.replace('_', '-')}" for n in sorted(given)) or \
+                    "measurement files"
+                _fail(f"calibrate: --list lists the shipped profiles and takes nothing else "
+                      f"(got {what})")
             _list_profiles()
             return
         if aiconfigurator is not None:
             if measurements:
                 _fail("calibrate: give measurement files or --from-aiconfigurator, not both")
+            for name, why in (("node", "its collectives come from the system's own tables"),
+                              ("holdout", "its hold-out is fixed (simcore.calibration."
+                                          "aiconfigurator.HOLDOUT_FRACTION)")):
+                if name in given:
+                    _fail(f"calibrate: --{name} has no effect with --from-aiconfigurator: {why}")
             if out is None:
                 _fail("calibrate: --out is required (where to write the profile; .json.gz "
                       "writes it gzipped)")
             from dse.calibrate import render_kernel_errors, run_calibrate_aiconfigurator
 
+            if profile_id is not None and not profile_id.strip():
+                _fail("--id: must not be empty")
             _check_writable(out, "kernel profile")
             kp = run_calibrate_aiconfigurator(aiconfigurator, str(out), seed=seed, gpu=gpu,
                                               profile_id=profile_id)
@@ -60,8 +76,15 @@ def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
             _fail("calibrate: give measurement files or directories (or --list)")
         if out is None:
             _fail("calibrate: --out is required (where to write the profile)")
+        if out.name.endswith(".gz"):
+            _fail(f"--out: {out}: a profile fitted from measurement files is written as plain "
+                  f"JSON (a .json.gz profile is read as a kernel profile, which this is not); "
+                  f"give a .json name")
+        if profile_id is not None and not profile_id.strip():
+            _fail("--id: must not be empty")
         from dse.calibrate import run_calibrate
 
+        _check_writable(out, "profile")
         report = run_calibrate([str(m) for m in measurements], str(out), gpu=gpu,
                                holdout=holdout, seed=seed, node=node, profile_id=profile_id)
     except ConfigError as e:

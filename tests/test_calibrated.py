@@ -217,3 +217,36 @@ def test_cli_calibrate_fits_and_reports_and_refuses_bad_input(tmp_path):
     assert "mlp.csv" in r.stderr and r.stderr.count("\n") == 1
     r = _dse("calibrate", str(f))
     assert r.returncode == 2 and "--out is required" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    # A header without rows, in a compute and in a collective file (tracebacks before).
+    (["{header_mlp}", "--out", "{tmp}/p.json"], "mlp.csv: no measurement rows (a header only)"),
+    (["{header_ar}", "--out", "{tmp}/p.json"],
+     "all_reduce.csv: no measurement rows (a header only)"),
+    # A .json.gz is read as a kernel profile, which a fit of measurement files is not.
+    (["{mlp}", "--out", "{tmp}/p.json.gz"], "is written as plain JSON"),
+    (["{mlp}", "--out", "{tmp}/afile/p.json"], "cannot write the profile"),
+    (["{mlp}", "--out", "{tmp}/p.json", "--id", ""], "--id: must not be empty"),
+    (["--list", "--holdout", "0.5"], "--list lists the shipped profiles and takes nothing else"),
+    (["--from-aiconfigurator", "h100_sxm", "--out", "{tmp}/k.json", "--gpu", "L40S"],
+     "--gpu: 'h100_sxm' is measured on the H100-SXM"),
+    (["--from-aiconfigurator", "h100_sxm", "--out", "{tmp}/k.json", "--holdout", "0.5"],
+     "--holdout has no effect with --from-aiconfigurator"),
+])
+def test_cli_calibrate_bad_combinations_are_one_error(tmp_path, args, message):
+    shared = VIDUR_DIR / "profiling"
+    mlp = shared / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    header_mlp = tmp_path / "h" / "compute" / "h100" / "org" / "m" / "mlp.csv"
+    header_mlp.parent.mkdir(parents=True)
+    header_mlp.write_text(mlp.read_text().splitlines()[0] + "\n")
+    header_ar = tmp_path / "n" / "network" / "h100_dgx" / "all_reduce.csv"
+    header_ar.parent.mkdir(parents=True)
+    header_ar.write_text((shared / "network" / "h100_dgx" / "all_reduce.csv").read_text()
+                         .splitlines()[0] + "\n")
+    (tmp_path / "afile").write_text("x")
+    filled = [a.format(tmp=tmp_path, mlp=mlp, header_mlp=header_mlp, header_ar=header_ar)
+              for a in args]
+    r = _dse("calibrate", *filled)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert message in r.stderr and r.stderr.count("\n") == 1

@@ -490,7 +490,12 @@ def fit_system(system: str, *, seed: int = DEFAULT_SEED, root: Path | None = Non
         raise ConfigError(f"--from-aiconfigurator: no system {system!r} in {PACKAGE} "
                           f"(systems with vLLM measurements: "
                           f"{', '.join(available_systems(root))})")
-    gpu = gpu or SYSTEMS.get(system)
+    known = SYSTEMS.get(system)
+    if gpu is not None and known is not None and gpu != known:
+        raise ConfigError(f"--gpu: {system!r} is measured on the {known}; --gpu names the "
+                          f"catalog GPU only of a system the list does not know "
+                          f"({', '.join(SYSTEMS)})")
+    gpu = gpu or known
     if gpu is None:
         raise ConfigError(f"--from-aiconfigurator: {system!r} has no GPU in the catalog; name "
                           f"it with --gpu (known systems: {', '.join(SYSTEMS)})")

@@ -87,6 +87,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise not_utf8(path) from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise ConfigError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
+    if table.empty:
+        raise ConfigError(f"{path}: no measurement rows (a header only)")
     return table
 
 
@@ -94,6 +96,9 @@ def _numeric(table: pd.DataFrame, column: str, path: Path, *, positive: bool = T
     """Column `column` as float64, ConfigError naming file, column and first bad row otherwise."""
     if column not in table.columns:
         raise ConfigError(f"{path}: missing column {column!r}")
+    if table[column].dtype == bool:     # true/false read as 1 and 0
+        raise ConfigError(f"{path}: line 2 column {column!r} has "
+                          f"{table[column].iloc[0]!r}, expected a number")
     values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(values) | ((values <= 0) if positive else (values < 0))
     if bad.any():
@@ -199,6 +204,8 @@ def read_compute_csv(path: str | Path, *, gpu: str | None = None,
             "in_features": np.asarray(in_features, dtype=np.int64),
             "out_features": np.asarray(out_features, dtype=np.int64),
             "time_s": time_s, "file": str(path), "row": np.arange(len(table), dtype=np.int64)}))
+    if not frames:
+        raise ConfigError(f"{path}: no positive time in any 'time_stats.<op>.median' column")
     return pd.concat(frames, ignore_index=True)
 
 
