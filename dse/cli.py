@@ -518,6 +518,7 @@ def validate(suites: tuple[str, ...], out: Path | None, vidur_dir: Path | None,
     from dse.validate import SUITES, render_table, run_suite
 
     try:
+        _check_writable(out, "validation table")
         rows = run_suite(suites or SUITES, vidur_dir=vidur_dir, conformance_dir=conformance_dir)
     except ConfigError as e:
         _fail(str(e))
@@ -526,7 +527,8 @@ def validate(suites: tuple[str, ...], out: Path | None, vidur_dir: Path | None,
     bad = [r for r in rows if not r.ok]
     click.echo(f"\n{len(rows) - len(bad)} of {len(rows)} checks within tolerance")
     if out is not None:
-        _write_json(out, {"rows": [r.as_dict() for r in rows]}, "validation table")
+        _write_json(out, {"rows": [r.as_dict() for r in rows]}, "validation table",
+                    allow_nan=False)
     if bad:
         sys.exit(1)
 

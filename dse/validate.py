@@ -56,7 +56,11 @@ class Row:
         return self.error <= self.tolerance
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "error": self.error, "ok": self.ok}
+        """The row for JSON: an unbounded tolerance (a row listed, not checked) is null, as
+        standard JSON has no infinity."""
+        d = {**asdict(self), "error": self.error, "ok": self.ok}
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in d.items()}
 
 
 # ---- fabric ---------------------------------------------------------------------------------
@@ -146,6 +150,7 @@ def scheduler_rows(conformance_dir: Path) -> list[Row]:
     from simcore.engine.conformance import compare, load_scenario, read_steps, replay
 
     rows: list[Row] = []
+    found = 0
     scenarios = sorted([*(conformance_dir / "scenarios").glob("*.json"),
                         *(conformance_dir / "scenarios").glob("*.json.gz")])
     for sc_path in scenarios:
@@ -153,6 +158,7 @@ def scheduler_rows(conformance_dir: Path) -> list[Row]:
         golden = conformance_dir / "golden" / f"{name}.jsonl.gz"
         if not golden.is_file():
             continue
+        found += 1
         ours = list(replay(load_scenario(sc_path)))
         ref = read_steps(golden)
         same = 0
@@ -164,6 +170,9 @@ def scheduler_rows(conformance_dir: Path) -> list[Row]:
                         "vLLM's own scheduler decisions recorded step by step "
                         "(simcore/data/conformance: scenario and golden log)",
                         note=compare(ours, ref) or ""))
+    if not found:
+        raise ConfigError(f"{conformance_dir}: no scenario of scenarios/ has its golden log "
+                          f"(golden/<name>.jsonl.gz): nothing to check")
     return rows
 
 
@@ -361,6 +370,12 @@ def run_suite(suites: tuple[str, ...] = SUITES, *, vidur_dir: Path | None = None
     from dse.validate_calibration import collective_rows, op_rows
     from simcore.reference_data import CONFORMANCE_DIR, VIDUR_DIR
 
+    suites = tuple(dict.fromkeys(suites))
+    for given, name, users in ((vidur_dir, "--vidur", {"ops", "collectives"}),
+                               (conformance_dir, "--conformance", {"scheduler"})):
+        if given is not None and not users & set(suites):
+            raise ConfigError(f"{name}: no suite chosen reads it (it feeds "
+                              f"{' and '.join(sorted(users))})")
     vidur = vidur_dir or VIDUR_DIR
     conformance = conformance_dir or CONFORMANCE_DIR
     if {"ops", "collectives"} & set(suites) and not (vidur / "profiling").is_dir():
@@ -394,8 +409,9 @@ def _pct(x: float, kind: str) -> str:
 
 def render_table(rows: list[Row]) -> str:
     """The rows as a fixed-width table, one line each (a statistic's note, which says the
-    target it should reach and whether it does, or its signed error, on the line under it),
-    then the sources numbered. `ok` is the row's tolerance: for a statistic, its regression
+    target it should reach and whether it does, or its signed error, and a held-out case's
+    envelope and whether it holds the measured value, on the line under it), then the sources
+    numbered. `ok` is the row's tolerance: for a statistic, its regression
     bound, not the target."""
     # The check column as wide as the longest name (at least 52): a name is never cut, since
     # the end of a case's name says what its row measures and its middle which case it is.
@@ -417,6 +433,8 @@ def render_table(rows: list[Row]) -> str:
                      f"[{sources.index(r.source) + 1}]")
         if r.error_kind == "statistic" and r.note:
             lines.append(f"{'':<14}{r.note}")
+        elif r.note.startswith("envelope ["):     # a held-out case: its envelope under it
+            lines.append(f"{'':<14}{r.note.split('; ')[0]}")
     lines.append("")
     lines += [f"[{i}] {s}" for i, s in enumerate(sources, 1)]
     return "\n".join(lines)

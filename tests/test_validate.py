@@ -2,6 +2,7 @@
 fail when the prediction is wrong."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -64,13 +65,22 @@ def test_rows_compute_their_error():
     assert s.error == 0.03 and s.ok
     text = render_table([r, s])
     assert "NO" in text and "n=500" in text and "[1] src" in text
-    # A statistic's note (its target, met or not) is printed under it; a measurement's is not.
+    # A statistic's note (its target, met or not) is printed under it, and a held-out case's
+    # envelope (not the rest of its note); another measurement's note is not.
     t = Row("x", "m", 0.14, 57, "cases", 0.16, "src", error_kind="statistic",
             note="target <= 10%: not met")
-    u = Row("x", "k", 1.0, 1.0, "ms", 0.1, "src", note="envelope [0.9, 1.1] (inside)")
-    lines = render_table([t, u]).splitlines()
+    u = Row("x", "k", 1.0, 1.0, "ms", 0.1, "src",
+            note="envelope [0.9, 1.1] (inside); chat requests")
+    v = Row("x", "j", 1.0, 1.0, "ms", 0.1, "src", note="a remark")
+    lines = render_table([t, u, v]).splitlines()
     assert lines[3] == " " * 14 + "target <= 10%: not met"
-    assert lines[4].startswith("x           k ") and "envelope" not in render_table([t, u])
+    assert lines[4].startswith("x           k ")
+    assert lines[5] == " " * 14 + "envelope [0.9, 1.1] (inside)"
+    assert lines[6].startswith("x           j ") and "a remark" not in render_table([v])
+    # In JSON an unbounded tolerance (a row listed, not checked) is null: standard JSON.
+    w = Row("x", "i", 1.0, 1.0, "ms", math.inf, "src")
+    assert w.as_dict()["tolerance"] is None
+    json.dumps(w.as_dict(), allow_nan=False)
 
 
 def test_the_table_never_cuts_a_check_name():
@@ -92,3 +102,19 @@ def test_cli_prints_the_table_and_exits_zero(tmp_path):
     assert "checks within tolerance" in r.stdout and "johnmusgrave.com" in r.stdout
     data = json.loads(out.read_text())
     assert data["rows"] and all(row["ok"] for row in data["rows"])
+
+
+def test_folders_no_chosen_suite_reads_and_a_conformance_folder_without_logs_are_refused(
+        tmp_path):
+    from simcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--vidur: no suite chosen reads it"):
+        run_suite(("fabric",), vidur_dir=tmp_path)
+    with pytest.raises(ConfigError, match="--conformance: no suite chosen reads it"):
+        run_suite(("fabric",), conformance_dir=tmp_path)
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "basic.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no scenario of scenarios/ has its golden log"):
+        run_suite(("scheduler",), conformance_dir=tmp_path)
+    # A suite named twice runs once.
+    assert len(run_suite(("fabric", "fabric"))) == len(run_suite(("fabric",)))
