@@ -6,6 +6,7 @@ Heavy libraries (Ray, Optuna, plotting) are imported inside the commands that ne
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import sys
@@ -105,6 +106,9 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
             _check_trace_window(config, cfg)
         _check_writable(trace_out, "trace")
         _check_writable(out, "result")
+        if out is not None and trace_out is not None and out.resolve() == trace_out.resolve():
+            _fail(f"--out and --trace are both {out}: the result would be written over the "
+                  f"trace")
         check_fits(cfg, available_memory_bytes())
         bar = None
         if not quiet and sys.stderr.isatty():
@@ -270,11 +274,15 @@ def conformance(scenario: Path, out: Path | None, golden: Path | None, live: boo
         if out is None and not live:
             raise ConfigError("--out: give a file for the simulator's steps (or compare with "
                               "--record-with-installed-vllm)")
+        for other, flag in ((golden, "--golden"), (vllm_out, "--vllm-out")):
+            if out is not None and other is not None and out.resolve() == other.resolve():
+                raise ConfigError(f"--out: {out} is also {flag}; it would be written over")
         sc = load_scenario(scenario)
         steps = list(replay(sc))
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            with open(out, "w") as f:
+            opener = gzip.open if out.name.endswith(".gz") else open
+            with opener(out, "wt") as f:
                 f.write(json.dumps(step_log_header()) + "\n")
                 f.writelines(json.dumps(rec) + "\n" for rec in steps)
             click.echo(f"{len(steps)} steps written to {out}")
@@ -298,7 +306,10 @@ def conformance(scenario: Path, out: Path | None, golden: Path | None, live: boo
                 raise ConfigError(f"{golden}: cannot be read as a step log ({e})") from None
         else:
             return
-        diff = compare(steps, ref)
+        try:
+            diff = compare(steps, ref, reference="vLLM" if live else "the log")
+        except ValueError as e:
+            raise ConfigError(f"{golden}: cannot be read as a step log ({e})") from None
         if diff is None:
             click.echo(f"identical to {what}: all {len(ref)} steps match")
         else:
@@ -334,6 +345,9 @@ def replay(steps: Path, config: Path, instance: int, out: Path | None,
             _check_trace_window(config, cfg)
         _check_writable(trace_out, "trace")
         _check_writable(out, "result")
+        if out is not None and trace_out is not None and out.resolve() == trace_out.resolve():
+            _fail(f"--out and --trace are both {out}: the result would be written over the "
+                  f"trace")
         result = replay_steps(cfg, steps, instance=instance)
     except ConfigError as e:
         if str(e).startswith(str(steps)):

@@ -183,6 +183,19 @@ def test_conformance_without_golden_only_writes(tmp_path):
     assert read_steps(out) == read_steps(BASIC_GOLDEN)
 
 
+def test_conformance_writes_a_gz_log_gzipped_and_refuses_to_write_over_its_reference(
+        tmp_path):
+    out = tmp_path / "o.jsonl.gz"
+    p = dse("conformance", BASIC, "--out", out)
+    assert p.returncode == 0, p.stderr
+    assert out.read_bytes()[:2] == b"\x1f\x8b" and read_steps(out) == read_steps(BASIC_GOLDEN)
+    golden = tmp_path / "g.jsonl.gz"
+    golden.write_bytes(BASIC_GOLDEN.read_bytes())
+    assert_one_line_error(dse("conformance", BASIC, "--out", golden, "--golden", golden),
+                          "is also --golden; it would be written over")
+    assert golden.read_bytes() == BASIC_GOLDEN.read_bytes()
+
+
 def _write_golden(path: Path, steps: list[dict]) -> Path:
     with gzip.open(path, "wt") as f:
         for s in steps:
@@ -201,7 +214,7 @@ def test_conformance_names_the_first_differing_step(tmp_path):
     assert "Traceback" not in p.stdout + p.stderr
     expected = steps[7]["free_blocks"]
     assert (f"differs from {golden}: step 7: free_blocks differs: ours {expected - 1}, "
-            f"vLLM {expected}") in p.stdout
+            f"the log {expected}") in p.stdout
 
 
 @pytest.mark.slow
@@ -211,7 +224,7 @@ def test_conformance_names_a_step_count_difference(tmp_path):
     p = dse("conformance", BASIC, "--out", tmp_path / "o.jsonl", "--golden", golden)
     assert p.returncode == 1
     n = len(steps) + 3
-    assert f"step count differs: ours {n}, vLLM {len(steps)}" in p.stdout
+    assert f"step count differs: ours {n}, the log {len(steps)}" in p.stdout
 
 
 @pytest.mark.slow

@@ -163,6 +163,13 @@ def test_a_trace_window_past_the_runs_steps_is_said_to_hold_none(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == []
 
 
+def test_the_result_and_the_trace_in_one_file_are_refused(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", cluster={"num_nodes": 2, "trace": {"num_steps": 1}})
+    r = dse("simulate", cfg, "--quiet", "--out", tmp_path / "x.json", "--trace",
+            tmp_path / "x.json")
+    assert_one_line_error(r, "--out and --trace are both", "written over the trace")
+
+
 # -- dse replay ----------------------------------------------------------------------------------
 
 

@@ -171,3 +171,40 @@ def test_bad_scenarios_name_the_problem(tmp_path):
                    ' "requests": [{"id": "a", "arrive_step": 0, "prompt_len": 0, "output_len": 3}]}')
     with pytest.raises(ConfigError, match=r"requests\[0\].prompt_len"):
         load_scenario(bad)
+
+
+@pytest.mark.parametrize("request_fields, message", [
+    # true/false and text are not counts or flags (they replayed as 1, 0 and 157).
+    ({"prompt_len": True}, r"requests\[0\].prompt_len"),
+    ({"arrive_step": False}, r"requests\[0\].arrive_step"),
+    ({"prompt_len": "157"}, r"requests\[0\].prompt_len"),
+    ({"block_keys": [True]}, r"requests\[0\].block_keys"),
+    ({"skip_reading_prefix_cache": 1}, r"requests\[0\].skip_reading_prefix_cache"),
+    # Longer than max_model_len: refused up front, naming the request (the run used to stall
+    # and blame the pool).
+    ({"prompt_len": 2000}, r"requests\[0\].prompt_len: 2000 prompt and 3 output tokens pass "
+                           r"config.max_model_len \(1000\)"),
+])
+def test_scenario_requests_are_read_strictly(tmp_path, request_fields, message):
+    import json
+
+    bad = tmp_path / "bad.json"
+    request = {"id": "a", "arrive_step": 0, "prompt_len": 32, "output_len": 3, **request_fields}
+    bad.write_text(json.dumps({"config": {"max_num_seqs": 4, "max_num_batched_tokens": 1000,
+                                          "num_blocks": 400, "max_model_len": 1000},
+                               "requests": [request]}))
+    with pytest.raises(ConfigError, match=message):
+        load_scenario(bad)
+
+
+def test_a_log_whose_lines_are_no_steps_is_refused_and_a_users_log_is_not_called_vllms(
+        tmp_path):
+    log = tmp_path / "g.jsonl"
+    log.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="line 1: expected a JSON object"):
+        read_steps(log)
+    with pytest.raises(ValueError, match="step 0 holds none of scheduled"):
+        compare([{"step": 0, "scheduled": {"a": 1}}], [{"step": 0, "foo": 1}])
+    diff = compare([{"step": 0, "scheduled": {"a": 1}}], [{"step": 0, "scheduled": {"a": 2}}],
+                   reference="the log")
+    assert diff == "step 0: scheduled differs: ours {'a': 1}, the log {'a': 2}"

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter,
+                      ValidationError)
 
 from simcore.config import EngineConfig, check_batch_limits
 from simcore.engine.request import Request
@@ -68,16 +69,19 @@ class ScenarioRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, description="Request id, unique in the scenario.")
-    arrive_step: int = Field(ge=0, description="It joins the waiting queue just before this step.")
-    prompt_len: int = Field(ge=1, description="Prompt tokens.")
-    output_len: int = Field(ge=1, description="Tokens it generates (ignore_eos).")
-    block_keys: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+    arrive_step: StrictInt = Field(ge=0, description="It joins the waiting queue just before "
+                                   "this step.")
+    prompt_len: StrictInt = Field(ge=1, description="Prompt tokens.")
+    output_len: StrictInt = Field(ge=1, description="Tokens it generates (ignore_eos).")
+    block_keys: tuple[Annotated[StrictInt, Field(ge=0)], ...] = Field(
         (), description="Content key of each full block of its prompt, first block first.")
-    priority: int = Field(0, description="Under the priority policy, smaller runs first.")
-    abort_step: int | None = Field(None, ge=0, description="The client gives up: the request is "
-                                   "aborted just before this step, unless finished by then.")
-    skip_reading_prefix_cache: bool = Field(False, description="vLLM's sampling parameter: no "
-                                            "prefix-cache hit is looked up for it.")
+    priority: StrictInt = Field(0, description="Under the priority policy, smaller runs first.")
+    abort_step: StrictInt | None = Field(None, ge=0, description="The client gives up: the "
+                                         "request is aborted just before this step, unless "
+                                         "finished by then.")
+    skip_reading_prefix_cache: StrictBool = Field(False, description="vLLM's sampling "
+                                                  "parameter: no prefix-cache hit is looked up "
+                                                  "for it.")
 
 
 def _unknown(key: str, known: frozenset[str] | set[str], what: str) -> str:
@@ -140,6 +144,10 @@ def load_scenario(path: str | Path) -> dict:
         if req.abort_step is not None and req.abort_step < req.arrive_step:
             raise ConfigError(f"{where}.abort_step: {req.abort_step} is before its arrive_step "
                               f"({req.arrive_step})")
+        if req.prompt_len + req.output_len > cfg["max_model_len"]:
+            raise ConfigError(f"{where}.prompt_len: {req.prompt_len} prompt and "
+                              f"{req.output_len} output tokens pass config.max_model_len "
+                              f"({cfg['max_model_len']}), which vLLM's server refuses")
         requests.append(req.model_dump())
     return {**sc, "config": cfg, "requests": requests}
 
@@ -257,8 +265,16 @@ def read_steps(path: str | Path) -> list[dict]:
     another format or version raises ValueError."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
+    records = []
     with opener(path, "rt") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"line {lineno}: expected a JSON object (a step), got "
+                                 f"{line.strip()[:40]}")
+            records.append(record)
     if records and is_step_log_header(records[0]):
         if records[0] != step_log_header():
             raise ValueError(f"header {records[0]!r} is not {step_log_header()!r}")
@@ -266,13 +282,24 @@ def read_steps(path: str | Path) -> list[dict]:
     return records
 
 
-def compare(ours: list[dict], golden: list[dict]) -> str | None:
-    """None if the two step logs agree exactly, else a sentence naming the first difference."""
+STEP_KEYS = ("scheduled", "new", "resumed", "preempted", "computed_on_admit", "finished",
+             "free_blocks")
+"""The decisions of a step that a comparison of step logs holds equal."""
+
+
+def compare(ours: list[dict], golden: list[dict], reference: str = "vLLM") -> str | None:
+    """None if the two step logs agree exactly, else a sentence naming the first difference
+    (`reference` names the other log in it). A step of `golden` without any of `STEP_KEYS` is
+    no step of a log: ValueError naming it."""
+    for b in golden:
+        if not any(k in b for k in STEP_KEYS):
+            raise ValueError(f"step {b.get('step')!r} holds none of {', '.join(STEP_KEYS)}: "
+                             f"not a step of a scheduler log")
     for a, b in zip(ours, golden):
-        for k in ("scheduled", "new", "resumed", "preempted", "computed_on_admit", "finished",
-                  "free_blocks"):
+        for k in STEP_KEYS:
             if a.get(k) != b.get(k):
-                return f"step {b.get('step')}: {k} differs: ours {a.get(k)!r}, vLLM {b.get(k)!r}"
+                return (f"step {b.get('step')}: {k} differs: ours {a.get(k)!r}, {reference} "
+                        f"{b.get(k)!r}")
     if len(ours) != len(golden):
-        return f"step count differs: ours {len(ours)}, vLLM {len(golden)}"
+        return f"step count differs: ours {len(ours)}, {reference} {len(golden)}"
     return None
