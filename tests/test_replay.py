@@ -215,3 +215,20 @@ def test_missing_log_and_missing_cluster(tmp_path):
     plain = config().model_copy(update={"cluster": None})
     with pytest.raises(ConfigError, match="^cluster: "):
         replay_steps(plain, GOLDEN / "basic.jsonl.gz")
+
+
+def test_a_log_past_the_configs_engine_limits_is_refused_naming_the_step(tmp_path):
+    # The basic log schedules several requests and hundreds of tokens a step: a config of two
+    # sequences and 64 tokens could not have scheduled it (its step times were reported as if).
+    base = config()
+    tight = base.model_copy(update={"engine": base.engine.model_copy(
+        update={"max_num_seqs": 2, "max_num_batched_tokens": 64})})
+    with pytest.raises(ConfigError, match=r"basic.jsonl.gz: step \d+ schedules \d+ "
+                                          r"(requests, more than the config's max_num_seqs \(2\)"
+                                          r"|tokens, more than the config's "
+                                          r"max_num_batched_tokens \(64\))"):
+        replay_steps(tight, GOLDEN / "basic.jsonl.gz")
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"step": 0, "scheduled": {"a": 100_000_000}, "new": ["a"]}) + "\n")
+    with pytest.raises(ConfigError, match=r"step 0 schedules 100000000 tokens"):
+        replay_steps(base, huge)

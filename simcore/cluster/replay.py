@@ -152,6 +152,30 @@ def logged_batches(records: list[tuple[int, dict]]
     return batches, num_assumed
 
 
+def check_within_limits(logged, dep, steps_path) -> None:
+    """Refuse a log step that the config's engine could not have scheduled: more sequences than
+    its max_num_seqs, more tokens than its max_num_batched_tokens, or a request past its
+    max_model_len (the log was recorded under other limits, and its step times would be read
+    as this config's)."""
+    for k, batch in enumerate(logged):
+        if not batch:
+            continue
+        where = f"{steps_path}: step {k}"
+        if len(batch) > dep.max_num_seqs:
+            raise ConfigError(f"{where} schedules {len(batch)} requests, more than the config's "
+                              f"max_num_seqs ({dep.max_num_seqs}): the log was recorded under "
+                              f"other limits")
+        tokens = sum(n for _, n, _ in batch)
+        if tokens > dep.max_num_batched_tokens:
+            raise ConfigError(f"{where} schedules {tokens} tokens, more than the config's "
+                              f"max_num_batched_tokens ({dep.max_num_batched_tokens}): the log "
+                              f"was recorded under other limits")
+        for rid, n, ctx in batch:
+            if ctx + n > dep.max_model_len:
+                raise ConfigError(f"{where}: request {rid} reaches {ctx + n} tokens, past the "
+                                  f"config's max_model_len ({dep.max_model_len})")
+
+
 def replay_steps(cfg: SimConfig, steps_path: str | Path, *, instance: int = 0) -> dict:
     """Run every step of the log at `steps_path` on engine `instance` of `cfg`'s cluster, back to
     back from time 0, and return a JSON-able result.
@@ -169,6 +193,7 @@ def replay_steps(cfg: SimConfig, steps_path: str | Path, *, instance: int = 0) -
     records = read_step_log(steps_path)
     logged, num_assumed = logged_batches(records)
     dep = build_deployment(cfg)
+    check_within_limits(logged, dep, steps_path)
     env = simpy.Environment()
     runtime = build_cluster(env, cfg, dep)
     num_instances = len(runtime.placement.instances)
