@@ -218,7 +218,7 @@ is given in the wrong place."""
 
 def _unknown_key(model: type[BaseModel] | None, path: "_Path") -> str:
     key = str(path.parts[-1]) if path.parts else ""
-    here = ".".join(str(p) for p in path.parts[:-1])
+    here = path_text(path.parts[:-1])
     places = [(p, info) for p, info in (_field_paths(model, key) if model else [])
               if p != path.text]
     for place, info in places:
@@ -265,6 +265,15 @@ def _models_in(ann: Any) -> list[type[BaseModel]]:
     return out
 
 
+def path_text(parts: list[str | int] | tuple) -> str:
+    """A path as a config file's reader writes it: sections by dots, list items by index in
+    brackets (traffic[0].size_bytes)."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
 class _Path:
     """A pydantic error location walked through the model's annotations: the user's path (union
     labels and discriminator tags dropped, a dict-key error folded into its mapping) and what
@@ -281,7 +290,7 @@ class _Path:
 
     @property
     def text(self) -> str:
-        return ".".join(str(p) for p in self.parts)
+        return path_text(self.parts)
 
     @classmethod
     def of(cls, model: type[BaseModel] | None, loc: tuple,

@@ -173,7 +173,7 @@ def test_a_discipline_for_a_link_the_topology_lacks_and_a_looped_cable_are_refus
             "links": [{"a": "a", "b": "s", "rate_gbps": 10, "delay_s": 1e-6},
                       {"a": "s", "b": "b", "rate_gbps": 10, "delay_s": 1e-6},
                       {"a": "s", "b": "s", "rate_gbps": 10, "delay_s": 1e-6}]}
-    with pytest.raises(ConfigError, match=r"topology.links.2.*a and b are both 's': a cable "
+    with pytest.raises(ConfigError, match=r"topology.links\[2\].*a and b are both 's': a cable "
                                           r"joins two nodes"):
         _scenario([{"kind": "message", "src": "a", "dst": "b", "size_bytes": 1}], spec)
     with pytest.raises(ConfigError, match="sample_interval_s"):
@@ -239,10 +239,10 @@ def test_settings_merge_over_the_profile():
       "traffic": [{"kind": "all_to_all", "size_bytes": 1}]},
      "scenario: topology: give buffer_bytes or buffer_packets, not both"),
     ({"topology": STAR, "traffic": [{"kind": "incast", "receiver": "h0", "size_bytes": -1}]},
-     "scenario: traffic.0.size_bytes: must be at least 0 (got -1)"),
+     "scenario: traffic[0].size_bytes: must be at least 0 (got -1)"),
     ({"topology": STAR, "traffic": [{"kind": "cbr", "src": "h0", "dst": "h1", "rate_gbps": 1,
                                      "payload_bytes": 100, "start_s": 2, "stop_s": 1}]},
-     "scenario: traffic.0: stop_s (1.0) must be after start_s (2.0)"),
+     "scenario: traffic[0]: stop_s (1.0) must be after start_s (2.0)"),
     ({"topology": STAR, "settings": {"ecn": {"enabled": False}},
       "traffic": [{"kind": "all_to_all", "size_bytes": 1}]},
      "scenario: settings: dcqcn needs ECN marking"),
@@ -265,21 +265,21 @@ def test_validation_errors_name_the_field(data, message):
 
 @pytest.mark.parametrize("topology, traffic, message", [
     (STAR, [{"kind": "message", "src": "h0", "dst": "h9", "size_bytes": 1}],
-     "scenario: traffic.0.dst: no host named 'h9' (hosts: h0, h1, h2, h3)"),
+     "scenario: traffic[0].dst: no host named 'h9' (hosts: h0, h1, h2, h3)"),
     (STAR, [{"kind": "message", "src": "sw", "dst": "h1", "size_bytes": 1}],
-     "scenario: traffic.0.src: 'sw' is a switch, not a host"),
+     "scenario: traffic[0].src: 'sw' is a switch, not a host"),
     (STAR, [{"kind": "message", "src": "h1", "dst": "h1", "size_bytes": 1}],
-     "scenario: traffic.0.dst: must differ from src"),
+     "scenario: traffic[0].dst: must differ from src"),
     (STAR, [{"kind": "cbr", "src": "h0", "dst": "h1", "rate_gbps": 1, "payload_bytes": 5000,
              "stop_s": 1e-3}],
-     "scenario: traffic.0.payload_bytes: 5000 does not fit one packet (at most mtu_bytes - "
+     "scenario: traffic[0].payload_bytes: 5000 does not fit one packet (at most mtu_bytes - "
      "header_bytes = 4034)"),
     (STAR, [{"kind": "all_to_all", "hosts": ["h0", "h5"], "size_bytes": 1}],
-     "scenario: traffic.0.hosts.1: no host named 'h5'"),
+     "scenario: traffic[0].hosts[1]: no host named 'h5'"),
     (STAR, [{"kind": "incast", "senders": ["h0", "h1"], "receiver": "h1", "size_bytes": 1}],
-     "scenario: traffic.0.senders: the receiver cannot be a sender"),
+     "scenario: traffic[0].senders: the receiver cannot be a sender"),
     (STAR, [{"kind": "poisson", "src": "h0", "dst": "h1", "rate_pps": 1e9, "payload_bytes": 1,
-             "duration_s": 1}], "scenario: traffic.0: the source sends about 1,000,000,000"),
+             "duration_s": 1}], "scenario: traffic[0]: the source sends about 1,000,000,000"),
     ({"kind": "fat_tree", "k": 3, "rate_gbps": 1, "delay_s": 1e-6},
      [{"kind": "all_to_all", "size_bytes": 1}], "scenario: topology.k must be even"),
     ({"kind": "explicit", "nodes": [{"name": "a", "kind": "host"}, {"name": "b", "kind": "host"}],
@@ -305,7 +305,7 @@ def test_file_errors_name_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("topology: {kind: star, num_hosts: 2, rate_gbps: 1, delay_s: 1.0e-6}\n"
                     "traffic:\n  - {kind: message, src: h0, dst: h1}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: traffic.0.size_bytes: is required"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: traffic\[0\].size_bytes: is required"):
         run_scenario(path, "flow")
     with pytest.raises(ConfigError, match="no such file"):
         run_scenario(tmp_path / "none.yaml")

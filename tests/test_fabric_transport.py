@@ -251,12 +251,12 @@ CBR = {"kind": "cbr", "src": "h0", "dst": "h1", "rate_gbps": 1, "payload_bytes":
 
 
 @pytest.mark.parametrize("item, message", [
-    ({**CBR, "transport": "udp"}, "x.yaml: traffic.0.transport: expected one of go_back_n, "
+    ({**CBR, "transport": "udp"}, "x.yaml: traffic[0].transport: expected one of go_back_n, "
      "selective_repeat, datagram (got 'udp')"),
     ({"kind": "message", "src": "h0", "dst": "h1", "size_bytes": 1, "transport": "datagram"},
-     "x.yaml: traffic.0.transport: datagram is for cbr and poisson sources"),
+     "x.yaml: traffic[0].transport: datagram is for cbr and poisson sources"),
     ({"kind": "all_to_all", "size_bytes": 1, "transport": "reliable"},
-     "x.yaml: traffic.0.transport: expected one of go_back_n, selective_repeat, datagram"),
+     "x.yaml: traffic[0].transport: expected one of go_back_n, selective_repeat, datagram"),
 ])
 def test_a_bad_transport_names_the_field_and_the_file(item, message):
     with pytest.raises(ConfigError) as e:

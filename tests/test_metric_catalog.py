@@ -155,6 +155,6 @@ def test_a_study_file_with_a_backward_objective_names_it():
                             {"metric": "p99_ttft_ms", "direction": "maximize"}]}
     with pytest.raises(ConfigError) as err:
         parse_study(study, source="s.yaml")
-    assert str(err.value) == ("s.yaml: objectives.1.direction: maximize p99_ttft_ms would search "
+    assert str(err.value) == ("s.yaml: objectives[1].direction: maximize p99_ttft_ms would search "
                               "for the worst configurations (lower p99_ttft_ms is better); use "
                               "minimize")

@@ -95,15 +95,15 @@ BAD_STUDIES = {
                                        ["constraints", "'p99_tpot_ms =< 50'", "<="]),
     "constraint mapping with a bad operator": (
         _set("constraints", [{"metric": "p99_tpot_ms", "op": "==", "value": 50}]),
-        ["constraints.0.op"]),
+        ["constraints[0].op"]),
     "objective with a bad direction": (_set("objectives.0.direction", "smaller"),
-                                       ["objectives.0.direction", "minimize", "maximize"]),
+                                       ["objectives[0].direction", "minimize", "maximize"]),
     "objective metric listed twice": (
         _set("objectives.1", {"metric": "p99_ttft_ms", "direction": "minimize"}),
         ["objectives", "twice"]),
     "objective against its metric's better direction": (
         _set("objectives.0", {"metric": "p99_ttft_ms", "direction": "maximize"}),
-        ["objectives.0.direction", "maximize p99_ttft_ms", "use minimize"]),
+        ["objectives[0].direction", "maximize p99_ttft_ms", "use minimize"]),
     "no objectives": (_set("objectives", []), ["objectives"]),
     "budget of no trials": (_set("budget", {"n_trials": 0}), ["budget.n_trials"]),
     "unknown sampler": (_set("sampler", {"kind": "cmaes"}), ["sampler.kind", "tpe"]),
@@ -531,7 +531,7 @@ def test_confirmation_overrides_that_cannot_run_are_refused_before_any_trial(tmp
     ({"constraints": ["p99_ttft_ms <= 100", "p99_ttft_ms <= 100"]},
      "constraints: p99_ttft_ms <= 100 is listed twice"),
     ({"constraints": [{"metric": "p99_ttft_ms", "op": "<=", "value": float("inf")}]},
-     "constraints.0.value"),
+     "constraints[0].value"),
     ({"sampler": {"kind": "nsga2", "n_startup_trials": 5}},
      "sampler.n_startup_trials: only read by the tpe and gp samplers, not nsga2"),
     ({"sampler": {"kind": "random", "population_size": 5}},

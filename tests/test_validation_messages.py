@@ -180,16 +180,16 @@ def scenario_error(**changes) -> str:
 
 def test_the_senders_union_is_one_sentence():
     assert scenario_error(traffic__0__senders="some") == (
-        "scenario: traffic.0.senders: expected 'all' or a list (got 'some')")
+        "scenario: traffic[0].senders: expected 'all' or a list (got 'some')")
     assert scenario_error(traffic__0__senders=["h0", 5]) == (
-        "scenario: traffic.0.senders.1: expected text (got 5)")
+        "scenario: traffic[0].senders[1]: expected text (got 5)")
 
 
 def test_lossless_classes_name_the_field():
     assert scenario_error(settings__traffic_classes={"lossless": "yes"}) == (
         "scenario: settings.traffic_classes.lossless: expected a list (got 'yes')")
     assert scenario_error(settings__traffic_classes={"lossless": ["a"]}) == (
-        "scenario: settings.traffic_classes.lossless.0: expected a whole number (got 'a')")
+        "scenario: settings.traffic_classes.lossless[0]: expected a whole number (got 'a')")
     assert scenario_error(settings__lossless=[3]) == (
         "scenario: settings.lossless: is not a setting of settings; it belongs under "
         "settings.traffic_classes: (settings.traffic_classes.lossless)")
@@ -270,7 +270,7 @@ def test_lossless_classes_name_the_field():
      "config: cluster.dag.collectives.inter_node_latency_s: expected a number (got true)"),
     ({"cluster": {"num_nodes": 2, "tenant_traffic": [{"src_gpu": 0, "dst_gpu": True,
                                                       "rate_gbps": 10}]}},
-     "config: cluster.tenant_traffic.0.dst_gpu: expected a whole number (got true)"),
+     "config: cluster.tenant_traffic[0].dst_gpu: expected a whole number (got true)"),
     ({"cluster": {"num_nodes": 2, "trace": {"num_steps": True}}},
      "config: cluster.trace.num_steps: expected a whole number (got true)"),
     # Cluster settings the rest of the config leaves with no effect.

@@ -472,7 +472,7 @@ class _Hosts:
     def many(self, names: Literal["all"] | list[str], field: str) -> list[int]:
         if names == "all":
             return list(self.all)
-        out = [self.one(n, f"{field}.{k}") for k, n in enumerate(names)]
+        out = [self.one(n, f"{field}[{k}]") for k, n in enumerate(names)]
         if len(set(out)) != len(out):
             raise ConfigError(f"{self.where}.{field}: a host is listed twice")
         return out
@@ -492,7 +492,7 @@ def expand_traffic(scenario: Scenario, topology: Topology, *,
     raw: list[tuple[float, int, int, int, int, int]] = []   # at, item, seq, src, dst, size
     trains: set[int] = set()
     for i, item in enumerate(scenario.traffic):
-        hosts = _Hosts(topology, f"{where}: traffic.{i}")
+        hosts = _Hosts(topology, f"{where}: traffic[{i}]")
         rng = np.random.default_rng([scenario.seed, i])
         pairs: list[tuple[float, int, int, int]] = []     # at, src, dst, size
         match item:
@@ -517,7 +517,7 @@ def expand_traffic(scenario: Scenario, topology: Topology, *,
                 if len(members) < 2:
                     raise ConfigError(f"{hosts.where}.hosts: an all-to-all needs two hosts")
                 if len(raw) + len(members) * (len(members) - 1) > MAX_MESSAGES:
-                    raise ConfigError(f"{where}: traffic.{i}: an all-to-all of {len(members):,} "
+                    raise ConfigError(f"{where}: traffic[{i}]: an all-to-all of {len(members):,} "
                                       f"hosts is {len(members) * (len(members) - 1):,} "
                                       f"messages, more than the {MAX_MESSAGES:,} a scenario may "
                                       f"send")
@@ -541,7 +541,7 @@ def expand_traffic(scenario: Scenario, topology: Topology, *,
                 pairs.extend((item.at_s, members[k], members[int(perm[k])], item.size_bytes)
                              for k in range(len(members)))
         if len(raw) + len(pairs) > MAX_MESSAGES:
-            raise ConfigError(f"{where}: traffic.{i}: the scenario expands to more than "
+            raise ConfigError(f"{where}: traffic[{i}]: the scenario expands to more than "
                               f"{MAX_MESSAGES:,} messages; shorten it or lower its rate")
         raw.extend((at, i, seq, s, d, size) for seq, (at, s, d, size) in enumerate(pairs))
     raw.sort(key=lambda r: (r[0], r[1], r[2]))
