@@ -130,14 +130,15 @@ def simulate(config: Path, out: Path | None, trace_out: Path | None, seed: int |
     trace = result.pop("trace", None) if trace_out is not None else None
     click.echo(render_summary(result))
     if explain_runs:
-        from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals, render_effects
+        from dse.counterfactual import counterfactuals, default_objectives, render_effects
 
+        objectives = default_objectives(result)
         try:
-            effects = counterfactuals(cfg, base=result)
+            effects = counterfactuals(cfg, objectives, base=result)
         except ConfigError as e:
             _fail_in(config, e)
             return
-        click.echo(render_effects(effects, DEFAULT_OBJECTIVES, result))
+        click.echo(render_effects(effects, objectives, result))
         result["counterfactuals"] = [e.as_dict() for e in effects]
     if "cluster" in result:
         click.echo(_render_cluster(result["cluster"]))

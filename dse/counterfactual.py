@@ -31,8 +31,9 @@ objectives. Causes rank by score, highest first; the words come from the measure
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dse.study import Objective
 from simcore.config import SimConfig
@@ -43,7 +44,23 @@ FACTOR = 2.0
 DEFAULT_OBJECTIVES = (Objective(metric="p99_ttft_ms", direction="minimize"),
                       Objective(metric="p99_tpot_ms", direction="minimize"),
                       Objective(metric="output_throughput", direction="maximize"))
-"""What `dse simulate --explain` measures effects on when it is not told."""
+"""What `dse simulate --explain` measures effects on when it is not told (`default_objectives`
+takes another tail percentile where a run does not report the 99th)."""
+
+
+def default_objectives(result: Mapping[str, Any]) -> tuple[Objective, ...]:
+    """`DEFAULT_OBJECTIVES` with the tail percentiles `result` carries: the 99th where it
+    reports it, else the highest of its `metrics.percentiles`, else the mean."""
+    def tail(fam: str) -> str:
+        if f"p99_{fam}_ms" in result:
+            return f"p99_{fam}_ms"
+        ps = [k for k in result if k.startswith("p") and k.endswith(f"_{fam}_ms")
+              and k.count("_") == 2]
+        return max(ps, key=lambda k: float(k[1:].split("_")[0])) if ps else f"mean_{fam}_ms"
+
+    return (Objective(metric=tail("ttft"), direction="minimize"),
+            Objective(metric=tail("tpot"), direction="minimize"),
+            Objective(metric="output_throughput", direction="maximize"))
 
 LABELS = {
     "compute": "GPU compute (FLOP/s)", "hbm_bandwidth": "HBM bandwidth",

@@ -174,7 +174,7 @@ def causes(study: StudyConfig | None, c: Configuration, report: StudyReport, *,
     with `screen`, the cheaper); () when it cannot be simulated."""
     if study is None:
         return ()
-    from dse.counterfactual import DEFAULT_OBJECTIVES, counterfactuals
+    from dse.counterfactual import counterfactuals, default_objectives
     from dse.evaluate import result_metrics
     from simcore.errors import ConfigError
     from simcore.simulate import simulate
@@ -189,7 +189,8 @@ def causes(study: StudyConfig | None, c: Configuration, report: StudyReport, *,
     try:
         base = simulate(cfg)
         known = metrics(base)
-        objectives = [o for o in report.objectives if o.metric in known] or DEFAULT_OBJECTIVES
+        objectives = ([o for o in report.objectives if o.metric in known]
+                      or default_objectives(base))
         effects = counterfactuals(cfg, objectives, base=base, metrics_of=metrics)
     except ConfigError:
         return ()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import textwrap
 
 from dse.explain import engine_load_text, explain
@@ -110,12 +112,28 @@ def render_envelope(r: dict) -> list[str]:
             f"{', '.join(ks)} +/-{v:.0%}" for v, ks in sorted(parts.items())) + ".")
     lines.append(f"{'':<32}{'low':>9}{'nominal':>10}{'high':>9}")
     m = env["metrics"]
-    for key, label in _ENVELOPE_ROWS:
-        if key in m:
-            e = m[key]
-            lines.append(f"{label:<32}{_num(e['low']):>9}{_num(e['nominal']):>10}"
-                         f"{_num(e['high']):>9}")
+    for key, label in _envelope_rows(m):
+        e = m[key]
+        lines.append(f"{label:<32}{_num(e['low']):>9}{_num(e['nominal']):>10}"
+                     f"{_num(e['high']):>9}")
     return lines
+
+
+def _envelope_rows(m: dict) -> list[tuple[str, str]]:
+    """`_ENVELOPE_ROWS` that the envelope holds, the P99 rows standing for the highest tail
+    percentile the run reports where it reports no 99th (metrics.percentiles)."""
+    out = []
+    for key, label in _ENVELOPE_ROWS:
+        if key not in m and key.startswith("p99_"):
+            fam = key.split("_")[1]
+            tails = [k for k in m if k.startswith("p") and k.endswith(f"_{fam}_ms")
+                     and k.count("_") == 2]
+            if tails:
+                key = max(tails, key=lambda k: float(k[1:].split("_")[0]))
+                label = f"P{key[1:].split('_')[0]} {fam.upper()} (ms)"
+        if key in m:
+            out.append((key, label))
+    return out
 
 
 def _session_lines(s: dict) -> list[str]:
@@ -143,11 +161,15 @@ def render_summary(r: dict) -> str:
     """The headline metrics, the engine's view, the explanation, assumptions and provenance."""
     p = r["provenance"]
     lines = [_title(" Serving Benchmark Result (simulated) ")]
+    # As vllm bench serve (0.33) prints them: failures even when none, the configured rate
+    # when finite, the peak concurrency to two decimals.
     lines.append(_row("Successful requests:", r["completed"]))
-    if r["failed"]:
-        lines.append(_row("Failed requests:", r["failed"]))
+    lines.append(_row("Failed requests:", r["failed"]))
     if r["max_concurrency"] is not None:
         lines.append(_row("Maximum request concurrency:", r["max_concurrency"]))
+    rate = r.get("request_rate")
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate):
+        lines.append(_row("Request rate configured (RPS):", float(rate)))
     lines += [
         _row("Benchmark duration (s):", r["duration"]),
         _row("Total input tokens:", r["total_input_tokens"]),
@@ -159,7 +181,7 @@ def render_summary(r: dict) -> str:
     lines += [
         _row("Output token throughput (tok/s):", r["output_throughput"]),
         _row("Peak output token throughput (tok/s):", r["max_output_tokens_per_s"]),
-        _row("Peak concurrent requests:", r["max_concurrent_requests"]),
+        _row("Peak concurrent requests:", float(r["max_concurrent_requests"])),
         _row("Total token throughput (tok/s):", r["total_token_throughput"]),
     ]
     names = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",

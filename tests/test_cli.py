@@ -66,6 +66,13 @@ def test_simulate_prints_the_summary_and_writes_json(tiny_run):
     assert f"{r['request_throughput']:.2f}" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("Successful requests:"))
     assert line.split()[-1] == "20"
+    # As vllm bench serve prints them: failures even when none, the configured rate when
+    # finite, the peak concurrency to two decimals.
+    lines = {ln.split(":")[0]: ln.split()[-1] for ln in text.splitlines() if ":" in ln}
+    assert lines["Failed requests"] == "0"
+    if isinstance(r["request_rate"], float):
+        assert lines["Request rate configured (RPS)"] == f"{r['request_rate']:.2f}"
+    assert lines["Peak concurrent requests"] == f"{r['max_concurrent_requests']:.2f}"
     # The request rows, held as columns in the run, are written as the plain result's rows.
     from simcore.config import load_config
     from simcore.uncertainty import simulate_with_envelope
