@@ -622,6 +622,11 @@ class SimConfig(BaseModel):
         if self.host.chat_template_parse != "cached" and not chat:
             raise ValueError("host.chat_template_parse: per_request has no effect on "
                              "completions requests; set workload.endpoint: chat_completions")
+        if self.host.model == "constant" and self.engine.async_scheduling:
+            raise ValueError("engine.async_scheduling: has no effect with host.model constant, "
+                             "whose declared step overhead (compute.roofline.step_overhead_s) "
+                             "no scheduling hides; use host.model vllm, whose scheduler time "
+                             "async scheduling overlaps with the GPU's")
         if self.host.model == "vllm" and away_from_default(self.compute.roofline,
                                                            "step_overhead_s"):
             raise ValueError("compute.roofline.step_overhead_s: only used with host.model "

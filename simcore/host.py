@@ -177,11 +177,10 @@ class HostConfig(BaseModel):
 def _cpu_costs_path(name: str) -> Path:
     """The shipped file of measured CPU costs `name`; ValueError naming the shipped ones when
     there is none (a ConfigError, naming host.cpu_costs, where the field is checked)."""
-    path = CPU_COSTS_DIR / f"{name}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in CPU_COSTS_DIR.glob("vllm-*.json"))
+    known = sorted(p.stem for p in CPU_COSTS_DIR.glob("vllm-*.json"))
+    if name not in known:       # the folder's other files are not per-step cost measurements
         raise ValueError(f"no measured CPU costs {name!r} (shipped: {', '.join(known)})")
-    return path
+    return CPU_COSTS_DIR / f"{name}.json"
 
 
 @lru_cache(maxsize=4)

@@ -117,6 +117,10 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     if par.enable_expert_parallel and not arch.is_moe:
         raise ConfigError(f"parallelism.enable_expert_parallel: {arch.name} is a dense model; "
                           "expert parallelism needs a mixture-of-experts model")
+    if par.enable_expert_parallel and par.prefill_decode is None and ep == 1:
+        raise ConfigError("parallelism.enable_expert_parallel: has no effect on one GPU (TP 1, "
+                          "DP 1): vLLM spreads the experts only over more than one GPU "
+                          "(FusedMoEParallelConfig)")
     if cfg.model.dtype == "mxfp4" and not arch.is_moe:
         raise ConfigError(f"model.dtype: mxfp4 quantizes a mixture-of-experts model's experts "
                           f"(vLLM's MXFP4 checkpoints); {arch.name} is a dense model")
@@ -159,8 +163,25 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
     kv_dtype = cfg.model.resolved_kv_cache_dtype
     memory = None
     draft_weights, draft_kv = drafter_memory(cfg, arch, weight_dtype, kv_dtype)
+    memory_args = dict(
+        tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
+        block_size=e.block_size, gpu_memory_utilization=e.gpu_memory_utilization,
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, expert_align=cfg.model.expert_align(gpu.name),
+        cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES if e.profile_cuda_graph_memory else 0.0,
+        non_torch_bytes=non_torch_bytes(tp, "pcie" not in gpu.interconnect.lower()),
+        **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv,
+            "draft_name": drafter_arch(cfg, arch).name} if draft_weights or draft_kv else {}))
     if e.num_gpu_blocks_override is not None:
         num_blocks = e.num_gpu_blocks_override
+        # vLLM loads the weights before it takes the override: they must fit all the same.
+        try:
+            kv_cache_num_blocks(arch, gpu.memory_bytes, **memory_args)
+        except MemoryRefusal as err:
+            if err.cause in ("weights", "drafter", "gpu_memory_utilization"):
+                cause = ("draft_model" if err.cause == "drafter"
+                         and e.speculative_config.method == "draft_model" else err.cause)
+                raise ConfigError(f"{MEMORY_CAUSE_FIELDS[cause]}: {err}") from None
         # One max_model_len request must fit beside the reserved null block: the whole
         # sequence in a full-attention group, its window's admission need in a sliding-window
         # one (vLLM's max_admission_blocks_per_request), over every KV-cache group.
@@ -173,17 +194,7 @@ def build_deployment(cfg: SimConfig, *, op_scale: dict[str, float] | None = None
                 f"and the null block); lower model.max_model_len or raise the block count")
     else:
         try:
-            memory = kv_cache_num_blocks(
-                arch, gpu.memory_bytes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
-                tp=tp, pp=pp, ep=ep, block_size=e.block_size,
-                gpu_memory_utilization=e.gpu_memory_utilization,
-                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len, expert_align=cfg.model.expert_align(gpu.name),
-                cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES if e.profile_cuda_graph_memory else 0.0,
-                non_torch_bytes=non_torch_bytes(tp, "pcie" not in gpu.interconnect.lower()),
-                **({"draft_weight_bytes": draft_weights, "draft_kv_bytes_per_token": draft_kv,
-                    "draft_name": drafter_arch(cfg, arch).name}
-                   if draft_weights or draft_kv else {}))
+            memory = kv_cache_num_blocks(arch, gpu.memory_bytes, **memory_args)
         except ConfigError as err:
             cause = err.cause if isinstance(err, MemoryRefusal) else "weights"
             if cause == "drafter" and e.speculative_config.method == "draft_model":
@@ -225,6 +236,12 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
         raise ConfigError(f"hardware.{peaks[0]}: the {gpu.name} kernel profile times the step's "
                           "kernels as measured, so a peak reaches only the ops it does not "
                           "cover; set compute.kind: roofline to time the GPU by its peaks")
+    if (cfg.hardware.interconnect_bandwidth_bytes_per_s is not None and kind == "calibrated"
+            and pp == 1 and not par.enable_expert_parallel and cfg.cluster is None):
+        raise ConfigError(f"hardware.interconnect_bandwidth_bytes_per_s: the {gpu.name} kernel "
+                          "profile times the TP all-reduces as measured, and with no pipeline "
+                          "stages or expert parallelism nothing else crosses the interconnect; "
+                          "set compute.kind: roofline to time it by this bandwidth")
     if c.moe_routing is not None and kind != "calibrated":
         raise ConfigError(f"compute.moe_routing: no kernel profile of {gpu.name} is shipped, so "
                           "the roofline times the experts (routing uniformly); remove it or "

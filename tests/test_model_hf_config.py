@@ -117,3 +117,28 @@ def test_model_config_dtypes_and_max_model_len():
     assert ModelConfig(name="llama-3.1-8b", max_model_len=8192).resolved_max_model_len(arch) == 8192
     with pytest.raises(ConfigError, match="exceeds"):
         ModelConfig(name="llama-3.1-8b", max_model_len=200_000).resolved_max_model_len(arch)
+
+
+def test_zero_heads_and_an_mlp_tp_does_not_divide_are_refused_naming_them(tmp_path):
+    from simcore.config import parse_config
+    from simcore.setup import build_deployment
+
+    base = {"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8,
+            "num_key_value_heads": 8, "num_hidden_layers": 4, "intermediate_size": 3001,
+            "vocab_size": 32000, "max_position_embeddings": 4096}
+
+    def deploy(cfg_json, tp=2):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(cfg_json))
+        return build_deployment(parse_config({
+            "model": {"hf_config": str(path)}, "hardware": {"gpu": "H100-SXM"},
+            "parallelism": {"tensor_parallel_size": tp}, "workload": {"num_prompts": 4}}))
+
+    # vLLM shards the MLP's columns evenly: 3001 over 2 GPUs lost 5,000 weights before.
+    with pytest.raises(ConfigError, match="tensor_parallel_size 2 does not divide the "
+                                          "intermediate_size 3001"):
+        deploy(base)
+    deploy({**base, "intermediate_size": 3000})
+    # No heads: one error naming the key (a ZeroDivisionError before).
+    with pytest.raises(ConfigError, match="'num_attention_heads' must be at least 1, got 0"):
+        deploy({**base, "num_attention_heads": 0, "intermediate_size": 3000})

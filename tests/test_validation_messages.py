@@ -273,6 +273,12 @@ def test_lossless_classes_name_the_field():
      "config: cluster.tenant_traffic[0].dst_gpu: expected a whole number (got true)"),
     ({"cluster": {"num_nodes": 2, "trace": {"num_steps": True}}},
      "config: cluster.trace.num_steps: expected a whole number (got true)"),
+    # Async scheduling hides vLLM's measured scheduler time, which host.model constant
+    # replaces by a declared overhead: no effect there.
+    ({"engine": {"async_scheduling": True}, "host": {"model": "constant"}},
+     "config: engine.async_scheduling: has no effect with host.model constant, whose declared "
+     "step overhead (compute.roofline.step_overhead_s) no scheduling hides; use host.model vllm, "
+     "whose scheduler time async scheduling overlaps with the GPU's"),
     # Cluster settings the rest of the config leaves with no effect.
     ({"cluster": {"num_nodes": 2, "dag": {"pp_microbatches": 4}}},
      "config: cluster.dag.pp_microbatches: has no effect: with pipeline_parallel_size 1 there "
@@ -375,3 +381,28 @@ def _quickstart_with(changes: dict) -> dict:
 ])
 def test_numbers_refusing_true_and_false_read_numbers_as_before(changes, read):
     assert read(parse_config(_quickstart_with(changes)))
+
+
+@pytest.mark.parametrize("changes, message", [
+    # vLLM loads the weights before it takes num_gpu_blocks_override: 405B on one H100 ran.
+    ({"model": {"name": "meta-llama/Llama-3.1-405B"}, "hardware": {"gpu": "H100-SXM"},
+      "engine": {"num_gpu_blocks_override": 100000}},
+     "parallelism.tensor_parallel_size: model weights of meta-llama/Llama-3.1-405B need"),
+    # Expert parallelism over one GPU is no expert parallelism in vLLM.
+    ({"model": {"name": "Qwen/Qwen3-30B-A3B"}, "hardware": {"gpu": "H100-SXM"},
+      "parallelism": {"enable_expert_parallel": True}},
+     "parallelism.enable_expert_parallel: has no effect on one GPU (TP 1, DP 1)"),
+    # The kernel profile measures the all-reduces: the bandwidth reached nothing.
+    ({"hardware": {"gpu": "H100-SXM", "interconnect_bandwidth_bytes_per_s": 1.0e9},
+      "parallelism": {"tensor_parallel_size": 2}},
+     "hardware.interconnect_bandwidth_bytes_per_s: the H100-SXM kernel profile times the TP "
+     "all-reduces as measured"),
+    # Only the shipped cost measurements are cost files (another JSON was a KeyError).
+    ({"host": {"cpu_costs": "chat_template"}},
+     "host.cpu_costs: no measured CPU costs 'chat_template' (shipped: "),
+])
+def test_start_up_checks_that_used_to_pass_name_the_field(changes, message):
+    from simcore.setup import build_deployment
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_deployment(parse_config(_quickstart_with(changes)))

@@ -292,6 +292,11 @@ class ModelArch:
         if not self.is_mla and tp > self.num_kv_heads and tp % self.num_kv_heads:
             raise ConfigError(f"model {self.name}: tensor_parallel_size {tp} is neither a divisor "
                               f"nor a multiple of the {self.num_kv_heads} KV heads")
+        dense = self.num_layers - self.num_moe_layers()
+        if dense and self.intermediate_size % tp:
+            # vLLM shards the MLP's columns evenly (MergedColumnParallelLinear asserts it).
+            raise ConfigError(f"model {self.name}: tensor_parallel_size {tp} does not divide the "
+                              f"intermediate_size {self.intermediate_size}")
 
     def kv_heads_per_gpu(self, tp: int = 1) -> int:
         """KV heads held by one TP rank: max(1, kv_heads // tp) (replicated when tp > kv_heads)."""

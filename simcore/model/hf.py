@@ -63,6 +63,8 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
     k = _Keys(data, source)
     hidden = k.get_int("hidden_size")
     heads = k.get_int("num_attention_heads")
+    if heads < 1:       # the head width below divides by it
+        raise ConfigError(f"{source}: key 'num_attention_heads' must be at least 1, got {heads}")
     fields: dict[str, Any] = dict(
         name=name or data.get("_name_or_path") or source,
         num_layers=k.get_int("num_hidden_layers"),
