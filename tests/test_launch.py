@@ -125,7 +125,10 @@ def test_block_fp8_comes_from_the_checkpoint_or_online_block_quantization():
 
 
 def test_a_checkpoint_quantized_otherwise_than_simulated_is_warned_about():
-    plan = launch_plan(load_config(ROOT / "examples" / "deepseek_v3_fp8_h200.yaml"))
+    cfg = load_config(ROOT / "examples" / "deepseek_v3_fp8_h200.yaml")
+    assert cfg.model.dtype == "fp8_block"       # the checkpoint's, as shipped
+    plan = launch_plan(cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"dtype": "fp8"})}))
     assert "--quantization" not in plan.serve_argv
     assert any(w.startswith("model.dtype fp8:") and "fp8_block" in w for w in plan.warnings)
     plan = launch_plan(_cfg(model={"name": "meta-llama/Llama-3.1-8B", "dtype": "int4"}))
