@@ -273,6 +273,11 @@ def test_lossless_classes_name_the_field():
      "config: cluster.tenant_traffic[0].dst_gpu: expected a whole number (got true)"),
     ({"cluster": {"num_nodes": 2, "trace": {"num_steps": True}}},
      "config: cluster.trace.num_steps: expected a whole number (got true)"),
+    # A preset's -FP8 name is its FP8 checkpoint (it was simulated in bf16 by default).
+    ({"model": {"name": "Qwen/Qwen3-8B-FP8"}},
+     "config: model.dtype: Qwen/Qwen3-8B-FP8 is an FP8 checkpoint, which vLLM loads in fp8; set "
+     "dtype fp8 or fp8_block (fp8_block: Qwen3's FP8 checkpoints scale 128x128 blocks), or "
+     "name the 16-bit model Qwen/Qwen3-8B"),
     # Async scheduling hides vLLM's measured scheduler time, which host.model constant
     # replaces by a declared overhead: no effect there.
     ({"engine": {"async_scheduling": True}, "host": {"model": "constant"}},

@@ -89,6 +89,20 @@ class ModelConfig(BaseModel):
         return MXFP4_MOE_LAYOUTS[self.resolved_mxfp4_moe_layout(gpu_name)]
 
     @model_validator(mode="after")
+    def _fp8_checkpoint_in_fp8(self) -> ModelConfig:
+        # A preset's -FP8 name is its FP8 checkpoint, whose quantization_config vLLM follows:
+        # simulating it in another dtype would time weights vLLM never loads.
+        if self.name is not None and self.name.upper().endswith("-FP8") \
+                and self.dtype not in ("fp8", "fp8_block"):
+            base = self.name[:-len("-FP8")]
+            block = " (fp8_block: Qwen3's FP8 checkpoints scale 128x128 blocks)" \
+                if "qwen3" in self.name.lower() else ""
+            raise ValueError(f"dtype: {self.name} is an FP8 checkpoint, which vLLM loads in fp8; "
+                             f"set dtype fp8 or fp8_block{block}, or name the 16-bit model "
+                             f"{base}")
+        return self
+
+    @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
         if (self.name is None) == (self.hf_config is None):
             raise ValueError("give exactly one of model.name (a preset) and model.hf_config "
