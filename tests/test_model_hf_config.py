@@ -142,3 +142,31 @@ def test_zero_heads_and_an_mlp_tp_does_not_divide_are_refused_naming_them(tmp_pa
     # No heads: one error naming the key (a ZeroDivisionError before).
     with pytest.raises(ConfigError, match="'num_attention_heads' must be at least 1, got 0"):
         deploy({**base, "num_attention_heads": 0, "intermediate_size": 3000})
+
+
+def test_a_yarn_scaled_context_is_served_as_vllm_derives_it(tmp_path):
+    from simcore.config import parse_config
+    from simcore.setup import build_deployment
+
+    qwen = {"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 8,
+            "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 4,
+            "intermediate_size": 3072, "vocab_size": 32000, "max_position_embeddings": 32768,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 32768}}
+    # vLLM: original_max_position_embeddings x factor for YaRN (Qwen documents this setup).
+    assert arch_from_hf_dict(qwen, source="q").max_position_embeddings == 131072
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(qwen))
+    dep = build_deployment(parse_config({"model": {"hf_config": str(path),
+                                                   "max_model_len": 131072},
+                                         "hardware": {"gpu": "H100-SXM"},
+                                         "workload": {"num_prompts": 4}}))
+    assert dep.max_model_len == 131072
+    # Llama 3's rope already counts in max_position_embeddings; without scaling, as written.
+    llama3 = {**qwen, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert arch_from_hf_dict(llama3, source="l").max_position_embeddings == 32768
+    assert arch_from_hf_dict({**qwen, "rope_scaling": None},
+                             source="n").max_position_embeddings == 32768
+    with pytest.raises(ConfigError, match="'num_local_experts' must be at least 1"):
+        arch_from_hf_dict({**qwen, "model_type": "mixtral", "num_local_experts": 0,
+                           "num_experts_per_tok": 2}, source="m")

@@ -17,6 +17,31 @@ SUPPORTED_MODEL_TYPES = _DENSE_TYPES + _MOE_TYPES
 """Values of `model_type` this reader understands."""
 
 
+def _scaled_max_len(data: Mapping[str, Any], k: "_Keys", source: str) -> int:
+    """The longest sequence the model serves, as vLLM derives it (ModelConfig's
+    _get_and_verify_max_len): max_position_embeddings, times the RoPE scaling's `factor` for a
+    scaling that extends the context (every rope type but su, longrope and llama3, whose
+    max_position_embeddings already counts it), YaRN's from its original_max_position_embeddings."""
+    length = k.get_int("max_position_embeddings")
+    rope = data.get("rope_scaling")
+    if not isinstance(rope, Mapping) or rope.get("factor") is None:
+        return length
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind in ("su", "longrope", "llama3", "default"):
+        return length
+    factor = rope["factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ConfigError(f"{source}: key 'rope_scaling.factor' must be a positive number, got "
+                          f"{factor!r}")
+    if kind == "yarn" and rope.get("original_max_position_embeddings") is not None:
+        original = rope["original_max_position_embeddings"]
+        if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+            raise ConfigError(f"{source}: key 'rope_scaling.original_max_position_embeddings' "
+                              f"must be a positive integer, got {original!r}")
+        length = original
+    return int(length * factor)
+
+
 class _Keys:
     """Typed access to a config dict; a missing or mistyped key is a ConfigError naming it."""
 
@@ -74,7 +99,7 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
         head_dim=k.get_int("head_dim", hidden // heads),
         intermediate_size=k.get_int("intermediate_size"),
         vocab_size=k.get_int("vocab_size"),
-        max_position_embeddings=k.get_int("max_position_embeddings"),
+        max_position_embeddings=_scaled_max_len(data, k, source),
         tie_word_embeddings=k.get_bool("tie_word_embeddings", False),
     )
     if model_type in ("llama", "mistral", "mixtral"):
@@ -97,6 +122,9 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
     fields.update(_sliding_layers(data, k, source, fields["num_layers"]))
 
     if model_type == "mixtral":
+        if k.get_int("num_local_experts") < 1:     # would read as a dense model
+            raise ConfigError(f"{source}: key 'num_local_experts' must be at least 1 for a "
+                              f"mixtral model")
         fields.update(num_experts=k.get_int("num_local_experts"),
                       num_experts_per_tok=k.get_int("num_experts_per_tok"),
                       moe_intermediate_size=fields["intermediate_size"])
