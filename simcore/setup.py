@@ -78,6 +78,10 @@ class Deployment:
             "every request generates exactly its output length (ignore_eos)",
             "tokens reach the client when the step that sampled them ends",
         ]
+        if self.weight_dtype == "nvfp4" and not self.step_model.calibrated:
+            a.append("nvfp4 linear layers at the bf16 tensor-core rate, their 4.5-bit weights "
+                     "read at that width: the GPU catalog has no FP4 peak, so on GPUs with FP4 "
+                     "tensor cores (Blackwell) a compute-bound step is overstated")
         if self.memory is None:
             a.append("KV-cache size fixed by engine.num_gpu_blocks_override")
         else:

@@ -250,3 +250,18 @@ def test_a_decode_timer_gives_the_step_time_of_its_shape_to_the_bit(example, var
                 st.total_s, st.compute_s, st.comm_s, st.bound, t)
         limit = float(cols[4][k // 2])
         assert compiled_steps()(c, flat, ax1, g, kv0, num, k, t0, limit, *cols) == k // 2
+
+
+def test_the_roofline_says_it_times_nvfp4_at_the_bf16_rate():
+    from simcore.config import parse_config
+    from simcore.setup import build_deployment
+
+    def lines(dtype):
+        dep = build_deployment(parse_config({
+            "model": {"name": "meta-llama/Llama-3.1-70B", "dtype": dtype},
+            "hardware": {"gpu": "B200"}, "compute": {"kind": "roofline"},
+            "parallelism": {"tensor_parallel_size": 2}, "workload": {"num_prompts": 4}}))
+        return [a for a in dep.assumptions() if "no FP4 peak" in a]
+
+    assert len(lines("nvfp4")) == 1 and "at the bf16 tensor-core rate" in lines("nvfp4")[0]
+    assert lines("fp8") == []
