@@ -622,6 +622,17 @@ class SimConfig(BaseModel):
         if self.host.chat_template_parse != "cached" and not chat:
             raise ValueError("host.chat_template_parse: per_request has no effect on "
                              "completions requests; set workload.endpoint: chat_completions")
+        par = self.parallelism
+        if (par.tensor_parallel_size == 1 and par.pipeline_parallel_size == 1
+                and not par.enable_expert_parallel and par.prefill_decode is None
+                and self.cluster is None):
+            links = away_from_default(self.compute.roofline, "interconnect_bandwidth_fraction",
+                                      "collective_hop_latency_s",
+                                      "inter_node_bandwidth_bytes_per_s", "inter_node_latency_s")
+            if links:
+                raise ValueError(f"compute.roofline.{links[0]}: has no effect: with TP 1, PP 1, "
+                                 "no expert parallelism and no cluster nothing crosses a link "
+                                 "between GPUs; remove it")
         if self.host.model == "constant" and self.engine.async_scheduling:
             raise ValueError("engine.async_scheduling: has no effect with host.model constant, "
                              "whose declared step overhead (compute.roofline.step_overhead_s) "

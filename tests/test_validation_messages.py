@@ -273,6 +273,10 @@ def test_lossless_classes_name_the_field():
      "config: cluster.tenant_traffic[0].dst_gpu: expected a whole number (got true)"),
     ({"cluster": {"num_nodes": 2, "trace": {"num_steps": True}}},
      "config: cluster.trace.num_steps: expected a whole number (got true)"),
+    # Nothing crosses a link between GPUs at TP 1 without PP, EP or a cluster.
+    ({"compute": {"kind": "roofline", "roofline": {"interconnect_bandwidth_fraction": 0.5}}},
+     "config: compute.roofline.interconnect_bandwidth_fraction: has no effect: with TP 1, PP 1, "
+     "no expert parallelism and no cluster nothing crosses a link between GPUs; remove it"),
     # A preset's -FP8 name is its FP8 checkpoint (it was simulated in bf16 by default).
     ({"model": {"name": "Qwen/Qwen3-8B-FP8"}},
      "config: model.dtype: Qwen/Qwen3-8B-FP8 is an FP8 checkpoint, which vLLM loads in fp8; set "
