@@ -346,43 +346,31 @@ def _check_values(path: str, param: Any, infos: list[Any], source: str) -> None:
     end) that the setting itself refuses whatever the other settings are (its type, its bounds,
     its allowed names), so that no trial is spent on it; `infos` are the setting's declarations
     (several through a union of sections: a value any of them takes passes)."""
+    # (the value as the message names it, the value, what the message advises)
+    unrunnable = "no trial could run it"
     if isinstance(param, CategoricalParam):
-        values = [("the choice", v) for v in param.choices]
+        values = [(f"the choice {show(v)}", v, unrunnable) for v in param.choices]
     else:
-        values = [("the low end", param.low), ("the high end", param.high)]
+        values = [(f"the low end {show(param.low)}", param.low, unrunnable),
+                  (f"the high end {show(param.high)}", param.high, unrunnable)]
         if isinstance(param, FloatParam) and param.high > param.low and (
                 param.step is None or not float(param.step).is_integer()):
             # A value between the ends, off any whole number: a setting that takes whole
             # numbers only refuses most of what a float range draws.
             inside = round(param.low + (param.high - param.low) / math.pi, 4)
-            values.append(("a value inside the float range,", inside))
-    for what, value in values:
+            values.append((f"a value inside the float range, {show(inside)},", inside,
+                           "search it with type: int"))
+    for what, value, advice in values:
         reasons = []
         for info in infos:
             try:
-                _adapter(info).validate_python(value)
+                TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
                 break
             except ValidationError as err:
                 reasons.append(err.errors()[0]["msg"])
         else:
-            if what.startswith("a value inside"):
-                raise ConfigError(f"{source}: parameters.{path}: {what} {show(value)}, is "
-                                  f"refused by the setting ({reasons[0]}); search it with "
-                                  f"type: int")
-            raise ConfigError(f"{source}: parameters.{path}: {what} {show(value)} is refused by "
-                              f"the setting ({reasons[0]}); no trial could run it")
-
-
-_ADAPTERS: dict[int, Any] = {}
-
-
-def _adapter(info: Any) -> Any:
-    """A validator of one setting's values alone (its type and constraints, from its field
-    declaration), kept per declaration."""
-    adapter = _ADAPTERS.get(id(info))
-    if adapter is None:
-        adapter = _ADAPTERS[id(info)] = (info, TypeAdapter(Annotated[info.annotation, info]))
-    return adapter[1]
+            raise ConfigError(f"{source}: parameters.{path}: {what} is refused by the setting "
+                              f"({reasons[0]}); {advice}")
 
 
 def _is_section(ann: Any) -> bool:
