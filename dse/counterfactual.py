@@ -37,6 +37,7 @@ from typing import Any
 
 from dse.study import Objective
 from simcore.config import SimConfig
+from simcore.metric_catalog import tail_percentile
 
 FACTOR = 2.0
 """How much each candidate is relaxed."""
@@ -52,11 +53,7 @@ def default_objectives(result: Mapping[str, Any]) -> tuple[Objective, ...]:
     """`DEFAULT_OBJECTIVES` with the tail percentiles `result` carries: the 99th where it
     reports it, else the highest of its `metrics.percentiles`, else the mean."""
     def tail(fam: str) -> str:
-        if f"p99_{fam}_ms" in result:
-            return f"p99_{fam}_ms"
-        ps = [k for k in result if k.startswith("p") and k.endswith(f"_{fam}_ms")
-              and k.count("_") == 2]
-        return max(ps, key=lambda k: float(k[1:].split("_")[0])) if ps else f"mean_{fam}_ms"
+        return tail_percentile(result, fam) or f"mean_{fam}_ms"
 
     return (Objective(metric=tail("ttft"), direction="minimize"),
             Objective(metric=tail("tpot"), direction="minimize"),

@@ -8,6 +8,7 @@ import textwrap
 
 from dse.explain import engine_load_text, explain
 from simcore.attribution import Attribution, as_run, attribute
+from simcore.metric_catalog import tail_percentile
 from simcore.result import RunResult
 
 _LINE = 60
@@ -126,11 +127,9 @@ def _envelope_rows(m: dict) -> list[tuple[str, str]]:
     for key, label in _ENVELOPE_ROWS:
         if key not in m and key.startswith("p99_"):
             fam = key.split("_")[1]
-            tails = [k for k in m if k.startswith("p") and k.endswith(f"_{fam}_ms")
-                     and k.count("_") == 2]
-            if tails:
-                key = max(tails, key=lambda k: float(k[1:].split("_")[0]))
-                label = f"P{key[1:].split('_')[0]} {fam.upper()} (ms)"
+            tail = tail_percentile(m, fam)
+            if tail is not None:
+                key, label = tail, f"P{tail[1:].split('_')[0]} {fam.upper()} (ms)"
         if key in m:
             out.append((key, label))
     return out

@@ -246,6 +246,21 @@ def _family_pattern(quantity: str) -> re.Pattern[str]:
     return re.compile(rf"^(mean|median|std|p\d+(?:\.\d+)?)_{re.escape(quantity)}_ms$")
 
 
+def tail_percentile(names: Iterable[str], quantity: str) -> str | None:
+    """Of `names` (a result's keys), the tail percentile of latency `quantity` to read: its
+    99th where there is one, else its highest (metrics.percentiles without 99); None when
+    `names` hold no percentile of it."""
+    pattern = _family_pattern(quantity)
+    pcts = {}
+    for name in names:
+        match = pattern.match(name)
+        if match is not None and match.group(1).startswith("p"):
+            pcts[name] = float(match.group(1)[1:])
+    if f"p99_{quantity}_ms" in pcts:
+        return f"p99_{quantity}_ms"
+    return max(pcts, key=pcts.__getitem__) if pcts else None
+
+
 @dataclass(frozen=True, slots=True)
 class Family:
     """The statistics of one latency: `mean_`, `median_`, `std_` and `p{P}_{quantity}_ms` for
