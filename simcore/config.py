@@ -652,7 +652,7 @@ class SimConfig(BaseModel):
                              "routing (on a cluster, cluster.dag.moe_routing sets their "
                              "popularity); remove it")
         if self.cluster is not None:
-            inert = cluster_settings_without_effect(self)
+            inert = self.cluster.settings_without_effect(par)
             if inert:
                 path, why = inert[0]
                 raise ValueError(f"{path}: has no effect: {why}; remove it")
@@ -697,43 +697,6 @@ def load_config(path: str | Path) -> SimConfig:
     """Load a `dse simulate` YAML file; relative paths inside resolve against its directory."""
     path = Path(path)
     return parse_config(load_yaml(path), source=str(path), base_dir=path.resolve().parent)
-
-
-def cluster_settings_without_effect(cfg: SimConfig) -> list[tuple[str, str]]:
-    """(path, why) of each setting of the cluster section, set away from its default, that the
-    rest of the config leaves with no effect: the expert-parallel settings of the step DAG
-    without expert parallelism, pipeline micro-batches without pipeline stages, the tree
-    threshold when all-reduces are not chosen automatically, and the storage servers' NIC rate
-    without storage servers. (Storage servers without a KV tier stay allowed: the same network
-    with and without the tier is a fair comparison.)"""
-    c = cfg.cluster
-    par = cfg.parallelism
-    dag, coll, net = c.dag, c.dag.collectives, c.network
-    out = []
-    if not any(par.role_expert_parallel(r) for r in ("prefill", "decode")):
-        for name in away_from_default(dag, "moe_routing"):
-            out.append((f"cluster.dag.{name}", "the routing of tokens to experts is drawn only "
-                        "for expert-parallel groups (parallelism.enable_expert_parallel)"))
-        for name in away_from_default(coll, "all_to_all"):
-            out.append((f"cluster.dag.collectives.{name}", "only expert-parallel groups "
-                        "(parallelism.enable_expert_parallel) run all-to-alls"))
-    if par.pipeline_parallel_size == 1 and away_from_default(dag, "pp_microbatches"):
-        out.append(("cluster.dag.pp_microbatches", "with pipeline_parallel_size 1 there are no "
-                    "pipeline stages to split a batch over"))
-    if coll.all_reduce != "auto" and away_from_default(coll, "tree_threshold_bytes"):
-        out.append(("cluster.dag.collectives.tree_threshold_bytes", f"it sets where all_reduce "
-                    f"auto switches from tree to hierarchical; all_reduce is {coll.all_reduce}"))
-    if c.num_nodes == 1 and net.num_storage_nodes == 0:
-        topo = net.topology
-        names = [n for n in type(topo).model_fields if n != "kind"]
-        for name in away_from_default(net, "nic_gbps") + [
-                f"topology.{n}" for n in away_from_default(topo, *names)]:
-            out.append((f"cluster.network.{name}", "a cluster of one node without storage "
-                        "servers sends nothing over its network (its GPUs talk over NVLink)"))
-    if net.num_storage_nodes == 0 and away_from_default(net, "storage_nic_gbps"):
-        out.append(("cluster.network.storage_nic_gbps", "there are no storage servers "
-                    "(network.num_storage_nodes 0)"))
-    return out
 
 
 def check_batch_limits(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,

@@ -3,7 +3,7 @@ step becomes a DAG over it, competing traffic, an external KV tier, and the trac
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -13,6 +13,9 @@ from simcore.fabric.fidelity import (BACKENDS, MODEL, PACKET_ONLY_TOPOLOGY, back
                                      changed_settings, off_feature_settings, unread_settings,
                                      unread_topology)
 from simcore.fabric.settings import MAX_RATE_GBPS, MAX_TIME_S, FabricSettings
+
+if TYPE_CHECKING:
+    from simcore.config import ParallelismConfig
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -231,6 +234,42 @@ class ClusterConfig(BaseModel):
                                                                         self.fabric.settings)]
         out += [f"cluster.network.topology.{p}"
                 for p in unread_topology(backend, self.network.topology)]
+        return out
+
+    def settings_without_effect(self, par: ParallelismConfig) -> list[tuple[str, str]]:
+        """(path, why) of each setting of this section, set away from its default, that the
+        engine's parallelism (`par`) or the rest of the section leaves with no effect: the
+        expert-parallel settings of the step DAG without expert parallelism, pipeline
+        micro-batches without pipeline stages, the tree threshold when all-reduces are not chosen
+        automatically, the network of a one-node cluster without storage servers, and the storage
+        servers' NIC rate without storage servers. (Storage servers without a KV tier stay
+        allowed: the same network with and without the tier is a fair comparison.)"""
+        dag, coll, net = self.dag, self.dag.collectives, self.network
+        out = []
+        if not any(par.role_expert_parallel(r) for r in ("prefill", "decode")):
+            for name in away_from_default(dag, "moe_routing"):
+                out.append((f"cluster.dag.{name}", "the routing of tokens to experts is drawn only "
+                            "for expert-parallel groups (parallelism.enable_expert_parallel)"))
+            for name in away_from_default(coll, "all_to_all"):
+                out.append((f"cluster.dag.collectives.{name}", "only expert-parallel groups "
+                            "(parallelism.enable_expert_parallel) run all-to-alls"))
+        if par.pipeline_parallel_size == 1 and away_from_default(dag, "pp_microbatches"):
+            out.append(("cluster.dag.pp_microbatches", "with pipeline_parallel_size 1 there are no "
+                        "pipeline stages to split a batch over"))
+        if coll.all_reduce != "auto" and away_from_default(coll, "tree_threshold_bytes"):
+            out.append(("cluster.dag.collectives.tree_threshold_bytes",
+                        f"it sets where all_reduce auto switches from tree to hierarchical; "
+                        f"all_reduce is {coll.all_reduce}"))
+        if self.num_nodes == 1 and net.num_storage_nodes == 0:
+            topo = net.topology
+            names = [n for n in type(topo).model_fields if n != "kind"]
+            for name in away_from_default(net, "nic_gbps") + [
+                    f"topology.{n}" for n in away_from_default(topo, *names)]:
+                out.append((f"cluster.network.{name}", "a cluster of one node without storage "
+                            "servers sends nothing over its network (its GPUs talk over NVLink)"))
+        if net.num_storage_nodes == 0 and away_from_default(net, "storage_nic_gbps"):
+            out.append(("cluster.network.storage_nic_gbps", "there are no storage servers "
+                        "(network.num_storage_nodes 0)"))
         return out
 
     def assumption_lines(self) -> list[str]:
