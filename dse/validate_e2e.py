@@ -235,7 +235,7 @@ def _measured_before(row: dict, version: tuple[int, ...], date: str) -> bool:
     return d < date if d else True
 
 
-def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
+def version_defaults(row: dict, gpu: str, weight_dtype: str, tool: str) -> tuple[dict, list[str]]:
     """(settings by section, notes): what the run's vLLM release (or the platform that launched
     it) did differently from the simulator's defaults (current vLLM's), where the simulator
     models the difference:
@@ -265,10 +265,8 @@ def version_defaults(row: dict, weight_dtype: str) -> tuple[dict, list[str]]:
                      "vLLM)")
     if _measured_before(row, (0, 21), "2026-04"):
         settings["engine"] = {"gpu_memory_utilization": 0.9, "profile_cuda_graph_memory": False}
-    gpu = _GPUS.get(str((row.get("hardware") or {}).get("gpu")))
-    tool = str((row.get("benchmark") or {}).get("tool") or "")
-    if gpu is not None and get_gpu(gpu).memory_bytes >= 160 * 2**30 \
-            and tool not in OFFLINE_TOOLS and _measured_before(row, (0, 28), "2026-08"):
+    if get_gpu(gpu).memory_bytes >= 160 * 2**30 and tool not in OFFLINE_TOOLS \
+            and _measured_before(row, (0, 28), "2026-08"):
         settings.setdefault("engine", {})["max_num_batched_tokens"] = 8192
         notes.append("the API server's token budget 8192 by default (16384 on this GPU since "
                      "vLLM 0.28)")
@@ -322,7 +320,7 @@ def row_case(row: dict) -> Case | str:
            "metrics": {"percentiles": [50, 99]}}
     if kv not in (None, "auto"):
         cfg["model"]["kv_cache_dtype"] = "fp8" if str(kv).startswith("fp8") else str(kv)
-    defaults, notes = version_defaults(row, wdt)
+    defaults, notes = version_defaults(row, gpu, wdt, tool)
     cfg["model"].update(defaults.get("model", {}))
     engine = dict(defaults.get("engine", {}))
     engine.update({k: eng[k] for k in ("max_num_seqs", "max_num_batched_tokens") if eng.get(k)})
