@@ -496,7 +496,9 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
     m.update(engine_summary(run.records, selected_percentiles=pcts))
     duration = m["duration"]
     stats = run.replicas
-    busy = sum(s.busy_s for s in stats)
+    # The run ends with its last request; a step running then (its client gave up while it
+    # ran) is counted whole, so an engine's busy time is held to the duration.
+    busy = sum(min(s.busy_s, duration) for s in stats)
     n_gpu = dep.gpus_per_replica * len(stats)
     m["num_gpus"] = n_gpu
     m["num_gpus_by_type"] = {dep.gpu.name: n_gpu}
@@ -504,10 +506,11 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
     m["gpu_busy_fraction"] = busy / wall if wall > 0 else 0.0
     # How full the running steps are, apart from how long they run: a step can run all the
     # time with a small batch (busy 1.00 at light load), so busy alone does not mean saturated.
-    at_limit = sum(s.busy_s_waiting_at_max_num_seqs + s.busy_s_waiting_at_token_budget
-                   + s.busy_s_waiting_for_kv_blocks for s in stats)
+    at_limit = sum(min(s.busy_s_waiting_at_max_num_seqs + s.busy_s_waiting_at_token_budget
+                       + s.busy_s_waiting_for_kv_blocks, duration) for s in stats)
     m["saturated_fraction"] = at_limit / wall if wall > 0 else 0.0
-    m["mean_batch_seqs"] = sum(s.seq_s for s in stats) / busy if busy > 0 else 0.0
+    ran = sum(s.busy_s for s in stats)      # every step whole: the batch's weights
+    m["mean_batch_seqs"] = sum(s.seq_s for s in stats) / ran if ran > 0 else 0.0
     m["batch_fill_fraction"] = m["mean_batch_seqs"] / dep.max_num_seqs
     real_steps = sum(s.num_steps - s.dummy_steps for s in stats)
     m["mean_batch_tokens"] = (sum(s.num_tokens for s in stats) / real_steps
@@ -527,7 +530,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         m["sessions"] = session_summary(run.sessions, run.records,
                                         [j for _, j in run.session_turns], pcts)
     comm = sum(s.comm_s for s in stats)
-    m["communication_fraction_of_busy"] = comm / busy if busy > 0 else 0.0
+    m["communication_fraction_of_busy"] = comm / ran if ran > 0 else 0.0
     if cfg.engine.speculative_config is not None:
         m.update(spec_decode_summary([s.spec_stats for s in run.schedulers]))
     ep = None
@@ -536,8 +539,8 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         dummy = sum(s.dummy_busy_s for s in stats)
         a2a = sum(s.all_to_all_s for s in stats)
         m["ep_size"] = dep.ep_size
-        m["dummy_busy_fraction"] = dummy / busy if busy > 0 else 0.0
-        m["all_to_all_fraction_of_busy"] = a2a / busy if busy > 0 else 0.0
+        m["dummy_busy_fraction"] = dummy / ran if ran > 0 else 0.0
+        m["all_to_all_fraction_of_busy"] = a2a / ran if ran > 0 else 0.0
         ep = {
             "ep_size": dep.ep_size, "num_lockstep_ranks": sm.num_ranks,
             "experts_per_gpu": sm.experts_per_gpu, "ep_gpus_per_node": sm.ep_local,

@@ -175,6 +175,22 @@ def test_client_timeouts_fail_the_requests_not_finished_in_time():
     assert r["p99_e2el_ms"] <= 2850
 
 
+def test_busy_and_saturated_fractions_stay_within_the_duration_when_every_client_gives_up():
+    """The run ends with its last request, the step running then counted whole: an engine kept
+    busy throughout by requests its clients gave up on was busy 1.004 of the duration."""
+    workload = {"num_prompts": 400, "request_rate": 40, "request_timeout_s": 2,
+                "dataset": {"kind": "random", "input_len": 512, "output_len": 512}}
+    r = run(workload=workload, hardware={"gpu": "A100-80GB"},
+            engine={"max_num_seqs": 128, "max_num_batched_tokens": 4096}, host={})
+    assert r["completed"] == 0 and r["failed"] == 400
+    rep = r["replicas"][0]
+    assert rep["busy_s"] > r["duration"]           # the last step outlasts the last request
+    assert r["gpu_busy_fraction"] == 1.0
+    assert 0 < r["saturated_fraction"] <= 1.0
+    # Shares of busy time weigh every step whole.
+    assert r["communication_fraction_of_busy"] == pytest.approx(rep["comm_s"] / rep["busy_s"])
+
+
 def test_a_request_the_client_gives_up_on_in_the_api_server_never_reaches_an_engine(
         monkeypatch):
     """A client timeout while the request is still on the API server's path fails it once:
