@@ -19,10 +19,13 @@ def pct(x: float | None) -> str:
 
 
 def _weights_are_8bit(run: RunResult) -> bool:
-    """Whether the step-time profile ran 8-bit weights (its id ends in the weight dtype)."""
-    profile = str(run.provenance["compute_profile"])
-    dtype = profile.rsplit("/", 1)[-1]
-    return "fp8" in dtype or "int8" in dtype
+    """Whether the run's weights were 8-bit or narrower (`provenance.weight_dtype`; a result
+    written without it: its roofline profile's id, which ends in the weight dtype)."""
+    dtype = run.provenance.get("weight_dtype")
+    if dtype is None:
+        dtype = str(run.provenance["compute_profile"]).rsplit("/", 1)[-1]
+        return "fp8" in dtype or "int8" in dtype
+    return dtype not in ("bf16", "fp16")
 
 
 def _queue_clause(s: Mapping) -> str:

@@ -600,6 +600,7 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
                   **({"fabric": cfg.seed, "expert_routing": cfg.seed}
                      if cfg.cluster is not None else {})},
         "gpu": dep.gpu.name,
+        "weight_dtype": cfg.model.dtype,
         "compute_profile": m.profile_id,
         "compute_kind": _compute_kind_line(cfg),
         "profile_version": m.profile_version,

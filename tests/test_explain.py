@@ -97,6 +97,16 @@ def test_steady_load_is_bound_by_hbm_bandwidth_in_decode():
     assert len(e["sentences"]) == 2
 
 
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp4"])
+def test_an_hbm_bound_decode_in_8_bit_or_narrower_weights_is_not_told_to_use_fp8(dtype):
+    """The advice read the weight dtype off the profile's id, which a kernel profile's id does
+    not end in: fp8 runs were told fp8 weights would shorten their steps."""
+    r = copy.deepcopy(result("steady"))
+    r["provenance"]["weight_dtype"] = dtype
+    t = text(explain(r))
+    assert "fp8 weights" not in t and "more GPUs (TP) would shorten its steps" in t
+
+
 def test_tiny_kv_pool_is_limited_by_kv_capacity():
     r = result("tiny_kv")
     e = explain(r)

@@ -119,6 +119,47 @@ def test_model_config_dtypes_and_max_model_len():
         ModelConfig(name="llama-3.1-8b", max_model_len=200_000).resolved_max_model_len(arch)
 
 
+@pytest.mark.parametrize("quantization,dtype", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8_block"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+    ({"quant_method": "mxfp4"}, "mxfp4"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "gptq", "bits": 8}, None),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}, "fp8"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group"}}}}, "int4"),
+    ({"quant_method": "bitsandbytes"}, None),
+    (None, None),
+])
+def test_a_configs_quantization_gives_its_checkpoint_dtype(quantization, dtype):
+    data = json.loads(TINY.read_text())
+    if quantization is not None:
+        data["quantization_config"] = quantization
+    assert arch_from_hf_dict(data, "test").checkpoint_dtype == dtype
+
+
+def test_a_quantized_presets_model_runs_in_its_checkpoints_dtype_unless_set():
+    """vLLM loads a quantized checkpoint in its quantization: gpt-oss ran as bf16 (twice its
+    weights) and DeepSeek-R1 on 8 H200 was refused for memory, wanting "fp8 weights"."""
+    assert ModelConfig(name="openai/gpt-oss-120b").dtype == "mxfp4"
+    assert ModelConfig(name="deepseek-ai/DeepSeek-R1").dtype == "fp8_block"
+    assert ModelConfig(name="meta-llama/Llama-3.1-8B").dtype == "bf16"
+    assert ModelConfig(name="deepseek-ai/DeepSeek-V3", dtype="fp8").dtype == "fp8"   # as set
+    assert ModelConfig(name="openai/gpt-oss-20b", dtype="bf16").dtype == "bf16"
+
+
+def test_an_hf_config_of_a_quantized_checkpoint_needs_its_dtype(tmp_path):
+    data = json.loads(TINY.read_text())
+    data["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"^model\.dtype: .* is a fp8_block checkpoint"):
+        ModelConfig(hf_config=str(tmp_path)).resolve()
+    assert ModelConfig(hf_config=str(tmp_path), dtype="fp8_block").resolve().num_layers == 2
+    assert ModelConfig(hf_config=str(tmp_path), dtype="bf16").resolve().num_layers == 2
+
+
 def test_zero_heads_and_an_mlp_tp_does_not_divide_are_refused_naming_them(tmp_path):
     from simcore.config import parse_config
     from simcore.setup import build_deployment

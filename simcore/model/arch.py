@@ -208,6 +208,11 @@ class ModelArch:
     """How vLLM turns a chat request into a prompt: "jinja", the checkpoint's Hugging Face chat
     template (most models); "harmony", OpenAI's harmony encoding (gpt-oss), rendered without a
     Jinja template."""
+    checkpoint_dtype: str | None = None
+    """The weight dtype (`model.dtype`'s values) the checkpoint is quantized in, which vLLM
+    follows when it loads it (the config's `quantization_config`): e.g. fp8_block for
+    DeepSeek-V3, mxfp4 for gpt-oss; None for a 16-bit checkpoint, or a quantization the
+    simulator has no dtype for."""
     num_mtp_layers: int = 0
     """Multi-token-prediction layers shipped beside the model (DeepSeek-V3's
     `num_nextn_predict_layers`): not part of the forward pass, used only as a speculative

@@ -11,7 +11,7 @@ from simcore.errors import ConfigError
 from simcore.model.arch import (MXFP4_MOE_LAYOUTS, ModelArch,
                                 default_mxfp4_moe_layout)
 from simcore.model.hf import load_hf_config
-from simcore.model.presets import is_preset, load_preset, preset_names
+from simcore.model.presets import is_preset, load_preset, preset_checkpoint_dtype, preset_names
 
 
 class ModelConfig(BaseModel):
@@ -32,7 +32,10 @@ class ModelConfig(BaseModel):
     dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "nvfp4", "mxfp4"] = Field(
         default="bf16",
         description="Weight dtype of the linear layers (embeddings, LM head, norms and MoE "
-                    "routers stay in bf16): fp8 with per-tensor or per-channel scales (W8A8, "
+                    "routers stay in bf16). Default: bf16, or for a quantized checkpoint the "
+                    "dtype its quantization_config gives, which vLLM loads it in (a preset's: "
+                    "fp8_block for DeepSeek-V3/R1, mxfp4 for gpt-oss; an hf_config with a "
+                    "quantization_config needs dtype set): fp8 with per-tensor or per-channel scales (W8A8, "
                     "e.g. compressed-tensors FP8 checkpoints), fp8_block with 128x128 block "
                     "scales (DeepSeek-V3 and Qwen3 FP8 checkpoints), int4 weight-only with "
                     "group scales (AWQ/GPTQ, W4A16), nvfp4 (4-bit weights and activations with "
@@ -60,6 +63,18 @@ class ModelConfig(BaseModel):
         default=None, gt=0,
         description="Longest request (prompt + output) in tokens; default: the model's "
                     "max_position_embeddings.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoint_dtype_by_default(cls, data):
+        # vLLM loads a quantized checkpoint in its own quantization (its quantization_config):
+        # without a dtype, a preset's model runs in it, not in bf16.
+        if isinstance(data, dict) and "dtype" not in data and isinstance(data.get("name"), str) \
+                and is_preset(data["name"]):
+            dtype = preset_checkpoint_dtype(data["name"])
+            if dtype is not None:
+                data = {**data, "dtype": dtype}
+        return data
 
     @field_validator("name")
     @classmethod
@@ -124,7 +139,14 @@ class ModelConfig(BaseModel):
         path = self.hf_config
         if not path.is_absolute() and base_dir is not None:
             path = Path(base_dir) / path
-        return load_hf_config(path)
+        arch = load_hf_config(path)
+        quantized = arch.checkpoint_dtype
+        if quantized is not None and "dtype" not in self.model_fields_set:
+            raise ConfigError(f"model.dtype: {path} is a {quantized} checkpoint "
+                              "(quantization_config), which vLLM loads in that dtype, not the "
+                              f"default bf16; set model.dtype: {quantized} (or another dtype to "
+                              "time such weights instead)")
+        return arch
 
     def resolved_max_model_len(self, arch: ModelArch) -> int:
         """`max_model_len`, defaulting to (and checked against) max_position_embeddings."""

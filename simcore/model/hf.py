@@ -68,6 +68,40 @@ class _Keys:
         return value
 
 
+def checkpoint_dtype(quantization: Any) -> str | None:
+    """The weight dtype (`model.dtype`'s values) of a checkpoint with this Hugging Face
+    `quantization_config`, or None: none given, or a method this maps to no dtype.
+
+    fp8 (DeepSeek's and Qwen3's block-scaled checkpoints carry `weight_block_size`), mxfp4
+    (gpt-oss), 4-bit AWQ and GPTQ (int4, weight-only), ModelOpt's FP8 and NVFP4, and
+    compressed-tensors' 8-bit float and 4-bit integer weight groups."""
+    if not isinstance(quantization, Mapping):
+        return None
+    method = str(quantization.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8_block" if quantization.get("weight_block_size") else "fp8"
+    if method == "mxfp4":
+        return "mxfp4"
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        return "int4" if quantization.get("bits", 4) == 4 else None
+    if method == "modelopt":
+        algo = str(quantization.get("quant_algo", "")).upper()
+        return {"FP8": "fp8", "NVFP4": "nvfp4"}.get(algo)
+    if method == "compressed-tensors":
+        groups = quantization.get("config_groups")
+        weights = [g.get("weights") for g in groups.values()
+                   if isinstance(g, Mapping) and isinstance(g.get("weights"), Mapping)] \
+            if isinstance(groups, Mapping) else []
+        if not weights:
+            return None
+        w = weights[0]
+        if w.get("num_bits") == 8 and w.get("type") == "float":
+            return "fp8_block" if w.get("strategy") == "block" else "fp8"
+        if w.get("num_bits") == 4 and w.get("type") == "int":
+            return "int4"
+    return None
+
+
 def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = None) -> ModelArch:
     """Build a ModelArch from the parsed contents of a Hugging Face config.
 
@@ -120,6 +154,7 @@ def arch_from_hf_dict(data: Mapping[str, Any], source: str, name: str | None = N
         bias = k.get_bool("attention_bias", True)
         fields.update(qkv_bias=bias, o_bias=bias, attention_sinks=True)
     fields.update(_sliding_layers(data, k, source, fields["num_layers"]))
+    fields["checkpoint_dtype"] = checkpoint_dtype(data.get("quantization_config"))
 
     if model_type == "mixtral":
         if k.get_int("num_local_experts") < 1:     # would read as a dense model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from importlib import resources
 
 from simcore.errors import ConfigError
@@ -72,3 +73,10 @@ def load_preset(name: str) -> ModelArch:
     path = resources.files("simcore") / "data" / "models" / filename
     data = json.loads(path.read_text())
     return arch_from_hf_dict(data, f"preset {canonical}", name=canonical)
+
+
+@lru_cache(maxsize=None)
+def preset_checkpoint_dtype(name: str) -> str | None:
+    """The weight dtype preset `name`'s checkpoint is quantized in (`ModelArch.checkpoint_dtype`),
+    or None for a 16-bit checkpoint."""
+    return load_preset(name).checkpoint_dtype
