@@ -384,6 +384,14 @@ class EngineConfig(BaseModel):
             if own:
                 raise ValueError(f"implementation vllm: {own[0]} is not driven through vLLM's "
                                  "scheduler; remove it or use implementation simcore")
+        if self.async_scheduling and self.speculative_config is not None \
+                and self.speculative_config.method == "ngram":
+            # vLLM 0.33's VllmConfig: the V1 model runner supports async scheduling with
+            # EAGLE/MTP, ngram_gpu and draft-model drafters only, and refuses it otherwise.
+            raise ValueError("async_scheduling: vLLM refuses async scheduling with ngram "
+                             "speculative decoding (the CPU prompt lookup needs each step's "
+                             "sampled tokens before the next step is scheduled); set "
+                             "async_scheduling false or use another drafter")
         if self.block_size not in VLLM_BLOCK_SIZES:
             raise ValueError(f"block_size: expected one of "
                              f"{', '.join(map(str, VLLM_BLOCK_SIZES))} (got {self.block_size})")

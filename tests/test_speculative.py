@@ -303,6 +303,16 @@ def test_combinations_vllm_refuses_are_refused(spec, sections, field, words):
     assert words in msg
 
 
+def test_async_scheduling_with_ngram_drafts_is_refused_as_vllm_refuses_it():
+    """vLLM 0.33's V1 model runner runs async scheduling with EAGLE/MTP, ngram_gpu and draft
+    models only, and raises for the CPU prompt lookup (ngram); the simulator ran it."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}
+    msg = refusal(ngram, engine={"async_scheduling": True})
+    assert msg.startswith("config: engine.async_scheduling: vLLM refuses async scheduling "
+                          "with ngram"), msg
+    assert config(EAGLE3, engine={"async_scheduling": True}).engine.async_scheduling
+
+
 DRAFT_70B = {"method": "draft_model", "model": "meta-llama/Llama-3.1-70B",
              "num_speculative_tokens": 3, "acceptance_rate": 0.6}
 
