@@ -350,7 +350,8 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
     weights = weight_flags(cfg.model.dtype, quant, model, warnings, notes)
     kv = KV_DTYPES[cfg.model.kv_cache_dtype]
     resolved += [("model.dtype", cfg.model.dtype, "config" if "dtype" in
-                  cfg.model.model_fields_set else "default"),
+                  cfg.model.model_fields_set else "default" if cfg.model.dtype == "bf16"
+                  else "default: the checkpoint's quantization_config"),
                  ("model.kv_cache_dtype", f"{cfg.model.kv_cache_dtype} ({dep.kv_cache_dtype})",
                   "config" if "kv_cache_dtype" in cfg.model.model_fields_set
                   else "default: the activation dtype, as vLLM's auto")]

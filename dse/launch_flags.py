@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from simcore.config import SimConfig, default_batch_limits
+from simcore.model.hf import checkpoint_dtype
 
 VLLM_VERSION = "0.33.0"
 SIMULATOR_ONLY = "not a vLLM option: the simulated engine differs from stock vLLM here"
@@ -17,17 +18,11 @@ KV_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"
 
 
 def _quant_of_json(qc: object) -> str | None:
-    """The simulator's name for a checkpoint's `quantization_config`, or its method."""
+    """The simulator's dtype for a checkpoint's `quantization_config`
+    (`simcore.model.hf.checkpoint_dtype`), else its method."""
     if not isinstance(qc, dict):
         return None
-    method = str(qc.get("quant_method", "")).lower()
-    if method == "fp8":
-        return "fp8_block" if qc.get("weight_block_size") else "fp8"
-    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin") and qc.get("bits", 4) == 4:
-        return "int4"
-    if "fp4" in method or "fp4" in str(qc.get("quant_algo", "")).lower():
-        return "nvfp4"
-    return method or None
+    return checkpoint_dtype(qc) or str(qc.get("quant_method", "")).lower() or None
 
 
 def _quant_of_name(name: str) -> str | None:
@@ -103,11 +98,12 @@ def weight_flags(dtype: str, quant: str | None, name: str, warnings: list[str],
         else:
             warnings.append(mismatch)
     elif quant == dtype:
-        how = ("awq_marlin or gptq_marlin" if dtype == "int4" else "modelopt_fp4")
+        how = {"int4": "awq_marlin or gptq_marlin", "mxfp4": "mxfp4"}.get(dtype, "modelopt_fp4")
         notes.append(f"model.dtype {dtype}: {carries} ({how}), no --quantization flag")
     else:
-        what = ("an AWQ or GPTQ 4-bit (W4A16) checkpoint" if dtype == "int4"
-                else "an NVFP4 checkpoint (e.g. NVIDIA's ModelOpt FP4 release)")
+        what = {"int4": "an AWQ or GPTQ 4-bit (W4A16) checkpoint",
+                "mxfp4": "an MXFP4 checkpoint"}.get(
+                    dtype, "an NVFP4 checkpoint (e.g. NVIDIA's ModelOpt FP4 release)")
         warnings.append(f"model.dtype {dtype}: vLLM serves {dtype} weights only from a "
                         f"checkpoint that carries them: replace {name} in the command with "
                         f"{what} of the model (vLLM reads its quantization_config; no "

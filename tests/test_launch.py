@@ -149,6 +149,19 @@ def test_the_mxfp4_expert_layout_is_named_and_a_non_default_one_explained():
     assert any("VLLM_MXFP4_USE_MARLIN=1" in n for n in plan.notes)
 
 
+def test_gpt_oss_is_launched_from_its_own_mxfp4_checkpoint_which_its_dtype_defaults_to():
+    """The checkpoint's mxfp4 quantization_config was read as nvfp4, and the plan told the user
+    to replace gpt-oss with an NVFP4 checkpoint."""
+    plan = launch_plan(_cfg(model={"name": "openai/gpt-oss-120b", "max_model_len": 8192},
+                            engine={"max_num_seqs": 256}))
+    assert ("model.dtype", "mxfp4", "default: the checkpoint's quantization_config") \
+        in plan.resolved
+    assert plan.serve_argv[2] == "openai/gpt-oss-120b" and "--quantization" not in plan.serve_argv
+    assert not any("NVFP4" in w or "replace" in w for w in plan.warnings), plan.warnings
+    assert any(n.startswith("model.dtype mxfp4: the checkpoint openai/gpt-oss-120b carries")
+               for n in plan.notes)
+
+
 def test_a_local_hf_config_is_served_from_its_folder(tmp_path):
     (tmp_path / "config.json").write_text(
         (ROOT / "tests" / "data" / "tinymodel_config.json").read_text())

@@ -64,18 +64,6 @@ class ModelConfig(BaseModel):
         description="Longest request (prompt + output) in tokens; default: the model's "
                     "max_position_embeddings.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _checkpoint_dtype_by_default(cls, data):
-        # vLLM loads a quantized checkpoint in its own quantization (its quantization_config):
-        # without a dtype, a preset's model runs in it, not in bf16.
-        if isinstance(data, dict) and "dtype" not in data and isinstance(data.get("name"), str) \
-                and is_preset(data["name"]):
-            dtype = preset_checkpoint_dtype(data["name"])
-            if dtype is not None:
-                data = {**data, "dtype": dtype}
-        return data
-
     @field_validator("name")
     @classmethod
     def _known_preset(cls, name: str | None) -> str | None:
@@ -83,6 +71,18 @@ class ModelConfig(BaseModel):
             raise ValueError(f"unknown model {name!r}; known presets: {', '.join(preset_names())} "
                              "(or give hf_config: a path to a config.json)")
         return name
+
+    @model_validator(mode="after")
+    def _checkpoint_dtype_by_default(self) -> ModelConfig:
+        # vLLM loads a quantized checkpoint in its own quantization (its quantization_config):
+        # without a dtype, a preset's model runs in it, not in bf16. Set as a default (dtype
+        # stays out of the fields set), before the checks below read it.
+        if "dtype" not in self.model_fields_set and self.name is not None \
+                and is_preset(self.name):
+            dtype = preset_checkpoint_dtype(self.name)
+            if dtype is not None:
+                object.__setattr__(self, "dtype", dtype)
+        return self
 
     @model_validator(mode="after")
     def _layout_needs_mxfp4(self) -> ModelConfig:
