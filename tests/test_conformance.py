@@ -197,6 +197,26 @@ def test_scenario_requests_are_read_strictly(tmp_path, request_fields, message):
         load_scenario(bad)
 
 
+@pytest.mark.parametrize("config_fields, message", [
+    # Flags and counts of the config are read as strictly as the requests' (a flag of "yes" or
+    # 1 replayed as true).
+    ({"enable_prefix_caching": "yes"},
+     r"config\.enable_prefix_caching: expected true or false \(got 'yes'\)"),
+    ({"enable_chunked_prefill": 1},
+     r"config\.enable_chunked_prefill: expected true or false \(got 1\)"),
+    ({"max_num_seqs": "4"}, r"config\.max_num_seqs"),
+])
+def test_scenario_config_flags_are_read_strictly(tmp_path, config_fields, message):
+    import json
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"config": {"max_num_seqs": 4, "max_num_batched_tokens": 1000,
+                                          "num_blocks": 400, **config_fields},
+                               "requests": []}))
+    with pytest.raises(ConfigError, match=message):
+        load_scenario(bad)
+
+
 def test_a_log_whose_lines_are_no_steps_is_refused_and_a_users_log_is_not_called_vllms(
         tmp_path):
     log = tmp_path / "g.jsonl"

@@ -166,8 +166,10 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if given.get("long_prefill_token_threshold") is None:   # older scenarios write null for 0
         given.pop("long_prefill_token_threshold", None)
     try:
+        # Strict: JSON has its own booleans and numbers, so a flag of "yes" or 1, or a count of
+        # "8", is a mistake, not a spelling to coerce.
         engine = EngineConfig.model_validate({ENGINE_FIELD[k]: v for k, v in given.items()
-                                              if k in ENGINE_FIELD})
+                                              if k in ENGINE_FIELD}, strict=True)
     except ValidationError as err:
         msg = format_validation_error(err, EngineConfig)
         head, colon, rest = msg.partition(":")
