@@ -46,6 +46,9 @@ class GpuSpec:
     """GPUs sharing one intra-node interconnect domain."""
     source: str
     """Datasheet the numbers come from."""
+    fp4_flops: float | None = None
+    """Dense FP4 (NVFP4) tensor-core peak, FLOP/s; None when the GPU has no FP4 tensor cores
+    (vLLM then runs NVFP4 weights weight-only, at the bf16 rate)."""
 
     @property
     def has_fp8(self) -> bool:
@@ -53,9 +56,12 @@ class GpuSpec:
         return self.fp8_flops is not None
 
     def flops_for(self, dtype: str) -> float:
-        """Dense peak FLOP/s of GEMMs with weights in `dtype` (fp8 falls back to bf16)."""
+        """Dense peak FLOP/s of GEMMs with weights in `dtype` (fp8 and nvfp4 fall back to bf16
+        on a GPU without such tensor cores)."""
         if dtype.startswith("fp8") and self.fp8_flops is not None:
             return self.fp8_flops
+        if dtype == "nvfp4" and self.fp4_flops is not None:
+            return self.fp4_flops
         return self.bf16_flops
 
 
@@ -63,6 +69,7 @@ def _spec_from_entry(name: str, entry: Mapping[str, Any]) -> GpuSpec:
     """Convert one catalog entry (units in key names) to a GpuSpec."""
     try:
         fp8 = entry["fp8_tflops"]
+        fp4 = entry.get("fp4_tflops")
         return GpuSpec(
             name=name,
             bf16_flops=flops_from_tflops(float(entry["bf16_tflops"])),
@@ -73,6 +80,7 @@ def _spec_from_entry(name: str, entry: Mapping[str, Any]) -> GpuSpec:
             interconnect=str(entry["interconnect"]),
             gpus_per_node=int(entry["gpus_per_node"]),
             source=str(entry["source"]),
+            fp4_flops=None if fp4 is None else flops_from_tflops(float(fp4)),
         )
     except KeyError as e:
         raise ConfigError(f"gpus.yaml: entry {name!r} lacks key {e.args[0]!r}") from None
@@ -109,6 +117,8 @@ class HardwareConfig(BaseModel):
         default=None, gt=0, description="Override: dense bf16 peak, FLOP/s.")
     fp8_flops: float | None = Field(
         default=None, gt=0, description="Override: dense fp8 peak, FLOP/s.")
+    fp4_flops: float | None = Field(
+        default=None, gt=0, description="Override: dense FP4 (NVFP4) peak, FLOP/s.")
     memory_bytes: int | None = Field(
         default=None, gt=0, description="Override: device memory reported as total, bytes.")
     hbm_bandwidth_bytes_per_s: float | None = Field(

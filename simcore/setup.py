@@ -79,9 +79,11 @@ class Deployment:
             "tokens reach the client when the step that sampled them ends",
         ]
         if self.weight_dtype == "nvfp4" and not self.step_model.calibrated:
-            a.append("nvfp4 linear layers at the bf16 tensor-core rate, their 4.5-bit weights "
-                     "read at that width: the GPU catalog has no FP4 peak, so on GPUs with FP4 "
-                     "tensor cores (Blackwell) a compute-bound step is overstated")
+            a.append("nvfp4 linear layers at the FP4 tensor-core peak, their 4.5-bit weights "
+                     "read at that width" if self.gpu.fp4_flops is not None else
+                     "nvfp4 linear layers at the bf16 tensor-core rate, their 4.5-bit weights "
+                     f"read at that width: {self.gpu.name} has no FP4 tensor cores, and vLLM "
+                     "runs NVFP4 weights there weight-only (FP4 Marlin)")
         if self.memory is None:
             a.append("KV-cache size fixed by engine.num_gpu_blocks_override")
         else:
