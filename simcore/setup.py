@@ -236,12 +236,16 @@ def step_model(cfg: SimConfig, arch: ModelArch, gpu: GpuSpec, *, weight_dtype: s
               assumptions=c.roofline, sequence_parallel_moe=seq_moe, multi_node_tp=multi_node,
               op_scale=op_scale, host=host)
     kind = c.resolved_kind(gpu.name)
-    peaks = [f for f in ("bf16_flops", "fp8_flops", "hbm_bandwidth_bytes_per_s")
+    peaks = [f for f in ("bf16_flops", "fp8_flops", "fp4_flops", "hbm_bandwidth_bytes_per_s")
              if getattr(cfg.hardware, f) is not None]
     if peaks and kind == "calibrated":
         raise ConfigError(f"hardware.{peaks[0]}: the {gpu.name} kernel profile times the step's "
                           "kernels as measured, so a peak reaches only the ops it does not "
                           "cover; set compute.kind: roofline to time the GPU by its peaks")
+    for peak, runs_at in (("fp8_flops", ("fp8", "fp8_block")), ("fp4_flops", ("nvfp4",))):
+        if getattr(cfg.hardware, peak) is not None and weight_dtype not in runs_at:
+            raise ConfigError(f"hardware.{peak}: only {' and '.join(runs_at)} weights run at "
+                              f"this peak, not model.dtype {weight_dtype}; remove it")
     if (cfg.hardware.interconnect_bandwidth_bytes_per_s is not None and kind == "calibrated"
             and pp == 1 and not par.enable_expert_parallel and cfg.cluster is None):
         raise ConfigError(f"hardware.interconnect_bandwidth_bytes_per_s: the {gpu.name} kernel "

@@ -279,3 +279,24 @@ def test_the_roofline_times_nvfp4_at_the_fp4_peak_where_the_gpu_has_one(gpu, rat
         assert by["nvfp4"] < 0.5 * by["bf16"]
     else:
         assert by["nvfp4"] == pytest.approx(by["bf16"], rel=0.01)
+
+
+def test_a_peak_override_the_weights_never_run_at_is_refused_and_one_they_do_is_read():
+    from simcore.config import parse_config
+    from simcore.setup import build_deployment
+
+    def dep(dtype, **hardware):
+        return build_deployment(parse_config({
+            "model": {"name": "meta-llama/Llama-3.1-8B", "dtype": dtype, "max_model_len": 8192},
+            "hardware": {"gpu": "B200", **hardware}, "compute": {"kind": "roofline"},
+            "workload": {"num_prompts": 4}}))
+
+    for dtype, peak in (("bf16", "fp4_flops"), ("bf16", "fp8_flops"), ("nvfp4", "fp8_flops"),
+                        ("fp8", "fp4_flops")):
+        with pytest.raises(ConfigError, match=rf"^hardware\.{peak}: only .* weights run at this "
+                                              rf"peak, not model\.dtype {dtype}; remove it"):
+            dep(dtype, **{peak: 1e15})
+    prefill = StepShape.from_requests([(8192, 0)])
+    catalog = dep("nvfp4").step_model.op_bounds(prefill)[0]
+    halved = dep("nvfp4", fp4_flops=4.5e15).step_model.op_bounds(prefill)[0]
+    assert halved > catalog
