@@ -545,17 +545,51 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
     return Outcome(case, pred, low, high, spread, step)
 
 
-def summarize(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
-    """Per family: n, median |error|, median signed error, envelope coverage."""
+BOOTSTRAP_DRAWS = 2000
+"""Resamples of the held-out sources behind each statistic's interval (`source_intervals`)."""
+
+
+def source_intervals(errors: list[float], covered: list[bool], sources: list[str],
+                     draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """5th and 95th percentiles of the median |error|, the median signed error and the
+    coverage over `draws` resamples of the sources with replacement, each drawn source bringing
+    all of its cases (a cluster bootstrap: one page or CI build measures several cases, whose
+    errors go together). How far the statistics of another set of as many sources could lie;
+    deterministic for a seed."""
+    by: dict[str, list[int]] = {}
+    for i, src in enumerate(sources):
+        by.setdefault(src, []).append(i)
+    groups = list(by.values())
+    err = np.asarray(errors, dtype=float)
+    cov = np.asarray(covered, dtype=float)
+    rng = np.random.default_rng(seed)
+    stats = np.empty((draws, 3))
+    for d in range(draws):
+        picked = rng.integers(0, len(groups), len(groups))
+        idx = np.concatenate([groups[g] for g in picked])
+        e = err[idx]
+        stats[d] = (np.median(np.abs(e)), np.median(e), cov[idx].mean())
+    lo, hi = np.percentile(stats, [5, 95], axis=0)
+    return {key: (float(lo[k]), float(hi[k]))
+            for k, key in enumerate(("median_abs", "median_signed", "coverage"))}
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, dict]:
+    """Per family: n, median |error|, median signed error, envelope coverage, the number of
+    sources the cases come from and each statistic's 90% interval over resamples of them
+    (`source_intervals`)."""
     out = {}
     for fam in FAMILIES:
-        errs = [o.error(fam) for o in outcomes if fam in o.case.measured]
-        if not errs:
+        rows = [o for o in outcomes if fam in o.case.measured]
+        if not rows:
             continue
-        cov = [o.covered(fam) for o in outcomes if fam in o.case.measured]
+        errs = [o.error(fam) for o in rows]
+        cov = [o.covered(fam) for o in rows]
+        sources = [o.case.source for o in rows]
         out[fam] = {"n": len(errs), "median_abs": float(np.median(np.abs(errs))),
                     "median_signed": float(np.median(errs)),
-                    "coverage": float(np.mean(cov))}
+                    "coverage": float(np.mean(cov)), "sources": len(set(sources)),
+                    "intervals": source_intervals(errs, cov, sources)}
     return out
 
 GUARDS = {

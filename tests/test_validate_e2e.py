@@ -8,8 +8,8 @@ import pytest
 
 from dse.validate_e2e import (
     FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows,
-    predict, row_case, run_case, sharegpt_first_turns, sharegpt_tokenizer, split_of, summarize,
-    evaluate)
+    predict, row_case, run_case, sharegpt_first_turns, sharegpt_tokenizer, source_intervals,
+    split_of, summarize, evaluate)
 from simcore.host import FITTED
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
@@ -211,6 +211,27 @@ def test_held_out_statistics_stay_within_their_regression_bounds(cases):
         assert st["median_abs"] <= g["median_abs"], (fam, st)
         assert abs(st["median_signed"]) <= g["median_signed"], (fam, st)
         assert 1 - st["coverage"] <= g["outside"], (fam, st)
+
+
+def test_the_held_out_statistics_carry_an_interval_over_resamples_of_their_sources():
+    """A page or CI build measures several cases whose errors go together: the interval
+    resamples whole sources, so one source's cases move as one."""
+    errs = [0.1, 0.1, 0.1, -0.3, 0.05, 0.2]
+    cov = [True, True, True, False, True, True]
+    srcs = ["a", "a", "a", "b", "c", "d"]
+    iv = source_intervals(errs, cov, srcs)
+    assert iv == source_intervals(errs, cov, srcs)          # deterministic for a seed
+    lo, hi = iv["median_abs"]
+    assert lo <= float(np.median(np.abs(errs))) <= hi and lo < hi
+    lo, hi = iv["coverage"]
+    assert 0.0 <= lo < np.mean(cov) <= hi == 1.0
+    # One source: every resample is the set itself.
+    one = source_intervals(errs, cov, ["a"] * len(errs))
+    assert one["median_signed"] == (pytest.approx(0.1), pytest.approx(0.1))
+    # Cases that share a source resample together: a resample's median is one source's or
+    # both's, never a mix of single cases.
+    same = source_intervals([0.1] * 3 + [0.3] * 3, [True] * 6, ["a"] * 3 + ["b"] * 3)
+    assert all(min(abs(v - m) for m in (0.1, 0.2, 0.3)) < 1e-12 for v in same["median_abs"])
 
 
 def test_offline_benchmarks_run_without_an_api_server_and_serving_ones_with_it(cases):
