@@ -346,7 +346,7 @@ def launch_plan(cfg: SimConfig) -> LaunchPlan:
         gpn = cfg.hardware.gpus_per_node or dep.gpu.gpus_per_node
     par = cfg.parallelism
     tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
-    model, quant = model_ref(cfg, dep.arch.name, warnings, notes)
+    model, quant = model_ref(cfg, dep.arch, warnings, notes)
     weights = weight_flags(cfg.model.dtype, quant, model, warnings, notes)
     kv = KV_DTYPES[cfg.model.kv_cache_dtype]
     resolved += [("model.dtype", cfg.model.dtype, "config" if "dtype" in

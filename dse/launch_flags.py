@@ -5,10 +5,10 @@ for settings a `vllm serve` launch cannot carry (see `dse.launch` for the decisi
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 from simcore.config import SimConfig, default_batch_limits
+from simcore.model.arch import ModelArch
 from simcore.model.hf import checkpoint_dtype
 
 VLLM_VERSION = "0.33.0"
@@ -36,20 +36,17 @@ def _quant_of_name(name: str) -> str | None:
     return None
 
 
-def model_ref(cfg: SimConfig, arch_name: str, warnings: list[str],
+def model_ref(cfg: SimConfig, arch: ModelArch, warnings: list[str],
               notes: list[str]) -> tuple[str, str | None]:
     """The model argument of `vllm serve` and the quantization its checkpoint carries."""
     m = cfg.model
     if m.name is not None:
-        name = m.name if "/" in m.name else arch_name
+        name = m.name if "/" in m.name else arch.name
         if name != m.name:
             warnings.append(f"model.name {m.name!r} is a preset's short name; the command "
                             f"names its Hugging Face id {name}")
-        data = resources.files("simcore") / "data" / "models" / \
-            f"{arch_name.split('/')[-1].lower()}.json"
-        shipped = (_quant_of_json(json.loads(data.read_text()).get("quantization_config"))
-                   if data.is_file() else None)
-        return name, _quant_of_name(name) or shipped
+        # The preset's shipped config.json, read with it (`ModelArch.checkpoint_dtype`).
+        return name, _quant_of_name(name) or arch.checkpoint_dtype
     path = Path(m.hf_config)
     if not path.is_absolute():
         path = Path(cfg.base_dir) / path

@@ -247,28 +247,29 @@ def held_out_rows() -> list[Row]:
         g = GUARDS[fam]
         iv = st["intervals"]
         over = f"90% interval over resamples of its {st['sources']} sources"
-
-        def span(key, fmt=".1%", iv=iv):
-            lo, hi = iv[key]
-            return f"{lo:{fmt}} to {hi:{fmt}}"
-
         rows.append(Row("end_to_end", f"held-out {fam}: median |error|", st["median_abs"],
                         st["n"], "cases", g["median_abs"], src, "statistic",
                         note=f"target <= {TARGETS[fam]:.0%}: "
                              f"{'met' if st['median_abs'] <= TARGETS[fam] else 'not met'}; "
-                             f"{over}: {span('median_abs')}"))
+                             f"{over}: {_span(iv['median_abs'], '.1%')}"))
         rows.append(Row("end_to_end", f"held-out {fam}: |median signed error|",
                         abs(st["median_signed"]), st["n"], "cases", g["median_signed"], src,
                         "statistic", note=f"median signed {st['median_signed']:+.1%}; target "
                         f"within +/-{SIGNED_TARGET:.0%}: "
                         f"{'met' if abs(st['median_signed']) <= SIGNED_TARGET else 'not met'}; "
-                        f"{over}: {span('median_signed', '+.1%')}"))
+                        f"{over}: {_span(iv['median_signed'], '+.1%')}"))
         rows.append(Row("end_to_end", f"held-out {fam}: outside the envelope",
                         1.0 - st["coverage"], st["n"], "cases", g["outside"], src, "statistic",
                         note=f"coverage {st['coverage']:.0%}; target >= {COVERAGE_TARGET:.0%}: "
                              f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}; "
-                             f"{over}: coverage {span('coverage', '.0%')}"))
+                             f"{over}: coverage {_span(iv['coverage'], '.0%')}"))
     return rows + class_rows(outcomes, src) + decode_step_rows(outcomes) + [fit_part_row(cases)]
+
+
+def _span(interval: tuple[float, float], fmt: str) -> str:
+    """An interval's ends in `fmt`, "lo to hi"."""
+    lo, hi = interval
+    return f"{lo:{fmt}} to {hi:{fmt}}"
 
 
 def fit_part_row(cases) -> Row:
