@@ -24,7 +24,8 @@ With the parameters, the objective over the fit cases of mixture-of-experts mode
 measured MoE routing (`moe_routing_objective`), from which the default routing was chosen.
 
     python scripts/fit_host_overheads.py [--workers 2] [--out simcore/data/cpu_costs/fitted.json]
-    python scripts/fit_host_overheads.py --residuals-only   # keep the parameters, redo residuals
+    python scripts/fit_host_overheads.py --residuals-only   # keep the parameters, redo the
+                                                            # objective and residuals
     python scripts/fit_host_overheads.py --residuals-only --reuse-folds   # and the folds' too
 """
 
@@ -263,6 +264,8 @@ def main() -> None:
         if args.residuals_only:
             out = json.loads(args.out.read_text(encoding="utf-8"))
             params = out["parameters"]
+            # The model may have changed since the fit: the objective at its parameters now.
+            out["objective_value"] = objective(fit, params, pool)
         else:
             params, best = descend(fit, pool, log=_log)
             out = {"format": "simcore-host-fit", "version": 1,

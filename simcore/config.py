@@ -627,6 +627,10 @@ class SimConfig(BaseModel):
             raise ValueError("workload.endpoint: chat_completions has no effect without an API "
                              "server (host.model constant or host.entrypoint offline); use "
                              "completions")
+        if self.model.chat_template_tokens is not None and not chat:
+            raise ValueError("model.chat_template_tokens has no effect on completions requests "
+                             "(no chat template is applied); set workload.endpoint: "
+                             "chat_completions or remove it")
         if self.host.chat_template_parse != "cached" and not chat:
             raise ValueError("host.chat_template_parse: per_request has no effect on "
                              "completions requests; set workload.endpoint: chat_completions")

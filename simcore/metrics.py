@@ -298,9 +298,12 @@ def summarize(
 
 
 def engine_summary(
-    records: Sequence[RequestRecord], *, selected_percentiles: Iterable[float] = (50, 99)
+    records: Sequence[RequestRecord], *, selected_percentiles: Iterable[float] = (50, 99),
+    template_tokens: int = 0,
 ) -> dict:
     """What the engine did to the run's requests, in keys that do not clash with vLLM's.
+    `template_tokens`: what the chat template adds to each prompt the engine sees (the records
+    hold the client's counts); prompt tokens here are the engine's.
 
     - `*_queue_ms`: queueing delay, first scheduled - send, over every request the engine
       scheduled at least once (failed or not); same statistics as `latency_stats`.
@@ -322,7 +325,8 @@ def engine_summary(
     queue_s = first[scheduled] - send[scheduled] - store.server_s[scheduled]
     queue_s = np.where(queue_s > 0.0, queue_s, 0.0)      # max(0.0, x), -0.0 and NaN as 0.0
     server_s = store.server_s[scheduled]
-    prompt_tokens = int(store.prompt_len[scheduled].sum())
+    prompt_tokens = int(store.prompt_len[scheduled].sum()) + template_tokens * int(
+        scheduled.sum())
     cached_tokens = int(store.num_cached_prompt_tokens[scheduled].sum())
     external_tokens = int(store.num_external_prompt_tokens[scheduled].sum())
     success = store.success

@@ -24,6 +24,7 @@ from simcore.errors import ConfigError
 from simcore.host import HostOverheads
 from simcore.metrics import engine_summary, summarize
 from simcore.model.arch import ModelArch
+from simcore.model.chat_template import TemplateTokens
 from simcore.model.memory import kv_cache_groups
 from simcore.request_rows import RequestRows
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
@@ -31,6 +32,7 @@ from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment, drafter_arch
 from simcore.workload.generate import config_requests
+from simcore.workload.keys import template_keys
 from simcore.workload.sessions import session_summary
 
 def host_of(model) -> HostOverheads | None:
@@ -51,8 +53,24 @@ def request_path(cfg: SimConfig, dep: Deployment) -> dict:
     chat = chat_extra_s(cfg, dep)
     if chat:
         cpu = partial(_plus, cpu, chat)
-    return {"request_cpu_s": cpu, "request_latency_s": host.request_overhead_s,
+    path = {"request_cpu_s": cpu, "request_latency_s": host.request_overhead_s,
             "request_tokenize_s": host.tokenize_s}
+    template = chat_template(cfg, dep)
+    if template is not None and template.total:
+        # The rendered prompt: the template's leading tokens, the same in every request, keyed
+        # as one shared prefix where they fill blocks.
+        path["request_template"] = (template.total, template_keys(template.lead
+                                                                  // cfg.engine.block_size))
+    return path
+
+
+def chat_template(cfg: SimConfig, dep: Deployment):
+    """The tokens the chat template adds to each request's prompt (`simcore.model.
+    chat_template.TemplateTokens`), None for completions requests and for a model without a
+    measured template."""
+    if cfg.workload.endpoint != "chat_completions" or host_of(dep.step_model) is None:
+        return None
+    return cfg.model.template_tokens(dep.arch)
 
 
 def _plus(f, extra: float, prompt_len: int) -> float:
@@ -493,7 +511,9 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         m["ramp_up_strategy"] = w.ramp_up_strategy
         m["ramp_up_start_rps"] = w.ramp_up_start_rps
         m["ramp_up_end_rps"] = w.ramp_up_end_rps
-    m.update(engine_summary(run.records, selected_percentiles=pcts))
+    template = chat_template(cfg, dep)
+    m.update(engine_summary(run.records, selected_percentiles=pcts,
+                            template_tokens=template.total if template is not None else 0))
     duration = m["duration"]
     stats = run.replicas
     # The run ends with its last request; a step running then (its client gave up while it
@@ -651,6 +671,9 @@ def _host_lines(cfg: SimConfig, dep: Deployment) -> list[str]:
                 f"chat requests: {arch.name} is rendered with {arch.chat_format}, "
                 "not a Jinja template: no chat-path cost beyond a completions request's "
                 "(not measured)")
+            template = chat_template(cfg, dep)
+            lines.append(template.assumption_line() if template is not None
+                         else TemplateTokens.unknown_line(dep.arch.name))
         return lines
     return ["CPU side: the declared compute.roofline.step_overhead_s per step (host.model "
             "constant)"]

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcore.errors import ConfigError
+from simcore.model.chat_template import TemplateTokens, preset_template_tokens
 from simcore.model.arch import (MXFP4_MOE_LAYOUTS, ModelArch,
                                 default_mxfp4_moe_layout)
 from simcore.model.hf import load_hf_config
@@ -59,6 +60,16 @@ class ModelConfig(BaseModel):
         default="auto",
         description="KV-cache dtype; 'auto' means the activation dtype (bf16 for quantized weights, "
                     "else the weight dtype), as vLLM's --kv-cache-dtype auto.")
+    chat_template_tokens: tuple[int, int] | None = Field(
+        default=None,
+        description="[lead, tail]: the tokens the model's chat template adds before a chat "
+                    "request's message text (BOS, system header, the user's role tokens: the "
+                    "same in every request, so prefix-cached) and after it (closing the message, "
+                    "opening the assistant's turn), which the engine prefills and vllm bench "
+                    "serve's token counts leave out. Default: measured for the presets whose "
+                    "chat format was measured with their own template and tokenizer (Qwen3 "
+                    "[3, 5], gpt-oss harmony [66, 3], DeepSeek-V3/R1 [2, 1]); none for other "
+                    "models. Chat requests only (workload.endpoint chat_completions).")
     max_model_len: int | None = Field(
         default=None, gt=0,
         description="Longest request (prompt + output) in tokens; default: the model's "
@@ -83,6 +94,22 @@ class ModelConfig(BaseModel):
             if dtype is not None:
                 object.__setattr__(self, "dtype", dtype)
         return self
+
+    @field_validator("chat_template_tokens")
+    @classmethod
+    def _counts(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and (min(value) < 0 or max(value) > 100_000):
+            raise ValueError(f"chat_template_tokens: [lead, tail] must be token counts from 0 to "
+                             f"100,000, got {list(value)}")
+        return value
+
+    def template_tokens(self, arch: ModelArch) -> TemplateTokens | None:
+        """The tokens a chat request's template adds: `chat_template_tokens` where set, else
+        the preset's measured ones (None where neither)."""
+        if self.chat_template_tokens is not None:
+            lead, tail = self.chat_template_tokens
+            return TemplateTokens(lead, tail, "model.chat_template_tokens")
+        return preset_template_tokens(arch.name) if self.name is not None else None
 
     @model_validator(mode="after")
     def _layout_needs_mxfp4(self) -> ModelConfig:

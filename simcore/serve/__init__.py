@@ -76,6 +76,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
                 request_cpu_s: Callable[[int], float] | None = None,
                 request_latency_s: float = 0.0, api_servers: int = 1,
                 request_tokenize_s: Callable[[int], float] | None = None,
+                request_template: tuple[int, tuple[int, ...]] = (0, ()),
                 sched_configs: Sequence[SchedulerConfig] | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
@@ -93,7 +94,9 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     another (`TokenizerThread`); then its work on the event loop, `request_cpu_s(prompt_len)`,
     the loop sharing its CPU among the requests it works on (`SharedCpu`), so that a burst of
     requests reaches the engine together after all of their work; then `request_latency_s`,
-    which every request pays concurrently.
+    which every request pays concurrently. `request_template` (tokens, keys): what the API
+    server's chat template adds to every prompt the engine sees (the records keep the client's
+    counts), and the keys of the full blocks its shared leading tokens fill, which come first.
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -124,7 +127,7 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     frontend = Frontend(env, specs, ranks, router, entry,
                         ClientSettings(max_model_len, max_concurrency, request_timeout_s),
                         ApiServerPath(request_cpu_s, request_latency_s, api_servers,
-                                      request_tokenize_s),
+                                      request_tokenize_s, *request_template),
                         kv=kv, progress=progress)
     counters = ReplicaCounters(num_replicas)
     observers = (counters, *([NetworkShares()] if cluster is not None else []),

@@ -19,12 +19,16 @@ class ApiServerPath:
     thread, one prompt after another (`TokenizerThread`); then the event loop's work,
     `request_cpu_s(prompt_len)` (input processing, the request's state and hand-off), the loop's
     CPU shared equally among the requests it is working on (`SharedCpu`); then `latency_s`, paid
-    by every request concurrently."""
+    by every request concurrently. A chat request's prompt reaches the engine rendered by the
+    chat template: `template_tokens` more than the client counts, its leading full blocks of
+    content `template_keys` (the same in every request) before the prompt's own."""
 
     request_cpu_s: Callable[[int], float] | None = None
     latency_s: float = 0.0
     num_servers: int = 1
     tokenize_s: Callable[[int], float] | None = None
+    template_tokens: int = 0
+    template_keys: tuple[int, ...] = ()
 
     @property
     def active(self) -> bool:

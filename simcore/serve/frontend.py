@@ -133,7 +133,9 @@ class Frontend(StepObserver):
                 # due at the same instant is sent in the same wake, by the same event.
                 made_s = env.now
                 arrived = arrival(env, delay, defer, len(self.entry),
-                                  self.server.least_s(spec.prompt_len) if defer else 0.0)
+                                  self.server.least_s(spec.prompt_len
+                                                      + self.server.template_tokens)
+                                  if defer else 0.0)
                 for rank in self.ranks:
                     if rank.quiet is not None:
                         rank.quiet.yield_to(env, made_s + delay)
@@ -212,21 +214,28 @@ class Frontend(StepObserver):
         rec.send_s = env.now
         self.in_flight += 1
         max_len = self.client.max_model_len
-        if spec.prompt_len + spec.output_len > max_len:
+        server = self.server
+        # The prompt the engine sees: rendered by the chat template, where one applies.
+        prompt_len = spec.prompt_len + server.template_tokens
+        block_keys = (server.template_keys + spec.block_keys if server.template_keys
+                      else spec.block_keys)
+        if prompt_len + spec.output_len > max_len:
             rec.success = False
-            rec.error = (f"prompt ({spec.prompt_len}) + output ({spec.output_len}) tokens exceed "
+            rec.error = (f"prompt ({prompt_len}"
+                         + (f", {server.template_tokens} of them the chat template's"
+                            if server.template_tokens else "")
+                         + f") + output ({spec.output_len}) tokens exceed "
                          f"max_model_len ({max_len})")
             self.finish(idx)
             return
         router = self.router
-        r = self.entry[router.route(spec.block_keys)]
+        r = self.entry[router.route(block_keys)]
         rec.replica = r
         rank = self.ranks[r]
-        server = self.server
         if server.active:
-            tokens = (server.tokenize_s(spec.prompt_len) if server.tokenize_s is not None
+            tokens = (server.tokenize_s(prompt_len) if server.tokenize_s is not None
                       else 0.0)
-            work = (server.request_cpu_s(spec.prompt_len) if server.request_cpu_s is not None
+            work = (server.request_cpu_s(prompt_len) if server.request_cpu_s is not None
                     else 0.0)
         if rank.quiet is not None:
             # The engine is in a quiet run that the request's arrival did not end: its steps
@@ -242,9 +251,9 @@ class Frontend(StepObserver):
                 rank.quiet.cut(env, env.now, False, made_s)
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
         # A turn of a session also carries the keys of the blocks its reply fills.
-        keys = (spec.block_keys + spec.output_block_keys if spec.output_block_keys
-                else spec.block_keys)
-        req = Request(spec.request_id, idx, spec.prompt_len,
+        keys = (block_keys + spec.output_block_keys if spec.output_block_keys
+                else block_keys)
+        req = Request(spec.request_id, idx, prompt_len,
                       1 if r in self.prefill_of else spec.output_len, keys,
                       spec.priority, spec.arrival_s, rec)
         if router.last_hashes is not None:

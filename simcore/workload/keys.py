@@ -18,6 +18,11 @@ namespace, so keys from different sources can only be equal when they are meant 
   and new messages of every turn, block by block; value = `session_index << 28 | block_index`.
   Turn j+1's prompt repeats turn j's prompt and reply, so its blocks carry the keys turn j's
   blocks had, generated ones included.
+- `TEMPLATE` (5): the full blocks of the tokens a chat template puts before every prompt (its
+  system header: `simcore.model.chat_template`); value = `block_index`. They come before the
+  prompt's own blocks, whose keys stay as the dataset gives them: the template's leading tokens
+  are the same in every request, so two prompts that share their first k blocks still share
+  the first k blocks after them.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ USER = 1
 SHARED_PREFIX = 2
 ROW = 3
 SESSION = 4
+TEMPLATE = 5
 
 _PREFIX_INDEX_SHIFT = 32
 _ROW_INDEX_SHIFT = 24
@@ -175,6 +181,12 @@ def user_keys(keys: Sequence[int], *, prompt_len: int, block_size: int) -> tuple
 def shared_prefix_keys(prefix_index: int, num_blocks: int) -> tuple[int, ...]:
     """Keys of the first `num_blocks` full blocks of synthetic prefix number `prefix_index`."""
     base = (SHARED_PREFIX << NAMESPACE_SHIFT) | (prefix_index << _PREFIX_INDEX_SHIFT)
+    return tuple(range(base, base + num_blocks))
+
+
+def template_keys(num_blocks: int) -> tuple[int, ...]:
+    """Keys of the first `num_blocks` full blocks of the chat template's leading tokens."""
+    base = TEMPLATE << NAMESPACE_SHIFT
     return tuple(range(base, base + num_blocks))
 
 

@@ -1,0 +1,77 @@
+"""The tokens a model's chat template adds to a chat request's prompt.
+
+vLLM's chat endpoint renders a request's messages with the model's chat template (gpt-oss: with
+OpenAI's harmony encoding) and prefills the rendered prompt; `vllm bench serve` counts only the
+tokens of the message text. For one user message the template adds `lead` tokens before the text
+(BOS, a system header, the user's role tokens), the same in every request, so vLLM's prefix
+cache shares their full blocks, and `tail` tokens after it (closing the message, opening the
+assistant's turn). Measured for the presets' chat formats with each model's own template and
+tokenizer (`simcore/data/models/chat_templates.json`, `scripts/chat_template_tokens/`);
+`model.chat_template_tokens` gives them for any other model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simcore.reference_data import DATA_DIR
+
+TEMPLATES_FILE = DATA_DIR / "models" / "chat_templates.json"
+
+PRESET_FORMATS = {
+    "Qwen/Qwen3-8B": "qwen3", "Qwen/Qwen3-14B": "qwen3", "Qwen/Qwen3-32B": "qwen3",
+    "Qwen/Qwen3-30B-A3B": "qwen3", "Qwen/Qwen3-235B-A22B": "qwen3",
+    "openai/gpt-oss-20b": "harmony", "openai/gpt-oss-120b": "harmony",
+    "deepseek-ai/DeepSeek-V3": "deepseek_v3",
+}
+"""The measured chat format of each preset (by canonical name) whose template was measured:
+every Qwen3 checkpoint, its 2507 instruct ones included, wraps a user message in the same ChatML
+tokens (measured on Qwen3-8B's template); DeepSeek-V3's template also stands for R1 and
+R1-0528, whose generation prompt may add a few tokens more. Presets without one (Llama 3.1,
+Mixtral, GLM) have no measured template: their chat requests are prefilled as the client counts
+them (`TemplateTokens.unknown_line`)."""
+
+
+@dataclass(frozen=True)
+class TemplateTokens:
+    """Tokens a chat template adds around one user message: `lead` before it (shared by every
+    request), `tail` after it; `source`, where the counts come from."""
+
+    lead: int
+    tail: int
+    source: str
+
+    @property
+    def total(self) -> int:
+        return self.lead + self.tail
+
+    def assumption_line(self) -> str:
+        return (f"chat requests: the chat template adds {self.lead} tokens before each prompt "
+                f"(the same in every request: prefix-cached after the first) and {self.tail} "
+                f"after it, which the engine prefills and vllm bench serve's token counts "
+                f"leave out ({self.source})")
+
+    @staticmethod
+    def unknown_line(model: str) -> str:
+        return (f"chat requests: no measured chat template for {model}; the engine prefills the "
+                "prompt as the client counts it, without the template's tokens (set "
+                "model.chat_template_tokens to add them)")
+
+
+@lru_cache(maxsize=1)
+def _formats() -> dict:
+    return json.loads(TEMPLATES_FILE.read_text(encoding="utf-8"))["formats"]
+
+
+def preset_template_tokens(model: str) -> TemplateTokens | None:
+    """The measured template tokens of preset `model` (its canonical name), None where its
+    chat format was not measured."""
+    name = PRESET_FORMATS.get(model)
+    if name is None:
+        return None
+    f = _formats()[name]
+    return TemplateTokens(int(f["lead"]), int(f["tail"]),
+                          f"measured: the {name} chat format, simcore/data/models/"
+                          "chat_templates.json")
