@@ -105,7 +105,8 @@ METRICS: tuple[Metric, ...] = (
     _m("failed", "requests", MIN, 0, "count",
        "Requests that failed (refused as too long, timed out)."),
     _m("total_input_tokens", "tokens", None, 0, "count", "Prompt tokens of the successful "
-       "requests."),
+       "requests, as the client counts them (a chat request's message text, without its chat "
+       "template's tokens)."),
     _m("total_output_tokens", "tokens", None, 0, "count", "Output tokens the successful "
        "requests received."),
     _m("request_throughput", "requests/s", MAX, -1, "prediction",
@@ -134,7 +135,8 @@ METRICS: tuple[Metric, ...] = (
     _m("num_preempted_requests", "requests", MIN, 0, "prediction",
        "Requests preempted at least once."),
     _m("num_prompt_tokens_scheduled", "tokens", None, 0, "count",
-       "Prompt tokens of the requests the engine scheduled."),
+       "Prompt tokens of the requests the engine scheduled, as the engine sees them (a chat "
+       "request's rendered by its chat template)."),
     _m("num_cached_prompt_tokens", "tokens", MAX, 0, "prediction",
        "Prompt tokens found in the local prefix cache at first admission."),
     _m("prefix_cache_hit_rate", "fraction", MAX, 0, "prediction",

@@ -22,7 +22,11 @@ file order (num_prefill_tokens, num_decode_tokens): `dataset: {kind: sharegpt}` 
 SHAREGPT_FIRST_TURNS = {
     "llama3": SHAREGPT_FIRST_TURN,
     "mistral_v1": DATA_DIR / "datasets" / "sharegpt_v3_first_turn_mistral_v1.csv",
+    "qwen3": DATA_DIR / "datasets" / "sharegpt_v3_first_turn_qwen3.csv",
+    "o200k": DATA_DIR / "datasets" / "sharegpt_v3_first_turn_o200k.csv",
+    "deepseek_v3": DATA_DIR / "datasets" / "sharegpt_v3_first_turn_deepseek_v3.csv",
 }
 """The shipped first-turn lengths by tokenizer (`dataset: {kind: sharegpt, tokenizer: ...}`): the
 same conversations counted with Llama-3's BPE and with Mistral's 32k SentencePiece (v1: Mistral-7B
-v0.1, Mixtral-8x7B), each with one BOS."""
+v0.1, Mixtral-8x7B), each with one BOS, and with the BPEs of Qwen3, gpt-oss (o200k) and
+DeepSeek-V3, each as its Hugging Face tokenizer counts (a BOS for DeepSeek-V3 alone)."""

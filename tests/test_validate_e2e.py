@@ -113,8 +113,10 @@ def test_a_serving_row_takes_the_measured_mean_lengths(tmp_path):
     assert sum(outputs) / len(outputs) == pytest.approx(extra["total_generated_tokens"] / done,
                                                         rel=0.02)
     assert any("scaled to the measured means" in n for n in s.notes)
-    # the shape is the first turns vLLM's sampler draws, scaled by one factor per column
-    drawn_p, drawn_o = sharegpt_first_turns(100)
+    # the shape is the first turns vLLM's sampler draws in Qwen3's counts, scaled by one factor
+    # per column
+    assert sharegpt_tokenizer(share["model"]["name"]) == "qwen3"
+    drawn_p, drawn_o = sharegpt_first_turns(100, tokenizer="qwen3")
     assert np.corrcoef(prompts, drawn_p)[0, 1] > 0.999
     assert np.corrcoef(outputs, drawn_o)[0, 1] > 0.999
     cfg = case_config(s, tmp_path)

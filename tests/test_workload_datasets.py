@@ -219,6 +219,49 @@ def test_sharegpt_tokenizer_chooses_the_shipped_counts(tmp_path):
         WorkloadConfig.model_validate({"dataset": {"kind": "sharegpt", "tokenizer": "gpt2"}})
 
 
+@pytest.mark.parametrize("tokenizer,valid,prompt_mean,output_mean", [
+    ("qwen3", 15_460, 219.6, 202.9), ("o200k", 15_472, 217.6, 199.8),
+    ("deepseek_v3", 15_809, 224.2, 200.8)])
+def test_the_shipped_bpe_counts_are_the_same_conversations(tokenizer, valid, prompt_mean,
+                                                           output_mean):
+    """Qwen3's, gpt-oss's and DeepSeek-V3's counts of the same conversations, row by row close
+    to Llama-3's (BPEs of 128k-200k tokens); the README's figures are the files'."""
+    text = SHIPPED_README.read_text(encoding="utf-8")
+    for figure in (f"{valid:,}", f"{prompt_mean}", f"{output_mean}"):
+        assert figure in text
+    lp, lo = read_lengths_csv(SHAREGPT_FIRST_TURN)
+    p, o = read_lengths_csv(SHAREGPT_FIRST_TURNS[tokenizer])
+    assert len(p) == len(o) == SHIPPED_ROWS
+    ok = passes_length_filter(LengthFilter(), p, o)
+    assert int(ok.sum()) == valid
+    assert p[ok].mean() == pytest.approx(prompt_mean, abs=0.05)
+    assert o[ok].mean() == pytest.approx(output_mean, abs=0.05)
+    assert np.corrcoef(lo, o)[0, 1] > 0.98 and np.corrcoef(lp, p)[0, 1] > 0.98
+
+
+def test_a_models_sharegpt_load_takes_its_own_tokenizers_counts():
+    """Without `tokenizer`, a preset whose tokenizer's counts ship sends them; others send
+    Llama-3's; `tokenizer` overrides; the run's assumptions say which."""
+    from simcore.config import parse_config
+    from simcore.workload.generate import config_requests, config_sharegpt_tokenizer
+
+    def cfg(model, **ds):
+        return parse_config({"name": "s", "model": {"name": model}, "hardware": {"gpu": "H200"},
+                             "workload": {"num_prompts": 50,
+                                          "dataset": {"kind": "sharegpt", **ds}}})
+
+    for model, tok in (("Qwen/Qwen3-8B", "qwen3"), ("openai/gpt-oss-20b", "o200k"),
+                       ("deepseek-ai/DeepSeek-R1-0528", "deepseek_v3"),
+                       ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mistral_v1"),
+                       ("meta-llama/Llama-3.1-8B", "llama3"), ("zai-org/GLM-4.6", "llama3")):
+        c = cfg(model)
+        assert config_sharegpt_tokenizer(c) == tok, model
+        p, o = read_lengths_csv(SHAREGPT_FIRST_TURNS[tok])
+        assert {(s.prompt_len, s.output_len) for s in config_requests(c)} <= set(
+            zip(p.tolist(), o.tolist())), model
+    assert config_sharegpt_tokenizer(cfg("Qwen/Qwen3-8B", tokenizer="llama3")) == "llama3"
+
+
 @pytest.mark.parametrize("dataset", [{"kind": "sharegpt"}, {"kind": "sharegpt", "path": None}])
 def test_sharegpt_without_a_path_sends_the_shipped_first_turns(dataset, tmp_path):
     cfg = WorkloadConfig.model_validate({"num_prompts": 1000, "dataset": dataset})

@@ -43,6 +43,25 @@ _PRESET_FILES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 """(canonical Hugging Face name, data file, aliases with the same architecture)."""
 
 
+SHAREGPT_TOKENIZERS = {
+    "meta-llama/Llama-3.1-8B": "llama3", "meta-llama/Llama-3.1-70B": "llama3",
+    "meta-llama/Llama-3.1-405B": "llama3", "mistralai/Mixtral-8x7B-v0.1": "mistral_v1",
+    "Qwen/Qwen3-8B": "qwen3", "Qwen/Qwen3-14B": "qwen3", "Qwen/Qwen3-32B": "qwen3",
+    "Qwen/Qwen3-30B-A3B": "qwen3", "Qwen/Qwen3-235B-A22B": "qwen3",
+    "openai/gpt-oss-20b": "o200k", "openai/gpt-oss-120b": "o200k",
+    "deepseek-ai/DeepSeek-V3": "deepseek_v3",
+}
+"""The tokenizer of each preset (by canonical name) whose ShareGPT counts the simulator ships
+(`simcore.reference_data.SHAREGPT_FIRST_TURNS`); the GLM presets have none."""
+
+
+def sharegpt_tokenizer(name: str) -> str | None:
+    """The shipped ShareGPT counts in preset `name`'s tokenizer (`SHAREGPT_TOKENIZERS`), None
+    for a preset without them or a name that is no preset."""
+    hit = _index().get(name.lower())
+    return SHAREGPT_TOKENIZERS.get(hit[0]) if hit else None
+
+
 def _index() -> dict[str, tuple[str, str]]:
     """Lower-case lookup key -> (canonical name, data file); keys are full and short names."""
     index: dict[str, tuple[str, str]] = {}

@@ -121,8 +121,8 @@ class ShareGPTDataset(_Frozen):
     are used: the first turn and first reply of the 17,400 conversations with two or more turns of
     a copy of ShareGPT_V3_unfiltered_cleaned_split.json, counted with the Llama-3 tokenizer
     (simcore/data/datasets/README.md), i.e. what `vllm bench serve --dataset-name sharegpt` sends
-    to a Llama-3 model; `tokenizer: mistral_v1` sends the same conversations counted with
-    Mistral's 32k SentencePiece (Mistral-7B v0.1, Mixtral-8x7B). Entries with fewer than two
+    to a Llama-3 model, or the same conversations counted with the model's own tokenizer where
+    they ship (`tokenizer`). Entries with fewer than two
     turns are skipped; the rest are shuffled (unless `shuffle` is false), filtered by
     `length_filter`, and the first num_prompts kept; if fewer pass, samples are drawn again with
     replacement (vLLM's oversampling).
@@ -133,10 +133,12 @@ class ShareGPTDataset(_Frozen):
                              "relative to the configuration's directory; null (the default): the "
                              "shipped first-turn lengths of ShareGPT V3 in Llama-3 tokens "
                              "(simcore/data/datasets/sharegpt_v3_first_turn_llama3.csv).")
-    tokenizer: Literal["llama3", "mistral_v1"] | None = Field(
+    tokenizer: Literal["llama3", "mistral_v1", "qwen3", "o200k", "deepseek_v3"] | None = Field(
         None, description="Which tokenizer's counts of the shipped lengths to send: `llama3` "
-        "(Llama-3's BPE, the default) or `mistral_v1` (Mistral's 32k SentencePiece: Mistral-7B "
-        "v0.1, Mixtral-8x7B); only without a `path`, whose own lengths are used.")
+        "(Llama-3's BPE), `mistral_v1` (Mistral's 32k SentencePiece: Mistral-7B v0.1, "
+        "Mixtral-8x7B), `qwen3` (Qwen3), `o200k` (gpt-oss) or `deepseek_v3` (DeepSeek-V3/R1). "
+        "Null (the default): the model's own where its counts ship (the presets of those "
+        "families), else llama3. Only without a `path`, whose own lengths are used.")
     output_len: WholeNumber | None = Field(
         None, ge=1, description="Output tokens of every request, instead of each answer's length "
         "(vLLM --sharegpt-output-len).")

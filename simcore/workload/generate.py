@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simcore.errors import ConfigError
+from simcore.model.presets import sharegpt_tokenizer as preset_sharegpt_tokenizer
 from simcore.reference_data import SHAREGPT_FIRST_TURNS
 from simcore.workload import files
 from simcore.workload.arrivals import send_times_s
@@ -108,14 +109,29 @@ def config_requests(cfg: SimConfig) -> RequestStream | SessionStream:
     seed, its files read from its base folder: what a run of it sends, made without running
     it."""
     return request_stream(cfg.workload, block_size=cfg.engine.block_size, seed=cfg.seed,
-                          base_dir=Path(cfg.base_dir))
+                          base_dir=Path(cfg.base_dir),
+                          sharegpt_tokenizer=config_sharegpt_tokenizer(cfg))
+
+
+def config_sharegpt_tokenizer(cfg) -> str:
+    """The shipped ShareGPT counts a simulate config's sharegpt dataset without a `path` sends:
+    its `tokenizer`, else its model's own where they ship (`simcore.model.presets.
+    sharegpt_tokenizer`), else Llama-3's."""
+    ds = cfg.workload.dataset
+    if getattr(ds, "tokenizer", None) is not None:
+        return ds.tokenizer
+    if cfg.model.name is not None:
+        return preset_sharegpt_tokenizer(cfg.model.name) or "llama3"
+    return "llama3"
 
 
 def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
-                   base_dir: Path) -> RequestStream | SessionStream:
+                   base_dir: Path, sharegpt_tokenizer: str = "llama3"
+                   ) -> RequestStream | SessionStream:
     """Every request of `cfg` the client sends, deterministic for `seed`; data paths are
     relative to `base_dir`. Data files are read and checked here, before any request is sent.
-    A workload of sessions gives a SessionStream (see the module docstring).
+    A workload of sessions gives a SessionStream (see the module docstring). A sharegpt
+    dataset without a `path` or a `tokenizer` sends the shipped counts of `sharegpt_tokenizer`.
 
     Raises ConfigError, naming the file and line or the field, for bad data or settings.
     """
@@ -137,7 +153,8 @@ def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
         return session_stream(cfg, block_size=block_size, base_dir=Path(base_dir),
                               data_rng=np.random.default_rng(data_seq), starts_s=None)
     samples = _samples(cfg, block_size=block_size, base_dir=Path(base_dir),
-                       rng=np.random.default_rng(data_seq), seed=seed)
+                       rng=np.random.default_rng(data_seq), seed=seed,
+                       sharegpt_tokenizer=sharegpt_tokenizer)
     times_s = _send_times_s(cfg, samples, np.random.default_rng(arrival_seq))
     return RequestStream(samples, times_s)
 
@@ -165,7 +182,8 @@ def generate_requests(cfg: WorkloadConfig, *, block_size: int, seed: int, base_d
 
 
 def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
-             rng: np.random.Generator, seed: int) -> Sequence[Sample]:
+             rng: np.random.Generator, seed: int,
+             sharegpt_tokenizer: str = "llama3") -> Sequence[Sample]:
     """The dataset's requests; the sharegpt and custom datasets choose theirs as vLLM's do from
     the seed itself (`simcore.workload.sampled.vllm_order`), the others draw from `rng`."""
     num = cfg.resolved_num_prompts
@@ -175,7 +193,7 @@ def _samples(cfg: WorkloadConfig, *, block_size: int, base_dir: Path,
         case PrefixRepetitionDataset() as ds:
             return prefix_repetition_samples(ds, num, block_size=block_size, rng=rng)
         case ShareGPTDataset() as ds:
-            path = (SHAREGPT_FIRST_TURNS[ds.tokenizer or "llama3"] if ds.path is None
+            path = (SHAREGPT_FIRST_TURNS[ds.tokenizer or sharegpt_tokenizer] if ds.path is None
                     else files.resolve(ds.path, base_dir))
             return sharegpt_samples(ds, num, path=path, block_size=block_size, seed=seed)
         case CustomDataset() as ds:

@@ -117,11 +117,13 @@ def _sharegpt_json(path: Path, estimate: TextLengthEstimate
 
 def read_lengths_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(prompt lengths, answer lengths) of a CSV with columns num_prefill_tokens,
-    num_decode_tokens, in file order."""
+    num_decode_tokens, in file order. A count may be 0 (an empty turn, counted by a tokenizer
+    that adds no BOS), as a ShareGPT JSON's estimate may: vLLM's length filter drops such a
+    row, and a prompt sent without the filter takes at least one token."""
     prompt_lens, answer_lens = [], []
     for lineno, row in files.iter_csv(path, ("num_prefill_tokens", "num_decode_tokens")):
         where = f"{path}: line {lineno}"
-        prompt_lens.append(files.count_field(row, "num_prefill_tokens", where, 1))
+        prompt_lens.append(files.count_field(row, "num_prefill_tokens", where))
         answer_lens.append(files.count_field(row, "num_decode_tokens", where))
     return np.array(prompt_lens, dtype=np.int64), np.array(answer_lens, dtype=np.int64)
 
