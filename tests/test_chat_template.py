@@ -54,7 +54,8 @@ def test_a_harmony_chat_prefills_the_template_and_caches_its_shared_blocks():
         (n - 1) * shared / chat["num_prompt_tokens_scheduled"])
     assert chat["mean_ttft_ms"] > plain["mean_ttft_ms"]
     lines = chat["provenance"]["assumptions"]
-    assert any(f"adds {t.lead} tokens before each prompt" in line for line in lines)
+    assert any(f"adds {t.lead} tokens before each prompt (the same in every request, "
+               f"{shared} of them in whole blocks" in line for line in lines)
 
 
 def test_a_qwen3_chat_adds_its_tokens_to_every_prefill_without_cache_hits():
@@ -62,6 +63,8 @@ def test_a_qwen3_chat_adds_its_tokens_to_every_prefill_without_cache_hits():
     r = simulate(_cfg("Qwen/Qwen3-8B", n=n))
     assert r["num_prompt_tokens_scheduled"] == r["total_input_tokens"] + 8 * n
     assert r["num_cached_prompt_tokens"] == 0           # 3 leading tokens fill no block
+    assert any("less than a block: none cached" in line
+               for line in r["provenance"]["assumptions"])
 
 
 def test_declared_template_tokens_and_models_without_a_measured_template():

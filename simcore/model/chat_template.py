@@ -47,11 +47,14 @@ class TemplateTokens:
     def total(self) -> int:
         return self.lead + self.tail
 
-    def assumption_line(self) -> str:
+    def assumption_line(self, block_size: int) -> str:
+        shared = self.lead // block_size * block_size
+        cached = (f"the same in every request, {shared} of them in whole blocks that the prefix "
+                  "cache keeps after the first" if shared else
+                  "the same in every request, but less than a block: none cached")
         return (f"chat requests: the chat template adds {self.lead} tokens before each prompt "
-                f"(the same in every request: prefix-cached after the first) and {self.tail} "
-                f"after it, which the engine prefills and vllm bench serve's token counts "
-                f"leave out ({self.source})")
+                f"({cached}) and {self.tail} after it, which the engine prefills and vllm bench "
+                f"serve's token counts leave out ({self.source})")
 
     @staticmethod
     def unknown_line(model: str) -> str:

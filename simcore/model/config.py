@@ -99,7 +99,7 @@ class ModelConfig(BaseModel):
     @classmethod
     def _counts(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
         if value is not None and (min(value) < 0 or max(value) > 100_000):
-            raise ValueError(f"chat_template_tokens: [lead, tail] must be token counts from 0 to "
+            raise ValueError(f"[lead, tail] must be token counts from 0 to "
                              f"100,000, got {list(value)}")
         return value
 
