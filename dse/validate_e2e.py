@@ -71,10 +71,6 @@ _LLAMA3 = re.compile(r"llama-3", re.IGNORECASE)
 _MISTRAL_V1 = re.compile(r"mixtral-8x7b|mistral-7b-(instruct-)?v0\.[12]\b", re.IGNORECASE)
 """Models that use Mistral's 32k SentencePiece (v1), the shipped `mistral_v1` counts."""
 
-_TOKENIZER_NAMES = {"llama3": "Llama-3", "mistral_v1": "Mistral v1", "qwen3": "Qwen3",
-                    "o200k": "gpt-oss o200k", "deepseek_v3": "DeepSeek-V3"}
-"""The shipped ShareGPT counts' tokenizers, as the cases' notes name them."""
-
 _CHAT = re.compile(r"openai-chat|/v1/chat/completions")
 """A quoted benchmark command that sends chat requests (vllm bench serve --backend or
 --endpoint-type openai-chat, --endpoint /v1/chat/completions)."""
@@ -361,7 +357,8 @@ def row_case(row: dict) -> Case | str:
         else:
             draws = [(p.tolist(), o.tolist()) for p, o in drawn]
             prompts, outputs = drawn[0]
-            label = _TOKENIZER_NAMES[tokenizer]
+            from simcore.reference_data import SHAREGPT_TOKENIZER_NAMES
+            label = SHAREGPT_TOKENIZER_NAMES[tokenizer]
             note = (f"ShareGPT first turns, {label} tokenizer (means {prompts.mean():.0f} / "
                     f"{outputs.mean():.0f} tokens; no token totals printed)")
             if tokenizer == "llama3" and not _LLAMA3.search(name):

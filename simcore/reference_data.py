@@ -30,3 +30,7 @@ SHAREGPT_FIRST_TURNS = {
 same conversations counted with Llama-3's BPE and with Mistral's 32k SentencePiece (v1: Mistral-7B
 v0.1, Mixtral-8x7B), each with one BOS, and with the BPEs of Qwen3, gpt-oss (o200k) and
 DeepSeek-V3, each as its Hugging Face tokenizer counts (a BOS for DeepSeek-V3 alone)."""
+
+SHAREGPT_TOKENIZER_NAMES = {"llama3": "Llama-3", "mistral_v1": "Mistral v1", "qwen3": "Qwen3",
+                            "o200k": "gpt-oss o200k", "deepseek_v3": "DeepSeek-V3"}
+"""The tokenizers of `SHAREGPT_FIRST_TURNS`, as results and notes name them."""

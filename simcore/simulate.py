@@ -26,14 +26,14 @@ from simcore.metrics import engine_summary, summarize
 from simcore.model.arch import ModelArch
 from simcore.model.chat_template import TemplateTokens
 from simcore.model.memory import kv_cache_groups
+from simcore.reference_data import SHAREGPT_TOKENIZER_NAMES
 from simcore.request_rows import RequestRows
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
 from simcore.saturation import load_trend
 from simcore.serve import ServingRun, run_serving
 from simcore.setup import Deployment, build_deployment, drafter_arch
-from simcore.model.presets import sharegpt_tokenizer
 from simcore.workload.config import ShareGPTDataset
-from simcore.workload.generate import config_requests, config_sharegpt_tokenizer
+from simcore.workload.generate import config_requests, sharegpt_choice
 from simcore.workload.keys import template_keys
 from simcore.workload.sessions import session_summary
 
@@ -642,23 +642,14 @@ def provenance(cfg: SimConfig, dep: Deployment) -> dict:
     }
 
 
-SHAREGPT_LABELS = {"llama3": "Llama-3's", "mistral_v1": "Mistral's v1 SentencePiece",
-                   "qwen3": "Qwen3's", "o200k": "gpt-oss's o200k", "deepseek_v3": "DeepSeek-V3's"}
-"""The shipped ShareGPT counts' tokenizers, in words."""
-
-
 def _dataset_lines(cfg: SimConfig) -> list[str]:
     """Which shipped lengths a sharegpt dataset without a `path` sends."""
     ds = cfg.workload.dataset
     if not isinstance(ds, ShareGPTDataset) or ds.path is not None:
         return []
-    tok = config_sharegpt_tokenizer(cfg)
-    own = cfg.model.name is not None and sharegpt_tokenizer(cfg.model.name) is not None
-    why = ("workload.dataset.tokenizer" if ds.tokenizer is not None else
-           "the model's own" if own else
-           f"none shipped in {cfg.model.name or 'the model'}'s own tokenizer")
-    return [f"ShareGPT lengths: the shipped first turns counted with {SHAREGPT_LABELS[tok]} "
-            f"tokenizer ({why})"]
+    tok, why = sharegpt_choice(cfg)
+    return [f"ShareGPT lengths: the shipped first turns counted with the "
+            f"{SHAREGPT_TOKENIZER_NAMES[tok]} tokenizer ({why})"]
 
 
 def _compute_kind_line(cfg: SimConfig) -> str:

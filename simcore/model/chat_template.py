@@ -16,22 +16,23 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
+from simcore.model.presets import SHAREGPT_TOKENIZERS, sharegpt_tokenizer
 from simcore.reference_data import DATA_DIR
 
 TEMPLATES_FILE = DATA_DIR / "models" / "chat_templates.json"
 
-PRESET_FORMATS = {
-    "Qwen/Qwen3-8B": "qwen3", "Qwen/Qwen3-14B": "qwen3", "Qwen/Qwen3-32B": "qwen3",
-    "Qwen/Qwen3-30B-A3B": "qwen3", "Qwen/Qwen3-235B-A22B": "qwen3",
-    "openai/gpt-oss-20b": "harmony", "openai/gpt-oss-120b": "harmony",
-    "deepseek-ai/DeepSeek-V3": "deepseek_v3",
-}
-"""The measured chat format of each preset (by canonical name) whose template was measured:
+TOKENIZER_FORMATS = {"qwen3": "qwen3", "o200k": "harmony", "deepseek_v3": "deepseek_v3"}
+"""The measured chat format of each preset tokenizer family (`simcore.model.presets.
+SHAREGPT_TOKENIZERS`) whose template was measured, from the same package as the tokenizer:
 every Qwen3 checkpoint, its 2507 instruct ones included, wraps a user message in the same ChatML
-tokens (measured on Qwen3-8B's template); DeepSeek-V3's template also stands for R1 and
-R1-0528, whose generation prompt may add a few tokens more. Presets without one (Llama 3.1,
-Mixtral, GLM) have no measured template: their chat requests are prefilled as the client counts
-them (`TemplateTokens.unknown_line`)."""
+tokens (measured on Qwen3-8B's template); gpt-oss's requests are rendered with harmony;
+DeepSeek-V3's template also stands for R1 and R1-0528, whose generation prompt may add a few
+tokens more. Presets of other families (Llama 3.1, Mixtral, GLM) have no measured template:
+their chat requests are prefilled as the client counts them (`TemplateTokens.unknown_line`)."""
+
+PRESET_FORMATS = {name: TOKENIZER_FORMATS[tok] for name, tok in SHAREGPT_TOKENIZERS.items()
+                  if tok in TOKENIZER_FORMATS}
+"""The measured chat format of each preset (by canonical name) that has one."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,9 @@ def _formats() -> dict:
 
 
 def preset_template_tokens(model: str) -> TemplateTokens | None:
-    """The measured template tokens of preset `model` (its canonical name), None where its
-    chat format was not measured."""
-    name = PRESET_FORMATS.get(model)
+    """The measured template tokens of preset `model`, None where its chat format was not
+    measured."""
+    name = TOKENIZER_FORMATS.get(sharegpt_tokenizer(model) or "")
     if name is None:
         return None
     f = _formats()[name]

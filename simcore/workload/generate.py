@@ -114,15 +114,22 @@ def config_requests(cfg: SimConfig) -> RequestStream | SessionStream:
 
 
 def config_sharegpt_tokenizer(cfg) -> str:
-    """The shipped ShareGPT counts a simulate config's sharegpt dataset without a `path` sends:
-    its `tokenizer`, else its model's own where they ship (`simcore.model.presets.
-    sharegpt_tokenizer`), else Llama-3's."""
+    """The shipped ShareGPT counts a simulate config's sharegpt dataset without a `path` sends
+    (`sharegpt_choice`)."""
+    return sharegpt_choice(cfg)[0]
+
+
+def sharegpt_choice(cfg) -> tuple[str, str]:
+    """(tokenizer, why) of the shipped ShareGPT counts a simulate config's sharegpt dataset
+    without a `path` sends: its `tokenizer`, else its model's own where they ship
+    (`simcore.model.presets.sharegpt_tokenizer`), else Llama-3's."""
     ds = cfg.workload.dataset
     if getattr(ds, "tokenizer", None) is not None:
-        return ds.tokenizer
-    if cfg.model.name is not None:
-        return preset_sharegpt_tokenizer(cfg.model.name) or "llama3"
-    return "llama3"
+        return ds.tokenizer, "workload.dataset.tokenizer"
+    own = preset_sharegpt_tokenizer(cfg.model.name) if cfg.model.name is not None else None
+    if own is not None:
+        return own, "the model's own"
+    return "llama3", f"none shipped in {cfg.model.name or 'the model'}'s own tokenizer"
 
 
 def request_stream(cfg: WorkloadConfig, *, block_size: int, seed: int,
