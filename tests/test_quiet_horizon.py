@@ -243,6 +243,13 @@ def test_an_event_made_during_a_run_at_its_wait_comes_first_where_single_steppin
                               0.013, 2),
                              (442, 160, 6.0, True, 128, 3, "prefix_affinity", 5 / 512,
                               2 ** -4, 0.013, 1),
+                             # Ties two events deep: a send at a step's end whose arrival was
+                             # made as that step began (406), an arrival made as the step
+                             # the run's wait ends with began (416).
+                             (406, 160, 40.0, True, 512, 4, "round_robin", 2 ** -7, 2 ** -5,
+                              0.013, 2),
+                             (416, 160, 40.0, True, 512, 4, "least_outstanding", 2 ** -7,
+                              2 ** -5, 0.013, 2),
                          ])
 def test_runs_match_single_steps_at_exact_ties(seed, n, rate, shared, grid, replicas, router,
                                                latency_s, report_s, sample_s, servers):

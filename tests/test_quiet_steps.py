@@ -134,10 +134,10 @@ def counted(monkeypatch):
             seen["spans"] += got.span_s is not None
         return got
 
-    def cutting(self, env, reach_s, span=False, made_s=None):
+    def cutting(self, env, reach_s, span=False, made_s=None, made_before_s=None):
         before = self.num_steps
         spanned = self.span_s
-        cut(self, env, reach_s, span, made_s)
+        cut(self, env, reach_s, span, made_s, made_before_s)
         seen["cuts"] += self.num_steps < before
         seen["dropped"] += before - self.num_steps
         seen["cut_spans"] += self.span_s is not None and (spanned is None

@@ -120,6 +120,7 @@ class Frontend(StepObserver):
         limit = self.client.max_concurrency
         defer = self.defer_s
         made_s = None       # when the event that woke the client was made, where known
+        made_before_s = None    # when the event that made that one was made
         for idx, spec in enumerate(self.specs):
             self.records.append(RequestRecord(request_id=spec.request_id,
                                               prompt_len=spec.prompt_len,
@@ -131,19 +132,19 @@ class Frontend(StepObserver):
                 # arrival, the arrival is ordered against the run's steps as single stepping
                 # would order it (`QuietRun.yield_to`, and `QuietRun.cut` at the send). A request
                 # due at the same instant is sent in the same wake, by the same event.
-                made_s = env.now
+                made_before_s, made_s = made_s, env.now
                 arrived = arrival(env, delay, defer, len(self.entry),
                                   self.server.least_s(spec.prompt_len
                                                       + self.server.template_tokens)
                                   if defer else 0.0)
                 for rank in self.ranks:
                     if rank.quiet is not None:
-                        rank.quiet.yield_to(env, made_s + delay)
+                        rank.quiet.yield_to(env, made_s + delay, made_before_s)
                 yield arrived
             if limit is not None and self.in_flight >= limit:
                 self.backlog.append((idx, spec))
             else:
-                self.send(idx, spec, made_s)
+                self.send(idx, spec, made_s, made_before_s)
         self.all_sent = True
 
     def turn(self, session: Session, j: int) -> None:
@@ -205,10 +206,11 @@ class Frontend(StepObserver):
         if self.done == self.total and not self.all_done.triggered:
             self.all_done.succeed()
 
-    def send(self, idx: int, spec: RequestSpec, made_s: float | None = None) -> None:
+    def send(self, idx: int, spec: RequestSpec, made_s: float | None = None,
+             made_before_s: float | None = None) -> None:
         """Send request `idx` now: route it, cut its engine's quiet run, start its way through
         the API server. `made_s`: when the event that sends it was made (the client's arrival
-        timeout), where known."""
+        timeout), where known; `made_before_s`: when the event that made that one was made."""
         env = self.env
         rec = self.records[idx]
         rec.send_s = env.now
@@ -246,9 +248,9 @@ class Frontend(StepObserver):
             # can reach the engine stands too, as the run's spanning step.
             if self.defer_s > 0.0:
                 rank.quiet.cut(env, reach_s(env.now, self.defer_s, tokens + work),
-                               not self.sends_on_output, made_s)
+                               not self.sends_on_output, made_s, made_before_s)
             else:
-                rank.quiet.cut(env, env.now, False, made_s)
+                rank.quiet.cut(env, env.now, False, made_s, made_before_s)
         # A prefill instance runs the prompt and samples one token (vLLM P/D: max_tokens 1).
         # A turn of a session also carries the keys of the blocks its reply fills.
         keys = (block_keys + spec.output_block_keys if spec.output_block_keys

@@ -114,12 +114,15 @@ class EngineLoop:
         step_s = 0.0
         indices = (rank.index,)
         empty = 0
+        began_s = None     # when the last step began, where its end woke the loop (else None)
         while True:
             if not sched.has_requests:
+                began_s = None
                 yield from self._sleep()
             elif leap is not None:
                 run = leap.plan(step_s)
                 if run is not None:
+                    run.before_s = began_s
                     rank.quiet = run
                     run.wait = InertTimeout(env, run.delay_s)
                     yield run.wait           # or the timeout a cut moved the wait to
@@ -134,12 +137,15 @@ class EngineLoop:
                         now = env.now
                         for ob in observers:
                             ob.on_outputs(rank, [], run.finished, now)
+                    ends = run.ends_s
+                    began_s = ends[-2] if len(ends) > 1 else run.start_s
                     continue
             out = schedule()
             for ob in observers:
                 ob.on_scheduled(rank, out)
             scheduled = out.scheduled
             if not scheduled:
+                began_s = None
                 if sched.num_waiting_for_remote:
                     yield from self._sleep()
                     continue
@@ -167,7 +173,10 @@ class EngineLoop:
                     # A decode step's time: what the next quiet step takes, about (a step with
                     # prompt tokens in it would make `plan` give up on runs that fit).
                     step_s = wait_s
+                began_s = env.now
                 yield InertTimeout(env, wait_s)
+            else:
+                began_s = None
             emitted, finished = update(out)
             now = env.now
             for ob in observers:

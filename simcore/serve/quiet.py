@@ -96,9 +96,19 @@ class QuietRun:
     wait: simpy.Timeout | None = None
     """The timeout the engine loop waits on for the run's steps (before a spanning last step's
     own), while it may still be cut (`cut`)."""
+    before_s: float | None = None
+    """When the step before the run began (whose end's callback began the run), where known
+    (the engine loop sets it)."""
+
+    def _prior_s(self, i: int) -> float | None:
+        """When the step before step `i` began, as single stepping runs them: its timeout,
+        made then, is the event in whose callback step `i` began (None where unknown)."""
+        if i > 1:
+            return self.ends_s[i - 2]
+        return self.start_s if i == 1 else self.before_s
 
     def cut(self, env: simpy.Environment, reach_s: float, span: bool = False,
-            made_s: float | None = None) -> None:
+            made_s: float | None = None, made_before_s: float | None = None) -> None:
         """A request sent to this engine now may reach its scheduler at `reach_s` (now or
         later) at the earliest: keep only the steps that end before then, and the step running
         now, which single stepping would have run as they are, batched before the request could
@@ -115,7 +125,11 @@ class QuietRun:
         later might come after the request's hand-off, made later). When the send comes at the
         very end of a step, `made_s` (when the event that sends the request was made, where
         known) says which came first in single stepping: a step begun before that event was
-        made ended first, and the next one, begun then, is the one running.
+        made ended first, and the next one, begun then, is the one running. A step begun at the
+        very instant that event was made began in the callback of the previous step's end,
+        whose timeout was made at that step's start; the event was made in the callback of an
+        event made at `made_before_s` (where known): SimPy ran the callback of the one made
+        first first, so the step began first when the previous step began before then.
 
         With `span` (the request's way to the engine only hands it on: the API server's path,
         then its hand-off, which adds it to the waiting queue), the step after those, which
@@ -132,11 +146,14 @@ class QuietRun:
         now = env.now
         before = bisect_left(ends, reach_s)      # the steps that end before reach_s
         running = bisect_left(ends, now)         # the step running now
-        if made_s is not None and running < len(ends) - 1 and ends[running] == now \
-                and (ends[running - 1] if running else self.start_s) < made_s:
-            # The step ending now began before the event that sends the request was made, so
-            # single stepping ended it first, and began the next one, before the send.
-            running += 1
+        if made_s is not None and running < len(ends) - 1 and ends[running] == now:
+            began = ends[running - 1] if running else self.start_s
+            prior = self._prior_s(running)
+            if began < made_s or (began == made_s and made_before_s is not None
+                                  and prior is not None and prior < made_before_s):
+                # The step ending now began before the event that sends the request was made,
+                # so single stepping ended it first, and began the next one, before the send.
+                running += 1
         keep = max(before, running + 1)
         span_s = None
         finished: list = []
@@ -162,19 +179,29 @@ class QuietRun:
         self.finished = finished
         self.span_s = span_s
 
-    def yield_to(self, env: simpy.Environment, t: float) -> None:
+    def yield_to(self, env: simpy.Environment, t: float, woke_s: float | None = None) -> None:
         """An event made now falls due at `t`. Where the run's wait falls due at `t` too and
         single stepping would make the timeout of the step ending then only later (at that
         step's start, after now), the wait is made again now, after the event, so that the
-        event comes first at that instant, as it would have."""
+        event comes first at that instant, as it would have. A step beginning now would have
+        begun in the callback of the previous step's end, whose timeout was made at that step's
+        start; the event is made in the callback of an event made at `woke_s` (where known):
+        SimPy runs the callback of the one made first first, so the step's timeout comes after
+        the event when `woke_s` is before the previous step's start."""
         wait = self.wait
         if wait is None:
             return
         ends = self.ends_s
         w = len(ends) - (2 if self.span_s is not None else 1)   # the step the wait ends with
-        if ends[w] != t or not env.now < (ends[w - 1] if w else self.start_s):
+        if ends[w] != t:
             return
-        delay = _exact_delay(env.now, t)
+        began = ends[w - 1] if w else self.start_s
+        now = env.now
+        prior = self._prior_s(w)
+        if not (now < began or (now == began and woke_s is not None and prior is not None
+                                and woke_s < prior)):
+            return
+        delay = _exact_delay(now, t)
         if delay is not None:
             self._move_wait(env, delay)
 
