@@ -38,6 +38,8 @@ from simcore.errors import ConfigError
 
 API_PORT, DP_RPC_PORT, RAY_PORT, MP_MASTER_PORT, NIXL_PORT, PROXY_PORT = (
     8000, 13345, 6379, 29501, 5600, 8192)
+ROUTER_PORT = 30000
+"""vllm-router's default port."""
 PROXY_SCRIPT = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
 
 
@@ -98,7 +100,7 @@ class LaunchPlan:
     resolved: tuple[tuple[str, str, str], ...]     # (setting, value, where it came from)
     units: tuple[LaunchUnit, ...]
     front: str
-    proxy: Command | None
+    proxy: Command | None       # what clients talk to: the P/D proxy, or vLLM's router
     fabric: tuple[FabricRow, ...]
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
@@ -506,6 +508,18 @@ def _front(cfg: SimConfig, units: list[LaunchUnit], warnings: list[str],
             notes.append(f"host.api_server_count {cfg.host.api_server_count}: the simulation "
                          "shared these API server processes among all replicas; each replica "
                          "below runs its own")
+        if policy == "cache_aware":
+            r = cfg.router
+            argv = ["vllm-router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+                    "--policy", "cache_aware", "--cache-threshold", f"{r.cache_threshold:g}",
+                    "--balance-abs-threshold", str(r.balance_abs_threshold),
+                    "--balance-rel-threshold", f"{r.balance_rel_threshold:g}",
+                    "--worker-urls", *[f"http://{u.endpoint}" for u in units]]
+            router = Command(0, "vLLM's router (pip install vllm-router)", tuple(argv))
+            return (f"{par.num_replicas} independent deployments behind vLLM's router at "
+                    f"{host(0)}:{ROUTER_PORT} with its cache_aware policy (as router.policy; "
+                    "the simulated router matched prompts by KV block, the real one matches "
+                    "their text): " + ", ".join(u.endpoint for u in units), router)
         reports = ("; the simulated router saw load reports every "
                    f"{cfg.router.periodic_infra_update_time_s:g} s" if policy != "round_robin"
                    else "")          # round robin reads no load

@@ -408,11 +408,16 @@ class RouterConfig(BaseModel):
 
     model_config = _FROZEN
 
-    policy: Literal["round_robin", "least_outstanding", "prefix_affinity"] = Field(
+    policy: Literal["round_robin", "least_outstanding", "prefix_affinity", "cache_aware"] = Field(
         "round_robin", description="round_robin: in turn; least_outstanding: fewest running + "
         "waiting requests in the last load report; prefix_affinity: the replica that was sent the "
         "longest matching prompt prefix, unless its reported load exceeds the least loaded "
-        "replica's by more than balance_threshold.")
+        "replica's by more than balance_threshold; cache_aware: vLLM's router's policy of that "
+        "name (vllm-router --policy cache_aware): on its own count of requests in flight, the "
+        "least loaded replica when the loads are imbalanced (balance_abs_threshold and "
+        "balance_rel_threshold), else the replica that was sent the longest prefix of the "
+        "request's prompt where it is more than cache_threshold of the prompt, else the least "
+        "loaded.")
     periodic_infra_update_time_s: float = Field(0.05, ge=0.001, description="Seconds between the "
                                                 "load reports engines publish to the router "
                                                 "(at least 1 ms: no engine step is shorter); "
@@ -420,15 +425,30 @@ class RouterConfig(BaseModel):
                                                 "stale.")
     balance_threshold: int = Field(16, ge=0, description="prefix_affinity: outstanding-request gap "
                                    "beyond which balance wins over cache affinity.")
+    cache_threshold: float = Field(0.3, ge=0.0, le=1.0, description="cache_aware: the share of "
+                                   "the prompt its longest match must exceed for the request to "
+                                   "follow it (vllm-router --cache-threshold; its default).")
+    balance_abs_threshold: int = Field(64, ge=0, description="cache_aware: the loads are "
+                                       "imbalanced when the busiest replica has more than this "
+                                       "many requests in flight over the idlest (vllm-router "
+                                       "--balance-abs-threshold; its default) ...")
+    balance_rel_threshold: float = Field(1.5, ge=1.0, description="cache_aware: ... and more "
+                                         "than this many times as many (vllm-router "
+                                         "--balance-rel-threshold; its default).")
 
     @model_validator(mode="after")
     def _check_policy_reads(self) -> "RouterConfig":
         if away_from_default(self, "balance_threshold") and self.policy != "prefix_affinity":
             raise ValueError(f"balance_threshold: only read by policy prefix_affinity, not "
                              f"{self.policy}")
+        for name in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold"):
+            if away_from_default(self, name) and self.policy != "cache_aware":
+                raise ValueError(f"{name}: only read by policy cache_aware, not {self.policy}")
         if away_from_default(self, "periodic_infra_update_time_s") and (
-                self.policy == "round_robin"):
-            raise ValueError("periodic_infra_update_time_s: round_robin reads no load reports")
+                self.policy in ("round_robin", "cache_aware")):
+            raise ValueError(f"periodic_infra_update_time_s: {self.policy} reads no load "
+                             "reports" + (" (it counts its own requests in flight)"
+                                          if self.policy == "cache_aware" else ""))
         return self
 
 

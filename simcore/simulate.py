@@ -44,6 +44,15 @@ def host_of(model) -> HostOverheads | None:
                                                    None)
 
 
+def router_options(cfg: SimConfig) -> dict:
+    """The router's settings beyond its policy and `balance_threshold`: cache_aware's."""
+    r = cfg.router
+    if r.policy != "cache_aware":
+        return {}
+    return {"cache_threshold": r.cache_threshold, "balance_abs_threshold": r.balance_abs_threshold,
+            "balance_rel_threshold": r.balance_rel_threshold}
+
+
 def request_path(cfg: SimConfig, dep: Deployment) -> dict:
     """The API server's path before a request reaches the scheduler, as `run_serving` takes it:
     the server's measured work per request and the fitted latency (host.model vllm with an API
@@ -289,6 +298,7 @@ def _simulate_run(cfg: SimConfig, *, progress: Callable[[float, int, int], None]
         lockstep_groups=groups, env=env, cluster=cluster, kv_paths=kv_paths,
         request_timeout_s=w.request_timeout_s,
         api_servers=cfg.host.api_server_count, **request_path(cfg, dep),
+        router_options=router_options(cfg),
         **({"sched_configs": role_scheduler_configs(cfg, roles, sched_cfg, cluster)}
            if roles else {}))
     if not len(run.records):

@@ -82,7 +82,7 @@ def test_unknown_keys_anywhere(data, field):
     ("parallelism", {"tensor_parallel_size": 0}, "parallelism.tensor_parallel_size",
      "must be at least 1 (got 0)"),
     ("router", {"policy": "random"}, "router.policy",
-     "expected one of round_robin, least_outstanding, prefix_affinity (got 'random')"),
+     "expected one of round_robin, least_outstanding, prefix_affinity, cache_aware (got 'random')"),
     ("workload", {"num_prompts": 0}, "workload.num_prompts", "must be at least 1 (got 0)"),
     ("seed", "x", "seed", "expected a whole number (got 'x')"),
 ])

@@ -246,6 +246,21 @@ def test_replicas_are_independent_deployments_behind_the_router():
     assert "node0:8000" in plan.front and "node0:8001" in plan.front
 
 
+def test_cache_aware_replicas_get_vllm_router_with_the_simulated_thresholds():
+    plan = launch_plan(_cfg(parallelism={"tensor_parallel_size": 4, "num_replicas": 2},
+                            router={"policy": "cache_aware", "cache_threshold": 0.5,
+                                    "balance_abs_threshold": 8}))
+    argv = plan.proxy.argv
+    assert argv[0] == "vllm-router" and _flag(argv, "--policy") == "cache_aware"
+    assert _flag(argv, "--cache-threshold") == "0.5"
+    assert _flag(argv, "--balance-abs-threshold") == "8"
+    assert _flag(argv, "--balance-rel-threshold") == "1.5"
+    urls = argv[argv.index("--worker-urls") + 1:]
+    assert urls == ("http://node0:8000", "http://node0:8001")
+    assert "vLLM's router" in plan.front
+    assert not any("router.policy" in w for w in plan.warnings)
+
+
 # --- multi-node ---------------------------------------------------------------------------
 
 def test_data_parallel_across_nodes_gives_consistent_ranks_and_addresses():

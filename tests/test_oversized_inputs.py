@@ -232,6 +232,14 @@ def test_a_ramp_of_nan_requests_a_second_is_refused():
      "goodput.ttft: must be a positive, finite number of milliseconds"),
     ({"router.policy": "round_robin", "router.periodic_infra_update_time_s": 10},
      "periodic_infra_update_time_s: round_robin reads no load reports"),
+    ({"router.policy": "cache_aware", "router.periodic_infra_update_time_s": 10},
+     r"periodic_infra_update_time_s: cache_aware reads no load reports \(it counts its own"),
+    ({"router.policy": "prefix_affinity", "router.cache_threshold": 0.5},
+     "router.cache_threshold: only read by policy cache_aware, not prefix_affinity"),
+    ({"router.balance_rel_threshold": 2.0},
+     "router.balance_rel_threshold: only read by policy cache_aware, not round_robin"),
+    ({"router.policy": "cache_aware", "router.balance_threshold": 4},
+     "router.balance_threshold: only read by policy prefix_affinity, not cache_aware"),
 ])
 def test_settings_that_would_have_no_effect_are_refused(changes, message):
     with pytest.raises(ConfigError, match=message):

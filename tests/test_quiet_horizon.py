@@ -243,16 +243,24 @@ def test_an_event_made_during_a_run_at_its_wait_comes_first_where_single_steppin
                               0.013, 2),
                              (442, 160, 6.0, True, 128, 3, "prefix_affinity", 5 / 512,
                               2 ** -4, 0.013, 1),
+                             (442, 160, 6.0, True, 128, 3, "cache_aware", 5 / 512,
+                              2 ** -4, 0.013, 1),
+                             (498, 160, 40.0, True, 512, 4, "cache_aware", 2 ** -7, 2 ** -5,
+                              0.013, 2),
                              # Ties two events deep: a send at a step's end whose arrival was
-                             # made as that step began (406), an arrival made as the step
+                             # made as that step began (406, 429), an arrival made as the step
                              # the run's wait ends with began (416).
                              (406, 160, 40.0, True, 512, 4, "round_robin", 2 ** -7, 2 ** -5,
                               0.013, 2),
                              (416, 160, 40.0, True, 512, 4, "least_outstanding", 2 ** -7,
                               2 ** -5, 0.013, 2),
+                             (429, 160, 40.0, True, 512, 4, "cache_aware", 2 ** -7, 2 ** -5,
+                              0.013, 2),
                          ])
+@pytest.mark.parametrize("options", [None, {"balance_abs_threshold": 1,
+                                            "balance_rel_threshold": 1.0}])
 def test_runs_match_single_steps_at_exact_ties(seed, n, rate, shared, grid, replicas, router,
-                                               latency_s, report_s, sample_s, servers):
+                                               latency_s, report_s, sample_s, servers, options):
     """Dyadic step times, arrivals on a dyadic grid and a path of latency alone: arrivals,
     hand-offs and step ends meet at the very same instants, where SimPy orders events by when
     each was made. Quiet runs make their waits as single stepping makes its steps' timeouts
@@ -277,10 +285,13 @@ def test_runs_match_single_steps_at_exact_ties(seed, n, rate, shared, grid, repl
                 max_model_len=1024), num_replicas=replicas, step_model=DyadicStep(),
                 router_policy=router, report_interval_s=report_s, balance_threshold=4,
                 max_concurrency=None, max_model_len=1024, sample_interval_s=sample_s,
-                request_latency_s=latency_s, api_servers=servers)
+                request_latency_s=latency_s, api_servers=servers,
+                router_options=options if router == "cache_aware" else None)
         finally:
             loop.QUIET_LEAPS = old
 
+    if options is not None and router != "cache_aware":
+        pytest.skip("router_options are cache_aware's")
     assert snapshot(go(True)) == snapshot(go(False))
 
 

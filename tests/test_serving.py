@@ -45,7 +45,7 @@ def approx(x):
 
 def serve(specs, *, step=None, num_replicas=1, policy="round_robin", report_interval_s=4 * S,
           balance_threshold=16, max_concurrency=None, max_model_len=4096, request_timeout_s=None,
-          scheduling_policy="fcfs", **sched):
+          scheduling_policy="fcfs", router_options=None, **sched):
     base = dict(max_num_seqs=8, max_num_batched_tokens=2048, num_blocks=1000, block_size=16,
                 max_model_len=max_model_len, policy=scheduling_policy)
     base.update(sched)
@@ -54,7 +54,7 @@ def serve(specs, *, step=None, num_replicas=1, policy="round_robin", report_inte
                        router_policy=policy, report_interval_s=report_interval_s,
                        balance_threshold=balance_threshold, max_concurrency=max_concurrency,
                        max_model_len=max_model_len, sample_interval_s=1.0,
-                       request_timeout_s=request_timeout_s)
+                       request_timeout_s=request_timeout_s, router_options=router_options)
 
 
 def spec(rid, arrival_s, prompt_len, output_len, keys=()):
@@ -413,6 +413,85 @@ def test_prefix_affinity_routes_as_a_block_by_block_index(prompts, threshold):
             best = owner[keys[:j]]
         want = best if best >= 0 and loads[best] - loads[least] <= threshold else least
         assert router.route(keys) == want
+        for j in range(1, len(keys) + 1):
+            owner[keys[:j]] = want
+
+
+def test_cache_aware_follows_a_prefix_on_its_own_in_flight_count():
+    # a -> 0 (no match; loads [0, 0]: the first). b shares a's four blocks, all of its prompt:
+    # it follows a to 0 though 0 has a request in flight ([1, 0]: balanced under 64 and 1.5).
+    # c matches nothing -> the least loaded, 1. By 20S every request has completed, so the
+    # router's count is [0, 0] again and e (no match) goes to the first, 0.
+    keys = (1, 2, 3, 4)
+    specs = [spec("a", 0.0, 64, 8, keys), spec("b", S / 4, 64, 2, keys), spec("c", S / 2, 64, 2),
+             spec("e", 20 * S, 64, 2)]
+    run = serve(specs, num_replicas=2, policy="cache_aware")
+    assert [x.replica for x in run.records] == [0, 0, 1, 0]
+    assert run.num_routed_by_prefix == 1
+    assert by_id(run)["b"].num_cached_prompt_tokens == 48    # its last block is recomputed
+    # Any gap is an imbalance with thresholds 0 and 1: b goes to the idle replica instead.
+    tight = serve(specs, num_replicas=2, policy="cache_aware",
+                  router_options={"balance_abs_threshold": 0, "balance_rel_threshold": 1.0})
+    assert [x.replica for x in tight.records] == [0, 1, 0, 0]
+    assert tight.num_routed_by_prefix == 0
+
+
+def test_cache_aware_matches_the_client_prompt_not_the_chat_template():
+    """Every chat request starts with the template's blocks. prefix_affinity follows them to the
+    replica sent them last (up to its balance threshold); cache_aware, which matches the
+    request's own text as vLLM's router does, spreads the requests."""
+    from simcore.engine.request import BlockHashSpace
+    from simcore.router import Router
+
+    template = (900, 901)
+    prompts = [template + (100 * i, 100 * i + 1, 100 * i + 2) for i in range(6)]
+    aware = Router("cache_aware", 3, space=BlockHashSpace(), block_size=16)
+    assert [aware.route(k, 48, 2) for k in prompts] == [0, 1, 2, 0, 1, 2]
+    assert aware.in_flight == [2, 2, 2] and aware.num_prefix_routed == 0
+    affinity = Router("prefix_affinity", 3, space=BlockHashSpace())
+    assert [affinity.route(k) for k in prompts] == [0, 0, 0, 0, 0, 0]
+    # Two of three own blocks of prompt 1 (32 of its 48 tokens, above 0.3) follow it to 1; one
+    # of four (16 of 64, below) goes to the least loaded, which the release made replica 2.
+    aware.release(2)
+    assert aware.route(template + (100, 101, 7), 48, 2) == 1
+    assert aware.route(template + (100, 8, 9, 10), 64, 2) == 2
+    assert aware.num_prefix_routed == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 1, 8, 16, 24, 40]),
+                          st.integers(0, 3), st.integers(0, 40),
+                          st.lists(st.integers(0, 80), min_size=3, max_size=3)),
+                min_size=1, max_size=25),
+       st.sampled_from([0.0, 0.3, 0.5, 0.9]), st.sampled_from([(0, 1.0), (4, 1.5), (64, 1.5)]))
+def test_cache_aware_routes_as_vllm_router_decides(prompts, threshold, balance):
+    # Against a direct transcription of the policy: a dict of every prefix sent, the one sent
+    # it last; loads set as the router's count before each request.
+    from simcore.engine.request import BlockHashSpace
+    from simcore.router import Router
+
+    bs = 16
+    bases = [[b * 1000 + k for k in range(80)] for b in range(3)]
+    router = Router("cache_aware", 3, space=BlockHashSpace(), block_size=bs,
+                    cache_threshold=threshold, balance_abs_threshold=balance[0],
+                    balance_rel_threshold=balance[1])
+    owner: dict[tuple[int, ...], int] = {}
+    for base, shared, tail, extra, loads in prompts:
+        keys = tuple(bases[base][:shared]) + tuple(7_000_000 + base * 10 + t for t in range(tail))
+        prompt_len = len(keys) * bs + extra
+        router.in_flight[:] = loads
+        low, high = min(loads), max(loads)
+        want = loads.index(low)
+        if not (high - low > balance[0] and high > low * balance[1]):
+            matched = 0
+            for j in range(1, len(keys) + 1):
+                if keys[:j] not in owner:
+                    break
+                matched = j
+            if prompt_len and matched * bs > threshold * prompt_len:
+                want = owner[keys[:matched]]
+        assert router.route(keys, prompt_len) == want
+        assert router.in_flight[want] == loads[want] + 1
         for j in range(1, len(keys) + 1):
             owner[keys[:j]] = want
 

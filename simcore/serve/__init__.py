@@ -8,7 +8,7 @@ the step DAG over the cluster's fabric), and the observers that count the run
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -77,7 +77,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
                 request_latency_s: float = 0.0, api_servers: int = 1,
                 request_tokenize_s: Callable[[int], float] | None = None,
                 request_template: tuple[int, tuple[int, ...]] = (0, ()),
-                sched_configs: Sequence[SchedulerConfig] | None = None) -> ServingRun:
+                sched_configs: Sequence[SchedulerConfig] | None = None,
+                router_options: Mapping[str, float] | None = None) -> ServingRun:
     """Serve `specs` (sorted by arrival) on `num_replicas` engines; return every request's record.
 
     `specs` is read once, in order, as the client reaches each request (a RequestStream makes
@@ -97,6 +98,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
     which every request pays concurrently. `request_template` (tokens, keys): what the API
     server's chat template adds to every prompt the engine sees (the records keep the client's
     counts), and the keys of the full blocks its shared leading tokens fill, which come first.
+    `router_options`: the router's settings beyond `balance_threshold` (cache_aware's
+    thresholds, `simcore.router.Router`).
 
     `lockstep_groups` (expert parallelism) partitions the replicas into groups that step
     together, timed by `step_model.step_time_group` (a `GroupStepTimeModel`): while any rank of
@@ -122,7 +125,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
              for i in range(num_replicas)]
     entry = (kv_paths.prefill_instances() if kv_paths is not None and kv_paths.disaggregated
              else list(range(num_replicas)))
-    router = Router(router_policy, len(entry), space=space, balance_threshold=balance_threshold)
+    router = Router(router_policy, len(entry), space=space, balance_threshold=balance_threshold,
+                    block_size=sched_config.block_size, **(router_options or {}))
     kv = KvHandoff(kv_paths, ranks) if kv_paths is not None else None
     frontend = Frontend(env, specs, ranks, router, entry,
                         ClientSettings(max_model_len, max_concurrency, request_timeout_s),
@@ -155,7 +159,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
         env.process(EngineLoop(env, [ranks[i] for i in g], executor, observers,
                                all_events=lambda: frontend.sends_on_output,
                                sampler=sampler).process())
-    if len(entry) > 1:
+    if len(entry) > 1 and router_policy != "cache_aware":
+        # (cache_aware decides on its own count of requests in flight, not on reports.)
         env.process(frontend.reporter(report_interval_s))
     env.process(sampler.process())
     try:

@@ -55,7 +55,8 @@ class Frontend(StepObserver):
     __slots__ = ("env", "specs", "ranks", "client", "server", "router", "entry", "prefill_of",
                  "kv", "records", "progress", "total", "done", "all_done", "all_sent",
                  "backlog", "in_flight", "in_server", "servers", "sessions", "session_of",
-                 "outcomes", "thinking", "context_limit", "delivery_logs", "defer_s")
+                 "outcomes", "thinking", "context_limit", "delivery_logs", "defer_s",
+                 "entry_index")
 
     def __init__(self, env: simpy.Environment,
                  specs: Sequence[RequestSpec] | SessionStream, ranks: list[Rank],
@@ -69,6 +70,10 @@ class Frontend(StepObserver):
         self.server = server
         self.router = router
         self.entry = entry
+        # The router's index of each engine it routes to (cache_aware counts its in-flight
+        # requests by it); None where the router counts none.
+        self.entry_index = ({r: i for i, r in enumerate(entry)} if router.counts_in_flight
+                            else None)
         # With P/D disaggregation the router sees only the prefill instances.
         self.prefill_of = set(entry) if len(entry) < len(ranks) else set()
         self.kv = kv
@@ -194,6 +199,10 @@ class Frontend(StepObserver):
         self.env.timeout(session.turns[j + 1].think_s).callbacks.append(arrive)
 
     def finish(self, idx: int) -> None:
+        if self.entry_index is not None:
+            replica = self.records[idx].replica
+            if replica is not None:          # None: refused before it was routed
+                self.router.release(self.entry_index[replica])
         self.records.done(idx, self.env.now)
         self.done += 1
         self.in_flight -= 1
@@ -231,7 +240,7 @@ class Frontend(StepObserver):
             self.finish(idx)
             return
         router = self.router
-        r = self.entry[router.route(block_keys)]
+        r = self.entry[router.route(block_keys, spec.prompt_len, len(server.template_keys))]
         rec.replica = r
         rank = self.ranks[r]
         if server.active:
