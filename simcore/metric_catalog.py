@@ -183,7 +183,7 @@ METRICS: tuple[Metric, ...] = (
        "Peak KV-cache usage over the sampled times."),
     _m("num_steps", "steps", None, 0, "prediction", "Engine steps, all engines."),
     _m("num_routed_by_prefix", "requests", None, 0, "prediction",
-       "Requests the router placed by prefix affinity."),
+       "Requests the router placed by prefix affinity (prefix_affinity, cache_aware)."),
     _m("communication_fraction_of_busy", "fraction", MIN, 0, "prediction",
        "Share of busy time spent on exposed communication."),
     _m("ep_size", "GPUs", None, 0, "input", "Expert-parallel group size (DP x TP).",
