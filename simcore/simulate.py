@@ -518,7 +518,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
     m: dict = summarize(
         run.records, selected_percentiles=pcts, goodput_slos_ms=cfg.metrics.goodput,
         request_rate=w.request_rate, burstiness=w.burstiness, max_concurrency=w.max_concurrency,
-        model_id=dep.arch.name)
+        model_id=dep.arch.name, role_chunk=w.endpoint == "chat_completions")
     if w.ramp_up_strategy is not None:
         m["ramp_up_strategy"] = w.ramp_up_strategy
         m["ramp_up_start_rps"] = w.ramp_up_start_rps

@@ -220,14 +220,18 @@ class PooledGaps:
     them again: those the scan kept (at most `_KEPT_BLOCKS` blocks' worth), else made again.
 
     `token_block(i, j)` gives the token times of successful requests i .. j - 1 concatenated,
-    a new float64 array (the block's own buffer); `num_tokens`, each request's count."""
+    a new float64 array (the block's own buffer); `num_tokens`, each request's count. With
+    `role_chunk`, each request's stream opens with a chunk at its first token's time that holds
+    no token (the role chunk vLLM's chat completions server sends first): one more chunk, and
+    a gap of 0 to the first token's."""
 
-    __slots__ = ("_token_block", "_num_tokens", "size", "key_counts", "_kept")
+    __slots__ = ("_token_block", "_num_tokens", "size", "key_counts", "_kept", "_role_chunk")
 
     def __init__(self, token_block: Callable[[int, int], np.ndarray],
-                 num_tokens: np.ndarray) -> None:
+                 num_tokens: np.ndarray, role_chunk: bool = False) -> None:
         self._token_block = token_block
         self._num_tokens = num_tokens
+        self._role_chunk = role_chunk
         self.size = 0
         self.key_counts = np.zeros(1 << (64 - _KEY_SHIFT), dtype=np.int64)
         self._kept: list[np.ndarray] | None = None     # the scan's blocks of gaps, if kept
@@ -255,6 +259,10 @@ class PooledGaps:
             # Every token its own chunk (no speculative decoding): the token times are the
             # chunk times.
             chunk_times = times if new_chunk.all() else times[new_chunk]
+            if self._role_chunk:
+                opening = np.cumsum(chunks) - chunks
+                chunk_times = np.insert(chunk_times, opening, chunk_times[opening])
+                chunks = chunks + 1
             yield chunk_times, chunks
             i = j
 

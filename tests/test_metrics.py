@@ -210,6 +210,21 @@ def test_tokens_arriving_together_are_one_chunk():
     assert r["max_output_tokens_per_s"] == 2.0  # chunks at 1.0 and 1.5
 
 
+def test_chat_streams_open_with_a_role_chunk_as_vllm_counts_it():
+    # vLLM's chat server sends a chunk holding only the role before the first token's; vLLM's
+    # client takes TTFT at it, then an ITL of 0 to the first token's chunk, and counts both in
+    # the token peak. ITL: A 0 .25 .25 .5, B 0 .5 .75, C 0.
+    plain = summarize(three_done_one_failed(), selected_percentiles=[50])
+    chat = summarize(three_done_one_failed(), selected_percentiles=[50], role_chunk=True)
+    assert chat["mean_ttft_ms"] == plain["mean_ttft_ms"]
+    assert chat["mean_tpot_ms"] == plain["mean_tpot_ms"]
+    assert chat["mean_itl_ms"] == approx(2250 / 8)
+    assert chat["median_itl_ms"] == 250.0
+    # [0,1): 0.5 twice and 0.75; [1,2): 1.0 twice (C's), 1.5, 1.25 twice, 1.75, 1.0
+    assert chat["max_output_tokens_per_s"] == 7.0
+    assert chat["total_output_tokens"] == plain["total_output_tokens"]
+
+
 def test_successful_record_without_tokens_is_an_error():
     with pytest.raises(ValueError, match="no token"):
         summarize([RequestRecord("a", 4, 4, arrival_s=0.0, send_s=0.0, success=True)])
@@ -398,19 +413,21 @@ def test_pairwise_sum_and_blockwise_std_are_numpys_to_the_bit(seed, monkeypatch)
             assert blockwise_std(x) == np.std(x), (n, block)
 
 
-def _pooled_itls(records) -> np.ndarray:
-    """Every request's gaps between distinct consecutive token times, request after request."""
+def _pooled_itls(records, role_chunk: bool = False) -> np.ndarray:
+    """Every request's gaps between distinct consecutive token times, request after request
+    (with `role_chunk`, each request's led by a 0: the role chunk to the first token's)."""
     out = []
     for r in records:
         t = np.asarray(list(r.token_times_s), dtype=np.float64)
         d = np.diff(t)
-        out.append(d[d != 0])
+        out.append(np.concatenate([[0.0], d[d != 0]]) if role_chunk else d[d != 0])
     return np.concatenate(out) if out else np.empty(0)
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("block", [5, 300, 1 << 20])
-def test_pooled_itl_statistics_are_those_of_the_whole_array(seed, block, monkeypatch):
+@pytest.mark.parametrize("role_chunk", [False, True])
+def test_pooled_itl_statistics_are_those_of_the_whole_array(seed, block, role_chunk, monkeypatch):
     """Made a block of requests at a time and never held whole, the pooled ITLs' mean, std,
     median and percentiles are the floats numpy gives on the whole array: many requests
     sharing the same step gaps (one value thousands of times, as steady decoding gives),
@@ -433,8 +450,8 @@ def test_pooled_itl_statistics_are_those_of_the_whole_array(seed, block, monkeyp
         records.append(RequestRecord(str(i), 10, len(tt), float(steps[a]) - 0.01,
                                      float(steps[a]) - 0.01, token_times_s=tt, success=True))
     pcts = [0.0, 1.0, 25.0, 50.0, 90.0, 99.0, 99.9, 100.0, float(rng.uniform(0, 100))]
-    expected = latency_stats(_pooled_itls(records), "itl", pcts)
-    got = pooled_latency_stats(_pack(records).itl, "itl", pcts)
+    expected = latency_stats(_pooled_itls(records, role_chunk), "itl", pcts)
+    got = pooled_latency_stats(_pack(records, role_chunk=role_chunk).itl, "itl", pcts)
     assert got == expected
 
 
