@@ -61,6 +61,12 @@ class Router:
         self.reported_load[:] = loads
 
     @property
+    def reads_reports(self) -> bool:
+        """Whether the policy decides on the engines' load reports (`publish_all`): round_robin
+        reads no load, cache_aware its own count."""
+        return self.policy in ("least_outstanding", "prefix_affinity") and self.num_replicas > 1
+
+    @property
     def counts_in_flight(self) -> bool:
         """Whether the policy counts the requests it has in flight (`release` when each
         completes)."""

@@ -458,6 +458,30 @@ def test_cache_aware_matches_the_client_prompt_not_the_chat_template():
     assert aware.num_prefix_routed == 1
 
 
+def test_engines_report_loads_only_to_a_router_that_reads_them(monkeypatch):
+    from simcore.engine.request import BlockHashSpace
+    from simcore.router import Router
+    from simcore.serve.frontend import Frontend
+
+    reads = {p: Router(p, 2, space=BlockHashSpace()).reads_reports
+             for p in ("round_robin", "least_outstanding", "prefix_affinity", "cache_aware")}
+    assert reads == {"round_robin": False, "least_outstanding": True, "prefix_affinity": True,
+                     "cache_aware": False}
+    assert not Router("least_outstanding", 1, space=BlockHashSpace()).reads_reports
+    started = []
+    reporter = Frontend.reporter
+
+    def counting(self, interval_s):
+        started.append(self.router.policy)
+        return reporter(self, interval_s)
+
+    monkeypatch.setattr(Frontend, "reporter", counting)
+    specs = [spec(f"r{i}", i * S / 3, 64, 6) for i in range(6)]
+    for policy in reads:
+        serve(specs, num_replicas=3, policy=policy)
+    assert started == ["least_outstanding", "prefix_affinity"]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 1, 8, 16, 24, 40]),
                           st.integers(0, 3), st.integers(0, 40),

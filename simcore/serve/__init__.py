@@ -159,8 +159,8 @@ def run_serving(specs: Sequence[RequestSpec] | RequestStream | SessionStream, *,
         env.process(EngineLoop(env, [ranks[i] for i in g], executor, observers,
                                all_events=lambda: frontend.sends_on_output,
                                sampler=sampler).process())
-    if len(entry) > 1 and router_policy != "cache_aware":
-        # (cache_aware decides on its own count of requests in flight, not on reports.)
+    if router.reads_reports:
+        # Engines publish their loads only to a router that reads them.
         env.process(frontend.reporter(report_interval_s))
     env.process(sampler.process())
     try:
