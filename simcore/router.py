@@ -11,9 +11,10 @@ from simcore.engine.request import BlockHashSpace, grown
 class Router:
     """Picks a replica per request.
 
-    Engines publish their load (running + waiting requests) every
-    `periodic_infra_update_time_s`; between reports the router sees only the last report, so
-    bursts can herd onto one replica exactly as with real routers that scrape engine metrics.
+    For least_outstanding and prefix_affinity, engines publish their load (running + waiting
+    requests) every `periodic_infra_update_time_s`; between reports the router sees only the
+    last report, so bursts can herd onto one replica exactly as with real routers that scrape
+    engine metrics.
     Prefix affinity keeps its own index of the prompt blocks it has sent where (as cache-aware
     routers do), since it cannot see the engines' caches.
 
@@ -52,8 +53,8 @@ class Router:
         self._prefix_owner = np.full(1024, -1, dtype=np.int32)
         self.num_prefix_routed = 0
         self.last_hashes: np.ndarray | None = None
-        """Chained hashes of the last routed prompt's keyed blocks (prefix_affinity only), so the
-        engine need not hash them again."""
+        """Chained hashes of the last routed prompt's keyed blocks (prefix_affinity and
+        cache_aware), so the engine need not hash them again."""
 
     def publish_all(self, loads: list[int]) -> None:
         """Every replica's load report (running + waiting requests), in replica order, as of
