@@ -403,6 +403,10 @@ class EngineConfig(BaseModel):
         return self
 
 
+CACHE_AWARE_SETTINGS = ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold")
+"""The router settings only policy cache_aware reads."""
+
+
 class RouterConfig(BaseModel):
     """How requests are spread over the data-parallel replicas."""
 
@@ -441,7 +445,7 @@ class RouterConfig(BaseModel):
         if away_from_default(self, "balance_threshold") and self.policy != "prefix_affinity":
             raise ValueError(f"balance_threshold: only read by policy prefix_affinity, not "
                              f"{self.policy}")
-        for name in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold"):
+        for name in CACHE_AWARE_SETTINGS:
             if away_from_default(self, name) and self.policy != "cache_aware":
                 raise ValueError(f"{name}: only read by policy cache_aware, not {self.policy}")
         if away_from_default(self, "periodic_infra_update_time_s") and (

@@ -96,22 +96,30 @@ class Router:
         if self.policy == "least_outstanding":
             return least
         # prefix_affinity: the replica that was sent the longest run of this prompt's blocks.
-        # Only blocks interned before this prompt can have been sent somewhere.
-        ids, known = self.space.chain(block_keys)
-        owner = self._prefix_owner = grown(self._prefix_owner, self.space.num_keyed + 1, -1)
-        best = -1
-        if known:
-            sent = owner[ids[:known]]
-            unsent = sent < 0
-            stop = int(unsent.argmax()) if unsent.any() else known
-            if stop:
-                best = int(sent[stop - 1])
+        ids, stop, best = self._longest_sent(block_keys)
         if best >= 0 and self.reported_load[best] - self.reported_load[least] <= self.balance_threshold:
             choice = best
             self.num_prefix_routed += 1
         else:
             choice = least
-        owner[ids] = choice
+        return self._record(ids, choice)
+
+    def _longest_sent(self, block_keys: tuple[int, ...]) -> tuple[np.ndarray, int, int]:
+        """(the prompt's chained block ids, how many of its leading blocks some replica was sent,
+        the replica sent the last of them, -1 if none). Only blocks interned before this prompt
+        can have been sent somewhere."""
+        ids, known = self.space.chain(block_keys)
+        self._prefix_owner = grown(self._prefix_owner, self.space.num_keyed + 1, -1)
+        if not known:
+            return ids, 0, -1
+        sent = self._prefix_owner[ids[:known]]
+        unsent = sent < 0
+        stop = int(unsent.argmax()) if unsent.any() else known
+        return ids, stop, int(sent[stop - 1]) if stop else -1
+
+    def _record(self, ids: np.ndarray, choice: int) -> int:
+        """The prompt of blocks `ids` was sent to `choice` (returned)."""
+        self._prefix_owner[ids] = choice
         self.last_hashes = ids
         return choice
 
@@ -119,25 +127,18 @@ class Router:
                      lead_blocks: int) -> int:
         load = self.in_flight
         low, high = min(load), max(load)
-        ids, known = self.space.chain(block_keys)
-        owner = self._prefix_owner = grown(self._prefix_owner, self.space.num_keyed + 1, -1)
-        choice = -1
+        ids, stop, best = self._longest_sent(block_keys)
+        # The chat template's leading blocks are not the request's text: they do not count.
         if not (high - low > self.balance_abs_threshold
-                and high > low * self.balance_rel_threshold) and known > lead_blocks:
-            sent = owner[ids[:known]]
-            unsent = sent < 0
-            stop = int(unsent.argmax()) if unsent.any() else known
-            matched = (stop - lead_blocks) * self.block_size
-            if stop > lead_blocks and prompt_len > 0 \
-                    and matched > self.cache_threshold * prompt_len:
-                choice = int(sent[stop - 1])
-                self.num_prefix_routed += 1
-        if choice < 0:
+                and high > low * self.balance_rel_threshold) and stop > lead_blocks \
+                and prompt_len > 0 \
+                and (stop - lead_blocks) * self.block_size > self.cache_threshold * prompt_len:
+            choice = best
+            self.num_prefix_routed += 1
+        else:
             choice = load.index(low)
-        owner[ids] = choice
-        self.last_hashes = ids
         load[choice] += 1
-        return choice
+        return self._record(ids, choice)
 
     def _least_loaded(self) -> int:
         """Least reported load; ties broken in rotation so equal replicas share a burst."""

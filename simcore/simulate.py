@@ -16,7 +16,7 @@ from simcore import __version__
 from simcore.cluster import FABRIC_HEALTH_METRICS
 from simcore.cluster import HEADLINE_METRICS as CLUSTER_HEADLINE_METRICS
 from simcore.cluster import STEP_SLOWDOWN_METRIC
-from simcore.config import SimConfig
+from simcore.config import CACHE_AWARE_SETTINGS, SimConfig
 from simcore.engine.scheduler import SchedulerConfig
 from simcore.engine.speculative import (LOOKAHEAD_METHODS, SpecDecodeParams,
                                         spec_decode_summary)
@@ -47,10 +47,8 @@ def host_of(model) -> HostOverheads | None:
 def router_options(cfg: SimConfig) -> dict:
     """The router's settings beyond its policy and `balance_threshold`: cache_aware's."""
     r = cfg.router
-    if r.policy != "cache_aware":
-        return {}
-    return {"cache_threshold": r.cache_threshold, "balance_abs_threshold": r.balance_abs_threshold,
-            "balance_rel_threshold": r.balance_rel_threshold}
+    return ({name: getattr(r, name) for name in CACHE_AWARE_SETTINGS}
+            if r.policy == "cache_aware" else {})
 
 
 def request_path(cfg: SimConfig, dep: Deployment) -> dict:

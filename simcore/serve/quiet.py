@@ -100,12 +100,13 @@ class QuietRun:
     """When the step before the run began (whose end's callback began the run), where known
     (the engine loop sets it)."""
 
-    def _prior_s(self, i: int) -> float | None:
-        """When the step before step `i` began, as single stepping runs them: its timeout,
-        made then, is the event in whose callback step `i` began (None where unknown)."""
-        if i > 1:
-            return self.ends_s[i - 2]
-        return self.start_s if i == 1 else self.before_s
+    def _began_s(self, i: int) -> float | None:
+        """When step `i` began (-1: the step before the run, None where unknown). In single
+        stepping step `i + 1` begins in the callback of step `i`'s end, whose timeout was made
+        as step `i` began."""
+        if i > 0:
+            return self.ends_s[i - 1]
+        return self.start_s if i == 0 else self.before_s
 
     def cut(self, env: simpy.Environment, reach_s: float, span: bool = False,
             made_s: float | None = None, made_before_s: float | None = None) -> None:
@@ -147,8 +148,7 @@ class QuietRun:
         before = bisect_left(ends, reach_s)      # the steps that end before reach_s
         running = bisect_left(ends, now)         # the step running now
         if made_s is not None and running < len(ends) - 1 and ends[running] == now:
-            began = ends[running - 1] if running else self.start_s
-            prior = self._prior_s(running)
+            began, prior = self._began_s(running), self._began_s(running - 1)
             if began < made_s or (began == made_s and made_before_s is not None
                                   and prior is not None and prior < made_before_s):
                 # The step ending now began before the event that sends the request was made,
@@ -195,9 +195,8 @@ class QuietRun:
         w = len(ends) - (2 if self.span_s is not None else 1)   # the step the wait ends with
         if ends[w] != t:
             return
-        began = ends[w - 1] if w else self.start_s
+        began, prior = self._began_s(w), self._began_s(w - 1)
         now = env.now
-        prior = self._prior_s(w)
         if not (now < began or (now == began and woke_s is not None and prior is not None
                                 and woke_s < prior)):
             return
