@@ -263,7 +263,8 @@ def held_out_rows() -> list[Row]:
                         note=f"coverage {st['coverage']:.0%}; target >= {COVERAGE_TARGET:.0%}: "
                              f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}; "
                              f"{over}: coverage {_span(iv['coverage'], '.0%')}"))
-    return rows + class_rows(outcomes, src) + decode_step_rows(outcomes) + [fit_part_row(cases)]
+    return (rows + class_rows(outcomes, src) + decode_step_rows(outcomes) + peak_rows(outcomes)
+            + [fit_part_row(cases)])
 
 
 def _span(interval: tuple[float, float], fmt: str) -> str:
@@ -371,6 +372,47 @@ def decode_step_rows(outcomes) -> list[Row]:
                                  "(informational: the decode step apart)"))
     return rows
 
+
+
+KV_FULL = 0.95
+"""The simulated peak KV-cache usage from which a case's decode batch counts as held by the
+KV cache (`peak_rows`)."""
+
+
+def peak_rows(outcomes) -> list[Row]:
+    """The busiest second checked apart (informational, no bound): for each held-out case whose
+    source prints `vllm bench serve`'s peak output throughput (the most tokens streamed in one
+    second of the run), the simulated peak against it, and over the cases whose simulated KV
+    cache fills (peak usage from `KV_FULL`) and those whose does not, the median |error| and
+    signed error. Where the KV cache fills, the peak is about the most sequences the cache holds
+    at once times the steps a second, so it checks the cache's capacity and the admission beside
+    the step (which the median ITL checks alone); where it does not, a burst's prefill and the
+    server's pace. The simulation is the case's first draw."""
+    rows, by, urls = [], {True: [], False: []}, []
+    for o in outcomes:
+        if o.peak is None or o.case.peak_output_tps is None:
+            continue
+        if o.case.source not in urls:
+            urls.append(o.case.source)
+        peak, usage = o.peak
+        m = o.case.peak_output_tps
+        full = usage >= KV_FULL
+        rows.append(Row("end_to_end", f"{o.case.id} peak output throughput", peak, m, "tok/s",
+                        math.inf, o.case.source, note=f"the busiest second apart: simulated "
+                        f"peak KV-cache usage {usage:.0%} (informational)"))
+        by[full].append((peak - m) / m)
+    src = ("the peak output throughput of held-out cases of the end-to-end validation set "
+           "(simcore/data/validation): " + ", ".join(sorted(urls)))
+    for full, label in ((True, "KV cache filled"), (False, "KV cache not filled")):
+        errs = by[full]
+        if errs:
+            rows.append(Row("end_to_end", f"held-out peak output throughput, {label}: "
+                            "median |error|", statistics.median(abs(e) for e in errs),
+                            len(errs), "cases", math.inf, src, "statistic",
+                            note=f"median signed {statistics.median(errs):+.1%} (informational: "
+                                 f"the busiest second apart; filled: simulated peak usage from "
+                                 f"{KV_FULL:.0%})"))
+    return rows
 
 # ---- the suite ------------------------------------------------------------------------------
 

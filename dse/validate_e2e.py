@@ -89,6 +89,7 @@ class Case:
     notes: list[str] = field(default_factory=list)
     draws: tuple = ()   # a ShareGPT load: (prompt lens, output lens) per draw, seed 0's first
     median_itl_ms: float | None = None  # the run's median ITL where the source prints it
+    peak_output_tps: float | None = None  # its peak output tokens/s where the source prints it
 
     @property
     def lengths(self) -> tuple | None:
@@ -398,12 +399,17 @@ def row_case(row: dict) -> Case | str:
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload
-    itl = _num(((row.get("metrics") or {}).get("extra") or {}).get("median_itl_ms"))
-    if itl is not None and not (math.isfinite(itl) and itl > 0):
-        itl = None
+    extra = (row.get("metrics") or {}).get("extra") or {}
+    itl, peak = (_positive(_num(extra.get(k))) for k in ("median_itl_ms",
+                                                         "peak_output_throughput"))
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
                 source=str((row.get("source") or {}).get("url")), notes=notes,
-                draws=tuple(draws), median_itl_ms=itl)
+                draws=tuple(draws), median_itl_ms=itl, peak_output_tps=peak)
+
+
+def _positive(x: float | None) -> float | None:
+    """`x` where it is a finite positive number, else None."""
+    return x if x is not None and math.isfinite(x) and x > 0 else None
 
 
 def load_cases(folder: Path = VALIDATION_DIR) -> tuple[list[Case], list[tuple[str, str]]]:
@@ -517,6 +523,7 @@ class Outcome:
     high: dict[str, float]
     draw_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # several draws
     step: tuple[float, float] | None = None   # simulated (median ITL ms, mean batch sequences)
+    peak: tuple[float, float] | None = None   # simulated (peak output tok/s, peak KV usage)
 
     def error(self, family: str) -> float:
         """(predicted - measured) / measured."""
@@ -545,11 +552,16 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
     step = ((float(result["median_itl_ms"]), float(result["mean_batch_seqs"]))
             if case.median_itl_ms is not None and result.get("median_itl_ms") is not None
             else None)
+    # The busiest second's output checked apart where the source prints it: the first draw's.
+    peak = ((float(result["max_output_tokens_per_s"]), float(result["max_kv_cache_usage"]))
+            if case.peak_output_tps is not None
+            and result.get("max_output_tokens_per_s") is not None
+            and result.get("max_kv_cache_usage") is not None else None)
     low, high = {}, {}
     for fam, key in case.keys.items():
         e = env.get(key, {"low": pred[fam], "high": pred[fam]})
         low[fam], high[fam] = e["low"], e["high"]
-    return Outcome(case, pred, low, high, spread, step)
+    return Outcome(case, pred, low, high, spread, step, peak)
 
 
 BOOTSTRAP_DRAWS = 2000

@@ -334,6 +334,18 @@ def test_cases_carry_the_median_itl_their_sources_print(cases):
         assert c.median_itl_ms == (None if printed[c.id] is None else float(printed[c.id]))
 
 
+
+def _apart(rows, cases, what: str, unit: str):
+    """(the per-case rows, the statistics by name) of a check apart, after the checks every
+    such check passes: one informational row per case with a simulated value, in order, each
+    with its unit and the sources named."""
+    per_case = [r for r in rows if r.error_kind == "relative"]
+    assert [r.name for r in per_case] == [f"{c.id} {what}" for c in cases]
+    assert all(r.unit == unit for r in per_case)
+    assert all(r.tolerance == float("inf") for r in rows)
+    assert all("https://" in r.source for r in rows)
+    return per_case, {r.name: r for r in rows if r.error_kind == "statistic"}
+
 def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
     from dse.validate import BATCHES, MIN_ITL_OUTPUT, decode_step_rows
 
@@ -352,15 +364,10 @@ def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
         outcomes.append(Outcome(c, {}, {}, {}, {}, (c.median_itl_ms * f, batch)))
     outcomes.append(Outcome(long[0], {}, {}, {}, {}, None))
     outcomes.append(Outcome(short[0], {}, {}, {}, {}, (short[0].median_itl_ms, 300)))
-    rows = decode_step_rows(outcomes)
-    per_case = [r for r in rows if r.error_kind == "relative"]
-    assert [r.name for r in per_case] == [f"{c.id} median ITL" for c in long]
-    assert all(r.unit == "ms" for r in per_case)
-    assert all(r.tolerance == float("inf") for r in rows)
+    per_case, stats = _apart(decode_step_rows(outcomes), long, "median ITL", "ms")
     assert per_case[0].reference == long[0].median_itl_ms
     assert per_case[0].error == pytest.approx(0.1)
     assert "mean batch 4.0 sequences" in per_case[0].note
-    stats = {r.name: r for r in rows if r.error_kind == "statistic"}
     assert len(stats) == len(BATCHES)
     # Under 16: the 10% over alone (16 is the next range's); 16-255: 30% under, 10% over;
     # 256+: 30% under twice, 10% over once.
@@ -372,14 +379,49 @@ def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
     assert "median signed -10.0%" in mid.note
     assert big.reference == 3 and big.predicted == pytest.approx(0.3)
     assert "median signed -30.0%" in big.note
-    assert all("https://" in r.source for r in rows)
 
 
-def test_a_median_itl_that_is_not_a_positive_number_is_not_taken():
+
+def test_cases_carry_the_peak_output_throughput_their_sources_print(cases):
+    ok, _ = cases
+    printed = {r["id"]: ((r.get("metrics") or {}).get("extra") or {})
+               .get("peak_output_throughput") for r in load_rows()}
+    assert sum(c.peak_output_tps is not None for c in ok) >= 30
+    for c in ok:
+        assert c.peak_output_tps == (None if printed[c.id] is None else float(printed[c.id]))
+
+
+def test_the_busiest_second_is_checked_apart_by_kv_cache_fill(cases):
+    from dse.validate import KV_FULL, peak_rows
+
+    ok, _ = cases
+    with_peak = [c for c in ok if c.split == "held_out" and c.peak_output_tps is not None][:5]
+    assert len(with_peak) == 5
+    # Synthetic peaks (no simulation): the first two with the KV cache filled (the first at
+    # `KV_FULL` exactly), 40% under and 10% over the measured; the other three not filled, 20%
+    # over, 20% over and 50% under; a case without a simulated peak, left out.
+    usage = (KV_FULL, 1.0, 0.5, 0.94, 0.0)
+    f = (0.6, 1.1, 1.2, 1.2, 0.5)
+    outcomes = [Outcome(c, {}, {}, {}, {}, None, (c.peak_output_tps * f[i], usage[i]))
+                for i, c in enumerate(with_peak)]
+    outcomes.append(Outcome(with_peak[0], {}, {}, {}, {}, None, None))
+    per_case, stats = _apart(peak_rows(outcomes), with_peak, "peak output throughput", "tok/s")
+    assert per_case[0].reference == with_peak[0].peak_output_tps
+    assert per_case[0].error == pytest.approx(0.4)
+    assert "peak KV-cache usage 95%" in per_case[0].note
+    filled = stats["held-out peak output throughput, KV cache filled: median |error|"]
+    not_filled = stats["held-out peak output throughput, KV cache not filled: median |error|"]
+    assert filled.reference == 2 and filled.predicted == pytest.approx(0.25)
+    assert "median signed -15.0%" in filled.note
+    assert not_filled.reference == 3 and not_filled.predicted == pytest.approx(0.2)
+    assert "median signed +20.0%" in not_filled.note
+
+def test_a_median_itl_or_peak_that_is_not_a_positive_number_is_not_taken():
     row = next(r for r in load_rows() if ((r.get("metrics") or {}).get("extra") or {})
                .get("median_itl_ms"))
     for bad in (0, -3.0, "nan"):
         r = json.loads(json.dumps(row))
         r["metrics"]["extra"]["median_itl_ms"] = bad
+        r["metrics"]["extra"]["peak_output_throughput"] = bad
         case = row_case(r)
-        assert case.median_itl_ms is None
+        assert case.median_itl_ms is None and case.peak_output_tps is None
