@@ -345,14 +345,13 @@ def decode_step_rows(outcomes) -> list[Row]:
     the server's pace) without the queueing that TTFT and mean TPOT hold; a prompt chunk in a
     step lengthens the gaps around it, which the median mostly leaves out. The simulation is
     the case's first draw, the batch its mean over the run."""
-    rows, by, urls = [], {label: [] for _, _, label in BATCHES}, []
+    rows, by, urls = [], {label: [] for _, _, label in BATCHES}, set()
     for o in outcomes:
         out = o.case.mean_output_tokens()
         if o.step is None or o.case.median_itl_ms is None or out is None \
                 or out < MIN_ITL_OUTPUT:
             continue
-        if o.case.source not in urls:
-            urls.append(o.case.source)
+        urls.add(o.case.source)
         itl, batch = o.step
         m = o.case.median_itl_ms
         rows.append(Row("end_to_end", f"{o.case.id} median ITL", itl, m, "ms", math.inf,
@@ -362,16 +361,19 @@ def decode_step_rows(outcomes) -> list[Row]:
         by[label].append((itl - m) / m)
     src = ("the median ITL of held-out cases of the end-to-end validation set "
            "(simcore/data/validation): " + ", ".join(sorted(urls)))
-    for _, _, label in BATCHES:
-        errs = by[label]
-        if errs:
-            rows.append(Row("end_to_end", f"held-out median ITL, batch {label}: median |error|",
-                            statistics.median(abs(e) for e in errs), len(errs), "cases",
-                            math.inf, src, "statistic",
-                            note=f"median signed {statistics.median(errs):+.1%} "
-                                 "(informational: the decode step apart)"))
+    rows += [_apart_summary(f"held-out median ITL, batch {label}: median |error|", by[label],
+                            src, "the decode step apart")
+             for _, _, label in BATCHES if by[label]]
     return rows
 
+
+def _apart_summary(name: str, errs: list[float], src: str, what: str) -> Row:
+    """The summary row of a check apart over its cases' relative errors `errs`: their median
+    |error| against the number of cases, the median signed error in the note (informational,
+    no bound); `what`, what the check is."""
+    return Row("end_to_end", name, statistics.median(abs(e) for e in errs), len(errs), "cases",
+               math.inf, src, "statistic",
+               note=f"median signed {statistics.median(errs):+.1%} (informational: {what})")
 
 
 KV_FULL = 0.95
@@ -388,12 +390,11 @@ def peak_rows(outcomes) -> list[Row]:
     at once times the steps a second, so it checks the cache's capacity and the admission beside
     the step (which the median ITL checks alone); where it does not, a burst's prefill and the
     server's pace. The simulation is the case's first draw."""
-    rows, by, urls = [], {True: [], False: []}, []
+    rows, by, urls = [], {True: [], False: []}, set()
     for o in outcomes:
         if o.peak is None or o.case.peak_output_tps is None:
             continue
-        if o.case.source not in urls:
-            urls.append(o.case.source)
+        urls.add(o.case.source)
         peak, usage = o.peak
         m = o.case.peak_output_tps
         full = usage >= KV_FULL
@@ -403,16 +404,13 @@ def peak_rows(outcomes) -> list[Row]:
         by[full].append((peak - m) / m)
     src = ("the peak output throughput of held-out cases of the end-to-end validation set "
            "(simcore/data/validation): " + ", ".join(sorted(urls)))
-    for full, label in ((True, "KV cache filled"), (False, "KV cache not filled")):
-        errs = by[full]
-        if errs:
-            rows.append(Row("end_to_end", f"held-out peak output throughput, {label}: "
-                            "median |error|", statistics.median(abs(e) for e in errs),
-                            len(errs), "cases", math.inf, src, "statistic",
-                            note=f"median signed {statistics.median(errs):+.1%} (informational: "
-                                 f"the busiest second apart; filled: simulated peak usage from "
-                                 f"{KV_FULL:.0%})"))
+    rows += [_apart_summary(f"held-out peak output throughput, {label}: median |error|",
+                            by[full], src, "the busiest second apart; filled: simulated peak "
+                            f"usage from {KV_FULL:.0%}")
+             for full, label in ((True, "KV cache filled"), (False, "KV cache not filled"))
+             if by[full]]
     return rows
+
 
 # ---- the suite ------------------------------------------------------------------------------
 
