@@ -1,5 +1,6 @@
 """`dse calibrate`: fit a calibration profile from measurements, or a kernel profile from
-AIConfigurator's database, and list the shipped ones with their held-out errors."""
+AIConfigurator's database, and list the shipped ones with their held-out errors; or measure
+this CPU's host speed (`--host`)."""
 
 from __future__ import annotations
 
@@ -32,17 +33,32 @@ from simcore.errors import ConfigError
                    "measurements of SYSTEM (h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...), "
                    "and its SGLang measurements of vLLM's Marlin MoE kernel at the shapes "
                    "vLLM's lack.")
+@click.option("--host", "host", is_flag=True,
+              help="Measure this CPU's host speed (host.host_speed): the reference Python "
+                   "workloads timed here against the CPU that measured vLLM's CPU costs. Run it "
+                   "on a machine with the serving host's CPU.")
 def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
               node: str | None, holdout: float, seed: int, profile_id: str | None,
-              list_profiles: bool, aiconfigurator: str | None) -> None:
+              list_profiles: bool, aiconfigurator: str | None, host: bool) -> None:
     """Fit a calibration profile from MEASUREMENTS (files or directories in vidur's layout), or
     a kernel profile from AIConfigurator's database (--from-aiconfigurator), write it, and print
-    the error distribution on what was held out of the fit."""
+    the error distribution on what was held out of the fit; or measure this CPU's host speed
+    (--host)."""
     ctx = click.get_current_context()
     given = {name for name in ("out", "gpu", "node", "holdout", "seed", "profile_id",
                                "aiconfigurator")
              if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
     try:
+        if host:
+            if measurements or given or list_profiles:
+                what = ", ".join(f"--{n.replace('_', '-')}" for n in
+                                 sorted(given | ({"list"} if list_profiles else set()))) \
+                    or "measurement files"
+                _fail(f"calibrate: --host measures this CPU and takes nothing else (got {what})")
+            from dse.host_speed import measure
+
+            click.echo(measure().render())
+            return
         if list_profiles:
             if measurements or given:
                 what = ", ".join(f"--{n.replace('_', '-')}" for n in sorted(given)) or \
