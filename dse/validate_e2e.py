@@ -14,8 +14,10 @@ parallelism, engine limits and load, and the measured value of each metric famil
 How a load is rebuilt: `benchmark_latency` is one batch of `batch` requests of fixed lengths sent
 at once; `benchmark_throughput` is all prompts at once with `vllm`'s offline (LLM class) batch
 limits; `vllm bench serve` / `benchmark_serving.py` keep their request rate and concurrency.
-Random loads take the measured mean lengths where the output printed its token totals (runs
-without --ignore-eos stop early), else the lengths on the command line. ShareGPT loads draw their
+Random loads take the measured mean lengths where the output printed its token totals, else the
+lengths on the command line; where outputs stopped at the end of sequence (no --ignore-eos, a
+measured mean under the cap), their lengths spread as a constant per-token hazard gives them,
+with the measured mean (`eos_output_lengths`). ShareGPT loads draw their
 requests as vLLM's sharegpt sampler does, from the shipped first-turn lengths
 (`simcore/data/datasets/sharegpt_v3_first_turn_llama3.csv`: the first human turn and first reply
 of each conversation, Llama-3 tokens; the same counted with the row's model's own tokenizer
@@ -87,18 +89,19 @@ class Case:
     keys: dict[str, str]              # family -> the result key compared
     source: str                       # URL
     notes: list[str] = field(default_factory=list)
-    draws: tuple = ()   # a ShareGPT load: (prompt lens, output lens) per draw, seed 0's first
+    draws: tuple = ()   # (prompt lens, output lens) per draw, seed 0's first: ShareGPT, early stops
     median_itl_ms: float | None = None  # the run's median ITL where the source prints it
     peak_output_tps: float | None = None  # its peak output tokens/s where the source prints it
 
     @property
     def lengths(self) -> tuple | None:
-        """The seed-0 draw's (prompt lens, output lens) of a ShareGPT load, else None."""
+        """The seed-0 draw's (prompt lens, output lens) of a ShareGPT load or of random prompts
+        whose outputs stop at the end of sequence, else None."""
         return self.draws[0] if self.draws else None
 
     def mean_output_tokens(self) -> float | None:
-        """The mean output tokens a request of the load samples (the seed-0 draw's, for a
-        ShareGPT load), or None where the load is neither random nor ShareGPT."""
+        """The mean output tokens a request of the load samples (the seed-0 draw's, where it has
+        draws), or None where the load is neither random nor ShareGPT."""
         if self.draws:
             outputs = self.lengths[1]
             return sum(outputs) / len(outputs)
@@ -193,6 +196,39 @@ and concurrency limits), which are simulated with the one seed-0 draw."""
 def _scaled(lengths: np.ndarray, mean: float) -> list[int]:
     """`lengths` scaled to the mean `mean` (each at least 1 token)."""
     return np.maximum(1, np.rint(lengths * mean / lengths.mean())).astype(int).tolist()
+
+
+def eos_hazard(mean: float, cap: int) -> float:
+    """The per-token probability h of sampling the end of sequence under which outputs capped at
+    `cap` tokens average `mean` (`mean` < `cap`): the truncated geometric mean
+    (1 - (1 - h)^cap) / h, solved by bisection."""
+    lo, hi = 1e-12, 1.0
+    for _ in range(200):
+        h = (lo + hi) / 2
+        if (1 - (1 - h) ** cap) / h > mean:
+            lo = h
+        else:
+            hi = h
+    return (lo + hi) / 2
+
+
+def eos_output_lengths(n: int, mean: float, cap: int, seed: int = 0) -> list[int]:
+    """`n` output lengths of requests that stop at the end of sequence with a constant
+    per-token probability (`eos_hazard`) or at `cap` tokens, averaging `mean`: the distribution's
+    quantiles at (i + 0.5) / n (the sampled end-of-sequence token counted, as vLLM counts it),
+    in an order shuffled by `seed`.
+
+    vllm bench serve's random prompts without --ignore-eos end where the model samples its end
+    of sequence; the source prints only their mean. With only the mean and the cap known, a
+    constant hazard is the least-informed law (the geometric distribution, cut at the cap), and
+    its spread matters: a short output's few decode steps ride along with the long prefills of
+    the requests after it, so the mean TPOT, over requests, depends on how many outputs are
+    short, where one length for all has none."""
+    h = eos_hazard(mean, cap)
+    u = (np.arange(n) + 0.5) / n
+    lengths = np.clip(np.ceil(np.log1p(-u) / np.log1p(-h)), 1, cap).astype(int)
+    np.random.default_rng(seed).shuffle(lengths)
+    return lengths.tolist()
 
 
 def _settings(text: str) -> dict[str, str]:
@@ -374,7 +410,17 @@ def row_case(row: dict) -> Case | str:
             return "random load without lengths"
         workload["dataset"] = {"kind": "random", "input_len": int(round(li)),
                                "output_len": max(1, int(round(lo)))}
-        if mean_out is not None:
+        cap = bench.get("output_len")
+        if (mean_out is not None and cap and mean_out < int(cap) - 0.5 and n > 0
+                and not bench.get("ignore_eos") and not bench.get("random_range_ratio")):
+            # Outputs that end at the model's end of sequence: a spread of lengths with the
+            # measured mean (`eos_output_lengths`), the prompts as random's (the draw replaces
+            # the dataset above, which stays to say what the benchmark sent).
+            draws = [([int(round(li))] * n, eos_output_lengths(n, mean_out, int(cap)))]
+            notes.append(f"mean prompt as measured, {li:.0f} tokens; outputs ending at the "
+                         f"end of sequence (no --ignore-eos): a constant per-token hazard, "
+                         f"their mean as measured, {mean_out:.1f} of at most {int(cap)}")
+        elif mean_out is not None:
             notes.append(f"mean lengths as measured: {li:.0f} / {lo:.1f} tokens")
     else:
         return f"dataset {dataset!r} is not rebuilt"
@@ -437,7 +483,7 @@ def load_cases(folder: Path = VALIDATION_DIR) -> tuple[list[Case], list[tuple[st
 
 def case_config(case: Case, workdir: Path, compute: dict | None = None, *, draw: int = 0,
                 **overrides):
-    """The SimConfig of a case (a ShareGPT load, its draw `draw`, written as a custom JSONL in
+    """The SimConfig of a case (a load with draws, its draw `draw`, written as a custom JSONL in
     `workdir`, sent in the drawn order); `compute` replaces the compute section, `overrides`
     top-level sections."""
     from simcore.config import parse_config

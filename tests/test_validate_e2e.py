@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from dse.validate_e2e import (
-    FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows,
-    predict, row_case, run_case, sharegpt_first_turns, sharegpt_tokenizer, source_intervals,
-    split_of, summarize, evaluate)
+    FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, eos_hazard,
+    eos_output_lengths, load_cases, load_rows, predict, row_case, run_case, sharegpt_first_turns,
+    sharegpt_tokenizer, source_intervals, split_of, summarize, evaluate)
 from simcore.host import FITTED
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
@@ -101,6 +101,16 @@ def test_a_serving_row_takes_the_measured_mean_lengths(tmp_path):
     assert ds["input_len"] == round(extra["total_input_tokens"] / extra["successful_requests"])
     assert ds["output_len"] == round(extra["total_generated_tokens"] /
                                      extra["successful_requests"])
+    # Its outputs stopped at the end of sequence (no --ignore-eos, 184.4 of at most 200): drawn
+    # with the measured mean; the dataset stays to say what the benchmark sent.
+    assert not row["benchmark"]["ignore_eos"] and ds["kind"] == "random"
+    prompts, outputs = c.lengths
+    assert set(prompts) == {ds["input_len"]} and len(outputs) == len(prompts)
+    assert np.mean(outputs) == pytest.approx(extra["total_generated_tokens"] /
+                                             extra["successful_requests"], abs=0.5)
+    assert max(outputs) == 200 and min(outputs) >= 1
+    assert any("end of sequence" in n for n in c.notes)
+    assert case_config(c, tmp_path).workload.dataset.kind == "custom"
     share = next(r for r in load_rows()
                  if r["id"] == "gpustack-qwen3-8b-bf16-tp1-h100sxm-sharegpt100-conc4")
     s = row_case(share)
@@ -122,6 +132,34 @@ def test_a_serving_row_takes_the_measured_mean_lengths(tmp_path):
     cfg = case_config(s, tmp_path)
     assert cfg.workload.dataset.kind == "custom" and cfg.workload.max_concurrency == 4
     assert not cfg.workload.dataset.shuffle
+
+
+def test_outputs_that_stop_at_the_end_of_sequence_spread_with_a_constant_hazard():
+    for mean, cap in ((105.9, 200), (182.0, 200), (83.0, 100), (3.0, 4)):
+        h = eos_hazard(mean, cap)
+        assert (1 - (1 - h) ** cap) / h == pytest.approx(mean, rel=1e-9)
+        lengths = np.array(eos_output_lengths(1000, mean, cap))
+        assert lengths.min() >= 1 and lengths.max() == cap
+        assert lengths.mean() == pytest.approx(mean, rel=0.01)
+        # the share that reaches the cap is the law's, (1 - h)^(cap - 1)
+        assert (lengths == cap).mean() == pytest.approx((1 - h) ** (cap - 1), abs=0.002)
+    # the same draw for the same seed, in another order for another
+    assert eos_output_lengths(50, 30.0, 64) == eos_output_lengths(50, 30.0, 64)
+    other = eos_output_lengths(50, 30.0, 64, seed=1)
+    assert other != eos_output_lengths(50, 30.0, 64)
+    assert sorted(other) == sorted(eos_output_lengths(50, 30.0, 64))
+
+
+def test_rows_run_with_ignore_eos_keep_one_output_length():
+    kept = 0
+    for r in load_rows():
+        b = r.get("benchmark") or {}
+        if b.get("dataset") == "random" and b.get("ignore_eos"):
+            c = row_case(r)
+            if not isinstance(c, str):
+                assert not c.draws and c.config["workload"]["dataset"]["kind"] == "random"
+                kept += 1
+    assert kept >= 1
 
 
 def test_sharegpt_first_turns_follow_vllms_sampler():
