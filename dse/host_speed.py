@@ -23,7 +23,7 @@ import platform
 import timeit
 from dataclasses import dataclass
 
-from simcore.host import DEFAULT_CPU_COSTS, _cpu_costs
+from simcore.host import DEFAULT_CPU_COSTS, measuring_cpu, reference_times
 
 WORKLOADS = (
     ("sum_range_1e6_s", "sum(range(10**6))", 5, "sum(range(10**6))"),
@@ -54,11 +54,10 @@ def python_reference(repeat: int = 5) -> dict[str, float]:
 def reference_of(cpu_costs: str = DEFAULT_CPU_COSTS) -> tuple[dict, str]:
     """(the measuring CPU's reference times, its description) of the shipped CPU-cost
     measurement `cpu_costs`: the times taken at the start of its run."""
-    data = _cpu_costs(cpu_costs)
-    cpu = data.get("cpu") or {}
+    cpu = measuring_cpu(cpu_costs)
     what = ", ".join(str(x) for x in (cpu.get("model"), f"{cpu['cores']} cores"
                                       if cpu.get("cores") else None) if x)
-    return data["python_reference"]["start"], what or "not recorded"
+    return reference_times(cpu_costs), what or "not recorded"
 
 
 @dataclass(frozen=True)
@@ -86,8 +85,9 @@ class HostSpeed:
     @property
     def busy(self) -> bool:
         """Whether other work loaded the machine while it was measured (a one-minute load
-        average over half its cores)."""
-        return bool(self.loadavg and self.cores and self.loadavg[0] > 0.5 * self.cores)
+        average over a quarter of its cores: a busy core's share shows in the times within
+        minutes of it)."""
+        return bool(self.loadavg and self.cores and self.loadavg[0] > 0.25 * self.cores)
 
     def render(self) -> str:
         speed = self.host_speed

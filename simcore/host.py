@@ -192,6 +192,18 @@ def _cpu_costs(name: str) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def reference_times(name: str = DEFAULT_CPU_COSTS) -> dict:
+    """The reference Python workloads' times on the CPU that measured the CPU costs `name`,
+    taken at the start of its run: what measurements from other CPUs are scaled to it by
+    (`_on_cpu_of`), and a host's speed is measured against (`dse calibrate --host`)."""
+    return _cpu_costs(name)["python_reference"]["start"]
+
+
+def measuring_cpu(name: str = DEFAULT_CPU_COSTS) -> dict:
+    """What the CPU-cost measurement `name` recorded of its CPU (model, cores, ...)."""
+    return dict(_cpu_costs(name).get("cpu") or {})
+
+
 CHAT_COSTS = CPU_COSTS_DIR / "chat_template.json"
 STREAMING_COSTS = CPU_COSTS_DIR / "streaming.json"
 TOKENIZER_COSTS = CPU_COSTS_DIR / "tokenizer_thread.json"
@@ -212,7 +224,7 @@ def _on_cpu_of(seconds: float, measured: dict, cpu_costs: str) -> float:
     """`seconds` measured on the CPU of file `measured`, taken to the CPU that measured
     `cpu_costs` by the ratio of their Python reference times (method calls: interpreted
     object code, as vLLM's serving code is)."""
-    ref = _cpu_costs(cpu_costs)["python_reference"]["start"]["method_calls_1e3_s"]
+    ref = reference_times(cpu_costs)["method_calls_1e3_s"]
     return seconds * ref / measured["python_reference"]["method_calls_1e3_s"]
 
 

@@ -8,12 +8,12 @@ from click.testing import CliRunner
 
 from dse.cli import main
 from dse.host_speed import SCALED_BY, WORKLOADS, HostSpeed, measure, python_reference
-from simcore.host import DEFAULT_CPU_COSTS, _cpu_costs
+from simcore.host import DEFAULT_CPU_COSTS, reference_times
 
 
 def _times(scale: float) -> dict[str, float]:
     """The measuring CPU's reference times, each x `scale`."""
-    ref = _cpu_costs(DEFAULT_CPU_COSTS)["python_reference"]["start"]
+    ref = reference_times(DEFAULT_CPU_COSTS)
     return {key: ref[key] * scale for key, _, _, _ in WORKLOADS}
 
 
@@ -36,7 +36,7 @@ def _speed(loadavg, cores, scale=0.5) -> HostSpeed:
 
 
 def test_a_busy_machine_is_said_and_an_unusable_figure_refused():
-    assert not _speed((0.2, 0.1, 0.1), 2).busy
+    assert not _speed((0.2, 0.1, 0.1), 2).busy and _speed((0.7, 0.5, 0.5), 2).busy
     busy = _speed((1.5, 1.0, 1.0), 2)
     assert busy.busy and "the machine was busy (load average 1.50 on 2 cores)" in busy.render()
     assert not _speed(None, None).busy
