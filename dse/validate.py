@@ -264,7 +264,7 @@ def held_out_rows() -> list[Row]:
                              f"{'met' if st['coverage'] >= COVERAGE_TARGET else 'not met'}; "
                              f"{over}: coverage {_span(iv['coverage'], '.0%')}"))
     return (rows + class_rows(outcomes, src) + decode_step_rows(outcomes) + peak_rows(outcomes)
-            + [fit_part_row(cases)])
+            + tail_rows(outcomes) + [fit_part_row(cases)])
 
 
 def _span(interval: tuple[float, float], fmt: str) -> str:
@@ -409,6 +409,34 @@ def peak_rows(outcomes) -> list[Row]:
                             f"usage from {KV_FULL:.0%}")
              for full, label in ((True, "KV cache filled"), (False, "KV cache not filled"))
              if by[full]]
+    return rows
+
+
+TAILS = (("ttft", "p99 TTFT"), ("tpot", "p99 TPOT"))
+"""The 99th percentiles the tail check compares, by family, and their labels."""
+
+
+def tail_rows(outcomes) -> list[Row]:
+    """The tails checked apart (informational, no bound): for each held-out case whose source
+    prints the run's p99 TTFT or p99 TPOT, the simulated one against it, and per family the
+    median |error| and signed error. A latency SLO is a percentile (`dse capacity` finds the rate
+    at which p99 TTFT and TPOT meet theirs), and a tail takes what the means average away: a
+    burst's last requests, the requests whose few tokens decode beside long prefills. The
+    simulation is the case's first draw."""
+    rows, by, urls = [], {fam: [] for fam, _ in TAILS}, set()
+    for o in outcomes:
+        for fam, label in TAILS:
+            m, p = o.case.p99_ms.get(fam), o.p99_ms.get(fam)
+            if m is None or p is None:
+                continue
+            urls.add(o.case.source)
+            rows.append(Row("end_to_end", f"{o.case.id} {label}", p, m, "ms", math.inf,
+                            o.case.source, note="the tail apart (informational)"))
+            by[fam].append((p - m) / m)
+    src = ("the p99 TTFT and TPOT of held-out cases of the end-to-end validation set "
+           "(simcore/data/validation): " + ", ".join(sorted(urls)))
+    rows += [_apart_summary(f"held-out {label}: median |error|", by[fam], src, "the tail apart")
+             for fam, label in TAILS if by[fam]]
     return rows
 
 

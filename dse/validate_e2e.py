@@ -92,6 +92,7 @@ class Case:
     draws: tuple = ()   # (prompt lens, output lens) per draw, seed 0's first: ShareGPT, early stops
     median_itl_ms: float | None = None  # the run's median ITL where the source prints it
     peak_output_tps: float | None = None  # its peak output tokens/s where the source prints it
+    p99_ms: dict[str, float] = field(default_factory=dict)  # family -> its printed p99 (ms)
 
     @property
     def lengths(self) -> tuple | None:
@@ -448,9 +449,17 @@ def row_case(row: dict) -> Case | str:
     extra = (row.get("metrics") or {}).get("extra") or {}
     itl, peak = (_positive(_num(extra.get(k))) for k in ("median_itl_ms",
                                                          "peak_output_throughput"))
+    metrics = row.get("metrics") or {}
+    p99 = {fam: v for fam, v in ((fam, _positive(_num(metrics.get(key))))
+                                 for fam, key in P99_KEYS.items()) if v is not None}
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
                 source=str((row.get("source") or {}).get("url")), notes=notes,
-                draws=tuple(draws), median_itl_ms=itl, peak_output_tps=peak)
+                draws=tuple(draws), median_itl_ms=itl, peak_output_tps=peak, p99_ms=p99)
+
+
+P99_KEYS = {"ttft": "p99_ttft_ms", "tpot": "p99_tpot_ms"}
+"""The 99th percentiles a source may print, by family, as `vllm bench serve` names them (and the
+simulated result)."""
 
 
 def _positive(x: float | None) -> float | None:
@@ -570,6 +579,7 @@ class Outcome:
     draw_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # several draws
     step: tuple[float, float] | None = None   # simulated (median ITL ms, mean batch sequences)
     peak: tuple[float, float] | None = None   # simulated (peak output tok/s, peak KV usage)
+    p99_ms: dict[str, float] = field(default_factory=dict)  # simulated p99 (ms) by family
 
     def error(self, family: str) -> float:
         """(predicted - measured) / measured."""
@@ -603,11 +613,14 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
             if case.peak_output_tps is not None
             and result.get("max_output_tokens_per_s") is not None
             and result.get("max_kv_cache_usage") is not None else None)
+    # The tails checked apart where the source prints them: the first draw's 99th percentiles.
+    p99 = {fam: float(result[P99_KEYS[fam]]) for fam in case.p99_ms
+           if result.get(P99_KEYS[fam]) is not None}
     low, high = {}, {}
     for fam, key in case.keys.items():
         e = env.get(key, {"low": pred[fam], "high": pred[fam]})
         low[fam], high[fam] = e["low"], e["high"]
-    return Outcome(case, pred, low, high, spread, step, peak)
+    return Outcome(case, pred, low, high, spread, step, peak, p99)
 
 
 BOOTSTRAP_DRAWS = 2000

@@ -45,9 +45,12 @@ def test_the_issue_targets_are_rows(rows):
     assert all("https://" in r.source for r in e2e if not r.name.startswith("fit part"))
     assert [r.source for r in e2e if r.name.startswith("fit part")] == [
         "simcore/data/cpu_costs/fitted.json"]
-    # the checks apart, from the simulations themselves: the decode step and the busiest second
+    # the checks apart, from the simulations themselves: the decode step, the busiest second
+    # and the tails
     assert sum(r.name.endswith(" median ITL") for r in e2e) >= 30
     assert sum(r.name.endswith(" peak output throughput") for r in e2e) >= 30
+    assert sum(r.name.endswith(" p99 TTFT") for r in e2e) >= 40
+    assert sum(r.name.endswith(" p99 TPOT") for r in e2e) >= 40
 
 
 def test_a_profile_that_no_longer_fits_its_data_fails():

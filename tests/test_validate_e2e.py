@@ -372,6 +372,11 @@ def test_cases_carry_the_median_itl_their_sources_print(cases):
         assert c.median_itl_ms == (None if printed[c.id] is None else float(printed[c.id]))
 
 
+def _summary(row, n: int, median_abs: float, signed: str) -> None:
+    """A check apart's summary row: over `n` cases, its median |error| and signed error."""
+    assert row.reference == n and row.predicted == pytest.approx(median_abs)
+    assert f"median signed {signed}" in row.note
+
 
 def _apart(rows, cases, what: str, unit: str):
     """(the per-case rows, the statistics by name) of a check apart, after the checks every
@@ -383,6 +388,7 @@ def _apart(rows, cases, what: str, unit: str):
     assert all(r.tolerance == float("inf") for r in rows)
     assert all("https://" in r.source for r in rows)
     return per_case, {r.name: r for r in rows if r.error_kind == "statistic"}
+
 
 def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
     from dse.validate import BATCHES, MIN_ITL_OUTPUT, decode_step_rows
@@ -411,13 +417,9 @@ def test_the_decode_step_is_checked_apart_by_simulated_batch(cases):
     # 256+: 30% under twice, 10% over once.
     under, mid, big = (stats[f"held-out median ITL, batch {label}: median |error|"]
                        for _, _, label in BATCHES)
-    assert under.reference == 1 and under.predicted == pytest.approx(0.1)
-    assert "median signed +10.0%" in under.note
-    assert mid.reference == 2 and mid.predicted == pytest.approx(0.2)
-    assert "median signed -10.0%" in mid.note
-    assert big.reference == 3 and big.predicted == pytest.approx(0.3)
-    assert "median signed -30.0%" in big.note
-
+    _summary(under, 1, 0.1, "+10.0%")
+    _summary(mid, 2, 0.2, "-10.0%")
+    _summary(big, 3, 0.3, "-30.0%")
 
 
 def test_cases_carry_the_peak_output_throughput_their_sources_print(cases):
@@ -449,10 +451,48 @@ def test_the_busiest_second_is_checked_apart_by_kv_cache_fill(cases):
     assert "peak KV-cache usage 95%" in per_case[0].note
     filled = stats["held-out peak output throughput, KV cache filled: median |error|"]
     not_filled = stats["held-out peak output throughput, KV cache not filled: median |error|"]
-    assert filled.reference == 2 and filled.predicted == pytest.approx(0.25)
-    assert "median signed -15.0%" in filled.note
-    assert not_filled.reference == 3 and not_filled.predicted == pytest.approx(0.2)
-    assert "median signed +20.0%" in not_filled.note
+    _summary(filled, 2, 0.25, "-15.0%")
+    _summary(not_filled, 3, 0.2, "+20.0%")
+
+
+def test_cases_carry_the_p99s_their_sources_print(cases):
+    ok, _ = cases
+    printed = {r["id"]: r.get("metrics") or {} for r in load_rows()}
+    assert sum("ttft" in c.p99_ms and "tpot" in c.p99_ms for c in ok) >= 40
+    for c in ok:
+        m = printed[c.id]
+        for fam, key in (("ttft", "p99_ttft_ms"), ("tpot", "p99_tpot_ms")):
+            assert c.p99_ms.get(fam) == (None if m.get(key) is None else float(m[key]))
+
+
+def test_the_tails_are_checked_apart_by_family(cases):
+    from dse.validate import tail_rows
+
+    ok, _ = cases
+    both = [c for c in ok if c.split == "held_out" and {"ttft", "tpot"} <= set(c.p99_ms)][:3]
+    assert len(both) == 3
+    # Synthetic p99s (no simulation): TTFT 50% over, 10% under, 20% over the measured; TPOT
+    # only for the first two, 30% under and 10% over; an outcome without simulated p99s, left
+    # out.
+    f_ttft, f_tpot = (1.5, 0.9, 1.2), (0.7, 1.1)
+    outcomes = [Outcome(c, {}, {}, {}, {}, None, None,
+                        {"ttft": c.p99_ms["ttft"] * f_ttft[i],
+                         **({"tpot": c.p99_ms["tpot"] * f_tpot[i]} if i < 2 else {})})
+                for i, c in enumerate(both)]
+    outcomes.append(Outcome(both[0], {}, {}, {}, {}))
+    rows = tail_rows(outcomes)
+    per_case = [r for r in rows if r.error_kind == "relative"]
+    assert [r.name for r in per_case] == [
+        f"{both[0].id} p99 TTFT", f"{both[0].id} p99 TPOT", f"{both[1].id} p99 TTFT",
+        f"{both[1].id} p99 TPOT", f"{both[2].id} p99 TTFT"]
+    assert all(r.unit == "ms" for r in per_case)
+    assert all(r.tolerance == float("inf") and "https://" in r.source for r in rows)
+    assert per_case[0].reference == both[0].p99_ms["ttft"]
+    assert per_case[0].error == pytest.approx(0.5)
+    stats = {r.name: r for r in rows if r.error_kind == "statistic"}
+    _summary(stats["held-out p99 TTFT: median |error|"], 3, 0.2, "+20.0%")
+    _summary(stats["held-out p99 TPOT: median |error|"], 2, 0.2, "-10.0%")
+
 
 def test_a_median_itl_or_peak_that_is_not_a_positive_number_is_not_taken():
     row = next(r for r in load_rows() if ((r.get("metrics") or {}).get("extra") or {})
