@@ -421,21 +421,33 @@ def tail_rows(outcomes) -> list[Row]:
     prints the run's p99 TTFT or p99 TPOT, the simulated one against it, and per family the
     median |error| and signed error. A latency SLO is a percentile (`dse capacity` finds the rate
     at which p99 TTFT and TPOT meet theirs), and a tail takes what the means average away: a
-    burst's last requests, the requests whose few tokens decode beside long prefills. The
-    simulation is the case's first draw."""
+    burst's last requests, the requests whose few tokens decode beside long prefills. With each
+    case's envelope (`dse simulate`'s, the family's calibrated one around the simulated p99), the
+    share of measured tails inside it. The simulation is the case's first draw."""
     rows, by, urls = [], {fam: [] for fam, _ in TAILS}, set()
+    inside = {fam: [] for fam, _ in TAILS}
     for o in outcomes:
         for fam, label in TAILS:
             m, p = o.case.p99_ms.get(fam), o.p99_ms.get(fam)
             if m is None or p is None:
                 continue
             urls.add(o.case.source)
+            env = o.p99_envelope.get(fam)
+            where = ""
+            if env is not None:
+                inside[fam].append(env[0] <= m <= env[1])
+                where = (f"; envelope [{env[0]:.4g}, {env[1]:.4g}] "
+                         f"({'inside' if inside[fam][-1] else 'OUTSIDE'})")
             rows.append(Row("end_to_end", f"{o.case.id} {label}", p, m, "ms", math.inf,
-                            o.case.source, note="the tail apart (informational)"))
+                            o.case.source, note=f"the tail apart{where} (informational)"))
             by[fam].append((p - m) / m)
     src = ("the p99 TTFT and TPOT of held-out cases of the end-to-end validation set "
            "(simcore/data/validation): " + ", ".join(sorted(urls)))
-    rows += [_apart_summary(f"held-out {label}: median |error|", by[fam], src, "the tail apart")
+    rows += [_apart_summary(f"held-out {label}: median |error|", by[fam], src,
+                            "the tail apart" + (
+                                f"; inside the envelope: {sum(inside[fam])} of "
+                                f"{len(inside[fam])}, {sum(inside[fam]) / len(inside[fam]):.0%}"
+                                if inside[fam] else ""))
              for fam, label in TAILS if by[fam]]
     return rows
 

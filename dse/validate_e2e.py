@@ -580,6 +580,7 @@ class Outcome:
     step: tuple[float, float] | None = None   # simulated (median ITL ms, mean batch sequences)
     peak: tuple[float, float] | None = None   # simulated (peak output tok/s, peak KV usage)
     p99_ms: dict[str, float] = field(default_factory=dict)  # simulated p99 (ms) by family
+    p99_envelope: dict[str, tuple[float, float]] = field(default_factory=dict)  # its (low, high)
 
     def error(self, family: str) -> float:
         """(predicted - measured) / measured."""
@@ -613,14 +614,19 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
             if case.peak_output_tps is not None
             and result.get("max_output_tokens_per_s") is not None
             and result.get("max_kv_cache_usage") is not None else None)
-    # The tails checked apart where the source prints them: the first draw's 99th percentiles.
+    # The tails checked apart where the source prints them: the first draw's 99th percentiles,
+    # with the envelope `dse simulate` states around them.
     p99 = {fam: float(result[P99_KEYS[fam]]) for fam in case.p99_ms
            if result.get(P99_KEYS[fam]) is not None}
+    tail_env = calibrated_envelope(result["provenance"],
+                                   {P99_KEYS[fam]: v for fam, v in p99.items()})
+    p99_envelope = {fam: (tail_env[P99_KEYS[fam]]["low"], tail_env[P99_KEYS[fam]]["high"])
+                    for fam in p99 if P99_KEYS[fam] in tail_env}
     low, high = {}, {}
     for fam, key in case.keys.items():
         e = env.get(key, {"low": pred[fam], "high": pred[fam]})
         low[fam], high[fam] = e["low"], e["high"]
-    return Outcome(case, pred, low, high, spread, step, peak, p99)
+    return Outcome(case, pred, low, high, spread, step, peak, p99, p99_envelope)
 
 
 BOOTSTRAP_DRAWS = 2000

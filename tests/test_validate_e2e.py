@@ -471,13 +471,16 @@ def test_the_tails_are_checked_apart_by_family(cases):
     ok, _ = cases
     both = [c for c in ok if c.split == "held_out" and {"ttft", "tpot"} <= set(c.p99_ms)][:3]
     assert len(both) == 3
-    # Synthetic p99s (no simulation): TTFT 50% over, 10% under, 20% over the measured; TPOT
-    # only for the first two, 30% under and 10% over; an outcome without simulated p99s, left
-    # out.
+    # Synthetic p99s (no simulation): TTFT 50% over, 10% under, 20% over the measured, with
+    # envelopes for the first two, the measured outside the first and inside the second; TPOT
+    # only for the first two, 30% under and 10% over, without envelopes; an outcome without
+    # simulated p99s, left out.
     f_ttft, f_tpot = (1.5, 0.9, 1.2), (0.7, 1.1)
+    env = ((1.2, 1.8), (0.5, 1.5))
     outcomes = [Outcome(c, {}, {}, {}, {}, None, None,
                         {"ttft": c.p99_ms["ttft"] * f_ttft[i],
-                         **({"tpot": c.p99_ms["tpot"] * f_tpot[i]} if i < 2 else {})})
+                         **({"tpot": c.p99_ms["tpot"] * f_tpot[i]} if i < 2 else {})},
+                        {"ttft": tuple(c.p99_ms["ttft"] * x for x in env[i])} if i < 2 else {})
                 for i, c in enumerate(both)]
     outcomes.append(Outcome(both[0], {}, {}, {}, {}))
     rows = tail_rows(outcomes)
@@ -490,8 +493,11 @@ def test_the_tails_are_checked_apart_by_family(cases):
     assert per_case[0].reference == both[0].p99_ms["ttft"]
     assert per_case[0].error == pytest.approx(0.5)
     stats = {r.name: r for r in rows if r.error_kind == "statistic"}
-    _summary(stats["held-out p99 TTFT: median |error|"], 3, 0.2, "+20.0%")
-    _summary(stats["held-out p99 TPOT: median |error|"], 2, 0.2, "-10.0%")
+    ttft, tpot = (stats[f"held-out p99 {f}: median |error|"] for f in ("TTFT", "TPOT"))
+    _summary(ttft, 3, 0.2, "+20.0%")
+    _summary(tpot, 2, 0.2, "-10.0%")
+    assert "inside the envelope: 1 of 2, 50%" in ttft.note and "envelope" not in tpot.note
+    assert "(OUTSIDE)" in per_case[0].note and "(inside)" in per_case[2].note
 
 
 def test_a_median_itl_or_peak_that_is_not_a_positive_number_is_not_taken():
