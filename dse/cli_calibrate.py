@@ -51,9 +51,7 @@ def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
     try:
         if host:
             if measurements or given or list_profiles:
-                what = ", ".join(f"--{n.replace('_', '-')}" for n in
-                                 sorted(given | ({"list"} if list_profiles else set()))) \
-                    or "measurement files"
+                what = _options(given | ({"list"} if list_profiles else set()))
                 _fail(f"calibrate: --host measures this CPU and takes nothing else (got {what})")
             from dse.host_speed import measure
 
@@ -61,8 +59,7 @@ def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
             return
         if list_profiles:
             if measurements or given:
-                what = ", ".join(f"--{n.replace('_', '-')}" for n in sorted(given)) or \
-                    "measurement files"
+                what = _options(given)
                 _fail(f"calibrate: --list lists the shipped profiles and takes nothing else "
                       f"(got {what})")
             _list_profiles()
@@ -109,6 +106,12 @@ def calibrate(measurements: tuple[Path, ...], out: Path | None, gpu: str | None,
     click.echo(report.table())
     click.echo(f"\nprofile {report.profile.profile_id} ({report.profile.gpu}) written to "
                f"{report.out}")
+
+
+def _options(names: set[str]) -> str:
+    """The options `names` given beside one that takes no other, as the refusal names them (the
+    measurement files where no option was)."""
+    return ", ".join(f"--{n.replace('_', '-')}" for n in sorted(names)) or "measurement files"
 
 
 def _list_profiles() -> None:

@@ -348,7 +348,8 @@ def row_case(row: dict) -> Case | str:
     measured, keys = _measured(row, tool)
     if not measured:
         return "no metric the simulator reports"
-    extra = (row.get("metrics") or {}).get("extra") or {}
+    metrics = row.get("metrics") or {}
+    extra = metrics.get("extra") or {}
     done = extra.get("successful_requests")
     n = int(bench.get("num_prompts") or bench.get("max_concurrency") or 0)
     mean_in = mean_out = None
@@ -446,10 +447,8 @@ def row_case(row: dict) -> Case | str:
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload
-    extra = (row.get("metrics") or {}).get("extra") or {}
     itl, peak = (_positive(_num(extra.get(k))) for k in ("median_itl_ms",
                                                          "peak_output_throughput"))
-    metrics = row.get("metrics") or {}
     p99 = {fam: v for fam, v in ((fam, _positive(_num(metrics.get(key))))
                                  for fam, key in P99_KEYS.items()) if v is not None}
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
@@ -603,8 +602,15 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
     pred = median_prediction(runs)
     spread = {f: (min(r[f] for r in runs), max(r[f] for r in runs)) for f in pred
               } if len(runs) > 1 else {}
+    # The tails checked apart where the source prints them: the first draw's 99th percentiles,
+    # with the envelope `dse simulate` states around them (in the same call as the families').
+    p99 = {fam: float(result[P99_KEYS[fam]]) for fam in case.p99_ms
+           if result.get(P99_KEYS[fam]) is not None}
     env = calibrated_envelope(result["provenance"],
-                              {key: pred[fam] for fam, key in case.keys.items()})
+                              {**{P99_KEYS[fam]: v for fam, v in p99.items()},
+                               **{key: pred[fam] for fam, key in case.keys.items()}})
+    p99_envelope = {fam: (env[P99_KEYS[fam]]["low"], env[P99_KEYS[fam]]["high"])
+                    for fam in p99 if P99_KEYS[fam] in env}
     # The decode step checked apart where the source prints the median ITL: the first draw's.
     step = ((float(result["median_itl_ms"]), float(result["mean_batch_seqs"]))
             if case.median_itl_ms is not None and result.get("median_itl_ms") is not None
@@ -614,14 +620,6 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
             if case.peak_output_tps is not None
             and result.get("max_output_tokens_per_s") is not None
             and result.get("max_kv_cache_usage") is not None else None)
-    # The tails checked apart where the source prints them: the first draw's 99th percentiles,
-    # with the envelope `dse simulate` states around them.
-    p99 = {fam: float(result[P99_KEYS[fam]]) for fam in case.p99_ms
-           if result.get(P99_KEYS[fam]) is not None}
-    tail_env = calibrated_envelope(result["provenance"],
-                                   {P99_KEYS[fam]: v for fam, v in p99.items()})
-    p99_envelope = {fam: (tail_env[P99_KEYS[fam]]["low"], tail_env[P99_KEYS[fam]]["high"])
-                    for fam in p99 if P99_KEYS[fam] in tail_env}
     low, high = {}, {}
     for fam, key in case.keys.items():
         e = env.get(key, {"low": pred[fam], "high": pred[fam]})
