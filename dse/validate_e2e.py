@@ -557,6 +557,21 @@ def predict(case: Case, compute: dict | None = None, **overrides) -> dict[str, f
     return median_prediction(draw_predictions(case, compute, **overrides))
 
 
+def predicted_tails(case: Case, result: dict) -> dict[str, float]:
+    """The simulated 99th percentile (ms) of each family whose p99 the case's source prints."""
+    return {fam: float(result[P99_KEYS[fam]]) for fam in case.p99_ms
+            if result.get(P99_KEYS[fam]) is not None}
+
+
+def predict_with_tails(case: Case, compute: dict | None = None, **overrides
+                       ) -> tuple[dict[str, float], dict[str, float]]:
+    """`predict`'s prediction, and `predicted_tails` of its first draw (a source's p99 is of
+    one run; the cases that print one have a single draw)."""
+    first, result = run_case(case, compute, **overrides)
+    runs = draw_predictions(case, compute, first=first, **overrides)
+    return median_prediction(runs), predicted_tails(case, result)
+
+
 # ---- evaluation ------------------------------------------------------------------------------
 
 TARGETS = {"throughput": 0.10, "tpot": 0.10, "ttft": 0.15, "e2e": 0.15}
@@ -604,8 +619,7 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
               } if len(runs) > 1 else {}
     # The tails checked apart where the source prints them: the first draw's 99th percentiles,
     # with the envelope `dse simulate` states around them (in the same call as the families').
-    p99 = {fam: float(result[P99_KEYS[fam]]) for fam in case.p99_ms
-           if result.get(P99_KEYS[fam]) is not None}
+    p99 = predicted_tails(case, result)
     env = calibrated_envelope(result["provenance"],
                               {**{P99_KEYS[fam]: v for fam, v in p99.items()},
                                **{key: pred[fam] for fam, key in case.keys.items()}})

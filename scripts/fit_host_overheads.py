@@ -11,7 +11,9 @@ all-reduces' scale in steps not replayed as one full CUDA graph
 objective: the mean over the fit cases and their metric families of |log(predicted /
 measured)|, each prediction `dse.validate_e2e.predict`'s (for an offline ShareGPT batch the median
 over its draws); with the result, per metric family the fit cases' residuals log(measured /
-predicted), which calibrated envelopes use: out of sample, by cross-validation over the fit part
+predicted), which calibrated envelopes use, and those of the 99th percentiles of TTFT and TPOT
+where a case's source prints them (families `ttft_p99` and `tpot_p99`, the first draw's p99: the
+tails' own envelopes; not in the objective): out of sample, by cross-validation over the fit part
 (`CV_FOLDS` folds of whole sources, `cv_fold`: each fold's residuals at parameters fitted on the
 other folds), since residuals at parameters fitted on the same cases understate the error a new
 case meets; the in-sample residuals are kept beside them. The search: coordinate descent over grids
@@ -44,10 +46,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dse.validate_e2e import load_cases, predict  # noqa: E402
+from dse.validate_e2e import load_cases, predict_with_tails  # noqa: E402
 from simcore.calibration.kernels import MOE_ROUTINGS  # noqa: E402
 from simcore.host import FITTED, FITTED_COMPUTE, FITTED_KEYS, HostConfig  # noqa: E402
 from simcore.model.presets import load_preset  # noqa: E402
+from simcore.uncertainty import is_tail_family, tail_family  # noqa: E402
 
 GRIDS = {
     "compute_bound_scale": [1.0, 1.05, 1.1, 1.15, 1.2, 1.25],
@@ -154,8 +157,11 @@ def _residuals(args):
     if (case.config.get("host") or {}).get("entrypoint") == "offline":
         for key in OFFLINE_UNREAD:      # no API server: refused there (no effect)
             params.pop(key, None)
-    pred = predict(case, compute, host={"model": "vllm", **params})
-    return {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
+    pred, tails = predict_with_tails(case, compute, host={"model": "vllm", **params})
+    out = {f: math.log(case.measured[f] / pred[f]) for f in case.measured}
+    # The printed 99th percentiles' residuals too, for the tails' own envelopes (not fitted to)
+    out.update({tail_family(f): math.log(case.p99_ms[f] / v) for f, v in tails.items()})
+    return out
 
 
 def residual_quantiles(cases, params, pool) -> dict:
@@ -211,7 +217,7 @@ def _quantiles(rows, cases) -> dict:
 def objective(cases, params, pool, routing: str | None = None) -> float:
     errs = []
     for r in pool.map(_residuals, [(c, params, routing) for c in cases]):
-        errs += [abs(v) for v in r.values()]
+        errs += [abs(v) for f, v in r.items() if not is_tail_family(f)]
     return float(np.mean(errs))
 
 

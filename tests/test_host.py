@@ -12,12 +12,12 @@ from simcore.compute.roofline import RooflineModel
 from simcore.config import parse_config
 from simcore.hardware import get_gpu
 from simcore.host import (HostConfig, HostOverheads, _cpu_costs, fitted_parameters,
-                          streaming_token_s, tokenize_fit)
+                          fitted_residuals, streaming_token_s, tokenize_fit)
 from simcore.model.presets import load_preset
 from simcore.simulate import simulate
 from simcore.uncertainty import (
     MIN_GPU_RESIDUALS, calibrated_range, conformal, metric_family, residuals_for,
-    simulate_with_envelope)
+    simulate_with_envelope, tail_family)
 
 EXPLICIT = dict(model_runner_step_s=1e-3, model_runner_per_seq_s=2e-5,
                 api_server_per_token_s=3e-5, request_overhead_s=0.04,
@@ -261,7 +261,11 @@ def test_fitted_parameters_are_shipped_and_non_negative():
 
 def test_metric_families_and_the_calibrated_range():
     assert metric_family("output_throughput") == "throughput"
-    assert metric_family("p99_ttft_ms") == "ttft"
+    assert metric_family("p99_ttft_ms") == "ttft_p99"
+    assert metric_family("p99.9_tpot_ms") == "tpot_p99"
+    assert metric_family("p90_ttft_ms") == "ttft"      # below the tail percentile: the mean's
+    assert metric_family("p99_itl_ms") == "tpot"       # ITL and E2E tails are not calibrated apart
+    assert metric_family("p99_e2el_ms") == "e2e"
     assert metric_family("mean_itl_ms") == "tpot"
     assert metric_family("duration") == "e2e"
     assert metric_family("mean_kv_cache_usage") is None
@@ -275,6 +279,23 @@ def test_metric_families_and_the_calibrated_range():
     # More residuals: the 80% interval leaves the widest 20% out.
     c, w = conformal([0.01 * i for i in range(-50, 51)])
     assert c == pytest.approx(0.0) and w == pytest.approx(0.41)
+
+
+def test_a_tail_takes_its_own_residuals():
+    """A p99 TTFT's envelope is calibrated on the fit part's p99 residuals, not the mean's."""
+    q = {"ttft": {"values": [-0.05, 0.0, 0.05]}, "ttft_p99": {"values": [-0.4, 0.1, 0.6]}}
+    c, w = conformal(q["ttft_p99"]["values"])
+    r = calibrated_range("p99_ttft_ms", 100.0, q, None)
+    assert r["low"] == pytest.approx(100 * math.exp(c - w))
+    assert r["high"] == pytest.approx(100 * math.exp(c + w))
+    assert calibrated_range("mean_ttft_ms", 100.0, q, None)["high"] == pytest.approx(
+        100 * math.exp(0.05))
+    # The shipped fit has both tails, out of sample, at as many cases as print them
+    shipped = fitted_residuals()
+    for fam in ("ttft", "tpot"):
+        tail = shipped[tail_family(fam)]
+        assert tail["n"] >= 50 and len(tail["values"]) == tail["n"]
+        assert tail["values"] != shipped[fam]["values"]
 
 
 def test_calibrated_envelope_of_a_kernel_profile_run():

@@ -8,9 +8,10 @@ import pytest
 
 from dse.validate_e2e import (
     FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, eos_hazard,
-    eos_output_lengths, load_cases, load_rows, predict, row_case, run_case, sharegpt_first_turns,
-    sharegpt_tokenizer, source_intervals, split_of, summarize, evaluate)
+    eos_output_lengths, load_cases, load_rows, predict, predict_with_tails, row_case, run_case,
+    sharegpt_first_turns, sharegpt_tokenizer, source_intervals, split_of, summarize, evaluate)
 from simcore.host import FITTED
+from simcore.uncertainty import is_tail_family, tail_family
 
 FORBIDDEN = ("github.com/ROCm/vllm", "benchmark_vllm_060", "LambdaLabsML/vllm-benchmark",
              "vllm-project/vllm/issues/12315")
@@ -52,7 +53,8 @@ def test_the_split_is_declared_by_the_id_hash_and_used_by_the_fit(cases):
     # dse validate's fit-part row)
     assert set(fitted["fit_cases"]) <= fit
     assert len(fitted["fit_cases"]) >= 28
-    assert set(fitted["residuals"]) == set(FAMILIES)
+    # the families', and the p99 TTFT's and TPOT's apart (the tails' envelopes)
+    assert set(fitted["residuals"]) == set(FAMILIES) | {tail_family(f) for f in ("ttft", "tpot")}
 
 
 def test_the_envelopes_residuals_are_cross_validated_over_folds_of_whole_sources(cases):
@@ -79,7 +81,11 @@ def test_the_envelopes_residuals_are_cross_validated_over_folds_of_whole_sources
         by_source.setdefault(c.source, set()).add(fit_script.cv_fold(c))
     assert all(len(v) == 1 for v in by_source.values())
     for fam, q in fitted["residuals"].items():
-        assert q["n"] == sum(fam in c.measured for c in fit.values()) == len(q["values"])
+        if is_tail_family(fam):
+            n = sum(fam.removesuffix("_p99") in c.p99_ms for c in fit.values())
+        else:
+            n = sum(fam in c.measured for c in fit.values())
+        assert q["n"] == n == len(q["values"]), fam
 
 
 def test_a_latency_row_is_one_batch_of_fixed_lengths():
@@ -221,6 +227,11 @@ def test_an_offline_sharegpt_batch_is_predicted_by_the_median_over_its_draws(cas
     assert predict(c)["throughput"] == pytest.approx(float(np.median(runs)), rel=1e-12)
     served = next(x for x in ok if x.id == "bk9555-serving-llama70B_tp4-sharegpt-qps1-h100")
     assert served.num_draws() == 1 and predict(served) == run_case(served)[0]
+    # With its tails: the families' prediction as predict's, the printed p99s' from the run
+    pred, tails = predict_with_tails(served)
+    result = run_case(served)[1]
+    assert pred == predict(served) and set(tails) == set(served.p99_ms)
+    assert tails == {f: float(result[f"p99_{f}_ms"]) for f in served.p99_ms}
 
 
 def test_every_sharegpt_row_is_represented_unless_its_model_or_gpu_is_not(cases):
@@ -463,6 +474,8 @@ def test_cases_carry_the_p99s_their_sources_print(cases):
         m = printed[c.id]
         for fam, key in (("ttft", "p99_ttft_ms"), ("tpot", "p99_tpot_ms")):
             assert c.p99_ms.get(fam) == (None if m.get(key) is None else float(m[key]))
+    # a printed p99 is of one run: the tails' residuals take the first draw's, the only one
+    assert all(c.num_draws() == 1 for c in ok if c.p99_ms)
 
 
 def test_the_tails_are_checked_apart_by_family(cases):
