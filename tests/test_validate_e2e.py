@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from dse.validate_e2e import (
-    FAMILIES, GUARDS, OFFLINE_DRAWS, OFFLINE_TOOLS, Outcome, case_config, eos_hazard,
-    eos_output_lengths, load_cases, load_rows, predict, predict_with_tails, row_case, run_case,
-    sharegpt_first_turns, sharegpt_tokenizer, source_intervals, split_of, summarize, evaluate)
+    FAMILIES, GUARDS, OFFLINE_TOOLS, Outcome, case_config, load_cases, load_rows, predict,
+    predict_with_tails, row_case, run_case, source_intervals, split_of, summarize, evaluate)
+from dse.validate_loads import (
+    OFFLINE_DRAWS, eos_hazard, eos_output_lengths, sharegpt_first_turns, sharegpt_tokenizer)
 from simcore.host import FITTED
 from simcore.uncertainty import is_tail_family, tail_family
 
