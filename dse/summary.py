@@ -71,12 +71,19 @@ def _num(v: float) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
+def _family_label(fam: str) -> str:
+    """A metric family as the envelope names it: TTFT, throughput, p99 TPOT (a tail's own)."""
+    base = fam.removesuffix("_p99")
+    label = base.upper() if base in ("ttft", "tpot", "e2e") else base
+    return f"p99 {label}" if base != fam else label
+
+
 def _residuals_from(env: dict) -> str:
     """Whose errors a calibrated envelope took, per metric family: the run's GPU's fit cases
     where they were enough, else every GPU's."""
     by: dict[str, list[str]] = {}
     for fam, whose in (env.get("residuals_from") or {}).items():
-        by.setdefault(whose, []).append(fam.upper() if fam in ("ttft", "tpot", "e2e") else fam)
+        by.setdefault(whose, []).append(_family_label(fam))
 
     def whose_cases(whose: str) -> str:
         return "of every GPU's cases" if whose == "all GPUs" else f"of its cases on {whose}"
