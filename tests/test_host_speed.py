@@ -61,3 +61,21 @@ def test_cli_prints_the_host_speed_and_refuses_other_options():
         in r.output
     r = CliRunner().invoke(main, ["calibrate", "--host", "x.csv"])
     assert r.exit_code == 2 and "(got measurement files)" in r.output
+
+
+def test_the_workloads_are_those_the_measurements_recorded():
+    """The workloads are a copy of the recording script's, which the project cannot import at
+    run time (scripts/ is not installed): same statements, setup and runs per timing."""
+    import ast
+    from pathlib import Path
+
+    from dse.host_speed import SETUP
+
+    text = (Path(__file__).resolve().parents[1]
+            / "scripts/vllm_cpu_costs/pyref.py").read_text(encoding="utf-8")
+    for key, stmt, runs, _ in WORKLOADS:
+        assert f'res["{key}"]' in text
+        assert f'"{stmt}"' in text and f"number={runs}" in text
+    setup = next(node.value for node in ast.walk(ast.parse(text))
+                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "setup")
+    assert ast.literal_eval(setup) == SETUP

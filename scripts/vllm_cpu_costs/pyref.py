@@ -1,6 +1,8 @@
 """A fixed pure-Python workload timed on the measuring CPU, recorded with every CPU-cost
 measurement so that its costs can be scaled to another CPU (the simulator scales by the ratio of
-these times) and contention shows (taken at the start and at the end of a run)."""
+these times) and contention shows (taken at the start and at the end of a run). `dse calibrate
+--host` times the same workloads (`dse/host_speed.py`, a copy that a test holds equal) to measure
+a deployment host's speed against the measuring CPU."""
 
 import os
 
