@@ -412,13 +412,13 @@ def peak_rows(outcomes) -> list[Row]:
     return rows
 
 
-TAILS = (("ttft", "p99 TTFT"), ("tpot", "p99 TPOT"))
+TAILS = (("ttft", "p99 TTFT"), ("tpot", "p99 TPOT"), ("itl", "p99 ITL"))
 """The 99th percentiles the tail check compares, by family, and their labels."""
 
 
 def tail_rows(outcomes) -> list[Row]:
     """The tails checked apart (informational, no bound): for each held-out case whose source
-    prints the run's p99 TTFT or p99 TPOT, the simulated one against it, and per family the
+    prints the run's p99 TTFT, TPOT or ITL, the simulated one against it, and per family the
     median |error| and signed error. A latency SLO is a percentile (`dse capacity` finds the rate
     at which p99 TTFT and TPOT meet theirs), and a tail takes what the means average away: a
     burst's last requests, the requests whose few tokens decode beside long prefills. With each
@@ -441,7 +441,7 @@ def tail_rows(outcomes) -> list[Row]:
             rows.append(Row("end_to_end", f"{o.case.id} {label}", p, m, "ms", math.inf,
                             o.case.source, note=f"the tail apart{where} (informational)"))
             by[fam].append((p - m) / m)
-    src = ("the p99 TTFT and TPOT of held-out cases of the end-to-end validation set "
+    src = ("the p99 TTFT, TPOT and ITL of held-out cases of the end-to-end validation set "
            "(simcore/data/validation): " + ", ".join(sorted(urls)))
     rows += [_apart_summary(f"held-out {label}: median |error|", by[fam], src,
                             "the tail apart" + (

@@ -358,16 +358,16 @@ def row_case(row: dict) -> Case | str:
     cfg["workload"] = workload
     itl, peak = (_positive(_num(extra.get(k))) for k in ("median_itl_ms",
                                                          "peak_output_throughput"))
-    p99 = {fam: v for fam, v in ((fam, _positive(_num(metrics.get(key))))
+    p99 = {fam: v for fam, v in ((fam, _positive(_num(metrics.get(key, extra.get(key)))))
                                  for fam, key in P99_KEYS.items()) if v is not None}
     return Case(id=rid, split=split_of(rid), config=cfg, measured=measured, keys=keys,
                 source=str((row.get("source") or {}).get("url")), notes=notes,
                 draws=tuple(draws), median_itl_ms=itl, peak_output_tps=peak, p99_ms=p99)
 
 
-P99_KEYS = {"ttft": "p99_ttft_ms", "tpot": "p99_tpot_ms"}
-"""The 99th percentiles a source may print, by family, as `vllm bench serve` names them (and the
-simulated result)."""
+P99_KEYS = {"ttft": "p99_ttft_ms", "tpot": "p99_tpot_ms", "itl": "p99_itl_ms"}
+"""The 99th percentiles a source may print, by quantity, as `vllm bench serve` names them (and the
+simulated result); a row keeps the p99 ITL with the other printed numbers (`metrics.extra`)."""
 
 
 def _positive(x: float | None) -> float | None:

@@ -11,9 +11,9 @@ all-reduces' scale in steps not replayed as one full CUDA graph
 objective: the mean over the fit cases and their metric families of |log(predicted /
 measured)|, each prediction `dse.validate_e2e.predict`'s (for an offline ShareGPT batch the median
 over its draws); with the result, per metric family the fit cases' residuals log(measured /
-predicted), which calibrated envelopes use, and those of the 99th percentiles of TTFT and TPOT
-where a case's source prints them (families `ttft_p99` and `tpot_p99`, the first draw's p99: the
-tails' own envelopes; not in the objective): out of sample, by cross-validation over the fit part
+predicted), which calibrated envelopes use, and those of the 99th percentiles of TTFT, TPOT and
+ITL where a case's source prints them (families `ttft_p99`, `tpot_p99` and `itl_p99`, the first
+draw's p99: the tails' own envelopes; not in the objective): out of sample, by cross-validation over the fit part
 (`CV_FOLDS` folds of whole sources, `cv_fold`: each fold's residuals at parameters fitted on the
 other folds), since residuals at parameters fitted on the same cases understate the error a new
 case meets; the in-sample residuals are kept beside them. The search: coordinate descent over grids

@@ -15,7 +15,7 @@ propagates it through batching and queueing, which a first-order scaling cannot:
 - `first_order`: no extra run; latencies scaled by 1 -/+ u, throughputs by 1 / (1 +/- u), u the
   step-time bound. Near saturation queueing amplifies latency beyond this.
 - `calibrated`: no extra run; a split-conformal interval per metric family (throughput, TTFT,
-  TPOT/ITL, E2E latency, and the 99th percentiles of TTFT and TPOT apart) from the residuals r = log(measured / predicted) of the fit part of the
+  TPOT/ITL, E2E latency, and the 99th percentiles of TTFT, TPOT and ITL apart) from the residuals r = log(measured / predicted) of the fit part of the
   end-to-end validation set (`simcore/data/cpu_costs/fitted.json`), out of sample (each fold of
   sources at parameters fitted on the others, `scripts/fit_host_overheads.py`): centre
   c = median(r), half width w = the ceil((n + 1) x 0.8)-th smallest |r - c| (the largest when
@@ -80,14 +80,15 @@ def headline_metrics(result: dict) -> dict[str, float]:
 
 
 TAIL_PERCENTILE = 99.0
-"""A TTFT or TPOT percentile at or above this takes its tail family's residuals (`tail_family`):
-the fit part's sources print the p99 of both. Lower percentiles (p90, p95) take the mean's."""
-TAIL_QUANTITIES = ("ttft", "tpot")
-"""The latencies whose tails are calibrated apart (a source's p99 ITL or E2E latency is rare)."""
+"""A TTFT, TPOT or ITL percentile at or above this takes its tail family's residuals
+(`tail_family`): the fit part's sources print the p99 of each. Lower percentiles (p90, p95) take
+the mean's family."""
+TAIL_QUANTITIES = ("ttft", "tpot", "itl")
+"""The latencies whose tails are calibrated apart (few sources print a p99 E2E latency)."""
 
 
 def tail_family(family: str) -> str:
-    """The family of a latency's 99th percentile: `ttft_p99`, `tpot_p99`."""
+    """The family of a latency's 99th percentile: `ttft_p99`, `tpot_p99`, `itl_p99`."""
     return f"{family}_p99"
 
 
@@ -97,15 +98,15 @@ def is_tail_family(family: str) -> bool:
 
 def metric_family(metric: str) -> str | None:
     """The end-to-end family of a headline metric: throughput, ttft, tpot (ITL too), e2e; a
-    TTFT or TPOT percentile of at least `TAIL_PERCENTILE`, its tail's (`ttft_p99`, `tpot_p99`):
-    a tail's errors are not its mean's (a constant output length misses the spread that makes
-    the p99 TPOT, a queue's last request waits for more than the mean one)."""
+    TTFT, TPOT or ITL percentile of at least `TAIL_PERCENTILE`, its tail's (`ttft_p99`,
+    `tpot_p99`, `itl_p99`): a tail's errors are not its mean's (a queue's last request waits
+    for more than the mean one, the p99 ITL is a decode step that carried a prefill chunk)."""
     if "throughput" in metric or "goodput" in metric:
         return "throughput"
     for quantity in TAIL_QUANTITIES:
-        if re.fullmatch(rf"p(\d+(?:\.\d+)?)_{quantity}_ms", metric):
-            pct = float(metric.split("_", 1)[0][1:])
-            return tail_family(quantity) if pct >= TAIL_PERCENTILE else quantity
+        if (re.fullmatch(rf"p(\d+(?:\.\d+)?)_{quantity}_ms", metric)
+                and float(metric.split("_", 1)[0][1:]) >= TAIL_PERCENTILE):
+            return tail_family(quantity)
     if "ttft" in metric:
         return "ttft"
     if "tpot" in metric or "itl" in metric:

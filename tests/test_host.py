@@ -264,7 +264,9 @@ def test_metric_families_and_the_calibrated_range():
     assert metric_family("p99_ttft_ms") == "ttft_p99"
     assert metric_family("p99.9_tpot_ms") == "tpot_p99"
     assert metric_family("p90_ttft_ms") == "ttft"      # below the tail percentile: the mean's
-    assert metric_family("p99_itl_ms") == "tpot"       # ITL and E2E tails are not calibrated apart
+    assert metric_family("p99_itl_ms") == "itl_p99"
+    assert metric_family("p90_itl_ms") == "tpot"       # ITL's mean and lower percentiles: TPOT's
+    assert metric_family("mean_itl_ms") == "tpot"
     assert metric_family("p99_e2el_ms") == "e2e"
     assert metric_family("mean_itl_ms") == "tpot"
     assert metric_family("duration") == "e2e"
@@ -292,10 +294,10 @@ def test_a_tail_takes_its_own_residuals():
         100 * math.exp(0.05))
     # The shipped fit has both tails, out of sample, at as many cases as print them
     shipped = fitted_residuals()
-    for fam in ("ttft", "tpot"):
+    for fam in ("ttft", "tpot", "itl"):
         tail = shipped[tail_family(fam)]
         assert tail["n"] >= 50 and len(tail["values"]) == tail["n"]
-        assert tail["values"] != shipped[fam]["values"]
+        assert tail["values"] != shipped["tpot" if fam == "itl" else fam]["values"]
 
 
 def test_calibrated_envelope_of_a_kernel_profile_run():

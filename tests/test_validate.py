@@ -51,6 +51,7 @@ def test_the_issue_targets_are_rows(rows):
     assert sum(r.name.endswith(" peak output throughput") for r in e2e) >= 30
     assert sum(r.name.endswith(" p99 TTFT") for r in e2e) >= 40
     assert sum(r.name.endswith(" p99 TPOT") for r in e2e) >= 40
+    assert sum(r.name.endswith(" p99 ITL") for r in e2e) >= 40
 
 
 def test_a_profile_that_no_longer_fits_its_data_fails():

@@ -55,7 +55,8 @@ def test_the_split_is_declared_by_the_id_hash_and_used_by_the_fit(cases):
     assert set(fitted["fit_cases"]) <= fit
     assert len(fitted["fit_cases"]) >= 28
     # the families', and the p99 TTFT's and TPOT's apart (the tails' envelopes)
-    assert set(fitted["residuals"]) == set(FAMILIES) | {tail_family(f) for f in ("ttft", "tpot")}
+    assert set(fitted["residuals"]) == set(FAMILIES) | {tail_family(f)
+                                                        for f in ("ttft", "tpot", "itl")}
 
 
 def test_the_envelopes_residuals_are_cross_validated_over_folds_of_whole_sources(cases):
@@ -473,8 +474,10 @@ def test_cases_carry_the_p99s_their_sources_print(cases):
     assert sum("ttft" in c.p99_ms and "tpot" in c.p99_ms for c in ok) >= 40
     for c in ok:
         m = printed[c.id]
-        for fam, key in (("ttft", "p99_ttft_ms"), ("tpot", "p99_tpot_ms")):
-            assert c.p99_ms.get(fam) == (None if m.get(key) is None else float(m[key]))
+        for fam, key in (("ttft", "p99_ttft_ms"), ("tpot", "p99_tpot_ms"), ("itl", "p99_itl_ms")):
+            v = m.get(key, (m.get("extra") or {}).get(key))     # a p99 ITL is kept in extra
+            assert c.p99_ms.get(fam) == (None if v is None else float(v))
+    assert sum("itl" in c.p99_ms for c in ok) >= 90
     # a printed p99 is of one run: the tails' residuals take the first draw's, the only one
     assert all(c.num_draws() == 1 for c in ok if c.p99_ms)
 
