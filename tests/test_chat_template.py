@@ -14,9 +14,10 @@ from simcore.simulate import simulate
 
 
 def _cfg(model: str, *, endpoint: str = "chat_completions", n: int = 6, rate=0.5,
-         input_len: int = 200, output_len: int = 8, **model_extra):
+         input_len: int = 200, output_len: int = 8, tp: int = 1, **model_extra):
     return parse_config({
         "name": "t", "seed": 1, "model": {"name": model, **model_extra},
+        "parallelism": {"tensor_parallel_size": tp},
         "hardware": {"gpu": "H100-SXM"}, "uncertainty": {"method": "first_order"},
         "workload": {"num_prompts": n, "request_rate": rate, "endpoint": endpoint,
                      "dataset": {"kind": "random", "input_len": input_len,
@@ -30,7 +31,10 @@ def test_the_shipped_formats_cover_their_presets():
     for name, f in data["formats"].items():
         assert f["lead"] >= 0 and f["tail"] >= 0, name
         assert f["tail_range"][0] <= f["tail"] <= f["tail_range"][1], name
-        assert f["texts"] >= 100 and "sha256" in f["source"], name
+        if f.get("derived"):        # from the template's text: which copy, at which commit
+            assert f["source"].startswith("derived, not measured") and "jinja at" in f["source"]
+        else:
+            assert f["texts"] >= 100 and "sha256" in f["source"], name
     # Qwen3's ChatML around a user message: <|im_start|>user\n ... <|im_end|>\n<|im_start|>
     # assistant\n; harmony's system and developer messages fill whole blocks.
     assert (data["formats"]["qwen3"]["lead"], data["formats"]["qwen3"]["tail"]) == (3, 5)
@@ -114,3 +118,16 @@ def test_sessions_keep_their_own_shared_blocks_behind_the_template():
     assert chat["total_input_tokens"] == plain["total_input_tokens"]
     assert chat["num_prompt_tokens_scheduled"] == plain["num_prompt_tokens_scheduled"] + 69 * n
     assert chat["num_cached_prompt_tokens"] == plain["num_cached_prompt_tokens"] + 64 * (n - 1)
+
+
+def test_glm_chat_requests_prefill_the_derived_template_tokens():
+    """GLM-4.5/4.6 (no tokenizer shipped): '[gMASK]<sop><|user|>\\n' before the text and
+    '<|assistant|>' after it, 4 and 1 tokens, derived from the template and said so."""
+    for model in ("zai-org/GLM-4.6", "zai-org/GLM-4.5-Air-FP8"):
+        t = preset_template_tokens(model)
+        assert (t.lead, t.tail) == (4, 1) and t.source.startswith("derived")
+    n = 4
+    chat = simulate(_cfg("zai-org/GLM-4.5-Air", n=n, input_len=128, output_len=4, tp=4))
+    assert chat["num_prompt_tokens_scheduled"] == chat["total_input_tokens"] + n * 5
+    assert any("adds 4 tokens before each prompt" in line and "derived from its template" in line
+               for line in chat["provenance"]["assumptions"])

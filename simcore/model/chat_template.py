@@ -6,8 +6,9 @@ tokens of the message text. For one user message the template adds `lead` tokens
 (BOS, a system header, the user's role tokens), the same in every request, so vLLM's prefix
 cache shares their full blocks, and `tail` tokens after it (closing the message, opening the
 assistant's turn). Measured for the presets' chat formats with each model's own template and
-tokenizer (`simcore/data/models/chat_templates.json`, `scripts/chat_template_tokens/`);
-`model.chat_template_tokens` gives them for any other model.
+tokenizer (`simcore/data/models/chat_templates.json`, `scripts/chat_template_tokens/`), or for
+GLM, whose tokenizer is not shipped, derived from its template; `model.chat_template_tokens` gives
+them for any other model.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simcore.model.presets import SHAREGPT_TOKENIZERS, sharegpt_tokenizer
+from simcore.model.presets import SHAREGPT_TOKENIZERS, canonical_name, sharegpt_tokenizer
 from simcore.reference_data import DATA_DIR
 
 TEMPLATES_FILE = DATA_DIR / "models" / "chat_templates.json"
@@ -27,12 +28,19 @@ SHAREGPT_TOKENIZERS`) whose template was measured, from the same package as the 
 every Qwen3 checkpoint, its 2507 instruct ones included, wraps a user message in the same ChatML
 tokens (measured on Qwen3-8B's template); gpt-oss's requests are rendered with harmony;
 DeepSeek-V3's template also stands for R1 and R1-0528, whose generation prompt may add a few
-tokens more. Presets of other families (Llama 3.1, Mixtral, GLM) have no measured template:
-their chat requests are prefilled as the client counts them (`TemplateTokens.unknown_line`)."""
+tokens more. GLM's are derived (`DERIVED_FORMATS`). Presets of other families (Llama 3.1,
+Mixtral) have no template counts: their chat requests are prefilled as the client counts them
+(`TemplateTokens.unknown_line`)."""
 
-PRESET_FORMATS = {name: TOKENIZER_FORMATS[tok] for name, tok in SHAREGPT_TOKENIZERS.items()
-                  if tok in TOKENIZER_FORMATS}
-"""The measured chat format of each preset (by canonical name) that has one."""
+DERIVED_FORMATS = {"zai-org/GLM-4.5-Air": "glm4", "zai-org/GLM-4.6": "glm4"}
+"""Presets whose chat format is derived from their template, not measured with their tokenizer
+(which the simulator does not ship): GLM-4.5 and GLM-4.6 wrap a user message in
+`[gMASK]<sop><|user|>\n ... <|assistant|>`, single special tokens but the newline (the format's
+`source` says how that was read)."""
+
+PRESET_FORMATS = {**{name: TOKENIZER_FORMATS[tok] for name, tok in SHAREGPT_TOKENIZERS.items()
+                     if tok in TOKENIZER_FORMATS}, **DERIVED_FORMATS}
+"""The chat format of each preset (by canonical name) that has one: measured, else derived."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +78,16 @@ def _formats() -> dict:
 
 
 def preset_template_tokens(model: str) -> TemplateTokens | None:
-    """The measured template tokens of preset `model`, None where its chat format was not
-    measured."""
+    """The template tokens of preset `model` (measured, or derived from its template where its
+    tokenizer is not shipped), None where its chat format is neither."""
     name = TOKENIZER_FORMATS.get(sharegpt_tokenizer(model) or "")
     if name is None:
-        return None
+        canonical = canonical_name(model)
+        name = DERIVED_FORMATS.get(canonical) if canonical else None
+        if name is None:
+            return None
     f = _formats()[name]
+    how = "derived from its template, not measured" if f.get("derived") else "measured"
     return TemplateTokens(int(f["lead"]), int(f["tail"]),
-                          f"measured: the {name} chat format, simcore/data/models/"
+                          f"{how}: the {name} chat format, simcore/data/models/"
                           "chat_templates.json")

@@ -62,6 +62,13 @@ def sharegpt_tokenizer(name: str) -> str | None:
     return SHAREGPT_TOKENIZERS.get(hit[0]) if hit else None
 
 
+def canonical_name(name: str) -> str | None:
+    """The canonical name of preset `name` (full or short, any case, or an alias), None for a
+    name that is no preset."""
+    hit = _index().get(name.lower())
+    return hit[0] if hit else None
+
+
 def _index() -> dict[str, tuple[str, str]]:
     """Lower-case lookup key -> (canonical name, data file); keys are full and short names."""
     index: dict[str, tuple[str, str]] = {}
