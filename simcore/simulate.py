@@ -693,7 +693,7 @@ def _host_lines(cfg: SimConfig, dep: Deployment) -> list[str]:
                 "(not measured)")
             template = chat_template(cfg, dep)
             lines.append(template.assumption_line(cfg.engine.block_size) if template is not None
-                         else TemplateTokens.unknown_line(dep.arch.name))
+                         else TemplateTokens.unknown_line(cfg.model.name or dep.arch.name))
         return lines
     return ["CPU side: the declared compute.roofline.step_overhead_s per step (host.model "
             "constant)"]

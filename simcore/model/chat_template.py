@@ -14,6 +14,7 @@ them for any other model.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -22,15 +23,22 @@ from simcore.reference_data import DATA_DIR
 
 TEMPLATES_FILE = DATA_DIR / "models" / "chat_templates.json"
 
-TOKENIZER_FORMATS = {"qwen3": "qwen3", "o200k": "harmony", "deepseek_v3": "deepseek_v3"}
+TOKENIZER_FORMATS = {"qwen3": "qwen3", "o200k": "harmony", "deepseek_v3": "deepseek_v3",
+                     "llama3": "llama3_1"}
 """The measured chat format of each preset tokenizer family (`simcore.model.presets.
 SHAREGPT_TOKENIZERS`) whose template was measured, from the same package as the tokenizer:
 every Qwen3 checkpoint, its 2507 instruct ones included, wraps a user message in the same ChatML
 tokens (measured on Qwen3-8B's template); gpt-oss's requests are rendered with harmony;
 DeepSeek-V3's template also stands for R1 and R1-0528, whose generation prompt may add a few
-tokens more. GLM's are derived (`DERIVED_FORMATS`). Presets of other families (Llama 3.1,
-Mixtral) have no template counts: their chat requests are prefilled as the client counts them
-(`TemplateTokens.unknown_line`)."""
+tokens more; Llama 3.1 Instruct's default system block (knowledge cutoff and date) also stands
+for Llama 3.3's, whose date is today's, the same count of tokens, but not for Llama 3's checkpoints
+(`OTHER_TEMPLATE`). GLM's are derived (`DERIVED_FORMATS`). Mixtral has no template counts: its
+chat requests are prefilled as the client counts them (`TemplateTokens.unknown_line`)."""
+
+OTHER_TEMPLATE = re.compile(r"meta-llama-3-(8|70)b", re.IGNORECASE)
+"""Served names of preset aliases whose chat template is not their preset's format: Llama 3's
+checkpoints (aliases of the Llama 3.1 presets) write no system block (5 tokens before the text,
+not 30), and are left without template counts."""
 
 DERIVED_FORMATS = {"zai-org/GLM-4.5-Air": "glm4", "zai-org/GLM-4.6": "glm4"}
 """Presets whose chat format is derived from their template, not measured with their tokenizer
@@ -77,9 +85,13 @@ def _formats() -> dict:
     return json.loads(TEMPLATES_FILE.read_text(encoding="utf-8"))["formats"]
 
 
-def preset_template_tokens(model: str) -> TemplateTokens | None:
+def preset_template_tokens(model: str, served: str | None = None) -> TemplateTokens | None:
     """The template tokens of preset `model` (measured, or derived from its template where its
-    tokenizer is not shipped), None where its chat format is neither."""
+    tokenizer is not shipped), None where its chat format is neither or the checkpoint
+    `served` (the name the config gives, an alias of the preset) has another
+    (`OTHER_TEMPLATE`)."""
+    if served is not None and OTHER_TEMPLATE.search(served):
+        return None
     name = TOKENIZER_FORMATS.get(sharegpt_tokenizer(model) or "")
     if name is None:
         canonical = canonical_name(model)

@@ -109,7 +109,7 @@ class ModelConfig(BaseModel):
         if self.chat_template_tokens is not None:
             lead, tail = self.chat_template_tokens
             return TemplateTokens(lead, tail, "model.chat_template_tokens")
-        return preset_template_tokens(arch.name) if self.name is not None else None
+        return preset_template_tokens(arch.name, self.name) if self.name is not None else None
 
     @model_validator(mode="after")
     def _layout_needs_mxfp4(self) -> ModelConfig:
