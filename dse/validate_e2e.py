@@ -54,6 +54,8 @@ import numpy as np
 from dse.validate_loads import (OFFLINE_DRAWS, eos_output_lengths, scaled_to_mean,
                                 sharegpt_first_turns, sharegpt_tokenizer)
 from simcore.hardware import get_gpu
+from simcore.model.chat_template import preset_template_tokens
+from simcore.model.presets import sharegpt_tokenizer as preset_sharegpt_tokenizer
 from simcore.loading import parse_yaml, read_text
 from simcore.reference_data import DATA_DIR
 
@@ -353,6 +355,16 @@ def row_case(row: dict) -> Case | str:
             notes.append("chat requests; vLLM 0.11.0 parses the chat template for each one")
         else:
             notes.append("chat requests")
+        template = preset_template_tokens(name, name)
+        own = preset_sharegpt_tokenizer(name)
+        if "sharegpt" in dataset and template is not None and own is not None:
+            # The drawn ShareGPT counts (replayed from a file) hold the BOS the template writes
+            # where they are the model's own tokenizer's, as a sharegpt dataset's do.
+            held = template.with_counted_bos(own)
+            if held.counted:
+                cfg["model"]["chat_template_tokens"] = [held.lead - held.counted, held.tail]
+                notes.append(f"its ShareGPT counts hold {held.counted} of the template's "
+                             f"{held.lead} leading tokens (the BOS)")
     if engine:
         cfg["engine"] = engine
     cfg["workload"] = workload

@@ -26,6 +26,7 @@ from simcore.metrics import engine_summary, summarize
 from simcore.model.arch import ModelArch
 from simcore.model.chat_template import TemplateTokens
 from simcore.model.memory import kv_cache_groups
+from simcore.model.presets import sharegpt_tokenizer as preset_sharegpt_tokenizer
 from simcore.reference_data import SHAREGPT_TOKENIZER_NAMES
 from simcore.request_rows import RequestRows
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
@@ -65,10 +66,10 @@ def request_path(cfg: SimConfig, dep: Deployment) -> dict:
     path = {"request_cpu_s": cpu, "request_latency_s": host.request_overhead_s,
             "request_tokenize_s": host.tokenize_s}
     template = chat_template(cfg, dep)
-    if template is not None and template.total:
+    if template is not None and template.added:
         # The rendered prompt: the template's leading tokens, the same in every request, keyed
         # as one shared prefix where they fill blocks.
-        path["request_template"] = (template.total, template_keys(template.lead
+        path["request_template"] = (template.added, template_keys(template.lead
                                                                   // cfg.engine.block_size))
     return path
 
@@ -79,7 +80,15 @@ def chat_template(cfg: SimConfig, dep: Deployment):
     measured template."""
     if cfg.workload.endpoint != "chat_completions" or host_of(dep.step_model) is None:
         return None
-    return cfg.model.template_tokens(dep.arch)
+    template = cfg.model.template_tokens(dep.arch)
+    ds = cfg.workload.dataset
+    if (template is not None and cfg.model.chat_template_tokens is None
+            and getattr(ds, "kind", None) == "sharegpt" and ds.path is None):
+        # The shipped counts in the model's own tokenizer hold the BOS its template writes.
+        tok = sharegpt_choice(cfg)[0]
+        if tok == preset_sharegpt_tokenizer(dep.arch.name):
+            template = template.with_counted_bos(tok)
+    return template
 
 
 def _plus(f, extra: float, prompt_len: int) -> float:
@@ -523,7 +532,7 @@ def assemble_result(cfg: SimConfig, dep: Deployment, run: ServingRun, *, cluster
         m["ramp_up_end_rps"] = w.ramp_up_end_rps
     template = chat_template(cfg, dep)
     m.update(engine_summary(run.records, selected_percentiles=pcts,
-                            template_tokens=template.total if template is not None else 0))
+                            template_tokens=template.added if template is not None else 0))
     duration = m["duration"]
     stats = run.replicas
     # The run ends with its last request; a step running then (its client gave up while it

@@ -89,6 +89,32 @@ def test_llama_31_chat_prefills_its_system_block_and_caches_its_whole_block():
                                   "meta-llama/Meta-Llama-3-8B-Instruct") is None
 
 
+def test_a_sharegpt_count_already_holds_the_bos_the_template_writes():
+    """vllm bench serve counts a ShareGPT prompt with the tokenizer's BOS (the shipped Llama-3
+    counts hold it) and a random prompt without; the template writes the BOS again, so a
+    ShareGPT chat request reaches the engine 34 tokens longer than counted, a random one 35."""
+    n = 4
+    share = parse_config({
+        "name": "t", "seed": 1, "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hardware": {"gpu": "H100-SXM"}, "uncertainty": {"method": "first_order"},
+        "workload": {"num_prompts": n, "request_rate": 0.5, "endpoint": "chat_completions",
+                     "dataset": {"kind": "sharegpt", "output_len": 8}}})
+    r = simulate(share)
+    assert r["num_prompt_tokens_scheduled"] == r["total_input_tokens"] + 34 * n
+    assert any("already holds 1 of them (the BOS of a ShareGPT count)" in line
+               for line in r["provenance"]["assumptions"])
+    rnd = simulate(_cfg("meta-llama/Llama-3.1-8B-Instruct", n=n))
+    assert rnd["num_prompt_tokens_scheduled"] == rnd["total_input_tokens"] + 35 * n
+    # Another tokenizer's counts (Qwen3's, no BOS), or declared template tokens: nothing held
+    other = parse_config({**share.model_dump(mode="json", exclude_unset=True),
+                          "workload": {**share.workload.model_dump(mode="json",
+                                                                   exclude_unset=True),
+                                       "dataset": {"kind": "sharegpt", "output_len": 8,
+                                                   "tokenizer": "qwen3"}}})
+    o = simulate(other)
+    assert o["num_prompt_tokens_scheduled"] == o["total_input_tokens"] + 35 * n
+
+
 def test_declared_template_tokens_and_models_without_a_measured_template():
     n = 5
     r = simulate(_cfg("meta-llama/Meta-Llama-3-8B-Instruct", n=n))

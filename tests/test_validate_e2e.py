@@ -468,6 +468,18 @@ def test_the_busiest_second_is_checked_apart_by_kv_cache_fill(cases):
     _summary(not_filled, 3, 0.2, "+20.0%")
 
 
+def test_sharegpt_chat_counts_in_the_models_own_tokenizer_hold_its_bos(cases):
+    """DeepSeek's ShareGPT counts (its own tokenizer's) hold the BOS its template writes: one
+    template token fewer is prefilled; GLM's (Llama-3's counts standing in) and random prompts
+    are left as they are."""
+    ok, _ = cases
+    held = {c.id: c.config["model"].get("chat_template_tokens") for c in ok
+            if c.config["workload"].get("endpoint") == "chat_completions"}
+    ds = [i for i in held if "deepseek" in i and "sharegpt" in i]
+    assert ds and all(held[i] == [1, 1] for i in ds)
+    assert all(v is None for i, v in held.items() if i not in ds)
+
+
 def test_cases_carry_the_p99s_their_sources_print(cases):
     ok, _ = cases
     printed = {r["id"]: r.get("metrics") or {} for r in load_rows()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from simcore.model.presets import SHAREGPT_TOKENIZERS, canonical_name, sharegpt_tokenizer
@@ -51,27 +51,48 @@ PRESET_FORMATS = {**{name: TOKENIZER_FORMATS[tok] for name, tok in SHAREGPT_TOKE
 """The chat format of each preset (by canonical name) that has one: measured, else derived."""
 
 
+COUNTED_BOS = {"llama3": 1, "mistral_v1": 1, "deepseek_v3": 1}
+"""The BOS in each shipped ShareGPT count (`simcore/data/datasets/README.md`: the tokenizers that
+add one on encode), as `vllm bench serve` counts a ShareGPT prompt (`tokenizer(prompt)`, special
+tokens added); its random prompts are counted without it (vLLM 0.11's random dataset takes the
+tokenizer's special tokens off the requested length and counts the re-encoded text alone)."""
+
+
 @dataclass(frozen=True)
 class TemplateTokens:
     """Tokens a chat template adds around one user message: `lead` before it (shared by every
-    request), `tail` after it; `source`, where the counts come from."""
+    request), `tail` after it; `source`, where the counts come from; `counted`, how many of the
+    lead the client's prompt count already holds (the BOS of a ShareGPT count, `COUNTED_BOS`)."""
 
     lead: int
     tail: int
     source: str
+    counted: int = 0
 
     @property
     def total(self) -> int:
         return self.lead + self.tail
+
+    @property
+    def added(self) -> int:
+        """The tokens the rendered prompt has beyond the client's count."""
+        return self.total - self.counted
+
+    def with_counted_bos(self, tokenizer: str) -> TemplateTokens:
+        """These counts for a client that counted its prompts with the shipped ShareGPT counts
+        of `tokenizer`, the model's own: the BOS those hold is the one the template writes."""
+        return replace(self, counted=min(COUNTED_BOS.get(tokenizer, 0), self.lead))
 
     def assumption_line(self, block_size: int) -> str:
         shared = self.lead // block_size * block_size
         cached = (f"the same in every request, {shared} of them in whole blocks that the prefix "
                   "cache keeps after the first" if shared else
                   "the same in every request, but less than a block: none cached")
+        held = (f"; the client's count of each prompt already holds {self.counted} of them "
+                "(the BOS of a ShareGPT count)" if self.counted else "")
         return (f"chat requests: the chat template adds {self.lead} tokens before each prompt "
                 f"({cached}) and {self.tail} after it, which the engine prefills and vllm bench "
-                f"serve's token counts leave out ({self.source})")
+                f"serve's token counts leave out ({self.source}){held}")
 
     @staticmethod
     def unknown_line(model: str) -> str:
