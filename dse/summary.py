@@ -74,7 +74,7 @@ def _num(v: float) -> str:
 def _family_label(fam: str) -> str:
     """A metric family as the envelope names it: TTFT, throughput, p99 TPOT (a tail's own)."""
     base = fam.removesuffix("_p99")
-    label = base.upper() if base in ("ttft", "tpot", "e2e") else base
+    label = base.upper() if base in ("ttft", "tpot", "itl", "e2e") else base
     return f"p99 {label}" if base != fam else label
 
 

@@ -367,6 +367,7 @@ def test_calibrated_envelope_says_whose_errors_it_took():
         # the tails' own residuals, named as the table names them
         assert env["residuals_from"]["ttft_p99"] == own
         assert ("p99 TTFT" in text) == (gpu != "H200") and "ttft_p99" not in text
+        assert ("p99 ITL" in text) == (gpu != "H200") and "p99 itl" not in text
     # The fit part's H100 errors are wider than its A100 ones, and so are the envelopes.
     width = {gpu: r["envelope"]["metrics"]["mean_ttft_ms"]["high"]
              / r["envelope"]["metrics"]["mean_ttft_ms"]["low"] for gpu, r in runs.items()}
