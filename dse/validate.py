@@ -423,7 +423,8 @@ def tail_rows(outcomes) -> list[Row]:
     at which p99 TTFT and TPOT meet theirs), and a tail takes what the means average away: a
     burst's last requests, the requests whose few tokens decode beside long prefills. With each
     case's envelope (`dse simulate`'s around the simulated p99: calibrated on the fit part's own
-    p99 residuals, `simcore.uncertainty.tail_family`), the share of measured tails inside it. The simulation is the case's first draw."""
+    p99 residuals, `simcore.uncertainty.tail_family`), the share of measured tails inside it.
+    The simulation is the case's first draw."""
     rows, by, urls = [], {fam: [] for fam, _ in TAILS}, set()
     inside = {fam: [] for fam, _ in TAILS}
     for o in outcomes:

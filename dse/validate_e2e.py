@@ -55,7 +55,6 @@ from dse.validate_loads import (OFFLINE_DRAWS, eos_output_lengths, scaled_to_mea
                                 sharegpt_first_turns, sharegpt_tokenizer)
 from simcore.hardware import get_gpu
 from simcore.model.chat_template import preset_template_tokens
-from simcore.model.presets import sharegpt_tokenizer as preset_sharegpt_tokenizer
 from simcore.loading import parse_yaml, read_text
 from simcore.reference_data import DATA_DIR
 
@@ -356,11 +355,10 @@ def row_case(row: dict) -> Case | str:
         else:
             notes.append("chat requests")
         template = preset_template_tokens(name, name)
-        own = preset_sharegpt_tokenizer(name)
-        if "sharegpt" in dataset and template is not None and own is not None:
+        if "sharegpt" in dataset and template is not None:
             # The drawn ShareGPT counts (replayed from a file) hold the BOS the template writes
             # where they are the model's own tokenizer's, as a sharegpt dataset's do.
-            held = template.with_counted_bos(own)
+            held = template.for_sharegpt_counts(sharegpt_tokenizer(name), name)
             if held.counted:
                 cfg["model"]["chat_template_tokens"] = [held.lead - held.counted, held.tail]
                 notes.append(f"its ShareGPT counts hold {held.counted} of the template's "
@@ -457,15 +455,14 @@ def run_case(case: Case, compute: dict | None = None, *, envelope: bool = False,
     return predicted(case, result), result
 
 
-def draw_predictions(case: Case, compute: dict | None = None, *, first: dict | None = None,
-                     **overrides) -> list[dict[str, float]]:
+def simulate_draws(case: Case, compute: dict | None = None, **overrides
+                   ) -> tuple[list[dict[str, float]], dict]:
     """`run_case`'s predictions of each of the case's draws (`OFFLINE_DRAWS` for an offline
-    ShareGPT batch, else its one workload); `first`, when given, is draw 0's (already run with
-    the same settings)."""
-    runs = [first if first is not None else run_case(case, compute, **overrides)[0]]
-    runs += [run_case(case, compute, draw=i, **overrides)[0]
-             for i in range(1, case.num_draws())]
-    return runs
+    ShareGPT batch, else its one workload), and draw 0's full result."""
+    first, result = run_case(case, compute, **overrides)
+    runs = [first] + [run_case(case, compute, draw=i, **overrides)[0]
+                      for i in range(1, case.num_draws())]
+    return runs, result
 
 
 def median_prediction(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -474,8 +471,8 @@ def median_prediction(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def predict(case: Case, compute: dict | None = None, **overrides) -> dict[str, float]:
-    """The case's prediction by family: the median over its draws' (`draw_predictions`)."""
-    return median_prediction(draw_predictions(case, compute, **overrides))
+    """The case's prediction by family: the median over its draws' (`simulate_draws`)."""
+    return median_prediction(simulate_draws(case, compute, **overrides)[0])
 
 
 def predicted_tails(case: Case, result: dict) -> dict[str, float]:
@@ -488,8 +485,7 @@ def predict_with_tails(case: Case, compute: dict | None = None, **overrides
                        ) -> tuple[dict[str, float], dict[str, float]]:
     """`predict`'s prediction, and `predicted_tails` of its first draw (a source's p99 is of
     one run; the cases that print one have a single draw)."""
-    first, result = run_case(case, compute, **overrides)
-    runs = draw_predictions(case, compute, first=first, **overrides)
+    runs, result = simulate_draws(case, compute, **overrides)
     return median_prediction(runs), predicted_tails(case, result)
 
 
@@ -533,8 +529,7 @@ def evaluate(case: Case, compute: dict | None = None) -> Outcome:
     (`simcore.uncertainty.calibrated_envelope`)."""
     from simcore.uncertainty import calibrated_envelope
 
-    first, result = run_case(case, compute)
-    runs = draw_predictions(case, compute, first=first)
+    runs, result = simulate_draws(case, compute)
     pred = median_prediction(runs)
     spread = {f: (min(r[f] for r in runs), max(r[f] for r in runs)) for f in pred
               } if len(runs) > 1 else {}

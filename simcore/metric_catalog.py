@@ -248,16 +248,20 @@ def _family_pattern(quantity: str) -> re.Pattern[str]:
     return re.compile(rf"^(mean|median|std|p\d+(?:\.\d+)?)_{re.escape(quantity)}_ms$")
 
 
+def percentile_of(name: str, quantity: str) -> float | None:
+    """The percentile P of `name` when it is latency `quantity`'s `p{P}_{quantity}_ms`, else
+    None (its mean, median, std, or another metric)."""
+    match = _family_pattern(quantity).match(name)
+    if match is None or not match.group(1).startswith("p"):
+        return None
+    return float(match.group(1)[1:])
+
+
 def tail_percentile(names: Iterable[str], quantity: str) -> str | None:
     """Of `names` (a result's keys), the tail percentile of latency `quantity` to read: its
     99th where there is one, else its highest (metrics.percentiles without 99); None when
     `names` hold no percentile of it."""
-    pattern = _family_pattern(quantity)
-    pcts = {}
-    for name in names:
-        match = pattern.match(name)
-        if match is not None and match.group(1).startswith("p"):
-            pcts[name] = float(match.group(1)[1:])
+    pcts = {name: p for name in names if (p := percentile_of(name, quantity)) is not None}
     if f"p99_{quantity}_ms" in pcts:
         return f"p99_{quantity}_ms"
     return max(pcts, key=pcts.__getitem__) if pcts else None

@@ -26,7 +26,6 @@ from simcore.metrics import engine_summary, summarize
 from simcore.model.arch import ModelArch
 from simcore.model.chat_template import TemplateTokens
 from simcore.model.memory import kv_cache_groups
-from simcore.model.presets import sharegpt_tokenizer as preset_sharegpt_tokenizer
 from simcore.reference_data import SHAREGPT_TOKENIZER_NAMES
 from simcore.request_rows import RequestRows
 from simcore.result import ClusterResult, Limits, ReplicaResult, RunResult, TimeSeriesResult
@@ -85,9 +84,7 @@ def chat_template(cfg: SimConfig, dep: Deployment):
     if (template is not None and cfg.model.chat_template_tokens is None
             and getattr(ds, "kind", None) == "sharegpt" and ds.path is None):
         # The shipped counts in the model's own tokenizer hold the BOS its template writes.
-        tok = sharegpt_choice(cfg)[0]
-        if tok == preset_sharegpt_tokenizer(dep.arch.name):
-            template = template.with_counted_bos(tok)
+        template = template.for_sharegpt_counts(sharegpt_choice(cfg)[0], dep.arch.name)
     return template
 
 

@@ -15,9 +15,10 @@ propagates it through batching and queueing, which a first-order scaling cannot:
 - `first_order`: no extra run; latencies scaled by 1 -/+ u, throughputs by 1 / (1 +/- u), u the
   step-time bound. Near saturation queueing amplifies latency beyond this.
 - `calibrated`: no extra run; a split-conformal interval per metric family (throughput, TTFT,
-  TPOT/ITL, E2E latency, and the 99th percentiles of TTFT, TPOT and ITL apart) from the residuals r = log(measured / predicted) of the fit part of the
-  end-to-end validation set (`simcore/data/cpu_costs/fitted.json`), out of sample (each fold of
-  sources at parameters fitted on the others, `scripts/fit_host_overheads.py`): centre
+  TPOT/ITL, E2E latency, and the 99th percentiles of TTFT, TPOT and ITL apart) from the
+  residuals r = log(measured / predicted) of the fit part of the end-to-end validation set
+  (`simcore/data/cpu_costs/fitted.json`), out of sample (each fold of sources at parameters
+  fitted on the others, `scripts/fit_host_overheads.py`): centre
   c = median(r), half width w = the ceil((n + 1) x 0.8)-th smallest |r - c| (the largest when
   that exceeds n), so that a new case like those has at least an 80% chance to fall inside (a
   residual at parameters fitted on its own case would understate that); the envelope is nominal
@@ -34,7 +35,6 @@ config's seed; nothing reads the clock.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 
 import numpy as np
@@ -104,8 +104,8 @@ def metric_family(metric: str) -> str | None:
     if "throughput" in metric or "goodput" in metric:
         return "throughput"
     for quantity in TAIL_QUANTITIES:
-        if (re.fullmatch(rf"p(\d+(?:\.\d+)?)_{quantity}_ms", metric)
-                and float(metric.split("_", 1)[0][1:]) >= TAIL_PERCENTILE):
+        pct = metric_catalog.percentile_of(metric, quantity)
+        if pct is not None and pct >= TAIL_PERCENTILE:
             return tail_family(quantity)
     if "ttft" in metric:
         return "ttft"

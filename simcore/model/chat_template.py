@@ -78,9 +78,12 @@ class TemplateTokens:
         """The tokens the rendered prompt has beyond the client's count."""
         return self.total - self.counted
 
-    def with_counted_bos(self, tokenizer: str) -> TemplateTokens:
-        """These counts for a client that counted its prompts with the shipped ShareGPT counts
-        of `tokenizer`, the model's own: the BOS those hold is the one the template writes."""
+    def for_sharegpt_counts(self, tokenizer: str, model: str) -> TemplateTokens:
+        """These counts for a client that sends the shipped ShareGPT counts of `tokenizer` to
+        `model`: where those are the model's own tokenizer's, the BOS they hold is the one the
+        template writes (`COUNTED_BOS`); another tokenizer's counts hold none of its tokens."""
+        if tokenizer != sharegpt_tokenizer(model):
+            return self
         return replace(self, counted=min(COUNTED_BOS.get(tokenizer, 0), self.lead))
 
     def assumption_line(self, block_size: int) -> str:
